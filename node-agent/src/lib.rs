@@ -1,0 +1,1 @@
+//! holdfast node agent (placeholder; see issues 4-6).

