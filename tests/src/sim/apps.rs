@@ -1,0 +1,298 @@
+//! The app containers, the remote services and the pause process: the programs `sim-app` runs.
+//!
+//! Every app writes a report ([`super::report`]) so tests count what the app itself saw. Calls use
+//! a line protocol: the app sends `ping\n`, the remote services answer `pong\n`.
+
+use std::io::{self, BufRead, BufReader, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{SigSet, Signal};
+
+use super::report::{now_ms, AppEvent, CallError, Phase, ReportWriter};
+
+/// Termination signals (SIGTERM, SIGINT) delivered to a dedicated thread.
+///
+/// [`TermSignal::install`] blocks them in the calling thread; threads spawned afterwards inherit
+/// the mask, so only the waiter thread takes them (no async-signal-safety concerns, no unsafe).
+#[derive(Debug, Clone)]
+pub struct TermSignal {
+    at_ms: Arc<AtomicU64>,
+}
+
+impl TermSignal {
+    /// Call first in `main`, before any thread exists.
+    pub fn install() -> io::Result<TermSignal> {
+        let mut set = SigSet::empty();
+        set.add(Signal::SIGTERM);
+        set.add(Signal::SIGINT);
+        set.thread_block().map_err(io::Error::from)?;
+        let at_ms = Arc::new(AtomicU64::new(0));
+        let flag = at_ms.clone();
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || {
+                if set.wait().is_ok() {
+                    flag.store(now_ms().max(1), Ordering::SeqCst);
+                }
+            })?;
+        Ok(TermSignal { at_ms })
+    }
+
+    /// When the signal arrived (wall-clock ms), if it has.
+    pub fn received_at_ms(&self) -> Option<u64> {
+        match self.at_ms.load(Ordering::SeqCst) {
+            0 => None,
+            t => Some(t),
+        }
+    }
+
+    /// Sleeps up to `d`; returns early (true) when the signal arrives.
+    pub fn sleep(&self, d: Duration) -> bool {
+        let end = Instant::now() + d;
+        loop {
+            if self.received_at_ms().is_some() {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= end {
+                return false;
+            }
+            std::thread::sleep((end - now).min(Duration::from_millis(10)));
+        }
+    }
+}
+
+/// `sim-app app` flags. See [`super::spec::AppScript`] for the scripts tests use.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AppArgs {
+    /// Report file (JSON lines, appended).
+    #[arg(long)]
+    pub report: PathBuf,
+    /// Remote service to call (`ip:port`).
+    #[arg(long)]
+    pub remote: SocketAddr,
+    /// Calls at start, each on a new connection; exit 1 if any fails.
+    #[arg(long, default_value_t = 0)]
+    pub startup_calls: u32,
+    /// Call every N ms while running (over the keep-alive pool).
+    #[arg(long)]
+    pub every_ms: Option<u64>,
+    /// Keep-alive pool size.
+    #[arg(long, default_value_t = 2)]
+    pub pool: usize,
+    /// After SIGTERM keep calling for N ms, then exit 0.
+    #[arg(long, default_value_t = 0)]
+    pub after_sigterm_ms: u64,
+    /// Batch job: make N calls, then exit with --exit-code.
+    #[arg(long)]
+    pub batch_calls: Option<u32>,
+    /// Exit code of a batch job.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub exit_code: i32,
+    /// Batch job: retry a failed call for up to N ms.
+    #[arg(long, default_value_t = 0)]
+    pub retry_for_ms: u64,
+    /// Serve inbound `ping` requests on this port (all addresses).
+    #[arg(long)]
+    pub serve: Option<u16>,
+    /// Per-call timeout in ms.
+    #[arg(long, default_value_t = 2000)]
+    pub call_timeout_ms: u64,
+}
+
+/// A keep-alive connection pool to one remote service.
+struct Pool {
+    remote: SocketAddr,
+    timeout: Duration,
+    conns: Vec<Option<BufReader<TcpStream>>>,
+    next: usize,
+}
+
+impl Pool {
+    fn new(remote: SocketAddr, size: usize, timeout: Duration) -> Pool {
+        Pool {
+            remote,
+            timeout,
+            conns: (0..size.max(1)).map(|_| None).collect(),
+            next: 0,
+        }
+    }
+
+    /// One call on the next pooled connection (opened if needed; dropped on error).
+    fn call(&mut self) -> Result<(), CallError> {
+        let i = self.next % self.conns.len();
+        self.next = self.next.wrapping_add(1);
+        let mut conn = match self.conns[i].take() {
+            Some(c) => c,
+            None => BufReader::new(connect(self.remote, self.timeout)?),
+        };
+        exchange(&mut conn)?;
+        self.conns[i] = Some(conn);
+        Ok(())
+    }
+}
+
+fn connect(remote: SocketAddr, timeout: Duration) -> Result<TcpStream, CallError> {
+    let s = TcpStream::connect_timeout(&remote, timeout).map_err(|e| CallError::from_io(&e))?;
+    s.set_read_timeout(Some(timeout))
+        .and_then(|()| s.set_write_timeout(Some(timeout)))
+        .and_then(|()| s.set_nodelay(true))
+        .map_err(|e| CallError::from_io(&e))?;
+    Ok(s)
+}
+
+fn exchange(conn: &mut BufReader<TcpStream>) -> Result<(), CallError> {
+    conn.get_mut()
+        .write_all(b"ping\n")
+        .map_err(|e| CallError::from_io(&e))?;
+    let mut line = String::new();
+    match conn.read_line(&mut line) {
+        Ok(0) => Err(CallError::Closed),
+        Ok(_) if line == "pong\n" => Ok(()),
+        Ok(_) => Err(CallError::BadResponse),
+        Err(e) => Err(CallError::from_io(&e)),
+    }
+}
+
+/// One call on a fresh connection, closed afterwards.
+fn call_once(remote: SocketAddr, timeout: Duration) -> Result<(), CallError> {
+    let mut conn = BufReader::new(connect(remote, timeout)?);
+    let r = exchange(&mut conn);
+    let _ = conn.get_ref().shutdown(Shutdown::Both);
+    r
+}
+
+fn record_call(report: &ReportWriter, phase: Phase, started: Instant, r: Result<(), CallError>) {
+    report.record(&AppEvent::Call {
+        at_ms: now_ms(),
+        phase,
+        ok: r.is_ok(),
+        error: r.err(),
+        latency_ms: started.elapsed().as_millis() as u64,
+    });
+}
+
+/// Runs the app; returns its exit code (after recording it).
+pub fn run_app(args: &AppArgs, term: &TermSignal) -> io::Result<i32> {
+    let report = Arc::new(ReportWriter::open(&args.report)?);
+    report.record(&AppEvent::Start {
+        at_ms: now_ms(),
+        pid: std::process::id(),
+    });
+    let exit = |code: i32| {
+        report.record(&AppEvent::Exit {
+            at_ms: now_ms(),
+            code,
+        });
+        Ok(code)
+    };
+    if let Some(port) = args.serve {
+        let listener = TcpListener::bind(("0.0.0.0", port))?;
+        let report = report.clone();
+        std::thread::Builder::new()
+            .name("serve".into())
+            .spawn(move || serve(listener, Some(report)))?;
+    }
+    let timeout = Duration::from_millis(args.call_timeout_ms);
+
+    let mut startup_failed = false;
+    for _ in 0..args.startup_calls {
+        let t = Instant::now();
+        let r = call_once(args.remote, timeout);
+        startup_failed |= r.is_err();
+        record_call(&report, Phase::Startup, t, r);
+    }
+    if startup_failed {
+        // Like an app that cannot fetch its config: crash, and let kubelet restart it.
+        return exit(1);
+    }
+
+    let mut pool = Pool::new(args.remote, args.pool, timeout);
+    if let Some(n) = args.batch_calls {
+        for _ in 0..n {
+            let deadline = Instant::now() + Duration::from_millis(args.retry_for_ms);
+            loop {
+                let t = Instant::now();
+                let r = pool.call();
+                let ok = r.is_ok();
+                record_call(&report, Phase::Running, t, r);
+                if ok || Instant::now() >= deadline || term.received_at_ms().is_some() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        return exit(args.exit_code);
+    }
+
+    // Run until SIGTERM, calling out periodically if asked to.
+    let every = args.every_ms.map(Duration::from_millis);
+    loop {
+        if let Some(every) = every {
+            let t = Instant::now();
+            let r = pool.call();
+            record_call(&report, Phase::Running, t, r);
+            if term.sleep(every.saturating_sub(t.elapsed())) {
+                break;
+            }
+        } else if term.sleep(Duration::from_secs(3600)) {
+            break;
+        }
+    }
+    let term_at = term.received_at_ms().unwrap_or_else(now_ms);
+    report.record(&AppEvent::Sigterm { at_ms: term_at });
+
+    // Keep calling after SIGTERM (flush, deregister) for the scripted time.
+    let until = Instant::now() + Duration::from_millis(args.after_sigterm_ms);
+    let every = every.unwrap_or(Duration::from_millis(200));
+    while Instant::now() < until {
+        let t = Instant::now();
+        let r = pool.call();
+        record_call(&report, Phase::AfterSigterm, t, r);
+        std::thread::sleep(every.saturating_sub(t.elapsed()));
+    }
+    exit(0)
+}
+
+/// Serves `ping\n` → `pong\n` on every connection, one thread per connection, until the process
+/// exits. With a report, every request served is recorded.
+pub fn serve(listener: TcpListener, report: Option<Arc<ReportWriter>>) {
+    for conn in listener.incoming() {
+        let Ok(conn) = conn else { continue };
+        let report = report.clone();
+        let _ = std::thread::Builder::new()
+            .name("conn".into())
+            .spawn(move || {
+                let mut w = match conn.try_clone() {
+                    Ok(w) => w,
+                    Err(_) => return,
+                };
+                let mut r = BufReader::new(conn);
+                let mut line = String::new();
+                loop {
+                    line.clear();
+                    match r.read_line(&mut line) {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => {}
+                    }
+                    let answer: &[u8] = if line == "ping\n" { b"pong\n" } else { b"?\n" };
+                    if w.write_all(answer).is_err() {
+                        return;
+                    }
+                    if let Some(rep) = &report {
+                        rep.record(&AppEvent::Served { at_ms: now_ms() });
+                    }
+                }
+            });
+    }
+}
+
+/// The pod sandbox's pause process: holds the pod's namespaces and exits on SIGTERM/SIGINT.
+/// (kubelet's pause also reaps zombies; our containers are not its children, so there are none.)
+pub fn run_pause(term: &TermSignal) {
+    while !term.sleep(Duration::from_secs(3600)) {}
+}

@@ -1,0 +1,242 @@
+//! The sidecar's Envoy configuration, shaped like an Istio sidecar's.
+//!
+//! The bootstrap has the admin API on 127.0.0.1:15000 and takes its listeners and clusters from
+//! files (LDS/CDS `path_config_source`), so Envoy counts `listener_manager.lds.update_success` and
+//! `cluster_manager.cds.update_success` as it does when pilot-agent serves xDS.
+//!
+//! - OUTBOUND listener on 15001 (`virtualOutbound`): the `original_dst` listener filter restores the
+//!   destination the app dialled before the REDIRECT, and `tcp_proxy` forwards to the ORIGINAL_DST
+//!   `PassthroughCluster`.
+//! - INBOUND listener on 15006 (`virtualInbound`): `original_dst` again, and `tcp_proxy` to the
+//!   ORIGINAL_DST `InboundPassthroughCluster` with the upstream bound to 127.0.0.6, as Istio does.
+//!   We chose this over a static cluster to 127.0.0.1:<app port> because it exercises the real
+//!   `-o lo -s 127.0.0.6/32 -j RETURN` rule, needs no per-pod port knowledge, and the app sees the
+//!   connection arrive on its pod IP exactly as in a mesh.
+//! - The holdfast filter (`envoy.filters.network.wasm`, root_id `holdfast`, V8) comes first in
+//!   both filter chains, before `tcp_proxy`, when enabled.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use super::istio_init::{ADMIN_PORT, INBOUND_PORT, OUTBOUND_PORT};
+
+/// Everything that varies between sidecars.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SidecarConfig {
+    /// Envoy node id (`sidecar~<ip>~<pod>.<ns>~<ns>.svc.cluster.local`, as Istio names it).
+    pub node_id: String,
+    /// Envoy node cluster (`<app>.<ns>`).
+    pub node_cluster: String,
+    /// The holdfast filter module, or `None` to run without it.
+    pub filter: Option<PathBuf>,
+    /// The filter's plugin configuration (JSON text; empty means defaults).
+    pub filter_config: String,
+}
+
+/// File names of the rendered configuration inside the sidecar's config directory.
+pub const BOOTSTRAP_FILE: &str = "envoy-bootstrap.json";
+const LDS_FILE: &str = "lds.json";
+const CDS_FILE: &str = "cds.json";
+
+impl SidecarConfig {
+    /// The bootstrap, pointing LDS and CDS at files in `dir`.
+    pub fn bootstrap(&self, dir: &Path) -> Value {
+        let path_source = |file: &str| {
+            json!({
+                "resource_api_version": "V3",
+                "path_config_source": { "path": dir.join(file).to_string_lossy() }
+            })
+        };
+        json!({
+            "node": { "id": self.node_id, "cluster": self.node_cluster },
+            "admin": {
+                "address": socket("127.0.0.1", ADMIN_PORT),
+            },
+            "dynamic_resources": {
+                "lds_config": path_source(LDS_FILE),
+                "cds_config": path_source(CDS_FILE),
+            }
+        })
+    }
+
+    /// The LDS response: the outbound and inbound capture listeners.
+    pub fn listeners(&self) -> Value {
+        json!({
+            "version_info": "1",
+            "resources": [
+                self.listener("virtualOutbound", OUTBOUND_PORT, "OUTBOUND", "PassthroughCluster"),
+                self.listener("virtualInbound", INBOUND_PORT, "INBOUND", "InboundPassthroughCluster"),
+            ]
+        })
+    }
+
+    /// The CDS response: the two ORIGINAL_DST clusters.
+    pub fn clusters(&self) -> Value {
+        json!({
+            "version_info": "1",
+            "resources": [
+                original_dst_cluster("PassthroughCluster", None),
+                original_dst_cluster("InboundPassthroughCluster", Some("127.0.0.6")),
+            ]
+        })
+    }
+
+    fn listener(&self, name: &str, port: u16, direction: &str, cluster: &str) -> Value {
+        let mut filters = Vec::new();
+        if let Some(module) = &self.filter {
+            filters.push(wasm_filter(module, &self.filter_config));
+        }
+        filters.push(json!({
+            "name": "envoy.filters.network.tcp_proxy",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+                "stat_prefix": cluster,
+                "cluster": cluster,
+            }
+        }));
+        json!({
+            "@type": "type.googleapis.com/envoy.config.listener.v3.Listener",
+            "name": name,
+            "address": socket("0.0.0.0", port),
+            "traffic_direction": direction,
+            "listener_filters": [{
+                "name": "envoy.filters.listener.original_dst",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.listener.original_dst.v3.OriginalDst"
+                }
+            }],
+            "filter_chains": [{ "filters": filters }],
+        })
+    }
+
+    /// Writes bootstrap, LDS and CDS into `dir` (which must be readable by the proxy uid) and
+    /// returns the bootstrap's path.
+    pub fn write(&self, dir: &Path) -> std::io::Result<PathBuf> {
+        let write = |file: &str, v: Value| -> std::io::Result<PathBuf> {
+            let p = dir.join(file);
+            let text = serde_json::to_string_pretty(&v).map_err(std::io::Error::other)?;
+            std::fs::write(&p, text)?;
+            Ok(p)
+        };
+        write(CDS_FILE, self.clusters())?;
+        write(LDS_FILE, self.listeners())?;
+        write(BOOTSTRAP_FILE, self.bootstrap(dir))
+    }
+}
+
+fn socket(address: &str, port: u16) -> Value {
+    json!({ "socket_address": { "address": address, "port_value": port } })
+}
+
+fn original_dst_cluster(name: &str, bind: Option<&str>) -> Value {
+    let mut c = json!({
+        "@type": "type.googleapis.com/envoy.config.cluster.v3.Cluster",
+        "name": name,
+        "type": "ORIGINAL_DST",
+        "lb_policy": "CLUSTER_PROVIDED",
+        "connect_timeout": "10s",
+    });
+    if let (Some(addr), Some(obj)) = (bind, c.as_object_mut()) {
+        obj.insert(
+            "upstream_bind_config".into(),
+            json!({ "source_address": { "address": addr, "port_value": 0 } }),
+        );
+    }
+    c
+}
+
+fn wasm_filter(module: &Path, config: &str) -> Value {
+    json!({
+        "name": "envoy.filters.network.wasm",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.wasm.v3.Wasm",
+            "config": {
+                "name": "holdfast",
+                "root_id": "holdfast",
+                "configuration": {
+                    "@type": "type.googleapis.com/google.protobuf.StringValue",
+                    "value": config,
+                },
+                "vm_config": {
+                    "vm_id": "holdfast",
+                    "runtime": "envoy.wasm.runtime.v8",
+                    "code": { "local": { "filename": module.to_string_lossy() } },
+                },
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(filter: bool) -> SidecarConfig {
+        SidecarConfig {
+            node_id: "sidecar~198.18.1.2~p.default~default.svc.cluster.local".into(),
+            node_cluster: "p.default".into(),
+            filter: filter.then(|| PathBuf::from("/w/holdfast_filter.wasm")),
+            filter_config: String::new(),
+        }
+    }
+
+    #[test]
+    fn listeners_are_shaped_like_istio_sidecars() {
+        let l = cfg(true).listeners();
+        let out = &l["resources"][0];
+        assert_eq!(out["address"]["socket_address"]["port_value"], 15001);
+        assert_eq!(out["traffic_direction"], "OUTBOUND");
+        assert_eq!(
+            out["listener_filters"][0]["name"],
+            "envoy.filters.listener.original_dst"
+        );
+        let filters = out["filter_chains"][0]["filters"]
+            .as_array()
+            .expect("array");
+        assert_eq!(filters[0]["name"], "envoy.filters.network.wasm");
+        assert_eq!(filters[0]["typed_config"]["config"]["root_id"], "holdfast");
+        assert_eq!(
+            filters[0]["typed_config"]["config"]["vm_config"]["runtime"],
+            "envoy.wasm.runtime.v8"
+        );
+        assert_eq!(filters[1]["name"], "envoy.filters.network.tcp_proxy");
+        let inb = &l["resources"][1];
+        assert_eq!(inb["address"]["socket_address"]["port_value"], 15006);
+        assert_eq!(inb["traffic_direction"], "INBOUND");
+        assert_eq!(
+            inb["filter_chains"][0]["filters"][1]["typed_config"]["cluster"],
+            "InboundPassthroughCluster"
+        );
+    }
+
+    #[test]
+    fn filter_is_optional_and_inbound_binds_127_0_0_6() {
+        let l = cfg(false).listeners();
+        let filters = l["resources"][0]["filter_chains"][0]["filters"]
+            .as_array()
+            .expect("array");
+        assert_eq!(filters.len(), 1);
+        let c = cfg(false).clusters();
+        assert_eq!(c["resources"][0]["type"], "ORIGINAL_DST");
+        assert!(c["resources"][0].get("upstream_bind_config").is_none());
+        assert_eq!(
+            c["resources"][1]["upstream_bind_config"]["source_address"]["address"],
+            "127.0.0.6"
+        );
+    }
+
+    #[test]
+    fn bootstrap_has_admin_and_file_xds() {
+        let b = cfg(true).bootstrap(Path::new("/tmp/x"));
+        assert_eq!(
+            b["admin"]["address"]["socket_address"]["address"],
+            "127.0.0.1"
+        );
+        assert_eq!(b["admin"]["address"]["socket_address"]["port_value"], 15000);
+        assert_eq!(
+            b["dynamic_resources"]["lds_config"]["path_config_source"]["path"],
+            "/tmp/x/lds.json"
+        );
+    }
+}

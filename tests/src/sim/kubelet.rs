@@ -1,0 +1,532 @@
+//! The kubelet stand-in: one worker thread per pod runs the pod's lifecycle in kubelet's order.
+//!
+//! 1. Sandbox: the pod's netns (lo up, veth to the remote services' bridge), its cgroup
+//!    `kubepods/pod<uid>`, and the pause process in both.
+//! 2. The `istio-init` init container (Istio's nat rules, then a short wait as istio-init takes).
+//! 3. The containers in spec order (the app, then `istio-proxy`) WITHOUT waiting for readiness,
+//!    as kubelet does when no postStart hook is set.
+//! 4. Exits are reaped and recorded; containers restart per `restartPolicy` with back-off.
+//! 5. Deletion: deletionTimestamp, SIGTERM to every container at once, SIGKILL (of the whole
+//!    container cgroup) after terminationGracePeriodSeconds; once all are gone the sandbox is
+//!    stopped, the netns and cgroups removed and the pod file deleted.
+//!
+//! Every change is written to the pods directory as the Pod object (see [`super::pod_object`]).
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use super::bootstrap::SidecarConfig;
+use super::cgroup::Cgroup;
+use super::netns::{NetNs, REMOTE_IP};
+use super::node::{NodeEnv, Shared};
+use super::pod_object::{
+    now_ts, write_atomic, CState, ContainerView, PodView, Terminated, INIT_CONTAINER, PROXY_IMAGE,
+};
+use super::process::{notify_exit, reap, spawn_in, Exit};
+use super::{random_hex, SimError};
+
+/// Which process of the pod an event is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Slot {
+    Sandbox,
+    Init,
+    Container(usize),
+}
+
+/// What the pod worker reacts to.
+#[derive(Debug)]
+pub(crate) enum PodEvent {
+    /// A process exited (not yet reaped).
+    Exited { slot: Slot, pid: u32 },
+    /// The pod was deleted through the API.
+    Delete,
+    /// The node is being torn down: kill everything now.
+    Shutdown,
+}
+
+/// One pod's worker.
+pub(crate) struct PodWorker {
+    pub name: String,
+    pub index: usize,
+    pub env: Arc<NodeEnv>,
+    pub shared: Arc<Shared>,
+    pub rx: Receiver<PodEvent>,
+    pub tx: Sender<PodEvent>,
+    netns: Option<NetNs>,
+    netns_file: Option<File>,
+    pod_cg: Option<Cgroup>,
+    cgroups: HashMap<Slot, Cgroup>,
+    live: HashMap<u32, Slot>,
+    restart_at: HashMap<usize, Instant>,
+    grace_deadline: Option<Instant>,
+    deleting: bool,
+    shutting_down: bool,
+    pod_dir: PathBuf,
+}
+
+impl PodWorker {
+    pub(crate) fn new(
+        name: String,
+        index: usize,
+        env: Arc<NodeEnv>,
+        shared: Arc<Shared>,
+        rx: Receiver<PodEvent>,
+        tx: Sender<PodEvent>,
+    ) -> PodWorker {
+        let pod_dir = env.work_dir.join(&name);
+        PodWorker {
+            name,
+            index,
+            env,
+            shared,
+            rx,
+            tx,
+            netns: None,
+            netns_file: None,
+            pod_cg: None,
+            cgroups: HashMap::new(),
+            live: HashMap::new(),
+            restart_at: HashMap::new(),
+            grace_deadline: None,
+            deleting: false,
+            shutting_down: false,
+            pod_dir,
+        }
+    }
+
+    /// Applies `f` to the pod's view, rewrites the pod file and wakes waiters.
+    fn update<R>(&self, f: impl FnOnce(&mut PodView) -> R) -> R {
+        let mut pods = self.shared.lock();
+        let Some(view) = pods.get_mut(&self.name) else {
+            // The view is created before the worker starts and never removed while it runs.
+            unreachable!("pod {} has no view", self.name);
+        };
+        let r = f(view);
+        if !view.gone {
+            if let Err(e) = write_atomic(&self.env.pods_dir, &view.file_name(), &view.to_pod()) {
+                eprintln!("sim: cannot write pod file for {}: {e}", self.name);
+            }
+        }
+        drop(pods);
+        self.shared.changed.notify_all();
+        r
+    }
+
+    fn view<R>(&self, f: impl FnOnce(&PodView) -> R) -> R {
+        let pods = self.shared.lock();
+        match pods.get(&self.name) {
+            Some(v) => f(v),
+            None => unreachable!("pod {} has no view", self.name),
+        }
+    }
+
+    /// Runs the pod until it is deleted (or the node shuts down), then cleans up.
+    pub(crate) fn run(mut self) {
+        self.update(|_| ()); // Scheduled: the pod object appears, Pending, no statuses.
+        if let Err(e) = self.start_sandbox_and_init() {
+            eprintln!("sim: pod {}: {e}", self.name);
+            let reason = e.to_string();
+            self.update(|v| v.failed_reason = Some(reason));
+        }
+        loop {
+            if (self.deleting || self.shutting_down) && self.only_sandbox_left() {
+                break;
+            }
+            let timeout = self.next_timer().saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(timeout) {
+                Ok(PodEvent::Exited { slot, pid }) => self.on_exit(slot, pid),
+                Ok(PodEvent::Delete) => self.on_delete(),
+                Ok(PodEvent::Shutdown) | Err(RecvTimeoutError::Disconnected) => self.on_shutdown(),
+                Err(RecvTimeoutError::Timeout) => self.on_timer(),
+            }
+        }
+        self.stop_sandbox();
+        let pods_dir = self.env.pods_dir.clone();
+        self.update(|v| {
+            // Under the lock, so whoever sees `gone` also sees the file gone.
+            v.gone = true;
+            let _ = std::fs::remove_file(pods_dir.join(v.file_name()));
+        });
+    }
+
+    fn only_sandbox_left(&self) -> bool {
+        self.live.values().all(|s| *s == Slot::Sandbox)
+    }
+
+    fn next_timer(&self) -> Instant {
+        let far = Instant::now() + Duration::from_secs(3600);
+        self.restart_at
+            .values()
+            .copied()
+            .chain(self.grace_deadline)
+            .min()
+            .unwrap_or(far)
+    }
+
+    fn start_sandbox_and_init(&mut self) -> Result<(), SimError> {
+        let (uid, pod_ip, ns_name) =
+            self.view(|v| (v.uid.clone(), v.pod_ip, self.env.netns_name(&v.spec.name)));
+        std::fs::create_dir_all(&self.pod_dir).map_err(|source| SimError::Io {
+            what: format!("cannot create {}", self.pod_dir.display()),
+            source,
+        })?;
+        let ns = NetNs::create(&ns_name)?;
+        let file = ns.open()?;
+        self.netns = Some(ns);
+        let ns = self
+            .netns
+            .as_ref()
+            .ok_or_else(|| SimError::Setup("netns".into()))?;
+        ns.link_to(&self.env.remote_ns, &format!("vp{}", self.index), pod_ip)?;
+        self.netns_file = Some(file);
+
+        self.pod_cg = Some(Cgroup::create(
+            &self.env.cgroup_root,
+            &format!("kubepods/pod{uid}"),
+        )?);
+        let sandbox_id = random_hex(32);
+        let pid = self.spawn(Slot::Sandbox, &sandbox_id, &["pause".to_string()], "pause")?;
+        self.update(|v| {
+            v.sandbox_ready = true;
+            v.sandbox_pid = Some(pid);
+            v.start_time = Some(now_ts());
+        });
+
+        let init_id = random_hex(32);
+        let min_ms = self.view(|v| v.spec.init_duration.as_millis().to_string());
+        let pid = self.spawn(
+            Slot::Init,
+            &init_id,
+            &["istio-init".to_string(), "--min-duration-ms".into(), min_ms],
+            INIT_CONTAINER,
+        )?;
+        self.update(|v| {
+            let mut c = ContainerView::new(INIT_CONTAINER, PROXY_IMAGE, "");
+            c.id = Some(init_id);
+            c.pid = Some(pid);
+            c.state = CState::Running {
+                started_at: now_ts(),
+            };
+            v.init = Some(c);
+        });
+        Ok(())
+    }
+
+    /// Starts a process of the pod in its netns and a new cgroup `pod<uid>/<id>`; returns its pid.
+    fn spawn(&mut self, slot: Slot, id: &str, args: &[String], log: &str) -> Result<u32, SimError> {
+        let pod_cg = self
+            .pod_cg
+            .as_ref()
+            .ok_or_else(|| SimError::Setup("pod cgroup missing".into()))?;
+        let rel = pod_cg
+            .path()
+            .strip_prefix(&self.env.cgroup_root)
+            .map(|p| p.join(id))
+            .map_err(|_| SimError::Setup("pod cgroup outside the cgroup root".into()))?;
+        let cg = Cgroup::create(&self.env.cgroup_root, &rel.to_string_lossy())?;
+        let netns = self
+            .netns_file
+            .as_ref()
+            .ok_or_else(|| SimError::Setup("netns missing".into()))?;
+        let log_path = self.pod_dir.join(format!("{log}.log"));
+        let open_log = || {
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log_path)
+                .map_err(|source| SimError::Io {
+                    what: format!("cannot open {}", log_path.display()),
+                    source,
+                })
+        };
+        let mut cmd = Command::new(&self.env.sim_app);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(open_log()?)
+            .stderr(open_log()?)
+            .current_dir(&self.pod_dir);
+        let child = spawn_in(&mut cmd, netns, Some(&cg.procs_file()));
+        let child = match child {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = cg.remove();
+                return Err(e);
+            }
+        };
+        let pid = child.id();
+        // The Child handle is dropped without waiting: this worker reaps by pid (see process.rs).
+        drop(child);
+        self.cgroups.insert(slot, cg);
+        self.live.insert(pid, slot);
+        notify_exit(pid, self.tx.clone(), PodEvent::Exited { slot, pid });
+        Ok(pid)
+    }
+
+    fn container_args(&self, i: usize) -> Vec<String> {
+        self.view(|v| {
+            let spec = &v.spec;
+            let remote = std::net::SocketAddr::from((REMOTE_IP, self.env.remote_port));
+            if i == 0 {
+                return spec
+                    .app
+                    .args(&self.pod_dir.join("app-report.jsonl"), remote, spec.serve);
+            }
+            let mut a = vec![
+                "pilot-agent".to_string(),
+                "--envoy".into(),
+                self.env.envoy.to_string_lossy().into_owned(),
+                "--bootstrap".into(),
+                self.pod_dir
+                    .join(super::bootstrap::BOOTSTRAP_FILE)
+                    .to_string_lossy()
+                    .into_owned(),
+                "--start-delay-ms".into(),
+                spec.proxy_delay.as_millis().to_string(),
+                "--drain-ms".into(),
+                spec.drain.as_millis().to_string(),
+            ];
+            if spec.exit_on_zero_active {
+                a.push("--exit-on-zero-active".into());
+            }
+            a
+        })
+    }
+
+    fn write_sidecar_config(&self) -> Result<(), SimError> {
+        let cfg = self.view(|v| SidecarConfig {
+            node_id: format!(
+                "sidecar~{}~{}.{}~{}.svc.cluster.local",
+                v.pod_ip, v.spec.name, v.spec.namespace, v.spec.namespace
+            ),
+            node_cluster: format!("{}.{}", v.spec.name, v.spec.namespace),
+            filter: if v.spec.with_filter {
+                self.env.filter.clone()
+            } else {
+                None
+            },
+            filter_config: String::new(),
+        });
+        cfg.write(&self.pod_dir).map_err(|source| SimError::Io {
+            what: format!("cannot write Envoy config to {}", self.pod_dir.display()),
+            source,
+        })?;
+        Ok(())
+    }
+
+    fn start_container(&mut self, i: usize) {
+        let id = random_hex(32);
+        let (name, restarting) = self.view(|v| {
+            let c = &v.containers[i];
+            (c.name.clone(), c.id.is_some())
+        });
+        if i == 1 && !restarting {
+            if let Err(e) = self.write_sidecar_config() {
+                eprintln!("sim: pod {}: {e}", self.name);
+            }
+        }
+        let args = self.container_args(i);
+        match self.spawn(Slot::Container(i), &id, &args, &name) {
+            Ok(pid) => self.update(|v| {
+                let c = &mut v.containers[i];
+                if restarting {
+                    c.restart_count += 1;
+                }
+                c.id = Some(id);
+                c.pid = Some(pid);
+                c.state = CState::Running {
+                    started_at: now_ts(),
+                };
+            }),
+            Err(e) => {
+                eprintln!("sim: pod {}: cannot start {name}: {e}", self.name);
+                let reason = format!("RunContainerError: {e}");
+                self.update(|v| v.containers[i].state = CState::Waiting { reason });
+            }
+        }
+    }
+
+    fn on_exit(&mut self, slot: Slot, pid: u32) {
+        let exit = reap(pid);
+        self.live.remove(&pid);
+        if let Some(cg) = self.cgroups.remove(&slot) {
+            // The container's main process is gone: the runtime tears the container down, so
+            // anything it left behind (e.g. Envoy under pilot-agent) dies with it.
+            cg.kill_all();
+            if let Err(e) = cg.remove() {
+                eprintln!("sim: pod {}: {e}", self.name);
+            }
+        }
+        match slot {
+            Slot::Sandbox => {}
+            Slot::Init => {
+                let ok = exit.code == 0;
+                self.update(|v| {
+                    if let Some(c) = v.init.as_mut() {
+                        c.state = CState::Terminated(terminated(c, exit));
+                        c.pid = None;
+                    }
+                    if !ok {
+                        v.failed_reason = Some(format!("Init:Error (exit {})", exit.code));
+                    }
+                });
+                if ok && !self.deleting && !self.shutting_down {
+                    let n = self.view(|v| v.containers.len());
+                    for i in 0..n {
+                        self.start_container(i);
+                    }
+                }
+            }
+            Slot::Container(i) => {
+                let deleting = self.deleting || self.shutting_down;
+                let base = self.env.restart_backoff;
+                let backoff = self.update(|v| {
+                    let policy = v.spec.restart_policy;
+                    let c = &mut v.containers[i];
+                    let t = terminated(c, exit);
+                    c.pid = None;
+                    if !deleting && policy.restarts(exit.code) {
+                        let backoff = base
+                            .saturating_mul(1u32 << c.restart_count.min(5))
+                            .min(Duration::from_secs(300));
+                        c.last = Some(t);
+                        c.state = CState::Waiting {
+                            reason: "CrashLoopBackOff".into(),
+                        };
+                        Some(backoff)
+                    } else {
+                        c.state = CState::Terminated(t);
+                        None
+                    }
+                });
+                if let Some(b) = backoff {
+                    self.restart_at.insert(i, Instant::now() + b);
+                }
+            }
+        }
+    }
+
+    fn on_timer(&mut self) {
+        let now = Instant::now();
+        if self.grace_deadline.is_some_and(|d| d <= now) {
+            self.grace_deadline = None;
+            // Grace period over: SIGKILL whatever is left of every container.
+            for (slot, cg) in &self.cgroups {
+                if *slot != Slot::Sandbox {
+                    cg.kill_all();
+                }
+            }
+        }
+        let due: Vec<usize> = self
+            .restart_at
+            .iter()
+            .filter(|(_, t)| **t <= now)
+            .map(|(i, _)| *i)
+            .collect();
+        for i in due {
+            self.restart_at.remove(&i);
+            self.start_container(i);
+        }
+    }
+
+    fn on_delete(&mut self) {
+        if self.deleting {
+            return;
+        }
+        self.deleting = true;
+        self.restart_at.clear();
+        let grace = self.view(|v| v.spec.grace);
+        self.grace_deadline = Some(Instant::now() + grace);
+        self.update(|v| {
+            let due = jiff_add(now_ts(), v.spec.grace);
+            v.deletion_at = Some(due);
+            // Containers in back-off will not start again.
+            for c in &mut v.containers {
+                if let (CState::Waiting { .. }, Some(last)) = (&c.state, &c.last) {
+                    c.state = CState::Terminated(last.clone());
+                }
+            }
+        });
+        // SIGTERM to every container's main process at once (the init container too, if
+        // it is still running).
+        for (pid, slot) in &self.live {
+            if *slot != Slot::Sandbox {
+                super::process::signal(*pid, Signal::SIGTERM);
+            }
+        }
+    }
+
+    fn on_shutdown(&mut self) {
+        self.shutting_down = true;
+        self.restart_at.clear();
+        for (slot, cg) in &self.cgroups {
+            if *slot != Slot::Sandbox {
+                cg.kill_all();
+            }
+        }
+    }
+
+    /// Stops the sandbox and removes the pod's cgroups and netns.
+    fn stop_sandbox(&mut self) {
+        if let Some(cg) = self.cgroups.get(&Slot::Sandbox) {
+            cg.kill_all();
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.live.is_empty() && Instant::now() < deadline {
+            match self.rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(PodEvent::Exited { slot, pid }) => self.on_exit(slot, pid),
+                Ok(_) | Err(RecvTimeoutError::Timeout) => {
+                    // Keep killing: a process may have been between fork and the cgroup move.
+                    for cg in self.cgroups.values() {
+                        cg.kill_all();
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        if !self.live.is_empty() {
+            eprintln!(
+                "sim: pod {}: processes left after teardown: {:?}",
+                self.name, self.live
+            );
+        }
+        self.update(|v| v.sandbox_pid = None);
+        for (_, cg) in self.cgroups.drain() {
+            let _ = cg.remove();
+        }
+        if let Some(cg) = self.pod_cg.take() {
+            if let Err(e) = cg.remove() {
+                eprintln!("sim: pod {}: {e}", self.name);
+            }
+        }
+        self.netns_file = None;
+        self.netns = None; // Drop deletes the namespace (and its veth and rules).
+    }
+}
+
+/// `t + d`, saturating at `t` (jiff is built without `std` here: add via the Unix time).
+fn jiff_add(t: k8s_openapi::jiff::Timestamp, d: Duration) -> k8s_openapi::jiff::Timestamp {
+    let nanos = t.as_nanosecond() + d.as_nanos() as i128;
+    k8s_openapi::jiff::Timestamp::from_nanosecond(nanos).unwrap_or(t)
+}
+
+fn terminated(c: &ContainerView, exit: Exit) -> Terminated {
+    let started_at = match &c.state {
+        CState::Running { started_at } => *started_at,
+        _ => now_ts(),
+    };
+    Terminated {
+        container_id: c.id.clone().unwrap_or_default(),
+        exit_code: exit.code,
+        signal: exit.signal,
+        reason: if exit.code == 0 { "Completed" } else { "Error" }.into(),
+        started_at,
+        finished_at: now_ts(),
+    }
+}

@@ -1,0 +1,173 @@
+//! Network namespaces and links of the simulated node, through `ip` (iproute2).
+//!
+//! Each pod gets a named netns (`/run/netns/<name>`, what `ip netns` manages) with `lo` up and a
+//! veth `eth0` whose peer sits on a bridge in the node's "remote services" namespace. A [`NetNs`]
+//! deletes its namespace on drop (which also deletes its veth and its iptables rules).
+
+use std::fs::File;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::SimError;
+
+/// Runs a command to completion; a non-zero exit is an error carrying its stderr.
+pub(crate) fn run(program: &str, args: &[&str]) -> Result<(), SimError> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|source| SimError::Io {
+            what: format!("cannot run {program} {args:?} (is it installed? `just setup`)"),
+            source,
+        })?;
+    if !out.status.success() {
+        return Err(SimError::Command {
+            cmd: format!("{program} {}", args.join(" ")),
+            status: out.status,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Prefix length used for every address of the simulated node (198.18.0.0/15, RFC 2544).
+pub const PREFIX_LEN: u8 = 15;
+/// The remote services' address on the node's bridge.
+pub const REMOTE_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+
+/// The address of the `index`-th pod (0-based) of a node: 198.18.1.2, 198.18.1.3, ...
+pub fn pod_ip(index: usize) -> Ipv4Addr {
+    let n = index + 2;
+    Ipv4Addr::new(198, 18, 1 + (n / 250) as u8, (n % 250) as u8 + 2)
+}
+
+/// A named network namespace, deleted on drop.
+#[derive(Debug)]
+pub struct NetNs {
+    name: String,
+}
+
+impl NetNs {
+    /// Creates `name` (deleting a stale one left by a killed earlier run) with `lo` up.
+    pub fn create(name: &str) -> Result<NetNs, SimError> {
+        if PathBuf::from("/run/netns").join(name).exists() {
+            let _ = run("ip", &["netns", "delete", name]);
+        }
+        run("ip", &["netns", "add", name])?;
+        let ns = NetNs {
+            name: name.to_string(),
+        };
+        ns.ip(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `/run/netns/<name>`.
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from("/run/netns").join(&self.name)
+    }
+
+    /// Opens the namespace (for `setns`).
+    pub fn open(&self) -> Result<File, SimError> {
+        File::open(self.path()).map_err(|source| SimError::Io {
+            what: format!("cannot open netns {}", self.path().display()),
+            source,
+        })
+    }
+
+    /// `ip -n <name> <args>`.
+    pub fn ip(&self, args: &[&str]) -> Result<(), SimError> {
+        let mut a = vec!["-n", self.name.as_str()];
+        a.extend_from_slice(args);
+        run("ip", &a)
+    }
+
+    /// Makes this the remote services' namespace: bridge `br0` with [`REMOTE_IP`].
+    pub fn add_bridge(&self) -> Result<(), SimError> {
+        self.ip(&["link", "add", "br0", "type", "bridge"])?;
+        self.ip(&[
+            "addr",
+            "add",
+            &format!("{REMOTE_IP}/{PREFIX_LEN}"),
+            "dev",
+            "br0",
+        ])?;
+        self.ip(&["link", "set", "br0", "up"])
+    }
+
+    /// Links this (pod) namespace to `remote`'s bridge: `eth0` here with `ip`, peer `peer` there.
+    /// Created from inside the namespaces, so names never clash with the host's interfaces.
+    pub fn link_to(&self, remote: &str, peer: &str, ip: Ipv4Addr) -> Result<(), SimError> {
+        self.ip(&[
+            "link", "add", "eth0", "type", "veth", "peer", "name", peer, "netns", remote,
+        ])?;
+        run(
+            "ip",
+            &["-n", remote, "link", "set", peer, "master", "br0", "up"],
+        )?;
+        self.ip(&["addr", "add", &format!("{ip}/{PREFIX_LEN}"), "dev", "eth0"])?;
+        self.ip(&["link", "set", "eth0", "up"])
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        if let Err(e) = run("ip", &["netns", "delete", &self.name]) {
+            eprintln!("sim: cannot delete netns {}: {e}", self.name);
+        }
+    }
+}
+
+/// Runs `f` on a new thread that has entered the network namespace at `path` (sockets it creates
+/// stay in that namespace after it returns; the caller's thread never switches).
+pub fn run_in<R: Send>(path: &Path, f: impl FnOnce() -> R + Send) -> Result<R, SimError> {
+    let file = File::open(path).map_err(|source| SimError::Io {
+        what: format!("cannot open netns {}", path.display()),
+        source,
+    })?;
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| {
+                SimError::Io {
+                    what: format!("cannot enter netns {}", path.display()),
+                    source: e.into(),
+                }
+            })?;
+            Ok(f())
+        })
+        .join()
+        .unwrap_or_else(|_| Err(SimError::Setup("netns thread panicked".into())))
+    })
+}
+
+/// Named namespaces whose name starts with `prefix`.
+pub fn list_with_prefix(prefix: &str) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/run/netns") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with(prefix))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_ips_stay_in_the_benchmark_range() {
+        assert_eq!(pod_ip(0), Ipv4Addr::new(198, 18, 1, 4));
+        for i in [0, 1, 247, 248, 249, 1000] {
+            let ip = pod_ip(i);
+            assert_eq!(ip.octets()[0], 198);
+            assert!(matches!(ip.octets()[1], 18 | 19), "{ip}");
+            assert!(ip.octets()[3] >= 2, "{ip}");
+            assert_ne!(ip, REMOTE_IP);
+        }
+        assert_ne!(pod_ip(247), pod_ip(248));
+    }
+}

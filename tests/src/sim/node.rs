@@ -1,0 +1,669 @@
+//! [`SimNode`]: the simulated node a test builds — remote services, pods, pods directory — and
+//! the scenario API tests, benchmarks and the demo drive it with.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::cgroup::cgroup2_root;
+use super::kubelet::{PodEvent, PodWorker};
+use super::netns::{self, pod_ip, NetNs, REMOTE_IP};
+use super::pod_object::{PodPhase, PodView};
+use super::process::{alive, spawn_in};
+use super::report::AppReport;
+use super::spec::PodSpec;
+use super::{random_hex, random_uuid, SimError};
+
+/// Port of the remote services (echo) in the remote namespace.
+pub const REMOTE_PORT: u16 = 7000;
+
+/// What every pod worker of a node shares (read-only).
+#[derive(Debug)]
+pub(crate) struct NodeEnv {
+    pub test_name: String,
+    pub sim_app: PathBuf,
+    pub envoy: PathBuf,
+    pub filter: Option<PathBuf>,
+    pub pods_dir: PathBuf,
+    pub work_dir: PathBuf,
+    pub cgroup_root: PathBuf,
+    pub remote_ns: String,
+    pub remote_port: u16,
+    pub restart_backoff: Duration,
+}
+
+impl NodeEnv {
+    pub(crate) fn netns_name(&self, pod: &str) -> String {
+        format!("hf-{}-{pod}", self.test_name)
+    }
+}
+
+/// The pods' views, shared between the workers and the test; `changed` is notified on every update.
+#[derive(Debug, Default)]
+pub(crate) struct Shared {
+    pods: Mutex<BTreeMap<String, PodView>>,
+    pub changed: Condvar,
+}
+
+impl Shared {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, BTreeMap<String, PodView>> {
+        // A worker that panicked leaves consistent data (updates are single assignments).
+        self.pods.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Options of a simulated node; [`NodeOptions::default`] finds everything in the workspace.
+#[derive(Debug, Clone, Default)]
+pub struct NodeOptions {
+    /// The `sim-app` binary (default: [`sim_app_binary`]). Integration tests pass
+    /// `env!("CARGO_BIN_EXE_sim-app")`.
+    pub sim_app: Option<PathBuf>,
+    /// The Envoy binary (default: [`crate::envoy::envoy_binary`]).
+    pub envoy: Option<PathBuf>,
+    /// The filter module (default: [`crate::envoy::filter_wasm`] if it exists). Pods load it
+    /// unless their spec says `with_filter(false)`.
+    pub filter: Option<PathBuf>,
+    /// kubelet's first restart back-off (default 10 s, doubling up to 5 min).
+    pub restart_backoff: Option<Duration>,
+}
+
+/// Finds `sim-app`: `$HOLDFAST_SIM_APP`, else next to the running binary, else one directory up
+/// (test binaries live in `target/<profile>/deps`).
+pub fn sim_app_binary() -> Result<PathBuf, SimError> {
+    if let Some(p) = std::env::var_os("HOLDFAST_SIM_APP") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().map_err(|source| SimError::Io {
+        what: "cannot find the running binary".into(),
+        source,
+    })?;
+    let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    for cand in [dir.join("sim-app"), dir.join("../sim-app")] {
+        if cand.exists() {
+            return Ok(cand);
+        }
+    }
+    Err(SimError::Setup(format!(
+        "no sim-app binary next to {}: build it (`cargo build -p holdfast-tests --bins`) or set HOLDFAST_SIM_APP",
+        exe.display()
+    )))
+}
+
+struct Worker {
+    name: String,
+    tx: Sender<PodEvent>,
+    join: Option<JoinHandle<()>>,
+}
+
+/// A simulated Kubernetes node. Build it, add pods, start them, delete them, read reports;
+/// everything it created is removed on [`SimNode::finish`] or drop, even when a test panics.
+///
+/// ```no_run
+/// use holdfast_tests::sim::{AppScript, PodSpec, SimNode};
+/// use std::time::Duration;
+/// let mut node = SimNode::new("demo")?;
+/// node.add_pod(PodSpec::new("web").app(AppScript::CallAtStart { calls: 1 }).proxy_delay(Duration::from_secs(2)))?;
+/// // A node agent would be started here, before the pods: node.spawn_host_process(cmd)?
+/// node.start_pods()?;
+/// node.wait_for("web", Duration::from_secs(10), "app exited", |p| p.app().is_some_and(|c| c.exit_code().is_some()))?;
+/// let report = node.report("web")?;
+/// assert!(node.finish().is_empty());
+/// # Ok::<(), holdfast_tests::sim::SimError>(())
+/// ```
+pub struct SimNode {
+    env: Arc<NodeEnv>,
+    shared: Arc<Shared>,
+    node_name: String,
+    remote_ns: Option<NetNs>,
+    remote: Option<Child>,
+    workers: Vec<Worker>,
+    added: usize,
+    indices: BTreeMap<String, usize>,
+    uids: Vec<String>,
+    host_processes: Vec<Child>,
+    torn_down: bool,
+}
+
+impl SimNode {
+    /// A node named after the test (namespaces `hf-<test>-*`), with default options.
+    pub fn new(test_name: &str) -> Result<SimNode, SimError> {
+        SimNode::with_options(test_name, NodeOptions::default())
+    }
+
+    /// A node with explicit options.
+    pub fn with_options(test_name: &str, opts: NodeOptions) -> Result<SimNode, SimError> {
+        if test_name.is_empty()
+            || !test_name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-')
+        {
+            return Err(SimError::Setup(format!(
+                "test name {test_name:?}: use letters, digits and '-' (it names namespaces and files)"
+            )));
+        }
+        let sim_app = match opts.sim_app {
+            Some(p) => p,
+            None => sim_app_binary()?,
+        };
+        let envoy = match opts.envoy {
+            Some(p) => p,
+            None => crate::envoy::envoy_binary().map_err(|e| SimError::Setup(e.to_string()))?,
+        };
+        let filter = opts.filter.or_else(|| crate::envoy::filter_wasm().ok());
+        if filter.is_none() {
+            eprintln!("sim: no filter module (run `just filter`): sidecars run without the holdfast filter");
+        }
+        let cgroup_root = cgroup2_root()?;
+        let work_dir = std::env::temp_dir().join(format!("hf-{test_name}-{}", random_hex(4)));
+        let pods_dir = work_dir.join("pods");
+        std::fs::create_dir_all(&pods_dir).map_err(|source| SimError::Io {
+            what: format!("cannot create {}", pods_dir.display()),
+            source,
+        })?;
+        // Envoy runs as uid 1337 and reads its config from here.
+        set_mode_755(&work_dir)?;
+        let remote_ns_name = format!("hf-{test_name}-remote");
+        let env = Arc::new(NodeEnv {
+            test_name: test_name.to_string(),
+            sim_app,
+            envoy,
+            filter,
+            pods_dir,
+            work_dir,
+            cgroup_root,
+            remote_ns: remote_ns_name.clone(),
+            remote_port: REMOTE_PORT,
+            restart_backoff: opts.restart_backoff.unwrap_or(Duration::from_secs(10)),
+        });
+        let mut node = SimNode {
+            env,
+            shared: Arc::new(Shared::default()),
+            node_name: format!("sim-{test_name}"),
+            remote_ns: None,
+            remote: None,
+            workers: Vec::new(),
+            added: 0,
+            indices: BTreeMap::new(),
+            uids: Vec::new(),
+            host_processes: Vec::new(),
+            torn_down: false,
+        };
+        // From here on, Drop cleans up whatever was created.
+        let ns = NetNs::create(&remote_ns_name)?;
+        ns.add_bridge()?;
+        let file = ns.open()?;
+        node.remote_ns = Some(ns);
+        let mut cmd = Command::new(&node.env.sim_app);
+        cmd.args(["remote", "--listen", &format!("{REMOTE_IP}:{REMOTE_PORT}")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped());
+        let mut child = spawn_in(&mut cmd, &file, None)?;
+        let stdout = child.stdout.take();
+        node.remote = Some(child);
+        // The remote services print one line once they listen.
+        let mut line = String::new();
+        if let Some(out) = stdout {
+            let _ = BufReader::new(out).read_line(&mut line);
+        }
+        if line.trim() != "ready" {
+            return Err(SimError::Setup(format!(
+                "remote services did not start (said {line:?}); see stderr above"
+            )));
+        }
+        Ok(node)
+    }
+
+    /// The node's name (`--node-name` for the agent).
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    /// The pods directory (`--pods-dir` for the agent): one `<namespace>_<name>.json` per pod.
+    pub fn pods_dir(&self) -> &Path {
+        &self.env.pods_dir
+    }
+
+    /// The node's scratch directory (Envoy config, logs, reports per pod).
+    pub fn work_dir(&self) -> &Path {
+        &self.env.work_dir
+    }
+
+    /// The filter module pods load (unless their spec turns it off), if the node has one.
+    pub fn filter(&self) -> Option<&Path> {
+        self.env.filter.as_deref()
+    }
+
+    /// The network namespace name of pod `name` (`/run/netns/<it>`).
+    pub fn netns_name(&self, pod: &str) -> String {
+        self.env.netns_name(pod)
+    }
+
+    /// Runs `f` inside pod `pod`'s network namespace (on a dedicated thread).
+    pub fn in_pod_netns<R: Send>(
+        &self,
+        pod: &str,
+        f: impl FnOnce() -> R + Send,
+    ) -> Result<R, SimError> {
+        netns::run_in(&PathBuf::from("/run/netns").join(self.netns_name(pod)), f)
+    }
+
+    /// Runs `f` inside the remote services' namespace, where traffic INTO pods comes from.
+    pub fn in_remote_netns<R: Send>(&self, f: impl FnOnce() -> R + Send) -> Result<R, SimError> {
+        netns::run_in(&PathBuf::from("/run/netns").join(&self.env.remote_ns), f)
+    }
+
+    /// One request to pod `pod`'s Envoy admin API (127.0.0.1:15000 in its netns); returns the body.
+    pub fn admin(&self, pod: &str, method: &str, path: &str) -> Result<String, SimError> {
+        let admin = std::net::SocketAddr::from(([127, 0, 0, 1], super::istio_init::ADMIN_PORT));
+        self.in_pod_netns(pod, || {
+            super::pilot_agent::admin_request(admin, method, path)
+        })?
+        .map_err(|source| SimError::Io {
+            what: format!("pod {pod}: Envoy admin {method} {path}"),
+            source,
+        })
+    }
+
+    /// Waits until the pod's Envoy answers `/ready` with `LIVE` (polls every 50 ms).
+    pub fn wait_proxy_live(&self, pod: &str, timeout: Duration) -> Result<(), SimError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let last = match self.admin(pod, "GET", "/ready") {
+                Ok(body) if body.trim() == "LIVE" => return Ok(()),
+                Ok(body) => body.trim().to_string(),
+                Err(e) => e.to_string(),
+            };
+            if Instant::now() >= deadline {
+                return Err(SimError::Timeout {
+                    what: format!("pod {pod}: Envoy LIVE"),
+                    waited: timeout,
+                    last,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The pod's IP.
+    pub fn pod_ip(&self, pod: &str) -> Option<Ipv4Addr> {
+        self.pod(pod).map(|v| v.pod_ip)
+    }
+
+    /// Adds a pod (not started yet). Names must be unique on the node.
+    pub fn add_pod(&mut self, spec: PodSpec) -> Result<(), SimError> {
+        let dns_label = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 63
+                && s.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        };
+        for (what, value) in [("name", &spec.name), ("namespace", &spec.namespace)] {
+            if !dns_label(value) {
+                return Err(SimError::Setup(format!(
+                    "pod {what} {value:?}: use a DNS label (a-z, 0-9, '-', at most 63), as Kubernetes requires"
+                )));
+            }
+        }
+        let mut pods = self.shared.lock();
+        if pods.contains_key(&spec.name) {
+            return Err(SimError::Setup(format!("pod {} added twice", spec.name)));
+        }
+        let uid = random_uuid();
+        self.uids.push(uid.clone());
+        let name = spec.name.clone();
+        // hostIP is informational: the node's processes stay in the host's own namespace.
+        let view = PodView::new(
+            spec,
+            uid,
+            &self.node_name,
+            Ipv4Addr::new(198, 18, 0, 254),
+            pod_ip(self.added),
+        );
+        pods.insert(name.clone(), view);
+        self.indices.insert(name, self.added);
+        self.added += 1;
+        Ok(())
+    }
+
+    /// Starts every added pod that has not started yet, all at once (one kubelet worker each).
+    pub fn start_pods(&mut self) -> Result<(), SimError> {
+        let names: Vec<String> = {
+            let pods = self.shared.lock();
+            pods.keys()
+                .filter(|n| !self.workers.iter().any(|w| &w.name == *n))
+                .cloned()
+                .collect()
+        };
+        for name in names {
+            let index = self.index_of(&name);
+            let (tx, rx) = channel();
+            let worker = PodWorker::new(
+                name.clone(),
+                index,
+                self.env.clone(),
+                self.shared.clone(),
+                rx,
+                tx.clone(),
+            );
+            let join = std::thread::Builder::new()
+                .name(format!("kubelet-{name}"))
+                .spawn(move || worker.run())
+                .map_err(|source| SimError::Io {
+                    what: "cannot start a pod worker thread".into(),
+                    source,
+                })?;
+            self.workers.push(Worker {
+                name,
+                tx,
+                join: Some(join),
+            });
+        }
+        Ok(())
+    }
+
+    fn index_of(&self, name: &str) -> usize {
+        self.indices.get(name).copied().unwrap_or(0)
+    }
+
+    /// Deletes a pod through the "API": deletionTimestamp, SIGTERM, SIGKILL after the grace period.
+    pub fn delete_pod(&self, name: &str) -> Result<(), SimError> {
+        let w = self
+            .workers
+            .iter()
+            .find(|w| w.name == name)
+            .ok_or_else(|| SimError::UnknownPod(name.to_string()))?;
+        w.tx.send(PodEvent::Delete)
+            .map_err(|_| SimError::Setup(format!("pod {name} is already gone")))
+    }
+
+    /// A snapshot of a pod's state.
+    pub fn pod(&self, name: &str) -> Option<PodView> {
+        self.shared.lock().get(name).cloned()
+    }
+
+    /// The phase of a pod.
+    pub fn phase(&self, name: &str) -> Option<PodPhase> {
+        self.pod(name).map(|p| p.phase())
+    }
+
+    /// Waits until `pred` holds for the pod (checked on every change), or fails after `timeout`
+    /// with `what` and the pod's last state.
+    pub fn wait_for(
+        &self,
+        name: &str,
+        timeout: Duration,
+        what: &str,
+        pred: impl Fn(&PodView) -> bool,
+    ) -> Result<PodView, SimError> {
+        let deadline = Instant::now() + timeout;
+        let mut pods = self.shared.lock();
+        loop {
+            let view = pods
+                .get(name)
+                .ok_or_else(|| SimError::UnknownPod(name.to_string()))?;
+            if pred(view) {
+                return Ok(view.clone());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(SimError::Timeout {
+                    what: format!("pod {name}: {what}"),
+                    waited: timeout,
+                    last: summary(view),
+                });
+            }
+            pods = self
+                .shared
+                .changed
+                .wait_timeout(pods, deadline - now)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
+
+    /// Waits for a phase.
+    pub fn wait_phase(
+        &self,
+        name: &str,
+        phase: PodPhase,
+        timeout: Duration,
+    ) -> Result<PodView, SimError> {
+        self.wait_for(name, timeout, &format!("phase {}", phase.as_str()), |p| {
+            p.phase() == phase
+        })
+    }
+
+    /// Waits until the pod has been removed (deleted and every process gone).
+    pub fn wait_gone(&self, name: &str, timeout: Duration) -> Result<PodView, SimError> {
+        self.wait_for(name, timeout, "removed", |p| p.gone)
+    }
+
+    /// Waits until the app container has exited (at least once).
+    pub fn wait_app_exited(&self, name: &str, timeout: Duration) -> Result<PodView, SimError> {
+        self.wait_for(name, timeout, "app container exited", |p| {
+            p.app().is_some_and(|c| c.exit_code().is_some())
+        })
+    }
+
+    /// Path of the app's report.
+    pub fn report_path(&self, name: &str) -> PathBuf {
+        self.env.work_dir.join(name).join("app-report.jsonl")
+    }
+
+    /// The app's report as it is now.
+    pub fn report(&self, name: &str) -> Result<AppReport, SimError> {
+        Ok(AppReport::read(&self.report_path(name))?)
+    }
+
+    /// Polls the app's report (every 50 ms) until `pred` holds.
+    pub fn wait_report(
+        &self,
+        name: &str,
+        timeout: Duration,
+        what: &str,
+        pred: impl Fn(&AppReport) -> bool,
+    ) -> Result<AppReport, SimError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let r = self.report(name)?;
+            if pred(&r) {
+                return Ok(r);
+            }
+            if Instant::now() >= deadline {
+                return Err(SimError::Timeout {
+                    what: format!("pod {name} report: {what}"),
+                    waited: timeout,
+                    last: format!("{} events", r.events.len()),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The node agent's command line for this node: `<holdfast> agent --node-name <node>
+    /// --pods-dir <dir>`. Add flags, then start it with [`SimNode::spawn_host_process`] before
+    /// [`SimNode::start_pods`] so it sees every pod from its first state.
+    pub fn agent_command(&self, holdfast: &Path) -> Command {
+        let mut cmd = Command::new(holdfast);
+        cmd.arg("agent")
+            .arg("--node-name")
+            .arg(&self.node_name)
+            .arg("--pods-dir")
+            .arg(&self.env.pods_dir);
+        cmd
+    }
+
+    /// Starts a process on the host side of the node (e.g. `holdfast agent --node-name N
+    /// --pods-dir DIR`), before or after the pods. The node SIGKILLs it by PID at teardown.
+    pub fn spawn_host_process(&mut self, mut cmd: Command) -> Result<u32, SimError> {
+        let child = cmd.spawn().map_err(|source| SimError::Io {
+            what: format!("cannot start {cmd:?}"),
+            source,
+        })?;
+        let pid = child.id();
+        self.host_processes.push(child);
+        Ok(pid)
+    }
+
+    /// Stops a process started with [`SimNode::spawn_host_process`]: SIGTERM, then SIGKILL if it
+    /// is still running after `grace`. Returns its exit status.
+    pub fn stop_host_process(
+        &mut self,
+        pid: u32,
+        grace: Duration,
+    ) -> Result<std::process::ExitStatus, SimError> {
+        let i = self
+            .host_processes
+            .iter()
+            .position(|c| c.id() == pid)
+            .ok_or_else(|| {
+                SimError::Setup(format!("pid {pid} is not a host process of this node"))
+            })?;
+        let mut child = self.host_processes.remove(i);
+        let io = |source| SimError::Io {
+            what: format!("waiting for host process {pid}"),
+            source,
+        };
+        // Not reaped yet (we hold the Child), so the pid cannot have been reused.
+        super::process::signal(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + grace;
+        loop {
+            if let Some(st) = child.try_wait().map_err(io)? {
+                return Ok(st);
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                return child.wait().map_err(io);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Tears the node down and returns what is left of it (empty when clean).
+    pub fn finish(mut self) -> Vec<String> {
+        self.teardown();
+        self.leftovers()
+    }
+
+    /// What remains of this node on the machine: namespaces, cgroups, processes, pod files.
+    pub fn leftovers(&self) -> Vec<String> {
+        let mut left = Vec::new();
+        for ns in netns::list_with_prefix(&format!("hf-{}-", self.env.test_name)) {
+            left.push(format!("netns {ns}"));
+        }
+        for uid in &self.uids {
+            let cg = self
+                .env
+                .cgroup_root
+                .join("kubepods")
+                .join(format!("pod{uid}"));
+            if cg.exists() {
+                left.push(format!("cgroup {}", cg.display()));
+            }
+        }
+        left.extend(processes_in_pods(&self.uids));
+        let tracked = self.remote.iter().chain(self.host_processes.iter());
+        for c in tracked {
+            if alive(c.id()) {
+                left.push(format!("process {}", c.id()));
+            }
+        }
+        if let Ok(dir) = std::fs::read_dir(&self.env.pods_dir) {
+            for e in dir.flatten() {
+                left.push(format!("pod file {}", e.path().display()));
+            }
+        }
+        left
+    }
+
+    fn teardown(&mut self) {
+        if self.torn_down {
+            return;
+        }
+        self.torn_down = true;
+        for w in &self.workers {
+            let _ = w.tx.send(PodEvent::Shutdown);
+        }
+        for w in &mut self.workers {
+            if let Some(j) = w.join.take() {
+                if j.join().is_err() {
+                    eprintln!("sim: pod worker {} panicked", w.name);
+                }
+            }
+        }
+        for c in self.host_processes.iter_mut().chain(self.remote.iter_mut()) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.remote_ns = None;
+        // Pods that were added but never started have no worker: their files never existed.
+        if std::thread::panicking() || std::env::var_os("HOLDFAST_KEEP_SIM").is_some() {
+            eprintln!(
+                "sim: keeping {} for inspection (logs, Envoy config, reports)",
+                self.env.work_dir.display()
+            );
+            let _ = std::fs::remove_dir_all(&self.env.pods_dir);
+        } else {
+            let _ = std::fs::remove_dir_all(&self.env.work_dir);
+        }
+        // `kubepods` is shared with other nodes of this machine; remove it only if empty.
+        let _ = std::fs::remove_dir(self.env.cgroup_root.join("kubepods"));
+    }
+}
+
+impl Drop for SimNode {
+    fn drop(&mut self) {
+        self.teardown();
+    }
+}
+
+/// Processes whose cgroup names one of the pod uids.
+fn processes_in_pods(uids: &[String]) -> Vec<String> {
+    let mut left = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return left;
+    };
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(cg) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+            continue;
+        };
+        if uids.iter().any(|u| cg.contains(&format!("pod{u}"))) && alive(pid) {
+            left.push(format!("process {pid} ({})", cg.trim()));
+        }
+    }
+    left
+}
+
+fn summary(v: &PodView) -> String {
+    let cs: Vec<String> = v
+        .containers
+        .iter()
+        .map(|c| format!("{}={:?}", c.name, c.state))
+        .collect();
+    format!(
+        "phase {} deleting {} gone {} [{}]",
+        v.phase().as_str(),
+        v.deletion_at.is_some(),
+        v.gone,
+        cs.join(", ")
+    )
+}
+
+fn set_mode_755(p: &Path) -> Result<(), SimError> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).map_err(|source| {
+        SimError::Io {
+            what: format!("cannot chmod 0755 {}", p.display()),
+            source,
+        }
+    })
+}

@@ -1,0 +1,235 @@
+//! The pilot-agent stand-in (`sim-app pilot-agent`), the istio-proxy container's main process.
+//!
+//! It applies pilot-agent's documented behaviour: start Envoy (as the proxy uid, after a delay
+//! standing in for the wait for xDS config); on SIGTERM `POST /drain_listeners?inboundonly&graceful`,
+//! wait `terminationDrainDuration` (or, with `EXIT_ON_ZERO_ACTIVE_CONNECTIONS`, wait
+//! `MINIMUM_DRAIN_DURATION` then poll the active downstream connections every second until 0),
+//! then SIGKILL Envoy. If Envoy exits by itself (e.g. `/quitquitquit`), exit with its status.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::apps::TermSignal;
+use super::istio_init::{ADMIN_PORT, PROXY_UID};
+
+/// `sim-app pilot-agent` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PilotAgentArgs {
+    /// The Envoy binary.
+    #[arg(long)]
+    pub envoy: PathBuf,
+    /// Envoy bootstrap file.
+    #[arg(long)]
+    pub bootstrap: PathBuf,
+    /// Start Envoy this many ms after the container starts (stands in for the xDS wait).
+    #[arg(long, default_value_t = 0)]
+    pub start_delay_ms: u64,
+    /// terminationDrainDuration in ms.
+    #[arg(long, default_value_t = 5000)]
+    pub drain_ms: u64,
+    /// EXIT_ON_ZERO_ACTIVE_CONNECTIONS.
+    #[arg(long)]
+    pub exit_on_zero_active: bool,
+    /// MINIMUM_DRAIN_DURATION in ms (with --exit-on-zero-active).
+    #[arg(long, default_value_t = 5000)]
+    pub minimum_drain_ms: u64,
+    /// Envoy's --concurrency (Istio's default is 2).
+    #[arg(long, default_value_t = 2)]
+    pub concurrency: u32,
+}
+
+fn log(msg: &str) {
+    eprintln!("{} pilot-agent: {msg}", super::report::now_ms());
+}
+
+/// Runs the agent; returns the exit code.
+pub fn run(args: &PilotAgentArgs, term: &TermSignal) -> io::Result<i32> {
+    if term.sleep(Duration::from_millis(args.start_delay_ms)) {
+        log("SIGTERM before Envoy started");
+        return Ok(0);
+    }
+    let child = Command::new(&args.envoy)
+        .args(["-c".as_ref(), args.bootstrap.as_os_str()])
+        .args([
+            "--disable-hot-restart",
+            "--drain-time-s",
+            "45",
+            "--drain-strategy",
+            "immediate",
+            "--parent-shutdown-time-s",
+            "60",
+            "--local-address-ip-version",
+            "v4",
+            "--log-level",
+            "warning",
+            "--concurrency",
+        ])
+        .arg(args.concurrency.to_string())
+        .uid(PROXY_UID)
+        .gid(PROXY_UID)
+        .spawn()
+        .map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot start Envoy {}: {e}", args.envoy.display()),
+            )
+        })?;
+    log(&format!("started Envoy pid {}", child.id()));
+    let envoy = Arc::new(Mutex::new(child));
+
+    // Wait for SIGTERM or Envoy's own exit.
+    loop {
+        if let Some(status) = try_wait(&envoy)? {
+            log(&format!("Envoy exited by itself: {status}"));
+            return Ok(exit_code(status));
+        }
+        if term.sleep(Duration::from_millis(20)) {
+            break;
+        }
+    }
+    log("SIGTERM: draining inbound listeners");
+    let admin = SocketAddr::from(([127, 0, 0, 1], ADMIN_PORT));
+    if let Err(e) = admin_request(admin, "POST", "/drain_listeners?inboundonly&graceful") {
+        log(&format!("drain_listeners failed: {e}"));
+    }
+
+    let drain_end = if args.exit_on_zero_active {
+        None
+    } else {
+        Some(Instant::now() + Duration::from_millis(args.drain_ms))
+    };
+    let min_end = Instant::now() + Duration::from_millis(args.minimum_drain_ms);
+    let mut next_poll = min_end;
+    loop {
+        if let Some(status) = try_wait(&envoy)? {
+            log(&format!("Envoy exited during drain: {status}"));
+            return Ok(exit_code(status));
+        }
+        let now = Instant::now();
+        match drain_end {
+            Some(end) if now >= end => break,
+            Some(_) => {}
+            None if now >= next_poll => {
+                next_poll = now + Duration::from_secs(1);
+                match active_connections(admin) {
+                    Ok(0) => {
+                        log("no active connections");
+                        break;
+                    }
+                    Ok(n) => log(&format!("{n} active connections")),
+                    Err(e) => log(&format!("stats poll failed: {e}")),
+                }
+            }
+            None => {}
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    log("drain over: killing Envoy");
+    let mut child = match envoy.lock() {
+        Ok(c) => c,
+        Err(p) => p.into_inner(),
+    };
+    // Child::kill does nothing harmful if Envoy has already been reaped.
+    let _ = child.kill();
+    let _ = child.wait();
+    Ok(0)
+}
+
+fn try_wait(envoy: &Mutex<Child>) -> io::Result<Option<ExitStatus>> {
+    match envoy.lock() {
+        Ok(mut c) => c.try_wait(),
+        Err(p) => p.into_inner().try_wait(),
+    }
+}
+
+fn exit_code(status: ExitStatus) -> i32 {
+    status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(1)
+}
+
+/// One HTTP/1.1 request to Envoy's admin API (it answers HTTP/1.0 with 426); returns the body.
+pub fn admin_request(admin: SocketAddr, method: &str, path: &str) -> io::Result<String> {
+    let mut s = TcpStream::connect_timeout(&admin, Duration::from_secs(1))?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp)?;
+    let status = resp.split_whitespace().nth(1).unwrap_or("");
+    if status != "200" {
+        return Err(io::Error::other(format!(
+            "{method} {path}: HTTP status {status:?}"
+        )));
+    }
+    let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((resp.as_str(), ""));
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        return Ok(dechunk(body));
+    }
+    Ok(body.to_string())
+}
+
+/// Decodes an HTTP/1.1 chunked body (Envoy's admin API streams some handlers that way).
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        let (Some(chunk), Some(tail)) = (rest.get(..n), rest.get(n..)) else {
+            break;
+        };
+        if n == 0 {
+            break;
+        }
+        out.push_str(chunk);
+        body = tail.trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Sum of `downstream_cx_active` over listeners, as pilot-agent computes it.
+fn active_connections(admin: SocketAddr) -> io::Result<u64> {
+    let body = admin_request(admin, "GET", "/stats?usedonly&filter=downstream_cx_active$")?;
+    Ok(sum_stat_values(&body))
+}
+
+/// Sums the values of `name: value` lines, leaving out the admin listener (our own poll is one
+/// of its connections). Lines that do not parse are ignored.
+pub fn sum_stat_values(body: &str) -> u64 {
+    body.lines()
+        .filter(|l| !l.contains("admin"))
+        .filter_map(|l| l.rsplit_once(": "))
+        .filter_map(|(_, v)| v.trim().parse::<u64>().ok())
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dechunks_admin_bodies() {
+        assert_eq!(
+            dechunk("5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"),
+            "hello world"
+        );
+    }
+
+    #[test]
+    fn sums_active_connections() {
+        let body = "http.admin.downstream_cx_active: 1\nlistener.0.0.0.0_15001.downstream_cx_active: 3\n1a\nnoise\n";
+        assert_eq!(sum_stat_values(body), 3);
+    }
+}

@@ -1,0 +1,245 @@
+//! What a test asks for: a pod's spec (builder) and its app's script.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+/// Kubernetes `restartPolicy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartPolicy {
+    Always,
+    OnFailure,
+    Never,
+}
+
+impl RestartPolicy {
+    /// The API spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RestartPolicy::Always => "Always",
+            RestartPolicy::OnFailure => "OnFailure",
+            RestartPolicy::Never => "Never",
+        }
+    }
+
+    /// Whether kubelet restarts a container that exited with `code`.
+    pub fn restarts(self, code: i32) -> bool {
+        match self {
+            RestartPolicy::Always => true,
+            RestartPolicy::OnFailure => code != 0,
+            RestartPolicy::Never => false,
+        }
+    }
+}
+
+/// What the app container does (`sim-app app` flags; see [`super::apps`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AppScript {
+    /// Like an app that fetches its config at boot: `calls` calls right at start, each on a new
+    /// connection; if any fails the app exits 1. Then it idles until SIGTERM and exits 0.
+    CallAtStart { calls: u32 },
+    /// A service that calls out every `every` over a keep-alive pool of `pool` connections while
+    /// running (failures are recorded, not fatal), and keeps calling for `after_sigterm` after
+    /// SIGTERM (flushing, deregistering), then exits 0.
+    CallThroughShutdown {
+        every: Duration,
+        pool: usize,
+        after_sigterm: Duration,
+    },
+    /// A batch job: `calls` calls (each retried for up to 10 s, as job runners retry), then exit
+    /// with `exit_code`.
+    Batch { calls: u32, exit_code: i32 },
+    /// Only serve inbound requests (see [`PodSpec::serve`]) until SIGTERM.
+    Idle,
+}
+
+impl AppScript {
+    /// The `sim-app app` arguments for this script.
+    pub fn args(&self, report: &Path, remote: SocketAddr, serve: Option<u16>) -> Vec<String> {
+        let mut a = vec![
+            "app".to_string(),
+            "--report".into(),
+            report.to_string_lossy().into_owned(),
+            "--remote".into(),
+            remote.to_string(),
+        ];
+        let ms = |d: &Duration| d.as_millis().to_string();
+        match self {
+            AppScript::CallAtStart { calls } => {
+                a.extend(["--startup-calls".into(), calls.to_string()]);
+            }
+            AppScript::CallThroughShutdown {
+                every,
+                pool,
+                after_sigterm,
+            } => {
+                a.extend([
+                    "--every-ms".into(),
+                    ms(every),
+                    "--pool".into(),
+                    pool.to_string(),
+                    "--after-sigterm-ms".into(),
+                    ms(after_sigterm),
+                ]);
+            }
+            AppScript::Batch { calls, exit_code } => {
+                a.extend([
+                    "--batch-calls".into(),
+                    calls.to_string(),
+                    "--exit-code".into(),
+                    exit_code.to_string(),
+                    "--retry-for-ms".into(),
+                    "10000".into(),
+                ]);
+            }
+            AppScript::Idle => {}
+        }
+        if let Some(port) = serve {
+            a.extend(["--serve".into(), port.to_string()]);
+        }
+        a
+    }
+}
+
+/// A pod to run on the simulated node: one app container and the `istio-proxy` sidecar, with
+/// the `istio-init` init container. Defaults follow Kubernetes and Istio.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodSpec {
+    pub name: String,
+    pub namespace: String,
+    /// The app container's name.
+    pub app_name: String,
+    pub app: AppScript,
+    /// Inbound port the app serves (echo), if any.
+    pub serve: Option<u16>,
+    /// How long after the proxy container starts Envoy gets going (stands in for the wait for
+    /// xDS config). Default 0.
+    pub proxy_delay: Duration,
+    /// pilot-agent's `terminationDrainDuration`. Default 5 s.
+    pub drain: Duration,
+    /// pilot-agent's `EXIT_ON_ZERO_ACTIVE_CONNECTIONS`. Default off.
+    pub exit_on_zero_active: bool,
+    /// `terminationGracePeriodSeconds` (whole seconds in the API). Default 30 s.
+    pub grace: Duration,
+    pub restart_policy: RestartPolicy,
+    /// A Job's pod (labels `job-name`, owner Job; use with `RestartPolicy::Never`/`OnFailure`).
+    pub job: bool,
+    /// Load the holdfast wasm filter into the sidecar. Default on.
+    pub with_filter: bool,
+    /// How long the istio-init step takes at least. Default 150 ms.
+    pub init_duration: Duration,
+}
+
+impl PodSpec {
+    /// A Deployment-like pod named `name` in namespace `default` running `AppScript::Idle`.
+    pub fn new(name: &str) -> PodSpec {
+        PodSpec {
+            name: name.to_string(),
+            namespace: "default".to_string(),
+            app_name: "app".to_string(),
+            app: AppScript::Idle,
+            serve: None,
+            proxy_delay: Duration::ZERO,
+            drain: Duration::from_secs(5),
+            exit_on_zero_active: false,
+            grace: Duration::from_secs(30),
+            restart_policy: RestartPolicy::Always,
+            job: false,
+            with_filter: true,
+            init_duration: Duration::from_millis(150),
+        }
+    }
+
+    pub fn namespace(mut self, ns: &str) -> Self {
+        self.namespace = ns.to_string();
+        self
+    }
+    pub fn app(mut self, script: AppScript) -> Self {
+        self.app = script;
+        self
+    }
+    pub fn app_name(mut self, name: &str) -> Self {
+        self.app_name = name.to_string();
+        self
+    }
+    pub fn serve(mut self, port: u16) -> Self {
+        self.serve = Some(port);
+        self
+    }
+    pub fn proxy_delay(mut self, d: Duration) -> Self {
+        self.proxy_delay = d;
+        self
+    }
+    pub fn drain(mut self, d: Duration) -> Self {
+        self.drain = d;
+        self
+    }
+    pub fn exit_on_zero_active(mut self, on: bool) -> Self {
+        self.exit_on_zero_active = on;
+        self
+    }
+    pub fn grace(mut self, d: Duration) -> Self {
+        self.grace = d;
+        self
+    }
+    pub fn restart_policy(mut self, p: RestartPolicy) -> Self {
+        self.restart_policy = p;
+        self
+    }
+    /// A Job's pod: `restartPolicy: Never`, labelled and owned like one.
+    pub fn job(mut self) -> Self {
+        self.job = true;
+        self.restart_policy = RestartPolicy::Never;
+        self
+    }
+    pub fn with_filter(mut self, on: bool) -> Self {
+        self.with_filter = on;
+        self
+    }
+    pub fn init_duration(mut self, d: Duration) -> Self {
+        self.init_duration = d;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn app_args_round_trip_through_sim_app_parser() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(subcommand)]
+            cmd: Cmd,
+        }
+        #[derive(clap::Subcommand)]
+        enum Cmd {
+            App(crate::sim::apps::AppArgs),
+        }
+        let remote: SocketAddr = "198.18.0.1:7000".parse().expect("addr");
+        let script = AppScript::CallThroughShutdown {
+            every: Duration::from_millis(200),
+            pool: 3,
+            after_sigterm: Duration::from_secs(8),
+        };
+        let mut argv = vec!["sim-app".to_string()];
+        argv.extend(script.args(Path::new("/r.jsonl"), remote, Some(8080)));
+        let Cmd::App(a) = Cli::try_parse_from(argv).expect("parses").cmd;
+        assert_eq!(a.every_ms, Some(200));
+        assert_eq!(a.pool, 3);
+        assert_eq!(a.after_sigterm_ms, 8000);
+        assert_eq!(a.serve, Some(8080));
+        assert_eq!(a.remote, remote);
+    }
+
+    #[test]
+    fn job_implies_never_restart() {
+        let p = PodSpec::new("j").job();
+        assert_eq!(p.restart_policy, RestartPolicy::Never);
+        assert!(!RestartPolicy::Never.restarts(1));
+        assert!(RestartPolicy::OnFailure.restarts(1));
+        assert!(!RestartPolicy::OnFailure.restarts(0));
+    }
+}
