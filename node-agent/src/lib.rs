@@ -1,1 +1,26 @@
-//! holdfast node agent (placeholder; see issues 4-6).
+//! holdfast node agent: startup and shutdown ordering for Envoy sidecars, run from the node.
+//!
+//! # Layout
+//!
+//! - [`agent`]: the agent itself — one task per meshed pod ([`agent::pod_task`]): wait for the
+//!   pod's network namespace, hold its new connections until the proxy is ready, drain on
+//!   deletion ([`agent::drain`]), end the proxy of a finished Job.
+//! - [`hold`]: the startup hold mechanism in a pod's netns (iptables rules + NFQUEUE).
+//! - [`netns`]: entering a pod's network namespace (the one place that does).
+//! - [`procfs_pods`]: which processes and sockets belong to a pod (cgroup parsing).
+//! - [`envoy_admin`]: the Envoy admin API client.
+//! - [`config`]: flags, defaults (Istio conventions), per-pod annotations, durations.
+//! - [`pod`]: what the agent reads from a Kubernetes Pod object.
+//! - [`source`]: where Pod objects come from (a pods directory, or the API server).
+//! - [`status`], [`status_api`]: the per-pod status board and the read-only API serving it.
+
+pub mod agent;
+pub mod config;
+pub mod envoy_admin;
+pub mod hold;
+pub mod netns;
+pub mod pod;
+pub mod procfs_pods;
+pub mod source;
+pub mod status;
+pub mod status_api;

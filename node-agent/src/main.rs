@@ -1,10 +1,172 @@
-use clap::Parser;
+//! The `holdfast` binary: parses arguments and calls the library.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+
+use holdfast::config::{self, Config, HoldSettings, ProxyConfig, SourceConfig};
 
 /// holdfast: startup and shutdown ordering for Envoy sidecars, run from the node.
+///
+/// The agent holds a pod's new connections until its Envoy sidecar is ready (nothing is
+/// refused), coordinates the drain when the pod stops, and lets Jobs complete — without any
+/// change to the pod spec.
 #[derive(Parser)]
-#[command(name = "holdfast", version, about)]
-struct Cli {}
+#[command(name = "holdfast", version, about, long_about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
 
-fn main() {
-    let _cli = Cli::parse();
+#[derive(Subcommand)]
+enum Command {
+    /// Run the node agent (one per node, as a DaemonSet with hostPID).
+    Agent(AgentArgs),
+}
+
+#[derive(Args)]
+struct AgentArgs {
+    /// Name of the node this agent serves (downward API: spec.nodeName).
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    node_name: String,
+
+    /// Read Pod objects from this directory (JSON or YAML, one per file; dotfiles ignored) and
+    /// follow its changes. Used by the simulated node and for static pods.
+    #[arg(
+        long,
+        value_name = "DIR",
+        conflicts_with = "kube",
+        required_unless_present = "kube"
+    )]
+    pods_dir: Option<PathBuf>,
+
+    /// Watch the Kubernetes API server for pods with spec.nodeName=<node> (in-cluster config).
+    #[arg(long)]
+    kube: bool,
+
+    /// Address of the read-only status API (/status, /metrics, /healthz, /config).
+    #[arg(
+        long,
+        env = "HOLDFAST_STATUS_LISTEN",
+        default_value = "127.0.0.1:15300",
+        value_name = "ADDR"
+    )]
+    status_listen: SocketAddr,
+
+    /// Name of the sidecar container in meshed pods.
+    #[arg(long, default_value = "istio-proxy", value_name = "NAME")]
+    proxy_container: String,
+
+    /// uid the proxy runs as; its own connections are never held.
+    #[arg(long, default_value_t = 1337, value_name = "UID")]
+    proxy_uid: u32,
+
+    /// Envoy admin address inside each pod's network namespace.
+    #[arg(long, default_value = "127.0.0.1:15000", value_name = "ADDR")]
+    admin_addr: SocketAddr,
+
+    /// Envoy's outbound capture port (Istio: 15001).
+    #[arg(long, default_value_t = 15001, value_name = "PORT")]
+    outbound_port: u16,
+
+    /// Envoy's inbound capture port (Istio: 15006).
+    #[arg(long, default_value_t = 15006, value_name = "PORT")]
+    inbound_port: u16,
+
+    /// Release a hold after this long even if the proxy never becomes ready (fail open).
+    /// Per pod: annotation holdfast.io/hold-timeout.
+    #[arg(long, default_value = "120s", value_parser = parse_duration, value_name = "DURATION")]
+    hold_timeout: Duration,
+
+    /// NFQUEUE number used inside each pod's network namespace.
+    #[arg(long, default_value_t = 15015, value_name = "N")]
+    queue_num: u16,
+
+    /// Also wait for the holdfast filter to report `loaded` before releasing a hold.
+    #[arg(long)]
+    require_filter: bool,
+
+    /// Root of the proc filesystem (the host's, with hostPID).
+    #[arg(long, default_value = "/proc", value_name = "DIR")]
+    proc_root: PathBuf,
+
+    /// Log format.
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    config::parse_duration(s).map_err(|e| e.to_string())
+}
+
+impl AgentArgs {
+    fn into_config(self) -> Config {
+        let defaults = HoldSettings::default();
+        Config {
+            node_name: self.node_name,
+            source: match self.pods_dir {
+                Some(dir) => SourceConfig::PodsDir(dir),
+                None => SourceConfig::Kube,
+            },
+            status_listen: self.status_listen,
+            proc_root: self.proc_root,
+            proxy: ProxyConfig {
+                container: self.proxy_container,
+                uid: self.proxy_uid,
+                admin: self.admin_addr,
+                outbound_port: self.outbound_port,
+                inbound_port: self.inbound_port,
+            },
+            hold: HoldSettings {
+                timeout: self.hold_timeout,
+                queue_num: self.queue_num,
+                require_filter: self.require_filter,
+                ..defaults
+            },
+            drain: Default::default(),
+        }
+    }
+}
+
+fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("HOLDFAST_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Agent(args) => {
+            init_logging(&args.log_format);
+            let config = args.into_config();
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("starting the tokio runtime")?;
+            rt.block_on(async move {
+                let shutdown = async {
+                    let mut term =
+                        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                            .expect("installing a SIGTERM handler");
+                    tokio::select! {
+                        _ = term.recv() => {},
+                        _ = tokio::signal::ctrl_c() => {},
+                    }
+                };
+                holdfast::agent::run(config, shutdown).await
+            })?;
+            Ok(())
+        }
+    }
 }

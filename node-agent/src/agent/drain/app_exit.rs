@@ -1,0 +1,476 @@
+//! Watching the app's processes exit.
+//!
+//! - [`ExitWatcher`]: one notification per process exit, from a pidfd (`pidfd_open(2)`, Linux
+//!   5.3+) registered with tokio's reactor: the pidfd turns readable the moment the process
+//!   exits (becomes a zombie), so the drain learns of the app's last exit within microseconds
+//!   instead of at the next poll. Kernels without pidfds fall back to polling `/proc/<pid>/stat`.
+//! - [`AppTracker`]: which of a pod's processes are the app's (non-proxy containers, found by
+//!   container id; the sandbox's pause process and the proxy's processes are not), re-scanned
+//!   as new processes can appear (an app forking a helper), and what that says about each app
+//!   container: still running, exited, never started, or not visible.
+//!
+//! One `unsafe` call, in [`register`]: handing the pidfd to tokio's reactor (tokio made that
+//! registration `unsafe` because it cannot check the fd's ownership; an `OwnedFd` satisfies it).
+//! `pidfd_open` itself is rustix's safe wrapper returning an `OwnedFd`.
+
+#![deny(unsafe_code)]
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use rustix::process::{pidfd_open, Pid, PidfdFlags};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tokio::task::{Id, JoinSet};
+
+use crate::agent::pod_procs::{PodProcess, PodProcs};
+use crate::pod::{ContainerState, PodKey, PodView};
+
+/// Poll interval of the fallback for kernels without pidfds.
+const FALLBACK_POLL: Duration = Duration::from_millis(10);
+
+/// What [`ExitWatcher::watch`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Watch {
+    /// The process is alive and watched: [`ExitWatcher::next_exit`] reports its exit.
+    Watching,
+    /// The process had already exited (or the pid is not in use): nothing to watch.
+    AlreadyExited,
+}
+
+/// How a process's exit is noticed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitNotice {
+    /// A pidfd, readable on exit.
+    Pidfd,
+    /// Polling procfs (no pidfd support).
+    Polling,
+}
+
+/// Exit notifications for a set of processes.
+#[derive(Debug, Default)]
+pub struct ExitWatcher {
+    /// Each task ends when its process exits, with the pid and the moment the exit was seen.
+    tasks: JoinSet<(i32, Instant)>,
+    by_task: HashMap<Id, i32>,
+    watched: HashSet<i32>,
+    /// Set once `pidfd_open` said the kernel lacks it, so it is not tried for every pid.
+    no_pidfd: bool,
+    /// The pod, for log lines (`namespace/name`; empty when not watching a pod's processes).
+    pod: String,
+}
+
+impl ExitWatcher {
+    pub fn new() -> ExitWatcher {
+        ExitWatcher::default()
+    }
+
+    /// A watcher whose log lines name the pod.
+    pub fn for_pod(pod: &PodKey) -> ExitWatcher {
+        ExitWatcher {
+            pod: pod.to_string(),
+            ..ExitWatcher::default()
+        }
+    }
+
+    /// Starts watching `pid` (a thread-group leader). Must be called within a tokio runtime.
+    /// A pid that is already watched stays watched; a pid that is gone or a zombie counts as
+    /// exited.
+    pub fn watch(&mut self, pid: i32) -> Watch {
+        if self.watched.contains(&pid) {
+            return Watch::Watching;
+        }
+        let how = if self.no_pidfd {
+            Opened::Unsupported
+        } else {
+            open_exit_fd(pid, &self.pod)
+        };
+        let task = match how {
+            Opened::Exited => return Watch::AlreadyExited,
+            Opened::Alive(fd) => match register(fd) {
+                Ok(fd) => self.tasks.spawn(async move {
+                    // Readable = exited. An error from the reactor (never seen in practice) would
+                    // otherwise lose the exit: poll procfs instead.
+                    if fd.readable().await.is_err() {
+                        poll_until_gone(pid).await;
+                    }
+                    (pid, Instant::now())
+                }),
+                Err(e) => {
+                    tracing::debug!(pod = %self.pod, pid, error = %e, "cannot register a pidfd with the reactor; polling procfs");
+                    self.tasks.spawn(async move {
+                        poll_until_gone(pid).await;
+                        (pid, Instant::now())
+                    })
+                }
+            },
+            Opened::Unsupported => {
+                if !self.no_pidfd {
+                    tracing::info!(pod = %self.pod, "pidfd_open is not available (Linux < 5.3?); polling procfs for process exits");
+                }
+                self.no_pidfd = true;
+                if process_gone(pid) {
+                    return Watch::AlreadyExited;
+                }
+                self.tasks.spawn(async move {
+                    poll_until_gone(pid).await;
+                    (pid, Instant::now())
+                })
+            }
+        };
+        self.by_task.insert(task.id(), pid);
+        self.watched.insert(pid);
+        Watch::Watching
+    }
+
+    /// How exits are noticed (pidfds unless the kernel lacks them).
+    pub fn notice(&self) -> ExitNotice {
+        if self.no_pidfd {
+            ExitNotice::Polling
+        } else {
+            ExitNotice::Pidfd
+        }
+    }
+
+    /// True while `pid` is watched and has not been reported as exited.
+    pub fn is_watching(&self, pid: i32) -> bool {
+        self.watched.contains(&pid)
+    }
+
+    /// Number of watched processes not yet reported as exited.
+    pub fn live(&self) -> usize {
+        self.watched.len()
+    }
+
+    /// Waits for a watched process to exit; returns its pid and when the exit was noticed
+    /// (which may be earlier than this call's return, if the caller was busy). Never completes
+    /// while nothing is watched, so it can sit in a `select!` next to other branches. Cancel safe.
+    pub async fn next_exit(&mut self) -> (i32, Instant) {
+        loop {
+            match self.tasks.join_next_with_id().await {
+                Some(Ok((id, (pid, at)))) => {
+                    self.by_task.remove(&id);
+                    self.watched.remove(&pid);
+                    return (pid, at);
+                }
+                Some(Err(e)) => {
+                    // Only a panic (none can happen in these tasks) or an abort gets here:
+                    // forget the pid rather than wait for it forever.
+                    if let Some(pid) = self.by_task.remove(&e.id()) {
+                        self.watched.remove(&pid);
+                        return (pid, Instant::now());
+                    }
+                }
+                None => std::future::pending::<()>().await,
+            }
+        }
+    }
+}
+
+/// Registers a pidfd with tokio's reactor, for readability (= the process exited).
+#[allow(unsafe_code)]
+fn register(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: `register_with_interest` requires that the fd stays open and refers to the same
+    // file description for the `AsyncFd`'s whole life, and that `as_raw_fd` always returns it.
+    // The `AsyncFd` takes ownership of the `OwnedFd`: its raw fd never changes, and it is closed
+    // only when dropped, which `AsyncFd`'s drop does after deregistering. Nothing calls
+    // `get_mut` or `into_inner` on it.
+    unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(|e| e.into_parts().1)
+}
+
+enum Opened {
+    Alive(OwnedFd),
+    Exited,
+    Unsupported,
+}
+
+/// Opens a pidfd for `pid` and tells whether the process has already exited.
+fn open_exit_fd(pid: i32, pod: &str) -> Opened {
+    // pid <= 0 names no single process (rustix asserts on negative pids).
+    let Some(raw) = (pid > 0).then(|| Pid::from_raw(pid)).flatten() else {
+        return Opened::Exited;
+    };
+    match pidfd_open(raw, PidfdFlags::empty()) {
+        Ok(fd) => {
+            // A zombie's pidfd is readable at once: check now, so a process that exited before
+            // we looked is reported as exited rather than as a watch that fires immediately.
+            let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, PollTimeout::ZERO) {
+                Ok(n) if n > 0 => Opened::Exited,
+                _ => Opened::Alive(fd),
+            }
+        }
+        Err(rustix::io::Errno::SRCH) => Opened::Exited,
+        Err(rustix::io::Errno::NOSYS) => Opened::Unsupported,
+        // EINVAL: not a thread-group leader (cannot happen for /proc entries); EMFILE and the
+        // like: polling still works.
+        Err(e) => {
+            tracing::debug!(pod, pid, error = %e, "pidfd_open failed; polling procfs for this process");
+            if process_gone(pid) {
+                Opened::Exited
+            } else {
+                Opened::Unsupported
+            }
+        }
+    }
+}
+
+async fn poll_until_gone(pid: i32) {
+    while !process_gone(pid) {
+        tokio::time::sleep(FALLBACK_POLL).await;
+    }
+}
+
+/// True when `/proc/<pid>` is gone or the process is a zombie (`Z`) or dead (`X`).
+fn process_gone(pid: i32) -> bool {
+    match std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("stat")) {
+        // `pid (comm) S ...`: comm may hold spaces and parentheses, the state follows the last ')'.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_none_or(|state| state == "Z" || state == "X"),
+        Err(e) => e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH),
+    }
+}
+
+/// Where the pod's processes come from: [`PodProcsSource`] in the agent, a fixed list in tests.
+pub trait PodProcessSource: Send + Sync {
+    /// Every live process of the pod (sandbox, proxy and app alike), with its container id.
+    fn processes(&self) -> impl Future<Output = Vec<PodProcess>> + Send;
+}
+
+/// The agent's process index, for one pod.
+#[derive(Debug, Clone)]
+pub struct PodProcsSource {
+    procs: PodProcs,
+    uid: String,
+}
+
+impl PodProcsSource {
+    /// `uid` is the pod's canonical (lowercase) uid, as in [`crate::pod::PodKey`].
+    pub fn new(procs: PodProcs, uid: impl Into<String>) -> PodProcsSource {
+        PodProcsSource {
+            procs,
+            uid: uid.into(),
+        }
+    }
+}
+
+impl PodProcessSource for PodProcsSource {
+    fn processes(&self) -> impl Future<Output = Vec<PodProcess>> + Send {
+        self.procs.of_pod(&self.uid)
+    }
+}
+
+/// Where one app container is, as far as the agent can tell.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case", tag = "state")]
+pub enum AppContainer {
+    /// This many of its processes are alive.
+    Live { pids: usize },
+    /// The kubelet reports it terminated.
+    Terminated { exit_code: i32 },
+    /// Its processes are all gone (seen by the agent, before the kubelet reports it).
+    Exited,
+    /// It has not been created (no container id, not running).
+    NotStarted,
+    /// The kubelet says it runs, but none of its processes is visible and the agent cannot
+    /// prove it would see them (no other process of the pod is visible by container id either).
+    Unseen,
+}
+
+/// The app's state after a refresh.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppSnapshot {
+    /// App processes alive now.
+    pub live: usize,
+    /// Per app container, by name.
+    pub containers: Vec<(String, AppContainer)>,
+}
+
+impl AppSnapshot {
+    /// Nothing of the app runs, and nothing will start (the pod is being deleted, so a container
+    /// that has not started will not).
+    pub fn gone_for_drain(&self) -> bool {
+        self.live == 0
+            && self.containers.iter().all(|(_, c)| {
+                matches!(
+                    c,
+                    AppContainer::Terminated { .. }
+                        | AppContainer::Exited
+                        | AppContainer::NotStarted
+                )
+            })
+    }
+
+    /// Every app container ran and has exited (by status or by procfs). With
+    /// `restartPolicy: Never` that means the app is finished for good.
+    pub fn all_exited(&self) -> bool {
+        self.live == 0
+            && !self.containers.is_empty()
+            && self
+                .containers
+                .iter()
+                .all(|(_, c)| matches!(c, AppContainer::Terminated { .. } | AppContainer::Exited))
+    }
+}
+
+/// Follows the app's processes of one pod.
+#[derive(Debug)]
+pub struct AppTracker<S> {
+    source: S,
+    watcher: ExitWatcher,
+    /// Watched pid → container id.
+    pid_container: HashMap<i32, String>,
+    /// Container ids with a process seen alive at some point.
+    seen_alive: HashSet<String>,
+    /// Set once a process of the pod was seen under a container id the pod's status names:
+    /// procfs classification works for this pod, so an app container without processes has
+    /// exited (rather than being invisible).
+    visibility_proven: bool,
+    /// When the last exit notification arrived.
+    last_exit: Option<Instant>,
+    /// App processes seen in total.
+    processes_seen: usize,
+}
+
+impl<S: PodProcessSource> AppTracker<S> {
+    pub fn new(pod: &PodKey, source: S) -> AppTracker<S> {
+        AppTracker {
+            source,
+            watcher: ExitWatcher::for_pod(pod),
+            pid_container: HashMap::new(),
+            seen_alive: HashSet::new(),
+            visibility_proven: false,
+            last_exit: None,
+            processes_seen: 0,
+        }
+    }
+
+    /// Re-scans the pod's processes, watches new app processes, and reports where each app
+    /// container is. `view` is the latest view of the pod (container ids and states).
+    pub async fn refresh(&mut self, view: &PodView) -> AppSnapshot {
+        let known_ids: HashSet<&str> = view
+            .containers
+            .iter()
+            .filter_map(|c| c.id.as_deref())
+            .collect();
+        let app_ids: HashSet<&str> = view
+            .app_containers()
+            .filter_map(|c| c.id.as_deref())
+            .collect();
+        for p in self.source.processes().await {
+            let Some(cid) = p.container_id.as_deref() else {
+                continue;
+            };
+            if known_ids.contains(cid) {
+                self.visibility_proven = true;
+            }
+            if !app_ids.contains(cid) || self.watcher.is_watching(p.pid) {
+                continue;
+            }
+            if self.watcher.watch(p.pid) == Watch::Watching {
+                self.processes_seen += 1;
+                self.seen_alive.insert(cid.to_string());
+                self.pid_container.insert(p.pid, cid.to_string());
+            }
+        }
+        // Watched pids of containers no longer named (restarted under a new id) still count:
+        // they are app processes until they exit.
+        self.pid_container
+            .retain(|pid, _| self.watcher.is_watching(*pid));
+
+        let mut live_per_id: HashMap<&str, usize> = HashMap::new();
+        for cid in self.pid_container.values() {
+            *live_per_id.entry(cid.as_str()).or_default() += 1;
+        }
+        let containers = view
+            .app_containers()
+            .map(|c| {
+                let live = c.id.as_deref().and_then(|id| live_per_id.get(id).copied());
+                let seen =
+                    c.id.as_deref()
+                        .is_some_and(|id| self.seen_alive.contains(id));
+                let state = match (c.state, live) {
+                    (ContainerState::Terminated { exit_code }, _) => {
+                        AppContainer::Terminated { exit_code }
+                    }
+                    (_, Some(pids)) => AppContainer::Live { pids },
+                    (_, None) if seen => AppContainer::Exited,
+                    // Running by status with an id, yet no process: exited, if the agent can see
+                    // this pod's processes at all.
+                    (ContainerState::Running, None) if c.id.is_some() && self.visibility_proven => {
+                        AppContainer::Exited
+                    }
+                    (ContainerState::Running, None) => AppContainer::Unseen,
+                    (ContainerState::Waiting, None) => AppContainer::NotStarted,
+                };
+                (c.name.clone(), state)
+            })
+            .collect();
+        AppSnapshot {
+            live: self.watcher.live(),
+            containers,
+        }
+    }
+
+    /// Waits for the next app process exit (see [`ExitWatcher::next_exit`]); records when.
+    /// Cancel safe.
+    pub async fn next_exit(&mut self) -> (i32, Instant) {
+        let (pid, at) = self.watcher.next_exit().await;
+        self.last_exit = Some(self.last_exit.map_or(at, |t| t.max(at)));
+        self.pid_container.remove(&pid);
+        (pid, at)
+    }
+
+    /// When the last app process exit was noticed.
+    pub fn last_exit(&self) -> Option<Instant> {
+        self.last_exit
+    }
+
+    /// App processes watched and not yet seen exiting.
+    pub fn live(&self) -> usize {
+        self.watcher.live()
+    }
+
+    /// App processes seen alive since the tracker started.
+    pub fn processes_seen(&self) -> usize {
+        self.processes_seen
+    }
+
+    /// How exits are noticed.
+    pub fn notice(&self) -> ExitNotice {
+        self.watcher.notice()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_process_is_not_gone() {
+        assert!(!process_gone(std::process::id() as i32));
+        assert!(process_gone(i32::MAX));
+    }
+
+    #[tokio::test]
+    async fn watching_an_impossible_pid_reports_it_exited() {
+        let mut w = ExitWatcher::new();
+        assert_eq!(w.watch(0), Watch::AlreadyExited);
+        assert_eq!(w.watch(-5), Watch::AlreadyExited);
+        assert_eq!(w.watch(i32::MAX), Watch::AlreadyExited);
+        assert_eq!(w.live(), 0);
+        // Nothing watched: next_exit never completes.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), w.next_exit())
+                .await
+                .is_err()
+        );
+    }
+}

@@ -1,0 +1,1054 @@
+//! The end of a pod's proxy: the drain when the pod is deleted, and the quit when a Job's app
+//! has finished.
+//!
+//! - [`drain`]: on deletion, drain Envoy's inbound listeners and fail its health check at once
+//!   (outbound keeps working), watch the app's processes exit ([`app_exit`]) and the filter's
+//!   counts ([`in_flight`]), and `POST /quitquitquit` as soon as the app is gone and nothing is
+//!   in flight — or at the deadline ([`plan`]) derived from the grace period.
+//! - [`finish_job`]: for a pod that is not being deleted, quit the proxy once every app
+//!   container has exited for good (`restartPolicy: Never`, or `OnFailure` with exit code 0),
+//!   so the pod completes.
+//!
+//! Both are bounded: every admin call has a timeout and a bounded number of attempts, the drain
+//! ends by its deadline, and both return promptly when the agent stops or the pod goes. They
+//! never fail: what went wrong is in the report.
+//!
+//! Generic over [`ProxyAdmin`] (implemented for [`AdminClient`]) and [`PodProcessSource`]
+//! (implemented by [`PodProcsSource`]), so the logic is tested with real processes and a fake
+//! admin API, and against a real Envoy in `tests/drain_parts.rs`.
+
+pub mod app_exit;
+pub mod in_flight;
+pub mod plan;
+
+use std::future::Future;
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+pub use app_exit::{
+    AppContainer, AppTracker, ExitWatcher, PodProcessSource, PodProcsSource, Watch,
+};
+pub use in_flight::{FilterCounts, IdleReason, InFlight, InFlightJudge, DEFAULT_STAT_PREFIX};
+pub use plan::{DrainPlan, TimestampMeaning};
+
+use crate::envoy_admin::AdminClient;
+use crate::pod::{Deletion, PodKey, PodView, DEFAULT_GRACE};
+
+/// Envoy admin paths the drain uses.
+pub const DRAIN_INBOUND_PATH: &str = "/drain_listeners?inboundonly&graceful";
+pub const HEALTHCHECK_FAIL_PATH: &str = "/healthcheck/fail";
+pub const QUIT_PATH: &str = "/quitquitquit";
+
+/// Most errors kept in a report (the count is kept in full).
+const MAX_ERRORS_KEPT: usize = 10;
+
+/// How the drain and the Job quit behave. Defaults suit a node with hundreds of pods.
+#[derive(Debug, Clone, Serialize)]
+pub struct DrainSettings {
+    /// No byte moved for this long = remaining connections are idle keep-alives.
+    #[serde(serialize_with = "ser_duration")]
+    pub idle_window: Duration,
+    /// How often the app's processes are re-scanned for new ones (exits are notified at once).
+    #[serde(serialize_with = "ser_duration")]
+    pub rescan_every: Duration,
+    /// How often the filter's counts are sampled while the app runs (for the idle history).
+    #[serde(serialize_with = "ser_duration")]
+    pub stats_every: Duration,
+    /// How often the counts are sampled once the app is gone, until nothing is in flight.
+    #[serde(serialize_with = "ser_duration")]
+    pub settle_poll: Duration,
+    /// Timeout of each admin request.
+    #[serde(serialize_with = "ser_duration")]
+    pub admin_timeout: Duration,
+    /// Attempts per admin `POST` (and failed `/stats` samples tolerated once the app is gone).
+    pub admin_attempts: u32,
+    /// Pause between attempts.
+    #[serde(serialize_with = "ser_duration")]
+    pub retry_backoff: Duration,
+    /// Consecutive refused connections to the admin API that mean Envoy has exited.
+    pub refusals_for_gone: u32,
+    /// After `/quitquitquit`, how long to watch for the admin API to go away (for the report).
+    #[serde(serialize_with = "ser_duration")]
+    pub quit_confirm: Duration,
+    /// Job: longest wait for in-flight traffic to settle after the app finished.
+    #[serde(serialize_with = "ser_duration")]
+    pub job_in_flight_wait: Duration,
+    /// Job: how often a running Job's processes are re-scanned (exits are notified at once).
+    #[serde(serialize_with = "ser_duration")]
+    pub job_rescan_every: Duration,
+    /// The filter's stats prefix in `/stats`.
+    pub stat_prefix: String,
+}
+
+impl Default for DrainSettings {
+    fn default() -> Self {
+        DrainSettings {
+            idle_window: Duration::from_millis(100),
+            rescan_every: Duration::from_millis(100),
+            stats_every: Duration::from_millis(100),
+            settle_poll: Duration::from_millis(5),
+            admin_timeout: Duration::from_millis(500),
+            admin_attempts: 3,
+            retry_backoff: Duration::from_millis(20),
+            refusals_for_gone: 2,
+            quit_confirm: Duration::from_secs(1),
+            job_in_flight_wait: Duration::from_secs(5),
+            job_rescan_every: Duration::from_secs(1),
+            stat_prefix: DEFAULT_STAT_PREFIX.to_string(),
+        }
+    }
+}
+
+fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&crate::config::format_duration(*d))
+}
+
+/// Durations as milliseconds (`f64`) in reports.
+pub(crate) mod ms {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64() * 1e3)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let ms = f64::deserialize(d)?;
+        Duration::try_from_secs_f64(ms / 1e3).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Optional durations as milliseconds (`f64` or `null`) in reports.
+pub(crate) mod opt_ms {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_some(&(d.as_secs_f64() * 1e3)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Option::<f64>::deserialize(d)?
+            .map(|ms| Duration::try_from_secs_f64(ms / 1e3).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The admin API, as the drain needs it
+// ---------------------------------------------------------------------------------------------
+
+/// A failed admin request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminFailure {
+    /// The connection was refused (nothing listens: Envoy has exited).
+    pub refused: bool,
+    pub message: String,
+}
+
+impl std::fmt::Display for AdminFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl From<crate::envoy_admin::Error> for AdminFailure {
+    fn from(e: crate::envoy_admin::Error) -> Self {
+        // Only a refused connection means "nothing listens". Other connect failures (entering
+        // the netns failed, no thread could be spawned) say nothing about Envoy. The client
+        // keeps the cause as text only (the netns connector turns it into a string), so look
+        // for ECONNREFUSED's rendering.
+        let refused = match &e {
+            crate::envoy_admin::Error::Connect { reason, .. } => is_refusal(reason),
+            _ => false,
+        };
+        AdminFailure {
+            refused,
+            message: e.to_string(),
+        }
+    }
+}
+
+/// True when an error text is a refused connection (`io::Error`'s rendering of ECONNREFUSED).
+fn is_refusal(reason: &str) -> bool {
+    reason.contains("Connection refused")
+        || reason.contains(&format!("(os error {})", libc::ECONNREFUSED))
+}
+
+/// What the drain asks of a pod's Envoy admin API.
+pub trait ProxyAdmin: Send + Sync {
+    /// `POST path`; any 2xx is success.
+    fn admin_post(&self, path: &str) -> impl Future<Output = Result<(), AdminFailure>> + Send;
+    /// The filter's counts (`None`: `/stats` answered without them — the filter is not installed).
+    fn filter_counts(
+        &self,
+        prefix: &str,
+    ) -> impl Future<Output = Result<Option<FilterCounts>, AdminFailure>> + Send;
+    /// Any answer from the admin API (`GET /ready`, whatever the state).
+    fn probe(&self) -> impl Future<Output = Result<(), AdminFailure>> + Send;
+}
+
+impl ProxyAdmin for AdminClient {
+    async fn admin_post(&self, path: &str) -> Result<(), AdminFailure> {
+        self.post(path)
+            .await
+            .map(|_| ())
+            .map_err(AdminFailure::from)
+    }
+
+    async fn filter_counts(&self, prefix: &str) -> Result<Option<FilterCounts>, AdminFailure> {
+        let regex = format!("^{}\\.", regex_escape(prefix));
+        let stats = self.stats(Some(&regex)).await?;
+        Ok(FilterCounts::from_stats(
+            prefix,
+            stats.values.iter().map(|(k, v)| (k.as_str(), *v)),
+        ))
+    }
+
+    async fn probe(&self) -> Result<(), AdminFailure> {
+        self.ready().await.map(|_| ()).map_err(AdminFailure::from)
+    }
+}
+
+/// Escapes regex metacharacters (Envoy's `/stats?filter=` is an RE2 regex).
+fn regex_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 4);
+    for c in s.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reports
+// ---------------------------------------------------------------------------------------------
+
+/// How a drain ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DrainOutcome {
+    /// The app exited and nothing was in flight: the proxy was quit (or had just exited).
+    AppDone,
+    /// The deadline came first: the proxy was quit with the app (or traffic) still there.
+    Deadline,
+    /// Envoy exited while the app still ran: the mesh's drain duration is shorter than the
+    /// app's shutdown (see [`DrainReport::advice`]).
+    ProxyGoneEarly,
+    /// The pod vanished from the source (the kubelet finished it) before the drain did.
+    PodGone,
+    /// The agent is stopping; the next agent drains again.
+    AgentStopping,
+}
+
+impl DrainOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DrainOutcome::AppDone => "app-done",
+            DrainOutcome::Deadline => "deadline",
+            DrainOutcome::ProxyGoneEarly => "proxy-gone-early",
+            DrainOutcome::PodGone => "pod-gone",
+            DrainOutcome::AgentStopping => "agent-stopping",
+        }
+    }
+}
+
+/// What ended the wait for in-flight traffic when the proxy was quit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum QuitReason {
+    /// The filter's counts said nothing is in flight.
+    Idle(IdleReason),
+    /// The filter is not installed: the app's exit alone decided.
+    NoFilter,
+    /// The counts could not be read; the app's exit alone decided.
+    StatsUnavailable,
+    /// The deadline (drain) or the bounded wait (Job) ran out.
+    OutOfTime,
+}
+
+/// What one drain did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DrainReport {
+    pub outcome: DrainOutcome,
+    pub started_at: SystemTime,
+    /// The drain's deadline (`None`: beyond reach).
+    pub deadline_at: Option<SystemTime>,
+    pub deadline_meaning: TimestampMeaning,
+    /// `POST /drain_listeners?inboundonly&graceful` succeeded.
+    pub inbound_drained: bool,
+    /// `POST /healthcheck/fail` succeeded.
+    pub health_failed: bool,
+    /// When the app's last process exit was seen (or the app was otherwise seen gone).
+    pub app_gone_at: Option<SystemTime>,
+    pub quit_sent_at: Option<SystemTime>,
+    pub quit_reason: Option<QuitReason>,
+    /// When the admin API stopped answering after the quit.
+    pub proxy_exit_seen_at: Option<SystemTime>,
+    /// From the app gone to the quit sent.
+    #[serde(with = "opt_ms", default, rename = "app_gone_to_quit_ms")]
+    pub app_gone_to_quit: Option<Duration>,
+    /// From the app gone to the admin API gone.
+    #[serde(with = "opt_ms", default, rename = "app_gone_to_proxy_exit_ms")]
+    pub app_gone_to_proxy_exit: Option<Duration>,
+    #[serde(with = "ms", rename = "elapsed_ms")]
+    pub elapsed: Duration,
+    /// App processes seen during the drain, and alive when it ended.
+    pub app_processes_seen: usize,
+    pub app_processes_left: usize,
+    /// Whether the filter's stats were present (`None`: never read).
+    pub filter_present: Option<bool>,
+    /// The last counts read.
+    pub last_counts: Option<FilterCounts>,
+    /// Admin errors and other problems (at most 10 kept; `error_count` counts all).
+    pub errors: Vec<String>,
+    pub error_count: usize,
+    /// Advice for the operator, when the outcome calls for a configuration change.
+    pub advice: Option<String>,
+}
+
+/// How a Job watch ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum JobOutcome {
+    /// The app finished for good and the proxy was quit: the pod completes.
+    Completed,
+    /// The app finished for good, but the proxy had already exited.
+    ProxyAlreadyGone,
+    /// `restartPolicy: Always` (or unknown): the kubelet restarts the app; nothing to do.
+    NotAJob,
+    /// The pod is being deleted: the drain takes over.
+    Deleting,
+    /// The pod vanished from the source.
+    PodGone,
+    /// The agent is stopping.
+    AgentStopping,
+}
+
+impl JobOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobOutcome::Completed => "completed",
+            JobOutcome::ProxyAlreadyGone => "proxy-already-gone",
+            JobOutcome::NotAJob => "not-a-job",
+            JobOutcome::Deleting => "deleting",
+            JobOutcome::PodGone => "pod-gone",
+            JobOutcome::AgentStopping => "agent-stopping",
+        }
+    }
+}
+
+/// Which signal said the app finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FinishedBy {
+    /// The kubelet's container statuses.
+    Status,
+    /// procfs: every app process gone (`restartPolicy: Never` only).
+    Procfs,
+}
+
+/// What one Job watch did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobReport {
+    pub outcome: JobOutcome,
+    pub finished_by: Option<FinishedBy>,
+    /// When the app's last process exit was seen (or the app was seen finished).
+    pub app_finished_at: Option<SystemTime>,
+    pub quit_sent_at: Option<SystemTime>,
+    pub quit_reason: Option<QuitReason>,
+    pub proxy_exit_seen_at: Option<SystemTime>,
+    #[serde(with = "opt_ms", default, rename = "app_finished_to_quit_ms")]
+    pub app_finished_to_quit: Option<Duration>,
+    pub errors: Vec<String>,
+    pub error_count: usize,
+}
+
+/// Collected errors, bounded.
+#[derive(Debug, Default)]
+struct Errors {
+    kept: Vec<String>,
+    count: usize,
+}
+
+impl Errors {
+    fn push(&mut self, key: &PodKey, message: String) {
+        tracing::warn!(pod = %key, "{message}");
+        self.count += 1;
+        if self.kept.len() < MAX_ERRORS_KEPT {
+            self.kept.push(message);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The drain
+// ---------------------------------------------------------------------------------------------
+
+/// What [`drain`] and [`finish_job`] work with.
+pub struct DrainCtx<'a, A, S> {
+    pub key: &'a PodKey,
+    /// The pod's Envoy admin API (an [`AdminClient`] made in the pod's netns).
+    pub admin: &'a A,
+    /// The pod's processes (a [`PodProcsSource`]).
+    pub processes: S,
+    /// The latest view of the pod; `None` once it is gone.
+    pub view: watch::Receiver<Option<PodView>>,
+    /// Cancelled when the agent stops.
+    pub stop: CancellationToken,
+    pub settings: &'a DrainSettings,
+}
+
+/// The pause before the `samples`-th sample while waiting for in-flight traffic to settle:
+/// `settle_poll` for the first ten (the usual case settles within milliseconds), then doubling
+/// every ten samples up to `stats_every`, so a long wait does not poll Envoy every 5 ms.
+fn settle_wait(settings: &DrainSettings, samples: u32) -> Duration {
+    let factor = 1u32 << (samples / 10).min(8);
+    settings
+        .settle_poll
+        .saturating_mul(factor)
+        .min(settings.stats_every.max(settings.settle_poll))
+}
+
+/// Drains a pod being deleted: see the module docs. Call once the pod has a
+/// `deletionTimestamp`; returns when the proxy was quit (or is gone), the pod is gone, or the
+/// agent stops. Never panics, never exceeds the deadline by more than one admin timeout plus
+/// `quit_confirm`.
+pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) -> DrainReport {
+    let DrainCtx {
+        key,
+        admin,
+        processes,
+        mut view,
+        stop,
+        settings,
+    } = ctx;
+    let t0 = Instant::now();
+    let started_at = SystemTime::now();
+    let initial = view.borrow_and_update().clone();
+    let deletion = match initial.as_ref().and_then(|v| v.deletion) {
+        Some(d) => d,
+        None => {
+            tracing::warn!(pod = %key, "drain started for a pod without a deletionTimestamp; assuming deletion now with the default grace period");
+            Deletion {
+                timestamp: plan::timestamp(started_at),
+                grace: DEFAULT_GRACE,
+            }
+        }
+    };
+    let plan = DrainPlan::new(deletion, started_at);
+    let remaining = plan.remaining(started_at);
+    let deadline = tokio::time::Instant::from_std(t0 + remaining);
+    let mut d = Drainer {
+        key,
+        admin,
+        settings,
+        errors: Errors::default(),
+        refusals: 0,
+        t0,
+        t0_wall: started_at,
+    };
+    let mut report = DrainReport {
+        outcome: DrainOutcome::AppDone,
+        started_at,
+        deadline_at: plan.deadline,
+        deadline_meaning: plan.meaning,
+        inbound_drained: false,
+        health_failed: false,
+        app_gone_at: None,
+        quit_sent_at: None,
+        quit_reason: None,
+        proxy_exit_seen_at: None,
+        app_gone_to_quit: None,
+        app_gone_to_proxy_exit: None,
+        elapsed: Duration::ZERO,
+        app_processes_seen: 0,
+        app_processes_left: 0,
+        filter_present: None,
+        last_counts: None,
+        errors: Vec::new(),
+        error_count: 0,
+        advice: None,
+    };
+    let Some(mut current) = initial else {
+        report.outcome = DrainOutcome::PodGone;
+        return report;
+    };
+    tracing::info!(
+        pod = %key,
+        grace_s = deletion.grace.as_secs(),
+        remaining_ms = remaining.as_millis() as u64,
+        deadline_meaning = ?plan.meaning,
+        "pod deleted: draining inbound, watching the app"
+    );
+
+    // Grab the app's processes first (the kubelet is sending SIGTERM right now), then drain.
+    let mut app = AppTracker::new(key, processes);
+    let mut snapshot = app.refresh(&current).await;
+    let inbound = tokio::select! {
+        biased;
+        _ = stop.cancelled() => return d.finish(report, DrainOutcome::AgentStopping, &app),
+        // A deadline already passed (an agent restarted late in a drain) skips straight to quit.
+        _ = tokio::time::sleep_until(deadline) => {
+            return d.deadline_quit(report, &app, snapshot.live, None, remaining).await;
+        }
+        r = async {
+            let inbound = d.post_retrying(DRAIN_INBOUND_PATH).await;
+            let health = d.post_retrying(HEALTHCHECK_FAIL_PATH).await;
+            (inbound, health)
+        } => r,
+    };
+    (report.inbound_drained, report.health_failed) = inbound;
+
+    let mut judge = InFlightJudge::new(settings.idle_window);
+    let mut judgement: Option<InFlight> = None;
+    let mut next_stats = Instant::now();
+    let mut failed_samples_while_gone = 0u32;
+    let mut unseen_warned = false;
+    let mut app_gone: Option<Instant> = None;
+    let mut samples_since_gone = 0u32;
+    let mut next_rescan = Instant::now() + settings.rescan_every;
+    loop {
+        let now = Instant::now();
+        if snapshot.gone_for_drain() {
+            app_gone.get_or_insert_with(|| app.last_exit().unwrap_or(now));
+        }
+        let gone = app_gone.is_some();
+        if gone {
+            samples_since_gone += 1;
+        }
+
+        // Sample the counts: regularly while the app runs (idle history), every settle_poll
+        // once it is gone.
+        if gone || now >= next_stats {
+            next_stats = now + settings.stats_every;
+            match d.sample().await {
+                Ok(counts) => {
+                    report.filter_present = Some(counts.is_some());
+                    report.last_counts = counts;
+                    judgement = Some(judge.observe(Instant::now(), counts.as_ref()));
+                }
+                Err(()) => {
+                    judgement = None;
+                    if gone {
+                        failed_samples_while_gone += 1;
+                    }
+                    if d.refusals > 0 {
+                        // Envoy may have exited: confirm soon rather than at the next regular
+                        // sample.
+                        next_stats = Instant::now() + settings.retry_backoff;
+                    }
+                }
+            }
+        }
+
+        if d.refusals >= settings.refusals_for_gone {
+            // Envoy has exited. Before blaming the drain duration, look at the app once more:
+            // it may have exited at the same moment.
+            if !gone {
+                snapshot = app.refresh(&current).await;
+                if snapshot.gone_for_drain() {
+                    app_gone = Some(app.last_exit().unwrap_or_else(Instant::now));
+                }
+            }
+            if app_gone.is_some() || snapshot.live == 0 {
+                if app_gone.is_none() {
+                    d.errors.push(
+                        key,
+                        "the proxy exited on its own; whether the app had finished is unknown \
+                         (its processes are not visible)"
+                            .to_string(),
+                    );
+                }
+                tracing::info!(pod = %key, "the proxy has already exited");
+                let report = d.app_gone(report, app_gone);
+                return d.finish(report, DrainOutcome::AppDone, &app);
+            }
+            let advice = format!(
+                "Envoy exited while {} app process(es) of the pod still ran: the mesh's drain \
+                 duration is shorter than the app's shutdown. Set terminationDrainDuration \
+                 (meshConfig.defaultConfig.terminationDrainDuration, or the \
+                 proxy.istio.io/config annotation) to the pod's grace period ({}s) so holdfast \
+                 can end the proxy when the app is done.",
+                snapshot.live,
+                deletion.grace.as_secs()
+            );
+            tracing::warn!(pod = %key, "{advice}");
+            report.advice = Some(advice);
+            return d.finish(report, DrainOutcome::ProxyGoneEarly, &app);
+        }
+
+        if gone {
+            let reason = match judgement {
+                Some(InFlight::Idle(why)) => Some(QuitReason::Idle(why)),
+                Some(InFlight::NoFilter) => Some(QuitReason::NoFilter),
+                Some(InFlight::Busy { .. }) => None,
+                None if failed_samples_while_gone >= settings.admin_attempts => {
+                    Some(QuitReason::StatsUnavailable)
+                }
+                None => None,
+            };
+            if let Some(reason) = reason {
+                report = d.app_gone(report, app_gone);
+                (report.quit_sent_at, report.proxy_exit_seen_at) = d.quit().await;
+                report.quit_reason = Some(reason);
+                tracing::info!(pod = %key, reason = ?reason, "app gone and nothing in flight: proxy quit");
+                return d.finish(report, DrainOutcome::AppDone, &app);
+            }
+        } else if !unseen_warned
+            && snapshot
+                .containers
+                .iter()
+                .any(|(_, c)| *c == AppContainer::Unseen)
+        {
+            unseen_warned = true;
+            d.errors.push(
+                key,
+                "an app container runs by its status but none of the pod's processes is visible \
+                 by container id: the drain cannot see the app exit and waits for the status or \
+                 the deadline (does the agent run with hostPID and the right --proc-root?)"
+                    .to_string(),
+            );
+        }
+
+        // Once the app is gone only the counts are awaited: sample every settle_poll at first
+        // (the usual case settles within milliseconds), then back off towards stats_every.
+        let now = Instant::now();
+        let wait = if gone {
+            settle_wait(settings, samples_since_gone)
+        } else {
+            next_stats.min(next_rescan).saturating_duration_since(now)
+        };
+        let rescan = tokio::select! {
+            biased;
+            _ = stop.cancelled() => return d.finish(report, DrainOutcome::AgentStopping, &app),
+            _ = tokio::time::sleep_until(deadline) => {
+                return d.deadline_quit(report, &app, snapshot.live, app_gone, remaining).await;
+            }
+            changed = view.changed() => {
+                match (changed, view.borrow_and_update().clone()) {
+                    (Ok(()), Some(v)) => current = v,
+                    _ => return d.finish(report, DrainOutcome::PodGone, &app),
+                }
+                true
+            }
+            (pid, _) = app.next_exit() => {
+                tracing::debug!(pod = %key, pid, "app process exited");
+                true
+            }
+            _ = tokio::time::sleep(wait) => Instant::now() >= next_rescan,
+        };
+        // Re-scan on news (an exit, a status change) and regularly for forked processes; not on
+        // every count sample.
+        if rescan {
+            next_rescan = Instant::now() + settings.rescan_every;
+            snapshot = app.refresh(&current).await;
+        }
+    }
+}
+
+/// The admin side of a drain or a Job quit.
+struct Drainer<'a, A> {
+    key: &'a PodKey,
+    admin: &'a A,
+    settings: &'a DrainSettings,
+    errors: Errors,
+    /// Consecutive refused connections.
+    refusals: u32,
+    /// Start of the drain or Job watch, monotonic and wall-clock, to put instants in reports.
+    t0: Instant,
+    t0_wall: SystemTime,
+}
+
+impl<A: ProxyAdmin> Drainer<'_, A> {
+    /// Wall-clock time of a monotonic instant.
+    fn wall(&self, at: Instant) -> SystemTime {
+        match at.checked_duration_since(self.t0) {
+            Some(after) => self.t0_wall + after,
+            None => self
+                .t0_wall
+                .checked_sub(self.t0.duration_since(at))
+                .unwrap_or(self.t0_wall),
+        }
+    }
+
+    /// Records when the app was seen gone.
+    fn app_gone(&self, mut report: DrainReport, app_gone: Option<Instant>) -> DrainReport {
+        if let Some(at) = app_gone {
+            report.app_gone_at = Some(self.wall(at));
+        }
+        report
+    }
+
+    /// One admin call under the drain's own timeout; tracks refusals.
+    async fn call<T>(
+        &mut self,
+        what: &str,
+        f: impl Future<Output = Result<T, AdminFailure>>,
+    ) -> Result<T, AdminFailure> {
+        let result = match tokio::time::timeout(self.settings.admin_timeout, f).await {
+            Ok(r) => r,
+            Err(_) => Err(AdminFailure {
+                refused: false,
+                message: format!(
+                    "Envoy admin: {what} timed out after {}",
+                    crate::config::format_duration(self.settings.admin_timeout)
+                ),
+            }),
+        };
+        match &result {
+            Ok(_) => self.refusals = 0,
+            Err(f) if f.refused => self.refusals += 1,
+            Err(_) => {}
+        }
+        result
+    }
+
+    /// `POST path`, retried up to `admin_attempts` times; stops early once Envoy is known gone.
+    async fn post_retrying(&mut self, path: &str) -> bool {
+        let attempts = self.settings.admin_attempts.max(1);
+        for attempt in 1..=attempts {
+            let admin = self.admin;
+            match self.call(path, admin.admin_post(path)).await {
+                Ok(()) => {
+                    tracing::debug!(pod = %self.key, path, attempt, "admin POST ok");
+                    return true;
+                }
+                Err(e) => {
+                    if self.refusals >= self.settings.refusals_for_gone {
+                        // Nothing listens: Envoy has exited. Not an error in itself; the drain
+                        // judges it (proxy gone early, or gone with the app).
+                        tracing::debug!(pod = %self.key, path, error = %e, "admin refused; Envoy has exited");
+                        return false;
+                    }
+                    if attempt == attempts {
+                        self.errors.push(
+                            self.key,
+                            format!("POST {path} failed after {attempt} attempt(s): {e}"),
+                        );
+                        return false;
+                    }
+                    tracing::debug!(pod = %self.key, path, attempt, error = %e, "admin POST failed; retrying");
+                    tokio::time::sleep(self.settings.retry_backoff).await;
+                }
+            }
+        }
+        false
+    }
+
+    /// The deadline came: quit the proxy whatever the app and the counts say.
+    async fn deadline_quit<S: PodProcessSource>(
+        mut self,
+        report: DrainReport,
+        app: &AppTracker<S>,
+        live: usize,
+        app_gone: Option<Instant>,
+        remaining: Duration,
+    ) -> DrainReport {
+        self.errors.push(
+            self.key,
+            format!(
+                "drain deadline reached ({} after the deletion was seen) with {live} app \
+                 process(es) alive{}; quitting the proxy",
+                crate::config::format_duration(remaining),
+                if app_gone.is_some() {
+                    " and traffic in flight"
+                } else {
+                    ""
+                },
+            ),
+        );
+        let mut report = self.app_gone(report, app_gone);
+        (report.quit_sent_at, report.proxy_exit_seen_at) = self.quit().await;
+        report.quit_reason = Some(QuitReason::OutOfTime);
+        self.finish(report, DrainOutcome::Deadline, app)
+    }
+
+    /// One sample of the filter's counts. `Err(())` when it failed (already recorded).
+    async fn sample(&mut self) -> Result<Option<FilterCounts>, ()> {
+        let admin = self.admin;
+        let prefix = self.settings.stat_prefix.as_str();
+        match self.call("GET /stats", admin.filter_counts(prefix)).await {
+            Ok(c) => Ok(c),
+            Err(e) if e.refused => {
+                tracing::debug!(pod = %self.key, error = %e, "admin refused the connection");
+                Err(())
+            }
+            Err(e) => {
+                self.errors
+                    .push(self.key, format!("reading the filter's counts failed: {e}"));
+                Err(())
+            }
+        }
+    }
+
+    /// `POST /quitquitquit`, then watches the admin API go away (bounded by `quit_confirm`).
+    /// Returns when the quit was sent and when the proxy was seen gone.
+    async fn quit(&mut self) -> (Option<SystemTime>, Option<SystemTime>) {
+        let attempts = self.settings.admin_attempts.max(1);
+        let mut sent = None;
+        for attempt in 1..=attempts {
+            let before = Instant::now();
+            let admin = self.admin;
+            match self.call(QUIT_PATH, admin.admin_post(QUIT_PATH)).await {
+                Ok(()) => {
+                    sent = Some(before);
+                    break;
+                }
+                Err(e) if e.refused => {
+                    // Nothing listens: Envoy has exited already (on its own, or an earlier
+                    // attempt worked and its answer was lost).
+                    if sent.is_none() {
+                        tracing::info!(pod = %self.key, "the proxy had already exited when asked to quit");
+                    }
+                    return (sent.map(|s| self.wall(s)), Some(self.wall(Instant::now())));
+                }
+                Err(e) => {
+                    // Envoy may exit before it finishes answering: retry only while it still
+                    // answers.
+                    sent = Some(before);
+                    if attempt == attempts {
+                        self.errors.push(self.key, format!("POST {QUIT_PATH}: {e}"));
+                    } else {
+                        tracing::debug!(pod = %self.key, error = %e, "quit request failed; checking whether the proxy exits");
+                        if let Some(gone) = self
+                            .wait_gone(self.settings.retry_backoff.max(Duration::from_millis(50)))
+                            .await
+                        {
+                            return (sent.map(|s| self.wall(s)), Some(self.wall(gone)));
+                        }
+                    }
+                }
+            }
+        }
+        let sent_at = sent.map(|s| self.wall(s));
+        match self.wait_gone(self.settings.quit_confirm).await {
+            Some(gone) => (sent_at, Some(self.wall(gone))),
+            None => {
+                self.errors.push(
+                    self.key,
+                    format!(
+                        "the proxy still answered {} after /quitquitquit",
+                        crate::config::format_duration(self.settings.quit_confirm)
+                    ),
+                );
+                (sent_at, None)
+            }
+        }
+    }
+
+    /// Polls the admin API until it refuses connections; returns when, or `None` after `limit`.
+    async fn wait_gone(&mut self, limit: Duration) -> Option<Instant> {
+        let until = Instant::now() + limit;
+        let poll = self.settings.settle_poll.max(Duration::from_millis(1));
+        while Instant::now() < until {
+            let admin = self.admin;
+            if let Err(e) = self.call("GET /ready", admin.probe()).await {
+                if e.refused {
+                    return Some(Instant::now());
+                }
+            }
+            tokio::time::sleep(poll).await;
+        }
+        None
+    }
+
+    fn finish<S: PodProcessSource>(
+        self,
+        mut report: DrainReport,
+        outcome: DrainOutcome,
+        app: &AppTracker<S>,
+    ) -> DrainReport {
+        report.outcome = outcome;
+        report.elapsed = self.t0.elapsed();
+        report.app_processes_seen = app.processes_seen();
+        report.app_processes_left = app.live();
+        let since = |t: Option<SystemTime>| {
+            report
+                .app_gone_at
+                .zip(t)
+                .and_then(|(gone, t)| t.duration_since(gone).ok())
+        };
+        report.app_gone_to_quit = since(report.quit_sent_at);
+        report.app_gone_to_proxy_exit = since(report.proxy_exit_seen_at);
+        report.errors = self.errors.kept;
+        report.error_count = self.errors.count;
+        tracing::info!(
+            pod = %self.key,
+            outcome = outcome.as_str(),
+            elapsed_ms = report.elapsed.as_millis() as u64,
+            app_gone_to_quit_ms = report.app_gone_to_quit.map(|d| d.as_secs_f64() * 1e3),
+            app_gone_to_proxy_exit_ms = report.app_gone_to_proxy_exit.map(|d| d.as_secs_f64() * 1e3),
+            errors = report.error_count,
+            "drain finished"
+        );
+        report
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Jobs
+// ---------------------------------------------------------------------------------------------
+
+/// Quits the proxy of a Job-like pod once its app has finished for good, so the pod completes.
+/// Call after the startup hold for a pod that is not being deleted; returns at once with
+/// [`JobOutcome::NotAJob`] for `restartPolicy: Always`, with [`JobOutcome::Deleting`] when a
+/// deletion starts (call [`drain`] then), and otherwise when the proxy was quit, the pod is gone
+/// or the agent stops.
+pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) -> JobReport {
+    let DrainCtx {
+        key,
+        admin,
+        processes,
+        mut view,
+        stop,
+        settings,
+    } = ctx;
+    let mut d = Drainer {
+        key,
+        admin,
+        settings,
+        errors: Errors::default(),
+        refusals: 0,
+        t0: Instant::now(),
+        t0_wall: SystemTime::now(),
+    };
+    let mut report = JobReport {
+        outcome: JobOutcome::NotAJob,
+        finished_by: None,
+        app_finished_at: None,
+        quit_sent_at: None,
+        quit_reason: None,
+        proxy_exit_seen_at: None,
+        app_finished_to_quit: None,
+        errors: Vec::new(),
+        error_count: 0,
+    };
+    let finish = |mut report: JobReport, outcome: JobOutcome, d: Drainer<'_, A>| {
+        report.outcome = outcome;
+        report.app_finished_to_quit = report
+            .app_finished_at
+            .zip(report.quit_sent_at)
+            .and_then(|(a, q)| q.duration_since(a).ok());
+        report.errors = d.errors.kept;
+        report.error_count = d.errors.count;
+        if !matches!(outcome, JobOutcome::NotAJob) {
+            tracing::info!(
+                pod = %key,
+                outcome = outcome.as_str(),
+                finished_by = ?report.finished_by,
+                app_finished_to_quit_ms = report.app_finished_to_quit.map(|d| d.as_secs_f64() * 1e3),
+                "job watch finished"
+            );
+        }
+        report
+    };
+
+    let mut app = AppTracker::new(key, processes);
+    let mut current = match view.borrow_and_update().clone() {
+        Some(v) => v,
+        None => return finish(report, JobOutcome::PodGone, d),
+    };
+    let never = match current.restart_policy.as_str() {
+        "Never" => true,
+        "OnFailure" => false,
+        _ => return finish(report, JobOutcome::NotAJob, d),
+    };
+    tracing::debug!(pod = %key, restart_policy = %current.restart_policy, "watching for the job's app to finish");
+
+    let finished_at = loop {
+        if current.deletion.is_some() {
+            return finish(report, JobOutcome::Deleting, d);
+        }
+        let snapshot = app.refresh(&current).await;
+        if current.apps_finished_for_good() {
+            report.finished_by = Some(FinishedBy::Status);
+            break app.last_exit().unwrap_or_else(Instant::now);
+        }
+        // procfs is faster than the kubelet's status, but only says "exited", not the exit
+        // code: enough when the kubelet never restarts, not for OnFailure.
+        if never && snapshot.all_exited() {
+            report.finished_by = Some(FinishedBy::Procfs);
+            break app.last_exit().unwrap_or_else(Instant::now);
+        }
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return finish(report, JobOutcome::AgentStopping, d),
+            changed = view.changed() => match (changed, view.borrow_and_update().clone()) {
+                (Ok(()), Some(v)) => current = v,
+                _ => return finish(report, JobOutcome::PodGone, d),
+            },
+            (pid, _) = app.next_exit() => tracing::debug!(pod = %key, pid, "job process exited"),
+            _ = tokio::time::sleep(settings.job_rescan_every) => {}
+        }
+    };
+    report.app_finished_at = Some(d.wall(finished_at));
+    tracing::info!(pod = %key, by = ?report.finished_by, "the job's app finished for good; quitting its proxy once nothing is in flight");
+
+    // Wait (bounded) for in-flight traffic to settle, then quit.
+    let mut judge = InFlightJudge::new(settings.idle_window);
+    let until = Instant::now() + settings.job_in_flight_wait;
+    let mut failed = 0u32;
+    let mut samples = 0u32;
+    let reason = loop {
+        samples += 1;
+        match d.sample().await {
+            Ok(counts) => match judge.observe(Instant::now(), counts.as_ref()) {
+                InFlight::Idle(why) => break QuitReason::Idle(why),
+                InFlight::NoFilter => break QuitReason::NoFilter,
+                InFlight::Busy { .. } => {}
+            },
+            Err(()) => {
+                failed += 1;
+                if d.refusals >= settings.refusals_for_gone {
+                    tracing::info!(pod = %key, "the job's proxy has already exited");
+                    return finish(report, JobOutcome::ProxyAlreadyGone, d);
+                }
+                if failed >= settings.admin_attempts {
+                    break QuitReason::StatsUnavailable;
+                }
+            }
+        }
+        if Instant::now() >= until {
+            d.errors.push(
+                key,
+                format!(
+                    "traffic still in flight {} after the job finished; quitting the proxy anyway",
+                    crate::config::format_duration(settings.job_in_flight_wait)
+                ),
+            );
+            break QuitReason::OutOfTime;
+        }
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return finish(report, JobOutcome::AgentStopping, d),
+            changed = view.changed() => match (changed, view.borrow_and_update().clone()) {
+                (Ok(()), Some(v)) if v.deletion.is_some() => return finish(report, JobOutcome::Deleting, d),
+                (Ok(()), Some(_)) => {}
+                _ => return finish(report, JobOutcome::PodGone, d),
+            },
+            _ = tokio::time::sleep(settle_wait(settings, samples)) => {}
+        }
+    };
+    let (sent, exited) = d.quit().await;
+    report.quit_sent_at = sent;
+    report.proxy_exit_seen_at = exited;
+    report.quit_reason = Some(reason);
+    let outcome = if sent.is_none() && exited.is_some() {
+        JobOutcome::ProxyAlreadyGone
+    } else {
+        JobOutcome::Completed
+    };
+    finish(report, outcome, d)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,250 @@
+//! When a drain must end: the pure deadline arithmetic, unit-tested without a clock.
+//!
+//! The kubelet SIGKILLs a deleted pod's containers when its grace period runs out. The drain
+//! must quit Envoy a little before that (a *margin*), so the pod ends cleanly rather than by
+//! SIGKILL, even when the app never exits.
+//!
+//! # When does the kubelet kill?
+//!
+//! Two conventions for `metadata.deletionTimestamp` meet here:
+//!
+//! - **Kubernetes API server**: on a graceful delete it sets `deletionTimestamp` to *request time
+//!   plus the grace period* (and `deletionGracePeriodSeconds` to the grace). The kubelet starts
+//!   its grace timer when it sees the deletion, a moment after the request, so it kills at about
+//!   `deletionTimestamp`. Seen by a prompt watcher, the timestamp lies about one grace period in
+//!   the **future**.
+//! - **Request-time writers** (hand-written pod files, simple simulators): `deletionTimestamp` is
+//!   the moment of the delete request, so the kill comes at `deletionTimestamp + grace`. Seen by a
+//!   prompt watcher, the timestamp is **now or in the past**.
+//!
+//! [`DrainPlan`] tells them apart by that: a timestamp still in the future when the deletion is
+//! first observed is the kill time itself; one that is not is the request time. The
+//! misjudgements this leaves are on the safe side: a node clock more than a grace period ahead of
+//! the API server, or an agent that first sees the deletion only after the kill time passed, read
+//! the timestamp as a request time and put the deadline later — the kubelet's SIGKILL then
+//! comes first, as it would without the agent.
+
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::jiff::Timestamp;
+
+use crate::pod::Deletion;
+
+/// Longest margin kept before the kill.
+pub const MAX_MARGIN: Duration = Duration::from_secs(1);
+/// Share of the grace period kept as margin when that is less than [`MAX_MARGIN`].
+const MARGIN_DIVISOR: u32 = 10;
+/// Remaining times are capped here, so a huge grace period cannot overflow a timer (a year is
+/// forever for a drain).
+pub const MAX_REMAINING: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// How `deletionTimestamp` was read (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TimestampMeaning {
+    /// The timestamp is when the kubelet kills (API-server convention).
+    KillTime,
+    /// The timestamp is when deletion was requested; the kill comes one grace period later.
+    RequestTime,
+}
+
+/// The deadline of one pod's drain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DrainPlan {
+    /// When the kubelet is expected to SIGKILL the pod's containers (`None`: beyond what
+    /// `SystemTime` can represent, i.e. never in practice).
+    pub kill_at: Option<SystemTime>,
+    /// Kept between the drain's deadline and the kill.
+    pub margin: Duration,
+    /// The drain's deadline: `kill_at - margin`.
+    pub deadline: Option<SystemTime>,
+    /// How the timestamp was read.
+    pub meaning: TimestampMeaning,
+}
+
+impl DrainPlan {
+    /// Plans the drain of a pod whose deletion was first observed at `observed`.
+    pub fn new(deletion: Deletion, observed: SystemTime) -> DrainPlan {
+        let stamp = system_time(deletion.timestamp);
+        let (meaning, kill_at) = if stamp > observed {
+            (TimestampMeaning::KillTime, Some(stamp))
+        } else {
+            (
+                TimestampMeaning::RequestTime,
+                stamp.checked_add(deletion.grace),
+            )
+        };
+        let margin = margin_for(deletion.grace);
+        // `kill_at - margin` cannot underflow for any real date; if it did, the deadline is "at once".
+        let deadline = kill_at.map(|k| k.checked_sub(margin).unwrap_or(SystemTime::UNIX_EPOCH));
+        DrainPlan {
+            kill_at,
+            margin,
+            deadline,
+            meaning,
+        }
+    }
+
+    /// Time left until the deadline at `now`: zero once it passed, at most [`MAX_REMAINING`].
+    pub fn remaining(&self, now: SystemTime) -> Duration {
+        match self.deadline {
+            None => MAX_REMAINING,
+            Some(d) => d
+                .duration_since(now)
+                .unwrap_or(Duration::ZERO)
+                .min(MAX_REMAINING),
+        }
+    }
+}
+
+/// A jiff timestamp as a `SystemTime` (jiff's own conversion needs its `std` feature, which
+/// k8s-openapi does not enable). Jiff's range (years -9999..=9999) fits `SystemTime` on Linux.
+pub fn system_time(ts: Timestamp) -> SystemTime {
+    let secs = ts.as_second();
+    // Jiff keeps the sub-second part with the sign of the whole; for negative times
+    // `as_second` is rounded toward zero and the nanoseconds are negative.
+    let nanos = ts.subsec_nanosecond();
+    let whole = Duration::from_secs(secs.unsigned_abs());
+    let part = Duration::from_nanos(u64::from(nanos.unsigned_abs()));
+    if secs < 0 || nanos < 0 {
+        SystemTime::UNIX_EPOCH - whole - part
+    } else {
+        SystemTime::UNIX_EPOCH + whole + part
+    }
+}
+
+/// A `SystemTime` as a jiff timestamp, saturating at jiff's range.
+pub fn timestamp(t: SystemTime) -> Timestamp {
+    let (negative, d) = match t.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(d) => (false, d),
+        Err(e) => (true, e.duration()),
+    };
+    let nanos = i128::try_from(d.as_nanos()).unwrap_or(i128::MAX);
+    let nanos = if negative { -nanos } else { nanos };
+    Timestamp::from_nanosecond(nanos).unwrap_or(if negative {
+        Timestamp::MIN
+    } else {
+        Timestamp::MAX
+    })
+}
+
+/// The margin for a grace period: 10 % of it, at most [`MAX_MARGIN`]. Zero grace, zero margin.
+pub fn margin_for(grace: Duration) -> Duration {
+    (grace / MARGIN_DIVISOR).min(MAX_MARGIN)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: i64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(secs).expect("positive"))
+    }
+
+    fn deletion(stamp_secs: i64, grace_secs: u64) -> Deletion {
+        Deletion {
+            timestamp: Timestamp::from_second(stamp_secs).expect("valid timestamp"),
+            grace: Duration::from_secs(grace_secs),
+        }
+    }
+
+    const T0: i64 = 1_800_000_000;
+
+    #[test]
+    fn margin_is_ten_percent_capped_at_one_second() {
+        assert_eq!(margin_for(Duration::ZERO), Duration::ZERO);
+        assert_eq!(
+            margin_for(Duration::from_secs(2)),
+            Duration::from_millis(200)
+        );
+        assert_eq!(margin_for(Duration::from_secs(10)), Duration::from_secs(1));
+        assert_eq!(margin_for(Duration::from_secs(30)), Duration::from_secs(1));
+        assert_eq!(margin_for(Duration::MAX), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn request_time_stamp_adds_the_grace_period() {
+        // Observed 100 ms after a request-time stamp: kill at stamp + 30 s, deadline 1 s before.
+        let observed = at(T0) + Duration::from_millis(100);
+        let plan = DrainPlan::new(deletion(T0, 30), observed);
+        assert_eq!(plan.meaning, TimestampMeaning::RequestTime);
+        assert_eq!(plan.kill_at, Some(at(T0 + 30)));
+        assert_eq!(plan.deadline, Some(at(T0 + 29)));
+        assert_eq!(plan.remaining(observed), Duration::from_millis(28_900));
+    }
+
+    #[test]
+    fn future_stamp_is_the_kill_time() {
+        // API-server convention: the stamp is request + grace and lies in the future.
+        let observed = at(T0) + Duration::from_millis(50);
+        let plan = DrainPlan::new(deletion(T0 + 30, 30), observed);
+        assert_eq!(plan.meaning, TimestampMeaning::KillTime);
+        assert_eq!(plan.kill_at, Some(at(T0 + 30)));
+        assert_eq!(plan.deadline, Some(at(T0 + 29)));
+        assert_eq!(plan.remaining(observed), Duration::from_millis(28_950));
+    }
+
+    #[test]
+    fn short_grace_keeps_a_tenth() {
+        let plan = DrainPlan::new(deletion(T0, 2), at(T0));
+        assert_eq!(plan.margin, Duration::from_millis(200));
+        assert_eq!(plan.remaining(at(T0)), Duration::from_millis(1_800));
+    }
+
+    #[test]
+    fn zero_grace_means_at_once() {
+        let plan = DrainPlan::new(deletion(T0, 0), at(T0));
+        assert_eq!(plan.margin, Duration::ZERO);
+        assert_eq!(plan.deadline, Some(at(T0)));
+        assert_eq!(plan.remaining(at(T0)), Duration::ZERO);
+    }
+
+    #[test]
+    fn past_deadline_leaves_nothing() {
+        // An agent that restarts mid-drain: the deadline has passed; never a negative duration.
+        let plan = DrainPlan::new(deletion(T0, 5), at(T0 + 60));
+        assert_eq!(plan.remaining(at(T0 + 60)), Duration::ZERO);
+        // Deadline at T0 + 5 s - 500 ms.
+        assert_eq!(plan.remaining(at(T0 + 5)), Duration::ZERO);
+        assert_eq!(plan.remaining(at(T0 + 4)), Duration::from_millis(500));
+    }
+
+    #[test]
+    fn huge_grace_does_not_overflow() {
+        let plan = DrainPlan::new(deletion(T0, u64::MAX), at(T0));
+        assert_eq!(plan.kill_at, None);
+        assert_eq!(plan.deadline, None);
+        assert_eq!(plan.remaining(at(T0)), MAX_REMAINING);
+        // Large but representable: capped.
+        let plan = DrainPlan::new(deletion(T0, 10 * 365 * 24 * 3600), at(T0));
+        assert!(plan.kill_at.is_some());
+        assert_eq!(plan.remaining(at(T0)), MAX_REMAINING);
+    }
+
+    #[test]
+    fn timestamp_conversions_round_trip() {
+        for t in [
+            at(T0),
+            at(T0) + Duration::from_nanos(123_456_789),
+            SystemTime::UNIX_EPOCH,
+        ] {
+            assert_eq!(system_time(timestamp(t)), t);
+        }
+        let before = SystemTime::UNIX_EPOCH - Duration::from_millis(1500);
+        assert_eq!(system_time(timestamp(before)), before);
+        let ts: Timestamp = "2026-11-22T10:00:00.25Z".parse().expect("valid");
+        assert_eq!(
+            system_time(ts)
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .expect("after epoch"),
+            Duration::from_millis(1_795_341_600_250)
+        );
+    }
+
+    #[test]
+    fn stamp_before_the_epoch_is_handled() {
+        let plan = DrainPlan::new(deletion(-10, 0), at(T0));
+        assert_eq!(plan.meaning, TimestampMeaning::RequestTime);
+        assert_eq!(plan.remaining(at(T0)), Duration::ZERO);
+    }
+}

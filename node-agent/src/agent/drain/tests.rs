@@ -1,0 +1,884 @@
+//! The drain and Job logic against real processes (`sleep` children, watched by pidfd) and a
+//! scripted admin API. No root needed. Envoy itself is exercised in `tests/drain_parts.rs`.
+
+use std::process::{Child, Command};
+use std::sync::{Arc, Mutex};
+
+use super::in_flight::DirectionCounts;
+use super::*;
+use crate::agent::pod_procs::PodProcess;
+use crate::config::{HoldSettings, PodOverrides};
+use crate::pod::{ContainerState, ContainerView};
+
+const APP_ID: &str = "aaaa";
+const PROXY_ID: &str = "pppp";
+
+/// A child process killed (by pid) and reaped on drop.
+struct Proc(Child);
+
+impl Proc {
+    fn sleep() -> Proc {
+        Proc(
+            Command::new("sleep")
+                .arg("60")
+                .spawn()
+                .expect("spawn sleep"),
+        )
+    }
+    fn pid(&self) -> i32 {
+        self.0.id() as i32
+    }
+    /// SIGKILL without reaping: the process stays a zombie, as a container's main process may
+    /// for a moment before its shim reaps it.
+    fn kill(&mut self) {
+        let _ = self.0.kill();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A pod's processes as the agent's index would list them (killed ones may linger as zombies).
+#[derive(Clone, Default)]
+struct FakeProcs(Arc<Mutex<Vec<PodProcess>>>);
+
+impl FakeProcs {
+    fn add(&self, pid: i32, container: Option<&str>) {
+        self.0.lock().unwrap().push(PodProcess {
+            pid,
+            container_id: container.map(str::to_string),
+        });
+    }
+}
+
+impl PodProcessSource for FakeProcs {
+    async fn processes(&self) -> Vec<PodProcess> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// Scripted admin API.
+#[derive(Default)]
+struct FakeAdmin {
+    state: Mutex<AdminState>,
+}
+
+#[derive(Default)]
+struct AdminState {
+    /// Every successful POST, with when it arrived.
+    posts: Vec<(String, Instant)>,
+    /// Envoy has exited: every request is refused.
+    gone: bool,
+    /// Exit when `/quitquitquit` arrives.
+    quit_exits: bool,
+    /// `/stats` answers with these counts (`None`: filter not installed).
+    counts: Option<FilterCounts>,
+    /// `/stats` fails (not refused) this many more times.
+    stats_failures: u32,
+    /// Bytes added to inbound on every `/stats` (traffic moving).
+    bytes_per_sample: u64,
+    stats_calls: u32,
+}
+
+impl FakeAdmin {
+    fn new(counts: Option<FilterCounts>) -> FakeAdmin {
+        let admin = FakeAdmin::default();
+        {
+            let mut s = admin.state.lock().unwrap();
+            s.counts = counts;
+            s.quit_exits = true;
+        }
+        admin
+    }
+    fn with<T>(&self, f: impl FnOnce(&mut AdminState) -> T) -> T {
+        f(&mut self.state.lock().unwrap())
+    }
+    fn paths(&self) -> Vec<String> {
+        self.with(|s| s.posts.iter().map(|(p, _)| p.clone()).collect())
+    }
+    fn quit_at(&self) -> Option<Instant> {
+        self.with(|s| {
+            s.posts
+                .iter()
+                .find(|(p, _)| p == QUIT_PATH)
+                .map(|(_, t)| *t)
+        })
+    }
+}
+
+fn refused() -> AdminFailure {
+    AdminFailure {
+        refused: true,
+        message: "connection refused".into(),
+    }
+}
+
+impl ProxyAdmin for FakeAdmin {
+    async fn admin_post(&self, path: &str) -> Result<(), AdminFailure> {
+        self.with(|s| {
+            if s.gone {
+                return Err(refused());
+            }
+            s.posts.push((path.to_string(), Instant::now()));
+            if path == QUIT_PATH && s.quit_exits {
+                s.gone = true;
+            }
+            Ok(())
+        })
+    }
+
+    async fn filter_counts(&self, _prefix: &str) -> Result<Option<FilterCounts>, AdminFailure> {
+        self.with(|s| {
+            if s.gone {
+                return Err(refused());
+            }
+            s.stats_calls += 1;
+            if s.stats_failures > 0 {
+                s.stats_failures -= 1;
+                return Err(AdminFailure {
+                    refused: false,
+                    message: "malformed response".into(),
+                });
+            }
+            if let Some(c) = s.counts.as_mut() {
+                c.inbound.bytes_total =
+                    Some(c.inbound.bytes_total.unwrap_or(0) + s.bytes_per_sample);
+            }
+            Ok(s.counts)
+        })
+    }
+
+    async fn probe(&self) -> Result<(), AdminFailure> {
+        self.with(|s| if s.gone { Err(refused()) } else { Ok(()) })
+    }
+}
+
+fn counts(outbound_active: u64) -> FilterCounts {
+    let dir = |active| DirectionCounts {
+        cx_active: Some(active),
+        bytes_total: Some(0),
+    };
+    FilterCounts {
+        inbound: dir(1),
+        outbound: dir(outbound_active),
+        unknown: dir(0),
+    }
+}
+
+fn key() -> PodKey {
+    PodKey {
+        uid: "0b6a3c1e-6a59-4d8e-9f3a-2f1d5c7b8a90".into(),
+        namespace: "shop".into(),
+        name: "web-1".into(),
+    }
+}
+
+fn view(restart_policy: &str, app: ContainerState, deletion_grace: Option<Duration>) -> PodView {
+    PodView {
+        key: key(),
+        overrides: PodOverrides::from_annotations([], &HoldSettings::default()),
+        containers: vec![
+            ContainerView {
+                name: "app".into(),
+                id: Some(APP_ID.into()),
+                is_proxy: false,
+                state: app,
+            },
+            ContainerView {
+                name: "istio-proxy".into(),
+                id: Some(PROXY_ID.into()),
+                is_proxy: true,
+                state: ContainerState::Running,
+            },
+        ],
+        restart_policy: restart_policy.into(),
+        deletion: deletion_grace.map(|grace| Deletion {
+            timestamp: plan::timestamp(SystemTime::now()),
+            grace,
+        }),
+    }
+}
+
+fn fast_settings() -> DrainSettings {
+    DrainSettings {
+        quit_confirm: Duration::from_millis(200),
+        job_rescan_every: Duration::from_millis(100),
+        ..DrainSettings::default()
+    }
+}
+
+/// A pod with a sandbox, a proxy and one app process.
+struct Pod {
+    procs: FakeProcs,
+    _sandbox: Proc,
+    _proxy: Proc,
+    app: Proc,
+}
+
+impl Pod {
+    fn new() -> Pod {
+        let procs = FakeProcs::default();
+        let (sandbox, proxy, app) = (Proc::sleep(), Proc::sleep(), Proc::sleep());
+        procs.add(sandbox.pid(), None);
+        procs.add(proxy.pid(), Some(PROXY_ID));
+        procs.add(app.pid(), Some(APP_ID));
+        Pod {
+            procs,
+            _sandbox: sandbox,
+            _proxy: proxy,
+            app,
+        }
+    }
+}
+
+async fn run_drain(
+    admin: &FakeAdmin,
+    procs: FakeProcs,
+    rx: watch::Receiver<Option<PodView>>,
+    stop: CancellationToken,
+    settings: &DrainSettings,
+) -> DrainReport {
+    let key = key();
+    drain(DrainCtx {
+        key: &key,
+        admin,
+        processes: procs,
+        view: rx,
+        stop,
+        settings,
+    })
+    .await
+}
+
+#[tokio::test]
+async fn quits_as_soon_as_the_app_exits() {
+    let mut pod = Pod::new();
+    let admin = FakeAdmin::new(Some(counts(0)));
+    let (_tx, rx) = watch::channel(Some(view(
+        "Always",
+        ContainerState::Running,
+        Some(Duration::from_secs(30)),
+    )));
+    let settings = fast_settings();
+    let killed = Arc::new(Mutex::new(None));
+    let report = tokio::join!(
+        run_drain(
+            &admin,
+            pod.procs.clone(),
+            rx,
+            CancellationToken::new(),
+            &settings
+        ),
+        async {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            *killed.lock().unwrap() = Some(Instant::now());
+            pod.app.kill();
+        }
+    )
+    .0;
+    assert_eq!(report.outcome, DrainOutcome::AppDone, "{report:?}");
+    assert_eq!(
+        admin.paths(),
+        vec![DRAIN_INBOUND_PATH, HEALTHCHECK_FAIL_PATH, QUIT_PATH]
+    );
+    assert!(report.inbound_drained && report.health_failed);
+    assert_eq!(
+        report.quit_reason,
+        Some(QuitReason::Idle(IdleReason::NoOutboundConnections))
+    );
+    assert_eq!(report.app_processes_seen, 1);
+    assert_eq!(report.app_processes_left, 0);
+    let killed = killed.lock().unwrap().expect("killed");
+    let lag = admin.quit_at().expect("quit sent").duration_since(killed);
+    assert!(lag < Duration::from_millis(50), "kill to quit took {lag:?}");
+    assert!(report.app_gone_to_quit.expect("measured") < Duration::from_millis(50));
+    assert!(report.proxy_exit_seen_at.is_some());
+    assert_eq!(report.error_count, 0, "{:?}", report.errors);
+}
+
+#[tokio::test]
+async fn a_forked_helper_keeps_the_app_alive() {
+    let mut pod = Pod::new();
+    let mut helper = Proc::sleep();
+    pod.procs.add(helper.pid(), Some(APP_ID));
+    let admin = FakeAdmin::new(None);
+    let (_tx, rx) = watch::channel(Some(view(
+        "Always",
+        ContainerState::Running,
+        Some(Duration::from_secs(30)),
+    )));
+    let settings = fast_settings();
+    let report = tokio::join!(
+        run_drain(
+            &admin,
+            pod.procs.clone(),
+            rx,
+            CancellationToken::new(),
+            &settings
+        ),
+        async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            pod.app.kill();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            assert!(admin.quit_at().is_none(), "quit while the helper still ran");
+            // A helper forked late is found by the re-scan, and keeps the app alive too.
+            let late = Proc::sleep();
+            pod.procs.add(late.pid(), Some(APP_ID));
+            helper.kill();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert!(
+                admin.quit_at().is_none(),
+                "quit while the late helper still ran"
+            );
+            drop(late);
+        }
+    )
+    .0;
+    assert_eq!(report.outcome, DrainOutcome::AppDone);
+    assert_eq!(report.quit_reason, Some(QuitReason::NoFilter));
+    assert_eq!(report.app_processes_seen, 3);
+}
+
+#[tokio::test]
+async fn idle_keepalives_do_not_hold_the_drain_but_moving_bytes_do() {
+    let mut pod = Pod::new();
+    let admin = FakeAdmin::new(Some(counts(2)));
+    admin.with(|s| s.bytes_per_sample = 10);
+    let (_tx, rx) = watch::channel(Some(view(
+        "Always",
+        ContainerState::Running,
+        Some(Duration::from_secs(30)),
+    )));
+    let settings = fast_settings();
+    let stopped_moving = Arc::new(Mutex::new(None));
+    let report = tokio::join!(
+        run_drain(
+            &admin,
+            pod.procs.clone(),
+            rx,
+            CancellationToken::new(),
+            &settings
+        ),
+        async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            pod.app.kill();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            assert!(admin.quit_at().is_none(), "quit while bytes were moving");
+            admin.with(|s| s.bytes_per_sample = 0);
+            *stopped_moving.lock().unwrap() = Some(Instant::now());
+        }
+    )
+    .0;
+    assert_eq!(report.outcome, DrainOutcome::AppDone);
+    assert!(
+        matches!(
+            report.quit_reason,
+            Some(QuitReason::Idle(IdleReason::NoBytesMoved { .. }))
+        ),
+        "{report:?}"
+    );
+    let stopped = stopped_moving.lock().unwrap().expect("set");
+    let after = admin.quit_at().expect("quit").duration_since(stopped);
+    assert!(
+        after >= settings.idle_window - Duration::from_millis(10)
+            && after < settings.idle_window + Duration::from_millis(60),
+        "quit {after:?} after bytes stopped (window {:?})",
+        settings.idle_window
+    );
+}
+
+#[tokio::test]
+async fn deadline_quits_with_the_app_still_running() {
+    let pod = Pod::new();
+    let admin = FakeAdmin::new(Some(counts(1)));
+    // Grace 1 s → margin 100 ms → deadline 900 ms after the (request-time) stamp.
+    let (_tx, rx) = watch::channel(Some(view(
+        "Always",
+        ContainerState::Running,
+        Some(Duration::from_secs(1)),
+    )));
+    let settings = fast_settings();
+    let t = Instant::now();
+    let report = run_drain(
+        &admin,
+        pod.procs.clone(),
+        rx,
+        CancellationToken::new(),
+        &settings,
+    )
+    .await;
+    let quit_after = admin.quit_at().expect("quit").duration_since(t);
+    assert_eq!(report.outcome, DrainOutcome::Deadline);
+    assert_eq!(report.quit_reason, Some(QuitReason::OutOfTime));
+    assert!(
+        quit_after >= Duration::from_millis(850) && quit_after < Duration::from_millis(1000),
+        "quit after {quit_after:?}"
+    );
+    assert_eq!(report.app_processes_left, 1);
+    assert!(
+        report.errors.iter().any(|e| e.contains("deadline")),
+        "{:?}",
+        report.errors
+    );
+}
+
+#[tokio::test]
+async fn proxy_gone_before_the_app_is_reported_with_advice() {
+    let pod = Pod::new();
+    let admin = FakeAdmin::new(Some(counts(0)));
+    let (_tx, rx) = watch::channel(Some(view(
+        "Always",
+        ContainerState::Running,
+        Some(Duration::from_secs(30)),
+    )));
+    let settings = fast_settings();
+    let t = Instant::now();
+    let report = tokio::join!(
+        run_drain(
+            &admin,
+            pod.procs.clone(),
+            rx,
+            CancellationToken::new(),
+            &settings
+        ),
+        async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            admin.with(|s| s.gone = true); // pilot-agent's drain duration ran out
+        }
+    )
+    .0;
+    assert_eq!(report.outcome, DrainOutcome::ProxyGoneEarly);
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "noticed after {:?}",
+        t.elapsed()
+    );
+    let advice = report.advice.expect("advice");
+    assert!(
+        advice.contains("terminationDrainDuration") && advice.contains("30s"),
+        "{advice}"
+    );
+    assert!(admin.quit_at().is_none());
+}
+
+#[tokio::test]
+async fn app_already_gone_and_proxy_already_gone_is_app_done() {
+    let procs = FakeProcs::default();
+    let admin = FakeAdmin::new(None);
+    admin.with(|s| s.gone = true);
+    let v = view(
+        "Always",
+        ContainerState::Terminated { exit_code: 0 },
+        Some(Duration::from_secs(30)),
+    );
+    let (_tx, rx) = watch::channel(Some(v));
+    let report = run_drain(
+        &admin,
+        procs,
+        rx,
+        CancellationToken::new(),
+        &fast_settings(),
+    )
+    .await;
+    assert_eq!(report.outcome, DrainOutcome::AppDone);
+    assert!(!report.inbound_drained);
+    assert_eq!(report.quit_sent_at, None);
+}
+
+#[tokio::test]
+async fn unreadable_stats_do_not_hold_a_gone_app_forever() {
+    let procs = FakeProcs::default();
+    let admin = FakeAdmin::new(Some(counts(1)));
+    admin.with(|s| s.stats_failures = 1000);
+    let v = view(
+        "Always",
+        ContainerState::Terminated { exit_code: 0 },
+        Some(Duration::from_secs(30)),
+    );
+    let (_tx, rx) = watch::channel(Some(v));
+    let t = Instant::now();
+    let report = run_drain(
+        &admin,
+        procs,
+        rx,
+        CancellationToken::new(),
+        &fast_settings(),
+    )
+    .await;
+    assert_eq!(report.outcome, DrainOutcome::AppDone);
+    assert_eq!(report.quit_reason, Some(QuitReason::StatsUnavailable));
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert!(report.error_count >= 3, "{:?}", report.errors);
+}
+
+#[tokio::test]
+async fn invisible_app_waits_for_status_not_procfs() {
+    // No process of the pod is visible at all (wrong proc root, no hostPID): the app's exit
+    // cannot be seen, so the drain must not take "no processes" for "app gone".
+    let procs = FakeProcs::default();
+    let admin = FakeAdmin::new(Some(counts(0)));
+    let (tx, rx) = watch::channel(Some(view(
+        "Always",
+        ContainerState::Running,
+        Some(Duration::from_secs(30)),
+    )));
+    let settings = fast_settings();
+    let report = tokio::join!(
+        run_drain(&admin, procs, rx, CancellationToken::new(), &settings),
+        async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert!(
+                admin.quit_at().is_none(),
+                "quit without seeing the app exit"
+            );
+            tx.send_replace(Some(view(
+                "Always",
+                ContainerState::Terminated { exit_code: 0 },
+                Some(Duration::from_secs(30)),
+            )));
+        }
+    )
+    .0;
+    assert_eq!(report.outcome, DrainOutcome::AppDone);
+    assert!(
+        report.errors.iter().any(|e| e.contains("hostPID")),
+        "{:?}",
+        report.errors
+    );
+}
+
+#[tokio::test]
+async fn app_that_exited_before_the_first_scan_counts_as_gone() {
+    // The proxy's process is visible by container id, so the app container without processes
+    // has exited (fast SIGTERM exit), even though the status still says Running.
+    let procs = FakeProcs::default();
+    let proxy = Proc::sleep();
+    procs.add(proxy.pid(), Some(PROXY_ID));
+    let admin = FakeAdmin::new(Some(counts(0)));
+    let (_tx, rx) = watch::channel(Some(view(
+        "Always",
+        ContainerState::Running,
+        Some(Duration::from_secs(30)),
+    )));
+    let t = Instant::now();
+    let report = run_drain(
+        &admin,
+        procs,
+        rx,
+        CancellationToken::new(),
+        &fast_settings(),
+    )
+    .await;
+    assert_eq!(report.outcome, DrainOutcome::AppDone);
+    assert!(admin.quit_at().expect("quit").duration_since(t) < Duration::from_millis(50));
+}
+
+#[tokio::test]
+async fn pod_gone_and_agent_stopping_end_the_drain_promptly() {
+    let pod = Pod::new();
+    let admin = FakeAdmin::new(Some(counts(1)));
+    let (tx, rx) = watch::channel(Some(view(
+        "Always",
+        ContainerState::Running,
+        Some(Duration::from_secs(30)),
+    )));
+    let settings = fast_settings();
+    let t = Instant::now();
+    let report = tokio::join!(
+        run_drain(
+            &admin,
+            pod.procs.clone(),
+            rx,
+            CancellationToken::new(),
+            &settings
+        ),
+        async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            tx.send_replace(None);
+        }
+    )
+    .0;
+    assert_eq!(report.outcome, DrainOutcome::PodGone);
+    assert!(t.elapsed() < Duration::from_millis(150));
+
+    let (_tx, rx) = watch::channel(Some(view(
+        "Always",
+        ContainerState::Running,
+        Some(Duration::from_secs(30)),
+    )));
+    let stop = CancellationToken::new();
+    let t = Instant::now();
+    let report = tokio::join!(
+        run_drain(&admin, pod.procs.clone(), rx, stop.clone(), &settings),
+        async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            stop.cancel();
+        }
+    )
+    .0;
+    assert_eq!(report.outcome, DrainOutcome::AgentStopping);
+    assert!(t.elapsed() < Duration::from_millis(150));
+    assert!(admin.quit_at().is_none());
+}
+
+async fn run_job(
+    admin: &FakeAdmin,
+    procs: FakeProcs,
+    rx: watch::Receiver<Option<PodView>>,
+    stop: CancellationToken,
+    settings: &DrainSettings,
+) -> JobReport {
+    let key = key();
+    finish_job(DrainCtx {
+        key: &key,
+        admin,
+        processes: procs,
+        view: rx,
+        stop,
+        settings,
+    })
+    .await
+}
+
+#[tokio::test]
+async fn job_never_completes_from_procfs_before_the_status() {
+    let mut pod = Pod::new();
+    let admin = FakeAdmin::new(Some(counts(0)));
+    let (_tx, rx) = watch::channel(Some(view("Never", ContainerState::Running, None)));
+    let settings = fast_settings();
+    let killed = Arc::new(Mutex::new(None));
+    let report = tokio::join!(
+        run_job(
+            &admin,
+            pod.procs.clone(),
+            rx,
+            CancellationToken::new(),
+            &settings
+        ),
+        async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            *killed.lock().unwrap() = Some(Instant::now());
+            pod.app.kill();
+        }
+    )
+    .0;
+    assert_eq!(report.outcome, JobOutcome::Completed, "{report:?}");
+    assert_eq!(report.finished_by, Some(FinishedBy::Procfs));
+    assert_eq!(admin.paths(), vec![QUIT_PATH]);
+    let lag = admin
+        .quit_at()
+        .expect("quit")
+        .duration_since(killed.lock().unwrap().expect("killed"));
+    assert!(lag < Duration::from_millis(50), "exit to quit {lag:?}");
+}
+
+#[tokio::test]
+async fn job_on_failure_waits_for_exit_code_zero() {
+    let mut pod = Pod::new();
+    let admin = FakeAdmin::new(Some(counts(0)));
+    let (tx, rx) = watch::channel(Some(view("OnFailure", ContainerState::Running, None)));
+    let settings = fast_settings();
+    let report = tokio::join!(
+        run_job(
+            &admin,
+            pod.procs.clone(),
+            rx,
+            CancellationToken::new(),
+            &settings
+        ),
+        async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            pod.app.kill();
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            // procfs alone must not end an OnFailure job: the exit code decides.
+            assert!(admin.quit_at().is_none(), "quit without the exit code");
+            tx.send_replace(Some(view(
+                "OnFailure",
+                ContainerState::Terminated { exit_code: 1 },
+                None,
+            )));
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            assert!(
+                admin.quit_at().is_none(),
+                "quit although the kubelet restarts it"
+            );
+            tx.send_replace(Some(view(
+                "OnFailure",
+                ContainerState::Terminated { exit_code: 0 },
+                None,
+            )));
+        }
+    )
+    .0;
+    assert_eq!(report.outcome, JobOutcome::Completed);
+    assert_eq!(report.finished_by, Some(FinishedBy::Status));
+}
+
+#[tokio::test]
+async fn job_waits_for_in_flight_then_quits() {
+    let procs = FakeProcs::default();
+    let admin = FakeAdmin::new(Some(counts(1)));
+    admin.with(|s| s.bytes_per_sample = 5);
+    let (_tx, rx) = watch::channel(Some(view(
+        "Never",
+        ContainerState::Terminated { exit_code: 0 },
+        None,
+    )));
+    let settings = fast_settings();
+    let report = tokio::join!(
+        run_job(&admin, procs, rx, CancellationToken::new(), &settings),
+        async {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            assert!(admin.quit_at().is_none(), "quit while bytes were moving");
+            admin.with(|s| s.counts = Some(counts(0)));
+        }
+    )
+    .0;
+    assert_eq!(report.outcome, JobOutcome::Completed);
+    assert_eq!(
+        report.quit_reason,
+        Some(QuitReason::Idle(IdleReason::NoOutboundConnections))
+    );
+}
+
+#[tokio::test]
+async fn job_edge_cases() {
+    let settings = fast_settings();
+    // restartPolicy Always: not a job.
+    let admin = FakeAdmin::new(None);
+    let (_tx, rx) = watch::channel(Some(view(
+        "Always",
+        ContainerState::Terminated { exit_code: 0 },
+        None,
+    )));
+    let r = run_job(
+        &admin,
+        FakeProcs::default(),
+        rx,
+        CancellationToken::new(),
+        &settings,
+    )
+    .await;
+    assert_eq!(r.outcome, JobOutcome::NotAJob);
+    assert!(admin.paths().is_empty());
+
+    // Deletion hands over to the drain.
+    let (_tx, rx) = watch::channel(Some(view(
+        "Never",
+        ContainerState::Running,
+        Some(Duration::from_secs(5)),
+    )));
+    let r = run_job(
+        &admin,
+        FakeProcs::default(),
+        rx,
+        CancellationToken::new(),
+        &settings,
+    )
+    .await;
+    assert_eq!(r.outcome, JobOutcome::Deleting);
+
+    // The proxy exited on its own already.
+    admin.with(|s| s.gone = true);
+    let (_tx, rx) = watch::channel(Some(view(
+        "Never",
+        ContainerState::Terminated { exit_code: 3 },
+        None,
+    )));
+    let r = run_job(
+        &admin,
+        FakeProcs::default(),
+        rx,
+        CancellationToken::new(),
+        &settings,
+    )
+    .await;
+    assert_eq!(r.outcome, JobOutcome::ProxyAlreadyGone);
+
+    // A Never job whose container has not started is not finished.
+    let mut v = view("Never", ContainerState::Waiting, None);
+    v.containers[0].id = None;
+    let (_tx, rx) = watch::channel(Some(v));
+    let stop = CancellationToken::new();
+    let r = tokio::join!(
+        run_job(&admin, FakeProcs::default(), rx, stop.clone(), &settings),
+        async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            stop.cancel();
+        }
+    )
+    .0;
+    assert_eq!(r.outcome, JobOutcome::AgentStopping);
+}
+
+#[test]
+fn settle_wait_backs_off_to_stats_every() {
+    let s = DrainSettings::default();
+    assert_eq!(settle_wait(&s, 1), Duration::from_millis(5));
+    assert_eq!(settle_wait(&s, 9), Duration::from_millis(5));
+    assert_eq!(settle_wait(&s, 10), Duration::from_millis(10));
+    assert_eq!(settle_wait(&s, 35), Duration::from_millis(40));
+    assert_eq!(settle_wait(&s, 1000), Duration::from_millis(100));
+    assert_eq!(settle_wait(&s, u32::MAX), Duration::from_millis(100));
+}
+
+#[test]
+fn refusals_are_told_from_other_connect_failures() {
+    assert!(is_refusal("connect to 127.0.0.1:15000 inside network namespace NetnsId { dev: 4, ino: 1 } failed: Connection refused (os error 111)"));
+    assert!(!is_refusal(
+        "setns into network namespace NetnsId { dev: 4, ino: 1 } failed: EPERM"
+    ));
+    assert!(!is_refusal("connector task failed: task panicked"));
+}
+
+#[test]
+fn regex_escape_escapes_dots() {
+    assert_eq!(regex_escape("wasmcustom.holdfast"), "wasmcustom\\.holdfast");
+    assert_eq!(regex_escape("a+b(c)"), "a\\+b\\(c\\)");
+}
+
+#[test]
+fn reports_serialize() {
+    let report = DrainReport {
+        outcome: DrainOutcome::AppDone,
+        started_at: SystemTime::UNIX_EPOCH,
+        deadline_at: None,
+        deadline_meaning: TimestampMeaning::KillTime,
+        inbound_drained: true,
+        health_failed: true,
+        app_gone_at: None,
+        quit_sent_at: None,
+        quit_reason: Some(QuitReason::Idle(IdleReason::NoBytesMoved {
+            idle_for: Duration::from_millis(120),
+        })),
+        proxy_exit_seen_at: None,
+        app_gone_to_quit: Some(Duration::from_micros(2500)),
+        app_gone_to_proxy_exit: None,
+        elapsed: Duration::from_millis(40),
+        app_processes_seen: 1,
+        app_processes_left: 0,
+        filter_present: Some(true),
+        last_counts: None,
+        errors: vec![],
+        error_count: 0,
+        advice: None,
+    };
+    let json = serde_json::to_value(&report).expect("serializes");
+    assert_eq!(json["outcome"], "app-done");
+    assert_eq!(json["app_gone_to_quit_ms"], 2.5);
+    assert_eq!(json["quit_reason"]["kind"], "idle");
+    assert_eq!(json["quit_reason"]["reason"], "no-bytes-moved");
+    assert_eq!(json["quit_reason"]["for_ms"], 120.0);
+    let back: DrainReport = serde_json::from_value(json).expect("deserializes");
+    assert_eq!(back, report);
+    let settings = serde_json::to_value(DrainSettings::default()).expect("serializes");
+    assert_eq!(settings["idle_window"], "100ms");
+}

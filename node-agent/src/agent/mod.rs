@@ -1,0 +1,182 @@
+//! The agent: follows the pods on this node and runs one task per meshed pod.
+//!
+//! - [`run`]: wires the pod source, the per-pod tasks, and the status API.
+//! - [`pod_task`]: one pod's lifecycle — wait for its network namespace, hold its new
+//!   connections until the proxy is ready (startup), then (on deletion) drain.
+//! - [`readiness`]: how "the proxy is ready" is decided.
+//! - [`drain`]: the drain on deletion, and ending the proxy of a finished Job.
+//! - [`pod_procs`]: which processes (and so which network namespace) belong to a pod.
+
+pub mod drain;
+pub mod pod_procs;
+pub mod pod_task;
+pub mod readiness;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, SourceConfig};
+use crate::pod::{NotTracked, PodView};
+use crate::source::{dir::PodsDir, PodEvent};
+use crate::status::StatusBoard;
+use crate::status_api::StatusApi;
+
+/// Errors that stop the agent at startup. Once running, per-pod problems never stop it.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    PodsDir(#[from] crate::source::dir::Error),
+    #[error(
+        "cannot listen on {addr} for the status API: {source} (choose another --status-listen)"
+    )]
+    StatusListen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(
+        "the in-cluster pod source (--kube) is not available in this build yet; use --pods-dir"
+    )]
+    KubeUnavailable,
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// How often the pods directory is polled.
+const PODS_DIR_POLL: Duration = Duration::from_millis(20);
+/// How long the agent waits for pod tasks to finish on shutdown.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// What every pod task shares.
+pub(crate) struct Shared {
+    pub config: Arc<Config>,
+    pub board: StatusBoard,
+    pub procs: pod_procs::PodProcs,
+    pub stop: CancellationToken,
+}
+
+/// Runs the agent until `shutdown` completes.
+///
+/// On shutdown, holds in progress are left in place (rule and all) for the next agent to adopt:
+/// the kernel drops the SYNs this agent was holding when its queue socket closes, TCP
+/// retransmits them about a second later, and by then either a new agent holds them again or,
+/// with no agent bound, `--queue-bypass` lets them through — never worse than no agent.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<()> {
+    let config = Arc::new(config);
+    tracing::info!(config = %serde_json::to_string(&*config).unwrap_or_default(), "holdfast agent starting");
+
+    let (tx, mut rx) = mpsc::channel(1024);
+    let source_task = match &config.source {
+        SourceConfig::PodsDir(dir) => {
+            let src = PodsDir::new(dir.clone())?;
+            tokio::spawn(src.run(PODS_DIR_POLL, tx))
+        }
+        SourceConfig::Kube => return Err(Error::KubeUnavailable),
+    };
+
+    let listener = tokio::net::TcpListener::bind(config.status_listen)
+        .await
+        .map_err(|source| Error::StatusListen {
+            addr: config.status_listen,
+            source,
+        })?;
+    tracing::info!(addr = %config.status_listen, "status API listening");
+
+    let stop = CancellationToken::new();
+    let shared = Arc::new(Shared {
+        config: config.clone(),
+        board: StatusBoard::default(),
+        procs: pod_procs::PodProcs::new(config.proc_root.clone()),
+        stop: stop.clone(),
+    });
+    let api = StatusApi {
+        board: shared.board.clone(),
+        config: config.clone(),
+    };
+    let api_task = tokio::spawn(api.serve(listener, stop.clone().cancelled_owned()));
+
+    let mut pods = Pods::default();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            event = rx.recv() => match event {
+                Some(event) => pods.apply(event, &shared),
+                None => {
+                    tracing::error!("pod source ended; stopping");
+                    break;
+                }
+            },
+            Some(done) = pods.tasks.join_next(), if !pods.tasks.is_empty() => {
+                if let Err(e) = done {
+                    tracing::error!(error = %e, "a pod task failed");
+                }
+            }
+        }
+    }
+
+    tracing::info!("holdfast agent stopping; holds in progress are left for the next agent");
+    stop.cancel();
+    source_task.abort();
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while pods.tasks.join_next().await.is_some() {}
+    })
+    .await;
+    let _ = api_task.await;
+    Ok(())
+}
+
+/// The pods being followed: one task per meshed pod, fed through a watch channel. `None` on the
+/// channel means the pod is gone.
+#[derive(Default)]
+struct Pods {
+    by_uid: HashMap<String, watch::Sender<Option<PodView>>>,
+    tasks: JoinSet<()>,
+}
+
+impl Pods {
+    fn apply(&mut self, event: PodEvent, shared: &Arc<Shared>) {
+        match event {
+            PodEvent::Applied(pod) => {
+                let cfg = &shared.config;
+                match PodView::from_pod(&pod, &cfg.node_name, &cfg.proxy, &cfg.hold) {
+                    Ok(view) => {
+                        let uid = view.key.uid.clone();
+                        if let Some(tx) = self.by_uid.get(&uid) {
+                            // send_replace: the task reads the latest view; intermediate ones may be skipped.
+                            tx.send_replace(Some(view));
+                        } else {
+                            for problem in &view.overrides.problems {
+                                tracing::warn!(pod = %view.key, "{problem}");
+                            }
+                            tracing::info!(pod = %view.key, uid = %uid, "tracking pod");
+                            let (tx, rx) = watch::channel(Some(view));
+                            self.by_uid.insert(uid, tx);
+                            self.tasks
+                                .spawn(pod_task::PodTask::new(shared.clone(), rx).run());
+                        }
+                    }
+                    Err(reason) => {
+                        let uid = pod.metadata.uid.clone().unwrap_or_default();
+                        if let Some(tx) = self.by_uid.remove(&uid) {
+                            tracing::info!(uid = %uid, %reason, "pod no longer tracked");
+                            tx.send_replace(None);
+                        } else if !matches!(reason, NotTracked::NoProxy) {
+                            tracing::debug!(uid = %uid, %reason, "pod not tracked");
+                        }
+                    }
+                }
+            }
+            PodEvent::Deleted { uid } => {
+                if let Some(tx) = self.by_uid.remove(&uid.to_ascii_lowercase()) {
+                    tx.send_replace(None);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! Which processes belong to which pod, kept current cheaply enough to poll every few
+//! milliseconds while a pod waits for its network namespace.
+//!
+//! A refresh lists `/proc` (one `getdents` pass) and reads `/proc/<pid>/cgroup` only for pids it
+//! has not classified yet. A process that is not in a pod cgroup when first seen is re-read for a
+//! short while, because runtimes move a new process into its container's cgroup right after
+//! fork; after that it is settled. Exited pids are forgotten on the next refresh.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::procfs_pods::cgroup::{parse_pod_cgroup, PodCgroup};
+
+/// How long an unclassified process keeps being re-read.
+const SETTLE: Duration = Duration::from_secs(2);
+/// Refreshes closer together than this reuse the previous one (many pod tasks poll at once).
+const MIN_REFRESH: Duration = Duration::from_millis(2);
+
+/// One process of a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodProcess {
+    pub pid: i32,
+    pub container_id: Option<String>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    pod: Option<PodCgroup>,
+    first_seen: Instant,
+}
+
+#[derive(Debug)]
+struct Index {
+    proc_root: PathBuf,
+    pids: HashMap<i32, Entry>,
+    last_refresh: Option<Instant>,
+}
+
+/// A shared, cached index of pod processes.
+#[derive(Debug, Clone)]
+pub struct PodProcs {
+    inner: Arc<Mutex<Index>>,
+}
+
+impl PodProcs {
+    pub fn new(proc_root: PathBuf) -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(Index {
+                proc_root,
+                pids: HashMap::new(),
+                last_refresh: None,
+            })),
+        }
+    }
+
+    /// The processes of pod `uid` (canonical lowercase uid), oldest pid first. Blocking I/O:
+    /// call from `spawn_blocking` (see [`PodProcs::of_pod`]).
+    pub fn of_pod_blocking(&self, uid: &str) -> Vec<PodProcess> {
+        let mut index = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        index.refresh_if_stale();
+        let mut out: Vec<PodProcess> = index
+            .pids
+            .iter()
+            .filter_map(|(pid, e)| {
+                let pod = e.pod.as_ref()?;
+                (pod.pod_uid == uid).then(|| PodProcess {
+                    pid: *pid,
+                    container_id: pod.container_id.clone(),
+                })
+            })
+            .collect();
+        out.sort_by_key(|p| p.pid);
+        out
+    }
+
+    /// Async wrapper of [`PodProcs::of_pod_blocking`].
+    pub async fn of_pod(&self, uid: &str) -> Vec<PodProcess> {
+        let this = self.clone();
+        let uid = uid.to_string();
+        tokio::task::spawn_blocking(move || this.of_pod_blocking(&uid))
+            .await
+            .unwrap_or_default()
+    }
+
+    /// The proc root this index reads.
+    pub fn proc_root(&self) -> PathBuf {
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .proc_root
+            .clone()
+    }
+}
+
+impl Index {
+    fn refresh_if_stale(&mut self) {
+        let now = Instant::now();
+        if self
+            .last_refresh
+            .is_some_and(|t| now.duration_since(t) < MIN_REFRESH)
+        {
+            return;
+        }
+        self.last_refresh = Some(now);
+        let Ok(dir) = std::fs::read_dir(&self.proc_root) else {
+            tracing::warn!(proc_root = %self.proc_root.display(), "cannot list the proc root");
+            return;
+        };
+        let mut alive = Vec::with_capacity(self.pids.len() + 16);
+        for entry in dir.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            alive.push(pid);
+            let settled = self
+                .pids
+                .get(&pid)
+                .is_some_and(|e| e.pod.is_some() || now.duration_since(e.first_seen) > SETTLE);
+            if settled {
+                continue;
+            }
+            // The process may exit between listing and reading: it then reads as no pod.
+            let pod = std::fs::read_to_string(self.proc_root.join(pid.to_string()).join("cgroup"))
+                .ok()
+                .and_then(|text| parse_pod_cgroup(&text));
+            let first_seen = self.pids.get(&pid).map_or(now, |e| e.first_seen);
+            self.pids.insert(pid, Entry { pod, first_seen });
+        }
+        if alive.len() != self.pids.len() {
+            let alive: std::collections::HashSet<i32> = alive.into_iter().collect();
+            self.pids.retain(|pid, _| alive.contains(pid));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_pod_processes_in_a_fake_proc_tree() {
+        let root = std::env::temp_dir().join(format!("hf-podprocs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let uid = "0b6a3c1e-6a59-4d8e-9f3a-2f1d5c7b8a90";
+        let cid = "a".repeat(64);
+        for (pid, cgroup) in [
+            (10, format!("0::/kubepods/besteffort/pod{uid}/{cid}\n")),
+            (11, "0::/system.slice/sshd.service\n".to_string()),
+            (12, format!("0::/kubepods/pod{uid}/{}\n", "b".repeat(64))),
+        ] {
+            let d = root.join(pid.to_string());
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("cgroup"), cgroup).unwrap();
+        }
+        std::fs::create_dir_all(root.join("self")).unwrap();
+        let procs = PodProcs::new(root.clone());
+        let found = procs.of_pod_blocking(uid);
+        assert_eq!(
+            found.iter().map(|p| p.pid).collect::<Vec<_>>(),
+            vec![10, 12]
+        );
+        assert_eq!(found[0].container_id.as_deref(), Some(cid.as_str()));
+        assert!(procs.of_pod_blocking("other").is_empty());
+
+        // A process that exits is forgotten.
+        std::fs::remove_dir_all(root.join("10")).unwrap();
+        std::thread::sleep(MIN_REFRESH * 2);
+        assert_eq!(procs.of_pod_blocking(uid).len(), 1);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}

@@ -1,0 +1,102 @@
+//! When is a pod's proxy ready to take the app's connections?
+//!
+//! Ready means all of: both capture ports are in LISTEN state in the pod's network namespace
+//! (read from procfs, which costs Envoy nothing — checked first, every poll), Envoy's `/ready`
+//! says LIVE, and — when the holdfast filter is required or present — the filter reports
+//! `loaded`. The admin API is only asked once the ports listen, so a waiting pod does not load
+//! its starting Envoy with requests.
+
+use std::time::Duration;
+
+use crate::config::{HoldSettings, ProxyConfig};
+use crate::envoy_admin::{AdminClient, ServerState};
+use crate::netns::PodNetns;
+use crate::procfs_pods::sockets::listening_ports_in;
+
+/// Stat the filter sets to 1 once configured (`holdfast.loaded` in the filter's namespace).
+pub const FILTER_LOADED_STAT: &str = "wasmcustom.holdfast.loaded";
+
+/// Timeout of one admin request during the hold; the next poll retries.
+const ADMIN_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// One readiness observation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// Capture ports are not listening yet.
+    PortsClosed,
+    /// Ports listen but Envoy is not LIVE (or its admin did not answer).
+    NotLive,
+    /// LIVE, but the holdfast filter has not reported `loaded`.
+    FilterNotLoaded,
+    /// Ready for traffic.
+    Ready,
+}
+
+/// Probes one pod's proxy.
+pub struct ReadinessProbe {
+    admin: AdminClient,
+    proc_root: std::path::PathBuf,
+    proxy: ProxyConfig,
+    require_filter: bool,
+}
+
+impl ReadinessProbe {
+    pub fn new(
+        netns: &PodNetns,
+        proc_root: std::path::PathBuf,
+        proxy: &ProxyConfig,
+        hold: &HoldSettings,
+    ) -> crate::netns::Result<Self> {
+        Ok(Self {
+            admin: AdminClient::in_netns(netns.try_clone()?, proxy.admin)
+                .with_timeout(ADMIN_TIMEOUT),
+            proc_root,
+            proxy: proxy.clone(),
+            require_filter: hold.require_filter,
+        })
+    }
+
+    /// The admin client this probe uses.
+    pub fn admin(&self) -> &AdminClient {
+        &self.admin
+    }
+
+    /// One observation. `pid` is any live process in the pod's network namespace.
+    pub async fn check(&self, pid: i32) -> Readiness {
+        let (root, outbound, inbound) = (
+            self.proc_root.clone(),
+            self.proxy.outbound_port,
+            self.proxy.inbound_port,
+        );
+        let listening = tokio::task::spawn_blocking(move || {
+            listening_ports_in(&root, pid)
+                .map(|ports| ports.contains(&outbound) && ports.contains(&inbound))
+                .unwrap_or(false)
+        })
+        .await
+        .unwrap_or(false);
+        if !listening {
+            return Readiness::PortsClosed;
+        }
+        match self.admin.ready().await {
+            Ok(ServerState::Live) => {}
+            _ => return Readiness::NotLive,
+        }
+        match self
+            .admin
+            .stats(Some("^wasmcustom\\.holdfast\\.loaded$"))
+            .await
+        {
+            Ok(stats) => match stats.get(FILTER_LOADED_STAT) {
+                Some(1) => Readiness::Ready,
+                // The filter is installed but not configured yet.
+                Some(_) => Readiness::FilterNotLoaded,
+                None if self.require_filter => Readiness::FilterNotLoaded,
+                None => Readiness::Ready,
+            },
+            Err(_) if self.require_filter => Readiness::FilterNotLoaded,
+            // LIVE and listening: a stats hiccup must not keep the app's connections waiting.
+            Err(_) => Readiness::Ready,
+        }
+    }
+}

@@ -1,0 +1,315 @@
+//! The agent's configuration: defaults that follow Istio's conventions, per-pod overrides read from
+//! annotations, and the duration syntax both use.
+//!
+//! Flags are parsed by the binary (clap); this module holds the typed result and the pure
+//! validating constructors, so every rule here is unit-tested without a process environment.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// Annotation that opts a pod out of holdfast entirely (`"false"`); `"true"` is the default.
+pub const ANNOTATION_ENABLED: &str = "holdfast.io/enabled";
+/// Annotation that overrides the hold deadline for one pod (e.g. `"30s"`, `"2m"`).
+pub const ANNOTATION_HOLD_TIMEOUT: &str = "holdfast.io/hold-timeout";
+
+/// The effective configuration, logged at start and served on the status API.
+#[derive(Debug, Clone, Serialize)]
+pub struct Config {
+    /// The node this agent serves; only pods scheduled here are tracked.
+    pub node_name: String,
+    /// Where Pod objects come from.
+    pub source: SourceConfig,
+    /// Read-only status API address.
+    pub status_listen: SocketAddr,
+    /// Root of the proc filesystem (injectable for tests).
+    pub proc_root: PathBuf,
+    /// How the sidecar looks in every meshed pod.
+    pub proxy: ProxyConfig,
+    /// Startup hold settings.
+    pub hold: HoldSettings,
+    /// Drain and Job-completion settings.
+    pub drain: crate::agent::drain::DrainSettings,
+}
+
+/// Where Pod objects come from.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SourceConfig {
+    /// A directory of Pod JSON/YAML files, one per pod (the simulated node, static-pod style).
+    PodsDir(PathBuf),
+    /// The Kubernetes API server, watching pods with `spec.nodeName=<node>`.
+    Kube,
+}
+
+/// The sidecar's conventions (Istio defaults).
+#[derive(Debug, Clone, Serialize)]
+pub struct ProxyConfig {
+    /// Name of the proxy container in the pod spec.
+    pub container: String,
+    /// uid the proxy runs as; its own connections are never held.
+    pub uid: u32,
+    /// Envoy admin address inside the pod's network namespace.
+    pub admin: SocketAddr,
+    /// Envoy's outbound capture port (iptables REDIRECT target for the app's outbound traffic).
+    pub outbound_port: u16,
+    /// Envoy's inbound capture port.
+    pub inbound_port: u16,
+}
+
+/// Startup hold settings.
+#[derive(Debug, Clone, Serialize)]
+pub struct HoldSettings {
+    /// Release the hold after this long even if the proxy never becomes ready (fail open).
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// NFQUEUE number used in every pod's network namespace (queues are per namespace).
+    pub queue_num: u16,
+    /// How often a holding pod's proxy readiness is checked.
+    #[serde(with = "humantime_serde")]
+    pub ready_poll: Duration,
+    /// Wait for the holdfast filter's `loaded` stat too, not only for Envoy's `/ready`.
+    pub require_filter: bool,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        Self {
+            container: "istio-proxy".into(),
+            uid: 1337,
+            admin: SocketAddr::from(([127, 0, 0, 1], 15000)),
+            outbound_port: 15001,
+            inbound_port: 15006,
+        }
+    }
+}
+
+impl Default for HoldSettings {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(120),
+            queue_num: 15015,
+            ready_poll: Duration::from_millis(5),
+            require_filter: false,
+        }
+    }
+}
+
+/// Durations serialize as the same strings the flags and annotations accept.
+mod humantime_serde {
+    use std::time::Duration;
+
+    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&super::format_duration(*d))
+    }
+}
+
+/// A duration that could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "invalid duration {input:?}: {reason} (expected e.g. \"500ms\", \"30s\", \"2m\", \"1m30s\")"
+)]
+pub struct DurationError {
+    pub input: String,
+    pub reason: &'static str,
+}
+
+/// Longest duration accepted anywhere (a day): larger values are almost surely typos.
+const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
+
+/// Parses `500ms`, `30s`, `2m`, `1h`, `1m30s` (Go/Kubernetes style, no fractions, no sign).
+/// A bare integer is seconds, as `terminationGracePeriodSeconds` is.
+pub fn parse_duration(input: &str) -> Result<Duration, DurationError> {
+    let err = |reason| DurationError {
+        input: input.to_string(),
+        reason,
+    };
+    let s = input.trim();
+    if s.is_empty() {
+        return Err(err("empty"));
+    }
+    if s.bytes().all(|b| b.is_ascii_digit()) {
+        let secs: u64 = s.parse().map_err(|_| err("number too large"))?;
+        return check_max(Duration::from_secs(secs)).ok_or_else(|| err("longer than 24h"));
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(|b| b.is_ascii_digit()).count();
+        if digits == 0 {
+            return Err(err("expected a number"));
+        }
+        let n: u64 = rest[..digits]
+            .parse()
+            .map_err(|_| err("number too large"))?;
+        rest = &rest[digits..];
+        let unit_len = rest.bytes().take_while(|b| b.is_ascii_alphabetic()).count();
+        let unit = match &rest[..unit_len] {
+            "ms" => Duration::from_millis(1),
+            "s" => Duration::from_secs(1),
+            "m" => Duration::from_secs(60),
+            "h" => Duration::from_secs(3600),
+            "" => return Err(err("missing unit")),
+            _ => return Err(err("unknown unit (use ms, s, m or h)")),
+        };
+        rest = &rest[unit_len..];
+        let part = unit
+            .checked_mul(u32::try_from(n).map_err(|_| err("number too large"))?)
+            .ok_or_else(|| err("number too large"))?;
+        total = total
+            .checked_add(part)
+            .ok_or_else(|| err("number too large"))?;
+    }
+    check_max(total).ok_or_else(|| err("longer than 24h"))
+}
+
+fn check_max(d: Duration) -> Option<Duration> {
+    (d <= MAX_DURATION).then_some(d)
+}
+
+/// Formats a duration in the syntax [`parse_duration`] accepts.
+pub fn format_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms % 1000 != 0 || ms == 0 {
+        format!("{ms}ms")
+    } else {
+        format!("{}s", ms / 1000)
+    }
+}
+
+/// Per-pod settings after annotations are applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodOverrides {
+    /// `false` when the pod opted out with `holdfast.io/enabled: "false"`.
+    pub enabled: bool,
+    /// The hold deadline for this pod.
+    pub hold_timeout: Duration,
+    /// Annotations that were present but invalid: reported (logged, shown in status), not fatal.
+    pub problems: Vec<String>,
+}
+
+impl PodOverrides {
+    /// Applies a pod's annotations over the node defaults. Invalid values fall back to the default
+    /// and are listed in `problems` with the annotation, its value and the fix.
+    pub fn from_annotations<'a>(
+        annotations: impl IntoIterator<Item = (&'a str, &'a str)>,
+        defaults: &HoldSettings,
+    ) -> Self {
+        let mut out = Self {
+            enabled: true,
+            hold_timeout: defaults.timeout,
+            problems: Vec::new(),
+        };
+        for (key, value) in annotations {
+            match key {
+                ANNOTATION_ENABLED => match value.trim() {
+                    "true" => out.enabled = true,
+                    "false" => out.enabled = false,
+                    other => out.problems.push(format!(
+                        "annotation {ANNOTATION_ENABLED}={other:?} is not \"true\" or \"false\"; \
+                         holdfast stays enabled for this pod"
+                    )),
+                },
+                ANNOTATION_HOLD_TIMEOUT => match parse_duration(value) {
+                    Ok(d) if d.is_zero() => out.problems.push(format!(
+                        "annotation {ANNOTATION_HOLD_TIMEOUT}={value:?} is zero; use \
+                         {ANNOTATION_ENABLED}: \"false\" to disable the hold; using {}",
+                        format_duration(defaults.timeout)
+                    )),
+                    Ok(d) => out.hold_timeout = d,
+                    Err(e) => out.problems.push(format!(
+                        "annotation {ANNOTATION_HOLD_TIMEOUT}: {e}; using {}",
+                        format_duration(defaults.timeout)
+                    )),
+                },
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration(" 45 "), Ok(Duration::from_secs(45)));
+        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
+    }
+
+    #[test]
+    fn bad_durations_name_the_problem() {
+        for bad in [
+            "",
+            "s",
+            "10",
+            "-5s",
+            "1.5s",
+            "10x",
+            "5 s",
+            "99999999999999999999s",
+            "25h",
+            "1d",
+        ] {
+            if bad == "10" {
+                continue; // a bare integer is seconds
+            }
+            let e = parse_duration(bad).expect_err(bad);
+            assert_eq!(e.input, bad);
+            assert!(e.to_string().contains("expected e.g."), "{e}");
+        }
+    }
+
+    #[test]
+    fn duration_round_trips_through_format() {
+        for d in [
+            Duration::from_millis(5),
+            Duration::from_secs(120),
+            Duration::from_millis(1500),
+        ] {
+            assert_eq!(parse_duration(&format_duration(d)), Ok(d));
+        }
+    }
+
+    #[test]
+    fn annotations_override_and_report() {
+        let defaults = HoldSettings::default();
+        let o = PodOverrides::from_annotations(
+            [
+                (ANNOTATION_ENABLED, "false"),
+                (ANNOTATION_HOLD_TIMEOUT, "30s"),
+                ("other", "x"),
+            ],
+            &defaults,
+        );
+        assert!(!o.enabled);
+        assert_eq!(o.hold_timeout, Duration::from_secs(30));
+        assert!(o.problems.is_empty());
+
+        let o = PodOverrides::from_annotations(
+            [
+                (ANNOTATION_ENABLED, "nope"),
+                (ANNOTATION_HOLD_TIMEOUT, "soon"),
+            ],
+            &defaults,
+        );
+        assert!(o.enabled, "an invalid value keeps the safe default");
+        assert_eq!(o.hold_timeout, defaults.timeout);
+        assert_eq!(o.problems.len(), 2);
+        assert!(o.problems[0].contains(ANNOTATION_ENABLED));
+        assert!(o.problems[1].contains("\"soon\""));
+
+        let o = PodOverrides::from_annotations([(ANNOTATION_HOLD_TIMEOUT, "0s")], &defaults);
+        assert_eq!(o.hold_timeout, defaults.timeout);
+        assert_eq!(o.problems.len(), 1);
+    }
+}

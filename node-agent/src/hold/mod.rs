@@ -1,0 +1,407 @@
+//! The startup hold: an app's new connections to Envoy wait in an NFQUEUE until Envoy is ready.
+//!
+//! Owns the hold's lifecycle in one pod's network namespace: [`rules`] (the iptables rules that
+//! queue SYNs to Envoy's capture ports) and [`queue`] (the NFQUEUE netlink client). A
+//! [`HoldQueue`] binds the queue first and then installs the rules (with `--queue-bypass` an
+//! unbound queue accepts, and the SYN would meet a closed port). A dedicated OS thread reads
+//! queued packets and counts them, never giving a verdict. [`HoldQueue::release`] removes the
+//! rules, accepts everything read, keeps reading and accepting until the kernel shows nothing
+//! waiting in the queue, and only then closes the socket (closing a queue drops what waits in it).
+//!
+//! Never worse than no agent: if the agent dies, the kernel unbinds the queue, new SYNs bypass
+//! it, and SYNs held at that moment are dropped and retransmitted by TCP about 1 s later.
+//!
+//! The calls here block (a few ms: a thread spawn per netns entry, an `iptables-restore` run); in
+//! async code call them from `tokio::task::spawn_blocking`.
+
+#![forbid(unsafe_code)]
+
+pub mod queue;
+pub mod rules;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use std::os::fd::AsFd;
+
+use crate::netns::{NetnsId, PodNetns};
+use queue::{Flow, NfQueue, QueuedPacket};
+pub use rules::{FoundHold, RuleSpec};
+
+/// Errors of this module.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Netns(#[from] crate::netns::Error),
+    #[error(transparent)]
+    Rules(#[from] rules::Error),
+    #[error(transparent)]
+    Queue(#[from] queue::Error),
+    #[error("cannot start the holder thread for netns {0:?}: {1}")]
+    Thread(NetnsId, std::io::Error),
+    #[error("the holder thread for netns {0:?} failed: {1}")]
+    Holder(NetnsId, String),
+}
+
+impl Error {
+    /// A short label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Netns(_) => "netns",
+            Error::Rules(_) => "rules",
+            Error::Queue(_) => "queue",
+            Error::Thread(..) | Error::Holder(..) => "thread",
+        }
+    }
+}
+
+/// Result of this module.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// How to hold.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct HoldConfig {
+    /// Rules: queue number, capture ports, proxy uid, iptables binaries.
+    pub rules: RuleSpec,
+    /// Kernel queue length; past it the kernel accepts (fail-open), never drops.
+    pub queue_max_len: u32,
+    /// How long `release` keeps reading and accepting after the rules are gone, at most.
+    pub release_drain_timeout: Duration,
+}
+
+impl Default for HoldConfig {
+    fn default() -> Self {
+        HoldConfig {
+            rules: RuleSpec::default(),
+            queue_max_len: 65536,
+            release_drain_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+/// What a hold has held so far.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct HoldStats {
+    /// Packets queued (SYN retransmissions count again).
+    pub packets: u64,
+    /// Distinct connections (by flow: addresses and ports).
+    pub connections: u64,
+    /// When the first packet was held.
+    pub first_held_at: Option<SystemTime>,
+}
+
+/// What `release` did.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ReleaseReport {
+    /// Totals over the hold's life, including packets read during the release.
+    pub stats: HoldStats,
+    /// From the first held packet to the verdict that let it go.
+    pub longest_wait: Option<Duration>,
+    /// Whether the rules were still there to remove.
+    pub rules_removed: bool,
+    /// Packets read during the release (queued before the rules were gone).
+    pub late_packets: u64,
+    /// Packets the kernel still reported waiting when the socket was closed (0 unless the drain
+    /// timed out).
+    pub left_waiting: u64,
+    /// From the call to `release` to the verdict that let every held packet go (the rules are
+    /// removed after that, so this is what held connections wait).
+    pub verdict_after: Duration,
+    /// How long the release took.
+    pub took: Duration,
+}
+
+/// Counters shared between the holder thread and `held()`.
+#[derive(Debug, Default)]
+struct Shared {
+    stats: HoldStats,
+    first_held: Option<Instant>,
+    flows: HashSet<Flow>,
+    max_id: Option<u32>,
+    /// Set when the holder thread stopped on an error (the queue is then closed).
+    failure: Option<String>,
+}
+
+impl Shared {
+    fn record(&mut self, packets: &[QueuedPacket]) {
+        for packet in packets {
+            if self.first_held.is_none() {
+                self.first_held = Some(Instant::now());
+                self.stats.first_held_at = Some(SystemTime::now());
+            }
+            self.stats.packets += 1;
+            if let Some(flow) = packet.flow {
+                if self.flows.insert(flow) {
+                    self.stats.connections += 1;
+                }
+            }
+            self.max_id = Some(self.max_id.map_or(packet.id, |m| m.max(packet.id)));
+        }
+    }
+}
+
+/// A hold in force in one pod's netns. See the module docs.
+#[derive(Debug)]
+pub struct HoldQueue {
+    netns: PodNetns,
+    cfg: HoldConfig,
+    shared: Arc<Mutex<Shared>>,
+    stop: Arc<EventFd>,
+    holder: Option<JoinHandle<Result<NfQueue, queue::Error>>>,
+}
+
+impl HoldQueue {
+    /// Binds the queue in the pod's netns, then installs the rules.
+    pub fn start(netns: &PodNetns, cfg: &HoldConfig) -> Result<HoldQueue> {
+        let mut hold = HoldQueue::bind(netns, cfg, cfg.rules.queue_num)?;
+        if let Err(e) = rules::install(&hold.netns, &cfg.rules) {
+            // Undo what did go in; nothing was queued without the rules, so the queue can close.
+            let _ = rules::remove(&hold.netns, &cfg.rules);
+            let _ = hold.stop_holder();
+            return Err(e.into());
+        }
+        tracing::info!(netns = ?netns.id(), queue = cfg.rules.queue_num, "hold started");
+        Ok(hold)
+    }
+
+    /// After an agent restart: if the netns has a holdfast hold, binds its queue again (taking
+    /// over the hold) and returns it; `None` when there is no hold. The queue number is the one in
+    /// the rules, which may differ from `cfg`.
+    pub fn adopt(netns: &PodNetns, cfg: &HoldConfig) -> Result<Option<HoldQueue>> {
+        let found = rules::find(netns, &cfg.rules)?;
+        if !found.is_active() {
+            if !found.chains.is_empty() || !found.jumps.is_empty() {
+                // A partial leftover holds nothing; clear it.
+                rules::remove(netns, &cfg.rules)?;
+            }
+            return Ok(None);
+        }
+        let queue_num = found.queue_num.unwrap_or(cfg.rules.queue_num);
+        let mut cfg = cfg.clone();
+        cfg.rules.queue_num = queue_num;
+        let hold = HoldQueue::bind(netns, &cfg, queue_num)?;
+        tracing::info!(netns = ?netns.id(), queue = queue_num, "hold adopted");
+        Ok(Some(hold))
+    }
+
+    /// Removes holdfast rules from a netns where no hold is wanted. `true` if any were there.
+    pub fn remove_leftover(netns: &PodNetns, cfg: &HoldConfig) -> Result<bool> {
+        Ok(rules::remove(netns, &cfg.rules)?)
+    }
+
+    /// Whether a holdfast hold is present in the netns (e.g. after an agent restart).
+    pub fn find(netns: &PodNetns, cfg: &HoldConfig) -> Result<FoundHold> {
+        Ok(rules::find(netns, &cfg.rules)?)
+    }
+
+    fn bind(netns: &PodNetns, cfg: &HoldConfig, queue_num: u16) -> Result<HoldQueue> {
+        let max_len = cfg.queue_max_len;
+        let own_netns = netns.try_clone()?;
+        // The netlink socket must be created inside the pod's netns.
+        let nfq = netns.run(move || NfQueue::bind(queue_num, max_len))??;
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let stop = Arc::new(
+            EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
+                .map_err(|e| Error::Thread(netns.id(), e.into()))?,
+        );
+        let holder = {
+            let shared = shared.clone();
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name(format!("holdfast-hold-{queue_num}"))
+                .spawn(move || {
+                    let result = hold_loop(nfq, &shared, &stop);
+                    if let Err(e) = &result {
+                        tracing::error!(queue = queue_num, error = %e, "holder thread stopped; the hold no longer holds");
+                        lock(&shared).failure = Some(e.to_string());
+                    }
+                    result
+                })
+                .map_err(|e| Error::Thread(netns.id(), e))?
+        };
+        Ok(HoldQueue {
+            netns: own_netns,
+            cfg: HoldConfig {
+                rules: RuleSpec {
+                    queue_num,
+                    ..cfg.rules.clone()
+                },
+                ..cfg.clone()
+            },
+            shared,
+            stop,
+            holder: Some(holder),
+        })
+    }
+
+    /// The netns this hold is in.
+    pub fn netns_id(&self) -> NetnsId {
+        self.netns.id()
+    }
+
+    /// The queue number in use.
+    pub fn queue_num(&self) -> u16 {
+        self.cfg.rules.queue_num
+    }
+
+    /// What has been held so far.
+    pub fn held(&self) -> HoldStats {
+        lock(&self.shared).stats.clone()
+    }
+
+    /// Why the holder thread stopped, if it did. The queue is then closed: held SYNs were
+    /// dropped (TCP retransmits them) and new ones bypass it. Call `release` to lift the rules.
+    pub fn failure(&self) -> Option<String> {
+        lock(&self.shared).failure.clone()
+    }
+
+    /// Lets every held connection go, losing none: accept everything read so far, remove the
+    /// rules, then keep reading and accepting until the kernel's queue for this netns is empty,
+    /// and only then close the socket (closing drops whatever still waits in the queue).
+    ///
+    /// Accepting before the rules are removed lets held connections proceed without waiting for
+    /// `iptables-restore` (~10 ms); SYNs queued in between are read and accepted by the drain
+    /// loop, which runs after the rules are gone. Works also when the rules are already gone.
+    pub fn release(mut self) -> Result<ReleaseReport> {
+        let started = Instant::now();
+        // 1. Take the socket back from the holder thread and accept what it read.
+        let mut nfq = match self.stop_holder() {
+            Ok(nfq) => nfq,
+            Err(e) => {
+                // The queue is gone (and with it what it held); at least lift the rules.
+                let _ = rules::remove(&self.netns, &self.cfg.rules);
+                return Err(e);
+            }
+        };
+        let queue_num = nfq.queue_num();
+        let held_max_id = lock(&self.shared).max_id;
+        if let Some(max_id) = held_max_id {
+            nfq.accept_up_to(max_id)?;
+        }
+        let verdict_after = started.elapsed();
+        let longest_wait = lock(&self.shared).first_held.map(|t| t.elapsed());
+        // 2. New SYNs now pass straight to Envoy. An error here must not strand queued packets:
+        //    drain anyway, and report the error after.
+        let removed = rules::remove(&self.netns, &self.cfg.rules);
+        let mut late_packets = 0u64;
+        let mut batch = Vec::new();
+        let deadline = Instant::now() + self.cfg.release_drain_timeout;
+        // 3. Read and accept until the kernel shows nothing waiting in this netns's queue.
+        let left_waiting = loop {
+            batch.clear();
+            let read_now = nfq.recv_packets(&mut batch)? as u64;
+            if read_now > 0 {
+                let max_id = {
+                    let mut shared = lock(&self.shared);
+                    shared.record(&batch);
+                    shared.max_id
+                };
+                late_packets += read_now;
+                if let Some(max_id) = max_id {
+                    nfq.accept_up_to(max_id)?;
+                }
+            }
+            let waiting = self
+                .netns
+                .run(move || queue::kernel_queue_waiting(queue_num))?
+                .unwrap_or(0);
+            if waiting == 0 {
+                break 0;
+            }
+            if Instant::now() >= deadline {
+                tracing::warn!(netns = ?self.netns.id(), queue = queue_num, waiting, "release: packets still waiting at the drain timeout; closing the queue drops them (TCP retransmits)");
+                break waiting;
+            }
+            nfq.wait_readable(Duration::from_millis(5))?;
+        };
+        // 4. Only now close (unbind) the queue.
+        drop(nfq);
+        let stats = lock(&self.shared).stats.clone();
+        let rules_removed = removed?;
+        let report = ReleaseReport {
+            stats,
+            longest_wait,
+            rules_removed,
+            late_packets,
+            left_waiting,
+            verdict_after,
+            took: started.elapsed(),
+        };
+        tracing::info!(netns = ?self.netns.id(), packets = report.stats.packets, connections = report.stats.connections, took = ?report.took, "hold released");
+        Ok(report)
+    }
+
+    fn stop_holder(&mut self) -> Result<NfQueue> {
+        let id = self.netns.id();
+        let Some(holder) = self.holder.take() else {
+            return Err(Error::Holder(id, "already stopped".to_string()));
+        };
+        self.stop
+            .write(1)
+            .map_err(|e| Error::Holder(id, format!("cannot signal the holder thread: {e}")))?;
+        match holder.join() {
+            Ok(Ok(nfq)) => Ok(nfq),
+            Ok(Err(e)) => Err(Error::Queue(e)),
+            Err(_) => Err(Error::Holder(id, "panicked".to_string())),
+        }
+    }
+}
+
+impl Drop for HoldQueue {
+    /// Dropping without `release` is what an agent crash does: the queue closes, the kernel drops
+    /// the held SYNs (TCP retransmits them ~1 s later, then they bypass the unbound queue) and the
+    /// rules stay for a later `adopt`. Always prefer `release`.
+    fn drop(&mut self) {
+        if self.holder.is_some() {
+            tracing::warn!(netns = ?self.netns.id(), "hold dropped without release: held SYNs are dropped and retransmitted by TCP");
+            let _ = self.stop_holder();
+        }
+    }
+}
+
+fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
+    // Counters stay meaningful even if a holder panicked mid-update.
+    shared
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The holder thread: read and count queued packets (no verdict) until told to stop, then hand
+/// the socket back.
+fn hold_loop(
+    mut nfq: NfQueue,
+    shared: &Mutex<Shared>,
+    stop: &EventFd,
+) -> Result<NfQueue, queue::Error> {
+    let mut batch = Vec::new();
+    loop {
+        batch.clear();
+        nfq.recv_packets(&mut batch)?;
+        if !batch.is_empty() {
+            lock(shared).record(&batch);
+        }
+        let mut fds = [
+            PollFd::new(nfq.as_fd(), PollFlags::POLLIN),
+            PollFd::new(stop.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(errno) => {
+                return Err(queue::Error::Io {
+                    queue: nfq.queue_num(),
+                    errno,
+                })
+            }
+        }
+        let stop_requested = fds[1]
+            .revents()
+            .is_some_and(|r| r.contains(PollFlags::POLLIN));
+        if stop_requested {
+            return Ok(nfq);
+        }
+    }
+}

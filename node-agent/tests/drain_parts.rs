@@ -1,0 +1,922 @@
+//! The drain's parts against the real system:
+//!
+//! - the pidfd exit watcher with real child processes (no root needed);
+//! - the whole drain against a real Envoy 1.40 (with the holdfast filter when it is built) in a
+//!   test-made network namespace, with a real app holding an outbound connection through Envoy
+//!   (needs root: skips with a message when not root, fails under CI).
+//!
+//! Figures (`cargo test -p holdfast --test drain_parts -- --nocapture`) are printed; the
+//! ignored `drain_lag_figures` runs the drain 20 times for a p50/p99 of app exit → Envoy exit.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{bail, ensure, Context, Result};
+use holdfast::agent::drain::{
+    self, AppContainer, AppTracker, DrainCtx, DrainOutcome, DrainSettings, ExitWatcher, IdleReason,
+    PodProcessSource, PodProcsSource, QuitReason, Watch,
+};
+use holdfast::agent::pod_procs::{PodProcess, PodProcs};
+use holdfast::config::{HoldSettings, PodOverrides};
+use holdfast::envoy_admin::{AdminClient, ServerState};
+use holdfast::netns::PodNetns;
+use holdfast::pod::{ContainerState, ContainerView, Deletion, PodKey, PodView};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+// ---------------------------------------------------------------------------------------------
+// The pidfd exit watcher
+// ---------------------------------------------------------------------------------------------
+
+/// A child process, SIGKILLed (by pid) and reaped on drop.
+struct Proc(Child);
+
+impl Proc {
+    fn spawn(cmd: &mut Command) -> Result<Proc> {
+        Ok(Proc(
+            cmd.spawn().with_context(|| format!("spawning {cmd:?}"))?,
+        ))
+    }
+    fn pid(&self) -> i32 {
+        self.0.id() as i32
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+#[tokio::test]
+async fn exit_notification_arrives_within_milliseconds() -> Result<()> {
+    let mut lags = Vec::new();
+    for _ in 0..20 {
+        let mut child = Proc::spawn(Command::new("sleep").arg("60"))?;
+        let mut watcher = ExitWatcher::new();
+        ensure!(
+            watcher.watch(child.pid()) == Watch::Watching,
+            "a live child must be watched"
+        );
+        ensure!(watcher.live() == 1);
+        // Not before the exit.
+        ensure!(
+            tokio::time::timeout(Duration::from_millis(20), watcher.next_exit())
+                .await
+                .is_err(),
+            "an exit was reported for a live process"
+        );
+        let killed = Instant::now();
+        child.0.kill()?; // not reaped: the notification must come at exit, not at reaping
+        let (pid, at) = tokio::time::timeout(Duration::from_secs(2), watcher.next_exit())
+            .await
+            .context("no exit notification within 2 s")?;
+        ensure!(
+            pid == child.pid(),
+            "notified pid {pid}, expected {}",
+            child.pid()
+        );
+        ensure!(watcher.live() == 0);
+        lags.push(at.duration_since(killed));
+    }
+    lags.sort();
+    let (p50, p99) = (percentile(&lags, 50.0), percentile(&lags, 99.0));
+    println!(
+        "pidfd exit notification after SIGKILL: p50 {p50:?}, p99 {p99:?}, max {:?} (n={})",
+        lags[lags.len() - 1],
+        lags.len()
+    );
+    // Typically well under 1 ms; the bounds leave room for a loaded 2-core test machine
+    // (other tests start Envoys meanwhile). Polling at the drain's 100 ms re-scan would be ~50 ms.
+    ensure!(
+        p50 < Duration::from_millis(5),
+        "exit notifications too slow: p50 {p50:?}"
+    );
+    ensure!(
+        lags[lags.len() - 1] < Duration::from_millis(50),
+        "an exit notification took {:?}",
+        lags[lags.len() - 1]
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn exited_processes_are_not_watched() -> Result<()> {
+    let mut watcher = ExitWatcher::new();
+    // Reaped: the pid is free.
+    let mut done = Command::new("true").spawn()?;
+    let pid = done.id() as i32;
+    done.wait()?;
+    ensure!(
+        watcher.watch(pid) == Watch::AlreadyExited,
+        "a reaped pid was watched"
+    );
+    // A zombie (exited, not reaped) has exited too.
+    let mut zombie = Proc::spawn(Command::new("sleep").arg("60"))?;
+    zombie.0.kill()?;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", zombie.pid()))?;
+        if stat
+            .rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+        {
+            break;
+        }
+        ensure!(Instant::now() < deadline, "the child never became a zombie");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    ensure!(
+        watcher.watch(zombie.pid()) == Watch::AlreadyExited,
+        "a zombie was watched"
+    );
+    ensure!(watcher.live() == 0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn many_processes_each_reported_once() -> Result<()> {
+    let mut children = Vec::new();
+    let mut watcher = ExitWatcher::new();
+    for _ in 0..10 {
+        let c = Proc::spawn(Command::new("sleep").arg("60"))?;
+        ensure!(watcher.watch(c.pid()) == Watch::Watching);
+        ensure!(
+            watcher.watch(c.pid()) == Watch::Watching,
+            "re-watching must be harmless"
+        );
+        children.push(c);
+    }
+    ensure!(watcher.live() == 10, "live {}", watcher.live());
+    for c in &mut children {
+        c.0.kill()?;
+    }
+    let mut seen = Vec::new();
+    for _ in 0..10 {
+        let (pid, _) = tokio::time::timeout(Duration::from_secs(2), watcher.next_exit()).await?;
+        seen.push(pid);
+    }
+    seen.sort();
+    let mut want: Vec<i32> = children.iter().map(Proc::pid).collect();
+    want.sort();
+    ensure!(seen == want, "reported {seen:?}, expected {want:?}");
+    ensure!(
+        tokio::time::timeout(Duration::from_millis(20), watcher.next_exit())
+            .await
+            .is_err()
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The app's processes found by cgroup, as on a node
+// ---------------------------------------------------------------------------------------------
+
+/// The cgroup v2 mount point, from mountinfo (fstype `cgroup2`).
+fn cgroup2_root() -> Result<PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
+    for line in mountinfo.lines() {
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        if right.split_whitespace().next() == Some("cgroup2") {
+            if let Some(mount_point) = left.split_whitespace().nth(4) {
+                return Ok(PathBuf::from(mount_point));
+            }
+        }
+    }
+    bail!("no cgroup2 mount in /proc/self/mountinfo")
+}
+
+/// Kubelet-shaped cgroups (`<base>/kubepods/pod<uid>/<container id>`), removed on drop after
+/// their processes are killed.
+struct PodCgroups {
+    base: PathBuf,
+    dirs: Vec<PathBuf>,
+    procs: Vec<Proc>,
+}
+
+impl PodCgroups {
+    fn new(test: &str, uid: &str) -> Result<PodCgroups> {
+        let base = cgroup2_root()?.join(format!("{test}-{}", std::process::id()));
+        Ok(PodCgroups {
+            dirs: vec![
+                base.clone(),
+                base.join("kubepods"),
+                base.join(format!("kubepods/pod{uid}")),
+            ],
+            base,
+            procs: Vec::new(),
+        })
+    }
+
+    /// Starts `sleep` in container `cid`'s cgroup (`None`: the pod's own cgroup); returns its pid.
+    fn start_in(&mut self, cid: Option<&str>) -> Result<i32> {
+        for d in &self.dirs {
+            std::fs::create_dir_all(d)
+                .with_context(|| format!("creating cgroup {}", d.display()))?;
+        }
+        let pod_dir = self.dirs[2].clone();
+        let dir = match cid {
+            Some(c) => {
+                let d = pod_dir.join(c);
+                std::fs::create_dir_all(&d)?;
+                if !self.dirs.contains(&d) {
+                    self.dirs.push(d.clone());
+                }
+                d
+            }
+            None => pod_dir,
+        };
+        let p = Proc::spawn(Command::new("sleep").arg("60"))?;
+        let pid = p.pid();
+        self.procs.push(p);
+        std::fs::write(dir.join("cgroup.procs"), pid.to_string())
+            .with_context(|| format!("moving {pid} into {}", dir.display()))?;
+        Ok(pid)
+    }
+
+    fn kill(&mut self, pid: i32) -> Result<()> {
+        let p = self
+            .procs
+            .iter_mut()
+            .find(|p| p.pid() == pid)
+            .context("not our process")?;
+        p.0.kill()?;
+        Ok(())
+    }
+}
+
+impl Drop for PodCgroups {
+    fn drop(&mut self) {
+        self.procs.clear(); // kills and reaps them
+        for d in self.dirs.iter().rev() {
+            let _ = std::fs::remove_dir(d);
+        }
+        let _ = std::fs::remove_dir(&self.base);
+    }
+}
+
+#[tokio::test]
+async fn tracker_finds_the_app_by_cgroup() -> Result<()> {
+    if !privileged("tracker_finds_the_app_by_cgroup") {
+        return Ok(());
+    }
+    const APP_CID: &str = "a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0";
+    const PROXY_CID: &str = "b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0";
+    const PAUSE_CID: &str = "c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0";
+    let key = PodKey {
+        uid: "7d1c0e7a-1111-4000-8000-00000000c6c6".into(),
+        ..key()
+    };
+    let mut cg = PodCgroups::new("hf-drain-cg", &key.uid)?;
+    let pause = cg.start_in(Some(PAUSE_CID))?;
+    let proxy = cg.start_in(Some(PROXY_CID))?;
+    let app = cg.start_in(Some(APP_CID))?;
+    let helper = cg.start_in(Some(APP_CID))?;
+
+    let mut view = pod_view(Duration::from_secs(30));
+    view.key = key.clone();
+    view.containers[0].id = Some(APP_CID.into());
+    view.containers[1].id = Some(PROXY_CID.into());
+    let source = PodProcsSource::new(PodProcs::new(PathBuf::from("/proc")), key.uid.clone());
+    let mut tracker = AppTracker::new(&key, source);
+    let snap = tracker.refresh(&view).await;
+    // The app's two processes, not the pause's nor the proxy's.
+    ensure!(
+        snap.live == 2,
+        "live {} (pause {pause}, proxy {proxy}, app {app}, helper {helper}): {snap:?}",
+        snap.live
+    );
+    ensure!(
+        snap.containers == vec![("app".to_string(), AppContainer::Live { pids: 2 })],
+        "{snap:?}"
+    );
+    ensure!(!snap.gone_for_drain());
+
+    for pid in [app, helper] {
+        let killed = Instant::now();
+        cg.kill(pid)?;
+        let (exited, at) =
+            tokio::time::timeout(Duration::from_secs(2), tracker.next_exit()).await?;
+        ensure!(exited == pid, "exit of {exited}, expected {pid}");
+        println!(
+            "app process {pid}: exit noticed {:?} after SIGKILL",
+            at.duration_since(killed)
+        );
+    }
+    let snap = tracker.refresh(&view).await;
+    ensure!(
+        snap.live == 0 && snap.gone_for_drain() && snap.all_exited(),
+        "{snap:?}"
+    );
+    ensure!(
+        snap.containers == vec![("app".to_string(), AppContainer::Exited)],
+        "{snap:?}"
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The drain against a real Envoy in a test-made netns
+// ---------------------------------------------------------------------------------------------
+
+/// True when the test may run; panics under CI when it cannot.
+fn privileged(test: &str) -> bool {
+    if nix::unistd::Uid::effective().is_root() {
+        return true;
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("{test}: needs root (network namespaces) and CI is set: refusing to skip");
+    }
+    eprintln!("SKIP {test}: needs root (network namespaces)");
+    false
+}
+
+fn run(program: &str, args: &[&str]) -> Result<String> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .with_context(|| format!("running {program} {args:?}"))?;
+    ensure!(
+        out.status.success(),
+        "{program} {args:?}: {}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A network namespace named after the test, deleted on drop (also on panic).
+struct TestNetns {
+    name: String,
+    ns: Arc<PodNetns>,
+}
+
+impl TestNetns {
+    fn new(name: &str) -> Result<TestNetns> {
+        // A leftover from an earlier crashed run would make `ip netns add` fail.
+        let _ = Command::new("ip").args(["netns", "del", name]).output();
+        run("ip", &["netns", "add", name])?;
+        let guard = TestNetns {
+            name: name.to_string(),
+            ns: Arc::new(PodNetns::open_path(&Path::new("/run/netns").join(name))?),
+        };
+        run("ip", &["-n", name, "link", "set", "lo", "up"])?;
+        Ok(guard)
+    }
+
+    /// A command run inside the netns (`ip netns exec` execs it: the child's pid is its own).
+    fn command(&self, program: &Path) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name]).arg(program);
+        c
+    }
+}
+
+impl Drop for TestNetns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+/// A directory removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(label: &str) -> Result<Scratch> {
+        let nanos = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let dir = std::env::temp_dir().join(format!("hf-{label}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        Ok(Scratch(dir))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn workspace_file(env: &str, rel: &str) -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os(env) {
+        return Some(PathBuf::from(p));
+    }
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel);
+    p.exists().then_some(p)
+}
+
+const ADMIN: &str = "127.0.0.1:15000";
+const OUTBOUND: &str = "127.0.0.1:15001";
+const BACKEND: &str = "127.0.0.1:8080";
+const APP_ID: &str = "a1a1";
+const PROXY_ID: &str = "b2b2";
+
+fn bootstrap(filter: Option<&Path>) -> String {
+    let wasm = filter.map(|p| {
+        format!(
+            r#"
+      - name: envoy.filters.network.wasm
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.wasm.v3.Wasm
+          config:
+            name: holdfast
+            root_id: holdfast
+            vm_config:
+              runtime: envoy.wasm.runtime.v8
+              code: {{ local: {{ filename: "{}" }} }}"#,
+            p.display()
+        )
+    });
+    let wasm = wasm.unwrap_or_default();
+    let listener = |name: &str, dir: &str, port: u16| {
+        format!(
+            r#"
+  - name: {name}
+    traffic_direction: {dir}
+    address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
+    filter_chains:
+    - filters:{wasm}
+      - name: envoy.filters.network.tcp_proxy
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy
+          stat_prefix: {name}
+          cluster: backend"#
+        )
+    };
+    format!(
+        r#"admin:
+  address: {{ socket_address: {{ address: 127.0.0.1, port_value: 15000 }} }}
+static_resources:
+  listeners:{}{}
+  clusters:
+  - name: backend
+    type: STATIC
+    connect_timeout: 1s
+    load_assignment:
+      cluster_name: backend
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: 8080 }} }} }}
+"#,
+        listener("inbound", "INBOUND", 15006),
+        listener("outbound", "OUTBOUND", 15001),
+    )
+}
+
+/// The fake pod's processes: the app's and Envoy's pids under their container ids.
+#[derive(Clone)]
+struct Procs(Vec<PodProcess>);
+
+impl PodProcessSource for Procs {
+    async fn processes(&self) -> Vec<PodProcess> {
+        self.0.clone()
+    }
+}
+
+fn pod_view(grace: Duration) -> PodView {
+    PodView {
+        key: key(),
+        overrides: PodOverrides::from_annotations([], &HoldSettings::default()),
+        containers: vec![
+            ContainerView {
+                name: "app".into(),
+                id: Some(APP_ID.into()),
+                is_proxy: false,
+                state: ContainerState::Running,
+            },
+            ContainerView {
+                name: "istio-proxy".into(),
+                id: Some(PROXY_ID.into()),
+                is_proxy: true,
+                state: ContainerState::Running,
+            },
+        ],
+        restart_policy: "Always".into(),
+        deletion: Some(Deletion {
+            timestamp: holdfast::agent::drain::plan::timestamp(SystemTime::now()),
+            grace,
+        }),
+    }
+}
+
+fn key() -> PodKey {
+    PodKey {
+        uid: "5d1c0e7a-0000-4000-8000-00000000d1a1".into(),
+        namespace: "test".into(),
+        name: "drain".into(),
+    }
+}
+
+/// A pod in a netns: Envoy (with the filter when built), a backend that echoes, and an app that
+/// holds one outbound connection through Envoy until it is killed.
+struct RealPod {
+    // Drop order: processes first, then the netns, then the scratch dir.
+    app: Option<Proc>,
+    envoy: Proc,
+    admin: AdminClient,
+    filter: bool,
+    netns: TestNetns,
+    _dir: Scratch,
+}
+
+impl RealPod {
+    async fn start(name: &str) -> Result<RealPod> {
+        let envoy_bin = workspace_file("HOLDFAST_ENVOY", "target/bin/envoy")
+            .context("no Envoy: run `just setup` or set HOLDFAST_ENVOY")?;
+        let filter = workspace_file("HOLDFAST_FILTER_WASM", "target/holdfast_filter.wasm");
+        let dir = Scratch::new(name)?;
+        let netns = TestNetns::new(name)?;
+
+        // Backend inside the netns: a listener made there, served from a plain thread.
+        let backend: TcpListener = netns
+            .ns
+            .run(|| TcpListener::bind(BACKEND))?
+            .context("binding the backend in the netns")?;
+        std::thread::spawn(move || {
+            for conn in backend.incoming() {
+                let Ok(mut conn) = conn else { break };
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n) = conn.read(&mut buf) {
+                        if n == 0 || conn.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+
+        let config = dir.0.join("envoy.yaml");
+        std::fs::write(&config, bootstrap(filter.as_deref()))?;
+        let log = std::fs::File::create(dir.0.join("envoy.log"))?;
+        let envoy = Proc::spawn(
+            netns
+                .command(&envoy_bin)
+                .arg("-c")
+                .arg(&config)
+                .args([
+                    "--use-dynamic-base-id",
+                    "--concurrency",
+                    "1",
+                    "--drain-time-s",
+                    "30",
+                    "--log-level",
+                    "warn",
+                ])
+                .stdout(Stdio::null())
+                .stderr(log),
+        )?;
+        let admin = AdminClient::in_netns(netns.ns.clone(), ADMIN.parse()?)
+            .with_timeouts(Duration::from_millis(500), Duration::from_secs(2));
+        let started = Instant::now();
+        loop {
+            if let Ok(ServerState::Live) = admin.ready().await {
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                let log = std::fs::read_to_string(dir.0.join("envoy.log")).unwrap_or_default();
+                bail!("Envoy not LIVE after 30 s; log:\n{log}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mut pod = RealPod {
+            app: None,
+            envoy,
+            admin,
+            filter: filter.is_some(),
+            netns,
+            _dir: dir,
+        };
+        pod.start_app().await?;
+        Ok(pod)
+    }
+
+    /// The app: bash opens a connection to Envoy's outbound listener, sends a byte, and execs
+    /// `sleep` with the connection still open (same pid: `ip netns exec` and bash both exec).
+    async fn start_app(&mut self) -> Result<()> {
+        let app = Proc::spawn(self.netns.command(Path::new("bash")).args([
+            "-c",
+            &format!(
+                "exec 3<>/dev/tcp/{}/{}; printf x >&3; exec sleep 60",
+                "127.0.0.1", 15001
+            ),
+        ]))?;
+        self.app = Some(app);
+        if self.filter {
+            let started = Instant::now();
+            while self.outbound_active().await != Some(1) {
+                ensure!(
+                    started.elapsed() < Duration::from_secs(5),
+                    "the app's outbound connection never showed in the filter's counts"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        } else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(())
+    }
+
+    async fn outbound_active(&self) -> Option<u64> {
+        self.admin
+            .stats(Some("^wasmcustom\\.holdfast\\."))
+            .await
+            .ok()?
+            .get("wasmcustom.holdfast.outbound.cx_active")
+    }
+
+    fn procs(&self) -> Procs {
+        let mut v = vec![PodProcess {
+            pid: self.envoy.pid(),
+            container_id: Some(PROXY_ID.into()),
+        }];
+        if let Some(app) = &self.app {
+            v.push(PodProcess {
+                pid: app.pid(),
+                container_id: Some(APP_ID.into()),
+            });
+        }
+        Procs(v)
+    }
+
+    /// A fresh connection through Envoy's outbound listener, echoed by the backend.
+    fn outbound_round_trip(&self) -> Result<()> {
+        let mut s: TcpStream = self
+            .netns
+            .ns
+            .connect_tcp(OUTBOUND.parse()?, Duration::from_secs(1))?;
+        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        s.write_all(b"ping")?;
+        let mut buf = [0u8; 4];
+        s.read_exact(&mut buf)?;
+        ensure!(&buf == b"ping", "echo returned {buf:?}");
+        Ok(())
+    }
+
+    /// Waits for Envoy to exit; returns when it was seen exited and its status.
+    async fn envoy_exit(&mut self, limit: Duration) -> Result<(Instant, std::process::ExitStatus)> {
+        let until = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.envoy.0.try_wait()? {
+                return Ok((Instant::now(), status));
+            }
+            ensure!(
+                Instant::now() < until,
+                "Envoy still running after {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
+/// One full drain: deletion, checks during the drain, app killed, Envoy's exit timed.
+/// Returns (app kill → Envoy exit, the report).
+async fn one_drain(name: &str, check_during: bool) -> Result<(Duration, drain::DrainReport)> {
+    let mut pod = RealPod::start(name).await?;
+    let settings = DrainSettings::default();
+    let (_tx, rx) = watch::channel(Some(pod_view(Duration::from_secs(30))));
+    let key = key();
+    let procs = pod.procs();
+    let admin = pod.admin.clone();
+    let stop = CancellationToken::new();
+    let drain_task = {
+        let settings = settings.clone();
+        tokio::spawn(async move {
+            drain::drain(DrainCtx {
+                key: &key,
+                admin: &admin,
+                processes: procs,
+                view: rx,
+                stop,
+                settings: &settings,
+            })
+            .await
+        })
+    };
+
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    ensure!(
+        !drain_task.is_finished(),
+        "the drain ended while the app ran"
+    );
+    if check_during {
+        // Health check failed at once; outbound still works for the app's last calls.
+        let state = pod.admin.ready().await?;
+        ensure!(
+            state == ServerState::Draining,
+            "/ready says {state:?} during the drain"
+        );
+        pod.outbound_round_trip()
+            .context("outbound during the drain")?;
+        println!("during the drain: /ready {state:?}, outbound works");
+    }
+
+    let killed = Instant::now();
+    drop(pod.app.take()); // SIGKILL the app (its connection closes with it)
+    let (exited, status) = pod.envoy_exit(Duration::from_secs(5)).await?;
+    let report = tokio::time::timeout(Duration::from_secs(5), drain_task).await??;
+    ensure!(status.success(), "Envoy exited with {status}");
+    Ok((exited.duration_since(killed), report))
+}
+
+#[tokio::test]
+async fn drain_against_real_envoy() -> Result<()> {
+    if !privileged("drain_against_real_envoy") {
+        return Ok(());
+    }
+    let (lag, report) = one_drain("hf-drain", true).await?;
+    println!(
+        "app exit → Envoy exit: {lag:?}; report: {}",
+        serde_json::to_string(&report)?
+    );
+    ensure!(
+        report.outcome == DrainOutcome::AppDone,
+        "outcome {:?}: {:?}",
+        report.outcome,
+        report.errors
+    );
+    ensure!(report.inbound_drained && report.health_failed, "{report:?}");
+    let filter = workspace_file("HOLDFAST_FILTER_WASM", "target/holdfast_filter.wasm").is_some();
+    ensure!(
+        report.filter_present == Some(filter),
+        "filter_present {:?}, filter configured {filter}",
+        report.filter_present
+    );
+    if filter {
+        ensure!(
+            matches!(
+                report.quit_reason,
+                Some(QuitReason::Idle(IdleReason::NoOutboundConnections))
+            ),
+            "quit reason {:?}",
+            report.quit_reason
+        );
+    } else {
+        ensure!(report.quit_reason == Some(QuitReason::NoFilter));
+    }
+    ensure!(report.proxy_exit_seen_at.is_some());
+    ensure!(report.error_count == 0, "errors: {:?}", report.errors);
+    // The goal is ≤ 50 ms at p99 (see drain_lag_figures); one run on a busy 2-core test machine
+    // gets a looser bound so the test fails on real regressions (a fixed sleep, a missed exit),
+    // not on scheduling noise.
+    ensure!(
+        lag < Duration::from_millis(250),
+        "app exit → Envoy exit took {lag:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn proxy_gone_early_against_real_envoy() -> Result<()> {
+    if !privileged("proxy_gone_early_against_real_envoy") {
+        return Ok(());
+    }
+    let mut pod = RealPod::start("hf-drain-early").await?;
+    let settings = DrainSettings::default();
+    let (_tx, rx) = watch::channel(Some(pod_view(Duration::from_secs(30))));
+    let key = key();
+    let procs = pod.procs();
+    let admin = pod.admin.clone();
+    let drain_task = tokio::spawn(async move {
+        drain::drain(DrainCtx {
+            key: &key,
+            admin: &admin,
+            processes: procs,
+            view: rx,
+            stop: CancellationToken::new(),
+            settings: &settings,
+        })
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // pilot-agent's terminationDrainDuration ran out: it SIGKILLs Envoy while the app runs.
+    let killed = Instant::now();
+    pod.envoy.0.kill()?;
+    let report = tokio::time::timeout(Duration::from_secs(5), drain_task).await??;
+    println!(
+        "Envoy killed → drain noticed: {:?}; advice: {:?}",
+        killed.elapsed(),
+        report.advice
+    );
+    ensure!(
+        report.outcome == DrainOutcome::ProxyGoneEarly,
+        "outcome {:?}",
+        report.outcome
+    );
+    ensure!(report
+        .advice
+        .as_deref()
+        .is_some_and(|a| a.contains("terminationDrainDuration")));
+    ensure!(report.app_processes_left == 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn job_completes_against_real_envoy() -> Result<()> {
+    if !privileged("job_completes_against_real_envoy") {
+        return Ok(());
+    }
+    let mut pod = RealPod::start("hf-drain-job").await?;
+    let settings = DrainSettings::default();
+    let mut view = pod_view(Duration::from_secs(30));
+    view.deletion = None;
+    view.restart_policy = "Never".into();
+    let (_tx, rx) = watch::channel(Some(view));
+    let key = key();
+    let procs = pod.procs();
+    let admin = pod.admin.clone();
+    let job_task = tokio::spawn(async move {
+        drain::finish_job(DrainCtx {
+            key: &key,
+            admin: &admin,
+            processes: procs,
+            view: rx,
+            stop: CancellationToken::new(),
+            settings: &settings,
+        })
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    ensure!(
+        !job_task.is_finished(),
+        "the job watch ended while the app ran"
+    );
+    ensure!(
+        pod.admin.ready().await? == ServerState::Live,
+        "the proxy must stay untouched while the job runs"
+    );
+    let killed = Instant::now();
+    drop(pod.app.take());
+    let (exited, status) = pod.envoy_exit(Duration::from_secs(5)).await?;
+    let report = tokio::time::timeout(Duration::from_secs(5), job_task).await??;
+    let lag = exited.duration_since(killed);
+    println!(
+        "job: app exit → Envoy exit {lag:?}; report: {}",
+        serde_json::to_string(&report)?
+    );
+    ensure!(status.success(), "Envoy exited with {status}");
+    ensure!(report.outcome == drain::JobOutcome::Completed, "{report:?}");
+    ensure!(
+        report.finished_by == Some(drain::FinishedBy::Procfs),
+        "{report:?}"
+    );
+    // Target: the pod completes within 1 s of the app's exit; the proxy's part is this lag.
+    ensure!(
+        lag < Duration::from_millis(250),
+        "app exit → Envoy exit took {lag:?}"
+    );
+    Ok(())
+}
+
+/// p50/p99 of app exit → Envoy exit over 20 drains. Run with
+/// `cargo test -p holdfast --test drain_parts drain_lag_figures -- --ignored --nocapture`.
+#[tokio::test]
+#[ignore = "figures for the report: 20 Envoy starts, about a minute"]
+async fn drain_lag_figures() -> Result<()> {
+    if !privileged("drain_lag_figures") {
+        return Ok(());
+    }
+    let mut lags = Vec::new();
+    let mut quit = Vec::new();
+    for _ in 0..20 {
+        let (lag, report) = one_drain("hf-drain-fig", false).await?;
+        ensure!(report.outcome == DrainOutcome::AppDone, "{report:?}");
+        lags.push(lag);
+        quit.extend(report.app_gone_to_quit);
+    }
+    lags.sort();
+    quit.sort();
+    println!(
+        "app exit → Envoy exit over {} drains: p50 {:?}, p99 {:?}, max {:?}; app exit → quit sent: p50 {:?}, p99 {:?}",
+        lags.len(),
+        percentile(&lags, 50.0),
+        percentile(&lags, 99.0),
+        lags[lags.len() - 1],
+        percentile(&quit, 50.0),
+        percentile(&quit, 99.0)
+    );
+    ensure!(
+        percentile(&lags, 99.0) <= Duration::from_millis(50),
+        "p99 over the 50 ms goal"
+    );
+    Ok(())
+}
