@@ -27,15 +27,17 @@ test: setup filter
     cargo test -p holdfast-filter
     cargo test --workspace --exclude holdfast-filter
 
-# Benchmarks against side-by-side baselines; figures go to docs/benchmarks.md.
-bench: setup filter
-    cargo run --release -p holdfast-tests --bin holdfast-bench -- {{ bench_args }}
+# Benchmarks against side-by-side baselines (`just bench filter`, `just bench hold`; none = all).
+# Figures go to docs/benchmarks.md.
+bench *sections: setup filter
+    cargo build -p holdfast-filter --example noop_filter --target wasm32-wasip1 --profile wasm-release
+    cargo build --release -p holdfast -p holdfast-tests --bins
+    target/release/holdfast-bench {{ sections }}
 
-bench_args := ""
-
-# Show the failures holdfast fixes on a simulated node of 3 pods.
+# The three sidecar failures on a simulated node of 3 pods, without and with holdfast (root).
 demo: setup filter
-    cargo run --release -p holdfast-tests --bin holdfast-demo
+    cargo build --release -p holdfast -p holdfast-tests --bins
+    target/release/holdfast-demo
 
 # Before every push: formatting, lints as errors, every test.
 presubmit: filter

@@ -1,5 +1,8 @@
 //! Simulated node for holdfast's end-to-end tests, benchmarks and demo.
 
+pub mod agent;
+pub mod bench;
+pub mod bench_opts;
 pub mod echo;
 pub mod envoy;
 pub mod sim;

@@ -3,6 +3,8 @@
 //! ```text
 //! holdfast-bench            # every known section
 //! holdfast-bench filter     # Envoy with vs without the holdfast filter
+//! holdfast-bench hold       # startup: holdfast vs serial start vs DROP rule vs nothing
+//! holdfast-bench drain      # shutdown: holdfast vs fixed drain vs EXIT_ON_ZERO_ACTIVE_CONNECTIONS
 //! ```
 //! Figures and the exact commands live in docs/benchmarks.md. Benchmarks are not timed tests:
 //! they print what they measure and never fail on a figure.
@@ -39,6 +41,10 @@ use holdfast_tests::envoy::{
 enum Section {
     /// Envoy with vs without the holdfast filter: connections/s, keep-alive requests/s, latency.
     Filter,
+    /// Startup on the simulated node: holdfast vs serial start vs DROP rule vs nothing (root).
+    Hold,
+    /// Shutdown on the simulated node: holdfast vs fixed drain vs exit-on-zero (root).
+    Drain,
 }
 
 #[derive(Debug, Parser)]
@@ -69,6 +75,35 @@ struct Args {
     /// Do not pin Envoy and the load generator to separate CPUs.
     #[arg(long)]
     no_pin: bool,
+    /// hold/drain: repetitions per variant.
+    #[arg(long, default_value_t = 10)]
+    runs: u32,
+    /// hold: how late Envoy is, in ms.
+    #[arg(long, default_value_t = 2000)]
+    proxy_delay_ms: u64,
+    /// hold: how long the app initialises before its first call, in ms.
+    #[arg(long, default_value_t = 1000)]
+    app_init_ms: u64,
+}
+
+/// Options for the simulated-node sections: binaries next to this one.
+fn sim_opts(args: &Args) -> Result<holdfast_tests::bench_opts::SimBenchOpts> {
+    let exe = std::env::current_exe().context("locating holdfast-bench")?;
+    let dir = exe.parent().context("holdfast-bench has no directory")?;
+    let holdfast = dir.join("holdfast");
+    let sim_app = dir.join("sim-app");
+    ensure!(
+        holdfast.is_file() && sim_app.is_file(),
+        "holdfast and sim-app must be built next to {} (`cargo build --release -p holdfast -p holdfast-tests --bins`, as `just bench` does)",
+        exe.display()
+    );
+    Ok(holdfast_tests::bench_opts::SimBenchOpts {
+        holdfast,
+        sim_app,
+        runs: args.runs,
+        proxy_delay: Duration::from_millis(args.proxy_delay_ms),
+        app_init: Duration::from_millis(args.app_init_ms),
+    })
 }
 
 fn main() -> ExitCode {
@@ -81,6 +116,8 @@ fn main() -> ExitCode {
     for s in sections {
         let r = match s {
             Section::Filter => filter_section(&args),
+            Section::Hold => sim_opts(&args).and_then(|o| holdfast_tests::bench::hold::run(&o)),
+            Section::Drain => sim_opts(&args).and_then(|o| holdfast_tests::bench::drain::run(&o)),
         };
         if let Err(e) = r {
             eprintln!("holdfast-bench {s:?}: {e:#}");

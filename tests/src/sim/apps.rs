@@ -99,6 +99,9 @@ pub struct AppArgs {
     /// Serve inbound `ping` requests on this port (all addresses).
     #[arg(long)]
     pub serve: Option<u16>,
+    /// Make the startup calls concurrently, each on its own connection.
+    #[arg(long)]
+    pub startup_parallel: bool,
     /// Per-call timeout in ms.
     #[arg(long, default_value_t = 2000)]
     pub call_timeout_ms: u64,
@@ -200,11 +203,35 @@ pub fn run_app(args: &AppArgs, term: &TermSignal) -> io::Result<i32> {
     let timeout = Duration::from_millis(args.call_timeout_ms);
 
     let mut startup_failed = false;
-    for _ in 0..args.startup_calls {
-        let t = Instant::now();
-        let r = call_once(args.remote, timeout);
-        startup_failed |= r.is_err();
-        record_call(&report, Phase::Startup, t, r);
+    if args.startup_parallel {
+        let results: Vec<(Instant, Result<(), CallError>)> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..args.startup_calls)
+                .map(|_| {
+                    s.spawn(|| {
+                        let t = Instant::now();
+                        (t, call_once(args.remote, timeout))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| (Instant::now(), Err(CallError::Other)))
+                })
+                .collect()
+        });
+        for (t, r) in results {
+            startup_failed |= r.is_err();
+            record_call(&report, Phase::Startup, t, r);
+        }
+    } else {
+        for _ in 0..args.startup_calls {
+            let t = Instant::now();
+            let r = call_once(args.remote, timeout);
+            startup_failed |= r.is_err();
+            record_call(&report, Phase::Startup, t, r);
+        }
     }
     if startup_failed {
         // Like an app that cannot fetch its config: crash, and let kubelet restart it.

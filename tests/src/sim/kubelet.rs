@@ -274,9 +274,17 @@ impl PodWorker {
             let spec = &v.spec;
             let remote = std::net::SocketAddr::from((REMOTE_IP, self.env.remote_port));
             if i == 0 {
-                return spec
-                    .app
-                    .args(&self.pod_dir.join("app-report.jsonl"), remote, spec.serve);
+                let mut a =
+                    spec.app
+                        .args(&self.pod_dir.join("app-report.jsonl"), remote, spec.serve);
+                a.extend([
+                    "--call-timeout-ms".into(),
+                    spec.call_timeout.as_millis().to_string(),
+                ]);
+                if spec.startup_parallel {
+                    a.push("--startup-parallel".into());
+                }
+                return a;
             }
             let mut a = vec![
                 "pilot-agent".to_string(),

@@ -128,6 +128,10 @@ pub struct PodSpec {
     pub with_filter: bool,
     /// How long the istio-init step takes at least. Default 150 ms.
     pub init_duration: Duration,
+    /// The app's per-call timeout (connect + response). Default 2 s.
+    pub call_timeout: Duration,
+    /// Make the startup calls all at once, each on its own connection. Default off (in turn).
+    pub startup_parallel: bool,
 }
 
 impl PodSpec {
@@ -147,6 +151,8 @@ impl PodSpec {
             job: false,
             with_filter: true,
             init_duration: Duration::from_millis(150),
+            call_timeout: Duration::from_secs(2),
+            startup_parallel: false,
         }
     }
 
@@ -198,6 +204,15 @@ impl PodSpec {
     }
     pub fn init_duration(mut self, d: Duration) -> Self {
         self.init_duration = d;
+        self
+    }
+    pub fn call_timeout(mut self, d: Duration) -> Self {
+        self.call_timeout = d;
+        self
+    }
+    /// Make the startup calls all at once (an app that opens many connections at boot).
+    pub fn parallel_startup_calls(mut self) -> Self {
+        self.startup_parallel = true;
         self
     }
 }

@@ -1,0 +1,227 @@
+//! The holdfast node agent as the tests run it: the real `holdfast` binary, started as a process
+//! on the simulated node, read through its status API the way an operator would.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use holdfast::status::{NodeStatus, PodStatus};
+
+/// The `holdfast` binary cargo built next to this test executable (`target/<profile>/holdfast`),
+/// or `$HOLDFAST_BIN`.
+pub fn holdfast_binary() -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("HOLDFAST_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().context("locating the test executable")?;
+    // target/<profile>/deps/<test> or target/<profile>/<bin>
+    for dir in exe.ancestors().skip(1).take(3) {
+        let candidate = dir.join("holdfast");
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    bail!(
+        "no holdfast binary near {}: build it with `cargo build -p holdfast` (cargo test --workspace does) or set HOLDFAST_BIN",
+        exe.display()
+    )
+}
+
+/// A running agent. Killed (SIGKILL) on drop.
+pub struct AgentProcess {
+    child: Option<Child>,
+    status_addr: SocketAddr,
+    log: PathBuf,
+    args: Vec<String>,
+}
+
+impl AgentProcess {
+    /// Starts `holdfast agent --node-name NODE --pods-dir DIR` with a free status port, logging
+    /// to `log`, and waits until its status API answers.
+    pub fn start(
+        node_name: &str,
+        pods_dir: &Path,
+        log: &Path,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
+        let port = free_port()?;
+        let mut args = vec![
+            "agent".to_string(),
+            "--node-name".into(),
+            node_name.into(),
+            "--pods-dir".into(),
+            pods_dir.display().to_string(),
+            "--status-listen".into(),
+            format!("127.0.0.1:{port}"),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut agent = Self {
+            child: None,
+            status_addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            log: log.to_path_buf(),
+            args,
+        };
+        agent.spawn()?;
+        Ok(agent)
+    }
+
+    fn spawn(&mut self) -> anyhow::Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .with_context(|| format!("opening agent log {}", self.log.display()))?;
+        let child = Command::new(holdfast_binary()?)
+            .args(&self.args)
+            .env("HOLDFAST_LOG", "holdfast=debug,info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting holdfast agent")?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.get("/healthz").is_ok() {
+                return Ok(());
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                bail!(
+                    "holdfast agent exited with {status}; log:\n{}",
+                    self.log_tail()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        bail!(
+            "holdfast agent status API did not answer in 10 s; log:\n{}",
+            self.log_tail()
+        )
+    }
+
+    /// The agent's pid.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// SIGKILL, as when the node OOM-kills the agent. The agent cannot clean up.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait, as on a rolling update.
+    pub fn terminate(&mut self) -> anyhow::Result<()> {
+        if let Some(mut c) = self.child.take() {
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(c.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            )?;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if c.try_wait()?.is_some() {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    bail!("agent did not stop within 10 s of SIGTERM");
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts the agent again with the same arguments (after `kill` or `terminate`).
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.kill();
+        self.spawn()
+    }
+
+    /// The node status from `/status`.
+    pub fn status(&self) -> anyhow::Result<NodeStatus> {
+        let body = self.get("/status")?;
+        serde_json::from_str(&body).context("parsing /status")
+    }
+
+    /// One pod's row, if tracked.
+    pub fn pod(&self, namespace: &str, name: &str) -> anyhow::Result<Option<PodStatus>> {
+        Ok(self
+            .status()?
+            .pods
+            .into_iter()
+            .find(|p| p.namespace == namespace && p.name == name))
+    }
+
+    /// Polls `/status` until `pred` holds for the pod's row, or fails after `timeout` with the
+    /// last row and the agent's log.
+    pub fn wait_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        timeout: Duration,
+        what: &str,
+        pred: impl Fn(&PodStatus) -> bool,
+    ) -> anyhow::Result<PodStatus> {
+        let deadline = Instant::now() + timeout;
+        let mut last = None;
+        while Instant::now() < deadline {
+            if let Ok(Some(row)) = self.pod(namespace, name) {
+                if pred(&row) {
+                    return Ok(row);
+                }
+                last = Some(row);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        bail!(
+            "pod {namespace}/{name}: {what} not seen within {timeout:?}; last status: {last:?}\nagent log:\n{}",
+            self.log_tail()
+        )
+    }
+
+    /// GET a path of the status API (HTTP/1.1, connection close).
+    pub fn get(&self, path: &str) -> anyhow::Result<String> {
+        let mut s = TcpStream::connect_timeout(&self.status_addr, Duration::from_secs(1))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: holdfast\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut raw = String::new();
+        s.read_to_string(&mut raw)?;
+        let (head, body) = raw.split_once("\r\n\r\n").context("no HTTP header end")?;
+        if !head.starts_with("HTTP/1.1 200") {
+            bail!("GET {path}: {}", head.lines().next().unwrap_or(""));
+        }
+        Ok(body.to_string())
+    }
+
+    /// The last lines of the agent's log (for failure messages).
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}

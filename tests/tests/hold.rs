@@ -1,0 +1,448 @@
+//! The startup hold, end to end: the real `holdfast` agent on the simulated node (netns pods,
+//! Istio's rules, real Envoy with the filter, real apps). The startup failure of
+//! `failures.rs` — an app whose first call goes out before its Envoy is ready — now passes with
+//! zero refused connections; the agent's own failure modes are never worse than no agent.
+//!
+//! Every test reads what the app saw (its report), what the agent says (`/status`), and what is
+//! left in the pod's network namespace (`iptables -S`), and ends by checking nothing is left.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use holdfast::status::{HoldOutcome, Phase as AgentPhase, PodStatus};
+use holdfast_tests::agent::AgentProcess;
+use holdfast_tests::sim::{privileged, AppScript, CallError, NodeOptions, Phase, PodSpec, SimNode};
+
+fn node(test: &str) -> SimNode {
+    let opts = NodeOptions {
+        sim_app: Some(env!("CARGO_BIN_EXE_sim-app").into()),
+        ..NodeOptions::default()
+    };
+    SimNode::with_options(test, opts)
+        .unwrap_or_else(|e| panic!("{test}: cannot build the simulated node: {e}"))
+}
+
+fn agent(node: &SimNode, extra: &[&str]) -> AgentProcess {
+    AgentProcess::start(
+        node.node_name(),
+        node.pods_dir(),
+        &node.work_dir().join("agent.log"),
+        extra,
+    )
+    .expect("start the holdfast agent")
+}
+
+/// The holdfast rules in a pod's netns (`iptables -S` lines mentioning holdfast).
+fn hold_rules(node: &SimNode, pod: &str) -> Vec<String> {
+    let out = node
+        .in_pod_netns(pod, || Command::new("iptables").args(["-w", "-S"]).output())
+        .expect("enter pod netns")
+        .expect("run iptables -S");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.to_ascii_lowercase().contains("holdfast"))
+        .map(str::to_string)
+        .collect()
+}
+
+fn finished_hold(row: &PodStatus) -> bool {
+    row.hold.as_ref().is_some_and(|h| h.outcome.is_some())
+}
+
+fn assert_clean(node: SimNode, agent: AgentProcess) {
+    drop(agent);
+    let left = node.finish();
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+/// An app that makes `calls` calls at boot (and crashes if one fails), with Envoy `late`.
+fn boot_caller(name: &str, late: Duration, calls: u32) -> PodSpec {
+    PodSpec::new(name)
+        .app(AppScript::CallAtStart { calls })
+        .proxy_delay(late)
+        // Longer than the proxy is late: a held connect() must not time out in the app.
+        .call_timeout(late + Duration::from_secs(20))
+}
+
+/// Runs one pod whose Envoy is `late` and asserts the app's boot calls all succeed, held by the
+/// agent until Envoy is ready.
+fn startup_passes_with_late_proxy(test: &str, late: Duration) {
+    let mut node = node(test);
+    let agent = agent(&node, &[]);
+    node.add_pod(boot_caller("boot", late, 3)).expect("add pod");
+    node.start_pods().expect("start");
+
+    let report = node
+        .wait_report(
+            "boot",
+            late + Duration::from_secs(30),
+            "3 boot calls",
+            |r| r.calls(Phase::Startup).ok + r.calls(Phase::Startup).failed >= 3,
+        )
+        .expect("the app makes its boot calls");
+    let startup = report.calls(Phase::Startup);
+    assert_eq!(startup.failed, 0, "boot calls failed: {startup:?}");
+    assert_eq!(startup.ok, 3);
+    assert!(report.exit_codes().is_empty(), "the app did not crash");
+    assert_eq!(report.starts(), 1, "no restart needed");
+
+    let row = agent
+        .wait_pod(
+            "default",
+            "boot",
+            Duration::from_secs(10),
+            "hold released",
+            finished_hold,
+        )
+        .expect("agent status");
+    let hold = row.hold.expect("a hold");
+    assert_eq!(hold.outcome, Some(HoldOutcome::Ready), "{hold:?}");
+    assert!(
+        hold.connections_held >= 1,
+        "the first call was held: {hold:?}"
+    );
+    let release_ms = hold.ready_to_release_ms.expect("release latency");
+    eprintln!(
+        "{test}: held {} connection(s), released {release_ms:.2} ms after the proxy was seen ready",
+        hold.connections_held
+    );
+    assert_eq!(row.phase, AgentPhase::Ready);
+    assert!(
+        hold_rules(&node, "boot").is_empty(),
+        "rule left after release"
+    );
+    assert_clean(node, agent);
+}
+
+#[test]
+fn startup_hold_proxy_half_a_second_late() {
+    if privileged("startup_hold_proxy_half_a_second_late") {
+        startup_passes_with_late_proxy("hold05", Duration::from_millis(500));
+    }
+}
+
+#[test]
+fn startup_hold_proxy_two_seconds_late() {
+    if privileged("startup_hold_proxy_two_seconds_late") {
+        startup_passes_with_late_proxy("hold2", Duration::from_secs(2));
+    }
+}
+
+#[test]
+fn startup_hold_proxy_ten_seconds_late() {
+    if privileged("startup_hold_proxy_ten_seconds_late") {
+        startup_passes_with_late_proxy("hold10", Duration::from_secs(10));
+    }
+}
+
+/// Twenty pods start at once, each with a late Envoy: none refuses a connection.
+#[test]
+fn startup_hold_twenty_pods_at_once() {
+    if !privileged("startup_hold_twenty_pods_at_once") {
+        return;
+    }
+    let mut node = node("hold20");
+    let agent = agent(&node, &[]);
+    let names: Vec<String> = (0..20).map(|i| format!("p{i:02}")).collect();
+    for name in &names {
+        node.add_pod(boot_caller(name, Duration::from_secs(2), 1))
+            .expect("add pod");
+    }
+    node.start_pods().expect("start");
+    for name in &names {
+        let report = node
+            .wait_report(name, Duration::from_secs(90), "a boot call", |r| {
+                r.calls(Phase::Startup).ok + r.calls(Phase::Startup).failed >= 1
+            })
+            .expect("boot call");
+        let startup = report.calls(Phase::Startup);
+        assert_eq!(startup.failed, 0, "{name}: {startup:?}");
+        let row = agent
+            .wait_pod(
+                "default",
+                name,
+                Duration::from_secs(30),
+                "hold released",
+                finished_hold,
+            )
+            .expect("status");
+        assert_eq!(
+            row.hold.as_ref().and_then(|h| h.outcome),
+            Some(HoldOutcome::Ready),
+            "{name}: {row:?}"
+        );
+    }
+    for name in &names {
+        assert!(hold_rules(&node, name).is_empty(), "{name}: rule left");
+    }
+    assert_clean(node, agent);
+}
+
+/// An app that opens 100 connections at once at boot, all held, all completed after release.
+#[test]
+fn startup_hold_many_connections_at_once() {
+    if !privileged("startup_hold_many_connections_at_once") {
+        return;
+    }
+    let mut node = node("holdmany");
+    let agent = agent(&node, &[]);
+    node.add_pod(boot_caller("burst", Duration::from_secs(2), 100).parallel_startup_calls())
+        .expect("add pod");
+    node.start_pods().expect("start");
+    let report = node
+        .wait_report("burst", Duration::from_secs(40), "100 boot calls", |r| {
+            r.calls(Phase::Startup).ok + r.calls(Phase::Startup).failed >= 100
+        })
+        .expect("boot calls");
+    let startup = report.calls(Phase::Startup);
+    assert_eq!((startup.ok, startup.failed), (100, 0), "{startup:?}");
+    let row = agent
+        .wait_pod(
+            "default",
+            "burst",
+            Duration::from_secs(10),
+            "hold released",
+            finished_hold,
+        )
+        .expect("status");
+    let hold = row.hold.expect("hold");
+    assert!(
+        hold.connections_held >= 90,
+        "most of the burst was held (some may start after release): {hold:?}"
+    );
+    assert_clean(node, agent);
+}
+
+/// The deadline releases the hold (fail open) and says so: the app then sees what it would have
+/// seen without the agent.
+#[test]
+fn startup_hold_deadline_fails_open() {
+    if !privileged("startup_hold_deadline_fails_open") {
+        return;
+    }
+    let mut node = node("holddl");
+    let agent = agent(&node, &["--hold-timeout", "1s"]);
+    node.add_pod(boot_caller("slow", Duration::from_secs(6), 1))
+        .expect("add pod");
+    node.start_pods().expect("start");
+    let row = agent
+        .wait_pod(
+            "default",
+            "slow",
+            Duration::from_secs(20),
+            "hold released",
+            finished_hold,
+        )
+        .expect("status");
+    let hold = row.hold.clone().expect("hold");
+    assert_eq!(hold.outcome, Some(HoldOutcome::Deadline), "{hold:?}");
+    assert!(
+        row.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("deadline")),
+        "the status says why: {row:?}"
+    );
+    let report = node
+        .wait_report("slow", Duration::from_secs(20), "a boot call", |r| {
+            r.calls(Phase::Startup).failed >= 1
+        })
+        .expect("boot call");
+    assert!(
+        report
+            .calls(Phase::Startup)
+            .errors(CallError::ConnectionRefused)
+            >= 1,
+        "released to a proxy not listening yet: refused, as without the agent"
+    );
+    assert!(
+        hold_rules(&node, "slow").is_empty(),
+        "rule left after the deadline"
+    );
+    assert_clean(node, agent);
+}
+
+/// A pod deleted while held: the hold is released and the pod forgotten.
+#[test]
+fn startup_hold_pod_deleted_while_held() {
+    if !privileged("startup_hold_pod_deleted_while_held") {
+        return;
+    }
+    let mut node = node("holddel");
+    let agent = agent(&node, &[]);
+    node.add_pod(boot_caller("gone", Duration::from_secs(30), 1).grace(Duration::from_secs(2)))
+        .expect("add pod");
+    node.start_pods().expect("start");
+    agent
+        .wait_pod(
+            "default",
+            "gone",
+            Duration::from_secs(20),
+            "holding a connection",
+            |r| {
+                r.phase == AgentPhase::Holding
+                    && r.hold.as_ref().is_some_and(|h| h.connections_held >= 1)
+            },
+        )
+        .expect("holding");
+    node.delete_pod("gone").expect("delete");
+    node.wait_gone("gone", Duration::from_secs(20))
+        .expect("pod gone");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while agent.pod("default", "gone").expect("status").is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "agent still tracks a deleted pod"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = std::fs::read_to_string(node.work_dir().join("agent.log")).unwrap_or_default();
+    assert!(
+        log.contains("hold released") && log.contains("pod-deleted"),
+        "agent log records the release:\n{}",
+        agent.log_tail()
+    );
+    assert_clean(node, agent);
+}
+
+/// Agent restart (SIGTERM, as in a rolling update) while a pod is held: the rule stays, the new
+/// agent adopts it, and the app's connection — dropped with the old queue and retransmitted by
+/// TCP — is held again and completes. Nothing is refused.
+#[test]
+fn startup_hold_survives_agent_restart() {
+    if !privileged("startup_hold_survives_agent_restart") {
+        return;
+    }
+    let mut node = node("holdrst");
+    let mut agent = agent(&node, &[]);
+    node.add_pod(boot_caller("keep", Duration::from_secs(5), 1))
+        .expect("add pod");
+    node.start_pods().expect("start");
+    agent
+        .wait_pod(
+            "default",
+            "keep",
+            Duration::from_secs(20),
+            "holding a connection",
+            |r| r.hold.as_ref().is_some_and(|h| h.connections_held >= 1),
+        )
+        .expect("holding");
+    agent.terminate().expect("agent stops on SIGTERM");
+    assert!(
+        !hold_rules(&node, "keep").is_empty(),
+        "the rule stays for the next agent"
+    );
+    agent.restart().expect("agent restarts");
+    let row = agent
+        .wait_pod(
+            "default",
+            "keep",
+            Duration::from_secs(20),
+            "hold released",
+            finished_hold,
+        )
+        .expect("status");
+    let hold = row.hold.expect("hold");
+    assert!(hold.adopted, "the new agent adopted the hold: {hold:?}");
+    assert_eq!(hold.outcome, Some(HoldOutcome::Ready));
+    let report = node
+        .wait_report("keep", Duration::from_secs(20), "a boot call", |r| {
+            r.calls(Phase::Startup).ok + r.calls(Phase::Startup).failed >= 1
+        })
+        .expect("boot call");
+    assert_eq!(
+        report.calls(Phase::Startup).failed,
+        0,
+        "{:?}",
+        report.all_calls()
+    );
+    assert!(
+        hold_rules(&node, "keep").is_empty(),
+        "rule left after release"
+    );
+    assert_clean(node, agent);
+}
+
+/// Agent SIGKILLed while holding and not restarted: the held SYN is dropped with the queue and
+/// its retransmission passes (`--queue-bypass`), so the app sees exactly what it would see with
+/// no agent. A later agent removes the rule it finds once the proxy is ready.
+#[test]
+fn startup_hold_agent_killed_is_never_worse() {
+    if !privileged("startup_hold_agent_killed_is_never_worse") {
+        return;
+    }
+    let mut node = node("holdkill");
+    let mut agent = agent(&node, &[]);
+    node.add_pod(boot_caller("orphan", Duration::from_secs(6), 1))
+        .expect("add pod");
+    node.start_pods().expect("start");
+    agent
+        .wait_pod(
+            "default",
+            "orphan",
+            Duration::from_secs(20),
+            "holding a connection",
+            |r| r.hold.as_ref().is_some_and(|h| h.connections_held >= 1),
+        )
+        .expect("holding");
+    agent.kill();
+    let report = node
+        .wait_report(
+            "orphan",
+            Duration::from_secs(10),
+            "the boot call ends",
+            |r| r.calls(Phase::Startup).ok + r.calls(Phase::Startup).failed >= 1,
+        )
+        .expect("the app is not stuck");
+    // The retransmitted SYN meets the redirect with nothing listening: refused, as without
+    // holdfast (Envoy is still seconds away).
+    assert_eq!(
+        report
+            .calls(Phase::Startup)
+            .errors(CallError::ConnectionRefused),
+        1,
+        "{:?}",
+        report.all_calls()
+    );
+    node.wait_proxy_live("orphan", Duration::from_secs(20))
+        .expect("Envoy comes up");
+    assert!(
+        !hold_rules(&node, "orphan").is_empty(),
+        "the dead agent's rule is still there"
+    );
+    agent.restart().expect("agent restarts");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !hold_rules(&node, "orphan").is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the new agent did not remove the leftover rule:\n{}",
+            agent.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_clean(node, agent);
+}
+
+/// A pod without the proxy container is not tracked and gets no rule.
+#[test]
+fn pod_without_proxy_is_ignored() {
+    if !privileged("pod_without_proxy_is_ignored") {
+        return;
+    }
+    let node = node("noproxy");
+    let agent = agent(&node, &[]);
+    let pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "plain", "namespace": "default", "uid": "7d1f3c52-2b8e-4c5a-9f0e-5a6b7c8d9e0f"},
+        "spec": {"nodeName": node.node_name(), "containers": [{"name": "app", "image": "app"}]}
+    });
+    let path = node.pods_dir().join("default_plain.json");
+    std::fs::write(&path, pod.to_string()).expect("write pod");
+    std::thread::sleep(Duration::from_millis(300));
+    let status = agent.status().expect("status");
+    assert!(
+        status.pods.iter().all(|p| p.name != "plain"),
+        "a pod without istio-proxy is tracked: {status:?}"
+    );
+    std::fs::remove_file(&path).expect("remove pod file");
+    assert_clean(node, agent);
+}
