@@ -84,6 +84,10 @@ pub struct HoldRecord {
     pub ready_to_release_ms: Option<f64>,
     /// True when this agent took over a hold left by a previous agent.
     pub adopted: bool,
+    /// True when an app container was already running when the hold went in: the agent was
+    /// late, and the app's earliest connections may have met the proxy unheld.
+    #[serde(default)]
+    pub late: bool,
     /// Why the hold ended; `None` while holding.
     pub outcome: Option<HoldOutcome>,
 }

@@ -175,3 +175,31 @@ mod tests {
         std::fs::remove_dir_all(&root).unwrap();
     }
 }
+
+#[cfg(test)]
+mod timing {
+    use super::*;
+
+    /// The cost of polling this index on the real /proc: a first, full classification, then the
+    /// refreshes a waiting pod triggers every few milliseconds (a listing plus only new pids).
+    #[test]
+    #[ignore = "timing figure for docs/benchmarks.md; prints, asserts nothing about speed"]
+    fn refresh_timing() {
+        let procs = PodProcs::new(PathBuf::from("/proc"));
+        let t = Instant::now();
+        let _ = procs.of_pod_blocking("no-such-pod");
+        let first = t.elapsed();
+        let n = procs.inner.lock().unwrap().pids.len();
+        // Unclassified processes are re-read while they are new; measure the steady state.
+        std::thread::sleep(SETTLE + Duration::from_millis(100));
+        let _ = procs.of_pod_blocking("no-such-pod");
+        let rounds = 200;
+        let t = Instant::now();
+        for _ in 0..rounds {
+            procs.inner.lock().unwrap().last_refresh = None;
+            let _ = procs.of_pod_blocking("no-such-pod");
+        }
+        let per = t.elapsed() / rounds;
+        println!("{n} processes: first classification {first:?}, later refresh {per:?} each");
+    }
+}

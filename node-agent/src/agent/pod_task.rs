@@ -124,28 +124,18 @@ impl PodTask {
                         row.phase = Phase::Done;
                         row.job = Some(job);
                     });
+                // The proxy is gone: nothing to drain when the finished pod is deleted.
+                return self.follow_until_gone().await;
             }
         }
         loop {
             if matches!(self.interruption(), Some(Interrupted::Deleting)) {
-                let done = self.current_row_done();
-                if !done {
-                    return self.drain(&admin).await;
-                }
+                return self.drain(&admin).await;
             }
             if let Err(why) = self.next_update().await {
                 return why;
             }
         }
-    }
-
-    /// True when the pod's row says there is nothing left to do (a Job whose proxy was quit).
-    fn current_row_done(&self) -> bool {
-        self.shared
-            .board
-            .snapshot()
-            .iter()
-            .any(|r| r.uid == self.key.uid && r.phase == Phase::Done)
     }
 
     async fn follow_until_gone(&mut self) -> Interrupted {
@@ -302,10 +292,7 @@ impl PodTask {
             .map_or(cfg.hold.timeout, |v| v.overrides.hold_timeout);
         let started = Instant::now();
         let (queue, adopted) = match blocking(netns, hold_cfg.clone(), |ns, c| {
-            match HoldQueue::adopt(&ns, &c)? {
-                Some(q) => Ok((q, true)),
-                None => HoldQueue::start(&ns, &c).map(|q| (q, false)),
-            }
+            HoldQueue::start_or_adopt(&ns, &c)
         })
         .await
         {
@@ -320,6 +307,10 @@ impl PodTask {
                 return Ok(());
             }
         };
+        let late = !adopted && self.app_running().await;
+        if late {
+            tracing::warn!(pod = %self.key, "the app was already running when the hold went in; its earliest connections may have been refused");
+        }
         tracing::info!(pod = %self.key, adopted, timeout = ?hold_timeout, "holding the app's new connections until the proxy is ready");
         self.shared
             .board
@@ -386,18 +377,32 @@ impl PodTask {
                     ready_to_release_us = ready_to_release.map(|d| d.as_micros() as u64),
                     "hold released"
                 );
-                self.record_hold(|h| {
-                    h.packets_held = report.stats.packets;
-                    h.connections_held = report.stats.connections;
-                    h.released_at = Some(SystemTime::now());
-                    h.ready_to_release_ms = ready_to_release.map(|d| d.as_secs_f64() * 1e3);
-                    h.outcome = Some(outcome);
+                let deadline_note = (outcome == HoldOutcome::Deadline).then(|| {
+                    format!(
+                        "hold deadline ({}) passed before the proxy was ready; connections released to a proxy that may refuse them",
+                        crate::config::format_duration(hold_timeout)
+                    )
                 });
-                if outcome == HoldOutcome::Deadline {
-                    self.record_error(format!(
-                        "hold deadline ({hold_timeout:?}) passed before the proxy was ready; connections released to a proxy that may refuse them"
-                    ));
+                if let Some(note) = &deadline_note {
+                    tracing::warn!(pod = %self.key, "{note}");
                 }
+                // One update, so a reader never sees the outcome without its consequences.
+                self.shared
+                    .board
+                    .update(&self.key.namespace, &self.key.name, |row| {
+                        let h = row.hold.get_or_insert_with(HoldRecord::default);
+                        h.packets_held = report.stats.packets;
+                        h.connections_held = report.stats.connections;
+                        h.released_at = Some(SystemTime::now());
+                        h.ready_to_release_ms = ready_to_release.map(|d| d.as_secs_f64() * 1e3);
+                        h.outcome = Some(outcome);
+                        if outcome != HoldOutcome::PodDeleted {
+                            row.phase = Phase::Ready;
+                        }
+                        if deadline_note.is_some() {
+                            row.last_error = deadline_note;
+                        }
+                    });
             }
             Ok(Err(e)) => {
                 tracing::error!(pod = %self.key, error = %e, "releasing the hold failed; removing the rule");
@@ -418,6 +423,20 @@ impl PodTask {
             HoldOutcome::PodDeleted => Err(self.interruption().unwrap_or(Interrupted::PodGone)),
             _ => Ok(()),
         }
+    }
+
+    /// Whether a process of an app container (not the sandbox, not the proxy) exists now.
+    async fn app_running(&self) -> bool {
+        let Some(view) = self.current() else {
+            return false;
+        };
+        let app_ids: Vec<String> = view.app_containers().filter_map(|c| c.id.clone()).collect();
+        let procs = self.shared.procs.of_pod(&self.key.uid).await;
+        procs.iter().any(|p| {
+            p.container_id
+                .as_ref()
+                .is_some_and(|id| app_ids.iter().any(|a| a == id))
+        })
     }
 
     fn set_phase(&self, phase: Phase) {

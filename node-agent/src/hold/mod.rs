@@ -188,6 +188,28 @@ impl HoldQueue {
         Ok(Some(hold))
     }
 
+    /// [`adopt`](Self::adopt) if the netns has a hold, else [`start`](Self::start), listing the
+    /// rules once (each `iptables` run costs milliseconds, and a pod's init window is short).
+    /// Returns the hold and whether it was adopted.
+    pub fn start_or_adopt(netns: &PodNetns, cfg: &HoldConfig) -> Result<(HoldQueue, bool)> {
+        let per_family = rules::find_per_family(netns, &cfg.rules)?;
+        let found = rules::merge(&per_family);
+        if found.is_active() {
+            let queue_num = found.queue_num.unwrap_or(cfg.rules.queue_num);
+            let hold = HoldQueue::bind(netns, cfg, queue_num)?;
+            tracing::info!(netns = ?netns.id(), queue = queue_num, "hold adopted");
+            return Ok((hold, true));
+        }
+        let mut hold = HoldQueue::bind(netns, cfg, cfg.rules.queue_num)?;
+        if let Err(e) = rules::install_over(&hold.netns, &cfg.rules, &per_family) {
+            let _ = rules::remove(&hold.netns, &cfg.rules);
+            let _ = hold.stop_holder();
+            return Err(e.into());
+        }
+        tracing::info!(netns = ?netns.id(), queue = cfg.rules.queue_num, "hold started");
+        Ok((hold, false))
+    }
+
     /// Removes holdfast rules from a netns where no hold is wanted. `true` if any were there.
     pub fn remove_leftover(netns: &PodNetns, cfg: &HoldConfig) -> Result<bool> {
         Ok(rules::remove(netns, &cfg.rules)?)

@@ -332,15 +332,7 @@ fn run_checked(
 
 /// Reads the holdfast rules present in the netns (all families of `spec`, merged).
 pub fn find(netns: &PodNetns, spec: &RuleSpec) -> Result<FoundHold> {
-    let mut merged = FoundHold::default();
-    for &family in spec.families() {
-        let found = find_family(netns, spec, family)?;
-        merged.queue_num = merged.queue_num.or(found.queue_num);
-        merged.queue_rules += found.queue_rules;
-        merged.jumps.extend(found.jumps);
-        merged.chains.extend(found.chains);
-    }
-    Ok(merged)
+    Ok(merge(&find_per_family(netns, spec)?))
 }
 
 fn find_family(netns: &PodNetns, spec: &RuleSpec, family: Family) -> Result<FoundHold> {
@@ -351,9 +343,42 @@ fn find_family(netns: &PodNetns, spec: &RuleSpec, family: Family) -> Result<Foun
 
 /// Installs (or re-installs, replacing the chains' rules) the hold, one transaction per family.
 pub fn install(netns: &PodNetns, spec: &RuleSpec) -> Result<()> {
+    let mut existing = Vec::new();
     for &family in spec.families() {
-        let existing = find_family(netns, spec, family)?;
-        let script = install_script(spec, family, &existing);
+        existing.push((family, find_family(netns, spec, family)?));
+    }
+    install_over(netns, spec, &existing)
+}
+
+/// Per address family, what [`find_per_family`] saw.
+pub type FoundPerFamily = Vec<(Family, FoundHold)>;
+
+/// [`find`], keeping each family's findings apart (for [`install_over`]).
+pub fn find_per_family(netns: &PodNetns, spec: &RuleSpec) -> Result<FoundPerFamily> {
+    spec.families()
+        .iter()
+        .map(|&family| Ok((family, find_family(netns, spec, family)?)))
+        .collect()
+}
+
+/// Merges per-family findings into one [`FoundHold`].
+pub fn merge(found: &FoundPerFamily) -> FoundHold {
+    let mut merged = FoundHold::default();
+    for (_, f) in found {
+        merged.queue_num = merged.queue_num.or(f.queue_num);
+        merged.queue_rules += f.queue_rules;
+        merged.jumps.extend(f.jumps.iter().cloned());
+        merged.chains.extend(f.chains.iter().cloned());
+    }
+    merged
+}
+
+/// Installs the rules over what a fresh [`find_per_family`] saw (one `iptables-restore` per
+/// family, no second listing).
+pub fn install_over(netns: &PodNetns, spec: &RuleSpec, existing: &FoundPerFamily) -> Result<()> {
+    for (family, existing) in existing {
+        let family = *family;
+        let script = install_script(spec, family, existing);
         let restore = args(&["-w", "5", "--noflush"]);
         run_checked(netns, family.restore(spec), &restore, Some(script))?;
     }
