@@ -32,12 +32,12 @@ test: setup filter
 bench *sections: setup filter
     cargo build -p holdfast-filter --example noop_filter --target wasm32-wasip1 --profile wasm-release
     cargo build --release -p holdfast -p holdfast-tests --bins
-    target/release/holdfast-bench {{ sections }}
+    "${CARGO_TARGET_DIR:-target}"/release/holdfast-bench {{ sections }}
 
 # The three sidecar failures on a simulated node of 3 pods, without and with holdfast (root).
 demo: setup filter
     cargo build --release -p holdfast -p holdfast-tests --bins
-    target/release/holdfast-demo
+    "${CARGO_TARGET_DIR:-target}"/release/holdfast-demo
 
 # Before every push: formatting, lints as errors, every test.
 presubmit: filter

@@ -13,6 +13,7 @@
 //! - [`pod`]: what the agent reads from a Kubernetes Pod object.
 //! - [`source`]: where Pod objects come from (a pods directory, or the API server).
 //! - [`status`], [`status_api`]: the per-pod status board and the read-only API serving it.
+//! - [`status_cli`]: `holdfast status`, the node's table read from that API.
 
 pub mod agent;
 pub mod config;
@@ -24,3 +25,4 @@ pub mod procfs_pods;
 pub mod source;
 pub mod status;
 pub mod status_api;
+pub mod status_cli;

@@ -25,6 +25,40 @@ struct Cli {
 enum Command {
     /// Run the node agent (one per node, as a DaemonSet with hostPID).
     Agent(AgentArgs),
+    /// Print the node's table: every tracked pod's phase, hold, drain and Job outcome.
+    ///
+    /// Read from the agent's status API (`GET /status`; `--json` prints it as served). Exit
+    /// codes: 0 ok, 1 stdout failed, 2 usage, 3 no agent answers, 4 the agent answered an
+    /// error, 5 the answer was not a status document.
+    Status(StatusArgs),
+}
+
+#[derive(Args)]
+struct StatusArgs {
+    /// The agent's status API (its --status-listen address), as http://HOST:PORT.
+    #[arg(
+        long,
+        env = "HOLDFAST_AGENT",
+        default_value = holdfast::status_cli::DEFAULT_AGENT_URL,
+        value_name = "URL"
+    )]
+    agent: String,
+
+    /// Print the status document (JSON) as the agent serves it.
+    #[arg(long)]
+    json: bool,
+
+    /// Refresh in place every second until Ctrl-C.
+    #[arg(long)]
+    watch: bool,
+
+    /// Another node's agent, through the API server (not available yet).
+    #[arg(long, value_name = "NODE")]
+    node: Option<String>,
+
+    /// Give up on an answer after this long.
+    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
+    timeout: Duration,
 }
 
 #[derive(Args)]
@@ -166,6 +200,21 @@ fn main() -> anyhow::Result<()> {
                 };
                 holdfast::agent::run(config, shutdown).await
             })?;
+            Ok(())
+        }
+        Command::Status(args) => {
+            let opts = holdfast::status_cli::StatusOptions {
+                agent: args.agent,
+                json: args.json,
+                watch: args.watch,
+                node: args.node,
+                timeout: args.timeout,
+            };
+            let stdout = std::io::stdout();
+            if let Err(e) = holdfast::status_cli::run(&opts, &mut stdout.lock()) {
+                eprintln!("holdfast status: {e}");
+                std::process::exit(e.exit_code());
+            }
             Ok(())
         }
     }

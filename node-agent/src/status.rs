@@ -138,6 +138,16 @@ impl StatusBoard {
         self.lock().remove(&format!("{namespace}/{name}"));
     }
 
+    /// Removes a pod's row only if it still belongs to pod `uid` (a pod re-created under the same
+    /// name has a new uid and keeps its row).
+    pub fn remove_if_uid(&self, namespace: &str, name: &str, uid: &str) {
+        let mut rows = self.lock();
+        let key = format!("{namespace}/{name}");
+        if rows.get(&key).is_some_and(|r| r.uid == uid) {
+            rows.remove(&key);
+        }
+    }
+
     /// A copy of every row, ordered by `namespace/name`.
     pub fn snapshot(&self) -> Vec<PodStatus> {
         self.lock().values().cloned().collect()

@@ -294,14 +294,17 @@ fn startup_hold_pod_deleted_while_held() {
     node.delete_pod("gone").expect("delete");
     node.wait_gone("gone", Duration::from_secs(20))
         .expect("pod gone");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while agent.pod("default", "gone").expect("status").is_some() {
-        assert!(
-            Instant::now() < deadline,
-            "agent still tracks a deleted pod"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    // The row stays a while (phase done) so operators can see how the pod ended.
+    let row = agent
+        .wait_pod("default", "gone", Duration::from_secs(5), "pod done", |r| {
+            r.phase == AgentPhase::Done
+        })
+        .expect("status");
+    assert_eq!(
+        row.hold.as_ref().and_then(|h| h.outcome),
+        Some(HoldOutcome::PodDeleted),
+        "{row:?}"
+    );
     let log = std::fs::read_to_string(node.work_dir().join("agent.log")).unwrap_or_default();
     assert!(
         log.contains("hold released") && log.contains("pod-deleted"),

@@ -27,6 +27,8 @@ use crate::status::{HoldOutcome, HoldRecord, Phase, PodStatus};
 
 /// How often a pod without processes is looked for.
 const NETNS_POLL: Duration = Duration::from_millis(5);
+/// How long a gone pod's row stays on the status board.
+const GONE_ROW_RETENTION: Duration = Duration::from_secs(300);
 /// How often the held counts are copied to the status board.
 const STATUS_EVERY: Duration = Duration::from_millis(250);
 
@@ -78,9 +80,19 @@ impl PodTask {
             Interrupted::AgentStopping => {}
             Interrupted::PodGone | Interrupted::Deleting => {
                 tracing::info!(pod = %self.key, "pod gone; no longer tracked");
-                self.shared
-                    .board
-                    .remove(&self.key.namespace, &self.key.name);
+                // Keep the finished row a while, so `holdfast status` still shows how the pod's
+                // drain went after it is gone.
+                self.shared.board.update(&self.key.namespace, &self.key.name, |row| {
+                    if row.uid == self.key.uid {
+                        row.phase = Phase::Done;
+                    }
+                });
+                let board = self.shared.board.clone();
+                let key = self.key.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(GONE_ROW_RETENTION).await;
+                    board.remove_if_uid(&key.namespace, &key.name, &key.uid);
+                });
             }
         }
     }
@@ -105,7 +117,9 @@ impl PodTask {
         };
         match self.startup(pid, &netns).await {
             Ok(()) => {}
-            Err(Interrupted::Deleting) => return self.drain(&admin).await,
+            // Deleted before its proxy was ever ready: there is no traffic to drain, and the
+            // kubelet stops the containers anyway.
+            Err(Interrupted::Deleting) => return self.follow_until_gone().await,
             Err(why) => return why,
         }
         self.set_phase(Phase::Ready);

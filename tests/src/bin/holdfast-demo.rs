@@ -1,20 +1,36 @@
-//! `just demo`: the three sidecar failures on a simulated node of 3 pods started at once, and
-//! what each pod's app saw, as a table.
+//! `just demo`: the three sidecar failures on a simulated node of 3 pods started at once, first
+//! without holdfast, then with the `holdfast agent` running on the node from before the pods
+//! start; one side-by-side table of what each pod's app saw, then the agent's own view
+//! (`holdfast status`).
 //!
-//! The table has one value column per run ([`Run`]); today the only run is "without holdfast".
-//! A run with the node agent is another `Run` whose `start_agent` hook starts `holdfast agent`
-//! on the node before the pods start; its outcomes print as a second column.
+//! Each run is a fresh node (real netns, iptables, Envoy, apps; kubelet and pilot-agent
+//! stand-ins). In the run with holdfast every sidecar gets `terminationDrainDuration` = the pod's
+//! grace period, as holdfast's mesh config sets it, so Envoy outlives the app and the agent ends
+//! it once the app is done. Each scenario is measured on its own thread, so every time shown is
+//! taken when the event happened, not when the demo got round to looking.
 
-use std::time::{Duration, Instant};
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::Context;
+use anyhow::{bail, Context};
+use holdfast::status::{NodeStatus, PodStatus};
+use holdfast::status_cli::{self, AgentUrl};
+use holdfast_tests::agent::holdfast_binary;
 use holdfast_tests::sim::report::now_ms;
-use holdfast_tests::sim::{privileged, AppScript, CallError, Phase, PodPhase, PodSpec, SimNode};
+use holdfast_tests::sim::{
+    privileged, AppReport, AppScript, CallError, Phase, PodPhase, PodSpec, SimNode,
+};
 
-/// Upper bound of one run (the demo as a whole stays under a minute).
-const RUN_BUDGET: Duration = Duration::from_secs(40);
+/// Upper bound of one run; the demo as a whole stays well under 90 s.
+const RUN_BUDGET: Duration = Duration::from_secs(35);
 /// How long the Job pod gets to complete after its app exits before we call it stuck.
 const JOB_PATIENCE: Duration = Duration::from_secs(8);
+/// How often the agent's status is sampled during the run with holdfast.
+const STATUS_POLL: Duration = Duration::from_millis(20);
 
 /// The scenarios, one pod each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,16 +54,20 @@ impl Scenario {
     fn title(self) -> &'static str {
         match self {
             Scenario::Startup => "1. startup: app calls out at boot, Envoy 2 s late",
-            Scenario::Shutdown => "2. shutdown: app calls out 8 s after SIGTERM",
+            Scenario::Shutdown => "2. shutdown: app calls out for 8 s after SIGTERM",
             Scenario::Job => "3. Job: batch app exits 0",
         }
     }
 
+    /// The pod, as the workload defines it (the same in both runs).
     fn spec(self) -> PodSpec {
         match self {
             Scenario::Startup => PodSpec::new(self.pod())
                 .app(AppScript::CallAtStart { calls: 3 })
-                .proxy_delay(Duration::from_secs(2)),
+                .proxy_delay(Duration::from_secs(2))
+                // Longer than Envoy is late: a connect() held by the agent must not time out
+                // in the app. Without the agent the calls are refused at once anyway.
+                .call_timeout(Duration::from_secs(10)),
             Scenario::Shutdown => PodSpec::new(self.pod())
                 .app(AppScript::CallThroughShutdown {
                     every: Duration::from_millis(200),
@@ -78,137 +98,308 @@ impl Outcome {
 }
 
 /// One run of all scenarios on a fresh node.
+#[derive(Debug, Clone, Copy)]
 struct Run {
     /// Column header.
     name: &'static str,
-    /// Called after the node is built and before the pods start (e.g. to start the agent).
-    start_agent: Option<fn(&mut SimNode) -> anyhow::Result<()>>,
+    /// Node name suffix (namespaces `hf-demo<tag><pid>-*`).
+    tag: &'static str,
+    /// Run `holdfast agent` on the node from before the pods start, with the mesh's drain
+    /// duration set to each pod's grace period.
+    holdfast: bool,
+}
+
+/// What a run produced.
+struct RunResult {
+    outcomes: Vec<(Scenario, Outcome)>,
+    /// With holdfast: each pod's last row as the agent served it (a deleted pod's row goes
+    /// when the pod does, so its drain record is kept from the last sample before that).
+    status: Option<NodeStatus>,
+    took: Duration,
 }
 
 fn secs(d: Duration) -> String {
     format!("{:.1} s", d.as_secs_f64())
 }
 
-fn run(r: &Run) -> anyhow::Result<Vec<(Scenario, Outcome)>> {
-    let mut node = SimNode::new(&format!("demo{}", std::process::id() % 10000))
-        .context("building the simulated node")?;
-    for s in Scenario::ALL {
-        node.add_pod(s.spec())?;
-    }
-    if let Some(hook) = r.start_agent {
-        hook(&mut node)?;
-    }
-    let t0 = Instant::now();
-    node.start_pods()?;
-    let left = |t0: Instant| RUN_BUDGET.saturating_sub(t0.elapsed());
+/// The app's exit, as recorded by the app itself, to now.
+fn since_app_exit(rep: &AppReport) -> Duration {
+    Duration::from_millis(now_ms().saturating_sub(rep.exited_at_ms().unwrap_or_else(now_ms)))
+}
 
-    // Shutdown: delete the pod once it has reached the remote service through Envoy.
-    let flusher = Scenario::Shutdown.pod();
-    node.wait_report(flusher, left(t0), "a successful call", |r| {
-        r.calls(Phase::Running).ok > 0
-    })?;
-    let deleted_at = Instant::now();
-    node.delete_pod(flusher)?;
-
-    // Startup: the app's boot calls.
-    let mut startup = Outcome::default();
+/// Startup: the app's boot calls, and whether it crashed.
+fn startup(node: &SimNode, deadline: Instant) -> anyhow::Result<Outcome> {
     let pod = Scenario::Startup.pod();
-    let v = node.wait_app_exited(pod, left(t0)).ok();
+    let left = || deadline.saturating_duration_since(Instant::now());
+    // The app exits at its first failed call; otherwise it makes all 3.
+    node.wait_report(pod, left(), "the boot calls", |r| {
+        let c = r.calls(Phase::Startup);
+        c.failed >= 1 || c.ok >= 3
+    })?;
     let rep = node.report(pod)?;
     let c = rep.calls(Phase::Startup);
-    startup.row("boot calls ok", c.ok.to_string());
-    startup.row(
+    if c.failed > 0 {
+        // Let the kubelet stand-in record the crash.
+        let _ = node.wait_app_exited(pod, Duration::from_secs(3).min(left()));
+    }
+    let view = node.pod(pod);
+    let mut o = Outcome::default();
+    o.row("boot calls ok", format!("{} of 3", c.ok));
+    o.row(
         "boot calls refused",
         c.errors(CallError::ConnectionRefused).to_string(),
     );
-    startup.row(
+    o.row(
         "app",
-        match v.as_ref().and_then(|v| v.app().and_then(|c| c.exit_code())) {
-            Some(0) => "ran".to_string(),
-            Some(code) => format!("crashed (exit {code})"),
-            None => "still running".to_string(),
+        match view
+            .as_ref()
+            .and_then(|v| v.app().and_then(|c| c.exit_code()))
+        {
+            Some(0) => "exited 0".to_string(),
+            Some(code) => format!("CRASHED (exit {code})"),
+            None => "running".to_string(),
         },
     );
+    Ok(o)
+}
 
-    // Job: does the pod complete once the app is done?
-    let mut job = Outcome::default();
-    let pod = Scenario::Job.pod();
-    let exited = node.wait_app_exited(pod, left(t0));
+/// Shutdown: delete the pod once its app reached the remote service through Envoy; count the
+/// app's calls after SIGTERM and time the pod's removal.
+fn shutdown(node: &SimNode, deadline: Instant) -> anyhow::Result<Outcome> {
+    let pod = Scenario::Shutdown.pod();
+    let left = || deadline.saturating_duration_since(Instant::now());
+    node.wait_report(pod, left(), "a successful call", |r| {
+        r.calls(Phase::Running).ok > 0
+    })?;
+    let deleted_at = Instant::now();
+    node.delete_pod(pod)?;
+    let gone = node
+        .wait_gone(pod, left())
+        .ok()
+        .map(|_| deleted_at.elapsed());
     let rep = node.report(pod)?;
-    // Measure from the app's own exit record, not from when this thread looked.
-    let since_exit = |rep: &holdfast_tests::sim::AppReport| {
-        Duration::from_millis(now_ms().saturating_sub(rep.exited_at_ms().unwrap_or_else(now_ms)))
-    };
-    job.row(
-        "app exit code",
-        match rep.exit_codes().first() {
-            Some(c) => c.to_string(),
-            None => "-".into(),
-        },
-    );
-    let done = exited.is_ok()
-        && node
-            .wait_for(
-                pod,
-                JOB_PATIENCE.saturating_sub(since_exit(&rep)).min(left(t0)),
-                "completed",
-                |p| matches!(p.phase(), PodPhase::Succeeded | PodPhase::Failed),
-            )
-            .is_ok();
-    let view = node.pod(pod);
-    job.row(
-        "pod completed",
-        if done {
-            format!("yes, {} after app", secs(since_exit(&rep)))
-        } else {
-            format!("NO, {} after app", secs(since_exit(&rep)))
-        },
-    );
-    job.row(
-        "proxy",
-        match view.as_ref().and_then(|v| v.proxy()) {
-            Some(c) if c.is_running() => "still running".to_string(),
-            Some(c) => format!("exited ({})", c.exit_code().unwrap_or(-1)),
-            None => "-".into(),
-        },
-    );
-
-    // Shutdown results.
-    let mut shutdown = Outcome::default();
-    let gone = node.wait_gone(flusher, left(t0)).is_ok();
-    let rep = node.report(flusher)?;
     let after = rep.calls(Phase::AfterSigterm);
-    shutdown.row("calls after SIGTERM ok", after.ok.to_string());
-    shutdown.row(
+    let mut o = Outcome::default();
+    o.row("calls after SIGTERM ok", after.ok.to_string());
+    o.row(
         "calls after SIGTERM failed",
         match rep.first_failure_after_sigterm() {
             Some(first) => format!("{} (first at {})", after.failed, secs(first)),
             None => after.failed.to_string(),
         },
     );
-    shutdown.row(
+    o.row(
         "pod gone after",
-        if gone {
-            secs(deleted_at.elapsed())
-        } else {
-            "not gone".into()
+        match gone {
+            Some(d) => secs(d),
+            None => "not gone".into(),
         },
     );
+    Ok(o)
+}
 
+/// Job: does the pod complete once its app is done?
+fn job(node: &SimNode, deadline: Instant) -> anyhow::Result<Outcome> {
+    let pod = Scenario::Job.pod();
+    let left = || deadline.saturating_duration_since(Instant::now());
+    let exited = node.wait_app_exited(pod, left()).is_ok();
+    let rep = node.report(pod)?;
+    let done = exited
+        && node
+            .wait_for(
+                pod,
+                JOB_PATIENCE
+                    .saturating_sub(since_app_exit(&rep))
+                    .min(left()),
+                "completed",
+                |p| matches!(p.phase(), PodPhase::Succeeded | PodPhase::Failed),
+            )
+            .is_ok();
+    // Taken now: when the pod completed, or when we gave up.
+    let waited = since_app_exit(&rep);
+    let view = node.pod(pod);
+    let mut o = Outcome::default();
+    o.row(
+        "app exit code",
+        match rep.exit_codes().first() {
+            Some(c) => c.to_string(),
+            None => "-".into(),
+        },
+    );
+    o.row(
+        "pod completed after app",
+        if done {
+            secs(waited)
+        } else if exited {
+            format!("NEVER (gave up at {})", secs(waited))
+        } else {
+            "app did not finish".into()
+        },
+    );
+    o.row(
+        "proxy",
+        match view.as_ref().and_then(|v| v.proxy()) {
+            Some(c) if c.is_running() => "STILL RUNNING".to_string(),
+            Some(c) => format!("exited ({})", c.exit_code().unwrap_or(-1)),
+            None => "-".into(),
+        },
+    );
+    Ok(o)
+}
+
+/// The agent on `node`, with its status API on a free local port. The node SIGKILLs it (by
+/// pid) at teardown.
+fn start_agent(node: &mut SimNode) -> anyhow::Result<AgentUrl> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .context("finding a free port for the agent's status API")?
+        .port();
+    let log_path = node.work_dir().join("agent.log");
+    let log = File::create(&log_path)
+        .with_context(|| format!("creating the agent log {}", log_path.display()))?;
+    let mut cmd = node.agent_command(&holdfast_binary()?);
+    cmd.arg("--status-listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .env("HOLDFAST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    node.spawn_host_process(cmd)?;
+    let url = AgentUrl::parse(&format!("http://127.0.0.1:{port}"))?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match status_cli::fetch_status(&url, Duration::from_secs(1)) {
+            Ok(_) => return Ok(url),
+            Err(e) if Instant::now() >= deadline => {
+                let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(20).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                bail!(
+                    "the holdfast agent did not come up within 10 s: {e}\nagent log ({}):\n{}",
+                    log_path.display(),
+                    tail.join("\n")
+                );
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Every pod's last row seen while sampling the agent's `/status`.
+#[derive(Default)]
+struct StatusSamples {
+    last: Option<NodeStatus>,
+    rows: BTreeMap<(String, String), PodStatus>,
+}
+
+impl StatusSamples {
+    fn add(&mut self, s: NodeStatus) {
+        for p in &s.pods {
+            self.rows
+                .insert((p.namespace.clone(), p.name.clone()), p.clone());
+        }
+        self.last = Some(s);
+    }
+
+    fn merged(self) -> Option<NodeStatus> {
+        let last = self.last?;
+        Some(NodeStatus {
+            pods: self.rows.into_values().collect(),
+            ..last
+        })
+    }
+}
+
+fn run(r: Run) -> anyhow::Result<RunResult> {
+    let started = Instant::now();
+    let mut node = SimNode::new(&format!("demo{}{}", r.tag, std::process::id() % 10000))
+        .context("building the simulated node")?;
+    for s in Scenario::ALL {
+        let mut spec = s.spec();
+        if r.holdfast {
+            // holdfast's mesh config: terminationDrainDuration = terminationGracePeriodSeconds.
+            let grace = spec.grace;
+            spec = spec.drain(grace);
+        }
+        node.add_pod(spec)?;
+    }
+    let agent = if r.holdfast {
+        Some(start_agent(&mut node)?)
+    } else {
+        None
+    };
+    let deadline = Instant::now() + RUN_BUDGET;
+    node.start_pods()?;
+
+    let samples = Mutex::new(StatusSamples::default());
+    let stop = AtomicBool::new(false);
+    let node_ref = &node;
+    let outcomes = std::thread::scope(|scope| {
+        if let Some(url) = &agent {
+            let (samples, stop) = (&samples, &stop);
+            scope.spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok(s) = status_cli::fetch_status(url, Duration::from_secs(1)) {
+                        samples.lock().unwrap_or_else(|e| e.into_inner()).add(s);
+                    }
+                    std::thread::sleep(STATUS_POLL);
+                }
+            });
+        }
+        let threads = [
+            (
+                Scenario::Startup,
+                scope.spawn(move || startup(node_ref, deadline)),
+            ),
+            (
+                Scenario::Shutdown,
+                scope.spawn(move || shutdown(node_ref, deadline)),
+            ),
+            (Scenario::Job, scope.spawn(move || job(node_ref, deadline))),
+        ];
+        let mut outcomes = Vec::new();
+        let mut first_err = None;
+        for (s, t) in threads {
+            match t.join() {
+                Ok(Ok(o)) => outcomes.push((s, o)),
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e.context(format!("scenario {:?}", s.pod())));
+                }
+                Err(_) => {
+                    first_err.get_or_insert(anyhow::anyhow!("scenario {:?} panicked", s.pod()));
+                }
+            }
+        }
+        // One last sample, so the table shows the end state.
+        if let Some(url) = &agent {
+            if let Ok(s) = status_cli::fetch_status(url, Duration::from_secs(1)) {
+                samples.lock().unwrap_or_else(|e| e.into_inner()).add(s);
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(outcomes),
+        }
+    });
     let left_over = node.finish();
+    let outcomes = outcomes?;
     anyhow::ensure!(left_over.is_empty(), "the demo node left {left_over:?}");
-    Ok(vec![
-        (Scenario::Startup, startup),
-        (Scenario::Shutdown, shutdown),
-        (Scenario::Job, job),
-    ])
+    Ok(RunResult {
+        outcomes,
+        status: samples
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .merged(),
+        took: started.elapsed(),
+    })
 }
 
 /// Renders scenarios × runs: a label column, then one value column per run (≤ 80 columns for
 /// up to two runs).
-fn render(runs: &[(&str, Vec<(Scenario, Outcome)>)]) -> String {
+fn render(runs: &[(&str, &[(Scenario, Outcome)])]) -> String {
     const LABEL: usize = 28;
-    const VALUE: usize = 22;
+    const VALUE: usize = 24;
     let mut out = format!("{:LABEL$}", "");
     for (name, _) in runs {
         out.push_str(&format!("  {name:VALUE$}"));
@@ -234,7 +425,7 @@ fn render(runs: &[(&str, Vec<(Scenario, Outcome)>)]) -> String {
                     .and_then(|(_, o)| o.rows.iter().find(|(l, _)| *l == label))
                     .map(|(_, v)| v.as_str())
                     .unwrap_or("-");
-                line.push_str(&format!("  {v:VALUE$}"));
+                line.push_str(&format!("  {:VALUE$}", status_cli::fit_end(v, VALUE)));
             }
             out.push_str(line.trim_end());
             out.push('\n');
@@ -247,17 +438,46 @@ fn main() -> anyhow::Result<()> {
     if !privileged("holdfast-demo") {
         std::process::exit(1);
     }
+    // Fail before building anything if a binary is missing.
+    holdfast_binary()?;
+    holdfast_tests::sim::sim_app_binary()?;
     let started = Instant::now();
-    let runs = [Run {
-        name: "without holdfast",
-        start_agent: None,
-    }];
-    println!("Simulated node, 3 pods started at once (real Envoy, iptables, netns)...\n");
+    let runs = [
+        Run {
+            name: "without holdfast",
+            tag: "a",
+            holdfast: false,
+        },
+        Run {
+            name: "with holdfast",
+            tag: "b",
+            holdfast: true,
+        },
+    ];
+    println!(
+        "A simulated node (real Envoy, iptables, netns), 3 pods started at once, twice:\n\
+         without holdfast (Istio defaults: drain 5 s), then with `holdfast agent` on the\n\
+         node (drain duration = grace period; the agent ends Envoy when the app is done).\n"
+    );
     let mut results = Vec::new();
-    for r in &runs {
-        results.push((r.name, run(r).with_context(|| format!("run {:?}", r.name))?));
+    for r in runs {
+        println!("  running {}...", r.name);
+        let res = run(r).with_context(|| format!("run {:?}", r.name))?;
+        println!("  {} done in {}", r.name, secs(res.took));
+        results.push((r.name, res));
     }
-    print!("{}", render(&results));
+    println!();
+    let table: Vec<(&str, &[(Scenario, Outcome)])> = results
+        .iter()
+        .map(|(n, r)| (*n, r.outcomes.as_slice()))
+        .collect();
+    print!("{}", render(&table));
+    if let Some(status) = results.iter().find_map(|(_, r)| r.status.as_ref()) {
+        println!(
+            "\n$ holdfast status    # the node with holdfast; deleted pods: last row served\n"
+        );
+        print!("{}", status_cli::render_table(status, SystemTime::now()));
+    }
     println!("\n(total {})", secs(started.elapsed()));
     Ok(())
 }
@@ -270,13 +490,18 @@ mod tests {
     fn table_fits_80_columns_with_two_runs() {
         let mut o = Outcome::default();
         o.row("calls after SIGTERM failed", "14 (first at 5.2 s)");
+        o.row(
+            "pod completed after app",
+            "NEVER (gave up at 8.0 s), and more",
+        );
         let outcomes: Vec<(Scenario, Outcome)> =
             Scenario::ALL.iter().map(|s| (*s, o.clone())).collect();
         let t = render(&[
-            ("without holdfast", outcomes.clone()),
-            ("with holdfast", outcomes),
+            ("without holdfast", &outcomes),
+            ("with holdfast", &outcomes),
         ]);
         assert!(t.lines().all(|l| l.chars().count() <= 80), "{t}");
         assert!(t.contains("14 (first at 5.2 s)"));
+        assert!(t.contains("NEVER (gave up at 8.0..."), "{t}");
     }
 }

@@ -1,0 +1,1120 @@
+//! `holdfast status`: the node's table, read from the agent's status API (`GET /status`).
+//!
+//! This module owns the client side of the status API: parsing `--agent`, one bounded HTTP/1.1
+//! `GET` over a plain `std` TCP stream (the CLI needs no async runtime), decoding the
+//! [`NodeStatus`] JSON, and rendering it as a table that fits an 80-column terminal. Rendering is
+//! pure ([`render_table`], with the clock passed in) so it is tested without an agent; `--watch`
+//! and `--json` are thin loops over the same pieces ([`run`]).
+//!
+//! Exit codes (see [`StatusCliError::exit_code`]): 0 ok, 1 stdout failed, 2 usage, 3 no agent
+//! answers, 4 the agent answered with an error status, 5 the answer was not a status document.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::agent::drain::{DrainReport, JobReport};
+use crate::status::{HoldOutcome, HoldRecord, NodeStatus, Phase, PodStatus};
+
+/// The agent's default `--status-listen`, as a URL.
+pub const DEFAULT_AGENT_URL: &str = "http://127.0.0.1:15300";
+
+/// Width the table is laid out for.
+pub const TABLE_WIDTH: usize = 80;
+
+/// `--watch` refresh period.
+pub const WATCH_PERIOD: Duration = Duration::from_secs(1);
+
+/// Largest `/status` body accepted (a node's worth of pods is a few hundred KiB at most).
+const MAX_BODY: usize = 16 << 20;
+
+/// Errors of `holdfast status`. Each message names what failed and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusCliError {
+    #[error("--agent {url:?}: {why}; give the agent's --status-listen address, e.g. {DEFAULT_AGENT_URL}")]
+    BadUrl { url: String, why: String },
+    #[error("--node is not available yet: run `holdfast status` on that node (e.g. `kubectl exec` into its holdfast pod), or `kubectl port-forward` to the agent's status port and pass --agent")]
+    NodeNotSupported,
+    #[error("no holdfast agent answers at {url}: is the agent running on this node, and is --agent its --status-listen address? ({why})")]
+    Unreachable { url: String, why: String },
+    #[error("the agent at {url} answered {status} to GET {path}: {body}; is --agent the holdfast agent's --status-listen address (not Envoy's or another service's)?")]
+    HttpStatus {
+        url: String,
+        path: String,
+        status: String,
+        body: String,
+    },
+    #[error("cannot write the status to stdout: {0}")]
+    Output(#[source] std::io::Error),
+    #[error("the answer from {url} is not a holdfast status document ({why}); is --agent the holdfast agent's --status-listen address, and is this holdfast the agent's version? (`--json` prints what was served)")]
+    BadDocument { url: String, why: String },
+}
+
+impl StatusCliError {
+    /// The process exit code for this error (documented in the module header).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            StatusCliError::BadUrl { .. } | StatusCliError::NodeNotSupported => 2,
+            StatusCliError::Unreachable { .. } => 3,
+            StatusCliError::HttpStatus { .. } => 4,
+            StatusCliError::BadDocument { .. } => 5,
+            StatusCliError::Output(_) => 1,
+        }
+    }
+}
+
+pub type Result<T, E = StatusCliError> = std::result::Result<T, E>;
+
+/// Where the agent's status API is: `http://HOST[:PORT][/BASE]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentUrl {
+    /// `HOST:PORT` as given (also the `Host` header).
+    authority: String,
+    /// Path prefix before `/status` (empty, or starting with `/` and not ending with one).
+    base_path: String,
+    /// The URL as the user gave it, for messages.
+    shown: String,
+}
+
+impl AgentUrl {
+    /// Parses `http://HOST[:PORT][/BASE]` or `HOST:PORT`. The status API is plain HTTP: `https`
+    /// is refused with a message rather than tried.
+    pub fn parse(url: &str) -> Result<AgentUrl> {
+        let bad = |why: &str| StatusCliError::BadUrl {
+            url: url.to_string(),
+            why: why.to_string(),
+        };
+        let trimmed = url.trim();
+        let rest = if let Some(rest) = trimmed.strip_prefix("http://") {
+            rest
+        } else if trimmed.starts_with("https://") {
+            return Err(bad(
+                "the status API is plain HTTP (it listens on the node only); use http://",
+            ));
+        } else if trimmed.contains("://") {
+            return Err(bad("only http:// URLs are supported"));
+        } else {
+            trimmed
+        };
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, ""),
+        };
+        let host = match authority.rfind(':') {
+            Some(i) if !authority[..i].contains(':') || authority[..i].ends_with(']') => {
+                &authority[..i]
+            }
+            _ => authority,
+        };
+        if host.is_empty() || host == "[]" {
+            return Err(bad("no host"));
+        }
+        if path.contains(['?', '#']) {
+            return Err(bad("no query or fragment, please"));
+        }
+        if authority.contains(['@', ' ']) {
+            return Err(bad("expected HOST:PORT"));
+        }
+        // A port is present when the text after the last ':' follows the host (IPv6 hosts are
+        // bracketed, so their colons sit before the `]`).
+        let has_port = match authority.rfind(':') {
+            Some(i) => authority[..i].ends_with(']') || !authority[..i].contains(':'),
+            None => false,
+        };
+        let authority = if has_port {
+            let port = authority.rsplit(':').next().unwrap_or_default();
+            if port.parse::<u16>().is_err() {
+                return Err(bad(&format!(
+                    "port {port:?} is not a number from 0 to 65535"
+                )));
+            }
+            authority.to_string()
+        } else if authority.contains(':') && !authority.starts_with('[') {
+            return Err(bad(
+                "put an IPv6 address in brackets, e.g. http://[::1]:15300",
+            ));
+        } else {
+            format!("{authority}:80")
+        };
+        Ok(AgentUrl {
+            authority,
+            base_path: path.trim_end_matches('/').to_string(),
+            shown: trimmed.trim_end_matches('/').to_string(),
+        })
+    }
+
+    /// The full path of `endpoint` (e.g. `/status`) under the base path.
+    pub fn path(&self, endpoint: &str) -> String {
+        format!("{}{endpoint}", self.base_path)
+    }
+}
+
+impl std::fmt::Display for AgentUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.shown)
+    }
+}
+
+/// `GET /status` from the agent: the body as served, once the status is 200. `timeout` bounds
+/// the whole exchange (connect, send, read).
+pub fn fetch_status_body(agent: &AgentUrl, timeout: Duration) -> Result<String> {
+    let path = agent.path("/status");
+    let unreachable = |why: String| StatusCliError::Unreachable {
+        url: agent.to_string(),
+        why,
+    };
+    let deadline = Instant::now() + timeout;
+    let addrs: Vec<SocketAddr> = agent
+        .authority
+        .to_socket_addrs()
+        .map_err(|e| unreachable(format!("cannot resolve {}: {e}", agent.authority)))?
+        .collect();
+    let mut last_err = format!("{} resolves to no address", agent.authority);
+    let mut stream = None;
+    for addr in addrs {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        match TcpStream::connect_timeout(&addr, left) {
+            Ok(s) => {
+                stream = Some(s);
+                break;
+            }
+            Err(e) => last_err = format!("connect to {addr}: {e}"),
+        }
+    }
+    let mut stream = stream.ok_or_else(|| unreachable(last_err))?;
+    let io = |what: &str, e: std::io::Error| {
+        if matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ) {
+            unreachable(format!("no answer within {timeout:?} while {what}"))
+        } else {
+            unreachable(format!("{what}: {e}"))
+        }
+    };
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {}\r\nAccept: application/json\r\nUser-Agent: holdfast-status/{}\r\nConnection: close\r\n\r\n",
+        agent.authority,
+        env!("CARGO_PKG_VERSION"),
+    );
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    stream
+        .set_write_timeout(Some(left))
+        .map_err(|e| io("setting a timeout", e))?;
+    stream
+        .write_all(request.as_bytes())
+        .map_err(|e| io("sending the request", e))?;
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(unreachable(format!(
+                "no complete answer within {timeout:?}"
+            )));
+        }
+        stream
+            .set_read_timeout(Some(left))
+            .map_err(|e| io("setting a timeout", e))?;
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                raw.extend_from_slice(&buf[..n]);
+                if raw.len() > MAX_BODY {
+                    return Err(StatusCliError::BadDocument {
+                        url: agent.to_string(),
+                        why: format!("the answer is larger than {} MiB", MAX_BODY >> 20),
+                    });
+                }
+                // Stop as soon as a Content-Length body is complete (a server may keep the
+                // connection open despite `Connection: close`).
+                if let Ok(Some(resp)) = parse_response(&raw) {
+                    if resp.complete {
+                        break;
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(io("reading the answer", e)),
+        }
+    }
+    let resp = match parse_response(&raw) {
+        Ok(Some(r)) => r,
+        Ok(None) => {
+            return Err(StatusCliError::BadDocument {
+                url: agent.to_string(),
+                why: if raw.is_empty() {
+                    "the connection closed without an answer".into()
+                } else {
+                    "the HTTP answer ended before its headers did".into()
+                },
+            })
+        }
+        Err(why) => {
+            return Err(StatusCliError::BadDocument {
+                url: agent.to_string(),
+                why,
+            })
+        }
+    };
+    let body = String::from_utf8_lossy(&resp.body).into_owned();
+    if resp.status != 200 {
+        return Err(StatusCliError::HttpStatus {
+            url: agent.to_string(),
+            path,
+            status: resp.status_line,
+            body: truncate(body.trim(), 200),
+        });
+    }
+    Ok(body)
+}
+
+/// An HTTP response as far as the client needs it.
+#[derive(Debug, PartialEq, Eq)]
+struct Response {
+    status: u16,
+    /// e.g. `404 Not Found`.
+    status_line: String,
+    body: Vec<u8>,
+    /// The body is all there (by Content-Length or the last chunk); without either the body
+    /// ends when the connection does.
+    complete: bool,
+}
+
+/// Parses an HTTP/1.x response from `raw`. `Ok(None)` while the headers are incomplete.
+fn parse_response(raw: &[u8]) -> std::result::Result<Option<Response>, String> {
+    let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return Ok(None);
+    };
+    let head = String::from_utf8_lossy(&raw[..end]);
+    let body = &raw[end + 4..];
+    let mut lines = head.split("\r\n");
+    let first = lines.next().unwrap_or_default();
+    let mut parts = first.splitn(2, ' ');
+    let version = parts.next().unwrap_or_default();
+    if !version.starts_with("HTTP/1.") {
+        return Err(format!("not an HTTP/1 answer: {:?}", truncate(first, 60)));
+    }
+    let status_line = parts.next().unwrap_or_default().trim().to_string();
+    let status = status_line
+        .get(..3)
+        .and_then(|s| s.parse::<u16>().ok())
+        .ok_or_else(|| format!("bad HTTP status line {:?}", truncate(first, 60)))?;
+    let mut content_length = None;
+    let mut chunked = false;
+    for line in lines {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        let value = value.trim();
+        if name.eq_ignore_ascii_case("content-length") {
+            content_length = Some(
+                value
+                    .parse::<usize>()
+                    .map_err(|_| format!("bad Content-Length {value:?}"))?,
+            );
+        } else if name.eq_ignore_ascii_case("transfer-encoding")
+            && value.to_ascii_lowercase().contains("chunked")
+        {
+            chunked = true;
+        }
+    }
+    let (body, complete) = if chunked {
+        decode_chunked(body)?
+    } else if let Some(len) = content_length {
+        (body[..len.min(body.len())].to_vec(), body.len() >= len)
+    } else {
+        (body.to_vec(), false)
+    };
+    Ok(Some(Response {
+        status,
+        status_line,
+        body,
+        complete,
+    }))
+}
+
+/// Decodes a chunked body as far as it goes; `true` once the last (empty) chunk was seen.
+fn decode_chunked(mut data: &[u8]) -> std::result::Result<(Vec<u8>, bool), String> {
+    let mut out = Vec::new();
+    loop {
+        let Some(eol) = data.windows(2).position(|w| w == b"\r\n") else {
+            return Ok((out, false));
+        };
+        let size_text = String::from_utf8_lossy(&data[..eol]);
+        let size_hex = size_text.split(';').next().unwrap_or_default().trim();
+        let size = usize::from_str_radix(size_hex, 16)
+            .map_err(|_| format!("bad chunk size {:?}", truncate(size_hex, 20)))?;
+        data = &data[eol + 2..];
+        if size == 0 {
+            return Ok((out, true));
+        }
+        if data.len() < size {
+            out.extend_from_slice(data);
+            return Ok((out, false));
+        }
+        out.extend_from_slice(&data[..size]);
+        data = data.get(size + 2..).unwrap_or_default();
+    }
+}
+
+/// Decodes a `/status` body.
+pub fn parse_status(agent: &AgentUrl, body: &str) -> Result<NodeStatus> {
+    serde_json::from_str(body).map_err(|e| StatusCliError::BadDocument {
+        url: agent.to_string(),
+        why: e.to_string(),
+    })
+}
+
+/// Fetches and decodes the node's status.
+pub fn fetch_status(agent: &AgentUrl, timeout: Duration) -> Result<NodeStatus> {
+    let body = fetch_status_body(agent, timeout)?;
+    parse_status(agent, &body)
+}
+
+/// What `holdfast status` was asked to do.
+#[derive(Debug, Clone)]
+pub struct StatusOptions {
+    /// `--agent` (see [`AgentUrl::parse`]).
+    pub agent: String,
+    /// `--json`: print the document as served.
+    pub json: bool,
+    /// `--watch`: refresh in place every [`WATCH_PERIOD`] until interrupted.
+    pub watch: bool,
+    /// `--node` (not available yet).
+    pub node: Option<String>,
+    /// Bound of one request.
+    pub timeout: Duration,
+}
+
+/// Runs `holdfast status`, writing to `out`. Returns only on error or, without `--watch`, when
+/// done.
+pub fn run(opts: &StatusOptions, out: &mut impl Write) -> Result<()> {
+    if opts.node.is_some() {
+        return Err(StatusCliError::NodeNotSupported);
+    }
+    let agent = AgentUrl::parse(&opts.agent)?;
+    let write_err = StatusCliError::Output;
+    if !opts.watch {
+        let text = if opts.json {
+            let body = fetch_status_body(&agent, opts.timeout)?;
+            // Served as is (scripts get every field), but checked to be JSON at all.
+            serde_json::from_str::<serde_json::Value>(&body).map_err(|e| {
+                StatusCliError::BadDocument {
+                    url: agent.to_string(),
+                    why: e.to_string(),
+                }
+            })?;
+            let mut b = body;
+            if !b.ends_with('\n') {
+                b.push('\n');
+            }
+            b
+        } else {
+            render_table(&fetch_status(&agent, opts.timeout)?, SystemTime::now())
+        };
+        return out
+            .write_all(text.as_bytes())
+            .and_then(|()| out.flush())
+            .map_err(write_err);
+    }
+    loop {
+        let started = Instant::now();
+        // In watch mode a failed fetch is shown and retried: the agent may be restarting.
+        let text = match fetch_status_body(&agent, opts.timeout) {
+            Ok(body) if opts.json => body,
+            Ok(body) => match parse_status(&agent, &body) {
+                Ok(status) => render_table(&status, SystemTime::now()),
+                Err(e) => wrap(&e.to_string(), TABLE_WIDTH),
+            },
+            Err(e) => wrap(&e.to_string(), TABLE_WIDTH),
+        };
+        // Home, clear the screen, print; then the footer says how to stop.
+        let frame = format!(
+            "\x1b[H\x1b[2J{}{}\n(every {} s; Ctrl-C to stop)\n",
+            text,
+            if text.ends_with('\n') { "" } else { "\n" },
+            WATCH_PERIOD.as_secs()
+        );
+        out.write_all(frame.as_bytes()).map_err(write_err)?;
+        out.flush().map_err(write_err)?;
+        std::thread::sleep(WATCH_PERIOD.saturating_sub(started.elapsed()));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rendering
+// ---------------------------------------------------------------------------------------------
+
+/// Column widths: POD, PHASE, HELD, RELEASE; END takes the rest of [`TABLE_WIDTH`].
+const POD_W: usize = 22;
+const PHASE_W: usize = 8;
+const HELD_W: usize = 11;
+const RELEASE_W: usize = 7;
+const END_W: usize = TABLE_WIDTH - POD_W - PHASE_W - HELD_W - RELEASE_W - 4;
+/// Indent of a row's detail lines (errors, advice).
+const DETAIL_INDENT: &str = "    ";
+
+/// The node's table, at most [`TABLE_WIDTH`] columns wide: a header line, one row per pod
+/// (namespace/name, phase, connections held and for how long, proxy-ready-to-release time, how
+/// the drain or Job ended), each followed by indented detail lines for anything that needs an
+/// operator (a hold that did not end on a ready proxy, drain advice, the last error).
+pub fn render_table(status: &NodeStatus, now: SystemTime) -> String {
+    let mut out = String::new();
+    let pods = match status.pods.len() {
+        0 => "no meshed pods tracked".to_string(),
+        1 => "1 pod".to_string(),
+        n => format!("{n} pods"),
+    };
+    push_line(
+        &mut out,
+        &format!(
+            "node {}, holdfast {}, {pods}",
+            status.node, status.agent_version
+        ),
+    );
+    if status.pods.is_empty() {
+        return out;
+    }
+    push_line(
+        &mut out,
+        &format!(
+            "{:POD_W$} {:PHASE_W$} {:HELD_W$} {:RELEASE_W$} {}",
+            "POD", "PHASE", "HELD (FOR)", "RELEASE", "END (OUTCOME, TIME)"
+        ),
+    );
+    for pod in &status.pods {
+        push_line(
+            &mut out,
+            &format!(
+                "{:POD_W$} {:PHASE_W$} {:HELD_W$} {:RELEASE_W$} {}",
+                fit_middle(&format!("{}/{}", pod.namespace, pod.name), POD_W),
+                phase_label(pod.phase),
+                fit_end(&held_cell(pod.hold.as_ref(), now), HELD_W),
+                fit_end(&release_cell(pod.hold.as_ref()), RELEASE_W),
+                fit_end(&end_cell(pod), END_W),
+            ),
+        );
+        for detail in details(pod) {
+            push_line(&mut out, &format!("{DETAIL_INDENT}{detail}"));
+        }
+    }
+    out
+}
+
+/// Appends `line` cut to the table width, trailing spaces removed.
+fn push_line(out: &mut String, line: &str) {
+    out.push_str(fit_end(line, TABLE_WIDTH).trim_end());
+    out.push('\n');
+}
+
+fn phase_label(phase: Phase) -> &'static str {
+    match phase {
+        // The full name (`waiting-for-netns`, in --json) does not fit the column.
+        Phase::WaitingForNetns => "waiting",
+        other => other.as_str(),
+    }
+}
+
+/// `3 (2.1s)`: connections held and how long the hold lasted (so far, while holding).
+fn held_cell(hold: Option<&HoldRecord>, now: SystemTime) -> String {
+    let Some(h) = hold else {
+        return "-".into();
+    };
+    let lasted = h
+        .started_at
+        .and_then(|s| h.released_at.unwrap_or(now).duration_since(s).ok());
+    match lasted {
+        Some(d) => format!("{} ({})", h.connections_held, short_duration(d)),
+        None => h.connections_held.to_string(),
+    }
+}
+
+/// Proxy seen ready to every held packet accepted.
+fn release_cell(hold: Option<&HoldRecord>) -> String {
+    match hold.and_then(|h| h.ready_to_release_ms) {
+        Some(ms) => short_ms(ms),
+        None => "-".into(),
+    }
+}
+
+/// How the pod's drain or Job ended: `drain app-done 8.1s`, `job completed 12ms`.
+fn end_cell(pod: &PodStatus) -> String {
+    if let Some(d) = &pod.drain {
+        return drain_summary(d);
+    }
+    if let Some(j) = &pod.job {
+        return job_summary(j);
+    }
+    "-".into()
+}
+
+fn drain_summary(d: &DrainReport) -> String {
+    format!("drain {} {}", d.outcome.as_str(), short_duration(d.elapsed))
+}
+
+fn job_summary(j: &JobReport) -> String {
+    match j.app_finished_to_quit {
+        Some(t) => format!("job {} {}", j.outcome.as_str(), short_duration(t)),
+        None => format!("job {}", j.outcome.as_str()),
+    }
+}
+
+/// Detail lines under a pod's row, each already cut to fit after the indent.
+fn details(pod: &PodStatus) -> Vec<String> {
+    let room = TABLE_WIDTH - DETAIL_INDENT.len();
+    let mut lines = Vec::new();
+    if let Some(h) = &pod.hold {
+        match h.outcome {
+            Some(HoldOutcome::Ready) | None => {}
+            Some(other) => lines.push(format!("hold ended: {}", other.as_str())),
+        }
+        if h.adopted {
+            lines.push("hold adopted from a previous agent".into());
+        }
+        if h.late {
+            lines.push("hold went in late: the app was already running".into());
+        }
+    }
+    // Both records: the column shows the drain, the Job's line goes here.
+    if let (Some(_), Some(j)) = (&pod.drain, &pod.job) {
+        lines.push(job_summary(j));
+    }
+    let mut lines: Vec<String> = lines.into_iter().map(|l| fit_end(&l, room)).collect();
+    if let Some(advice) = pod.drain.as_ref().and_then(|d| d.advice.as_deref()) {
+        if pod.last_error.as_deref() != Some(advice) {
+            lines.extend(wrap_limited(
+                &format!("advice: {advice}"),
+                room,
+                MESSAGE_LINES,
+            ));
+        }
+    }
+    if let Some(e) = &pod.last_error {
+        lines.extend(wrap_limited(&format!("error: {e}"), room, MESSAGE_LINES));
+    }
+    lines
+}
+
+/// Lines an error or advice may take under its row (the rest is cut; `--json` has it all).
+const MESSAGE_LINES: usize = 3;
+
+/// [`wrap`], keeping at most `max_lines` lines; the last one ends in `...` when text was cut.
+fn wrap_limited(text: &str, width: usize, max_lines: usize) -> Vec<String> {
+    let wrapped = wrap(text, width);
+    let mut lines: Vec<String> = wrapped.lines().map(str::to_string).collect();
+    if lines.len() > max_lines {
+        lines.truncate(max_lines);
+        if let Some(last) = lines.last_mut() {
+            // Force the ellipsis even when the kept line is short.
+            *last = fit_end(&format!("{last} ..."), width);
+            if !last.ends_with("...") {
+                last.push_str("...");
+            }
+        }
+    }
+    lines
+}
+
+/// Collapses whitespace (newlines included) so a message stays on its line.
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// A duration in at most 6 characters: `340ms`, `2.1s`, `75s`, `12m`, `5h`.
+pub fn short_duration(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s < 1.0 {
+        format!("{}ms", d.as_millis())
+    } else if s < 10.0 {
+        format!("{s:.1}s")
+    } else if s < 600.0 {
+        format!("{s:.0}s")
+    } else if s < 36_000.0 {
+        format!("{:.0}m", s / 60.0)
+    } else {
+        format!("{:.0}h", s / 3600.0)
+    }
+}
+
+/// Milliseconds in at most 7 characters: `0.41ms`, `12.3ms`, `340ms`, `2.1s`.
+pub fn short_ms(ms: f64) -> String {
+    if !ms.is_finite() || ms < 0.0 {
+        "?".into()
+    } else if ms < 10.0 {
+        format!("{ms:.2}ms")
+    } else if ms < 100.0 {
+        format!("{ms:.1}ms")
+    } else if ms < 1000.0 {
+        format!("{ms:.0}ms")
+    } else {
+        short_duration(Duration::from_secs_f64(ms / 1e3))
+    }
+}
+
+/// `s` cut to `width` characters, ending in `...` when cut.
+pub fn fit_end(s: &str, width: usize) -> String {
+    if s.chars().count() <= width {
+        return s.to_string();
+    }
+    if width <= 3 {
+        return s.chars().take(width).collect();
+    }
+    let mut out: String = s.chars().take(width - 3).collect();
+    out.push_str("...");
+    out
+}
+
+/// `s` cut to `width` characters by dropping its middle (`default/web-7d..-x2x9z`), so the
+/// namespace and the distinguishing suffix of a pod's name both stay.
+pub fn fit_middle(s: &str, width: usize) -> String {
+    let n = s.chars().count();
+    if n <= width {
+        return s.to_string();
+    }
+    if width <= 2 {
+        return s.chars().take(width).collect();
+    }
+    let keep = width - 2;
+    let head = keep.div_ceil(2);
+    let tail = keep - head;
+    let mut out: String = s.chars().take(head).collect();
+    out.push_str("..");
+    out.extend(s.chars().skip(n - tail));
+    out
+}
+
+/// `s` cut to `width` characters, `...` when cut (for one-line messages).
+fn truncate(s: &str, width: usize) -> String {
+    fit_end(&one_line(s), width)
+}
+
+/// Wraps `text` at spaces to lines of at most `width` characters (longer words are cut).
+fn wrap(text: &str, width: usize) -> String {
+    let mut out = String::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        let word = fit_end(word, width);
+        if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > width {
+            out.push_str(&line);
+            out.push('\n');
+            line.clear();
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(&word);
+    }
+    if !line.is_empty() {
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::drain::{
+        DrainOutcome, FilterCounts, IdleReason, JobOutcome, QuitReason, TimestampMeaning,
+    };
+    use std::net::TcpListener;
+
+    fn t(secs: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + secs)
+    }
+
+    fn pod(name: &str, phase: Phase) -> PodStatus {
+        PodStatus {
+            namespace: "default".into(),
+            name: name.into(),
+            uid: "5a7e2c1b-0000-4000-8000-000000000001".into(),
+            phase,
+            tracked_since: t(0),
+            hold: None,
+            drain: None,
+            job: None,
+            last_error: None,
+        }
+    }
+
+    fn hold(n: u64, secs: u64, outcome: Option<HoldOutcome>) -> HoldRecord {
+        HoldRecord {
+            started_at: Some(t(1)),
+            released_at: outcome.map(|_| t(1 + secs)),
+            packets_held: n + 1,
+            connections_held: n,
+            ready_to_release_ms: outcome.map(|_| 0.412),
+            outcome,
+            ..HoldRecord::default()
+        }
+    }
+
+    fn drain(outcome: DrainOutcome, elapsed_ms: u64) -> DrainReport {
+        DrainReport {
+            outcome,
+            started_at: t(10),
+            deadline_at: Some(t(40)),
+            deadline_meaning: TimestampMeaning::KillTime,
+            inbound_drained: true,
+            health_failed: true,
+            app_gone_at: Some(t(18)),
+            quit_sent_at: Some(t(18)),
+            quit_reason: Some(QuitReason::Idle(IdleReason::NoOutboundConnections)),
+            proxy_exit_seen_at: Some(t(18)),
+            app_gone_to_quit: Some(Duration::from_millis(12)),
+            app_gone_to_proxy_exit: Some(Duration::from_millis(35)),
+            elapsed: Duration::from_millis(elapsed_ms),
+            app_processes_seen: 1,
+            app_processes_left: 0,
+            filter_present: Some(true),
+            last_counts: Some(FilterCounts::default()),
+            errors: vec![],
+            error_count: 0,
+            advice: None,
+        }
+    }
+
+    fn job(outcome: JobOutcome) -> JobReport {
+        JobReport {
+            outcome,
+            finished_by: None,
+            app_finished_at: Some(t(5)),
+            quit_sent_at: Some(t(5)),
+            quit_reason: Some(QuitReason::NoFilter),
+            proxy_exit_seen_at: Some(t(5)),
+            app_finished_to_quit: Some(Duration::from_millis(14)),
+            errors: vec![],
+            error_count: 0,
+        }
+    }
+
+    /// A node with one pod in every interesting state.
+    fn fixture() -> NodeStatus {
+        let mut held = pod("fetch-config", Phase::Ready);
+        held.hold = Some(hold(3, 2, Some(HoldOutcome::Ready)));
+        let mut holding = pod("slow-starter", Phase::Holding);
+        holding.hold = Some(HoldRecord {
+            late: true,
+            ..hold(1, 0, None)
+        });
+        let mut drained = pod("flusher", Phase::Done);
+        drained.drain = Some(drain(DrainOutcome::AppDone, 8_123));
+        let mut job_done = pod("batch-x7k2p", Phase::Done);
+        job_done.job = Some(job(JobOutcome::Completed));
+        let mut early = pod(
+            "a-deployment-with-a-very-long-name-7d9f8c6b5-x2x9z",
+            Phase::Done,
+        );
+        let mut d = drain(DrainOutcome::ProxyGoneEarly, 5_004);
+        d.advice = Some("Envoy exited 3.0 s before the app: set the mesh's terminationDrainDuration to at least the pod's terminationGracePeriodSeconds (30 s) so the agent can end the drain".into());
+        early.drain = Some(d);
+        early.last_error = Some("admin API at 127.0.0.1:15000 in the pod's netns: connection refused\n(after /quitquitquit)".into());
+        let mut deadline = pod("never-ready", Phase::Ready);
+        deadline.hold = Some(hold(2, 120, Some(HoldOutcome::Deadline)));
+        deadline.last_error = Some(
+            "hold deadline (120 s) passed before the proxy was ready; released (fail open)".into(),
+        );
+        NodeStatus {
+            node: "worker-1".into(),
+            agent_version: "0.1.0".into(),
+            pods: vec![
+                held,
+                holding,
+                drained,
+                job_done,
+                early,
+                deadline,
+                pod("new", Phase::WaitingForNetns),
+            ],
+        }
+    }
+
+    #[test]
+    fn table_shows_every_pod_state() {
+        let table = render_table(&fixture(), t(3));
+        println!("{table}");
+        let row = |name: &str| {
+            table
+                .lines()
+                .find(|l| l.contains(name))
+                .unwrap_or_else(|| panic!("no row for {name}:\n{table}"))
+                .to_string()
+        };
+        assert!(table.starts_with("node worker-1, holdfast 0.1.0, 7 pods\n"));
+        let r = row("default/fetch-config");
+        assert!(
+            r.contains("ready") && r.contains("3 (2.0s)") && r.contains("0.41ms"),
+            "{r}"
+        );
+        // Still holding: the duration runs up to now (t(3) - t(1)).
+        assert!(row("slow-starter").contains("1 (2.0s)"), "{table}");
+        assert!(row("flusher").contains("drain app-done 8.1s"), "{table}");
+        assert!(
+            row("default/batch-x7k2p").contains("job completed 14ms"),
+            "{table}"
+        );
+        assert!(row("default/new").contains("waiting"), "{table}");
+        // Long name: middle dropped, both ends kept.
+        let long = row("x2x9z");
+        assert!(long.starts_with("default/a-..c6b5-x2x9z "), "{long}");
+        assert!(long.contains("drain proxy-gone-early 5.0s"), "{long}");
+        // Advice and errors go on indented lines below their row, one line each.
+        assert!(
+            table.contains("\n    advice: Envoy exited 3.0 s before the app"),
+            "{table}"
+        );
+        assert!(table.contains("\n    error: admin API at 127.0.0.1:15000 in the pod's netns: connection refused\n    (after /quitquitquit)\n"), "{table}");
+        assert!(table.contains("\n    hold ended: deadline\n"), "{table}");
+        assert!(
+            table.contains("slow-starter   holding  1 (2.0s)    -       -\n    hold went in late"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn table_fits_80_columns() {
+        let table = render_table(&fixture(), t(3));
+        for line in table.lines() {
+            assert!(
+                line.chars().count() <= TABLE_WIDTH,
+                "{} chars: {line:?}",
+                line.chars().count()
+            );
+        }
+        // And with extreme values everywhere.
+        let mut s = fixture();
+        s.node = "n".repeat(200);
+        for p in &mut s.pods {
+            p.namespace = "ns".repeat(40);
+            p.last_error = Some("e ".repeat(300));
+            if let Some(h) = &mut p.hold {
+                h.connections_held = u64::MAX;
+                h.ready_to_release_ms = Some(1e12);
+            }
+            if let Some(d) = &mut p.drain {
+                d.elapsed = Duration::from_secs(1 << 40);
+            }
+        }
+        let table = render_table(&s, t(3));
+        for line in table.lines() {
+            assert!(
+                line.chars().count() <= TABLE_WIDTH,
+                "{} chars: {line:?}",
+                line.chars().count()
+            );
+        }
+    }
+
+    #[test]
+    fn empty_node_says_so() {
+        let s = NodeStatus {
+            node: "worker-1".into(),
+            agent_version: "0.1.0".into(),
+            pods: vec![],
+        };
+        assert_eq!(
+            render_table(&s, t(0)),
+            "node worker-1, holdfast 0.1.0, no meshed pods tracked\n"
+        );
+    }
+
+    #[test]
+    fn json_round_trips_through_the_served_format() {
+        let s = fixture();
+        let body = serde_json::to_string_pretty(&s).expect("serialize");
+        let agent = AgentUrl::parse(DEFAULT_AGENT_URL).expect("url");
+        let back = parse_status(&agent, &body).expect("parse");
+        assert_eq!(back.pods, s.pods);
+        let err = parse_status(&agent, "{\"pods\": 3}").expect_err("not a status");
+        assert_eq!(err.exit_code(), 5);
+        assert!(
+            err.to_string().contains("not a holdfast status document"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn truncation() {
+        assert_eq!(fit_end("abcdef", 6), "abcdef");
+        assert_eq!(fit_end("abcdefg", 6), "abc...");
+        assert_eq!(fit_end("abcdefg", 2), "ab");
+        assert_eq!(
+            fit_middle("default/web-7d9f8c6b5-x2x9z", 16),
+            "default..5-x2x9z"
+        );
+        assert_eq!(
+            fit_middle("default/web-7d9f8c6b5-x2x9z", 16)
+                .chars()
+                .count(),
+            16
+        );
+        assert_eq!(fit_middle("short", 16), "short");
+        assert_eq!(fit_middle("ééééééééé", 5), "éé..é");
+        assert_eq!(short_duration(Duration::from_millis(340)), "340ms");
+        assert_eq!(short_duration(Duration::from_millis(2_140)), "2.1s");
+        assert_eq!(short_duration(Duration::from_secs(75)), "75s");
+        assert_eq!(short_duration(Duration::from_secs(720)), "12m");
+        assert_eq!(short_ms(0.412), "0.41ms");
+        assert_eq!(short_ms(12.34), "12.3ms");
+        assert_eq!(short_ms(340.0), "340ms");
+        assert_eq!(short_ms(2_140.0), "2.1s");
+        assert_eq!(short_ms(f64::NAN), "?");
+        assert_eq!(wrap("aaa bbb ccc", 7), "aaa bbb\nccc\n");
+        assert_eq!(
+            wrap_limited("aaa bbb ccc ddd eee", 7, 2),
+            vec!["aaa bbb", "ccc ..."]
+        );
+        assert_eq!(wrap_limited("aaa bbb ccc", 7, 2), vec!["aaa bbb", "ccc"]);
+    }
+
+    #[test]
+    fn agent_urls() {
+        let u = AgentUrl::parse("http://127.0.0.1:15300").expect("plain");
+        assert_eq!(
+            (u.authority.as_str(), u.path("/status")),
+            ("127.0.0.1:15300", "/status".to_string())
+        );
+        let u = AgentUrl::parse("127.0.0.1:15300/").expect("no scheme");
+        assert_eq!(u.path("/status"), "/status");
+        let u = AgentUrl::parse("http://[::1]:15300").expect("v6");
+        assert_eq!(u.authority, "[::1]:15300");
+        let u = AgentUrl::parse(
+            "http://localhost:8001/api/v1/namespaces/holdfast/pods/holdfast-x:15300/proxy/",
+        )
+        .expect("base path");
+        assert_eq!(
+            u.path("/status"),
+            "/api/v1/namespaces/holdfast/pods/holdfast-x:15300/proxy/status"
+        );
+        assert_eq!(
+            AgentUrl::parse("http://agent").expect("no port").authority,
+            "agent:80"
+        );
+        for bad in [
+            "https://127.0.0.1:15300",
+            "ftp://x:1",
+            "http://:15300",
+            "http://h:99999",
+            "::1:15300",
+            "http://h:1/s?x",
+        ] {
+            let e = AgentUrl::parse(bad).expect_err(bad);
+            assert_eq!(e.exit_code(), 2, "{bad}");
+            assert!(e.to_string().contains("--status-listen"), "{e}");
+        }
+    }
+
+    #[test]
+    fn http_responses() {
+        let r = parse_response(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello")
+            .expect("ok")
+            .expect("some");
+        assert_eq!(
+            (r.status, r.body.as_slice(), r.complete),
+            (200, &b"hello"[..], true)
+        );
+        let r = parse_response(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhel")
+            .expect("ok")
+            .expect("some");
+        assert!(!r.complete);
+        let r = parse_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
+            .expect("ok")
+            .expect("some");
+        assert_eq!((r.body.as_slice(), r.complete), (&b"hello world"[..], true));
+        assert_eq!(parse_response(b"HTTP/1.1 200 OK\r\n").expect("ok"), None);
+        assert!(parse_response(b"SSH-2.0-OpenSSH\r\n\r\n").is_err());
+        let r = parse_response(b"HTTP/1.1 404 Not Found\r\n\r\nnope")
+            .expect("ok")
+            .expect("some");
+        assert_eq!((r.status, r.status_line.as_str()), (404, "404 Not Found"));
+    }
+
+    /// Serves one canned answer on a local port; returns the agent URL.
+    fn serve_once(answer: &'static [u8]) -> AgentUrl {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = l.local_addr().expect("addr");
+        std::thread::spawn(move || {
+            if let Ok((mut s, _)) = l.accept() {
+                let mut buf = [0u8; 1024];
+                let _ = s.read(&mut buf);
+                let _ = s.write_all(answer);
+            }
+        });
+        AgentUrl::parse(&format!("http://{addr}")).expect("url")
+    }
+
+    #[test]
+    fn fetch_reports_each_failure_with_its_fix() {
+        let t = Duration::from_secs(2);
+        // Nothing listens: a port just freed.
+        let port = TcpListener::bind("127.0.0.1:0")
+            .expect("bind")
+            .local_addr()
+            .expect("addr")
+            .port();
+        let url = AgentUrl::parse(&format!("http://127.0.0.1:{port}")).expect("url");
+        let e = fetch_status_body(&url, t).expect_err("nothing listens");
+        assert_eq!(e.exit_code(), 3);
+        assert!(e.to_string().starts_with(&format!("no holdfast agent answers at http://127.0.0.1:{port}: is the agent running on this node, and is --agent its --status-listen address?")), "{e}");
+
+        let e = fetch_status_body(
+            &serve_once(b"HTTP/1.1 404 Not Found\r\ncontent-length: 10\r\n\r\nnot found\n"),
+            t,
+        )
+        .expect_err("404");
+        assert_eq!(e.exit_code(), 4);
+        assert!(
+            e.to_string().contains("404 Not Found") && e.to_string().contains("not found"),
+            "{e}"
+        );
+
+        let e = fetch_status(
+            &serve_once(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi"),
+            t,
+        )
+        .expect_err("not JSON");
+        assert_eq!(e.exit_code(), 5);
+
+        let body = serde_json::to_string(&fixture()).expect("json");
+        let answer: &'static [u8] = Box::leak(
+            format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .into_bytes()
+            .into_boxed_slice(),
+        );
+        let s = fetch_status(&serve_once(answer), t).expect("a status");
+        assert_eq!(s.pods.len(), 7);
+
+        // Accepts but never answers: bounded by the timeout.
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url =
+            AgentUrl::parse(&format!("http://{}", l.local_addr().expect("addr"))).expect("url");
+        let started = Instant::now();
+        let e = fetch_status_body(&url, Duration::from_millis(300)).expect_err("silent");
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert!(e.to_string().contains("no answer within"), "{e}");
+        drop(l);
+    }
+
+    #[test]
+    fn node_flag_is_not_available_yet() {
+        let opts = StatusOptions {
+            agent: DEFAULT_AGENT_URL.into(),
+            json: false,
+            watch: false,
+            node: Some("worker-2".into()),
+            timeout: Duration::from_secs(1),
+        };
+        let e = run(&opts, &mut Vec::new()).expect_err("--node");
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("not available yet"));
+    }
+}
