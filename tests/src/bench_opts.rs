@@ -16,4 +16,6 @@ pub struct SimBenchOpts {
     pub proxy_delay: Duration,
     /// How long the app initialises before its first call (hold section).
     pub app_init: Duration,
+    /// Pods per variant in each round (hold section).
+    pub hold_pods: u32,
 }

@@ -84,6 +84,9 @@ struct Args {
     /// hold: how long the app initialises before its first call, in ms.
     #[arg(long, default_value_t = 1000)]
     app_init_ms: u64,
+    /// hold: pods per variant in each round (--runs rounds).
+    #[arg(long, default_value_t = 3)]
+    hold_pods: u32,
 }
 
 /// Options for the simulated-node sections: binaries next to this one.
@@ -103,6 +106,7 @@ fn sim_opts(args: &Args) -> Result<holdfast_tests::bench_opts::SimBenchOpts> {
         runs: args.runs,
         proxy_delay: Duration::from_millis(args.proxy_delay_ms),
         app_init: Duration::from_millis(args.app_init_ms),
+        hold_pods: args.hold_pods,
     })
 }
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{SigSet, Signal};
 
-use super::report::{now_ms, AppEvent, CallError, Phase, ReportWriter};
+use super::report::{now_ms, now_us, AppEvent, CallError, Phase, ReportWriter};
 
 /// Termination signals (SIGTERM, SIGINT) delivered to a dedicated thread.
 ///
@@ -105,6 +105,9 @@ pub struct AppArgs {
     /// Per-call timeout in ms.
     #[arg(long, default_value_t = 2000)]
     pub call_timeout_ms: u64,
+    /// Work (sleep) this many ms after starting, before the startup calls.
+    #[arg(long, default_value_t = 0)]
+    pub init_ms: u64,
 }
 
 /// A keep-alive connection pool to one remote service.
@@ -170,8 +173,10 @@ fn call_once(remote: SocketAddr, timeout: Duration) -> Result<(), CallError> {
 }
 
 fn record_call(report: &ReportWriter, phase: Phase, started: Instant, r: Result<(), CallError>) {
+    let at_us = now_us();
     report.record(&AppEvent::Call {
-        at_ms: now_ms(),
+        at_ms: at_us / 1000,
+        at_us: Some(at_us),
         phase,
         ok: r.is_ok(),
         error: r.err(),
@@ -182,8 +187,10 @@ fn record_call(report: &ReportWriter, phase: Phase, started: Instant, r: Result<
 /// Runs the app; returns its exit code (after recording it).
 pub fn run_app(args: &AppArgs, term: &TermSignal) -> io::Result<i32> {
     let report = Arc::new(ReportWriter::open(&args.report)?);
+    let at_us = now_us();
     report.record(&AppEvent::Start {
-        at_ms: now_ms(),
+        at_ms: at_us / 1000,
+        at_us: Some(at_us),
         pid: std::process::id(),
     });
     let exit = |code: i32| {
@@ -201,6 +208,13 @@ pub fn run_app(args: &AppArgs, term: &TermSignal) -> io::Result<i32> {
             .spawn(move || serve(listener, Some(report)))?;
     }
     let timeout = Duration::from_millis(args.call_timeout_ms);
+    // The app's own initialisation before it needs the network (parsing config, warming caches).
+    if term.sleep(Duration::from_millis(args.init_ms)) {
+        report.record(&AppEvent::Sigterm {
+            at_ms: term.received_at_ms().unwrap_or_else(now_ms),
+        });
+        return exit(0);
+    }
 
     let mut startup_failed = false;
     if args.startup_parallel {

@@ -4,7 +4,12 @@
 //!    `kubepods/pod<uid>`, and the pause process in both.
 //! 2. The `istio-init` init container (Istio's nat rules, then a short wait as istio-init takes).
 //! 3. The containers in spec order (the app, then `istio-proxy`) WITHOUT waiting for readiness,
-//!    as kubelet does when no postStart hook is set.
+//!    as kubelet does when no postStart hook is set. With [`super::spec::PodSpec::serial_start`] (Istio's
+//!    `holdApplicationUntilProxyStarts`) the proxy goes first and the app starts only once the
+//!    proxy's postStart hook (`pilot-agent wait`: poll readiness every 500 ms) has returned.
+//!    With [`super::spec::PodSpec::drop_until_ready`] the sandbox gets DROP rules for the app's SYNs to the
+//!    capture ports before the init container runs, removed as soon as Envoy is LIVE (a
+//!    baseline for the startup hold).
 //! 4. Exits are reaped and recorded; containers restart per `restartPolicy` with back-off.
 //! 5. Deletion: deletionTimestamp, SIGTERM to every container at once, SIGKILL (of the whole
 //!    container cgroup) after terminationGracePeriodSeconds; once all are gone the sandbox is
@@ -16,6 +21,7 @@ use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,10 +30,12 @@ use nix::sys::signal::Signal;
 
 use super::bootstrap::SidecarConfig;
 use super::cgroup::Cgroup;
+use super::istio_init::{ADMIN_PORT, INBOUND_PORT, OUTBOUND_PORT, PROXY_UID};
 use super::netns::{NetNs, REMOTE_IP};
 use super::node::{NodeEnv, Shared};
 use super::pod_object::{
-    now_ts, write_atomic, CState, ContainerView, PodView, Terminated, INIT_CONTAINER, PROXY_IMAGE,
+    now_ts, write_atomic, CState, ContainerView, PodView, Terminated, INIT_CONTAINER,
+    PROXY_CONTAINER, PROXY_IMAGE,
 };
 use super::process::{notify_exit, reap, spawn_in, Exit};
 use super::{random_hex, SimError};
@@ -49,6 +57,8 @@ pub(crate) enum PodEvent {
     Delete,
     /// The node is being torn down: kill everything now.
     Shutdown,
+    /// The postStart hook of container `i` returned (serial start): start the containers after it.
+    PostStarted(usize),
 }
 
 /// One pod's worker.
@@ -69,6 +79,9 @@ pub(crate) struct PodWorker {
     deleting: bool,
     shutting_down: bool,
     pod_dir: PathBuf,
+    /// Set when the pod stops: helper threads polling its proxy (postStart hook, DROP remover)
+    /// give up.
+    stopping: Arc<AtomicBool>,
 }
 
 impl PodWorker {
@@ -98,6 +111,7 @@ impl PodWorker {
             deleting: false,
             shutting_down: false,
             pod_dir,
+            stopping: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -144,9 +158,11 @@ impl PodWorker {
                 Ok(PodEvent::Exited { slot, pid }) => self.on_exit(slot, pid),
                 Ok(PodEvent::Delete) => self.on_delete(),
                 Ok(PodEvent::Shutdown) | Err(RecvTimeoutError::Disconnected) => self.on_shutdown(),
+                Ok(PodEvent::PostStarted(i)) => self.on_post_started(i),
                 Err(RecvTimeoutError::Timeout) => self.on_timer(),
             }
         }
+        self.stopping.store(true, Ordering::SeqCst);
         self.stop_sandbox();
         let pods_dir = self.env.pods_dir.clone();
         self.update(|v| {
@@ -186,6 +202,9 @@ impl PodWorker {
             .ok_or_else(|| SimError::Setup("netns".into()))?;
         ns.link_to(&self.env.remote_ns, &format!("vp{}", self.index), pod_ip)?;
         self.netns_file = Some(file);
+        if self.view(|v| v.spec.drop_until_ready) {
+            self.drop_syns_until_ready(&ns_name)?;
+        }
 
         self.pod_cg = Some(Cgroup::create(
             &self.env.cgroup_root,
@@ -283,6 +302,9 @@ impl PodWorker {
                 ]);
                 if spec.startup_parallel {
                     a.push("--startup-parallel".into());
+                }
+                if !spec.app_init.is_zero() {
+                    a.extend(["--init-ms".into(), spec.app_init.as_millis().to_string()]);
                 }
                 return a;
             }
@@ -385,9 +407,21 @@ impl PodWorker {
                     }
                 });
                 if ok && !self.deleting && !self.shutting_down {
-                    let n = self.view(|v| v.containers.len());
-                    for i in 0..n {
-                        self.start_container(i);
+                    let (n, serial) = self.view(|v| (v.containers.len(), v.spec.serial_start));
+                    let proxy =
+                        self.view(|v| v.containers.iter().position(|c| c.name == PROXY_CONTAINER));
+                    match (serial, proxy) {
+                        (true, Some(p)) => {
+                            // holdApplicationUntilProxyStarts: the proxy is moved first and its
+                            // postStart hook blocks the next container's start.
+                            self.start_container(p);
+                            self.run_post_start_wait(p);
+                        }
+                        _ => {
+                            for i in 0..n {
+                                self.start_container(i);
+                            }
+                        }
                     }
                 }
             }
@@ -470,6 +504,111 @@ impl PodWorker {
         }
     }
 
+    /// The proxy's postStart hook returned: start every container not started yet, in order.
+    fn on_post_started(&mut self, hooked: usize) {
+        if self.deleting || self.shutting_down {
+            return;
+        }
+        let n = self.view(|v| v.containers.len());
+        for i in (0..n).filter(|i| *i != hooked) {
+            if self.view(|v| v.containers[i].id.is_none()) {
+                self.start_container(i);
+            }
+        }
+    }
+
+    /// The postStart hook `pilot-agent wait` on the proxy container: poll the proxy's readiness
+    /// every 500 ms (its `--periodMillis` default) for up to 60 s (`--timeoutSeconds`), then
+    /// report [`PodEvent::PostStarted`]. It asks Envoy's admin `/ready` directly where pilot-agent
+    /// asks its own `:15020/healthz/ready` (which checks the same Envoy state); kubelet's exec
+    /// overhead is not simulated, which favours this baseline slightly. On timeout kubelet would
+    /// kill the proxy; here the app is started anyway, with a line in the proxy's log.
+    fn run_post_start_wait(&self, proxy: usize) {
+        const PERIOD: Duration = Duration::from_millis(500);
+        const TIMEOUT: Duration = Duration::from_secs(60);
+        let tx = self.tx.clone();
+        let stopping = self.stopping.clone();
+        let name = self.name.clone();
+        let started = Instant::now();
+        self.poll_proxy_in_netns("poststart", PERIOD, move |live| {
+            if stopping.load(Ordering::SeqCst) {
+                return true;
+            }
+            let timed_out = started.elapsed() >= TIMEOUT;
+            if timed_out {
+                eprintln!("sim: pod {name}: postStart `pilot-agent wait` timed out after {TIMEOUT:?}; starting the app anyway");
+            }
+            if live || timed_out {
+                let _ = tx.send(PodEvent::PostStarted(proxy));
+                return true;
+            }
+            false
+        });
+    }
+
+    /// The DROP baseline: before any container of the pod starts, drop the app's SYNs to the
+    /// capture ports (the same packets the holdfast agent queues), and remove the rules as soon
+    /// as Envoy's `/ready` says LIVE (polled every 1 ms). Dropped SYNs are retransmitted by the
+    /// app's kernel (after 1 s, then 2 s, 4 s...).
+    fn drop_syns_until_ready(&self, ns_name: &str) -> Result<(), SimError> {
+        let path = PathBuf::from("/run/netns").join(ns_name);
+        super::netns::run_in(&path, || iptables_restore(&drop_rules(true)))??;
+        let stopping = self.stopping.clone();
+        let name = self.name.clone();
+        self.poll_proxy_in_netns("drop-remover", Duration::from_millis(1), move |live| {
+            if stopping.load(Ordering::SeqCst) {
+                return true;
+            }
+            if live {
+                // This thread is in the pod's netns, so iptables (a child) is too.
+                if let Err(e) = iptables_restore(&drop_rules(false)) {
+                    eprintln!("sim: pod {name}: cannot remove the DROP rules: {e}");
+                }
+                return true;
+            }
+            false
+        });
+        Ok(())
+    }
+
+    /// Runs `step(proxy is LIVE)` every `period` on a thread inside the pod's netns until it
+    /// returns true.
+    fn poll_proxy_in_netns(
+        &self,
+        what: &str,
+        period: Duration,
+        mut step: impl FnMut(bool) -> bool + Send + 'static,
+    ) {
+        let Some(file) = self.netns_file.as_ref().and_then(|f| f.try_clone().ok()) else {
+            eprintln!("sim: pod {}: no netns for the {what} poller", self.name);
+            return;
+        };
+        let name = self.name.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("{what}-{name}"))
+            .spawn(move || {
+                if let Err(e) = nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET) {
+                    eprintln!("sim: pod {name}: cannot enter the pod's netns: {e}");
+                    return;
+                }
+                let admin = std::net::SocketAddr::from(([127, 0, 0, 1], ADMIN_PORT));
+                loop {
+                    let live = super::pilot_agent::admin_request(admin, "GET", "/ready")
+                        .is_ok_and(|b| b.trim() == "LIVE");
+                    if step(live) {
+                        return;
+                    }
+                    std::thread::sleep(period);
+                }
+            });
+        if let Err(e) = spawned {
+            eprintln!(
+                "sim: pod {}: cannot start the {what} poller: {e}",
+                self.name
+            );
+        }
+    }
+
     fn on_shutdown(&mut self) {
         self.shutting_down = true;
         self.restart_at.clear();
@@ -518,6 +657,57 @@ impl PodWorker {
     }
 }
 
+/// Comment on the DROP baseline's rules.
+const DROP_COMMENT: &str = "hf-drop-until-ready";
+
+/// The DROP baseline's rules as an `iptables-restore --noflush` input: inserted at the top of
+/// their chains (`insert`) or deleted. Same packets as the holdfast hold: outbound SYNs to 127.0.0.1:15001
+/// (after Istio's REDIRECT) from any uid but the proxy's, inbound SYNs to 15006 not on `lo`.
+fn drop_rules(insert: bool) -> String {
+    let (op, pos) = if insert { ('I', " 1") } else { ('D', "") };
+    format!(
+        "*filter\n\
+         -{op} OUTPUT{pos} -d 127.0.0.1/32 -p tcp -m tcp --dport {OUTBOUND_PORT} --syn -m owner ! --uid-owner {PROXY_UID} -m comment --comment {DROP_COMMENT} -j DROP\n\
+         -{op} INPUT{pos} ! -i lo -p tcp -m tcp --dport {INBOUND_PORT} --syn -m comment --comment {DROP_COMMENT} -j DROP\n\
+         COMMIT\n"
+    )
+}
+
+/// `iptables-restore -w --noflush` with `input`, in the calling thread's netns.
+fn iptables_restore(input: &str) -> Result<(), SimError> {
+    use std::io::Write as _;
+    let mut child = Command::new("iptables-restore")
+        .args(["-w", "--noflush"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|source| SimError::Io {
+            what: "cannot run iptables-restore (`just setup` installs it)".into(),
+            source,
+        })?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(input.as_bytes())
+            .map_err(|source| SimError::Io {
+                what: "cannot write to iptables-restore".into(),
+                source,
+            })?;
+    }
+    let out = child.wait_with_output().map_err(|source| SimError::Io {
+        what: "waiting for iptables-restore".into(),
+        source,
+    })?;
+    if !out.status.success() {
+        return Err(SimError::Command {
+            cmd: format!("iptables-restore --noflush <<< {input:?}"),
+            status: out.status,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(())
+}
+
 /// `t + d`, saturating at `t` (jiff is built without `std` here: add via the Unix time).
 fn jiff_add(t: k8s_openapi::jiff::Timestamp, d: Duration) -> k8s_openapi::jiff::Timestamp {
     let nanos = t.as_nanosecond() + d.as_nanos() as i128;
@@ -536,5 +726,27 @@ fn terminated(c: &ContainerView, exit: Exit) -> Terminated {
         reason: if exit.code == 0 { "Completed" } else { "Error" }.into(),
         started_at,
         finished_at: now_ts(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drop_rules_match_the_held_syns_and_delete_what_they_insert() {
+        let ins = drop_rules(true);
+        let del = drop_rules(false);
+        assert!(ins.starts_with("*filter\n") && ins.ends_with("COMMIT\n"));
+        assert!(ins.contains(
+            "-I OUTPUT 1 -d 127.0.0.1/32 -p tcp -m tcp --dport 15001 --syn -m owner ! --uid-owner 1337"
+        ));
+        assert!(ins.contains("-I INPUT 1 ! -i lo -p tcp -m tcp --dport 15006 --syn"));
+        // The delete spec is the insert spec without the position.
+        assert_eq!(
+            del.replace("-D OUTPUT", "-I OUTPUT 1")
+                .replace("-D INPUT", "-I INPUT 1"),
+            ins
+        );
     }
 }

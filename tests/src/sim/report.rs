@@ -19,6 +19,14 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// Wall-clock microseconds since the Unix epoch (for latencies of a few ms between processes).
+pub fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
 /// When in the app's life a call was made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -67,11 +75,19 @@ impl CallError {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum AppEvent {
-    /// The app process started.
-    Start { at_ms: u64, pid: u32 },
-    /// One outbound request/response call to a remote service.
+    /// The app process started (`at_us`: the same instant in µs; absent in older reports).
+    Start {
+        at_ms: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        at_us: Option<u64>,
+        pid: u32,
+    },
+    /// One outbound request/response call to a remote service, recorded when it ended
+    /// (`at_us`: the same instant in µs; absent in older reports).
     Call {
         at_ms: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        at_us: Option<u64>,
         phase: Phase,
         ok: bool,
         #[serde(default, skip_serializing_if = "Option::is_none")]

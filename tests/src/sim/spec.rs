@@ -132,6 +132,17 @@ pub struct PodSpec {
     pub call_timeout: Duration,
     /// Make the startup calls all at once, each on its own connection. Default off (in turn).
     pub startup_parallel: bool,
+    /// How long the app initialises (after its process starts) before its startup calls.
+    /// Default 0.
+    pub app_init: Duration,
+    /// Start the containers serially, as Istio's `holdApplicationUntilProxyStarts` does: the
+    /// proxy first, and the app only once a postStart hook polling the proxy's readiness every
+    /// 500 ms (`pilot-agent wait`) has succeeded. Default off.
+    pub serial_start: bool,
+    /// Baseline for the startup hold: DROP the app's SYNs to the capture ports (iptables, filter
+    /// table) from before the init container runs until Envoy's `/ready` says LIVE (polled every
+    /// 1 ms), so the app's SYNs are retransmitted by TCP. Default off.
+    pub drop_until_ready: bool,
 }
 
 impl PodSpec {
@@ -153,6 +164,9 @@ impl PodSpec {
             init_duration: Duration::from_millis(150),
             call_timeout: Duration::from_secs(2),
             startup_parallel: false,
+            app_init: Duration::ZERO,
+            serial_start: false,
+            drop_until_ready: false,
         }
     }
 
@@ -213,6 +227,21 @@ impl PodSpec {
     /// Make the startup calls all at once (an app that opens many connections at boot).
     pub fn parallel_startup_calls(mut self) -> Self {
         self.startup_parallel = true;
+        self
+    }
+    /// The app works for `d` after it starts before its first (startup) call.
+    pub fn app_init(mut self, d: Duration) -> Self {
+        self.app_init = d;
+        self
+    }
+    /// See [`PodSpec::serial_start`].
+    pub fn serial_start(mut self, on: bool) -> Self {
+        self.serial_start = on;
+        self
+    }
+    /// See [`PodSpec::drop_until_ready`].
+    pub fn drop_until_ready(mut self, on: bool) -> Self {
+        self.drop_until_ready = on;
         self
     }
 }
