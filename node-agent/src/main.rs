@@ -81,7 +81,7 @@ struct AgentArgs {
     #[arg(long)]
     kube: bool,
 
-    /// Address of the read-only status API (/status, /metrics, /healthz, /config).
+    /// Address of the read-only status API (/status, /config, /healthz).
     #[arg(
         long,
         env = "HOLDFAST_STATUS_LISTEN",
@@ -115,6 +115,10 @@ struct AgentArgs {
     #[arg(long, default_value = "120s", value_parser = parse_duration, value_name = "DURATION")]
     hold_timeout: Duration,
 
+    /// How often a holding pod's proxy readiness is checked (procfs first, then Envoy's /ready).
+    #[arg(long, default_value = "5ms", value_parser = parse_duration, value_name = "DURATION")]
+    ready_poll: Duration,
+
     /// NFQUEUE number used inside each pod's network namespace.
     #[arg(long, default_value_t = 15015, value_name = "N")]
     queue_num: u16,
@@ -138,7 +142,6 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 impl AgentArgs {
     fn into_config(self) -> Config {
-        let defaults = HoldSettings::default();
         Config {
             node_name: self.node_name,
             source: match self.pods_dir {
@@ -158,7 +161,7 @@ impl AgentArgs {
                 timeout: self.hold_timeout,
                 queue_num: self.queue_num,
                 require_filter: self.require_filter,
-                ..defaults
+                ready_poll: self.ready_poll.max(Duration::from_millis(1)),
             },
             drain: Default::default(),
         }
