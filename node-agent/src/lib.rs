@@ -19,6 +19,7 @@ pub mod agent;
 pub mod config;
 pub mod envoy_admin;
 pub mod hold;
+pub mod metrics;
 pub mod netns;
 pub mod pod;
 pub mod procfs_pods;

@@ -1,5 +1,5 @@
-//! The read-only status API: `/status` (JSON, what `holdfast status` shows), `/healthz`, `/config`
-//! (the effective configuration). No endpoint changes state; anything but GET/HEAD gets 405.
+//! The read-only status API: `/status` (JSON, what `holdfast status` shows), `/metrics`
+//! (Prometheus text), `/healthz`, `/config` (the effective configuration). No endpoint changes state; anything but GET/HEAD gets 405.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -19,6 +19,7 @@ use crate::status::{NodeStatus, StatusBoard};
 pub struct StatusApi {
     pub board: StatusBoard,
     pub config: Arc<Config>,
+    pub metrics: crate::metrics::MetricsHandle,
 }
 
 impl StatusApi {
@@ -65,10 +66,20 @@ impl StatusApi {
                 pods: self.board.snapshot(),
             }),
             "/config" => json(&*self.config),
+            "/metrics" => {
+                let mut r = Response::new(Full::new(Bytes::from(self.metrics.encode(&self.board))));
+                r.headers_mut().insert(
+                    hyper::header::CONTENT_TYPE,
+                    hyper::header::HeaderValue::from_static(
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    ),
+                );
+                r
+            }
             "/healthz" => text(StatusCode::OK, "ok\n"),
             _ => text(
                 StatusCode::NOT_FOUND,
-                "not found; endpoints: /status /config /healthz\n",
+                "not found; endpoints: /status /metrics /config /healthz\n",
             ),
         }
     }

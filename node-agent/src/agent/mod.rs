@@ -39,10 +39,8 @@ pub enum Error {
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
-    #[error(
-        "the in-cluster pod source (--kube) is not available in this build yet; use --pods-dir"
-    )]
-    KubeUnavailable,
+    #[error(transparent)]
+    Kube(#[from] crate::source::kube::Error),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -58,6 +56,7 @@ pub(crate) struct Shared {
     pub board: StatusBoard,
     pub procs: pod_procs::PodProcs,
     pub stop: CancellationToken,
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// Runs the agent until `shutdown` completes.
@@ -76,7 +75,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             let src = PodsDir::new(dir.clone())?;
             tokio::spawn(src.run(PODS_DIR_POLL, tx))
         }
-        SourceConfig::Kube => return Err(Error::KubeUnavailable),
+        SourceConfig::Kube => {
+            let src = crate::source::kube::KubePods::connect(&config.node_name).await?;
+            tokio::spawn(src.run(tx))
+        }
     };
 
     let listener = tokio::net::TcpListener::bind(config.status_listen)
@@ -88,7 +90,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     tracing::info!(addr = %config.status_listen, "status API listening");
 
     let stop = CancellationToken::new();
+    let metrics = crate::metrics::MetricsHandle::new();
     let shared = Arc::new(Shared {
+        metrics: metrics.metrics.clone(),
         config: config.clone(),
         board: StatusBoard::default(),
         procs: pod_procs::PodProcs::new(config.proc_root.clone()),
@@ -97,6 +101,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let api = StatusApi {
         board: shared.board.clone(),
         config: config.clone(),
+        metrics,
     };
     let api_task = tokio::spawn(api.serve(listener, stop.clone().cancelled_owned()));
 

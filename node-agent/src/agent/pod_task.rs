@@ -21,6 +21,7 @@ use super::Shared;
 use crate::envoy_admin::AdminClient;
 use crate::hold::rules::RuleSpec;
 use crate::hold::{HoldConfig, HoldQueue};
+use crate::metrics::Metrics;
 use crate::netns::PodNetns;
 use crate::pod::{PodKey, PodView};
 use crate::status::{HoldOutcome, HoldRecord, Phase, PodStatus};
@@ -82,11 +83,13 @@ impl PodTask {
                 tracing::info!(pod = %self.key, "pod gone; no longer tracked");
                 // Keep the finished row a while, so `holdfast status` still shows how the pod's
                 // drain went after it is gone.
-                self.shared.board.update(&self.key.namespace, &self.key.name, |row| {
-                    if row.uid == self.key.uid {
-                        row.phase = Phase::Done;
-                    }
-                });
+                self.shared
+                    .board
+                    .update(&self.key.namespace, &self.key.name, |row| {
+                        if row.uid == self.key.uid {
+                            row.phase = Phase::Done;
+                        }
+                    });
                 let board = self.shared.board.clone();
                 let key = self.key.clone();
                 tokio::spawn(async move {
@@ -131,6 +134,11 @@ impl PodTask {
             JobOutcome::Deleting => return self.drain(&admin).await,
             JobOutcome::NotAJob => {}
             JobOutcome::Completed | JobOutcome::ProxyAlreadyGone => {
+                let m = &self.shared.metrics;
+                m.jobs
+                    .get_or_create(&Metrics::outcome(job.outcome.as_str()))
+                    .inc();
+                m.drain_errors.inc_by(job.error_count as u64);
                 tracing::info!(pod = %self.key, outcome = ?job.outcome, quit_ms = job.app_finished_to_quit.map(|d| d.as_millis() as u64), "job finished; proxy stopped");
                 self.shared
                     .board
@@ -316,11 +324,12 @@ impl PodTask {
                 tracing::error!(pod = %self.key, error = %e, "could not set up the startup hold; the pod starts without it");
                 let _ =
                     blocking(netns, hold_cfg, |ns, c| HoldQueue::remove_leftover(&ns, &c)).await;
-                self.record_hold(|h| h.outcome = Some(HoldOutcome::Failed));
+                self.hold_failed();
                 self.record_error(format!("startup hold failed: {e}"));
                 return Ok(());
             }
         };
+        self.shared.metrics.holds_started.inc();
         let late = !adopted && self.app_running().await;
         if late {
             tracing::warn!(pod = %self.key, "the app was already running when the hold went in; its earliest connections may have been refused");
@@ -362,6 +371,7 @@ impl PodTask {
                     let held = queue.held();
                     tracing::info!(pod = %self.key, held = held.connections, "agent stopping; leaving the hold for the next agent");
                     drop(queue);
+                    self.shared.metrics.holds_released.get_or_create(&Metrics::outcome(HoldOutcome::AgentStopped.as_str())).inc();
                     self.record_hold(|h| h.outcome = Some(HoldOutcome::AgentStopped));
                     return Err(Interrupted::AgentStopping);
                 }
@@ -391,6 +401,15 @@ impl PodTask {
                     ready_to_release_us = ready_to_release.map(|d| d.as_micros() as u64),
                     "hold released"
                 );
+                let m = &self.shared.metrics;
+                m.holds_released
+                    .get_or_create(&Metrics::outcome(outcome.as_str()))
+                    .inc();
+                m.held_connections.inc_by(report.stats.connections);
+                m.hold_duration.observe(started.elapsed().as_secs_f64());
+                if let Some(d) = ready_to_release {
+                    m.hold_release_latency.observe(d.as_secs_f64());
+                }
                 let deadline_note = (outcome == HoldOutcome::Deadline).then(|| {
                     format!(
                         "hold deadline ({}) passed before the proxy was ready; connections released to a proxy that may refuse them",
@@ -423,14 +442,14 @@ impl PodTask {
                 let _ = ready_at;
                 let _ =
                     blocking(netns, hold_cfg, |ns, c| HoldQueue::remove_leftover(&ns, &c)).await;
-                self.record_hold(|h| h.outcome = Some(HoldOutcome::Failed));
+                self.hold_failed();
                 self.record_error(format!("releasing the hold failed: {e}"));
             }
             Err(e) => {
                 tracing::error!(pod = %self.key, error = %e, "release task failed; removing the rule");
                 let _ =
                     blocking(netns, hold_cfg, |ns, c| HoldQueue::remove_leftover(&ns, &c)).await;
-                self.record_hold(|h| h.outcome = Some(HoldOutcome::Failed));
+                self.hold_failed();
             }
         }
         match outcome {
@@ -451,6 +470,15 @@ impl PodTask {
                 .as_ref()
                 .is_some_and(|id| app_ids.iter().any(|a| a == id))
         })
+    }
+
+    fn hold_failed(&self) {
+        self.shared
+            .metrics
+            .holds_released
+            .get_or_create(&Metrics::outcome(HoldOutcome::Failed.as_str()))
+            .inc();
+        self.record_hold(|h| h.outcome = Some(HoldOutcome::Failed));
     }
 
     fn set_phase(&self, phase: Phase) {

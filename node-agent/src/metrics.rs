@@ -1,0 +1,281 @@
+//! The agent's Prometheus metrics (served at `/metrics` on the status API). Every name starts
+//! with `holdfast_`; every metric has help text. Pod tasks record into [`Metrics`]; the phase
+//! gauge is computed from the status board at scrape time, so it can never drift.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::status::{Phase, StatusBoard};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabel {
+    pub phase: PhaseValue,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum PhaseValue {
+    waiting_for_netns,
+    holding,
+    ready,
+    draining,
+    quitting,
+    done,
+}
+
+impl From<Phase> for PhaseValue {
+    fn from(p: Phase) -> Self {
+        match p {
+            Phase::WaitingForNetns => PhaseValue::waiting_for_netns,
+            Phase::Holding => PhaseValue::holding,
+            Phase::Ready => PhaseValue::ready,
+            Phase::Draining => PhaseValue::draining,
+            Phase::Quitting => PhaseValue::quitting,
+            Phase::Done => PhaseValue::done,
+        }
+    }
+}
+
+/// Everything the agent counts. Cheap to clone (shared state).
+#[derive(Clone)]
+pub struct Metrics {
+    pub holds_started: Counter,
+    pub holds_released: Family<OutcomeLabel, Counter>,
+    pub held_connections: Counter,
+    pub hold_duration: Histogram,
+    pub hold_release_latency: Histogram,
+    pub drains: Family<OutcomeLabel, Counter>,
+    pub drain_duration: Histogram,
+    pub drain_exit_lag: Histogram,
+    pub drain_errors: Counter,
+    pub jobs: Family<OutcomeLabel, Counter>,
+    pods_by_phase: Family<PhaseLabel, Gauge>,
+}
+
+fn seconds_buckets() -> Histogram {
+    // 1 ms .. ~65 s
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them (with help text) in `registry`.
+    pub fn new(registry: &mut Registry) -> Self {
+        let histogram = seconds_buckets;
+        let m = Metrics {
+            holds_started: Counter::default(),
+            holds_released: Family::default(),
+            held_connections: Counter::default(),
+            hold_duration: histogram(),
+            hold_release_latency: histogram(),
+            drains: Family::default(),
+            drain_duration: histogram(),
+            drain_exit_lag: histogram(),
+            drain_errors: Counter::default(),
+            jobs: Family::default(),
+            pods_by_phase: Family::default(),
+        };
+        let r = registry.sub_registry_with_prefix("holdfast");
+        r.register(
+            "holds_started",
+            "Startup holds put in place (or adopted)",
+            m.holds_started.clone(),
+        );
+        r.register(
+            "holds_released",
+            "Startup holds ended, by outcome (ready, deadline, pod-deleted, agent-stopped, failed)",
+            m.holds_released.clone(),
+        );
+        r.register(
+            "held_connections",
+            "Connections held until their proxy was ready",
+            m.held_connections.clone(),
+        );
+        r.register_with_unit(
+            "hold_duration",
+            "Time from a hold's start to its release",
+            prometheus_client::registry::Unit::Seconds,
+            m.hold_duration.clone(),
+        );
+        r.register_with_unit(
+            "hold_release_latency",
+            "Time from seeing the proxy ready to the verdict that let the held connections go",
+            prometheus_client::registry::Unit::Seconds,
+            m.hold_release_latency.clone(),
+        );
+        r.register(
+            "drains",
+            "Drains on pod deletion, by outcome (app-done, deadline, proxy-gone-early, pod-gone, agent-stopping)",
+            m.drains.clone(),
+        );
+        r.register_with_unit(
+            "drain_duration",
+            "Time from the pod's deletion seen to the drain's end",
+            prometheus_client::registry::Unit::Seconds,
+            m.drain_duration.clone(),
+        );
+        r.register_with_unit(
+            "drain_exit_lag",
+            "Time from the app's last process exit to the proxy's exit",
+            prometheus_client::registry::Unit::Seconds,
+            m.drain_exit_lag.clone(),
+        );
+        r.register(
+            "drain_errors",
+            "Problems during drains and Job completions (admin API errors, unreadable stats...)",
+            m.drain_errors.clone(),
+        );
+        r.register(
+            "jobs",
+            "Finished Jobs whose proxy the agent stopped, by outcome (completed, proxy-already-gone)",
+            m.jobs.clone(),
+        );
+        r.register("pods", "Tracked pods by phase", m.pods_by_phase.clone());
+        // Every known outcome exists from the start (at 0), so rates and alerts never see an
+        // absent series.
+        for o in [
+            "ready",
+            "deadline",
+            "pod-deleted",
+            "agent-stopped",
+            "failed",
+        ] {
+            let _ = m.holds_released.get_or_create(&Metrics::outcome(o));
+        }
+        for o in [
+            "app-done",
+            "deadline",
+            "proxy-gone-early",
+            "pod-gone",
+            "agent-stopping",
+        ] {
+            let _ = m.drains.get_or_create(&Metrics::outcome(o));
+        }
+        for o in ["completed", "proxy-already-gone"] {
+            let _ = m.jobs.get_or_create(&Metrics::outcome(o));
+        }
+        m
+    }
+
+    /// Refreshes the per-phase gauge from the board (called at scrape time).
+    pub fn observe_board(&self, board: &StatusBoard) {
+        let mut counts = [0i64; 6];
+        let phases = [
+            Phase::WaitingForNetns,
+            Phase::Holding,
+            Phase::Ready,
+            Phase::Draining,
+            Phase::Quitting,
+            Phase::Done,
+        ];
+        for row in board.snapshot() {
+            if let Some(i) = phases.iter().position(|p| *p == row.phase) {
+                counts[i] += 1;
+            }
+        }
+        for (p, n) in phases.iter().zip(counts) {
+            self.pods_by_phase
+                .get_or_create(&PhaseLabel { phase: (*p).into() })
+                .set(n);
+        }
+    }
+
+    pub fn outcome(s: &str) -> OutcomeLabel {
+        OutcomeLabel {
+            outcome: s.to_string(),
+        }
+    }
+}
+
+/// The registry and metrics together, as the status API serves them.
+#[derive(Clone)]
+pub struct MetricsHandle {
+    pub registry: Arc<Registry>,
+    pub metrics: Metrics,
+}
+
+impl MetricsHandle {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        Self {
+            registry: Arc::new(registry),
+            metrics,
+        }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self, board: &StatusBoard) -> String {
+        self.metrics.observe_board(board);
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+impl Default for MetricsHandle {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_is_prefixed_and_documented() {
+        let h = MetricsHandle::new();
+        h.metrics.holds_started.inc();
+        h.metrics
+            .holds_released
+            .get_or_create(&Metrics::outcome("ready"))
+            .inc();
+        h.metrics.hold_release_latency.observe(0.002);
+        let text = h.encode(&StatusBoard::default());
+        for line in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
+            assert!(line.starts_with("holdfast_"), "{line}");
+        }
+        for name in [
+            "holdfast_holds_started",
+            "holdfast_holds_released",
+            "holdfast_held_connections",
+            "holdfast_hold_duration_seconds",
+            "holdfast_hold_release_latency_seconds",
+            "holdfast_drains",
+            "holdfast_drain_duration_seconds",
+            "holdfast_drain_exit_lag_seconds",
+            "holdfast_drain_errors",
+            "holdfast_jobs",
+            "holdfast_pods",
+        ] {
+            assert!(
+                text.contains(&format!("# HELP {name} ")),
+                "{name} has no help:\n{text}"
+            );
+        }
+        assert!(
+            text.contains("holdfast_holds_released_total{outcome=\"ready\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("holdfast_pods{phase=\"holding\"} 0"),
+            "{text}"
+        );
+    }
+}
