@@ -18,4 +18,6 @@ pub struct SimBenchOpts {
     pub app_init: Duration,
     /// Pods per variant in each round (hold section).
     pub hold_pods: u32,
+    /// How long the calling app keeps calling out after SIGTERM (drain section).
+    pub after_sigterm: Duration,
 }

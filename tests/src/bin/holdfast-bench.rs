@@ -81,6 +81,9 @@ struct Args {
     /// hold: how late Envoy is, in ms.
     #[arg(long, default_value_t = 2000)]
     proxy_delay_ms: u64,
+    /// drain: how long the calling app keeps calling out after SIGTERM, in ms.
+    #[arg(long, default_value_t = 2000)]
+    after_sigterm_ms: u64,
     /// hold: how long the app initialises before its first call, in ms.
     #[arg(long, default_value_t = 1000)]
     app_init_ms: u64,
@@ -106,6 +109,7 @@ fn sim_opts(args: &Args) -> Result<holdfast_tests::bench_opts::SimBenchOpts> {
         runs: args.runs,
         proxy_delay: Duration::from_millis(args.proxy_delay_ms),
         app_init: Duration::from_millis(args.app_init_ms),
+        after_sigterm: Duration::from_millis(args.after_sigterm_ms),
         hold_pods: args.hold_pods,
     })
 }

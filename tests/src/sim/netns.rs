@@ -87,7 +87,18 @@ impl NetNs {
 
     /// Makes this the remote services' namespace: bridge `br0` with [`REMOTE_IP`].
     pub fn add_bridge(&self) -> Result<(), SimError> {
-        self.ip(&["link", "add", "br0", "type", "bridge"])?;
+        // A fixed (locally administered) MAC: a bridge without one takes the lowest of its
+        // ports' and changes it when that port goes, so a pod ending would leave the other
+        // pods' neighbour entries for the remote address stale and their traffic stalled.
+        self.ip(&[
+            "link",
+            "add",
+            "br0",
+            "address",
+            "02:00:c6:12:00:01",
+            "type",
+            "bridge",
+        ])?;
         self.ip(&[
             "addr",
             "add",

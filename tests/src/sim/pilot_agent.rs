@@ -43,6 +43,10 @@ pub struct PilotAgentArgs {
     pub concurrency: u32,
 }
 
+/// How often Envoy's exit is checked. The real pilot-agent learns of it at once (Go's
+/// `cmd.Wait`); a short poll keeps the stand-in's own delay out of the drain figures.
+const ENVOY_EXIT_POLL: Duration = Duration::from_millis(2);
+
 fn log(msg: &str) {
     eprintln!("{} pilot-agent: {msg}", super::report::now_ms());
 }
@@ -88,7 +92,7 @@ pub fn run(args: &PilotAgentArgs, term: &TermSignal) -> io::Result<i32> {
             log(&format!("Envoy exited by itself: {status}"));
             return Ok(exit_code(status));
         }
-        if term.sleep(Duration::from_millis(20)) {
+        if term.sleep(ENVOY_EXIT_POLL) {
             break;
         }
     }
@@ -127,7 +131,7 @@ pub fn run(args: &PilotAgentArgs, term: &TermSignal) -> io::Result<i32> {
             }
             None => {}
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(ENVOY_EXIT_POLL);
     }
     log("drain over: killing Envoy");
     let mut child = match envoy.lock() {

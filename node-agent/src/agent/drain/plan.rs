@@ -18,7 +18,14 @@
 //!   prompt watcher, the timestamp is **now or in the past**.
 //!
 //! [`DrainPlan`] tells them apart by that: a timestamp still in the future when the deletion is
-//! first observed is the kill time itself; one that is not is the request time. The
+//! first observed is the kill time itself; one that is not is the request time.
+//!
+//! The API server writes `deletionTimestamp` in whole seconds (`metav1.Time` is RFC 3339
+//! without a fraction), rounded down: the kill comes up to a second after it. Taken as is, that
+//! second would be cut from the app's shutdown. So a whole-second kill time is refined with the
+//! moment the deletion was observed: `observed + grace`, kept within `[stamp, stamp + 1 s)`. A
+//! prompt watcher sees the deletion about when the kubelet does, so that is close to the
+//! kubelet's own timer; a late one is held to the second the stamp allows. The
 //! misjudgements this leaves are on the safe side: a node clock more than a grace period ahead of
 //! the API server, or an agent that first sees the deletion only after the kill time passed, read
 //! the timestamp as a request time and put the deadline later — the kubelet's SIGKILL then
@@ -67,7 +74,10 @@ impl DrainPlan {
     pub fn new(deletion: Deletion, observed: SystemTime) -> DrainPlan {
         let stamp = system_time(deletion.timestamp);
         let (meaning, kill_at) = if stamp > observed {
-            (TimestampMeaning::KillTime, Some(stamp))
+            (
+                TimestampMeaning::KillTime,
+                Some(refine_whole_second(stamp, deletion, observed)),
+            )
         } else {
             (
                 TimestampMeaning::RequestTime,
@@ -95,6 +105,24 @@ impl DrainPlan {
                 .min(MAX_REMAINING),
         }
     }
+}
+
+/// The kill time of a whole-second, future `deletionTimestamp` (see the module docs): the API
+/// server rounded `request + grace` down to the second, so the kill lies in
+/// `[stamp, stamp + 1 s)`; within that, `observed + grace` says where.
+fn refine_whole_second(stamp: SystemTime, deletion: Deletion, observed: SystemTime) -> SystemTime {
+    if deletion.timestamp.subsec_nanosecond() != 0 {
+        // A precise stamp (not the API server's rounding): take it as it is.
+        return stamp;
+    }
+    let Some(estimate) = observed.checked_add(deletion.grace) else {
+        return stamp;
+    };
+    // Just short of the next second: a stamp of 10:00:05 means a kill before 10:00:06.
+    let latest = stamp
+        .checked_add(Duration::from_secs(1) - Duration::from_millis(1))
+        .unwrap_or(stamp);
+    estimate.clamp(stamp, latest)
 }
 
 /// A jiff timestamp as a `SystemTime` (jiff's own conversion needs its `std` feature, which
@@ -175,13 +203,43 @@ mod tests {
 
     #[test]
     fn future_stamp_is_the_kill_time() {
-        // API-server convention: the stamp is request + grace and lies in the future.
+        // API-server convention: the stamp is request + grace and lies in the future. Request
+        // at T0 + 0.0: the stamp is exact, observed 50 ms later the estimate is T0 + 30.05.
         let observed = at(T0) + Duration::from_millis(50);
         let plan = DrainPlan::new(deletion(T0 + 30, 30), observed);
         assert_eq!(plan.meaning, TimestampMeaning::KillTime);
-        assert_eq!(plan.kill_at, Some(at(T0 + 30)));
-        assert_eq!(plan.deadline, Some(at(T0 + 29)));
-        assert_eq!(plan.remaining(observed), Duration::from_millis(28_950));
+        assert_eq!(plan.kill_at, Some(at(T0 + 30) + Duration::from_millis(50)));
+        assert_eq!(plan.deadline, Some(at(T0 + 29) + Duration::from_millis(50)));
+        assert_eq!(plan.remaining(observed), Duration::from_millis(29_000));
+    }
+
+    #[test]
+    fn whole_second_stamp_is_refined_by_the_observation() {
+        // Request at T0 + 0.7 s: the API server writes T0 + 30 (rounded down); the kubelet
+        // kills at about T0 + 30.7. Observed 20 ms after the request.
+        let observed = at(T0) + Duration::from_millis(720);
+        let plan = DrainPlan::new(deletion(T0 + 30, 30), observed);
+        assert_eq!(plan.kill_at, Some(at(T0 + 30) + Duration::from_millis(720)));
+        assert_eq!(plan.remaining(observed), Duration::from_secs(29));
+        // An agent that sees it late is held to the second the stamp allows.
+        let late = at(T0) + Duration::from_millis(2_500);
+        let plan = DrainPlan::new(deletion(T0 + 30, 30), late);
+        assert_eq!(plan.kill_at, Some(at(T0 + 30) + Duration::from_millis(999)));
+        // And an estimate before the stamp (a clock behind) is raised to it.
+        let early = DrainPlan::new(deletion(T0 + 30, 10), at(T0));
+        assert_eq!(early.kill_at, Some(at(T0 + 30)));
+    }
+
+    #[test]
+    fn precise_future_stamp_is_taken_as_is() {
+        let stamp = Timestamp::from_nanosecond(i128::from(T0 + 30) * 1_000_000_000 + 250_000_000)
+            .expect("valid");
+        let d = Deletion {
+            timestamp: stamp,
+            grace: Duration::from_secs(30),
+        };
+        let plan = DrainPlan::new(d, at(T0) + Duration::from_millis(900));
+        assert_eq!(plan.kill_at, Some(at(T0 + 30) + Duration::from_millis(250)));
     }
 
     #[test]

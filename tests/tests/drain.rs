@@ -1,0 +1,714 @@
+//! The drain and Job completion, end to end: the real `holdfast` agent on the simulated node
+//! (netns pods, Istio's rules, real Envoy with the filter under the pilot-agent stand-in, real
+//! apps), started before the pods.
+//!
+//! The pods are set up as the shipped mesh config sets them: pilot-agent's
+//! `terminationDrainDuration` equals the pod's grace period, so Envoy outlives the app and the
+//! agent ends it with `/quitquitquit` as soon as the app is done. The shutdown failure of
+//! `failures.rs` (calls after a fixed 5 s drain are refused) and the Job that never completes
+//! both pass; the deadline and a too-short drain duration are reported, not hidden.
+//!
+//! Every test reads what the agent says (`/status`, recorded continuously while the test runs),
+//! what the app saw (its report), and when each container exited (the simulated kubelet's
+//! view), and ends by checking nothing is left.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
+
+use holdfast::agent::drain::{
+    DrainOutcome, DrainReport, FinishedBy, JobOutcome, JobReport, QuitReason,
+};
+use holdfast::status::{Phase as AgentPhase, PodStatus};
+use holdfast_tests::agent::AgentProcess;
+use holdfast_tests::sim::pod_object::{CState, ContainerView};
+use holdfast_tests::sim::{
+    privileged, AppScript, NodeOptions, Phase, PodPhase, PodSpec, PodView, RestartPolicy, SimNode,
+};
+
+const SERVE_PORT: u16 = 8080;
+
+fn node(test: &str) -> SimNode {
+    node_with(test, NodeOptions::default())
+}
+
+fn node_with(test: &str, opts: NodeOptions) -> SimNode {
+    let opts = NodeOptions {
+        sim_app: Some(env!("CARGO_BIN_EXE_sim-app").into()),
+        ..opts
+    };
+    SimNode::with_options(test, opts)
+        .unwrap_or_else(|e| panic!("{test}: cannot build the simulated node: {e}"))
+}
+
+fn agent(node: &SimNode) -> AgentProcess {
+    AgentProcess::start(
+        node.node_name(),
+        node.pods_dir(),
+        &node.work_dir().join("agent.log"),
+        &[],
+    )
+    .expect("start the holdfast agent")
+}
+
+fn assert_clean(node: SimNode, agent: AgentProcess) {
+    drop(agent);
+    let left = node.finish();
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+/// A pod as the shipped mesh config runs it: drain duration = grace period.
+fn meshed(name: &str, app: AppScript, grace: Duration) -> PodSpec {
+    PodSpec::new(name).app(app).grace(grace).drain(grace)
+}
+
+/// An app that calls out every 200 ms over a pool of 2 and keeps calling `after` past SIGTERM.
+fn caller(after: Duration) -> AppScript {
+    AppScript::CallThroughShutdown {
+        every: Duration::from_millis(200),
+        pool: 2,
+        after_sigterm: after,
+    }
+}
+
+/// The last row the agent showed for each pod, from `/status` polled every 5 ms on a thread, so
+/// a test sees every report the moment it lands (and does not depend on how long the agent
+/// keeps a gone pod's row).
+struct Rows {
+    rows: Mutex<HashMap<String, PodStatus>>,
+    stop: AtomicBool,
+}
+
+impl Rows {
+    fn last(&self, name: &str) -> Option<PodStatus> {
+        self.rows
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    /// Waits until the last row of `name` satisfies `pred`.
+    fn wait(
+        &self,
+        agent: &AgentProcess,
+        name: &str,
+        timeout: Duration,
+        what: &str,
+        pred: impl Fn(&PodStatus) -> bool,
+    ) -> PodStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let last = self.last(name);
+            if let Some(row) = last.as_ref().filter(|r| pred(r)) {
+                return row.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pod {name}: {what} not seen within {timeout:?}; last row: {last:#?}\nagent log:\n{}",
+                agent.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn drain(&self, agent: &AgentProcess, name: &str, timeout: Duration) -> DrainReport {
+        self.wait(agent, name, timeout, "a drain report", |r| {
+            r.drain.is_some()
+        })
+        .drain
+        .expect("checked")
+    }
+
+    fn job(&self, agent: &AgentProcess, name: &str, timeout: Duration) -> JobReport {
+        self.wait(agent, name, timeout, "a job report", |r| r.job.is_some())
+            .job
+            .expect("checked")
+    }
+}
+
+/// Runs `f` while a thread records the agent's rows.
+fn recording<R>(agent: &AgentProcess, f: impl FnOnce(&Rows) -> R) -> R {
+    let rows = Rows {
+        rows: Mutex::new(HashMap::new()),
+        stop: AtomicBool::new(false),
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !rows.stop.load(Ordering::SeqCst) {
+                if let Ok(status) = agent.status() {
+                    let mut map = rows.rows.lock().unwrap_or_else(|p| p.into_inner());
+                    for row in status.pods {
+                        map.insert(row.name.clone(), row);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        // Stop the recorder even when `f` panics, so the scope can end and report it.
+        struct StopOnDrop<'a>(&'a AtomicBool);
+        impl Drop for StopOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let _stop = StopOnDrop(&rows.stop);
+        f(&rows)
+    })
+}
+
+/// When a container last exited (wall clock, ms since the epoch), by the kubelet's view.
+fn exited_ms(c: Option<&ContainerView>) -> Option<f64> {
+    let c = c?;
+    let t = match &c.state {
+        CState::Terminated(t) => t,
+        _ => c.last.as_ref()?,
+    };
+    Some(t.finished_at.as_nanosecond() as f64 / 1e6)
+}
+
+/// The proxy container's exit after the app container's, in ms (the sim's view).
+fn app_to_proxy_exit_ms(view: &PodView) -> f64 {
+    let app = exited_ms(view.app()).expect("the app container exited");
+    let proxy = exited_ms(view.proxy()).expect("the proxy container exited");
+    proxy - app
+}
+
+fn ms_since_epoch(t: SystemTime) -> f64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64() * 1e3)
+        .unwrap_or(0.0)
+}
+
+fn ms(d: Option<Duration>) -> f64 {
+    d.map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
+}
+
+/// Waits until the pod runs and its app has made `calls` successful calls through Envoy.
+fn wait_calling(node: &SimNode, pod: &str, calls: u32) {
+    node.wait_report(pod, Duration::from_secs(30), "successful calls", |r| {
+        r.calls(Phase::Running).ok >= calls
+    })
+    .expect("the app reaches the remote service through Envoy");
+}
+
+/// A client in the remote namespace, connected to the pod's served port (through its sidecar's
+/// inbound listener, as traffic from other pods arrives).
+struct RemoteClient {
+    conn: BufReader<TcpStream>,
+}
+
+impl RemoteClient {
+    fn connect(node: &SimNode, pod: &str) -> std::io::Result<RemoteClient> {
+        let ip = node.pod_ip(pod).expect("pod ip");
+        let addr = SocketAddr::from((ip, SERVE_PORT));
+        let s = node
+            .in_remote_netns(|| TcpStream::connect_timeout(&addr, Duration::from_secs(2)))
+            .expect("enter the remote netns")?;
+        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        s.set_nodelay(true)?;
+        Ok(RemoteClient {
+            conn: BufReader::new(s),
+        })
+    }
+
+    /// One request; Ok(()) on the expected answer.
+    fn ping(&mut self) -> Result<(), String> {
+        self.conn
+            .get_mut()
+            .write_all(b"ping\n")
+            .map_err(|e| format!("write: {e}"))?;
+        let mut line = String::new();
+        match self.conn.read_line(&mut line) {
+            Ok(0) => Err("closed".into()),
+            Ok(_) if line == "pong\n" => Ok(()),
+            Ok(_) => Err(format!("bad answer {line:?}")),
+            Err(e) => Err(format!("read: {e}")),
+        }
+    }
+
+    /// Waits until the pod's side closes the connection; true if it did within `timeout`.
+    fn closed_within(&mut self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut line = String::new();
+        while Instant::now() < deadline {
+            match self.conn.read_line(&mut line) {
+                Ok(0) => return true,
+                Ok(_) => line.clear(),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => return true,
+            }
+        }
+        false
+    }
+}
+
+/// The shutdown failure, fixed: the app calls out for 8 s after SIGTERM and every call works;
+/// Envoy exits as soon as the app is done, long before the 20 s drain duration.
+#[test]
+fn drain_waits_for_an_app_calling_through_shutdown() {
+    if !privileged("drain_waits_for_an_app_calling_through_shutdown") {
+        return;
+    }
+    let mut node = node("drcall");
+    let agent = agent(&node);
+    let grace = Duration::from_secs(20);
+    node.add_pod(meshed("flusher", caller(Duration::from_secs(8)), grace))
+        .expect("add pod");
+    node.start_pods().expect("start");
+    recording(&agent, |rows| {
+        wait_calling(&node, "flusher", 3);
+        let t = Instant::now();
+        node.delete_pod("flusher").expect("delete");
+        let view = node
+            .wait_gone("flusher", Duration::from_secs(30))
+            .expect("pod terminates");
+        let took = t.elapsed();
+        let drain = rows.drain(&agent, "flusher", Duration::from_secs(5));
+        eprintln!("drain report: {drain:#?}");
+
+        let report = node.report("flusher").expect("report");
+        let after = report.calls(Phase::AfterSigterm);
+        assert_eq!(after.failed, 0, "calls after SIGTERM failed: {after:?}");
+        assert!(after.ok >= 30, "the app called for 8 s: {after:?}");
+        assert_eq!(report.exit_codes(), vec![0]);
+
+        assert_eq!(drain.outcome, DrainOutcome::AppDone, "{drain:#?}");
+        assert!(drain.inbound_drained && drain.health_failed, "{drain:#?}");
+        assert!(
+            matches!(drain.quit_reason, Some(QuitReason::Idle(_))),
+            "quit because nothing was in flight: {drain:#?}"
+        );
+        assert_eq!(drain.filter_present, Some(true));
+        assert_eq!(drain.app_processes_left, 0);
+        let quit_lag = ms(drain.app_gone_to_quit);
+        let exit_lag = ms(drain.app_gone_to_proxy_exit);
+        assert!(quit_lag < 200.0, "app gone → quit {quit_lag} ms");
+        assert!(exit_lag < 300.0, "app gone → proxy exit {exit_lag} ms");
+        assert!(drain.errors.is_empty(), "{:?}", drain.errors);
+
+        let sim_lag = app_to_proxy_exit_ms(&view);
+        eprintln!(
+            "app called 8 s after SIGTERM, 0 failed; pod gone after {took:?}; agent: app gone → \
+             quit {quit_lag:.1} ms, → proxy exit {exit_lag:.1} ms; sim: app exit → proxy exit \
+             {sim_lag:.1} ms"
+        );
+        assert!(
+            (0.0..300.0).contains(&sim_lag),
+            "proxy exited {sim_lag} ms after the app"
+        );
+        assert!(
+            took >= Duration::from_secs(8) && took < Duration::from_secs(11),
+            "the pod ends with the app (~8 s), not after the 20 s drain: {took:?}"
+        );
+    });
+    assert_clean(node, agent);
+}
+
+/// An app that exits at once on SIGTERM: the pod ends within a second, not after its 30 s drain.
+#[test]
+fn drain_ends_at_once_when_the_app_exits_at_once() {
+    if !privileged("drain_ends_at_once_when_the_app_exits_at_once") {
+        return;
+    }
+    let mut node = node("drquick");
+    let agent = agent(&node);
+    node.add_pod(meshed(
+        "quick",
+        caller(Duration::ZERO),
+        Duration::from_secs(30),
+    ))
+    .expect("add pod");
+    node.start_pods().expect("start");
+    recording(&agent, |rows| {
+        wait_calling(&node, "quick", 2);
+        let t = Instant::now();
+        node.delete_pod("quick").expect("delete");
+        let view = node
+            .wait_gone("quick", Duration::from_secs(40))
+            .expect("pod terminates");
+        let took = t.elapsed();
+        let drain = rows.drain(&agent, "quick", Duration::from_secs(5));
+        let sim_lag = app_to_proxy_exit_ms(&view);
+        eprintln!(
+            "pod gone {took:?} after deletion; app exit → proxy exit {sim_lag:.1} ms; agent: {:?} \
+             after {:.0} ms",
+            drain.outcome,
+            drain.elapsed.as_secs_f64() * 1e3
+        );
+        assert_eq!(drain.outcome, DrainOutcome::AppDone, "{drain:#?}");
+        assert!(
+            took < Duration::from_secs(1),
+            "the pod ends within ~1 s, not after the 30 s drain: {took:?}"
+        );
+        assert!(
+            (0.0..300.0).contains(&sim_lag),
+            "proxy exited {sim_lag} ms after the app"
+        );
+        let report = node.report("quick").expect("report");
+        assert_eq!(report.all_calls().failed, 0, "{:?}", report.all_calls());
+        assert_eq!(report.exit_codes(), vec![0]);
+    });
+    assert_clean(node, agent);
+}
+
+/// Inbound during the drain: a connection open at deletion keeps being served while the app
+/// runs, and so is a new one. Envoy's `/drain_listeners?inboundonly&graceful` does not close the
+/// inbound listener at once: it keeps accepting for `--drain-time-s` (the stand-in passes 45, as
+/// Istio does from its `drainDuration`) and only then removes it. What takes a deleted pod out
+/// of traffic is the health check (`/healthcheck/fail`: `/ready` answers 503 at once) and, in a
+/// cluster, the endpoint removal; connections that still arrive are served, not refused, until
+/// the app is gone. Once the app exits its open connections are closed and the proxy quits.
+#[test]
+fn drain_keeps_serving_inbound_until_the_app_is_gone() {
+    if !privileged("drain_keeps_serving_inbound_until_the_app_is_gone") {
+        return;
+    }
+    let mut node = node("drinb");
+    let agent = agent(&node);
+    node.add_pod(
+        meshed(
+            "web",
+            caller(Duration::from_secs(3)),
+            Duration::from_secs(20),
+        )
+        .serve(SERVE_PORT),
+    )
+    .expect("add pod");
+    node.start_pods().expect("start");
+    recording(&agent, |rows| {
+        wait_calling(&node, "web", 2);
+        node.wait_proxy_live("web", Duration::from_secs(10))
+            .expect("Envoy LIVE");
+        let mut open = RemoteClient::connect(&node, "web").expect("inbound connection");
+        open.ping().expect("inbound request before deletion");
+
+        node.delete_pod("web").expect("delete");
+        rows.wait(&agent, "web", Duration::from_secs(5), "draining", |r| {
+            r.phase == AgentPhase::Draining
+        });
+        // The health check fails at once (what takes the pod out of load balancing).
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let ready = loop {
+            let r = node.admin("web", "GET", "/ready");
+            if r.as_ref().is_err_and(|e| e.to_string().contains("503")) || Instant::now() > deadline
+            {
+                break r;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(
+            ready.as_ref().is_err_and(|e| e.to_string().contains("503")),
+            "/ready after deletion: {ready:?}"
+        );
+
+        // The connection open at deletion keeps working while the app runs.
+        for i in 0..5 {
+            open.ping()
+                .unwrap_or_else(|e| panic!("request {i} on the open connection: {e}"));
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        // A new inbound connection 1 s into the drain is still accepted and served.
+        let mut late = RemoteClient::connect(&node, "web").expect("new inbound connection");
+        late.ping()
+            .expect("request on a connection opened during the drain");
+
+        // Once the app exits (3 s after SIGTERM) its connections close and the proxy goes.
+        assert!(
+            open.closed_within(Duration::from_secs(5)),
+            "the open connection is closed once the app exits"
+        );
+        assert!(late.closed_within(Duration::from_secs(2)));
+        let view = node
+            .wait_gone("web", Duration::from_secs(10))
+            .expect("pod terminates");
+        let drain = rows.drain(&agent, "web", Duration::from_secs(5));
+        assert_eq!(drain.outcome, DrainOutcome::AppDone, "{drain:#?}");
+        assert!(drain.inbound_drained && drain.health_failed);
+        let sim_lag = app_to_proxy_exit_ms(&view);
+        assert!((0.0..300.0).contains(&sim_lag), "{sim_lag} ms");
+        let report = node.report("web").expect("report");
+        assert!(report.served() >= 7, "served {}", report.served());
+        assert_eq!(report.calls(Phase::AfterSigterm).failed, 0);
+        // After the pod is gone nothing answers at its address.
+        let addr = SocketAddr::from((node.pod_ip("web").expect("ip"), SERVE_PORT));
+        let after = node
+            .in_remote_netns(|| TcpStream::connect_timeout(&addr, Duration::from_millis(500)))
+            .expect("remote netns");
+        assert!(after.is_err(), "connected to a gone pod");
+    });
+    assert_clean(node, agent);
+}
+
+/// An idle keep-alive connection from a remote client INTO the pod (pooled, opened before the
+/// deletion, never closed by the client) does not hold the drain: the proxy quits right after
+/// the app, as pilot-agent's `EXIT_ON_ZERO_ACTIVE_CONNECTIONS` would not (it counts such
+/// connections). With the sidecar's `tcp_proxy` the app's exit also closes the connection's
+/// upstream side and Envoy closes the client's side; the agent does not wait for that.
+#[test]
+fn drain_is_not_held_by_an_idle_inbound_keepalive() {
+    if !privileged("drain_is_not_held_by_an_idle_inbound_keepalive") {
+        return;
+    }
+    let mut node = node("drkeep");
+    let agent = agent(&node);
+    node.add_pod(
+        meshed(
+            "svc",
+            caller(Duration::from_secs(2)),
+            Duration::from_secs(20),
+        )
+        .serve(SERVE_PORT),
+    )
+    .expect("add pod");
+    node.start_pods().expect("start");
+    recording(&agent, |rows| {
+        wait_calling(&node, "svc", 2);
+        node.wait_proxy_live("svc", Duration::from_secs(10))
+            .expect("Envoy LIVE");
+        let mut pooled = RemoteClient::connect(&node, "svc").expect("inbound connection");
+        pooled.ping().expect("inbound request");
+        // Idle from here on.
+        let t = Instant::now();
+        node.delete_pod("svc").expect("delete");
+        let view = node
+            .wait_gone("svc", Duration::from_secs(30))
+            .expect("pod terminates");
+        let took = t.elapsed();
+        let drain = rows.drain(&agent, "svc", Duration::from_secs(5));
+        eprintln!("idle keep-alive: pod gone after {took:?}; drain {drain:#?}");
+        assert_eq!(drain.outcome, DrainOutcome::AppDone, "{drain:#?}");
+        assert!(matches!(drain.quit_reason, Some(QuitReason::Idle(_))));
+        assert!(ms(drain.app_gone_to_proxy_exit) < 300.0, "{drain:#?}");
+        let sim_lag = app_to_proxy_exit_ms(&view);
+        assert!((0.0..300.0).contains(&sim_lag), "{sim_lag} ms");
+        assert!(
+            took < Duration::from_secs(4),
+            "the pod ends with the app (~2 s), not after the drain: {took:?}"
+        );
+        assert!(
+            pooled.closed_within(Duration::from_secs(1)),
+            "the client's connection was closed with the pod"
+        );
+        let report = node.report("svc").expect("report");
+        assert_eq!(report.calls(Phase::AfterSigterm).failed, 0);
+    });
+    assert_clean(node, agent);
+}
+
+/// The Job failure, fixed: the Job's app exits 0 and the agent quits its proxy, so the pod
+/// completes (phase Succeeded) within a second of the app's exit.
+#[test]
+fn job_completes_when_its_app_exits() {
+    if !privileged("job_completes_when_its_app_exits") {
+        return;
+    }
+    let mut node = node("drjob");
+    let agent = agent(&node);
+    node.add_pod(
+        PodSpec::new("batch")
+            .app(AppScript::Batch {
+                calls: 3,
+                exit_code: 0,
+            })
+            .job(),
+    )
+    .expect("add pod");
+    node.start_pods().expect("start");
+    recording(&agent, |rows| {
+        let view = node
+            .wait_phase("batch", PodPhase::Succeeded, Duration::from_secs(30))
+            .expect("the Job's pod completes");
+        let job = rows.job(&agent, "batch", Duration::from_secs(5));
+        eprintln!("job report: {job:#?}");
+        let lag = app_to_proxy_exit_ms(&view);
+        eprintln!("job: app exit → proxy exit (pod Succeeded) {lag:.1} ms");
+        assert!(
+            (0.0..1000.0).contains(&lag),
+            "the pod completes ≤ 1 s after the app exits: {lag} ms"
+        );
+        assert_eq!(job.outcome, JobOutcome::Completed, "{job:#?}");
+        assert_eq!(job.finished_by, Some(FinishedBy::Procfs));
+        assert!(job.quit_sent_at.is_some() && job.proxy_exit_seen_at.is_some());
+        let row = rows.last("batch").expect("row");
+        assert_eq!(row.phase, AgentPhase::Done);
+        assert_eq!(view.app().and_then(|c| c.exit_code()), Some(0));
+        assert_eq!(view.proxy().and_then(|c| c.exit_code()), Some(0));
+        let report = node.report("batch").expect("report");
+        assert_eq!(report.exit_codes(), vec![0]);
+        assert_eq!(report.all_calls().failed, 0, "{:?}", report.all_calls());
+    });
+    node.delete_pod("batch").expect("delete");
+    node.wait_gone("batch", Duration::from_secs(10))
+        .expect("completed pod goes away");
+    assert_clean(node, agent);
+}
+
+/// A failing Job with `restartPolicy: OnFailure` is left to the kubelet, which restarts the app:
+/// the proxy is not quit (the restarted app needs it).
+#[test]
+fn failing_job_with_on_failure_keeps_its_proxy() {
+    if !privileged("failing_job_with_on_failure_keeps_its_proxy") {
+        return;
+    }
+    let mut node = node_with(
+        "drjobfail",
+        NodeOptions {
+            restart_backoff: Some(Duration::from_millis(500)),
+            ..NodeOptions::default()
+        },
+    );
+    let agent = agent(&node);
+    node.add_pod(
+        PodSpec::new("flaky")
+            .app(AppScript::Batch {
+                calls: 1,
+                exit_code: 1,
+            })
+            .job()
+            .restart_policy(RestartPolicy::OnFailure),
+    )
+    .expect("add pod");
+    node.start_pods().expect("start");
+    recording(&agent, |rows| {
+        // Two failed runs: the app restarted after the first.
+        node.wait_report("flaky", Duration::from_secs(30), "two runs", |r| {
+            r.exit_codes().len() >= 2
+        })
+        .expect("the app runs, fails and is restarted");
+        // Give the agent time it would need to act (it quits a Job's proxy within ms).
+        std::thread::sleep(Duration::from_millis(500));
+        let view = node.pod("flaky").expect("pod");
+        assert!(
+            view.proxy().is_some_and(|c| c.is_running()),
+            "the proxy keeps running for the restarted app: {view:?}"
+        );
+        assert_eq!(view.phase(), PodPhase::Running);
+        let report = node.report("flaky").expect("report");
+        assert!(report.exit_codes().iter().all(|c| *c == 1));
+        assert_eq!(
+            report.all_calls().failed,
+            0,
+            "every run reached the remote service: {:?}",
+            report.all_calls()
+        );
+        let row = rows.last("flaky").expect("tracked");
+        assert!(row.job.is_none(), "no job quit: {row:#?}");
+        assert_eq!(row.phase, AgentPhase::Ready);
+    });
+    node.delete_pod("flaky").expect("delete");
+    node.wait_gone("flaky", Duration::from_secs(35))
+        .expect("deleted pod goes away");
+    assert_clean(node, agent);
+}
+
+/// An app that keeps calling past its grace period: the agent quits the proxy at its deadline
+/// (a 10 % margin, at most 1 s, before the kubelet's SIGKILL) and says so.
+#[test]
+fn drain_quits_at_the_deadline() {
+    if !privileged("drain_quits_at_the_deadline") {
+        return;
+    }
+    let mut node = node("drdead");
+    let agent = agent(&node);
+    let grace = Duration::from_secs(4);
+    node.add_pod(meshed("stuck", caller(Duration::from_secs(30)), grace))
+        .expect("add pod");
+    node.start_pods().expect("start");
+    recording(&agent, |rows| {
+        wait_calling(&node, "stuck", 2);
+        node.delete_pod("stuck").expect("delete");
+        let view = node
+            .wait_gone("stuck", Duration::from_secs(15))
+            .expect("pod terminates");
+        let drain = rows.drain(&agent, "stuck", Duration::from_secs(5));
+        eprintln!("deadline drain: {drain:#?}");
+        assert_eq!(drain.outcome, DrainOutcome::Deadline, "{drain:#?}");
+        assert_eq!(drain.quit_reason, Some(QuitReason::OutOfTime));
+        assert!(drain.app_processes_left >= 1, "the app was still running");
+        assert!(
+            drain.errors.iter().any(|e| e.contains("deadline")),
+            "{:?}",
+            drain.errors
+        );
+        let report = node.report("stuck").expect("report");
+        let sigterm = report.sigterm_at_ms().expect("SIGTERM") as f64;
+        let quit = ms_since_epoch(drain.quit_sent_at.expect("quit sent"));
+        // Deadline = kill time − 10 % of 4 s = 3.6 s after the deletion was seen (the pods
+        // directory is polled every 20 ms).
+        let after = quit - sigterm;
+        assert!(
+            (3450.0..3950.0).contains(&after),
+            "quit {after:.0} ms after SIGTERM, expected ~3600"
+        );
+        // The proxy went first (the agent's quit), the app at the kubelet's SIGKILL.
+        assert_eq!(view.app().and_then(|c| c.exit_code()), Some(137));
+        let proxy_exit = exited_ms(view.proxy()).expect("proxy exit");
+        assert!(
+            proxy_exit - sigterm < 3950.0,
+            "the proxy exited before the grace period ended: {:.0} ms",
+            proxy_exit - sigterm
+        );
+    });
+    assert_clean(node, agent);
+}
+
+/// A drain duration shorter than the app's shutdown (1 s vs 5 s of calls): Envoy is killed by
+/// pilot-agent while the app still runs. The agent cannot prevent that; it reports it, with
+/// advice naming `terminationDrainDuration`.
+#[test]
+fn proxy_gone_early_is_reported_with_advice() {
+    if !privileged("proxy_gone_early_is_reported_with_advice") {
+        return;
+    }
+    let mut node = node("drearly");
+    let agent = agent(&node);
+    node.add_pod(
+        PodSpec::new("early")
+            .app(caller(Duration::from_secs(5)))
+            .grace(Duration::from_secs(10))
+            .drain(Duration::from_secs(1)),
+    )
+    .expect("add pod");
+    node.start_pods().expect("start");
+    recording(&agent, |rows| {
+        wait_calling(&node, "early", 2);
+        node.delete_pod("early").expect("delete");
+        let drain = rows.drain(&agent, "early", Duration::from_secs(10));
+        eprintln!("proxy gone early: {drain:#?}");
+        assert_eq!(drain.outcome, DrainOutcome::ProxyGoneEarly, "{drain:#?}");
+        let advice = drain.advice.clone().expect("advice");
+        assert!(advice.contains("terminationDrainDuration"), "{advice}");
+        assert!(advice.contains("10s"), "names the grace period: {advice}");
+        assert!(drain.quit_sent_at.is_none(), "nothing left to quit");
+        let row = rows.last("early").expect("row");
+        assert_eq!(row.last_error.as_deref(), Some(advice.as_str()));
+        // Seen within ~1 s of the drain duration.
+        assert!(
+            drain.elapsed < Duration::from_millis(1800),
+            "{:?}",
+            drain.elapsed
+        );
+        node.wait_gone("early", Duration::from_secs(15))
+            .expect("pod terminates");
+        let report = node.report("early").expect("report");
+        let after = report.calls(Phase::AfterSigterm);
+        assert!(
+            after.failed > 0,
+            "calls after the 1 s drain fail (what the advice is about): {after:?}"
+        );
+        let first = report.first_failure_after_sigterm().expect("a failure");
+        assert!(
+            first >= Duration::from_millis(800),
+            "first failure {first:?}"
+        );
+    });
+    assert_clean(node, agent);
+}
