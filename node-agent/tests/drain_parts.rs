@@ -12,7 +12,6 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, ensure, Context, Result};
@@ -23,7 +22,6 @@ use holdfast::agent::drain::{
 use holdfast::agent::pod_procs::{PodProcess, PodProcs};
 use holdfast::config::{HoldSettings, PodOverrides};
 use holdfast::envoy_admin::{AdminClient, ServerState};
-use holdfast::netns::PodNetns;
 use holdfast::pod::{ContainerState, ContainerView, Deletion, PodKey, PodView};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -334,66 +332,8 @@ async fn tracker_finds_the_app_by_cgroup() -> Result<()> {
 // The drain against a real Envoy in a test-made netns
 // ---------------------------------------------------------------------------------------------
 
-/// True when the test may run; panics under CI when it cannot.
-fn privileged(test: &str) -> bool {
-    if nix::unistd::Uid::effective().is_root() {
-        return true;
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!("{test}: needs root (network namespaces) and CI is set: refusing to skip");
-    }
-    eprintln!("SKIP {test}: needs root (network namespaces)");
-    false
-}
-
-fn run(program: &str, args: &[&str]) -> Result<String> {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .with_context(|| format!("running {program} {args:?}"))?;
-    ensure!(
-        out.status.success(),
-        "{program} {args:?}: {}: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// A network namespace named after the test, deleted on drop (also on panic).
-struct TestNetns {
-    name: String,
-    ns: Arc<PodNetns>,
-}
-
-impl TestNetns {
-    fn new(name: &str) -> Result<TestNetns> {
-        // A leftover from an earlier crashed run would make `ip netns add` fail.
-        let _ = Command::new("ip").args(["netns", "del", name]).output();
-        run("ip", &["netns", "add", name])?;
-        let guard = TestNetns {
-            name: name.to_string(),
-            ns: Arc::new(PodNetns::open_path(&Path::new("/run/netns").join(name))?),
-        };
-        run("ip", &["-n", name, "link", "set", "lo", "up"])?;
-        Ok(guard)
-    }
-
-    /// A command run inside the netns (`ip netns exec` execs it: the child's pid is its own).
-    fn command(&self, program: &Path) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.name]).arg(program);
-        c
-    }
-}
-
-impl Drop for TestNetns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output();
-    }
-}
+mod support;
+use support::{privileged, TestNetns};
 
 /// A directory removed on drop.
 struct Scratch(PathBuf);

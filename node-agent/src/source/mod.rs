@@ -2,9 +2,10 @@
 //! `k8s_openapi` Pod objects, so everything after the source is one code path.
 //!
 //! - [`dir::PodsDir`]: a directory of Pod JSON/YAML files (the simulated node and the demo).
-//! - `kube`: the API server, watching `spec.nodeName=<node>` (in-cluster).
+//! - [`kube::KubePods`]: the API server, watching `spec.nodeName=<node>` (in-cluster).
 
 pub mod dir;
+pub mod kube;
 
 use k8s_openapi::api::core::v1::Pod;
 
