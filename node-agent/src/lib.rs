@@ -12,12 +12,14 @@
 //! - [`config`]: flags, defaults (Istio conventions), per-pod annotations, durations.
 //! - [`pod`]: what the agent reads from a Kubernetes Pod object.
 //! - [`source`]: where Pod objects come from (a pods directory, or the API server).
+//! - [`events`]: Kubernetes Events on pods (what holdfast did, what needs the operator).
 //! - [`status`], [`status_api`]: the per-pod status board and the read-only API serving it.
 //! - [`status_cli`]: `holdfast status`, the node's table read from that API.
 
 pub mod agent;
 pub mod config;
 pub mod envoy_admin;
+pub mod events;
 pub mod hold;
 pub mod metrics;
 pub mod netns;

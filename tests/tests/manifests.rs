@@ -814,20 +814,7 @@ fn rust_files(dir: &Path) -> Vec<PathBuf> {
 /// Grants made ahead of the code, each with the reason. Shown on every run; a grant that is
 /// neither called by the code nor listed here fails the test. Remove an entry once the code uses
 /// it (the test then says so).
-const PLANNED: [(&str, &str, &str, &str); 2] = [
-    (
-        "events.k8s.io",
-        "events",
-        "create",
-        "Events on pods (DESIGN.md, status): kube-runtime's Recorder, not written yet",
-    ),
-    (
-        "events.k8s.io",
-        "events",
-        "patch",
-        "the Recorder patches a repeated Event (event series)",
-    ),
-];
+const PLANNED: [(&str, &str, &str, &str); 0] = [];
 
 #[test]
 fn rbac_matches_the_api_calls_the_agent_makes() {

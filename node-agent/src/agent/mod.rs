@@ -22,6 +22,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, SourceConfig};
+use crate::events::PodEvents;
 use crate::pod::{NotTracked, PodView};
 use crate::source::{dir::PodsDir, PodEvent};
 use crate::status::StatusBoard;
@@ -57,6 +58,7 @@ pub(crate) struct Shared {
     pub procs: pod_procs::PodProcs,
     pub stop: CancellationToken,
     pub metrics: crate::metrics::Metrics,
+    pub events: PodEvents,
 }
 
 /// Runs the agent until `shutdown` completes.
@@ -70,14 +72,18 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     tracing::info!(config = %serde_json::to_string(&*config).unwrap_or_default(), "holdfast agent starting");
 
     let (tx, mut rx) = mpsc::channel(1024);
-    let source_task = match &config.source {
+    let (source_task, events) = match &config.source {
         SourceConfig::PodsDir(dir) => {
             let src = PodsDir::new(dir.clone())?;
-            tokio::spawn(src.run(PODS_DIR_POLL, tx))
+            (
+                tokio::spawn(src.run(PODS_DIR_POLL, tx)),
+                PodEvents::log_only(),
+            )
         }
         SourceConfig::Kube => {
             let src = crate::source::kube::KubePods::connect(&config.node_name).await?;
-            tokio::spawn(src.run(tx))
+            let events = PodEvents::start(src.client(), &config.node_name);
+            (tokio::spawn(src.run(tx)), events)
         }
     };
 
@@ -93,6 +99,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let metrics = crate::metrics::MetricsHandle::new();
     let shared = Arc::new(Shared {
         metrics: metrics.metrics.clone(),
+        events,
         config: config.clone(),
         board: StatusBoard::default(),
         procs: pod_procs::PodProcs::new(config.proc_root.clone()),

@@ -19,6 +19,7 @@ use super::drain::{self, DrainCtx, DrainOutcome, JobOutcome, PodProcsSource};
 use super::readiness::{Readiness, ReadinessProbe};
 use super::Shared;
 use crate::envoy_admin::AdminClient;
+use crate::events::Reason;
 use crate::hold::rules::RuleSpec;
 use crate::hold::{HoldConfig, HoldQueue};
 use crate::metrics::Metrics;
@@ -416,8 +417,23 @@ impl PodTask {
                         crate::config::format_duration(hold_timeout)
                     )
                 });
-                if let Some(note) = &deadline_note {
-                    tracing::warn!(pod = %self.key, "{note}");
+                match outcome {
+                    HoldOutcome::Ready => self.shared.events.emit(
+                        &self.key,
+                        Reason::HoldReleased,
+                        format!(
+                            "held {} connection(s) for {} ms until the proxy was ready; released {:.1} ms after it was",
+                            report.stats.connections,
+                            started.elapsed().as_millis(),
+                            ready_to_release.map_or(0.0, |d| d.as_secs_f64() * 1e3),
+                        ),
+                    ),
+                    HoldOutcome::Deadline => self.shared.events.emit(
+                        &self.key,
+                        Reason::HoldDeadline,
+                        deadline_note.clone().unwrap_or_default(),
+                    ),
+                    _ => {}
                 }
                 // One update, so a reader never sees the outcome without its consequences.
                 self.shared

@@ -52,6 +52,13 @@ pub struct KubePods {
     node: String,
 }
 
+impl KubePods {
+    /// The API client this source watches with (shared with the event publisher).
+    pub fn client(&self) -> kube::Client {
+        self.api.clone().into_client()
+    }
+}
+
 impl std::fmt::Debug for KubePods {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KubePods")
