@@ -29,3 +29,4 @@ pub mod source;
 pub mod status;
 pub mod status_api;
 pub mod status_cli;
+pub mod status_remote;

@@ -52,7 +52,9 @@ struct StatusArgs {
     #[arg(long)]
     watch: bool,
 
-    /// Another node's agent, through the API server (not available yet).
+    /// Read NODE's agent through the API server's pod proxy with your kubeconfig (needs RBAC: list
+    /// pods and get pods/proxy in holdfast-system). Installed as `kubectl-holdfast`, this is
+    /// `kubectl holdfast status --node NODE`.
     #[arg(long, value_name = "NODE")]
     node: Option<String>,
 

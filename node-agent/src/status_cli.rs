@@ -33,8 +33,12 @@ const MAX_BODY: usize = 16 << 20;
 pub enum StatusCliError {
     #[error("--agent {url:?}: {why}; give the agent's --status-listen address, e.g. {DEFAULT_AGENT_URL}")]
     BadUrl { url: String, why: String },
-    #[error("--node is not available yet: run `holdfast status` on that node (e.g. `kubectl exec` into its holdfast pod), or `kubectl port-forward` to the agent's status port and pass --agent")]
-    NodeNotSupported,
+    #[error("--node {node}: {source}")]
+    Remote {
+        node: String,
+        #[source]
+        source: crate::status_remote::RemoteError,
+    },
     #[error("no holdfast agent answers at {url}: is the agent running on this node, and is --agent its --status-listen address? ({why})")]
     Unreachable { url: String, why: String },
     #[error("the agent at {url} answered {status} to GET {path}: {body}; is --agent the holdfast agent's --status-listen address (not Envoy's or another service's)?")]
@@ -54,7 +58,12 @@ impl StatusCliError {
     /// The process exit code for this error (documented in the module header).
     pub fn exit_code(&self) -> i32 {
         match self {
-            StatusCliError::BadUrl { .. } | StatusCliError::NodeNotSupported => 2,
+            StatusCliError::BadUrl { .. } => 2,
+            StatusCliError::Remote { source, .. } => match source {
+                crate::status_remote::RemoteError::Config(_) => 2,
+                crate::status_remote::RemoteError::Forbidden { .. } => 6,
+                _ => 3,
+            },
             StatusCliError::Unreachable { .. } => 3,
             StatusCliError::HttpStatus { .. } => 4,
             StatusCliError::BadDocument { .. } => 5,
@@ -386,7 +395,7 @@ pub struct StatusOptions {
     pub json: bool,
     /// `--watch`: refresh in place every [`WATCH_PERIOD`] until interrupted.
     pub watch: bool,
-    /// `--node` (not available yet).
+    /// `--node`: read that node's agent through the API server instead of `agent`.
     pub node: Option<String>,
     /// Bound of one request.
     pub timeout: Duration,
@@ -395,14 +404,12 @@ pub struct StatusOptions {
 /// Runs `holdfast status`, writing to `out`. Returns only on error or, without `--watch`, when
 /// done.
 pub fn run(opts: &StatusOptions, out: &mut impl Write) -> Result<()> {
-    if opts.node.is_some() {
-        return Err(StatusCliError::NodeNotSupported);
-    }
-    let agent = AgentUrl::parse(&opts.agent)?;
+    let source = Source::new(opts)?;
+    let agent = &source.label;
     let write_err = StatusCliError::Output;
     if !opts.watch {
         let text = if opts.json {
-            let body = fetch_status_body(&agent, opts.timeout)?;
+            let body = source.body(opts.timeout)?;
             // Served as is (scripts get every field), but checked to be JSON at all.
             serde_json::from_str::<serde_json::Value>(&body).map_err(|e| {
                 StatusCliError::BadDocument {
@@ -416,7 +423,8 @@ pub fn run(opts: &StatusOptions, out: &mut impl Write) -> Result<()> {
             }
             b
         } else {
-            render_table(&fetch_status(&agent, opts.timeout)?, SystemTime::now())
+            let body = source.body(opts.timeout)?;
+            render_table(&source.parse(&body)?, SystemTime::now())
         };
         return out
             .write_all(text.as_bytes())
@@ -426,9 +434,9 @@ pub fn run(opts: &StatusOptions, out: &mut impl Write) -> Result<()> {
     loop {
         let started = Instant::now();
         // In watch mode a failed fetch is shown and retried: the agent may be restarting.
-        let text = match fetch_status_body(&agent, opts.timeout) {
+        let text = match source.body(opts.timeout) {
             Ok(body) if opts.json => body,
-            Ok(body) => match parse_status(&agent, &body) {
+            Ok(body) => match source.parse(&body) {
                 Ok(status) => render_table(&status, SystemTime::now()),
                 Err(e) => wrap(&e.to_string(), TABLE_WIDTH),
             },
@@ -444,6 +452,88 @@ pub fn run(opts: &StatusOptions, out: &mut impl Write) -> Result<()> {
         out.write_all(frame.as_bytes()).map_err(write_err)?;
         out.flush().map_err(write_err)?;
         std::thread::sleep(WATCH_PERIOD.saturating_sub(started.elapsed()));
+    }
+}
+
+/// Where the status document comes from: the agent's address, or a node through the API server.
+struct Source {
+    /// Shown in errors.
+    label: String,
+    kind: SourceKind,
+}
+
+enum SourceKind {
+    Local(AgentUrl),
+    Node {
+        node: String,
+        rt: tokio::runtime::Runtime,
+        client: kube::Client,
+    },
+}
+
+impl Source {
+    fn new(opts: &StatusOptions) -> Result<Self> {
+        let Some(node) = &opts.node else {
+            let agent = AgentUrl::parse(&opts.agent)?;
+            return Ok(Source {
+                label: agent.to_string(),
+                kind: SourceKind::Local(agent),
+            });
+        };
+        let remote = |source| StatusCliError::Remote {
+            node: node.clone(),
+            source,
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| remote(crate::status_remote::RemoteError::Config(e.to_string())))?;
+        let client = rt
+            .block_on(crate::status_remote::client())
+            .map_err(remote)?;
+        Ok(Source {
+            label: format!("node {node} (through the API server)"),
+            kind: SourceKind::Node {
+                node: node.clone(),
+                rt,
+                client,
+            },
+        })
+    }
+
+    fn body(&self, timeout: Duration) -> Result<String> {
+        match &self.kind {
+            SourceKind::Local(agent) => fetch_status_body(agent, timeout),
+            SourceKind::Node { node, rt, client } => {
+                let fetch = crate::status_remote::fetch_status_body(
+                    client.clone(),
+                    node,
+                    crate::status_remote::AGENT_NAMESPACE,
+                );
+                rt.block_on(async { tokio::time::timeout(timeout, fetch).await })
+                    .map_err(|_| crate::status_remote::RemoteError::Api {
+                        what: "reading the status through the API server".into(),
+                        why: format!("no answer within {timeout:?}"),
+                    })
+                    .and_then(|r| r)
+                    .map_err(|source| StatusCliError::Remote {
+                        node: node.clone(),
+                        source,
+                    })
+            }
+        }
+    }
+
+    fn parse(&self, body: &str) -> Result<NodeStatus> {
+        match &self.kind {
+            SourceKind::Local(agent) => parse_status(agent, body),
+            SourceKind::Node { .. } => {
+                serde_json::from_str(body).map_err(|e| StatusCliError::BadDocument {
+                    url: self.label.clone(),
+                    why: e.to_string(),
+                })
+            }
+        }
     }
 }
 
@@ -1105,16 +1195,29 @@ mod tests {
     }
 
     #[test]
-    fn node_flag_is_not_available_yet() {
-        let opts = StatusOptions {
-            agent: DEFAULT_AGENT_URL.into(),
-            json: false,
-            watch: false,
-            node: Some("worker-2".into()),
-            timeout: Duration::from_secs(1),
+    fn remote_errors_have_distinct_exit_codes() {
+        use crate::status_remote::RemoteError;
+        let e = |source| StatusCliError::Remote {
+            node: "worker-2".into(),
+            source,
         };
-        let e = run(&opts, &mut Vec::new()).expect_err("--node");
-        assert_eq!(e.exit_code(), 2);
-        assert!(e.to_string().contains("not available yet"));
+        assert_eq!(
+            e(RemoteError::Config("no kubeconfig".into())).exit_code(),
+            2
+        );
+        let forbidden = e(RemoteError::Forbidden {
+            what: "get pods/proxy".into(),
+            namespace: "holdfast-system".into(),
+        });
+        assert_eq!(forbidden.exit_code(), 6);
+        assert!(forbidden.to_string().contains("--node worker-2"));
+        assert_eq!(
+            e(RemoteError::NoAgent {
+                node: "worker-2".into(),
+                namespace: "holdfast-system".into()
+            })
+            .exit_code(),
+            3
+        );
     }
 }

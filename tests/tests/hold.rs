@@ -137,10 +137,10 @@ fn startup_hold_proxy_ten_seconds_late() {
 
 /// Twenty pods start at once, each with a late Envoy: none refuses a connection.
 ///
-/// Twenty sandboxes, twenty Envoys and the agent share this machine's two cores here, so each
-/// pod's init step is given 400 ms (a real node's window from sandbox to app start — CNI,
-/// istio-init's container, the app's container creation — is at least that; the single-pod
-/// tests keep the sim's 150 ms).
+/// Twenty sandboxes, twenty istio-inits, twenty Envoys and the agent share this machine's two
+/// cores here, so each pod's init step is given 800 ms (on a real node the window from sandbox
+/// to app start — CNI, istio-init's container, the app container's creation — is of that order;
+/// the single-pod tests keep the sim's 150 ms).
 #[test]
 fn startup_hold_twenty_pods_at_once() {
     if !privileged("startup_hold_twenty_pods_at_once") {
@@ -151,7 +151,7 @@ fn startup_hold_twenty_pods_at_once() {
     let names: Vec<String> = (0..20).map(|i| format!("p{i:02}")).collect();
     for name in &names {
         node.add_pod(
-            boot_caller(name, Duration::from_secs(2), 1).init_duration(Duration::from_millis(400)),
+            boot_caller(name, Duration::from_secs(2), 1).init_duration(Duration::from_millis(800)),
         )
         .expect("add pod");
     }

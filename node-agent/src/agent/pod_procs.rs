@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 
 use crate::procfs_pods::cgroup::{parse_pod_cgroup, PodCgroup};
 
-/// How long an unclassified process keeps being re-read.
-const SETTLE: Duration = Duration::from_secs(2);
+/// How long an unclassified process keeps being re-read (runtimes move a new process into its
+/// container's cgroup between fork and exec: microseconds to a few milliseconds).
+const SETTLE: Duration = Duration::from_millis(250);
 /// Refreshes closer together than this reuse the previous one (many pod tasks poll at once).
 const MIN_REFRESH: Duration = Duration::from_millis(2);
 

@@ -48,6 +48,8 @@ pub(crate) struct PodTask {
     shared: Arc<Shared>,
     view: watch::Receiver<Option<PodView>>,
     key: PodKey,
+    /// The pod had no process when first looked for: its netns is new to this agent.
+    fresh_netns: bool,
 }
 
 impl PodTask {
@@ -57,7 +59,12 @@ impl PodTask {
             .as_ref()
             .map(|v| v.key.clone())
             .expect("a pod task starts with a pod");
-        Self { shared, view, key }
+        Self {
+            shared,
+            view,
+            key,
+            fresh_netns: false,
+        }
     }
 
     pub(crate) async fn run(mut self) {
@@ -242,14 +249,22 @@ impl PodTask {
         }
     }
 
+    /// The pod's first process and its netns. Sets `fresh_netns` when the namespace did not
+    /// exist yet when the wait began (so no earlier agent can have left rules in it).
     async fn wait_for_netns(&mut self) -> Result<(i32, PodNetns), Interrupted> {
         let mut warned = false;
+        let mut first_poll = true;
         loop {
             if let Some(why) = self.interruption() {
                 return Err(why);
             }
             // The oldest process is the sandbox's on a real node; any will do for the netns.
-            for p in self.shared.procs.of_pod(&self.key.uid).await {
+            let procs = self.shared.procs.of_pod(&self.key.uid).await;
+            if first_poll {
+                first_poll = false;
+                self.fresh_netns = procs.is_empty();
+            }
+            for p in procs {
                 match PodNetns::open_pid(p.pid) {
                     Ok(ns) => return Ok((p.pid, ns)),
                     Err(e) if !warned => {
@@ -314,8 +329,13 @@ impl PodTask {
             .current()
             .map_or(cfg.hold.timeout, |v| v.overrides.hold_timeout);
         let started = Instant::now();
-        let (queue, adopted) = match blocking(netns, hold_cfg.clone(), |ns, c| {
-            HoldQueue::start_or_adopt(&ns, &c)
+        let fresh = self.fresh_netns;
+        let (queue, adopted) = match blocking(netns, hold_cfg.clone(), move |ns, c| {
+            if fresh {
+                HoldQueue::start_fresh(&ns, &c).map(|q| (q, false))
+            } else {
+                HoldQueue::start_or_adopt(&ns, &c)
+            }
         })
         .await
         {

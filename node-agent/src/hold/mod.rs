@@ -188,6 +188,28 @@ impl HoldQueue {
         Ok(Some(hold))
     }
 
+    /// [`start`](Self::start) for a namespace that cannot hold a previous agent's rules (it did
+    /// not exist when this agent began tracking its pod): one `iptables-restore`, no listing —
+    /// the window between a pod's sandbox and its app is short on a busy node. Should rules be
+    /// there after all, the restore re-creates the chains and [`release`](Self::release) still
+    /// removes every jump it finds.
+    pub fn start_fresh(netns: &PodNetns, cfg: &HoldConfig) -> Result<HoldQueue> {
+        let mut hold = HoldQueue::bind(netns, cfg, cfg.rules.queue_num)?;
+        let none: rules::FoundPerFamily = cfg
+            .rules
+            .families()
+            .iter()
+            .map(|&f| (f, rules::FoundHold::default()))
+            .collect();
+        if let Err(e) = rules::install_over(&hold.netns, &cfg.rules, &none) {
+            let _ = rules::remove(&hold.netns, &cfg.rules);
+            let _ = hold.stop_holder();
+            return Err(e.into());
+        }
+        tracing::info!(netns = ?netns.id(), queue = cfg.rules.queue_num, "hold started");
+        Ok(hold)
+    }
+
     /// [`adopt`](Self::adopt) if the netns has a hold, else [`start`](Self::start), listing the
     /// rules once (each `iptables` run costs milliseconds, and a pod's init window is short).
     /// Returns the hold and whether it was adopted.

@@ -163,7 +163,6 @@ pub fn run(opts: &SimBenchOpts) -> Result<()> {
     Ok(())
 }
 
-
 fn pod_names() -> Vec<(App, String)> {
     App::ALL
         .iter()
