@@ -199,6 +199,12 @@ pub struct AdminClient {
     connect_timeout: Duration,
     response_timeout: Duration,
     max_body: usize,
+    errors: Option<
+        prometheus_client::metrics::family::Family<
+            crate::metrics::KindLabel,
+            prometheus_client::metrics::counter::Counter,
+        >,
+    >,
 }
 
 impl std::fmt::Debug for AdminClient {
@@ -245,6 +251,7 @@ impl AdminClient {
             connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(5),
             max_body: 4 << 20,
+            errors: None,
         }
     }
 
@@ -335,6 +342,18 @@ impl AdminClient {
 
     /// One request on a new connection; any status is returned.
     pub async fn request(&self, method: &str, path: &str) -> Result<Response> {
+        let result = self.request_uncounted(method, path).await;
+        if let (Err(e), Some(errors)) = (&result, &self.errors) {
+            errors
+                .get_or_create(&crate::metrics::KindLabel {
+                    kind: e.kind().to_string(),
+                })
+                .inc();
+        }
+        result
+    }
+
+    async fn request_uncounted(&self, method: &str, path: &str) -> Result<Response> {
         let stream = self.connect().await?;
         let exchange = self.exchange(stream, method, path);
         match tokio::time::timeout(self.response_timeout, exchange).await {
@@ -345,6 +364,18 @@ impl AdminClient {
                 after: self.response_timeout,
             }),
         }
+    }
+
+    /// Counts every failed request in `errors`, by [`Error::kind`].
+    pub fn with_error_metric(
+        mut self,
+        errors: prometheus_client::metrics::family::Family<
+            crate::metrics::KindLabel,
+            prometheus_client::metrics::counter::Counter,
+        >,
+    ) -> AdminClient {
+        self.errors = Some(errors);
+        self
     }
 
     fn http_error(&self, path: &str, status: u16, body: &[u8]) -> Error {

@@ -19,6 +19,11 @@ pub struct OutcomeLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabel {
     pub phase: PhaseValue,
 }
@@ -60,6 +65,7 @@ pub struct Metrics {
     pub drain_exit_lag: Histogram,
     pub drain_errors: Counter,
     pub jobs: Family<OutcomeLabel, Counter>,
+    pub admin_errors: Family<KindLabel, Counter>,
     pods_by_phase: Family<PhaseLabel, Gauge>,
 }
 
@@ -83,6 +89,7 @@ impl Metrics {
             drain_exit_lag: histogram(),
             drain_errors: Counter::default(),
             jobs: Family::default(),
+            admin_errors: Family::default(),
             pods_by_phase: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("holdfast");
@@ -141,6 +148,14 @@ impl Metrics {
             m.jobs.clone(),
         );
         r.register("pods", "Tracked pods by phase", m.pods_by_phase.clone());
+        r.register(
+            "admin_errors",
+            "Failed Envoy admin API requests, by kind (connect, timeout, http, malformed, io)",
+            m.admin_errors.clone(),
+        );
+        for k in ["connect", "timeout", "http", "malformed", "io"] {
+            let _ = m.admin_errors.get_or_create(&KindLabel { kind: k.into() });
+        }
         // Every known outcome exists from the start (at 0), so rates and alerts never see an
         // absent series.
         for o in [
@@ -263,6 +278,7 @@ mod tests {
             "holdfast_drain_errors",
             "holdfast_jobs",
             "holdfast_pods",
+            "holdfast_admin_errors",
         ] {
             assert!(
                 text.contains(&format!("# HELP {name} ")),

@@ -117,7 +117,9 @@ impl PodTask {
         let admin = match netns.try_clone() {
             Ok(ns) => {
                 let t = self.shared.config.drain.admin_timeout;
-                AdminClient::in_netns(ns, self.shared.config.proxy.admin).with_timeouts(t, t)
+                AdminClient::in_netns(ns, self.shared.config.proxy.admin)
+                    .with_timeouts(t, t)
+                    .with_error_metric(self.shared.metrics.admin_errors.clone())
             }
             Err(e) => {
                 self.record_error(format!(
@@ -300,6 +302,7 @@ impl PodTask {
             self.shared.procs.proc_root(),
             &cfg.proxy,
             &cfg.hold,
+            &self.shared.metrics,
         ) {
             Ok(p) => p,
             Err(e) => {

@@ -46,10 +46,12 @@ impl ReadinessProbe {
         proc_root: std::path::PathBuf,
         proxy: &ProxyConfig,
         hold: &HoldSettings,
+        metrics: &crate::metrics::Metrics,
     ) -> crate::netns::Result<Self> {
         Ok(Self {
             admin: AdminClient::in_netns(netns.try_clone()?, proxy.admin)
-                .with_timeout(ADMIN_TIMEOUT),
+                .with_timeout(ADMIN_TIMEOUT)
+                .with_error_metric(metrics.admin_errors.clone()),
             proc_root,
             proxy: proxy.clone(),
             require_filter: hold.require_filter,
