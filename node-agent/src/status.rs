@@ -73,8 +73,10 @@ impl HoldOutcome {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct HoldRecord {
     /// When the hold rule went in (or was adopted from a previous agent).
+    #[serde(with = "rfc3339::option", default)]
     pub started_at: Option<SystemTime>,
     /// When the hold was released.
+    #[serde(with = "rfc3339::option", default)]
     pub released_at: Option<SystemTime>,
     /// Packets (SYNs, including retransmissions) held.
     pub packets_held: u64,
@@ -100,6 +102,7 @@ pub struct PodStatus {
     pub uid: String,
     pub phase: Phase,
     /// When the agent first saw the pod.
+    #[serde(with = "rfc3339")]
     pub tracked_since: SystemTime,
     /// `None` when the proxy was already ready when the pod was first seen (no hold needed).
     pub hold: Option<HoldRecord>,
@@ -160,10 +163,100 @@ impl StatusBoard {
     }
 }
 
+/// Timestamps in the status document are RFC 3339 strings in UTC (`2026-11-22T06:00:37.458Z`),
+/// as Kubernetes writes them.
+pub mod rfc3339 {
+    use std::time::SystemTime;
+
+    use k8s_openapi::jiff::Timestamp;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    fn format(t: SystemTime) -> String {
+        Timestamp::try_from(t)
+            .map(|ts| {
+                ts.round(k8s_openapi::jiff::Unit::Millisecond)
+                    .unwrap_or(ts)
+                    .to_string()
+            })
+            .unwrap_or_default()
+    }
+
+    fn parse<E: serde::de::Error>(s: &str) -> Result<SystemTime, E> {
+        s.parse::<Timestamp>()
+            .map(SystemTime::from)
+            .map_err(|e| E::custom(format!("invalid RFC 3339 timestamp {s:?}: {e}")))
+    }
+
+    pub fn serialize<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format(*t))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
+        parse(&String::deserialize(d)?)
+    }
+
+    /// The same for optional timestamps (`null` when absent).
+    pub mod option {
+        use super::*;
+
+        pub fn serialize<S: Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok, S::Error> {
+            match t {
+                Some(t) => s.serialize_some(&format(*t)),
+                None => s.serialize_none(),
+            }
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<SystemTime>, D::Error> {
+            Option::<String>::deserialize(d)?
+                .map(|s| parse(&s))
+                .transpose()
+        }
+    }
+}
+
 /// The JSON document served at `/status`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NodeStatus {
     pub node: String,
     pub agent_version: String,
     pub pods: Vec<PodStatus>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn timestamps_are_rfc3339_and_round_trip() {
+        let t = UNIX_EPOCH + Duration::from_millis(1_795_327_237_458);
+        let row = PodStatus {
+            namespace: "shop".into(),
+            name: "web-1".into(),
+            uid: "u".into(),
+            phase: Phase::Holding,
+            tracked_since: t,
+            hold: Some(HoldRecord {
+                started_at: Some(t),
+                ..HoldRecord::default()
+            }),
+            drain: None,
+            job: None,
+            last_error: None,
+        };
+        let v = serde_json::to_value(&row).unwrap();
+        assert_eq!(v["tracked_since"], "2026-11-22T06:00:37.458Z");
+        assert_eq!(v["hold"]["started_at"], "2026-11-22T06:00:37.458Z");
+        assert!(v["hold"]["released_at"].is_null());
+        assert_eq!(v["phase"], "holding");
+        let back: PodStatus = serde_json::from_value(v).unwrap();
+        assert_eq!(back, row);
+
+        let bad = serde_json::json!({"namespace": "a", "name": "b", "uid": "c", "phase": "ready",
+            "tracked_since": "yesterday", "hold": null, "last_error": null});
+        let e = serde_json::from_value::<PodStatus>(bad).unwrap_err();
+        assert!(e.to_string().contains("\"yesterday\""), "{e}");
+    }
 }

@@ -279,8 +279,10 @@ pub enum QuitReason {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DrainReport {
     pub outcome: DrainOutcome,
+    #[serde(with = "crate::status::rfc3339")]
     pub started_at: SystemTime,
     /// The drain's deadline (`None`: beyond reach).
+    #[serde(with = "crate::status::rfc3339::option", default)]
     pub deadline_at: Option<SystemTime>,
     pub deadline_meaning: TimestampMeaning,
     /// `POST /drain_listeners?inboundonly&graceful` succeeded.
@@ -288,10 +290,13 @@ pub struct DrainReport {
     /// `POST /healthcheck/fail` succeeded.
     pub health_failed: bool,
     /// When the app's last process exit was seen (or the app was otherwise seen gone).
+    #[serde(with = "crate::status::rfc3339::option", default)]
     pub app_gone_at: Option<SystemTime>,
+    #[serde(with = "crate::status::rfc3339::option", default)]
     pub quit_sent_at: Option<SystemTime>,
     pub quit_reason: Option<QuitReason>,
     /// When the admin API stopped answering after the quit.
+    #[serde(with = "crate::status::rfc3339::option", default)]
     pub proxy_exit_seen_at: Option<SystemTime>,
     /// From the app gone to the quit sent.
     #[serde(with = "opt_ms", default, rename = "app_gone_to_quit_ms")]
@@ -362,9 +367,12 @@ pub struct JobReport {
     pub outcome: JobOutcome,
     pub finished_by: Option<FinishedBy>,
     /// When the app's last process exit was seen (or the app was seen finished).
+    #[serde(with = "crate::status::rfc3339::option", default)]
     pub app_finished_at: Option<SystemTime>,
+    #[serde(with = "crate::status::rfc3339::option", default)]
     pub quit_sent_at: Option<SystemTime>,
     pub quit_reason: Option<QuitReason>,
+    #[serde(with = "crate::status::rfc3339::option", default)]
     pub proxy_exit_seen_at: Option<SystemTime>,
     #[serde(with = "opt_ms", default, rename = "app_finished_to_quit_ms")]
     pub app_finished_to_quit: Option<Duration>,
