@@ -30,6 +30,8 @@ use holdfast::agent::drain::{DrainOutcome, DrainReport};
 
 use crate::agent::AgentProcess;
 pub use crate::bench_opts::SimBenchOpts;
+
+use super::{load_average, percentile, start_agent, yes_no};
 use crate::sim::pod_object::{CState, ContainerView};
 use crate::sim::{AppScript, NodeOptions, Phase, PodSpec, PodView, SimNode};
 
@@ -191,12 +193,7 @@ fn run_round(opts: &SimBenchOpts, after: Duration) -> Result<Vec<(Variant, App, 
             .iter()
             .find(|(v, _)| *v == Variant::Holdfast)
             .context("no holdfast node")?;
-        AgentProcess::start(
-            node.node_name(),
-            node.pods_dir(),
-            &node.work_dir().join("agent.log"),
-            &[],
-        )?
+        start_agent(node)?
     };
     for (_, node) in &mut nodes {
         node.start_pods()?;
@@ -325,14 +322,6 @@ fn sample(node: &SimNode, name: &str, view: &PodView, deleted_at: SystemTime) ->
     })
 }
 
-/// Nearest-rank percentile of `v`, `p` in 0..=1.
-fn percentile(v: &[f64], p: f64) -> Option<f64> {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
-    v.get(i.min(v.len().saturating_sub(1))).copied()
-}
-
 fn fmt_p(v: &[f64], scale: f64, digits: usize) -> String {
     match (percentile(v, 0.5), percentile(v, 0.99)) {
         (Some(a), Some(b)) => format!("{:.digits$} / {:.digits$}", a * scale, b * scale),
@@ -441,16 +430,4 @@ fn print_table(after: Duration, rounds: u32, samples: &[(Variant, App, PodSample
         GRACE.as_secs(),
         tally.join(", ")
     );
-}
-
-fn yes_no(b: bool) -> String {
-    if b { "yes" } else { "**no**" }.into()
-}
-
-/// The 1-minute load average, to show how busy the machine was.
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().map(str::to_string))
-        .unwrap_or_else(|| "?".into())
 }

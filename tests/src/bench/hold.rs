@@ -28,8 +28,9 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context as _, Result};
 use holdfast::status::{HoldOutcome, PodStatus};
 
-use crate::agent::AgentProcess;
 pub use crate::bench_opts::SimBenchOpts;
+
+use super::{load_average, percentile, start_agent, yes_no};
 use crate::sim::istio_init::{INBOUND_PORT, OUTBOUND_PORT};
 use crate::sim::pod_object::CState;
 use crate::sim::report::{now_us, AppEvent};
@@ -239,12 +240,7 @@ fn run_round(opts: &SimBenchOpts) -> Result<Vec<(Variant, PodSample)>> {
             .iter()
             .find(|(v, _)| *v == Variant::Holdfast)
             .context("no holdfast node")?;
-        AgentProcess::start(
-            node.node_name(),
-            node.pods_dir(),
-            &node.work_dir().join("agent.log"),
-            &[],
-        )?
+        start_agent(node)?
     };
     for (_, node) in &mut nodes {
         node.start_pods()?;
@@ -464,14 +460,6 @@ fn capture_ports_listening() -> bool {
         .all(|p| listening.contains(p))
 }
 
-/// Nearest-rank percentile of `v` (not empty), `p` in 0..=1.
-fn percentile(v: &[f64], p: f64) -> Option<f64> {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
-    v.get(i.min(v.len().saturating_sub(1))).copied()
-}
-
 fn fmt_p(v: &[f64]) -> String {
     match (percentile(v, 0.5), percentile(v, 0.99)) {
         (Some(a), Some(b)) => format!("{a:.1} / {b:.1}"),
@@ -605,18 +593,6 @@ fn print_table(opts: &SimBenchOpts, samples: &[(Variant, PodSample)], note: &str
          connection(s) in total, {not_ready} hold(s) not ended by readiness; {note})",
         held.iter().sum::<u64>()
     );
-}
-
-fn yes_no(b: bool) -> String {
-    if b { "yes" } else { "**no**" }.into()
-}
-
-/// The 1-minute load average, to show how busy the machine was.
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().map(str::to_string))
-        .unwrap_or_else(|| "?".into())
 }
 
 #[cfg(test)]
