@@ -185,6 +185,31 @@ impl PodView {
         })
     }
 
+    /// Envoy's admin address for this pod: Istio binds it on `::1` when the pod's first IP is
+    /// IPv6, else on 127.0.0.1 (the configured port either way).
+    /// TODO(issue 10): read `status.podIPs`.
+    pub fn admin_addr(&self, proxy: &ProxyConfig) -> std::net::SocketAddr {
+        proxy.admin
+    }
+
+    /// Whether the pod has an IPv6 address (its IPv6 connections are then held too).
+    /// TODO(issue 10): read `status.podIPs`.
+    pub fn has_ipv6(&self) -> bool {
+        false
+    }
+
+    /// Whether Istio redirects the pod's DNS to pilot-agent (15053), so DNS is held too.
+    /// TODO(issue 10): read the proxy's `ISTIO_META_DNS_CAPTURE`.
+    pub fn dns_capture(&self) -> bool {
+        false
+    }
+
+    /// Whether every init container has completed (before that, the pod's connections come
+    /// from init containers, which are never held). TODO(issue 10): read initContainerStatuses.
+    pub fn init_done(&self) -> bool {
+        true
+    }
+
     /// The app (non-proxy) containers.
     pub fn app_containers(&self) -> impl Iterator<Item = &ContainerView> {
         self.containers.iter().filter(|c| !c.is_proxy)

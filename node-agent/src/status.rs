@@ -222,6 +222,9 @@ pub struct NodeStatus {
     pub node: String,
     pub agent_version: String,
     pub pods: Vec<PodStatus>,
+    /// Pod source entries that were rejected or ignored (bad files, duplicate uids...).
+    #[serde(default)]
+    pub source_problems: Vec<crate::source::SourceProblem>,
 }
 
 #[cfg(test)]

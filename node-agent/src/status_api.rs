@@ -20,6 +20,8 @@ pub struct StatusApi {
     pub board: StatusBoard,
     pub config: Arc<Config>,
     pub metrics: crate::metrics::MetricsHandle,
+    /// Entries the pod source rejected or ignored.
+    pub source_problems: crate::source::SourceProblems,
 }
 
 impl StatusApi {
@@ -64,6 +66,7 @@ impl StatusApi {
                 node: self.config.node_name.clone(),
                 agent_version: env!("CARGO_PKG_VERSION").to_string(),
                 pods: self.board.snapshot(),
+                source_problems: self.source_problems.snapshot(),
             }),
             "/config" => json(&*self.config),
             "/metrics" => {

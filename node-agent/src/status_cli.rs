@@ -922,6 +922,7 @@ mod tests {
                 deadline,
                 pod("new", Phase::WaitingForNetns),
             ],
+            source_problems: vec![],
         }
     }
 
@@ -1007,6 +1008,7 @@ mod tests {
             node: "worker-1".into(),
             agent_version: "0.1.0".into(),
             pods: vec![],
+            source_problems: vec![],
         };
         assert_eq!(
             render_table(&s, t(0)),

@@ -510,19 +510,23 @@ async fn real_envoy_inside_a_netns() -> Result<()> {
     let Some(binary) = envoy_binary() else {
         return Ok(());
     };
-    struct Netns(&'static str);
+    struct Netns(String);
     impl Drop for Netns {
         fn drop(&mut self) {
-            let _ = Command::new("ip").args(["netns", "del", self.0]).output();
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
         }
     }
-    let name = "hf-admin-ns";
+    let name = format!(
+        "hf-admin-ns{}",
+        std::env::var("HOLDFAST_SIM_TAG").unwrap_or_default()
+    );
+    let name = name.as_str();
     let _ = Command::new("ip").args(["netns", "del", name]).output();
     ensure!(Command::new("ip")
         .args(["netns", "add", name])
         .status()?
         .success());
-    let _guard = Netns(name);
+    let _guard = Netns(name.to_string());
     ensure!(Command::new("ip")
         .args(["-n", name, "link", "set", "lo", "up"])
         .status()?

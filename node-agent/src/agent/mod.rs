@@ -72,6 +72,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     tracing::info!(config = %serde_json::to_string(&*config).unwrap_or_default(), "holdfast agent starting");
 
     let (tx, mut rx) = mpsc::channel(1024);
+    // Entries the source rejected or ignored; the pods-dir source fills it (issue 11).
+    let source_problems = crate::source::SourceProblems::default();
     let (source_task, events) = match &config.source {
         SourceConfig::PodsDir(dir) => {
             let src = PodsDir::new(dir.clone())?;
@@ -109,6 +111,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         board: shared.board.clone(),
         config: config.clone(),
         metrics,
+        source_problems,
     };
     let api_task = tokio::spawn(api.serve(listener, stop.clone().cancelled_owned()));
 

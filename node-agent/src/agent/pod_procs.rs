@@ -95,6 +95,42 @@ impl PodProcs {
     }
 }
 
+/// The result of looking for a pod's network namespace.
+#[derive(Debug)]
+pub enum NetnsLookup {
+    /// No process of the pod that could show its netns exists yet (the sandbox is not there).
+    NotYet,
+    /// The pod's netns, and a live process that was in it when it was found.
+    Found {
+        pid: i32,
+        netns: crate::netns::PodNetns,
+    },
+    /// Processes exist, but none shows a netns the agent may act in (e.g. only processes in the
+    /// host's netns): the reason, for the pod's status row.
+    Refused(String),
+}
+
+impl PodProcs {
+    /// Finds pod `uid`'s network namespace from its processes.
+    pub async fn find_netns(&self, uid: &str) -> NetnsLookup {
+        let procs = self.of_pod(uid).await;
+        if procs.is_empty() {
+            return NetnsLookup::NotYet;
+        }
+        let mut last_error = None;
+        for p in procs {
+            match crate::netns::PodNetns::open_pid(p.pid) {
+                Ok(netns) => return NetnsLookup::Found { pid: p.pid, netns },
+                Err(e) => last_error = Some(e.to_string()),
+            }
+        }
+        match last_error {
+            Some(e) => NetnsLookup::Refused(e),
+            None => NetnsLookup::NotYet,
+        }
+    }
+}
+
 impl Index {
     fn refresh_if_stale(&mut self) {
         let now = Instant::now();

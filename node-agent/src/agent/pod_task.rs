@@ -16,11 +16,11 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::watch;
 
 use super::drain::{self, DrainCtx, DrainOutcome, JobOutcome, PodProcsSource};
+use super::pod_procs::NetnsLookup;
 use super::readiness::{Readiness, ReadinessProbe};
 use super::Shared;
 use crate::envoy_admin::AdminClient;
 use crate::events::Reason;
-use crate::hold::rules::RuleSpec;
 use crate::hold::{HoldConfig, HoldQueue};
 use crate::metrics::Metrics;
 use crate::netns::PodNetns;
@@ -114,10 +114,13 @@ impl PodTask {
             Err(why) => return why,
         };
         tracing::info!(pod = %self.key, pid, netns = ?netns.id(), "found the pod's network namespace");
+        let admin_addr = self.current().map_or(self.shared.config.proxy.admin, |v| {
+            v.admin_addr(&self.shared.config.proxy)
+        });
         let admin = match netns.try_clone() {
             Ok(ns) => {
                 let t = self.shared.config.drain.admin_timeout;
-                AdminClient::in_netns(ns, self.shared.config.proxy.admin)
+                AdminClient::in_netns(ns, admin_addr)
                     .with_timeouts(t, t)
                     .with_error_metric(self.shared.metrics.admin_errors.clone())
             }
@@ -128,7 +131,7 @@ impl PodTask {
                 return self.follow_until_gone().await;
             }
         };
-        match self.startup(pid, &netns).await {
+        match self.startup(&netns).await {
             Ok(()) => {}
             // Deleted before its proxy was ever ready: there is no traffic to drain, and the
             // kubelet stops the containers anyway.
@@ -260,21 +263,19 @@ impl PodTask {
             if let Some(why) = self.interruption() {
                 return Err(why);
             }
-            // The oldest process is the sandbox's on a real node; any will do for the netns.
-            let procs = self.shared.procs.of_pod(&self.key.uid).await;
+            let lookup = self.shared.procs.find_netns(&self.key.uid).await;
             if first_poll {
                 first_poll = false;
-                self.fresh_netns = procs.is_empty();
+                self.fresh_netns = matches!(lookup, NetnsLookup::NotYet);
             }
-            for p in procs {
-                match PodNetns::open_pid(p.pid) {
-                    Ok(ns) => return Ok((p.pid, ns)),
-                    Err(e) if !warned => {
-                        warned = true;
-                        tracing::warn!(pod = %self.key, pid = p.pid, error = %e, "cannot open the pod's network namespace yet");
-                    }
-                    Err(_) => {}
+            match lookup {
+                NetnsLookup::Found { pid, netns } => return Ok((pid, netns)),
+                NetnsLookup::NotYet => {}
+                NetnsLookup::Refused(why) if !warned => {
+                    warned = true;
+                    self.record_error(format!("cannot use the pod's network namespace yet: {why}"));
                 }
+                NetnsLookup::Refused(_) => {}
             }
             tokio::select! {
                 _ = tokio::time::sleep(NETNS_POLL) => {}
@@ -285,21 +286,15 @@ impl PodTask {
     }
 
     /// The startup hold. Returns `Ok` once the pod needs no hold (anymore).
-    async fn startup(&mut self, pid: i32, netns: &PodNetns) -> Result<(), Interrupted> {
+    async fn startup(&mut self, netns: &PodNetns) -> Result<(), Interrupted> {
         let cfg = &self.shared.config;
-        let hold_cfg = HoldConfig {
-            rules: RuleSpec {
-                queue_num: cfg.hold.queue_num,
-                outbound_port: cfg.proxy.outbound_port,
-                inbound_port: Some(cfg.proxy.inbound_port),
-                proxy_uid: cfg.proxy.uid,
-                ..RuleSpec::default()
-            },
-            ..HoldConfig::default()
+        let Some(view) = self.current() else {
+            return Err(Interrupted::PodGone);
         };
+        let hold_cfg = HoldConfig::for_pod(cfg, &view);
         let probe = match ReadinessProbe::new(
             netns,
-            self.shared.procs.proc_root(),
+            view.admin_addr(&cfg.proxy),
             &cfg.proxy,
             &cfg.hold,
             &self.shared.metrics,
@@ -313,7 +308,7 @@ impl PodTask {
 
         // Agent restart, or a pod found late: a ready proxy needs no hold, and a rule left by a
         // previous agent goes.
-        if probe.check(pid).await == Readiness::Ready {
+        if probe.check().await == Readiness::Ready {
             match blocking(netns, hold_cfg.clone(), |ns, c| {
                 HoldQueue::remove_leftover(&ns, &c)
             })
@@ -377,7 +372,7 @@ impl PodTask {
         let (outcome, ready_at) = loop {
             tokio::select! {
                 _ = poll.tick() => {
-                    if probe.check(pid).await == Readiness::Ready {
+                    if probe.check().await == Readiness::Ready {
                         break (HoldOutcome::Ready, Some(Instant::now()));
                     }
                     if last_status.elapsed() >= STATUS_EVERY {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::config::{HoldSettings, ProxyConfig};
 use crate::envoy_admin::{AdminClient, ServerState};
 use crate::netns::PodNetns;
-use crate::procfs_pods::sockets::listening_ports_in;
+use crate::procfs_pods::sockets::listening_ports_in_netns;
 
 /// Stat the filter sets to 1 once configured (`holdfast.loaded` in the filter's namespace).
 pub const FILTER_LOADED_STAT: &str = "wasmcustom.holdfast.loaded";
@@ -35,7 +35,7 @@ pub enum Readiness {
 /// Probes one pod's proxy.
 pub struct ReadinessProbe {
     admin: AdminClient,
-    proc_root: std::path::PathBuf,
+    netns: std::sync::Arc<PodNetns>,
     proxy: ProxyConfig,
     require_filter: bool,
 }
@@ -43,16 +43,16 @@ pub struct ReadinessProbe {
 impl ReadinessProbe {
     pub fn new(
         netns: &PodNetns,
-        proc_root: std::path::PathBuf,
+        admin_addr: std::net::SocketAddr,
         proxy: &ProxyConfig,
         hold: &HoldSettings,
         metrics: &crate::metrics::Metrics,
     ) -> crate::netns::Result<Self> {
         Ok(Self {
-            admin: AdminClient::in_netns(netns.try_clone()?, proxy.admin)
+            admin: AdminClient::in_netns(netns.try_clone()?, admin_addr)
                 .with_timeout(ADMIN_TIMEOUT)
                 .with_error_metric(metrics.admin_errors.clone()),
-            proc_root,
+            netns: std::sync::Arc::new(netns.try_clone()?),
             proxy: proxy.clone(),
             require_filter: hold.require_filter,
         })
@@ -63,15 +63,16 @@ impl ReadinessProbe {
         &self.admin
     }
 
-    /// One observation. `pid` is any live process in the pod's network namespace.
-    pub async fn check(&self, pid: i32) -> Readiness {
-        let (root, outbound, inbound) = (
-            self.proc_root.clone(),
+    /// One observation, made through the pod's network namespace (no pid is pinned: the
+    /// process the netns was found through may be gone).
+    pub async fn check(&self) -> Readiness {
+        let (netns, outbound, inbound) = (
+            self.netns.clone(),
             self.proxy.outbound_port,
             self.proxy.inbound_port,
         );
         let listening = tokio::task::spawn_blocking(move || {
-            listening_ports_in(&root, pid)
+            listening_ports_in_netns(&netns)
                 .map(|ports| ports.contains(&outbound) && ports.contains(&inbound))
                 .unwrap_or(false)
         })

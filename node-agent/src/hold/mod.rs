@@ -83,6 +83,24 @@ impl Default for HoldConfig {
     }
 }
 
+impl HoldConfig {
+    /// The hold for one pod: the node's settings, and what the pod's own shape asks for (IPv6,
+    /// DNS capture).
+    pub fn for_pod(config: &crate::config::Config, view: &crate::pod::PodView) -> HoldConfig {
+        HoldConfig {
+            rules: RuleSpec {
+                queue_num: config.hold.queue_num,
+                outbound_port: config.proxy.outbound_port,
+                inbound_port: Some(config.proxy.inbound_port),
+                proxy_uid: config.proxy.uid,
+                ipv6: view.has_ipv6(),
+                ..RuleSpec::default()
+            },
+            ..HoldConfig::default()
+        }
+    }
+}
+
 /// What a hold has held so far.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct HoldStats {

@@ -18,3 +18,31 @@ pub enum PodEvent {
     /// `uid` is the uid of the last object seen under that identity.
     Deleted { uid: String },
 }
+
+/// A source entry that was rejected or ignored (a bad file, a duplicate uid...): served on
+/// `/status` and counted, not only logged.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SourceProblem {
+    /// What the problem is about (a file path, an object's namespace/name).
+    pub entry: String,
+    /// What is wrong, and the fix.
+    pub problem: String,
+}
+
+/// The source's current problems, shared with the status API. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct SourceProblems {
+    inner: std::sync::Arc<std::sync::Mutex<Vec<SourceProblem>>>,
+}
+
+impl SourceProblems {
+    /// Replaces the current list (a source reports its whole picture each time it looks).
+    pub fn set(&self, problems: Vec<SourceProblem>) {
+        *self.inner.lock().unwrap_or_else(|e| e.into_inner()) = problems;
+    }
+
+    /// A copy of the current list.
+    pub fn snapshot(&self) -> Vec<SourceProblem> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}

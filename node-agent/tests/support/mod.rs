@@ -48,6 +48,14 @@ pub struct TestNetns {
 
 impl TestNetns {
     pub fn new(name: &str) -> Result<TestNetns> {
+        // Parallel checkouts on one machine set HOLDFAST_SIM_TAG so their namespaces never collide.
+        let tagged = match std::env::var("HOLDFAST_SIM_TAG") {
+            Ok(tag) if !tag.is_empty() && tag.chars().all(|c| c.is_ascii_alphanumeric()) => {
+                format!("{name}-{tag}")
+            }
+            _ => name.to_string(),
+        };
+        let name = tagged.as_str();
         // A leftover from an earlier crashed run would make `ip netns add` fail.
         let _ = Command::new("ip").args(["netns", "del", name]).output();
         run("ip", &["netns", "add", name])?;

@@ -147,6 +147,16 @@ impl SimNode {
                 "test name {test_name:?}: use letters, digits and '-' (it names namespaces and files)"
             )));
         }
+        // Parallel checkouts on one machine (several worktrees running tests at once) set
+        // HOLDFAST_SIM_TAG so their namespaces and files never collide.
+        let tagged;
+        let test_name = match std::env::var("HOLDFAST_SIM_TAG") {
+            Ok(tag) if !tag.is_empty() && tag.chars().all(|c| c.is_ascii_alphanumeric()) => {
+                tagged = format!("{test_name}-{tag}");
+                tagged.as_str()
+            }
+            _ => test_name,
+        };
         let sim_app = match opts.sim_app {
             Some(p) => p,
             None => sim_app_binary()?,
