@@ -187,6 +187,7 @@ impl Pods {
                     }
                 }
             }
+            PodEvent::Synced => {}
             PodEvent::Deleted { uid } => {
                 if let Some(tx) = self.by_uid.remove(&uid.to_ascii_lowercase()) {
                     tx.send_replace(None);

@@ -61,6 +61,9 @@ pub struct RuleSpec {
     pub iptables_restore: String,
     /// Also hold IPv6 (`::1`), for pods whose Istio rules cover IPv6 (dual-stack).
     pub ipv6: bool,
+    /// pilot-agent's DNS port (Istio: 15053) when the pod's DNS is captured: DNS is held until
+    /// it listens. TODO(issue 10 §5): rules for it; `None` holds no DNS.
+    pub dns_port: Option<u16>,
     /// `ip6tables` binary (same backend).
     pub ip6tables: String,
     /// `ip6tables-restore` binary (same backend).
@@ -118,6 +121,7 @@ impl Default for RuleSpec {
             iptables: "iptables".to_string(),
             iptables_restore: "iptables-restore".to_string(),
             ipv6: false,
+            dns_port: None,
             ip6tables: "ip6tables".to_string(),
             ip6tables_restore: "ip6tables-restore".to_string(),
         }

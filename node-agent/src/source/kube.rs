@@ -304,6 +304,7 @@ mod tests {
             .map(|e| match e {
                 PodEvent::Applied(p) => format!("A:{}", p.metadata.uid.unwrap_or_default()),
                 PodEvent::Deleted { uid } => format!("D:{uid}"),
+                PodEvent::Synced => "S".to_string(),
             })
             .collect()
     }

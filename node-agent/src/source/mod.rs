@@ -17,6 +17,9 @@ pub enum PodEvent {
     /// A pod is gone from the source (deleted from the API server / its file removed).
     /// `uid` is the uid of the last object seen under that identity.
     Deleted { uid: String },
+    /// The source has delivered every pod that existed when it started (the initial listing):
+    /// the agent's view of the node is complete (what `/readyz` waits for).
+    Synced,
 }
 
 /// A source entry that was rejected or ignored (a bad file, a duplicate uid...): served on
