@@ -107,6 +107,7 @@ fn describe(ev: &PodEvent) -> String {
             p.metadata.resource_version.as_deref().unwrap_or("?")
         ),
         PodEvent::Deleted { uid } => format!("D:{uid}"),
+        PodEvent::Synced => "S".to_string(),
     }
 }
 
