@@ -36,12 +36,25 @@ pub struct AgentProcess {
     status_addr: SocketAddr,
     log: PathBuf,
     args: Vec<String>,
+    /// The binary to run; `None` = [`holdfast_binary`].
+    binary: Option<PathBuf>,
 }
 
 impl AgentProcess {
     /// Starts `holdfast agent --node-name NODE --pods-dir DIR` with a free status port, logging
     /// to `log`, and waits until its status API answers.
     pub fn start(
+        node_name: &str,
+        pods_dir: &Path,
+        log: &Path,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
+        Self::start_binary(None, node_name, pods_dir, log, extra)
+    }
+
+    /// Like [`AgentProcess::start`] with a given `holdfast` binary (a benchmark's baseline build).
+    pub fn start_binary(
+        binary: Option<&Path>,
         node_name: &str,
         pods_dir: &Path,
         log: &Path,
@@ -63,6 +76,7 @@ impl AgentProcess {
             status_addr: SocketAddr::from(([127, 0, 0, 1], port)),
             log: log.to_path_buf(),
             args,
+            binary: binary.map(Path::to_path_buf),
         };
         agent.spawn()?;
         Ok(agent)
@@ -74,7 +88,11 @@ impl AgentProcess {
             .append(true)
             .open(&self.log)
             .with_context(|| format!("opening agent log {}", self.log.display()))?;
-        let child = Command::new(holdfast_binary()?)
+        let binary = match &self.binary {
+            Some(b) => b.clone(),
+            None => holdfast_binary()?,
+        };
+        let child = Command::new(binary)
             .args(&self.args)
             .env("HOLDFAST_LOG", "holdfast=debug,info")
             .stdin(Stdio::null())

@@ -4,6 +4,7 @@
 
 pub mod drain;
 pub mod hold;
+pub mod scale;
 
 use anyhow::Result;
 

@@ -45,6 +45,9 @@ enum Section {
     Hold,
     /// Shutdown on the simulated node: holdfast vs fixed drain vs exit-on-zero (root).
     Drain,
+    /// Many pods at once on one node: release seen from outside, agent CPU, idle cost, RSS,
+    /// drain lag; optionally against a baseline agent build side by side (root).
+    Scale,
 }
 
 #[derive(Debug, Parser)]
@@ -90,6 +93,18 @@ struct Args {
     /// hold: pods per variant in each round (--runs rounds).
     #[arg(long, default_value_t = 3)]
     hold_pods: u32,
+    /// scale: pod counts, one scenario each.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![10u32, 30, 110])]
+    scale_pods: Vec<u32>,
+    /// scale: another `holdfast` binary to run side by side (e.g. a build of the previous commit).
+    #[arg(long)]
+    baseline_agent: Option<std::path::PathBuf>,
+    /// scale: how often the outside observer polls each pod's Envoy, in ms.
+    #[arg(long, default_value_t = 1)]
+    observe_poll_ms: u64,
+    /// scale: how long the idle agent's CPU is measured, in seconds.
+    #[arg(long, default_value_t = 10)]
+    idle_secs: u64,
 }
 
 /// Options for the simulated-node sections: binaries next to this one.
@@ -126,6 +141,15 @@ fn main() -> ExitCode {
             Section::Filter => filter_section(&args),
             Section::Hold => sim_opts(&args).and_then(|o| holdfast_tests::bench::hold::run(&o)),
             Section::Drain => sim_opts(&args).and_then(|o| holdfast_tests::bench::drain::run(&o)),
+            Section::Scale => sim_opts(&args).and_then(|o| {
+                let scale = holdfast_tests::bench::scale::ScaleOpts {
+                    pods: args.scale_pods.clone(),
+                    baseline: args.baseline_agent.clone(),
+                    observe_poll: Duration::from_millis(args.observe_poll_ms.max(1)),
+                    idle: Duration::from_secs(args.idle_secs.max(1)),
+                };
+                holdfast_tests::bench::scale::run(&o, &scale)
+            }),
         };
         if let Err(e) = r {
             eprintln!("holdfast-bench {s:?}: {e:#}");

@@ -321,6 +321,8 @@ impl PodWorker {
                 spec.proxy_delay.as_millis().to_string(),
                 "--drain-ms".into(),
                 spec.drain.as_millis().to_string(),
+                "--concurrency".into(),
+                spec.proxy_concurrency.to_string(),
             ];
             if spec.exit_on_zero_active {
                 a.push("--exit-on-zero-active".into());

@@ -143,6 +143,8 @@ pub struct PodSpec {
     /// table) from before the init container runs until Envoy's `/ready` says LIVE (polled every
     /// 1 ms), so the app's SYNs are retransmitted by TCP. Default off.
     pub drop_until_ready: bool,
+    /// Envoy's `--concurrency` (worker threads). Default 2, Istio's default.
+    pub proxy_concurrency: u32,
 }
 
 impl PodSpec {
@@ -167,7 +169,14 @@ impl PodSpec {
             app_init: Duration::ZERO,
             serial_start: false,
             drop_until_ready: false,
+            proxy_concurrency: 2,
         }
+    }
+
+    /// Envoy's worker threads (`--concurrency`).
+    pub fn proxy_concurrency(mut self, n: u32) -> Self {
+        self.proxy_concurrency = n.max(1);
+        self
     }
 
     pub fn namespace(mut self, ns: &str) -> Self {

@@ -1,0 +1,595 @@
+//! The `scale` benchmark section (see docs/benchmarks.md, "Scale").
+//!
+//! N pods start at once on one simulated node (one Envoy per pod, `--concurrency 1`), each app
+//! making one call at boot with Envoy `--proxy-delay-ms` late, under one agent; then they sit
+//! idle; then they are all deleted at once. For each N the same scenario runs with the agent
+//! under test and, when `--baseline-agent` names another `holdfast` build, with that one, in
+//! turn within the same run — before/after figures from the same machine and minutes.
+//!
+//! Measured from outside the agent:
+//! - **release**: a poller in each pod's netns asks Envoy's admin every `--observe-poll-ms` for
+//!   `server.state` (0 = LIVE), `server.concurrency` and the holdfast filter's gauges; "fully
+//!   ready" is LIVE with the filter configured (`workers_ready >= concurrency` where the filter
+//!   publishes it, else `loaded == 1`). Release = that moment → the end of the app's held call
+//!   (its own report, µs). The poll interval bounds the resolution (the release is measured from
+//!   the first poll that saw ready, so it is under-estimated by at most one interval).
+//! - the agent's CPU (`/proc/<pid>/stat` utime+stime, plus its reaped children: iptables) during
+//!   the start-up burst and idle afterwards, its RSS (VmRSS idle, VmHWM peak), threads and fds;
+//! - refused calls (the app's report), holds that went in late or ended by deadline (the agent's
+//!   status rows), and on deletion the lag from the app container's exit to the proxy's, as the
+//!   simulated kubelet reaped them.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context as _, Result};
+use holdfast::status::HoldOutcome;
+
+use super::{load_average, percentile};
+use crate::agent::AgentProcess;
+use crate::bench_opts::SimBenchOpts;
+use crate::sim::pod_object::{CState, ContainerView};
+use crate::sim::report::{now_us, AppEvent};
+use crate::sim::{AppScript, CallError, NodeOptions, Phase, PodSpec, SimNode};
+
+/// Goals from the performance issue, printed next to the figures.
+const GOAL_RELEASE_P99_MS: f64 = 5.0;
+const GOAL_BURST_CPU_S: f64 = 2.0;
+const GOAL_IDLE_MS_PER_S_PER_POD: f64 = 0.05;
+const GOAL_RSS_MIB: f64 = 20.0;
+const GOAL_DRAIN_LAG_P99_MS: f64 = 50.0;
+
+/// Options of the section.
+#[derive(Debug, Clone)]
+pub struct ScaleOpts {
+    /// Pod counts, each a scenario.
+    pub pods: Vec<u32>,
+    /// Another `holdfast` binary to run side by side (the "before" build).
+    pub baseline: Option<PathBuf>,
+    /// How often the outside observer polls each pod's Envoy.
+    pub observe_poll: Duration,
+    /// How long the idle cost is measured.
+    pub idle: Duration,
+}
+
+/// One scenario's figures.
+#[derive(Debug, Clone, Default)]
+struct Sample {
+    pods: u32,
+    refused: u32,
+    failed_pods: u32,
+    release_ms: Vec<f64>,
+    agent_release_ms: Vec<f64>,
+    late: u32,
+    not_ready_outcome: u32,
+    burst_cpu_s: f64,
+    burst_kernel_share: f64,
+    burst_children_s: f64,
+    burst_s: f64,
+    idle_ms_per_s: f64,
+    rss_idle_mib: f64,
+    rss_peak_mib: f64,
+    threads: u64,
+    fds: u64,
+    drain_lag_ms: Vec<f64>,
+    load: String,
+}
+
+/// Runs the section and prints its table.
+pub fn run(opts: &SimBenchOpts, scale: &ScaleOpts) -> Result<()> {
+    ensure!(
+        nix::unistd::geteuid().is_root(),
+        "the scale section needs root (network namespaces, iptables, cgroups): run it with sudo"
+    );
+    ensure!(
+        !scale.pods.is_empty(),
+        "--scale-pods: give at least one pod count"
+    );
+    let mut variants: Vec<(String, Option<PathBuf>)> = Vec::new();
+    if let Some(b) = &scale.baseline {
+        ensure!(
+            b.is_file(),
+            "--baseline-agent {}: no such file",
+            b.display()
+        );
+        variants.push((format!("before ({})", b.display()), Some(b.clone())));
+    }
+    variants.push(("this build".into(), Some(opts.holdfast.clone())));
+    let mut results: Vec<(u32, String, Sample)> = Vec::new();
+    for &n in &scale.pods {
+        ensure!(
+            (1..=250).contains(&n),
+            "--scale-pods: {n} is not in 1..=250"
+        );
+        let _inotify = InotifyLimit::raise_for(n)?;
+        for (label, bin) in &variants {
+            eprintln!("scale: {n} pods, agent {label}");
+            let s = scenario(opts, scale, n, bin.as_deref())
+                .with_context(|| format!("scale: {n} pods with agent {label}"))?;
+            results.push((n, label.clone(), s));
+        }
+    }
+    print_table(scale, &results);
+    Ok(())
+}
+
+fn scenario(
+    opts: &SimBenchOpts,
+    scale: &ScaleOpts,
+    n: u32,
+    agent_bin: Option<&Path>,
+) -> Result<Sample> {
+    let proxy_delay = opts.proxy_delay;
+    let node_opts = NodeOptions {
+        sim_app: Some(opts.sim_app.clone()),
+        ..NodeOptions::default()
+    };
+    let mut node = SimNode::with_options(&format!("hsc{n}"), node_opts)?;
+    let names: Vec<String> = (0..n).map(|i| format!("p{i}")).collect();
+    for name in &names {
+        node.add_pod(
+            PodSpec::new(name)
+                .app(AppScript::CallAtStart { calls: 1 })
+                .proxy_delay(proxy_delay)
+                .proxy_concurrency(1)
+                .call_timeout(proxy_delay + Duration::from_secs(150)),
+        )?;
+    }
+    let agent = AgentProcess::start_binary(
+        agent_bin,
+        node.node_name(),
+        node.pods_dir(),
+        &node.work_dir().join("agent.log"),
+        &[],
+    )?;
+    let pid = agent.pid().context("the agent has no pid")?;
+    let cpu0 = ProcCpu::read(pid)?;
+    let t0 = Instant::now();
+    node.start_pods()?;
+
+    let budget = proxy_delay + Duration::from_secs(150);
+    let give_up = Instant::now() + budget;
+    let stop = AtomicBool::new(false);
+    let mut sample = Sample {
+        pods: n,
+        ..Sample::default()
+    };
+    std::thread::scope(|s| -> Result<()> {
+        let mut pollers = Vec::new();
+        for name in &names {
+            let (node, stop) = (&node, &stop);
+            pollers.push(s.spawn(move || {
+                ready_time(node, name, proxy_delay, scale.observe_poll, give_up, stop)
+            }));
+        }
+        let mut first_ok = Vec::new();
+        for name in &names {
+            let left = give_up.saturating_duration_since(Instant::now());
+            let _ = node.wait_report(name, left, "a successful boot call", |r| {
+                r.calls(Phase::Startup).ok > 0
+            });
+            let report = node.report(name)?;
+            let calls = report.all_calls();
+            sample.refused += calls.errors(CallError::ConnectionRefused);
+            let ok = report.events.iter().find_map(|e| match e {
+                AppEvent::Call {
+                    at_ms,
+                    at_us,
+                    phase: Phase::Startup,
+                    ok: true,
+                    ..
+                } => Some(at_us.unwrap_or(at_ms * 1000)),
+                _ => None,
+            });
+            if ok.is_none() {
+                sample.failed_pods += 1;
+            }
+            first_ok.push(ok);
+        }
+        sample.burst_s = t0.elapsed().as_secs_f64();
+        stop.store(true, Ordering::SeqCst);
+        for (h, ok) in pollers.into_iter().zip(first_ok) {
+            let ready = h
+                .join()
+                .map_err(|_| anyhow::anyhow!("a readiness poller panicked"))?;
+            if let (Some(r), Some(ok)) = (ready, ok) {
+                sample.release_ms.push((ok as f64 - r as f64) / 1e3);
+            }
+        }
+        Ok(())
+    })?;
+    let cpu1 = ProcCpu::read(pid)?;
+    sample.burst_cpu_s = cpu1.own_s() - cpu0.own_s();
+    sample.burst_children_s = cpu1.children_s() - cpu0.children_s();
+    sample.burst_kernel_share = if sample.burst_cpu_s > 0.0 {
+        (cpu1.stime - cpu0.stime) as f64 / ProcCpu::hz() / sample.burst_cpu_s
+    } else {
+        0.0
+    };
+
+    // The agent's own record of each hold.
+    for name in &names {
+        match agent.wait_pod(
+            "default",
+            name,
+            Duration::from_secs(20),
+            "hold ended",
+            |r| r.hold.as_ref().is_none_or(|h| h.outcome.is_some()),
+        ) {
+            Ok(row) => {
+                if let Some(h) = row.hold {
+                    if h.late {
+                        sample.late += 1;
+                    }
+                    if h.outcome != Some(HoldOutcome::Ready) {
+                        sample.not_ready_outcome += 1;
+                    }
+                    if let Some(ms) = h.ready_to_release_ms {
+                        sample.agent_release_ms.push(ms);
+                    }
+                }
+            }
+            Err(e) => eprintln!("scale: {name}: {e:#}"),
+        }
+    }
+
+    // Idle: every pod up, nothing happening.
+    std::thread::sleep(Duration::from_secs(2));
+    let idle0 = ProcCpu::read(pid)?;
+    std::thread::sleep(scale.idle);
+    let idle1 = ProcCpu::read(pid)?;
+    sample.idle_ms_per_s =
+        (idle1.total_s() - idle0.total_s()) * 1e3 / scale.idle.as_secs_f64().max(1e-3);
+    let mem = ProcMem::read(pid)?;
+    sample.rss_idle_mib = mem.rss_kib as f64 / 1024.0;
+    sample.threads = mem.threads;
+    sample.fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count() as u64)
+        .unwrap_or(0);
+
+    // All deleted at once.
+    for name in &names {
+        node.delete_pod(name)?;
+    }
+    for name in &names {
+        match node.wait_gone(name, Duration::from_secs(60)) {
+            Ok(view) => {
+                if let (Some(a), Some(p)) = (exited_ms(view.app()), exited_ms(view.proxy())) {
+                    sample.drain_lag_ms.push(p - a);
+                }
+            }
+            Err(e) => eprintln!("scale: {name} not gone: {e}"),
+        }
+    }
+    sample.rss_peak_mib = ProcMem::read(pid)?.hwm_kib as f64 / 1024.0;
+    sample.load = load_average();
+    drop(agent);
+    let left = node.finish();
+    ensure!(left.is_empty(), "the node left things behind: {left:#?}");
+    Ok(sample)
+}
+
+/// When the pod's Envoy was first seen fully ready (µs), polled from inside its netns.
+fn ready_time(
+    node: &SimNode,
+    pod: &str,
+    proxy_delay: Duration,
+    poll: Duration,
+    give_up: Instant,
+    stop: &AtomicBool,
+) -> Option<u64> {
+    // Envoy cannot answer before pilot-agent launches it: start shortly before that.
+    let started_us = loop {
+        let t = node.pod(pod).and_then(|v| {
+            v.proxy().and_then(|c| match &c.state {
+                CState::Running { started_at } => u64::try_from(started_at.as_microsecond()).ok(),
+                _ => None,
+            })
+        });
+        if let Some(t) = t {
+            break t;
+        }
+        if stop.load(Ordering::SeqCst) || Instant::now() >= give_up {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let begin = (started_us + proxy_delay.as_micros() as u64).saturating_sub(50_000);
+    let now = now_us();
+    if begin > now {
+        std::thread::sleep(Duration::from_micros(begin - now));
+    }
+    let admin = std::net::SocketAddr::from(([127, 0, 0, 1], crate::sim::istio_init::ADMIN_PORT));
+    let query = format!("/stats?filter={}", url_encode(READY_STATS));
+    node.in_pod_netns(pod, || loop {
+        let at = now_us();
+        if let Ok(body) = crate::sim::pilot_agent::admin_request(admin, "GET", &query) {
+            if fully_ready(&body) {
+                return Some(at);
+            }
+        }
+        if stop.load(Ordering::SeqCst) || Instant::now() >= give_up {
+            return None;
+        }
+        std::thread::sleep(poll);
+    })
+    .ok()
+    .flatten()
+}
+
+/// The stats the observer reads in one request.
+const READY_STATS: &str =
+    r"^(server\.state|server\.concurrency|wasmcustom\.holdfast\.(loaded|workers_ready))$";
+
+/// LIVE, and the filter configured (on every worker where the filter says so).
+fn fully_ready(stats: &str) -> bool {
+    let mut state = None;
+    let mut concurrency = None;
+    let mut loaded = None;
+    let mut workers = None;
+    for line in stats.lines() {
+        let Some((k, v)) = line.split_once(':') else {
+            continue;
+        };
+        let Ok(v) = v.trim().parse::<u64>() else {
+            continue;
+        };
+        match k.trim() {
+            "server.state" => state = Some(v),
+            "server.concurrency" => concurrency = Some(v),
+            "wasmcustom.holdfast.loaded" => loaded = Some(v),
+            "wasmcustom.holdfast.workers_ready" => workers = Some(v),
+            _ => {}
+        }
+    }
+    let filter = match (workers, concurrency) {
+        (Some(w), Some(c)) => w >= c,
+        _ => loaded == Some(1),
+    };
+    state == Some(0) && filter
+}
+
+fn url_encode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"._-".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// When a container last exited (ms since the epoch), by the simulated kubelet.
+fn exited_ms(c: Option<&ContainerView>) -> Option<f64> {
+    let c = c?;
+    let t = match &c.state {
+        CState::Terminated(t) => t,
+        _ => c.last.as_ref()?,
+    };
+    Some(t.finished_at.as_nanosecond() as f64 / 1e6)
+}
+
+/// CPU times of a process from `/proc/<pid>/stat`, in clock ticks.
+#[derive(Debug, Clone, Copy)]
+struct ProcCpu {
+    utime: u64,
+    stime: u64,
+    cutime: u64,
+    cstime: u64,
+}
+
+impl ProcCpu {
+    fn read(pid: u32) -> Result<ProcCpu> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .with_context(|| format!("reading /proc/{pid}/stat"))?;
+        // Fields after the command (which may hold spaces) start at field 3 (`state`).
+        let rest = text
+            .rsplit_once(')')
+            .map(|(_, r)| r)
+            .context("malformed /proc/<pid>/stat")?;
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let field = |i: usize| -> Result<u64> {
+            f.get(i - 3)
+                .and_then(|v| v.parse().ok())
+                .with_context(|| format!("/proc/{pid}/stat field {i}"))
+        };
+        Ok(ProcCpu {
+            utime: field(14)?,
+            stime: field(15)?,
+            cutime: field(16)?,
+            cstime: field(17)?,
+        })
+    }
+
+    fn hz() -> f64 {
+        // SAFETY-free: sysconf through nix.
+        nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+            .ok()
+            .flatten()
+            .map_or(100.0, |v| v as f64)
+    }
+
+    fn own_s(&self) -> f64 {
+        (self.utime + self.stime) as f64 / Self::hz()
+    }
+
+    fn children_s(&self) -> f64 {
+        (self.cutime + self.cstime) as f64 / Self::hz()
+    }
+
+    fn total_s(&self) -> f64 {
+        self.own_s() + self.children_s()
+    }
+}
+
+/// Memory and threads of a process from `/proc/<pid>/status`.
+struct ProcMem {
+    rss_kib: u64,
+    hwm_kib: u64,
+    threads: u64,
+}
+
+impl ProcMem {
+    fn read(pid: u32) -> Result<ProcMem> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .with_context(|| format!("reading /proc/{pid}/status"))?;
+        let get = |key: &str| -> u64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        Ok(ProcMem {
+            rss_kib: get("VmRSS:"),
+            hwm_kib: get("VmHWM:"),
+            threads: get("Threads:"),
+        })
+    }
+}
+
+/// Raises `fs.inotify.max_user_instances` for a run of `n` Envoys (each takes 2, all under uid
+/// 1337) and puts the old value back when dropped.
+struct InotifyLimit {
+    old: Option<u64>,
+}
+
+const INOTIFY_PATH: &str = "/proc/sys/fs/inotify/max_user_instances";
+
+impl InotifyLimit {
+    fn raise_for(n: u32) -> Result<InotifyLimit> {
+        let current: u64 = std::fs::read_to_string(INOTIFY_PATH)
+            .context("reading fs.inotify.max_user_instances")?
+            .trim()
+            .parse()
+            .context("parsing fs.inotify.max_user_instances")?;
+        let need = u64::from(n) * 2 + 64;
+        if current >= need {
+            return Ok(InotifyLimit { old: None });
+        }
+        std::fs::write(INOTIFY_PATH, need.to_string())
+            .context("raising fs.inotify.max_user_instances")?;
+        eprintln!("scale: fs.inotify.max_user_instances {current} → {need} (restored after)");
+        Ok(InotifyLimit { old: Some(current) })
+    }
+}
+
+impl Drop for InotifyLimit {
+    fn drop(&mut self) {
+        if let Some(old) = self.old {
+            if let Err(e) = std::fs::write(INOTIFY_PATH, old.to_string()) {
+                eprintln!("scale: cannot restore fs.inotify.max_user_instances to {old}: {e}");
+            }
+        }
+    }
+}
+
+fn fmt_p(v: &[f64]) -> String {
+    match (percentile(v, 0.5), percentile(v, 0.99)) {
+        (Some(a), Some(b)) => format!("{a:.1} / {b:.1}"),
+        _ => "—".into(),
+    }
+}
+
+fn print_table(scale: &ScaleOpts, results: &[(u32, String, Sample)]) {
+    println!();
+    println!(
+        "## holdfast-bench scale: pods started at once (Envoy --concurrency 1), observer poll {} ms, idle measured over {} s",
+        scale.observe_poll.as_secs_f64() * 1e3,
+        scale.idle.as_secs()
+    );
+    println!(
+        "goals: release p99 ≤ {GOAL_RELEASE_P99_MS} ms (outside observer); burst CPU ≤ {GOAL_BURST_CPU_S} s at 110 pods; \
+         idle ≤ {GOAL_IDLE_MS_PER_S_PER_POD} ms/s per pod; RSS ≤ {GOAL_RSS_MIB} MiB; no late hold, no deadline; \
+         drain lag p99 ≤ {GOAL_DRAIN_LAG_P99_MS} ms"
+    );
+    println!();
+    let mut header = String::from("| metric |");
+    let mut rule = String::from("|---|");
+    for (n, label, _) in results {
+        header.push_str(&format!(" {n} pods, {label} |"));
+        rule.push_str("---:|");
+    }
+    println!("{header}\n{rule}");
+    let row = |name: &str, cell: &dyn Fn(&Sample) -> String| {
+        let mut line = format!("| {name} |");
+        for (_, _, s) in results {
+            line.push_str(&format!(" {} |", cell(s)));
+        }
+        println!("{line}");
+    };
+    row("refused calls (pods without a successful call)", &|s| {
+        format!("{} ({})", s.refused, s.failed_pods)
+    });
+    row(
+        "**release**, outside: fully ready → held call done, ms p50 / p99",
+        &|s| fmt_p(&s.release_ms),
+    );
+    row("agent's own ready → release, ms p50 / p99", &|s| {
+        fmt_p(&s.agent_release_ms)
+    });
+    row("late holds / holds not ended by readiness", &|s| {
+        format!("{} / {}", s.late, s.not_ready_outcome)
+    });
+    row("agent CPU during the burst, s (kernel share)", &|s| {
+        format!(
+            "{:.2} ({:.0} %)",
+            s.burst_cpu_s,
+            s.burst_kernel_share * 100.0
+        )
+    });
+    row("  its children (iptables) during the burst, s", &|s| {
+        format!("{:.2}", s.burst_children_s)
+    });
+    row("burst: pods started → every call done, s", &|s| {
+        format!("{:.1}", s.burst_s)
+    });
+    row("idle agent CPU, ms per s (per pod)", &|s| {
+        format!(
+            "{:.2} ({:.3})",
+            s.idle_ms_per_s,
+            s.idle_ms_per_s / f64::from(s.pods.max(1))
+        )
+    });
+    row("RSS idle / peak, MiB", &|s| {
+        format!("{:.1} / {:.1}", s.rss_idle_mib, s.rss_peak_mib)
+    });
+    row("threads / open fds (idle)", &|s| {
+        format!("{} / {}", s.threads, s.fds)
+    });
+    row("**drain**: app exit → proxy exit, ms p50 / p99", &|s| {
+        fmt_p(&s.drain_lag_ms)
+    });
+    row("load average (1 min) at the end", &|s| s.load.clone());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_needs_live_and_every_worker() {
+        let base = "server.state: 0\nserver.concurrency: 2\n";
+        assert!(!fully_ready(base), "no filter stat: not fully ready");
+        assert!(fully_ready(&format!(
+            "{base}wasmcustom.holdfast.loaded: 1\n"
+        )));
+        assert!(!fully_ready(&format!(
+            "{base}wasmcustom.holdfast.loaded: 1\nwasmcustom.holdfast.workers_ready: 1\n"
+        )));
+        assert!(fully_ready(&format!(
+            "{base}wasmcustom.holdfast.loaded: 1\nwasmcustom.holdfast.workers_ready: 2\n"
+        )));
+        assert!(!fully_ready(
+            "server.state: 1\nserver.concurrency: 1\nwasmcustom.holdfast.loaded: 1\n"
+        ));
+    }
+
+    #[test]
+    fn query_is_encoded() {
+        assert_eq!(url_encode(r"^a\.b$"), "%5Ea%5C.b%24");
+    }
+}
