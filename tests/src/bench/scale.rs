@@ -319,8 +319,12 @@ fn ready_time(
 }
 
 /// The stats the observer reads in one request.
-const READY_STATS: &str =
-    r"^(server\.state|server\.concurrency|wasmcustom\.holdfast\.(loaded|workers_ready))$";
+///
+/// `server.state` alone is not enough: Envoy refreshes that gauge on its stats flush, so it reads
+/// 0 (LIVE) while `/ready` still says PRE_INITIALIZING (seen here with Envoy 1.40). The
+/// `listener_manager.workers_started` gauge is set when the workers start, which happens when
+/// initialisation is done — pilot-agent's readiness check reads both for this reason.
+const READY_STATS: &str = r"^(server\.state|server\.concurrency|listener_manager\.workers_started|wasmcustom\.holdfast\.(loaded|workers_ready))$";
 
 /// LIVE, and the filter configured (on every worker where the filter says so).
 fn fully_ready(stats: &str) -> bool {
@@ -328,6 +332,7 @@ fn fully_ready(stats: &str) -> bool {
     let mut concurrency = None;
     let mut loaded = None;
     let mut workers = None;
+    let mut started = None;
     for line in stats.lines() {
         let Some((k, v)) = line.split_once(':') else {
             continue;
@@ -338,6 +343,7 @@ fn fully_ready(stats: &str) -> bool {
         match k.trim() {
             "server.state" => state = Some(v),
             "server.concurrency" => concurrency = Some(v),
+            "listener_manager.workers_started" => started = Some(v),
             "wasmcustom.holdfast.loaded" => loaded = Some(v),
             "wasmcustom.holdfast.workers_ready" => workers = Some(v),
             _ => {}
@@ -347,7 +353,7 @@ fn fully_ready(stats: &str) -> bool {
         (Some(w), Some(c)) => w >= c,
         _ => loaded == Some(1),
     };
-    state == Some(0) && filter
+    state == Some(0) && started == Some(1) && filter
 }
 
 fn url_encode(s: &str) -> String {
@@ -572,7 +578,7 @@ mod tests {
 
     #[test]
     fn ready_needs_live_and_every_worker() {
-        let base = "server.state: 0\nserver.concurrency: 2\n";
+        let base = "server.state: 0\nlistener_manager.workers_started: 1\nserver.concurrency: 2\n";
         assert!(!fully_ready(base), "no filter stat: not fully ready");
         assert!(fully_ready(&format!(
             "{base}wasmcustom.holdfast.loaded: 1\n"
@@ -584,7 +590,11 @@ mod tests {
             "{base}wasmcustom.holdfast.loaded: 1\nwasmcustom.holdfast.workers_ready: 2\n"
         )));
         assert!(!fully_ready(
-            "server.state: 1\nserver.concurrency: 1\nwasmcustom.holdfast.loaded: 1\n"
+            "server.state: 1\nlistener_manager.workers_started: 1\nserver.concurrency: 1\nwasmcustom.holdfast.loaded: 1\n"
+        ));
+        // state 0 before initialisation (the gauge is refreshed on stats flush): not ready.
+        assert!(!fully_ready(
+            "server.state: 0\nlistener_manager.workers_started: 0\nserver.concurrency: 1\nwasmcustom.holdfast.loaded: 1\n"
         ));
     }
 
