@@ -862,3 +862,45 @@ fn adopt_brings_rules_up_to_the_pods_shape() -> Result<()> {
     );
     t.assert_no_hold()
 }
+
+#[test]
+fn proxy_uid_dns_is_not_held() -> Result<()> {
+    if !privileged("proxy_uid_dns_is_not_held") {
+        return Ok(());
+    }
+    let t = TestNetns::new("hf-hold-dnsown")?;
+    let cfg = HoldConfig {
+        rules: holdfast::hold::RuleSpec {
+            dns_port: Some(15053),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let hold = HoldQueue::start(&t.ns, &cfg)?;
+    // One UDP datagram to the DNS port from a process of `uid` (bash's /dev/udp).
+    let send = |uid: u32| -> Result<std::process::Output> {
+        Ok(t.ns.run(move || {
+            Command::new("bash")
+                .args(["-c", "echo query > /dev/udp/127.0.0.1/15053"])
+                .uid(uid)
+                .gid(uid)
+                .output()
+        })??)
+    };
+    let proxy = send(1337)?;
+    std::thread::sleep(Duration::from_millis(200));
+    ensure!(proxy.status.success(), "uid 1337 send: {proxy:?}");
+    ensure!(
+        hold.held().dns_packets == 0,
+        "pilot-agent's own DNS packet was held: {:?}",
+        hold.held()
+    );
+    let app = send(1000)?;
+    ensure!(app.status.success(), "uid 1000 send: {app:?}");
+    wait_until("the app's DNS packet held", Duration::from_secs(3), || {
+        hold.held().dns_packets >= 1
+    })?;
+    println!("DNS by uid: {:?}", hold.held());
+    hold.release()?;
+    t.assert_no_hold()
+}
