@@ -96,6 +96,17 @@ fn ipv6_pod_without_agent_calls_through_envoy_over_ipv6_or_is_refused() {
     // Envoy in time (the app waits 3 s first): the IPv6 calls go through Envoy's `::` listener.
     node.add_pod(ipv6_caller(Duration::ZERO).app_init(Duration::from_secs(3)))
         .expect("add pod");
+    // IPv6 only, DNS capture on (an IPv6 nameserver, redirected to [::1]:15053), everything in
+    // time: the lookup and the call go over IPv6.
+    node.add_pod(
+        PodSpec::new("v6only")
+            .ip_families(IpFamilies::V6)
+            .dns_capture(Duration::ZERO)
+            .lookup_remote(true)
+            .app(AppScript::CallAtStart { calls: 1 })
+            .app_init(Duration::from_secs(3)),
+    )
+    .expect("add pod");
     // Envoy 2 s late and no agent: refused, as on a cluster without holdfast.
     let mut late = ipv6_caller(Duration::from_secs(2));
     late.name = "v6late".into();
@@ -107,6 +118,22 @@ fn ipv6_pod_without_agent_calls_through_envoy_over_ipv6_or_is_refused() {
         3,
         "{:?}",
         in_time.calls(Phase::Startup)
+    );
+    let v6only = wait_boot_calls(&node, "v6only", 1, Duration::from_secs(30));
+    assert_eq!(
+        v6only.calls(Phase::Startup).ok,
+        1,
+        "{:?} {:?}",
+        v6only.lookups(),
+        v6only.calls(Phase::Startup)
+    );
+    assert!(
+        v6only
+            .lookups()
+            .first()
+            .is_some_and(|l| l.0 && l.2.contains(':')),
+        "the lookup answers the IPv6 address: {:?}",
+        v6only.lookups()
     );
     let refused = wait_boot_calls(&node, "v6late", 1, Duration::from_secs(30));
     assert!(
@@ -338,5 +365,32 @@ fn user_init_container_that_calls_out_fails_as_fast_as_without_holdfast() {
         with_ms < without_ms + 1000,
         "held: {with_ms} ms with holdfast vs {without_ms} ms without"
     );
+    assert_clean(node, Some(agent));
+}
+
+#[test]
+fn user_init_container_before_istio_init_calls_out_directly() {
+    if !privileged("user_init_container_before_istio_init_calls_out_directly") {
+        return;
+    }
+    // Without CNI, Istio orders istio-init last (reorderPod): a user init container runs before
+    // any redirect, so its call goes straight to the remote service — with or without the agent
+    // (whose rules match only what Istio redirected to Envoy's ports).
+    let mut node = node("shapeinitclassic");
+    let agent = agent(&node);
+    node.add_pod(vault_init_pod("vault").cni(false))
+        .expect("add pod");
+    node.start_pods().expect("start");
+    let (took_ms, error) = user_init_call(&node, "vault");
+    eprintln!("user init before istio-init: {took_ms} ms, {error:?}");
+    assert_eq!(error, None, "the direct call succeeds");
+    assert!(took_ms < 1000, "not held: {took_ms} ms");
+    node.wait_for(
+        "vault",
+        Duration::from_secs(20),
+        "the app container started after both init containers",
+        |p| p.app().is_some_and(|c| c.is_running()),
+    )
+    .expect("app starts");
     assert_clean(node, Some(agent));
 }
