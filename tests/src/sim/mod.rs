@@ -22,6 +22,12 @@
 //! netns `hf-<test>-<pod>` (lo up, `eth0` 198.18.1.x/15 on a bridge in `hf-<test>-remote`, where
 //! the remote echo service listens on 198.18.0.1:7000); cgroups `kubepods/pod<uid>/<64-hex id>`
 //! for the pause process, `istio-init`, the app and `istio-proxy` (pilot-agent + Envoy).
+//!
+//! Pod shapes ([`PodSpec`]): IPv6 ([`IpFamilies`]: `eth0` also gets `fd00:c612::…`, Istio's
+//! ip6tables rules, Envoy's admin on `[::1]` when IPv6 comes first), DNS capture (the pod's
+//! resolv.conf names the cluster DNS on the remote address; Istio's DNS rules redirect it to
+//! pilot-agent's DNS proxy on 15053, which starts late if asked), a user init container, and
+//! Istio CNI mode (rules written with the sandbox, `istio-validation` instead of `istio-init`).
 
 pub mod apps;
 pub mod bootstrap;
