@@ -904,3 +904,53 @@ fn proxy_uid_dns_is_not_held() -> Result<()> {
     hold.release()?;
     t.assert_no_hold()
 }
+
+#[test]
+fn ipv6_disabled_in_the_netns_still_holds_ipv4() -> Result<()> {
+    if !privileged("ipv6_disabled_in_the_netns_still_holds_ipv4") {
+        return Ok(());
+    }
+    let t = TestNetns::new("hf-hold-v6off")?;
+    run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &t.name,
+            "sysctl",
+            "-qw",
+            "net.ipv6.conf.all.disable_ipv6=1",
+            "net.ipv6.conf.lo.disable_ipv6=1",
+        ],
+    )?;
+    let cfg = HoldConfig {
+        rules: holdfast::hold::RuleSpec {
+            ipv6: true,
+            dns_port: Some(15053),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    // ip6tables still works in such a netns: the IPv6 rules go in and can never match.
+    let hold = HoldQueue::start(&t.ns, &cfg)?;
+    println!(
+        "IPv6 disabled in the netns: ipv6_problem {:?}",
+        hold.ipv6_problem()
+    );
+    let client = t.connect_bg(envoy_outbound(), Duration::from_secs(10))?;
+    wait_until("the IPv4 SYN to be held", Duration::from_secs(3), || {
+        hold.held().packets >= 1
+    })?;
+    let _stop = accept_all(t.listen(envoy_outbound())?);
+    hold.release()?;
+    client
+        .join()
+        .map_err(|_| anyhow::anyhow!("client panicked"))?
+        .0
+        .context("IPv4 connect after release")?;
+    let v6 =
+        t.ns.run_command("ip6tables", &["-S".to_string()], None)?
+            .stdout;
+    ensure!(!v6.contains("HOLDFAST"), "ip6tables rules left:\n{v6}");
+    t.assert_no_hold()
+}
