@@ -340,7 +340,8 @@ fn user_init_call(node: &SimNode, pod: &str) -> (u64, Option<CallError>) {
 fn vault_init_pod(name: &str) -> PodSpec {
     PodSpec::new(name)
         .cni(true)
-        .user_init("vault-agent-init", Duration::from_secs(30))
+        // A held call would time out after 10 s; refused, it fails at once.
+        .user_init("vault-agent-init", Duration::from_secs(10))
         .app(AppScript::Idle)
 }
 

@@ -79,7 +79,8 @@ pub struct RuleSpec {
     pub iptables: String,
     /// `iptables-restore` binary of the same backend.
     pub iptables_restore: String,
-    /// Also hold IPv6 (`::1`), for pods whose Istio rules cover IPv6 (dual-stack).
+    /// Also hold IPv6 (`::1`): on for every pod with an IPv6 address (the IPv6 rules only match
+    /// what Istio's ip6tables rules redirected, so they cost nothing where Istio has none).
     pub ipv6: bool,
     /// pilot-agent's DNS port (Istio: 15053) when the pod's DNS is captured: the app's UDP
     /// packets and TCP SYNs redirected to it are held too. `None` holds no DNS.
