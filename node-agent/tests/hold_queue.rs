@@ -954,3 +954,74 @@ fn ipv6_disabled_in_the_netns_still_holds_ipv4() -> Result<()> {
     ensure!(!v6.contains("HOLDFAST"), "ip6tables rules left:\n{v6}");
     t.assert_no_hold()
 }
+
+#[test]
+fn ipv6_dns_query_is_held_until_released() -> Result<()> {
+    if !privileged("ipv6_dns_query_is_held_until_released") {
+        return Ok(());
+    }
+    let t = TestNetns::new("hf-hold-dns6")?;
+    // Istio's IPv6 DNS capture for a resolver on ::1 (its goldens use ::127.0.0.53, which a
+    // bare test netns cannot route): ip6tables nat REDIRECT of UDP port 53 to 15053.
+    let redirect: Vec<String> = [
+        "-t",
+        "nat",
+        "-A",
+        "OUTPUT",
+        "-p",
+        "udp",
+        "--dport",
+        "53",
+        "-d",
+        "::1/128",
+        "-j",
+        "REDIRECT",
+        "--to-ports",
+        "15053",
+    ]
+    .map(String::from)
+    .to_vec();
+    let out = t.ns.run_command("ip6tables", &redirect, None)?;
+    ensure!(out.status.success(), "ip6tables: {}", out.stderr);
+    let cfg = HoldConfig {
+        rules: holdfast::hold::RuleSpec {
+            ipv6: true,
+            dns_port: Some(15053),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let hold = HoldQueue::start(&t.ns, &cfg)?;
+    let socket = t.ns.run(|| -> std::io::Result<std::net::UdpSocket> {
+        let s = std::net::UdpSocket::bind("[::1]:0")?;
+        s.connect("[::1]:53")?;
+        Ok(s)
+    })??;
+    let query = std::thread::spawn(move || -> std::io::Result<Vec<u8>> {
+        socket.set_read_timeout(Some(Duration::from_secs(10)))?;
+        socket.send(DNS_QUERY)?;
+        let mut buf = [0u8; 512];
+        let n = socket.recv(&mut buf)?;
+        Ok(buf[..n].to_vec())
+    });
+    wait_until("the IPv6 query held", Duration::from_secs(3), || {
+        hold.held().dns_packets >= 1
+    })?;
+    std::thread::sleep(Duration::from_millis(200));
+    ensure!(!query.is_finished(), "the IPv6 query finished while held");
+    let server = t.ns.run(|| std::net::UdpSocket::bind("[::1]:15053"))??;
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        while let Ok((n, from)) = server.recv_from(&mut buf) {
+            let _ = server.send_to(&buf[..n], from);
+        }
+    });
+    let report = hold.release()?;
+    let answer = query
+        .join()
+        .map_err(|_| anyhow::anyhow!("query thread panicked"))?
+        .context("the held IPv6 query gets its answer after release")?;
+    ensure!(answer == DNS_QUERY, "echoed answer differs");
+    println!("IPv6 DNS held and released: {report:?}");
+    t.assert_no_hold()
+}
