@@ -10,7 +10,7 @@
 //! - `dns-proxy`: pilot-agent's DNS proxy on localhost:15053 (started by `pilot-agent`).
 
 use std::io::Write;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -131,16 +131,22 @@ fn main() -> anyhow::Result<()> {
                 .map_err(|e| anyhow::anyhow!("remote services cannot listen on {listen}: {e}"))?;
             // The same services on the node's IPv6 address, and the cluster DNS on port 53 of
             // both (what the pods' resolv.conf names).
+            // IPv6 is best effort: a host without it runs the IPv4 shapes only.
             let listen6 = SocketAddr::from((REMOTE_IP6, listen.port()));
-            let l6 = TcpListener::bind(listen6)
-                .map_err(|e| anyhow::anyhow!("remote services cannot listen on {listen6}: {e}"))?;
-            std::thread::Builder::new()
-                .name("serve6".into())
-                .spawn(move || apps::serve(l6, None))?;
+            match TcpListener::bind(listen6) {
+                Ok(l6) => {
+                    std::thread::Builder::new()
+                        .name("serve6".into())
+                        .spawn(move || apps::serve(l6, None))?;
+                }
+                Err(e) => eprintln!("remote: not listening on {listen6}: {e}"),
+            }
             let table = Arc::new(NameTable::sim_cluster());
-            for ip in [listen.ip(), IpAddr::V6(REMOTE_IP6)] {
-                dns::serve(SocketAddr::from((ip, 53)), table.clone())
-                    .map_err(|e| anyhow::anyhow!("cluster DNS cannot listen on {ip}:53: {e}"))?;
+            dns::serve(SocketAddr::from((listen.ip(), 53)), table.clone()).map_err(|e| {
+                anyhow::anyhow!("cluster DNS cannot listen on {}:53: {e}", listen.ip())
+            })?;
+            if let Err(e) = dns::serve(SocketAddr::from((REMOTE_IP6, 53)), table) {
+                eprintln!("remote: no cluster DNS on [{REMOTE_IP6}]:53: {e}");
             }
             println!("ready");
             std::io::stdout().flush()?;
