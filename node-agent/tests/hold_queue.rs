@@ -349,18 +349,8 @@ fn outbound_through_istio_redirect_and_inbound_over_veth() -> Result<()> {
     run(
         "ip",
         &[
-            "link",
-            "add",
-            "hf-hp0",
-            "netns",
-            "hf-hold-pod",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "hf-hp1",
-            "netns",
-            "hf-hold-peer",
+            "link", "add", "hf-hp0", "netns", &pod.name, "type", "veth", "peer", "name", "hf-hp1",
+            "netns", &peer.name,
         ],
     )?;
     pod.ip(&["addr", "add", "198.18.0.2/24", "dev", "hf-hp0"])?;
@@ -551,5 +541,487 @@ fn start_fails_cleanly_without_iptables() -> Result<()> {
     // The queue was closed again: a fresh hold can bind the same queue number.
     let hold = HoldQueue::start(&t.ns, &HoldConfig::default())?;
     hold.release()?;
+    t.assert_no_hold()
+}
+
+/// A minimal DNS query (id 0x1234, one A question for `svc.`), enough for a UDP exchange.
+const DNS_QUERY: &[u8] =
+    b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x03svc\x00\x00\x01\x00\x01";
+
+/// Istio-like DNS capture in a test netns: the app's UDP and TCP to a resolver on port 53 are
+/// REDIRECTed to 15053 (`SetupDNSRedir` in istio/istio tools/istio-iptables/pkg/capture/run.go,
+/// with 127.0.0.53 as the resolv.conf server, as in its `dns-uid-gid.golden`), uid 1337 excluded.
+fn istio_dns_capture(t: &TestNetns) -> Result<()> {
+    for proto in ["udp", "tcp"] {
+        t.iptables(&[
+            "-t",
+            "nat",
+            "-A",
+            "OUTPUT",
+            "-m",
+            "owner",
+            "--uid-owner",
+            "1337",
+            "-j",
+            "RETURN",
+        ])?;
+        t.iptables(&[
+            "-t",
+            "nat",
+            "-A",
+            "OUTPUT",
+            "-p",
+            proto,
+            "--dport",
+            "53",
+            "-d",
+            "127.0.0.53/32",
+            "-j",
+            "REDIRECT",
+            "--to-ports",
+            "15053",
+        ])?;
+    }
+    Ok(())
+}
+
+/// Sends one query over UDP from inside the netns to the resolver 127.0.0.53:53 and waits up to
+/// `timeout` for an answer, on a background thread: the outcome and when it came.
+fn dns_query_bg(
+    t: &TestNetns,
+    timeout: Duration,
+) -> Result<std::thread::JoinHandle<(std::io::Result<Vec<u8>>, Instant)>> {
+    let socket = t.ns.run(|| -> std::io::Result<std::net::UdpSocket> {
+        let s = std::net::UdpSocket::bind("127.0.0.1:0")?;
+        s.connect("127.0.0.53:53")?;
+        Ok(s)
+    })??;
+    Ok(std::thread::spawn(move || {
+        let exchange = || -> std::io::Result<Vec<u8>> {
+            socket.set_read_timeout(Some(timeout))?;
+            socket.send(DNS_QUERY)?;
+            let mut buf = [0u8; 512];
+            let n = socket.recv(&mut buf)?;
+            Ok(buf[..n].to_vec())
+        };
+        let r = exchange();
+        (r, Instant::now())
+    }))
+}
+
+#[test]
+fn dns_query_is_held_until_released_udp_and_tcp() -> Result<()> {
+    if !privileged("dns_query_is_held_until_released_udp_and_tcp") {
+        return Ok(());
+    }
+    let t = TestNetns::new("hf-hold-dns")?;
+    istio_dns_capture(&t)?;
+
+    // Without a hold, pilot-agent's port not yet bound: the query is refused at once (ICMP port
+    // unreachable on the connected socket) — what an app's first lookup meets today.
+    let sent_unheld = Instant::now();
+    let (unheld, at) = dns_query_bg(&t, Duration::from_secs(3))?
+        .join()
+        .map_err(|_| anyhow::anyhow!("query thread panicked"))?;
+    let refused = unheld.expect_err("no DNS server yet");
+    println!(
+        "unheld query before 15053 listens: {refused} ({:?})",
+        at.saturating_duration_since(sent_unheld)
+    );
+    ensure!(
+        refused.kind() == std::io::ErrorKind::ConnectionRefused,
+        "expected refused, got {refused}"
+    );
+
+    let cfg = HoldConfig {
+        rules: holdfast::hold::RuleSpec {
+            dns_port: Some(15053),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let hold = HoldQueue::start(&t.ns, &cfg)?;
+    let query = dns_query_bg(&t, Duration::from_secs(10))?;
+    let tcp = t.connect_bg(
+        SocketAddr::from(([127, 0, 0, 53], 53)),
+        Duration::from_secs(10),
+    )?;
+    wait_until(
+        "the UDP query and the TCP SYN held",
+        Duration::from_secs(3),
+        || hold.held().dns_packets >= 2,
+    )?;
+    std::thread::sleep(Duration::from_millis(200));
+    ensure!(
+        !query.is_finished() && !tcp.is_finished(),
+        "a DNS exchange finished while held"
+    );
+
+    // pilot-agent's DNS proxy comes up: UDP echo and a TCP listener on 127.0.0.1:15053.
+    let udp =
+        t.ns.run(|| std::net::UdpSocket::bind("127.0.0.1:15053"))??;
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        while let Ok((n, from)) = udp.recv_from(&mut buf) {
+            let _ = udp.send_to(&buf[..n], from);
+        }
+    });
+    let _tcp_dns = accept_all(t.listen(SocketAddr::from(([127, 0, 0, 1], 15053)))?);
+    let released_at = Instant::now();
+    let report = hold.release()?;
+    let (answer, answered_at) = query
+        .join()
+        .map_err(|_| anyhow::anyhow!("query thread panicked"))?;
+    let answer = answer.context("the held query gets its answer after release")?;
+    ensure!(answer == DNS_QUERY, "echoed answer differs: {answer:?}");
+    tcp.join()
+        .map_err(|_| anyhow::anyhow!("connect thread panicked"))?
+        .0
+        .context("the held TCP DNS connection completes after release")?;
+    let latency = answered_at.saturating_duration_since(released_at);
+    println!("held DNS query answered {latency:?} after release; report {report:?}");
+    ensure!(report.stats.dns_packets >= 2, "report: {report:?}");
+    ensure!(
+        latency < Duration::from_millis(500),
+        "answer came {latency:?} after release: a retry, not the release"
+    );
+    t.assert_no_hold()
+}
+
+#[test]
+fn pass_through_accepts_at_once_then_holds_again() -> Result<()> {
+    if !privileged("pass_through_accepts_at_once_then_holds_again") {
+        return Ok(());
+    }
+    let t = TestNetns::new("hf-hold-pass")?;
+    let hold = HoldQueue::start(&t.ns, &HoldConfig::default())?;
+    // Held first (nothing listens on 15001: once let through, a connect is refused at once).
+    let held_before = t.connect_bg(envoy_outbound(), Duration::from_secs(10))?;
+    wait_until("the SYN to be held", Duration::from_secs(3), || {
+        hold.held().packets >= 1
+    })?;
+    std::thread::sleep(Duration::from_millis(100));
+    ensure!(!held_before.is_finished(), "connect finished while held");
+
+    // An init container runs: everything held goes, and new SYNs pass at once.
+    let switched_at = Instant::now();
+    hold.set_pass_through(true);
+    ensure!(hold.pass_through());
+    let (result, at) = held_before
+        .join()
+        .map_err(|_| anyhow::anyhow!("client panicked"))?;
+    let err = result.expect_err("nothing listens: refused once let through");
+    let freed_after = at.saturating_duration_since(switched_at);
+    ensure!(
+        err.kind() == std::io::ErrorKind::ConnectionRefused,
+        "held connect: {err}"
+    );
+    ensure!(
+        freed_after < Duration::from_millis(500),
+        "held connect let go {freed_after:?} after pass-through: not at once"
+    );
+    for _ in 0..5 {
+        let started = Instant::now();
+        let (result, at) = t
+            .connect_bg(envoy_outbound(), Duration::from_secs(5))?
+            .join()
+            .map_err(|_| anyhow::anyhow!("client panicked"))?;
+        let took = at.saturating_duration_since(started);
+        ensure!(
+            result.as_ref().err().map(|e| e.kind()) == Some(std::io::ErrorKind::ConnectionRefused),
+            "connect during pass-through: {result:?}"
+        );
+        ensure!(
+            took < Duration::from_millis(500),
+            "connect during pass-through took {took:?}"
+        );
+    }
+    let stats = hold.held();
+    println!("pass-through: held connect freed after {freed_after:?}; stats {stats:?}");
+    ensure!(stats.passed_through >= 5, "stats: {stats:?}");
+    ensure!(
+        stats.packets == 1,
+        "passed packets counted as held: {stats:?}"
+    );
+
+    // The init phase is over: hold again.
+    hold.set_pass_through(false);
+    let held_after = t.connect_bg(envoy_outbound(), Duration::from_secs(10))?;
+    wait_until("the SYN to be held again", Duration::from_secs(3), || {
+        hold.held().packets >= 2
+    })?;
+    std::thread::sleep(Duration::from_millis(300));
+    ensure!(
+        !held_after.is_finished(),
+        "connect after pass-through off was not held"
+    );
+    let _stop = accept_all(t.listen(envoy_outbound())?);
+    hold.release()?;
+    held_after
+        .join()
+        .map_err(|_| anyhow::anyhow!("client panicked"))?
+        .0
+        .context("connect held after pass-through, then released")?;
+    t.assert_no_hold()
+}
+
+#[test]
+fn ipv6_fails_open_without_ip6tables() -> Result<()> {
+    if !privileged("ipv6_fails_open_without_ip6tables") {
+        return Ok(());
+    }
+    let t = TestNetns::new("hf-hold-no6")?;
+    let cfg = HoldConfig {
+        rules: holdfast::hold::RuleSpec {
+            ipv6: true,
+            ip6tables: "/nonexistent/ip6tables".to_string(),
+            ip6tables_restore: "/nonexistent/ip6tables-restore".to_string(),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let hold = HoldQueue::start(&t.ns, &cfg)?;
+    let problem = hold.ipv6_problem().map(str::to_string);
+    println!("IPv6 problem: {problem:?}");
+    ensure!(
+        problem
+            .as_deref()
+            .is_some_and(|p| p.contains("/nonexistent/ip6tables")),
+        "no clear IPv6 error: {problem:?}"
+    );
+    // IPv4 is held regardless.
+    let client = t.connect_bg(envoy_outbound(), Duration::from_secs(10))?;
+    wait_until("the IPv4 SYN to be held", Duration::from_secs(3), || {
+        hold.held().packets >= 1
+    })?;
+    // IPv6 is not held: refused at once, as without an agent.
+    let v6: SocketAddr = "[::1]:15001".parse()?;
+    let (r6, _) = t
+        .connect_bg(v6, Duration::from_secs(3))?
+        .join()
+        .map_err(|_| anyhow::anyhow!("client panicked"))?;
+    ensure!(
+        r6.as_ref().err().map(|e| e.kind()) == Some(std::io::ErrorKind::ConnectionRefused),
+        "IPv6 connect: {r6:?}"
+    );
+    ensure!(HoldQueue::find(&t.ns, &cfg)?.is_active());
+    let _stop = accept_all(t.listen(envoy_outbound())?);
+    hold.release()?;
+    client
+        .join()
+        .map_err(|_| anyhow::anyhow!("client panicked"))?
+        .0
+        .context("IPv4 connect after release")?;
+    ensure!(!HoldQueue::remove_leftover(&t.ns, &cfg)?);
+    t.assert_no_hold()
+}
+
+#[test]
+fn adopt_brings_rules_up_to_the_pods_shape() -> Result<()> {
+    if !privileged("adopt_brings_rules_up_to_the_pods_shape") {
+        return Ok(());
+    }
+    let t = TestNetns::new("hf-hold-adopt6")?;
+    // An earlier agent held IPv4 TCP only, then died.
+    drop(HoldQueue::start(&t.ns, &HoldConfig::default())?);
+    let cfg = HoldConfig {
+        rules: holdfast::hold::RuleSpec {
+            ipv6: true,
+            dns_port: Some(15053),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let adopted = HoldQueue::adopt(&t.ns, &cfg)?.context("nothing adopted")?;
+    let v4 = t.iptables(&["-S", "HOLDFAST_OUT"])?;
+    let v6 =
+        t.ns.run_command(
+            "ip6tables",
+            &["-S".to_string(), "HOLDFAST_OUT".to_string()],
+            None,
+        )?
+        .stdout;
+    println!("after adopt:\n{v4}{v6}");
+    for (family, listing) in [("v4", &v4), ("v6", &v6)] {
+        ensure!(
+            listing.contains("-p udp") && listing.contains("--dport 15053"),
+            "{family}: no DNS rule after adopt:\n{listing}"
+        );
+        ensure!(
+            listing.contains("--dport 15001"),
+            "{family}: no outbound rule after adopt:\n{listing}"
+        );
+    }
+    adopted.release()?;
+    let v6_after =
+        t.ns.run_command("ip6tables", &["-S".to_string()], None)?
+            .stdout;
+    ensure!(
+        !v6_after.contains("HOLDFAST"),
+        "ip6tables rules left:\n{v6_after}"
+    );
+    t.assert_no_hold()
+}
+
+#[test]
+fn proxy_uid_dns_is_not_held() -> Result<()> {
+    if !privileged("proxy_uid_dns_is_not_held") {
+        return Ok(());
+    }
+    let t = TestNetns::new("hf-hold-dnsown")?;
+    let cfg = HoldConfig {
+        rules: holdfast::hold::RuleSpec {
+            dns_port: Some(15053),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let hold = HoldQueue::start(&t.ns, &cfg)?;
+    // One UDP datagram to the DNS port from a process of `uid` (bash's /dev/udp).
+    let send = |uid: u32| -> Result<std::process::Output> {
+        Ok(t.ns.run(move || {
+            Command::new("bash")
+                .args(["-c", "echo query > /dev/udp/127.0.0.1/15053"])
+                .uid(uid)
+                .gid(uid)
+                .output()
+        })??)
+    };
+    let proxy = send(1337)?;
+    std::thread::sleep(Duration::from_millis(200));
+    ensure!(proxy.status.success(), "uid 1337 send: {proxy:?}");
+    ensure!(
+        hold.held().dns_packets == 0,
+        "pilot-agent's own DNS packet was held: {:?}",
+        hold.held()
+    );
+    let app = send(1000)?;
+    ensure!(app.status.success(), "uid 1000 send: {app:?}");
+    wait_until("the app's DNS packet held", Duration::from_secs(3), || {
+        hold.held().dns_packets >= 1
+    })?;
+    println!("DNS by uid: {:?}", hold.held());
+    hold.release()?;
+    t.assert_no_hold()
+}
+
+#[test]
+fn ipv6_disabled_in_the_netns_still_holds_ipv4() -> Result<()> {
+    if !privileged("ipv6_disabled_in_the_netns_still_holds_ipv4") {
+        return Ok(());
+    }
+    let t = TestNetns::new("hf-hold-v6off")?;
+    run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &t.name,
+            "sysctl",
+            "-qw",
+            "net.ipv6.conf.all.disable_ipv6=1",
+            "net.ipv6.conf.lo.disable_ipv6=1",
+        ],
+    )?;
+    let cfg = HoldConfig {
+        rules: holdfast::hold::RuleSpec {
+            ipv6: true,
+            dns_port: Some(15053),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    // ip6tables still works in such a netns: the IPv6 rules go in and can never match.
+    let hold = HoldQueue::start(&t.ns, &cfg)?;
+    println!(
+        "IPv6 disabled in the netns: ipv6_problem {:?}",
+        hold.ipv6_problem()
+    );
+    let client = t.connect_bg(envoy_outbound(), Duration::from_secs(10))?;
+    wait_until("the IPv4 SYN to be held", Duration::from_secs(3), || {
+        hold.held().packets >= 1
+    })?;
+    let _stop = accept_all(t.listen(envoy_outbound())?);
+    hold.release()?;
+    client
+        .join()
+        .map_err(|_| anyhow::anyhow!("client panicked"))?
+        .0
+        .context("IPv4 connect after release")?;
+    let v6 =
+        t.ns.run_command("ip6tables", &["-S".to_string()], None)?
+            .stdout;
+    ensure!(!v6.contains("HOLDFAST"), "ip6tables rules left:\n{v6}");
+    t.assert_no_hold()
+}
+
+#[test]
+fn ipv6_dns_query_is_held_until_released() -> Result<()> {
+    if !privileged("ipv6_dns_query_is_held_until_released") {
+        return Ok(());
+    }
+    let t = TestNetns::new("hf-hold-dns6")?;
+    // Istio's IPv6 DNS capture for a resolver on ::1 (its goldens use ::127.0.0.53, which a
+    // bare test netns cannot route): ip6tables nat REDIRECT of UDP port 53 to 15053.
+    let redirect: Vec<String> = [
+        "-t",
+        "nat",
+        "-A",
+        "OUTPUT",
+        "-p",
+        "udp",
+        "--dport",
+        "53",
+        "-d",
+        "::1/128",
+        "-j",
+        "REDIRECT",
+        "--to-ports",
+        "15053",
+    ]
+    .map(String::from)
+    .to_vec();
+    let out = t.ns.run_command("ip6tables", &redirect, None)?;
+    ensure!(out.status.success(), "ip6tables: {}", out.stderr);
+    let cfg = HoldConfig {
+        rules: holdfast::hold::RuleSpec {
+            ipv6: true,
+            dns_port: Some(15053),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let hold = HoldQueue::start(&t.ns, &cfg)?;
+    let socket = t.ns.run(|| -> std::io::Result<std::net::UdpSocket> {
+        let s = std::net::UdpSocket::bind("[::1]:0")?;
+        s.connect("[::1]:53")?;
+        Ok(s)
+    })??;
+    let query = std::thread::spawn(move || -> std::io::Result<Vec<u8>> {
+        socket.set_read_timeout(Some(Duration::from_secs(10)))?;
+        socket.send(DNS_QUERY)?;
+        let mut buf = [0u8; 512];
+        let n = socket.recv(&mut buf)?;
+        Ok(buf[..n].to_vec())
+    });
+    wait_until("the IPv6 query held", Duration::from_secs(3), || {
+        hold.held().dns_packets >= 1
+    })?;
+    std::thread::sleep(Duration::from_millis(200));
+    ensure!(!query.is_finished(), "the IPv6 query finished while held");
+    let server = t.ns.run(|| std::net::UdpSocket::bind("[::1]:15053"))??;
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        while let Ok((n, from)) = server.recv_from(&mut buf) {
+            let _ = server.send_to(&buf[..n], from);
+        }
+    });
+    let report = hold.release()?;
+    let answer = query
+        .join()
+        .map_err(|_| anyhow::anyhow!("query thread panicked"))?
+        .context("the held IPv6 query gets its answer after release")?;
+    ensure!(answer == DNS_QUERY, "echoed answer differs");
+    println!("IPv6 DNS held and released: {report:?}");
     t.assert_no_hold()
 }

@@ -11,6 +11,12 @@
 //! Never worse than no agent: if the agent dies, the kernel unbinds the queue, new SYNs bypass
 //! it, and SYNs held at that moment are dropped and retransmitted by TCP about 1 s later.
 //!
+//! **Pass-through** ([`HoldQueue::set_pass_through`]): while a pod's init containers run, their
+//! packets must not wait for an Envoy that cannot start before they finish (a vault-agent-init
+//! style init container that calls out must fail, or succeed, as fast as without holdfast). While
+//! on, the holder thread accepts every packet as it arrives, and switching it on accepts what was
+//! held. The rules stay in place, so the hold resumes the moment it is switched off.
+//!
 //! The calls here block (a few ms: a thread spawn per netns entry, an `iptables-restore` run); in
 //! async code call them from `tokio::task::spawn_blocking`.
 
@@ -62,6 +68,9 @@ impl Error {
 /// Result of this module.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// pilot-agent's DNS proxy port, the target of Istio's DNS capture.
+pub const ISTIO_DNS_PORT: u16 = 15053;
+
 /// How to hold.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct HoldConfig {
@@ -94,6 +103,9 @@ impl HoldConfig {
                 inbound_port: Some(config.proxy.inbound_port),
                 proxy_uid: config.proxy.uid,
                 ipv6: view.has_ipv6(),
+                // pilot-agent's DNS proxy listens on localhost:15053 (DefaultDNSProxyAddr in
+                // istio/istio pkg/config/constants/constants.go), where Istio redirects DNS.
+                dns_port: view.dns_capture().then_some(ISTIO_DNS_PORT),
                 ..RuleSpec::default()
             },
             ..HoldConfig::default()
@@ -106,8 +118,13 @@ impl HoldConfig {
 pub struct HoldStats {
     /// Packets queued (SYN retransmissions count again).
     pub packets: u64,
-    /// Distinct connections (by flow: addresses and ports).
+    /// Distinct connections (by flow: protocol, addresses and ports; a UDP DNS query socket
+    /// counts as one).
     pub connections: u64,
+    /// Of `packets`, those to the DNS port (UDP queries and TCP SYNs), when DNS is held.
+    pub dns_packets: u64,
+    /// Packets accepted at once because pass-through was on (init containers); not in `packets`.
+    pub passed_through: u64,
     /// When the first packet was held.
     pub first_held_at: Option<SystemTime>,
 }
@@ -140,11 +157,16 @@ struct Shared {
     first_held: Option<Instant>,
     flows: HashSet<Flow>,
     max_id: Option<u32>,
+    /// The DNS port held (for the `dns_packets` count).
+    dns_port: Option<u16>,
+    /// See [`HoldQueue::set_pass_through`].
+    pass_through: bool,
     /// Set when the holder thread stopped on an error (the queue is then closed).
     failure: Option<String>,
 }
 
 impl Shared {
+    /// Counts packets that now wait for a verdict.
     fn record(&mut self, packets: &[QueuedPacket]) {
         for packet in packets {
             if self.first_held.is_none() {
@@ -156,9 +178,26 @@ impl Shared {
                 if self.flows.insert(flow) {
                     self.stats.connections += 1;
                 }
+                if self.dns_port == Some(flow.dst_port) {
+                    self.stats.dns_packets += 1;
+                }
             }
             self.max_id = Some(self.max_id.map_or(packet.id, |m| m.max(packet.id)));
         }
+    }
+
+    /// What a freshly read batch needs: `Some(id)` to accept every packet up to `id` at once
+    /// (pass-through), `None` to hold them (recorded).
+    fn take_batch(&mut self, packets: &[QueuedPacket]) -> Option<u32> {
+        if !self.pass_through {
+            self.record(packets);
+            return None;
+        }
+        self.stats.passed_through += packets.len() as u64;
+        let batch_max = packets.iter().map(|p| p.id).max()?;
+        // A batch verdict accepts every id up to it: anything held before goes too, as it must
+        // while passing through.
+        Some(self.max_id.map_or(batch_max, |m| m.max(batch_max)))
     }
 }
 
@@ -169,18 +208,26 @@ pub struct HoldQueue {
     cfg: HoldConfig,
     shared: Arc<Mutex<Shared>>,
     stop: Arc<EventFd>,
+    /// Wakes the holder thread to look at `Shared::pass_through` again.
+    wake: Arc<EventFd>,
     holder: Option<JoinHandle<Result<NfQueue, queue::Error>>>,
+    /// Why IPv6 is not held although the spec asked for it.
+    ipv6_error: Option<String>,
 }
 
 impl HoldQueue {
     /// Binds the queue in the pod's netns, then installs the rules.
     pub fn start(netns: &PodNetns, cfg: &HoldConfig) -> Result<HoldQueue> {
         let mut hold = HoldQueue::bind(netns, cfg, cfg.rules.queue_num)?;
-        if let Err(e) = rules::install(&hold.netns, &cfg.rules) {
-            // Undo what did go in; nothing was queued without the rules, so the queue can close.
-            let _ = rules::remove(&hold.netns, &cfg.rules);
-            let _ = hold.stop_holder();
-            return Err(e.into());
+        match rules::install(&hold.netns, &cfg.rules) {
+            Ok(installed) => hold.ipv6_error = installed.ipv6_error,
+            Err(e) => {
+                // Undo what did go in; nothing was queued without the rules, so the queue can
+                // close.
+                let _ = rules::remove(&hold.netns, &cfg.rules);
+                let _ = hold.stop_holder();
+                return Err(e.into());
+            }
         }
         tracing::info!(netns = ?netns.id(), queue = cfg.rules.queue_num, "hold started");
         Ok(hold)
@@ -190,7 +237,8 @@ impl HoldQueue {
     /// over the hold) and returns it; `None` when there is no hold. The queue number is the one in
     /// the rules, which may differ from `cfg`.
     pub fn adopt(netns: &PodNetns, cfg: &HoldConfig) -> Result<Option<HoldQueue>> {
-        let found = rules::find(netns, &cfg.rules)?;
+        let per_family = rules::find_per_family(netns, &cfg.rules)?;
+        let found = rules::merge(&per_family);
         if !found.is_active() {
             if !found.chains.is_empty() || !found.jumps.is_empty() {
                 // A partial leftover holds nothing; clear it.
@@ -198,12 +246,31 @@ impl HoldQueue {
             }
             return Ok(None);
         }
+        HoldQueue::take_over(netns, cfg, &found, &per_family).map(Some)
+    }
+
+    /// Binds the queue of a found hold and brings its rules up to `cfg` (one restore per
+    /// family: an older agent may have written no IPv6 or DNS rules). The held packets stay
+    /// queued throughout: the chains are replaced in one transaction per family.
+    fn take_over(
+        netns: &PodNetns,
+        cfg: &HoldConfig,
+        found: &FoundHold,
+        per_family: &rules::FoundPerFamily,
+    ) -> Result<HoldQueue> {
         let queue_num = found.queue_num.unwrap_or(cfg.rules.queue_num);
         let mut cfg = cfg.clone();
         cfg.rules.queue_num = queue_num;
-        let hold = HoldQueue::bind(netns, &cfg, queue_num)?;
+        let mut hold = HoldQueue::bind(netns, &cfg, queue_num)?;
+        match rules::install_over(&hold.netns, &cfg.rules, per_family) {
+            Ok(installed) => hold.ipv6_error = installed.ipv6_error,
+            // The found rules still hold (and the queue is bound): keep them.
+            Err(e) => {
+                tracing::warn!(netns = ?netns.id(), error = %e, "adopted hold: cannot refresh its rules; keeping the found ones")
+            }
+        }
         tracing::info!(netns = ?netns.id(), queue = queue_num, "hold adopted");
-        Ok(Some(hold))
+        Ok(hold)
     }
 
     /// [`start`](Self::start) for a namespace that cannot hold a previous agent's rules (it did
@@ -213,16 +280,14 @@ impl HoldQueue {
     /// removes every jump it finds.
     pub fn start_fresh(netns: &PodNetns, cfg: &HoldConfig) -> Result<HoldQueue> {
         let mut hold = HoldQueue::bind(netns, cfg, cfg.rules.queue_num)?;
-        let none: rules::FoundPerFamily = cfg
-            .rules
-            .families()
-            .iter()
-            .map(|&f| (f, rules::FoundHold::default()))
-            .collect();
-        if let Err(e) = rules::install_over(&hold.netns, &cfg.rules, &none) {
-            let _ = rules::remove(&hold.netns, &cfg.rules);
-            let _ = hold.stop_holder();
-            return Err(e.into());
+        let none = rules::FoundPerFamily::nothing(&cfg.rules);
+        match rules::install_over(&hold.netns, &cfg.rules, &none) {
+            Ok(installed) => hold.ipv6_error = installed.ipv6_error,
+            Err(e) => {
+                let _ = rules::remove(&hold.netns, &cfg.rules);
+                let _ = hold.stop_holder();
+                return Err(e.into());
+            }
         }
         tracing::info!(netns = ?netns.id(), queue = cfg.rules.queue_num, "hold started");
         Ok(hold)
@@ -235,16 +300,17 @@ impl HoldQueue {
         let per_family = rules::find_per_family(netns, &cfg.rules)?;
         let found = rules::merge(&per_family);
         if found.is_active() {
-            let queue_num = found.queue_num.unwrap_or(cfg.rules.queue_num);
-            let hold = HoldQueue::bind(netns, cfg, queue_num)?;
-            tracing::info!(netns = ?netns.id(), queue = queue_num, "hold adopted");
+            let hold = HoldQueue::take_over(netns, cfg, &found, &per_family)?;
             return Ok((hold, true));
         }
         let mut hold = HoldQueue::bind(netns, cfg, cfg.rules.queue_num)?;
-        if let Err(e) = rules::install_over(&hold.netns, &cfg.rules, &per_family) {
-            let _ = rules::remove(&hold.netns, &cfg.rules);
-            let _ = hold.stop_holder();
-            return Err(e.into());
+        match rules::install_over(&hold.netns, &cfg.rules, &per_family) {
+            Ok(installed) => hold.ipv6_error = installed.ipv6_error,
+            Err(e) => {
+                let _ = rules::remove(&hold.netns, &cfg.rules);
+                let _ = hold.stop_holder();
+                return Err(e.into());
+            }
         }
         tracing::info!(netns = ?netns.id(), queue = cfg.rules.queue_num, "hold started");
         Ok((hold, false))
@@ -265,18 +331,25 @@ impl HoldQueue {
         let own_netns = netns.try_clone()?;
         // The netlink socket must be created inside the pod's netns.
         let nfq = netns.run(move || NfQueue::bind(queue_num, max_len))??;
-        let shared = Arc::new(Mutex::new(Shared::default()));
-        let stop = Arc::new(
+        let shared = Arc::new(Mutex::new(Shared {
+            dns_port: cfg.rules.dns_port,
+            ..Shared::default()
+        }));
+        let eventfd = || {
             EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
-                .map_err(|e| Error::Thread(netns.id(), e.into()))?,
-        );
+                .map(Arc::new)
+                .map_err(|e| Error::Thread(netns.id(), e.into()))
+        };
+        let stop = eventfd()?;
+        let wake = eventfd()?;
         let holder = {
             let shared = shared.clone();
             let stop = stop.clone();
+            let wake = wake.clone();
             std::thread::Builder::new()
                 .name(format!("holdfast-hold-{queue_num}"))
                 .spawn(move || {
-                    let result = hold_loop(nfq, &shared, &stop);
+                    let result = hold_loop(nfq, &shared, &stop, &wake);
                     if let Err(e) = &result {
                         tracing::error!(queue = queue_num, error = %e, "holder thread stopped; the hold no longer holds");
                         lock(&shared).failure = Some(e.to_string());
@@ -296,7 +369,9 @@ impl HoldQueue {
             },
             shared,
             stop,
+            wake,
             holder: Some(holder),
+            ipv6_error: None,
         })
     }
 
@@ -310,15 +385,38 @@ impl HoldQueue {
         self.cfg.rules.queue_num
     }
 
-    /// What has been held so far.
-    /// While `on`, packets are let through at once instead of held (and switching it on lets
-    /// every held packet go): used while an init container runs, since init containers finish
-    /// before the proxy can start and must fail as fast as without holdfast.
-    /// TODO(issue 10 §4): implemented in the hold-queue thread; a no-op until then.
+    /// While `on`, packets are let through at once instead of held, and switching it on lets
+    /// every held packet go: used while an init container runs, since init containers finish
+    /// before the proxy can start and must fail (or succeed) as fast as without holdfast. `off`
+    /// holds again. Safe to call from any thread at any time; the holder thread gives the
+    /// verdicts (it owns the socket), woken at once. Once the holder has stopped (released,
+    /// failed) this changes nothing.
     pub fn set_pass_through(&self, on: bool) {
-        let _ = on;
+        let changed = {
+            let mut shared = lock(&self.shared);
+            std::mem::replace(&mut shared.pass_through, on) != on
+        };
+        if changed {
+            tracing::debug!(netns = ?self.netns.id(), on, "hold pass-through");
+            if let Err(e) = self.wake.write(1) {
+                // Only on eventfd counter overflow; the next packet applies the flag anyway.
+                tracing::warn!(netns = ?self.netns.id(), error = %e, "cannot wake the holder thread");
+            }
+        }
     }
 
+    /// Whether pass-through is on.
+    pub fn pass_through(&self) -> bool {
+        lock(&self.shared).pass_through
+    }
+
+    /// Why IPv6 connections are not held although the pod has IPv6 (`ip6tables` missing or
+    /// failing); the IPv4 hold is in force regardless. `None` when IPv6 is held or not asked for.
+    pub fn ipv6_problem(&self) -> Option<&str> {
+        self.ipv6_error.as_deref()
+    }
+
+    /// What has been held so far.
     pub fn held(&self) -> HoldStats {
         lock(&self.shared).stats.clone()
     }
@@ -441,22 +539,27 @@ fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
 }
 
 /// The holder thread: read and count queued packets (no verdict) until told to stop, then hand
-/// the socket back.
+/// the socket back. In pass-through, accept instead (see [`HoldQueue::set_pass_through`]).
 fn hold_loop(
     mut nfq: NfQueue,
     shared: &Mutex<Shared>,
     stop: &EventFd,
+    wake: &EventFd,
 ) -> Result<NfQueue, queue::Error> {
     let mut batch = Vec::new();
     loop {
         batch.clear();
         nfq.recv_packets(&mut batch)?;
         if !batch.is_empty() {
-            lock(shared).record(&batch);
+            let accept = lock(shared).take_batch(&batch);
+            if let Some(max_id) = accept {
+                nfq.accept_up_to(max_id)?;
+            }
         }
         let mut fds = [
             PollFd::new(nfq.as_fd(), PollFlags::POLLIN),
             PollFd::new(stop.as_fd(), PollFlags::POLLIN),
+            PollFd::new(wake.as_fd(), PollFlags::POLLIN),
         ];
         match poll(&mut fds, PollTimeout::NONE) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
@@ -467,11 +570,24 @@ fn hold_loop(
                 })
             }
         }
-        let stop_requested = fds[1]
-            .revents()
-            .is_some_and(|r| r.contains(PollFlags::POLLIN));
-        if stop_requested {
+        let readable = |fd: &PollFd| fd.revents().is_some_and(|r| r.contains(PollFlags::POLLIN));
+        if readable(&fds[1]) {
             return Ok(nfq);
+        }
+        if readable(&fds[2]) {
+            // Reset the eventfd (non-blocking; EAGAIN means another read got it first).
+            let _ = wake.read();
+            let held = {
+                let shared = lock(shared);
+                if shared.pass_through {
+                    shared.max_id
+                } else {
+                    None
+                }
+            };
+            if let Some(max_id) = held {
+                nfq.accept_up_to(max_id)?;
+            }
         }
     }
 }

@@ -68,9 +68,16 @@ pub enum Error {
 /// Result of this module.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// A TCP flow, read from a queued packet's headers.
+/// IP protocol number of TCP.
+pub const IPPROTO_TCP: u8 = 6;
+/// IP protocol number of UDP.
+pub const IPPROTO_UDP: u8 = 17;
+
+/// A TCP or UDP flow, read from a queued packet's headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Flow {
+    /// [`IPPROTO_TCP`] or [`IPPROTO_UDP`].
+    pub protocol: u8,
     pub src: IpAddr,
     pub src_port: u16,
     pub dst: IpAddr,
@@ -82,7 +89,7 @@ pub struct Flow {
 pub struct QueuedPacket {
     /// The kernel's id for the verdict (increasing per queue instance).
     pub id: u32,
-    /// `None` if the copied bytes are not an IPv4/IPv6 TCP packet.
+    /// `None` if the copied bytes are not an IPv4/IPv6 TCP or UDP packet.
     pub flow: Option<Flow>,
 }
 
@@ -386,30 +393,36 @@ fn parse_packet(body: &[u8]) -> Option<QueuedPacket> {
     id.map(|id| QueuedPacket { id, flow })
 }
 
-/// The TCP flow of an IPv4 or IPv6 packet (IPv6 without extension headers, as SYNs are).
+/// The TCP or UDP flow of an IPv4 or IPv6 packet (IPv6 without extension headers, as SYNs and
+/// DNS queries are).
 pub fn parse_flow(packet: &[u8]) -> Option<Flow> {
     let version = packet.first()? >> 4;
-    let (src, dst, tcp) = match version {
+    let is_held_protocol = |p: u8| p == IPPROTO_TCP || p == IPPROTO_UDP;
+    let (protocol, src, dst, tcp) = match version {
         4 => {
             let ihl = usize::from(packet[0] & 0x0f) * 4;
-            if ihl < 20 || *packet.get(9)? != 6 {
+            let protocol = *packet.get(9)?;
+            if ihl < 20 || !is_held_protocol(protocol) {
                 return None;
             }
             let src: [u8; 4] = packet.get(12..16)?.try_into().ok()?;
             let dst: [u8; 4] = packet.get(16..20)?.try_into().ok()?;
             (
+                protocol,
                 IpAddr::V4(Ipv4Addr::from(src)),
                 IpAddr::V4(Ipv4Addr::from(dst)),
                 packet.get(ihl..)?,
             )
         }
         6 => {
-            if *packet.get(6)? != 6 {
+            let protocol = *packet.get(6)?;
+            if !is_held_protocol(protocol) {
                 return None;
             }
             let src: [u8; 16] = packet.get(8..24)?.try_into().ok()?;
             let dst: [u8; 16] = packet.get(24..40)?.try_into().ok()?;
             (
+                protocol,
                 IpAddr::V6(Ipv6Addr::from(src)),
                 IpAddr::V6(Ipv6Addr::from(dst)),
                 packet.get(40..)?,
@@ -417,8 +430,10 @@ pub fn parse_flow(packet: &[u8]) -> Option<Flow> {
         }
         _ => return None,
     };
+    // TCP and UDP headers both start with the source and destination ports.
     let ports = tcp.get(..4)?;
     Some(Flow {
+        protocol,
         src,
         src_port: u16::from_be_bytes([ports[0], ports[1]]),
         dst,
@@ -484,7 +499,31 @@ mod tests {
         assert_eq!(flow.dst, IpAddr::V4(Ipv4Addr::LOCALHOST));
         assert_eq!(parse_flow(&packet[..21]), None);
         assert_eq!(parse_flow(&[]), None);
-        packet[9] = 17;
+        packet[9] = IPPROTO_UDP;
+        let udp = parse_flow(&packet).expect("udp flow");
+        assert_eq!((udp.protocol, udp.dst_port), (IPPROTO_UDP, 15001));
+        packet[9] = 1; // ICMP
+        assert_eq!(parse_flow(&packet), None);
+        packet[0] = 0x4f; // IHL past the copied bytes
+        packet[9] = IPPROTO_TCP;
+        assert_eq!(parse_flow(&packet), None);
+    }
+
+    #[test]
+    fn flow_of_ipv6_dns_query() {
+        let mut packet = vec![0u8; 48];
+        packet[0] = 0x60;
+        packet[6] = IPPROTO_UDP;
+        packet[23] = 1; // src ::1
+        packet[39] = 1; // dst ::1
+        packet[40..42].copy_from_slice(&51000u16.to_be_bytes());
+        packet[42..44].copy_from_slice(&15053u16.to_be_bytes());
+        let flow = parse_flow(&packet).expect("flow");
+        assert_eq!(flow.protocol, IPPROTO_UDP);
+        assert_eq!(flow.dst, IpAddr::V6(Ipv6Addr::LOCALHOST));
+        assert_eq!((flow.src_port, flow.dst_port), (51000, 15053));
+        assert_eq!(parse_flow(&packet[..42]), None);
+        packet[6] = 58; // ICMPv6
         assert_eq!(parse_flow(&packet), None);
     }
 

@@ -4,18 +4,38 @@
 //!
 //! - `HOLDFAST_OUT` (from `OUTPUT`): the app's SYNs to Envoy's outbound capture port. Istio's
 //!   `nat OUTPUT` REDIRECT has already rewritten the destination to `127.0.0.1:15001` when the
-//!   filter hook runs, so the match is `-d 127.0.0.1 --dport 15001`. Envoy's own connections (uid
-//!   1337) are never held. The owner match is only valid in OUTPUT, which is why the inbound rule
-//!   lives in a chain of its own.
+//!   filter hook runs (nat OUTPUT has priority -100, filter 0), so the match is
+//!   `-d 127.0.0.1 --dport 15001`. Envoy's own connections (uid 1337) are never held. The owner
+//!   match is only valid in OUTPUT, which is why the inbound rule lives in a chain of its own.
 //! - `HOLDFAST_IN` (from `INPUT`): SYNs to the inbound capture port. Connections arriving over the
 //!   pod's veth are REDIRECTed to 15006 in `nat PREROUTING`, before `filter INPUT`. Loopback is
 //!   excluded: Istio RETURNs the app's own connections on `lo`, so inbound SYNs on `lo` to 15006
 //!   come only from Envoy's hairpin to its own pod IP, which must not wait for Envoy itself.
 //!
+//! **IPv6** ([`RuleSpec::ipv6`]): the same chains in `ip6tables`, with `::1` for `127.0.0.1` and
+//! the same queue. istio-iptables writes the IPv6 rules as copies of the IPv4 ones with `::1/128`
+//! and `::6/128` (`AppendVersionedRule(..., "::1/128", ...)` in
+//! tools/istio-iptables/pkg/capture/run.go; golden `testdata/ipv6-inbound-ports.golden`), and the
+//! kernel's REDIRECT of a locally generated packet rewrites it to the loopback address of its
+//! family (`nf_nat_redirect_ipv6`: `::1`). IPv6 is best effort: if `ip6tables` is missing or
+//! fails, the IPv4 hold stands and the error is reported (see [`Installed::ipv6_error`]).
+//!
+//! **DNS** ([`RuleSpec::dns_port`]): with `ISTIO_META_DNS_CAPTURE`, istio-iptables appends
+//! `-A ISTIO_OUTPUT -j ISTIO_OUTPUT_DNS` after the uid/gid 1337 RETURNs, and in ISTIO_OUTPUT_DNS
+//! `-p tcp --dport 53 [-d <resolv.conf server>] -j REDIRECT --to-ports 15053` and
+//! `-p udp --dport 53 [-d <server>] -j REDIRECT --to-port 15053` (`SetupDNSRedir` in run.go;
+//! golden `testdata/dns-uid-gid.golden`). Like the TCP capture, filter OUTPUT sees those packets
+//! after the nat REDIRECT, addressed to `127.0.0.1:15053` (`::1` for IPv6 servers), so the hold
+//! queues the app's (not uid 1337's) UDP packets and TCP SYNs to the loopback DNS port. Matching
+//! the post-REDIRECT address holds exactly what Istio sends to pilot-agent: DNS to servers Istio
+//! does not capture, and pilot-agent's own upstream queries (uid 1337, RETURNed before the DNS
+//! chain), pass. A queued UDP query is released by the same accept verdict as a SYN.
+//!
 //! Every rule carries `-m comment --comment holdfast` and `--queue-bypass` (with no queue bound,
 //! the kernel accepts instead of dropping: never worse than no agent). Changes go through one
-//! `iptables-restore --noflush` transaction, so the chains and jumps appear and disappear together.
-//! `find` parses `iptables -S`, so an agent restarted mid-hold can find and adopt its hold.
+//! `iptables-restore --noflush` transaction per family, so the chains and jumps appear and
+//! disappear together. `find` parses `iptables -S`, so an agent restarted mid-hold can find and
+//! adopt its hold.
 
 use crate::netns::PodNetns;
 
@@ -59,10 +79,11 @@ pub struct RuleSpec {
     pub iptables: String,
     /// `iptables-restore` binary of the same backend.
     pub iptables_restore: String,
-    /// Also hold IPv6 (`::1`), for pods whose Istio rules cover IPv6 (dual-stack).
+    /// Also hold IPv6 (`::1`): on for every pod with an IPv6 address (the IPv6 rules only match
+    /// what Istio's ip6tables rules redirected, so they cost nothing where Istio has none).
     pub ipv6: bool,
-    /// pilot-agent's DNS port (Istio: 15053) when the pod's DNS is captured: DNS is held until
-    /// it listens. TODO(issue 10 §5): rules for it; `None` holds no DNS.
+    /// pilot-agent's DNS port (Istio: 15053) when the pod's DNS is captured: the app's UDP
+    /// packets and TCP SYNs redirected to it are held too. `None` holds no DNS.
     pub dns_port: Option<u16>,
     /// `ip6tables` binary (same backend).
     pub ip6tables: String,
@@ -82,6 +103,14 @@ impl Family {
         match self {
             Family::V4 => "127.0.0.1/32",
             Family::V6 => "::1/128",
+        }
+    }
+
+    /// The family's name in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
         }
     }
 
@@ -151,31 +180,41 @@ impl FoundHold {
 /// The hold rules of one family as argument vectors for `iptables -A`, without the table flag.
 pub fn hold_rules(spec: &RuleSpec, family: Family) -> Vec<Vec<String>> {
     let queue = spec.queue_num.to_string();
-    let mut rules = vec![args(&[
-        "-A",
-        OUT_CHAIN,
-        "-p",
-        "tcp",
-        "--syn",
-        "-d",
-        family.loopback(),
-        "--dport",
-        &spec.outbound_port.to_string(),
-        "-m",
-        "owner",
-        "!",
-        "--uid-owner",
-        &spec.proxy_uid.to_string(),
-        "-m",
-        "comment",
-        "--comment",
-        COMMENT,
-        "-j",
-        "NFQUEUE",
-        "--queue-num",
-        &queue,
-        "--queue-bypass",
-    ])];
+    let uid = spec.proxy_uid.to_string();
+    // An outbound rule: the app's (not the proxy uid's) packets to `port` on loopback, after
+    // Istio's nat REDIRECT. `syn` narrows TCP to connection openings.
+    let outbound = |proto: &str, port: u16| {
+        let mut rule = args(&["-A", OUT_CHAIN, "-p", proto]);
+        if proto == "tcp" {
+            rule.push("--syn".to_string());
+        }
+        rule.extend(args(&[
+            "-d",
+            family.loopback(),
+            "--dport",
+            &port.to_string(),
+            "-m",
+            "owner",
+            "!",
+            "--uid-owner",
+            &uid,
+            "-m",
+            "comment",
+            "--comment",
+            COMMENT,
+            "-j",
+            "NFQUEUE",
+            "--queue-num",
+            &queue,
+            "--queue-bypass",
+        ]));
+        rule
+    };
+    let mut rules = vec![outbound("tcp", spec.outbound_port)];
+    if let Some(dns) = spec.dns_port {
+        rules.push(outbound("udp", dns));
+        rules.push(outbound("tcp", dns));
+    }
     if let Some(inbound) = spec.inbound_port {
         rules.push(args(&[
             "-A",
@@ -334,7 +373,8 @@ fn run_checked(
     Ok(output.stdout)
 }
 
-/// Reads the holdfast rules present in the netns (all families of `spec`, merged).
+/// Reads the holdfast rules present in the netns (all families of `spec`, merged). An IPv6
+/// table that cannot be listed counts as holding nothing (see [`find_per_family`]).
 pub fn find(netns: &PodNetns, spec: &RuleSpec) -> Result<FoundHold> {
     Ok(merge(&find_per_family(netns, spec)?))
 }
@@ -346,29 +386,62 @@ fn find_family(netns: &PodNetns, spec: &RuleSpec, family: Family) -> Result<Foun
 }
 
 /// Installs (or re-installs, replacing the chains' rules) the hold, one transaction per family.
-pub fn install(netns: &PodNetns, spec: &RuleSpec) -> Result<()> {
-    let mut existing = Vec::new();
-    for &family in spec.families() {
-        existing.push((family, find_family(netns, spec, family)?));
-    }
+pub fn install(netns: &PodNetns, spec: &RuleSpec) -> Result<Installed> {
+    let existing = find_per_family(netns, spec)?;
     install_over(netns, spec, &existing)
 }
 
 /// Per address family, what [`find_per_family`] saw.
-pub type FoundPerFamily = Vec<(Family, FoundHold)>;
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FoundPerFamily {
+    /// The families whose tables were listed, with what they hold.
+    pub families: Vec<(Family, FoundHold)>,
+    /// Why the IPv6 table could not be listed (IPv6 is then left out: fail open).
+    pub ipv6_error: Option<String>,
+}
 
-/// [`find`], keeping each family's findings apart (for [`install_over`]).
+impl FoundPerFamily {
+    /// Nothing found, for a namespace known to be new: every family of `spec` is installed.
+    pub fn nothing(spec: &RuleSpec) -> FoundPerFamily {
+        FoundPerFamily {
+            families: spec
+                .families()
+                .iter()
+                .map(|&f| (f, FoundHold::default()))
+                .collect(),
+            ipv6_error: None,
+        }
+    }
+}
+
+/// What [`install_over`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Installed {
+    /// The families whose rules are in force.
+    pub families: Vec<Family>,
+    /// Why IPv6 is not held although asked for (`ip6tables` missing or failing): IPv4 is held
+    /// regardless, IPv6 connections pass unheld as without an agent.
+    pub ipv6_error: Option<String>,
+}
+
+/// [`find`], keeping each family's findings apart (for [`install_over`]). IPv4 must list; an
+/// IPv6 failure is recorded in [`FoundPerFamily::ipv6_error`] and the family left out.
 pub fn find_per_family(netns: &PodNetns, spec: &RuleSpec) -> Result<FoundPerFamily> {
-    spec.families()
-        .iter()
-        .map(|&family| Ok((family, find_family(netns, spec, family)?)))
-        .collect()
+    let mut found = FoundPerFamily::default();
+    for &family in spec.families() {
+        match (family, find_family(netns, spec, family)) {
+            (_, Ok(f)) => found.families.push((family, f)),
+            (Family::V6, Err(e)) => found.ipv6_error = Some(e.to_string()),
+            (Family::V4, Err(e)) => return Err(e),
+        }
+    }
+    Ok(found)
 }
 
 /// Merges per-family findings into one [`FoundHold`].
 pub fn merge(found: &FoundPerFamily) -> FoundHold {
     let mut merged = FoundHold::default();
-    for (_, f) in found {
+    for (_, f) in &found.families {
         merged.queue_num = merged.queue_num.or(f.queue_num);
         merged.queue_rules += f.queue_rules;
         merged.jumps.extend(f.jumps.iter().cloned());
@@ -378,30 +451,60 @@ pub fn merge(found: &FoundPerFamily) -> FoundHold {
 }
 
 /// Installs the rules over what a fresh [`find_per_family`] saw (one `iptables-restore` per
-/// family, no second listing).
-pub fn install_over(netns: &PodNetns, spec: &RuleSpec, existing: &FoundPerFamily) -> Result<()> {
-    for (family, existing) in existing {
+/// family, no second listing). IPv4 first: its failure is an error; an IPv6 failure (or an IPv6
+/// table that could not be listed) is reported in [`Installed::ipv6_error`] and leaves the IPv4
+/// hold in force.
+pub fn install_over(
+    netns: &PodNetns,
+    spec: &RuleSpec,
+    existing: &FoundPerFamily,
+) -> Result<Installed> {
+    let mut installed = Installed {
+        families: Vec::new(),
+        ipv6_error: existing.ipv6_error.clone(),
+    };
+    let restore = args(&["-w", "5", "--noflush"]);
+    for (family, found) in &existing.families {
         let family = *family;
-        let script = install_script(spec, family, existing);
-        let restore = args(&["-w", "5", "--noflush"]);
-        run_checked(netns, family.restore(spec), &restore, Some(script))?;
+        let script = install_script(spec, family, found);
+        match (
+            family,
+            run_checked(netns, family.restore(spec), &restore, Some(script)),
+        ) {
+            (_, Ok(_)) => installed.families.push(family),
+            (Family::V6, Err(e)) => installed.ipv6_error = Some(e.to_string()),
+            (Family::V4, Err(e)) => return Err(e),
+        }
     }
-    tracing::debug!(netns = ?netns.id(), queue = spec.queue_num, "hold rules installed");
-    Ok(())
+    if let Some(error) = &installed.ipv6_error {
+        tracing::warn!(netns = ?netns.id(), %error, "IPv6 connections are not held (the IPv4 hold is in force)");
+    }
+    tracing::debug!(netns = ?netns.id(), queue = spec.queue_num, families = ?installed.families, dns = ?spec.dns_port, "hold rules installed");
+    Ok(installed)
 }
 
 /// Removes every holdfast jump and chain from the netns, one transaction per family.
-/// Idempotent: returns `false` when there was nothing to remove.
+/// Idempotent: returns `false` when there was nothing to remove. An IPv6 table that cannot be
+/// listed or changed is logged and skipped (what could not be listed cannot hold anything for
+/// us; a rule left there passes packets, `--queue-bypass`, once the queue is closed).
 pub fn remove(netns: &PodNetns, spec: &RuleSpec) -> Result<bool> {
     let mut removed = false;
+    let restore = args(&["-w", "5", "--noflush"]);
     for &family in spec.families() {
-        let existing = find_family(netns, spec, family)?;
-        let Some(script) = remove_script(&existing) else {
-            continue;
-        };
-        let restore = args(&["-w", "5", "--noflush"]);
-        run_checked(netns, family.restore(spec), &restore, Some(script))?;
-        removed = true;
+        let result =
+            find_family(netns, spec, family).and_then(|existing| match remove_script(&existing) {
+                None => Ok(false),
+                Some(script) => {
+                    run_checked(netns, family.restore(spec), &restore, Some(script)).map(|_| true)
+                }
+            });
+        match (family, result) {
+            (_, Ok(r)) => removed |= r,
+            (Family::V6, Err(error)) => {
+                tracing::warn!(netns = ?netns.id(), %error, "cannot remove IPv6 hold rules")
+            }
+            (Family::V4, Err(e)) => return Err(e),
+        }
     }
     if removed {
         tracing::debug!(netns = ?netns.id(), "hold rules removed");
@@ -472,6 +575,51 @@ mod tests {
         );
         let v6 = install_script(&spec, Family::V6, &FoundHold::default());
         assert!(v6.contains("-d ::1/128"), "{v6}");
+        assert!(!v6.contains("127.0.0.1"), "{v6}");
         assert_eq!(outbound_only.len(), 1);
+        // No DNS rule unless asked for.
+        assert!(!fresh.contains("-p udp"), "{fresh}");
+    }
+
+    #[test]
+    fn dns_rules_queue_the_apps_redirected_queries_in_both_families() {
+        let spec = RuleSpec {
+            dns_port: Some(15053),
+            ipv6: true,
+            ..RuleSpec::default()
+        };
+        for (family, loopback) in [(Family::V4, "127.0.0.1/32"), (Family::V6, "::1/128")] {
+            let rules: Vec<String> = hold_rules(&spec, family)
+                .into_iter()
+                .map(|r| r.join(" "))
+                .collect();
+            assert_eq!(rules.len(), 4, "{rules:#?}");
+            let udp = format!("-A HOLDFAST_OUT -p udp -d {loopback} --dport 15053 -m owner ! --uid-owner 1337 -m comment --comment holdfast -j NFQUEUE --queue-num 15015 --queue-bypass");
+            let tcp = format!("-A HOLDFAST_OUT -p tcp --syn -d {loopback} --dport 15053 -m owner ! --uid-owner 1337 -m comment --comment holdfast -j NFQUEUE --queue-num 15015 --queue-bypass");
+            assert!(rules.contains(&udp), "{rules:#?}");
+            assert!(rules.contains(&tcp), "{rules:#?}");
+        }
+        assert_eq!(spec.families(), [Family::V4, Family::V6]);
+        assert_eq!(RuleSpec::default().families(), [Family::V4]);
+    }
+
+    #[test]
+    fn parses_listed_dns_rule() {
+        // As printed by iptables-nft 1.8.9 for the DNS rules above.
+        let listed = format!("{LISTED}-A HOLDFAST_OUT -d 127.0.0.1/32 -p udp -m udp --dport 15053 -m owner ! --uid-owner 1337 -m comment --comment holdfast -j NFQUEUE --queue-num 15015 --queue-bypass\n");
+        let found = parse_found(&listed);
+        assert_eq!(found.queue_rules, 3);
+        assert!(found.is_active());
+    }
+
+    #[test]
+    fn nothing_found_covers_every_family() {
+        let spec = RuleSpec {
+            ipv6: true,
+            ..RuleSpec::default()
+        };
+        let none = FoundPerFamily::nothing(&spec);
+        assert_eq!(none.families.len(), 2);
+        assert_eq!(merge(&none), FoundHold::default());
     }
 }

@@ -5,15 +5,21 @@
 //! - `istio-init`: installs Istio's nat rules in the current netns (the init container).
 //! - `pilot-agent`: starts Envoy as uid 1337 and applies pilot-agent's drain on SIGTERM.
 //! - `app`: the app container, scripted by flags; writes a JSON-lines report.
-//! - `remote`: the remote services (`ping\n` → `pong\n`), prints `ready` once listening.
+//! - `remote`: the remote services (`ping\n` → `pong\n`, also on [`REMOTE_IP6`]) and the cluster
+//!   DNS (port 53 on both addresses), prints `ready` once listening.
+//! - `dns-proxy`: pilot-agent's DNS proxy on localhost:15053 (started by `pilot-agent`).
 
 use std::io::Write;
-use std::net::{SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use holdfast_tests::sim::apps::{self, AppArgs, TermSignal};
-use holdfast_tests::sim::istio_init;
+use holdfast_tests::sim::dns::{self, NameTable};
+use holdfast_tests::sim::istio_init::{self, InitOptions};
+use holdfast_tests::sim::netns::REMOTE_IP6;
 use holdfast_tests::sim::pilot_agent::{self, PilotAgentArgs};
 
 #[derive(Parser)]
@@ -36,6 +42,26 @@ enum Cmd {
         min_duration_ms: u64,
         #[arg(long, default_value = "iptables")]
         iptables: String,
+        #[arg(long, default_value = "ip6tables")]
+        ip6tables: String,
+        /// Also write the IPv6 rules (the pod's first address is IPv6).
+        #[arg(long)]
+        ipv6: bool,
+        /// DNS capture (`ISTIO_META_DNS_CAPTURE`): redirect DNS to the nameservers of
+        /// --resolv-conf to 15053.
+        #[arg(long, requires = "resolv_conf")]
+        redirect_dns: bool,
+        /// The pod's resolv.conf (istio-init reads the container's /etc/resolv.conf).
+        #[arg(long)]
+        resolv_conf: Option<PathBuf>,
+        /// istio-validation in CNI mode: the CNI plugin wrote the rules; only take the time.
+        #[arg(long)]
+        skip_rule_apply: bool,
+    },
+    /// pilot-agent's DNS proxy: A/AAAA for the simulated cluster on localhost:<port>.
+    DnsProxy {
+        #[arg(long, default_value_t = istio_init::DNS_PORT)]
+        port: u16,
     },
     /// The pilot-agent stand-in.
     PilotAgent(PilotAgentArgs),
@@ -58,12 +84,70 @@ fn main() -> anyhow::Result<()> {
         Cmd::IstioInit {
             min_duration_ms,
             iptables,
-        } => istio_init::run(&iptables, Duration::from_millis(min_duration_ms), started)?,
+            ip6tables,
+            ipv6,
+            redirect_dns,
+            resolv_conf,
+            skip_rule_apply,
+        } => {
+            if skip_rule_apply {
+                let rest = Duration::from_millis(min_duration_ms).saturating_sub(started.elapsed());
+                std::thread::sleep(rest);
+                return Ok(());
+            }
+            let dns_servers = match (redirect_dns, resolv_conf) {
+                (true, Some(path)) => {
+                    let text = std::fs::read_to_string(&path).map_err(|e| {
+                        anyhow::anyhow!("cannot read resolv.conf {}: {e}", path.display())
+                    })?;
+                    istio_init::nameservers(&text)
+                }
+                _ => Vec::new(),
+            };
+            istio_init::run_with(
+                &iptables,
+                &ip6tables,
+                &InitOptions { ipv6, dns_servers },
+                Duration::from_millis(min_duration_ms),
+                started,
+            )?
+        }
+        Cmd::DnsProxy { port } => {
+            let table = Arc::new(NameTable::sim_cluster());
+            dns::serve(SocketAddr::from((Ipv4Addr::LOCALHOST, port)), table.clone())
+                .map_err(|e| anyhow::anyhow!("DNS proxy cannot listen on 127.0.0.1:{port}: {e}"))?;
+            // pilot-agent listens on ::1 only when the pod has IPv6 nameservers; a pod without
+            // IPv6 on lo simply has none.
+            if let Err(e) = dns::serve(SocketAddr::from((Ipv6Addr::LOCALHOST, port)), table) {
+                eprintln!("dns-proxy: not listening on [::1]:{port}: {e}");
+            }
+            eprintln!("dns-proxy: listening on localhost:{port}");
+            while !term.sleep(Duration::from_secs(3600)) {}
+        }
         Cmd::PilotAgent(args) => std::process::exit(pilot_agent::run(&args, &term)?),
         Cmd::App(args) => std::process::exit(apps::run_app(&args, &term)?),
         Cmd::Remote { listen } => {
             let l = TcpListener::bind(listen)
                 .map_err(|e| anyhow::anyhow!("remote services cannot listen on {listen}: {e}"))?;
+            // The same services on the node's IPv6 address, and the cluster DNS on port 53 of
+            // both (what the pods' resolv.conf names).
+            // IPv6 is best effort: a host without it runs the IPv4 shapes only.
+            let listen6 = SocketAddr::from((REMOTE_IP6, listen.port()));
+            match TcpListener::bind(listen6) {
+                Ok(l6) => {
+                    std::thread::Builder::new()
+                        .name("serve6".into())
+                        .spawn(move || apps::serve(l6, None))?;
+                }
+                Err(e) => eprintln!("remote: not listening on {listen6}: {e}"),
+            }
+            let table = Arc::new(NameTable::sim_cluster());
+            dns::serve(SocketAddr::from((listen.ip(), 53)), table.clone()).map_err(|e| {
+                anyhow::anyhow!("cluster DNS cannot listen on {}:53: {e}", listen.ip())
+            })?;
+            if let Err(e) = dns::serve(SocketAddr::from((REMOTE_IP6, 53)), table) {
+                eprintln!("remote: no cluster DNS on [{REMOTE_IP6}]:53: {e}");
+            }
             println!("ready");
             std::io::stdout().flush()?;
             apps::serve(l, None);

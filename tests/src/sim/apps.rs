@@ -108,6 +108,70 @@ pub struct AppArgs {
     /// Work (sleep) this many ms after starting, before the startup calls.
     #[arg(long, default_value_t = 0)]
     pub init_ms: u64,
+    /// Before the startup calls, look this name up through the system resolver (getaddrinfo:
+    /// UDP to the nameserver of the pod's resolv.conf) and call the address found, of the same
+    /// family as --remote, on --remote's port. A failed lookup exits 1, as an app that cannot
+    /// find its config server crashes.
+    #[arg(long)]
+    pub lookup: Option<String>,
+    /// The pod's resolv.conf, bind-mounted over /etc/resolv.conf in a mount namespace of the
+    /// app's own (as the container runtime mounts the one kubelet writes).
+    #[arg(long)]
+    pub resolv_conf: Option<PathBuf>,
+}
+
+/// Makes `path` this process's `/etc/resolv.conf`: a private mount namespace (for the calling
+/// thread and the threads it starts afterwards) with a bind mount. Call before resolving.
+fn use_resolv_conf(path: &std::path::Path) -> io::Result<()> {
+    use nix::mount::{mount, MsFlags};
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).map_err(io::Error::from)?;
+    // Keep the bind mount from propagating back to the node's mount namespace.
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(io::Error::from)?;
+    mount(
+        Some(path),
+        "/etc/resolv.conf",
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(|e| {
+        io::Error::other(format!(
+            "bind-mount {} on /etc/resolv.conf: {e}",
+            path.display()
+        ))
+    })
+}
+
+/// Looks `name` up with getaddrinfo (std's `ToSocketAddrs`) and picks the first address of
+/// `remote`'s family, on `remote`'s port. Records the lookup.
+fn lookup(report: &ReportWriter, name: &str, remote: SocketAddr) -> Option<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    let started = Instant::now();
+    let result = (name, remote.port())
+        .to_socket_addrs()
+        .map(|addrs| addrs.into_iter().find(|a| a.is_ipv6() == remote.is_ipv6()));
+    let latency_ms = started.elapsed().as_millis() as u64;
+    let (found, error) = match result {
+        Ok(Some(a)) => (Some(a), None),
+        Ok(None) => (None, Some(format!("no address of {remote}'s family"))),
+        Err(e) => (None, Some(e.to_string())),
+    };
+    report.record(&AppEvent::Lookup {
+        at_ms: now_ms(),
+        name: name.to_string(),
+        ok: found.is_some(),
+        addr: found.map(|a| a.ip().to_string()),
+        error,
+        latency_ms,
+    });
+    found
 }
 
 /// A keep-alive connection pool to one remote service.
@@ -186,6 +250,9 @@ fn record_call(report: &ReportWriter, phase: Phase, started: Instant, r: Result<
 
 /// Runs the app; returns its exit code (after recording it).
 pub fn run_app(args: &AppArgs, term: &TermSignal) -> io::Result<i32> {
+    if let Some(path) = &args.resolv_conf {
+        use_resolv_conf(path)?;
+    }
     let report = Arc::new(ReportWriter::open(&args.report)?);
     let at_us = now_us();
     report.record(&AppEvent::Start {
@@ -216,6 +283,14 @@ pub fn run_app(args: &AppArgs, term: &TermSignal) -> io::Result<i32> {
         return exit(0);
     }
 
+    let remote = match &args.lookup {
+        None => args.remote,
+        Some(name) => match lookup(&report, name, args.remote) {
+            Some(addr) => addr,
+            // Like an app that cannot find its config server: crash, and let kubelet restart it.
+            None => return exit(1),
+        },
+    };
     let mut startup_failed = false;
     if args.startup_parallel {
         let results: Vec<(Instant, Result<(), CallError>)> = std::thread::scope(|s| {
@@ -223,7 +298,7 @@ pub fn run_app(args: &AppArgs, term: &TermSignal) -> io::Result<i32> {
                 .map(|_| {
                     s.spawn(|| {
                         let t = Instant::now();
-                        (t, call_once(args.remote, timeout))
+                        (t, call_once(remote, timeout))
                     })
                 })
                 .collect();
@@ -242,7 +317,7 @@ pub fn run_app(args: &AppArgs, term: &TermSignal) -> io::Result<i32> {
     } else {
         for _ in 0..args.startup_calls {
             let t = Instant::now();
-            let r = call_once(args.remote, timeout);
+            let r = call_once(remote, timeout);
             startup_failed |= r.is_err();
             record_call(&report, Phase::Startup, t, r);
         }
@@ -252,7 +327,7 @@ pub fn run_app(args: &AppArgs, term: &TermSignal) -> io::Result<i32> {
         return exit(1);
     }
 
-    let mut pool = Pool::new(args.remote, args.pool, timeout);
+    let mut pool = Pool::new(remote, args.pool, timeout);
     if let Some(n) = args.batch_calls {
         for _ in 0..n {
             let deadline = Instant::now() + Duration::from_millis(args.retry_for_ms);

@@ -12,6 +12,11 @@
 //!   We chose this over a static cluster to 127.0.0.1:<app port> because it exercises the real
 //!   `-o lo -s 127.0.0.6/32 -j RETURN` rule, needs no per-pod port knowledge, and the app sees the
 //!   connection arrive on its pod IP exactly as in a mesh.
+//! - IPv6 ([`SidecarConfig::families`]), as Istio's bootstrap and listeners do it: admin on the
+//!   first family's loopback (`::1` for IPv6-first, pkg/bootstrap/config.go), capture listeners on
+//!   the first family's wildcard with the other as an additional address
+//!   (pilot/pkg/networking/core/listener_builder.go, `AdditionalAddresses` under dual stack).
+//!   Inbound upstreams still bind 127.0.0.6 only: IPv6 inbound is not simulated.
 //! - The holdfast filter (`envoy.filters.network.wasm`, root_id `holdfast`, V8) comes first in
 //!   both filter chains, before `tcp_proxy`, when enabled.
 
@@ -32,6 +37,8 @@ pub struct SidecarConfig {
     pub filter: Option<PathBuf>,
     /// The filter's plugin configuration (JSON text; empty means defaults).
     pub filter_config: String,
+    /// The pod's IP families.
+    pub families: super::spec::IpFamilies,
 }
 
 /// File names of the rendered configuration inside the sidecar's config directory.
@@ -51,7 +58,7 @@ impl SidecarConfig {
         json!({
             "node": { "id": self.node_id, "cluster": self.node_cluster },
             "admin": {
-                "address": socket("127.0.0.1", ADMIN_PORT),
+                "address": socket(if self.families.ipv6_first() { "::1" } else { "127.0.0.1" }, ADMIN_PORT),
             },
             "dynamic_resources": {
                 "lds_config": path_source(LDS_FILE),
@@ -95,10 +102,23 @@ impl SidecarConfig {
                 "cluster": cluster,
             }
         }));
+        let mut wildcards = Vec::new();
+        if self.families.ipv6_first() {
+            wildcards.push("::");
+        }
+        if self.families.has_ipv4() {
+            wildcards.push("0.0.0.0");
+        }
+        let additional: Vec<Value> = wildcards
+            .iter()
+            .skip(1)
+            .map(|w| json!({ "address": socket(w, port) }))
+            .collect();
         json!({
             "@type": "type.googleapis.com/envoy.config.listener.v3.Listener",
             "name": name,
-            "address": socket("0.0.0.0", port),
+            "address": socket(wildcards.first().copied().unwrap_or("0.0.0.0"), port),
+            "additional_addresses": additional,
             "traffic_direction": direction,
             "listener_filters": [{
                 "name": "envoy.filters.listener.original_dst",
@@ -178,7 +198,32 @@ mod tests {
             node_cluster: "p.default".into(),
             filter: filter.then(|| PathBuf::from("/w/holdfast_filter.wasm")),
             filter_config: String::new(),
+            families: Default::default(),
         }
+    }
+
+    #[test]
+    fn ipv6_first_binds_admin_on_v6_loopback_and_listens_on_both() {
+        let c = SidecarConfig {
+            families: crate::sim::spec::IpFamilies::DualV6First,
+            ..cfg(false)
+        };
+        let b = c.bootstrap(Path::new("/tmp/x"));
+        assert_eq!(b["admin"]["address"]["socket_address"]["address"], "::1");
+        let l = c.listeners();
+        let out = &l["resources"][0];
+        assert_eq!(out["address"]["socket_address"]["address"], "::");
+        assert_eq!(
+            out["additional_addresses"][0]["address"]["socket_address"]["address"],
+            "0.0.0.0"
+        );
+        let v4 = cfg(false).listeners();
+        assert_eq!(
+            v4["resources"][0]["additional_addresses"]
+                .as_array()
+                .map(Vec::len),
+            Some(0)
+        );
     }
 
     #[test]

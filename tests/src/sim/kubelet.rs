@@ -2,7 +2,10 @@
 //!
 //! 1. Sandbox: the pod's netns (lo up, veth to the remote services' bridge), its cgroup
 //!    `kubepods/pod<uid>`, and the pause process in both.
-//! 2. The `istio-init` init container (Istio's nat rules, then a short wait as istio-init takes).
+//! 2. The `istio-init` init container (Istio's nat rules, then a short wait as istio-init takes),
+//!    after the user init container if the spec has one (Istio orders istio-init last). In CNI
+//!    mode ([`super::spec::PodSpec::cni`]) the rules go in with the sandbox, and the user init
+//!    container runs after `istio-validation`, redirected.
 //! 3. The containers in spec order (the app, then `istio-proxy`) WITHOUT waiting for readiness,
 //!    as kubelet does when no postStart hook is set. With [`super::spec::PodSpec::serial_start`] (Istio's
 //!    `holdApplicationUntilProxyStarts`) the proxy goes first and the app starts only once the
@@ -30,12 +33,11 @@ use nix::sys::signal::Signal;
 
 use super::bootstrap::SidecarConfig;
 use super::cgroup::Cgroup;
-use super::istio_init::{ADMIN_PORT, INBOUND_PORT, OUTBOUND_PORT, PROXY_UID};
-use super::netns::{NetNs, REMOTE_IP};
+use super::istio_init::{INBOUND_PORT, OUTBOUND_PORT, PROXY_UID};
+use super::netns::{NetNs, REMOTE_IP, REMOTE_IP6};
 use super::node::{NodeEnv, Shared};
 use super::pod_object::{
-    now_ts, write_atomic, CState, ContainerView, PodView, Terminated, INIT_CONTAINER,
-    PROXY_CONTAINER, PROXY_IMAGE,
+    now_ts, write_atomic, CState, ContainerView, PodView, Terminated, PROXY_CONTAINER, PROXY_IMAGE,
 };
 use super::process::{notify_exit, reap, spawn_in, Exit};
 use super::{random_hex, SimError};
@@ -45,6 +47,8 @@ use super::{random_hex, SimError};
 pub(crate) enum Slot {
     Sandbox,
     Init,
+    /// The user init container ([`super::spec::PodSpec::user_init`]).
+    UserInit,
     Container(usize),
 }
 
@@ -201,7 +205,42 @@ impl PodWorker {
             .as_ref()
             .ok_or_else(|| SimError::Setup("netns".into()))?;
         ns.link_to(&self.env.remote_ns, &format!("vp{}", self.index), pod_ip)?;
+        if let Some(ip6) = self.view(|v| v.pod_ip6) {
+            ns.add_ipv6(ip6)?;
+        }
         self.netns_file = Some(file);
+        // The resolv.conf kubelet writes for the pod (ClusterFirst), naming the cluster DNS of
+        // the pod's first family.
+        let (namespace, v6_first) =
+            self.view(|v| (v.spec.namespace.clone(), v.spec.ip_families.ipv6_first()));
+        let nameserver = if v6_first {
+            std::net::IpAddr::V6(REMOTE_IP6)
+        } else {
+            std::net::IpAddr::V4(REMOTE_IP)
+        };
+        let resolv = self.pod_dir.join("resolv.conf");
+        std::fs::write(&resolv, super::dns::pod_resolv_conf(&namespace, nameserver)).map_err(
+            |source| SimError::Io {
+                what: format!("cannot write {}", resolv.display()),
+                source,
+            },
+        )?;
+        if self.view(|v| v.spec.cni) {
+            // The CNI plugin writes Istio's rules while the sandbox is set up, before any init
+            // container runs.
+            let opts = self.init_options();
+            let path = PathBuf::from("/run/netns").join(&ns_name);
+            super::netns::run_in(&path, || {
+                super::istio_init::run_with(
+                    "iptables",
+                    "ip6tables",
+                    &opts,
+                    Duration::ZERO,
+                    Instant::now(),
+                )
+            })?
+            .map_err(|e| SimError::Setup(format!("CNI rules: {e}")))?;
+        }
         if self.view(|v| v.spec.drop_until_ready) {
             self.drop_syns_until_ready(&ns_name)?;
         }
@@ -218,16 +257,62 @@ impl PodWorker {
             v.start_time = Some(now_ts());
         });
 
+        // Istio's order: istio-init last (after user init containers), istio-validation first.
+        let (user_first, has_user) = self.view(|v| (!v.spec.cni, v.spec.user_init.is_some()));
+        if user_first && has_user {
+            self.start_user_init()
+        } else {
+            self.start_injected_init()
+        }
+    }
+
+    /// What istio-init (or the CNI plugin) installs for this pod beyond the IPv4 TCP capture.
+    fn init_options(&self) -> super::istio_init::InitOptions {
+        let resolv = self.pod_dir.join("resolv.conf");
+        self.view(|v| super::istio_init::InitOptions {
+            ipv6: v.spec.ip_families.has_ipv6(),
+            dns_servers: if v.spec.dns_capture.is_some() {
+                std::fs::read_to_string(&resolv)
+                    .map(|t| super::istio_init::nameservers(&t))
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            },
+        })
+    }
+
+    /// Starts istio-init (istio-validation in CNI mode: the rules are already in).
+    fn start_injected_init(&mut self) -> Result<(), SimError> {
         let init_id = random_hex(32);
-        let min_ms = self.view(|v| v.spec.init_duration.as_millis().to_string());
-        let pid = self.spawn(
-            Slot::Init,
-            &init_id,
-            &["istio-init".to_string(), "--min-duration-ms".into(), min_ms],
-            INIT_CONTAINER,
-        )?;
+        let (min_ms, name, cni, ipv6, dns) = self.view(|v| {
+            (
+                v.spec.init_duration.as_millis().to_string(),
+                v.init_name(),
+                v.spec.cni,
+                v.spec.ip_families.has_ipv6(),
+                v.spec.dns_capture.is_some(),
+            )
+        });
+        let mut args = vec!["istio-init".to_string(), "--min-duration-ms".into(), min_ms];
+        if cni {
+            args.push("--skip-rule-apply".into());
+        }
+        if ipv6 {
+            args.push("--ipv6".into());
+        }
+        if dns {
+            args.extend([
+                "--redirect-dns".into(),
+                "--resolv-conf".into(),
+                self.pod_dir
+                    .join("resolv.conf")
+                    .to_string_lossy()
+                    .into_owned(),
+            ]);
+        }
+        let pid = self.spawn(Slot::Init, &init_id, &args, name)?;
         self.update(|v| {
-            let mut c = ContainerView::new(INIT_CONTAINER, PROXY_IMAGE, "");
+            let mut c = ContainerView::new(name, PROXY_IMAGE, "");
             c.id = Some(init_id);
             c.pid = Some(pid);
             c.state = CState::Running {
@@ -236,6 +321,52 @@ impl PodWorker {
             v.init = Some(c);
         });
         Ok(())
+    }
+
+    /// Starts the user init container: one call to the remote services, exit 1 if it fails.
+    fn start_user_init(&mut self) -> Result<(), SimError> {
+        let Some(user) = self.view(|v| v.spec.user_init.clone()) else {
+            return Ok(());
+        };
+        let id = random_hex(32);
+        let remote = self.remote_addr();
+        let args = vec![
+            "app".to_string(),
+            "--report".into(),
+            self.pod_dir
+                .join(format!("{}-report.jsonl", user.name))
+                .to_string_lossy()
+                .into_owned(),
+            "--remote".into(),
+            remote.to_string(),
+            "--startup-calls".into(),
+            "1".into(),
+            "--batch-calls".into(),
+            "0".into(),
+            "--call-timeout-ms".into(),
+            user.call_timeout.as_millis().to_string(),
+        ];
+        let pid = self.spawn(Slot::UserInit, &id, &args, &user.name)?;
+        self.update(|v| {
+            let mut c = ContainerView::new(&user.name, super::pod_object::APP_IMAGE, "");
+            c.id = Some(id);
+            c.pid = Some(pid);
+            c.state = CState::Running {
+                started_at: now_ts(),
+            };
+            v.user_init = Some(c);
+        });
+        Ok(())
+    }
+
+    /// The remote services' address of the pod's first family.
+    fn remote_addr(&self) -> std::net::SocketAddr {
+        let port = self.env.remote_port;
+        if self.view(|v| v.spec.ip_families.ipv6_first()) {
+            std::net::SocketAddr::from((REMOTE_IP6, port))
+        } else {
+            std::net::SocketAddr::from((REMOTE_IP, port))
+        }
     }
 
     /// Starts a process of the pod in its netns and a new cgroup `pod<uid>/<id>`; returns its pid.
@@ -291,7 +422,11 @@ impl PodWorker {
     fn container_args(&self, i: usize) -> Vec<String> {
         self.view(|v| {
             let spec = &v.spec;
-            let remote = std::net::SocketAddr::from((REMOTE_IP, self.env.remote_port));
+            let remote = if spec.ip_families.ipv6_first() {
+                std::net::SocketAddr::from((REMOTE_IP6, self.env.remote_port))
+            } else {
+                std::net::SocketAddr::from((REMOTE_IP, self.env.remote_port))
+            };
             if i == 0 {
                 let mut a =
                     spec.app
@@ -305,6 +440,17 @@ impl PodWorker {
                 }
                 if !spec.app_init.is_zero() {
                     a.extend(["--init-ms".into(), spec.app_init.as_millis().to_string()]);
+                }
+                if spec.lookup_remote {
+                    a.extend([
+                        "--lookup".into(),
+                        super::dns::REMOTE_SHORT_NAME.into(),
+                        "--resolv-conf".into(),
+                        self.pod_dir
+                            .join("resolv.conf")
+                            .to_string_lossy()
+                            .into_owned(),
+                    ]);
                 }
                 return a;
             }
@@ -327,6 +473,10 @@ impl PodWorker {
             if spec.exit_on_zero_active {
                 a.push("--exit-on-zero-active".into());
             }
+            a.extend(["--admin".into(), spec.admin_addr().to_string()]);
+            if let Some(late) = spec.dns_capture {
+                a.extend(["--dns-delay-ms".into(), late.as_millis().to_string()]);
+            }
             a
         })
     }
@@ -344,6 +494,7 @@ impl PodWorker {
                 None
             },
             filter_config: String::new(),
+            families: v.spec.ip_families,
         });
         cfg.write(&self.pod_dir).map_err(|source| SimError::Io {
             what: format!("cannot write Envoy config to {}", self.pod_dir.display()),
@@ -397,6 +548,28 @@ impl PodWorker {
         }
         match slot {
             Slot::Sandbox => {}
+            Slot::UserInit => {
+                let ok = exit.code == 0;
+                let cni = self.update(|v| {
+                    if let Some(c) = v.user_init.as_mut() {
+                        c.state = CState::Terminated(terminated(c, exit));
+                        c.pid = None;
+                    }
+                    if !ok {
+                        v.failed_reason = Some(format!("Init:Error (exit {})", exit.code));
+                    }
+                    v.spec.cni
+                });
+                if ok && !self.deleting && !self.shutting_down {
+                    if cni {
+                        self.start_app_containers();
+                    } else if let Err(e) = self.start_injected_init() {
+                        eprintln!("sim: pod {}: {e}", self.name);
+                        let reason = e.to_string();
+                        self.update(|v| v.failed_reason = Some(reason));
+                    }
+                }
+            }
             Slot::Init => {
                 let ok = exit.code == 0;
                 self.update(|v| {
@@ -408,23 +581,15 @@ impl PodWorker {
                         v.failed_reason = Some(format!("Init:Error (exit {})", exit.code));
                     }
                 });
-                if ok && !self.deleting && !self.shutting_down {
-                    let (n, serial) = self.view(|v| (v.containers.len(), v.spec.serial_start));
-                    let proxy =
-                        self.view(|v| v.containers.iter().position(|c| c.name == PROXY_CONTAINER));
-                    match (serial, proxy) {
-                        (true, Some(p)) => {
-                            // holdApplicationUntilProxyStarts: the proxy is moved first and its
-                            // postStart hook blocks the next container's start.
-                            self.start_container(p);
-                            self.run_post_start_wait(p);
-                        }
-                        _ => {
-                            for i in 0..n {
-                                self.start_container(i);
-                            }
-                        }
+                let user_next = self.view(|v| v.spec.cni && v.spec.user_init.is_some());
+                if ok && user_next && !self.deleting && !self.shutting_down {
+                    if let Err(e) = self.start_user_init() {
+                        eprintln!("sim: pod {}: {e}", self.name);
+                        let reason = e.to_string();
+                        self.update(|v| v.failed_reason = Some(reason));
                     }
+                } else if ok && !self.deleting && !self.shutting_down {
+                    self.start_app_containers();
                 }
             }
             Slot::Container(i) => {
@@ -451,6 +616,26 @@ impl PodWorker {
                 });
                 if let Some(b) = backoff {
                     self.restart_at.insert(i, Instant::now() + b);
+                }
+            }
+        }
+    }
+
+    /// The init phase is over: start the containers in spec order (serially with
+    /// `holdApplicationUntilProxyStarts`).
+    fn start_app_containers(&mut self) {
+        let (n, serial) = self.view(|v| (v.containers.len(), v.spec.serial_start));
+        let proxy = self.view(|v| v.containers.iter().position(|c| c.name == PROXY_CONTAINER));
+        match (serial, proxy) {
+            (true, Some(p)) => {
+                // holdApplicationUntilProxyStarts: the proxy is moved first and its postStart
+                // hook blocks the next container's start.
+                self.start_container(p);
+                self.run_post_start_wait(p);
+            }
+            _ => {
+                for i in 0..n {
+                    self.start_container(i);
                 }
             }
         }
@@ -586,6 +771,7 @@ impl PodWorker {
             return;
         };
         let name = self.name.clone();
+        let admin = self.view(|v| v.spec.admin_addr());
         let spawned = std::thread::Builder::new()
             .name(format!("{what}-{name}"))
             .spawn(move || {
@@ -593,7 +779,6 @@ impl PodWorker {
                     eprintln!("sim: pod {name}: cannot enter the pod's netns: {e}");
                     return;
                 }
-                let admin = std::net::SocketAddr::from(([127, 0, 0, 1], ADMIN_PORT));
                 loop {
                     let live = super::pilot_agent::admin_request(admin, "GET", "/ready")
                         .is_ok_and(|b| b.trim() == "LIVE");

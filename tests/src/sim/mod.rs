@@ -13,6 +13,7 @@
 //! - [`pilot_agent`]: the pilot-agent stand-in (starts Envoy as uid 1337, drains on SIGTERM).
 //! - [`bootstrap`]: the sidecar's Envoy configuration (Istio-shaped listeners, holdfast filter).
 //! - [`apps`]: the app containers, remote services and pause process (`sim-app` subcommands).
+//! - [`dns`]: the cluster DNS and pilot-agent DNS proxy stand-ins (A/AAAA from a static table).
 //! - [`report`]: the apps' JSON-lines reports.
 //! - [`netns`], [`cgroup`], [`process`]: Linux plumbing (the only `unsafe` is in `process`).
 //!
@@ -21,10 +22,17 @@
 //! netns `hf-<test>-<pod>` (lo up, `eth0` 198.18.1.x/15 on a bridge in `hf-<test>-remote`, where
 //! the remote echo service listens on 198.18.0.1:7000); cgroups `kubepods/pod<uid>/<64-hex id>`
 //! for the pause process, `istio-init`, the app and `istio-proxy` (pilot-agent + Envoy).
+//!
+//! Pod shapes ([`PodSpec`]): IPv6 ([`IpFamilies`]: `eth0` also gets `fd00:c612::…`, Istio's
+//! ip6tables rules, Envoy's admin on `[::1]` when IPv6 comes first), DNS capture (the pod's
+//! resolv.conf names the cluster DNS on the remote address; Istio's DNS rules redirect it to
+//! pilot-agent's DNS proxy on 15053, which starts late if asked), a user init container, and
+//! Istio CNI mode (rules written with the sandbox, `istio-validation` instead of `istio-init`).
 
 pub mod apps;
 pub mod bootstrap;
 pub mod cgroup;
+pub mod dns;
 pub mod istio_init;
 pub mod kubelet;
 pub mod netns;
@@ -38,7 +46,7 @@ pub mod spec;
 pub use node::{sim_app_binary, NodeOptions, SimNode, REMOTE_PORT};
 pub use pod_object::{PodPhase, PodView, PROXY_CONTAINER};
 pub use report::{AppReport, CallCounts, CallError, Phase};
-pub use spec::{AppScript, PodSpec, RestartPolicy};
+pub use spec::{AppScript, IpFamilies, PodSpec, RestartPolicy};
 
 use std::io::Read;
 use std::time::Duration;

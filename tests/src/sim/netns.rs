@@ -3,9 +3,14 @@
 //! Each pod gets a named netns (`/run/netns/<name>`, what `ip netns` manages) with `lo` up and a
 //! veth `eth0` whose peer sits on a bridge in the node's "remote services" namespace. A [`NetNs`]
 //! deletes its namespace on drop (which also deletes its veth and its iptables rules).
+//!
+//! IPv6: the bridge also has [`REMOTE_IP6`] in the ULA prefix `fd00:c612::/64`, and a pod that
+//! asks for IPv6 gets [`pod_ip6`] on its `eth0` ([`NetNs::add_ipv6`]). Addresses are added with
+//! `nodad`: duplicate address detection would leave them "tentative" (unusable) for a second or
+//! more, a delay a real CNI plugin does not show either (it disables DAD in the pod too).
 
 use std::fs::File;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -34,6 +39,27 @@ pub(crate) fn run(program: &str, args: &[&str]) -> Result<(), SimError> {
 pub const PREFIX_LEN: u8 = 15;
 /// The remote services' address on the node's bridge.
 pub const REMOTE_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+
+/// Prefix length of the node's IPv6 addresses.
+pub const PREFIX6_LEN: u8 = 64;
+/// The remote services' IPv6 address on the node's bridge (ULA, RFC 4193).
+pub const REMOTE_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0, 0, 0, 0, 0, 1);
+
+/// The IPv6 address of the pod whose IPv4 address is `v4` (one per IPv4 address, in
+/// `fd00:c612::/64`): 198.18.1.4 → fd00:c612::1:4.
+pub fn pod_ip6(v4: Ipv4Addr) -> Ipv6Addr {
+    let o = v4.octets();
+    Ipv6Addr::new(
+        0xfd00,
+        0xc612,
+        0,
+        0,
+        0,
+        u16::from(o[1]),
+        u16::from(o[2]),
+        u16::from(o[3]),
+    )
+}
 
 /// The address of the `index`-th pod (0-based) of a node: 198.18.1.2, 198.18.1.3, ...
 pub fn pod_ip(index: usize) -> Ipv4Addr {
@@ -106,7 +132,30 @@ impl NetNs {
             "dev",
             "br0",
         ])?;
+        // Best effort: on a host without IPv6 only the IPv6 pod shapes are unavailable.
+        if let Err(e) = self.ip(&[
+            "addr",
+            "add",
+            &format!("{REMOTE_IP6}/{PREFIX6_LEN}"),
+            "dev",
+            "br0",
+            "nodad",
+        ]) {
+            eprintln!("sim: no IPv6 on the node's bridge ({e}): IPv6 pods will not work");
+        }
         self.ip(&["link", "set", "br0", "up"])
+    }
+
+    /// Gives this pod's `eth0` (see [`NetNs::link_to`]) the IPv6 address `ip`.
+    pub fn add_ipv6(&self, ip: Ipv6Addr) -> Result<(), SimError> {
+        self.ip(&[
+            "addr",
+            "add",
+            &format!("{ip}/{PREFIX6_LEN}"),
+            "dev",
+            "eth0",
+            "nodad",
+        ])
     }
 
     /// Links this (pod) namespace to `remote`'s bridge: `eth0` here with `ip`, peer `peer` there.
@@ -180,5 +229,16 @@ mod tests {
             assert_ne!(ip, REMOTE_IP);
         }
         assert_ne!(pod_ip(247), pod_ip(248));
+    }
+
+    #[test]
+    fn pod_ipv6_addresses_are_ula_and_distinct() {
+        assert_eq!(pod_ip6(pod_ip(0)).to_string(), "fd00:c612::12:1:4");
+        assert_ne!(pod_ip6(pod_ip(247)), pod_ip6(pod_ip(248)));
+        for i in [0, 1, 1000, 70000] {
+            let ip = pod_ip6(pod_ip(i));
+            assert_eq!(ip.segments()[..2], [0xfd00, 0xc612], "{ip}");
+            assert_ne!(ip, REMOTE_IP6);
+        }
     }
 }

@@ -5,6 +5,13 @@
 //! wait `terminationDrainDuration` (or, with `EXIT_ON_ZERO_ACTIVE_CONNECTIONS`, wait
 //! `MINIMUM_DRAIN_DURATION` then poll the active downstream connections every second until 0),
 //! then SIGKILL Envoy. If Envoy exits by itself (e.g. `/quitquitquit`), exit with its status.
+//!
+//! With `--dns-delay-ms` (DNS capture on) it also starts its DNS proxy, after that delay: a
+//! child `sim-app dns-proxy` running as the proxy uid (the whole istio-proxy container runs as
+//! 1337; Istio's conntrack-zone rules match the DNS answers by that owner, so a DNS proxy of
+//! another uid would have its answers miss the app's NATed flow). It listens on
+//! `127.0.0.1:15053` and `[::1]:15053`, UDP and TCP, as pilot-agent does for `localhost:15053`
+//! with IPv4 and IPv6 nameservers (pkg/dns/client/dns.go, `NewLocalDNSServer`).
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -15,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::apps::TermSignal;
-use super::istio_init::{ADMIN_PORT, PROXY_UID};
+use super::istio_init::{ADMIN_PORT, DNS_PORT, PROXY_UID};
 
 /// `sim-app pilot-agent` flags.
 #[derive(Debug, Clone, clap::Args)]
@@ -41,6 +48,41 @@ pub struct PilotAgentArgs {
     /// Envoy's --concurrency (Istio's default is 2).
     #[arg(long, default_value_t = 2)]
     pub concurrency: u32,
+    /// Envoy's admin address (Istio: `[::1]:15000` when the pod's first IP is IPv6).
+    #[arg(long, default_value_t = SocketAddr::from(([127, 0, 0, 1], ADMIN_PORT)))]
+    pub admin: SocketAddr,
+    /// DNS capture: start the DNS proxy on 15053 this many ms after the container starts.
+    #[arg(long)]
+    pub dns_delay_ms: Option<u64>,
+}
+
+/// Starts the DNS proxy child (as the proxy uid) after `delay`, on a background thread; it dies
+/// with the container (the kubelet stand-in kills the container's cgroup).
+fn start_dns_proxy_later(delay: Duration, term: &TermSignal) {
+    let term = term.clone();
+    let spawned = std::thread::Builder::new()
+        .name("dns-proxy-start".into())
+        .spawn(move || {
+            if term.sleep(delay) {
+                return;
+            }
+            let exe = match std::env::current_exe() {
+                Ok(e) => e,
+                Err(e) => return log(&format!("cannot find sim-app for the DNS proxy: {e}")),
+            };
+            match Command::new(exe)
+                .args(["dns-proxy", "--port", &DNS_PORT.to_string()])
+                .uid(PROXY_UID)
+                .gid(PROXY_UID)
+                .spawn()
+            {
+                Ok(child) => log(&format!("started the DNS proxy pid {}", child.id())),
+                Err(e) => log(&format!("cannot start the DNS proxy: {e}")),
+            }
+        });
+    if let Err(e) = spawned {
+        log(&format!("cannot start the DNS proxy thread: {e}"));
+    }
 }
 
 /// How often Envoy's exit is checked. The real pilot-agent learns of it at once (Go's
@@ -53,6 +95,9 @@ fn log(msg: &str) {
 
 /// Runs the agent; returns the exit code.
 pub fn run(args: &PilotAgentArgs, term: &TermSignal) -> io::Result<i32> {
+    if let Some(ms) = args.dns_delay_ms {
+        start_dns_proxy_later(Duration::from_millis(ms), term);
+    }
     if term.sleep(Duration::from_millis(args.start_delay_ms)) {
         log("SIGTERM before Envoy started");
         return Ok(0);
@@ -68,7 +113,7 @@ pub fn run(args: &PilotAgentArgs, term: &TermSignal) -> io::Result<i32> {
             "--parent-shutdown-time-s",
             "60",
             "--local-address-ip-version",
-            "v4",
+            if args.admin.is_ipv6() { "v6" } else { "v4" },
             "--log-level",
             "warning",
             "--concurrency",
@@ -97,7 +142,7 @@ pub fn run(args: &PilotAgentArgs, term: &TermSignal) -> io::Result<i32> {
         }
     }
     log("SIGTERM: draining inbound listeners");
-    let admin = SocketAddr::from(([127, 0, 0, 1], ADMIN_PORT));
+    let admin = args.admin;
     if let Err(e) = admin_request(admin, "POST", "/drain_listeners?inboundonly&graceful") {
         log(&format!("drain_listeners failed: {e}"));
     }

@@ -3,13 +3,13 @@
 //! [`write_atomic`] puts into the pods directory as `<namespace>_<name>.json`.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, ContainerState, ContainerStateRunning, ContainerStateTerminated,
-    ContainerStateWaiting, ContainerStatus, Pod, PodCondition, PodIP, PodSpec as K8sPodSpec,
-    PodStatus, SecurityContext,
+    ContainerStateWaiting, ContainerStatus, EnvVar, Pod, PodCondition, PodIP,
+    PodSpec as K8sPodSpec, PodStatus, SecurityContext,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -20,6 +20,8 @@ use super::spec::PodSpec;
 pub const PROXY_CONTAINER: &str = "istio-proxy";
 /// The init container's name.
 pub const INIT_CONTAINER: &str = "istio-init";
+/// The injected init step's name in Istio CNI mode (it only validates the CNI's rules).
+pub const VALIDATION_CONTAINER: &str = "istio-validation";
 /// The proxy image (what Istio injects).
 pub const PROXY_IMAGE: &str = "docker.io/istio/proxyv2:1.28.0";
 /// The app image (a stand-in name).
@@ -122,6 +124,8 @@ pub struct PodView {
     pub node_name: String,
     pub node_ip: Ipv4Addr,
     pub pod_ip: Ipv4Addr,
+    /// The pod's IPv6 address, when its spec asks for IPv6.
+    pub pod_ip6: Option<Ipv6Addr>,
     pub created_at: Timestamp,
     /// Set once the sandbox exists (the pod's IP is then assigned).
     pub sandbox_ready: bool,
@@ -132,6 +136,8 @@ pub struct PodView {
     pub deletion_at: Option<Timestamp>,
     /// `None` until kubelet starts the init container (no statuses before that).
     pub init: Option<ContainerView>,
+    /// The user init container ([`PodSpec::user_init`]), once started.
+    pub user_init: Option<ContainerView>,
     /// In spec order: the app, then `istio-proxy` (where Istio's injector appends it).
     pub containers: Vec<ContainerView>,
     /// The pod failed in a way that stops it (init failure).
@@ -153,18 +159,24 @@ impl PodView {
             ContainerView::new(&spec.app_name, APP_IMAGE, "PodInitializing"),
             ContainerView::new(PROXY_CONTAINER, PROXY_IMAGE, "PodInitializing"),
         ];
+        let pod_ip6 = spec
+            .ip_families
+            .has_ipv6()
+            .then(|| super::netns::pod_ip6(pod_ip));
         PodView {
             spec,
             uid,
             node_name: node_name.to_string(),
             node_ip,
             pod_ip,
+            pod_ip6,
             created_at: now_ts(),
             sandbox_ready: false,
             sandbox_pid: None,
             start_time: None,
             deletion_at: None,
             init: None,
+            user_init: None,
             containers,
             failed_reason: None,
             gone: false,
@@ -181,6 +193,7 @@ impl PodView {
         self.containers
             .iter()
             .chain(self.init.iter())
+            .chain(self.user_init.iter())
             .find(|c| c.name == name)
     }
 
@@ -193,7 +206,92 @@ impl PodView {
     }
 
     fn init_done(&self) -> bool {
-        matches!(&self.init, Some(c) if matches!(&c.state, CState::Terminated(t) if t.exit_code == 0))
+        let done =
+            |c: &ContainerView| matches!(&c.state, CState::Terminated(t) if t.exit_code == 0);
+        self.init.as_ref().is_some_and(done)
+            && (self.spec.user_init.is_none() || self.user_init.as_ref().is_some_and(done))
+    }
+
+    /// The injected init step's name: `istio-validation` in CNI mode, else `istio-init`.
+    pub fn init_name(&self) -> &'static str {
+        if self.spec.cni {
+            VALIDATION_CONTAINER
+        } else {
+            INIT_CONTAINER
+        }
+    }
+
+    /// The pod's IPs in `status.podIPs` order (the first decides Envoy's admin address).
+    pub fn pod_ips(&self) -> Vec<String> {
+        let v4 = self.pod_ip.to_string();
+        match (self.spec.ip_families, self.pod_ip6) {
+            (super::spec::IpFamilies::V6, Some(v6)) => vec![v6.to_string()],
+            (super::spec::IpFamilies::DualV6First, Some(v6)) => vec![v6.to_string(), v4],
+            _ => vec![v4],
+        }
+    }
+
+    /// The init containers in the order kubelet runs them: Istio's reorderPod
+    /// (pkg/kube/inject/webhook.go) puts istio-init last ("so we do not blackhole init
+    /// containers") and istio-validation first.
+    fn init_specs(&self) -> Vec<Container> {
+        let s = &self.spec;
+        let mut injected = Container {
+            name: self.init_name().into(),
+            image: Some(PROXY_IMAGE.into()),
+            args: Some(
+                [
+                    "istio-iptables",
+                    "-p",
+                    "15001",
+                    "-z",
+                    "15006",
+                    "-u",
+                    "1337",
+                    "-m",
+                    "REDIRECT",
+                    "-i",
+                    "*",
+                    "-x",
+                    "",
+                    "-b",
+                    "*",
+                    "-d",
+                    "15090,15021,15020",
+                ]
+                .map(String::from)
+                .to_vec(),
+            ),
+            env: self.proxy_metadata_env(),
+            ..Container::default()
+        };
+        if s.cni {
+            if let Some(args) = injected.args.as_mut() {
+                args.extend(["--run-validation", "--skip-rule-apply"].map(String::from));
+            }
+        }
+        let user = s.user_init.as_ref().map(|u| Container {
+            name: u.name.clone(),
+            image: Some(APP_IMAGE.into()),
+            ..Container::default()
+        });
+        match (s.cni, user) {
+            (_, None) => vec![injected],
+            (true, Some(u)) => vec![injected, u],
+            (false, Some(u)) => vec![u, injected],
+        }
+    }
+
+    /// `ProxyConfig.ProxyMetadata` as the injection template sets it on istio-init and
+    /// istio-proxy (`ISTIO_META_DNS_CAPTURE` with DNS capture).
+    fn proxy_metadata_env(&self) -> Option<Vec<EnvVar>> {
+        self.spec.dns_capture.map(|_| {
+            vec![EnvVar {
+                name: "ISTIO_META_DNS_CAPTURE".into(),
+                value: Some("true".into()),
+                ..EnvVar::default()
+            }]
+        })
     }
 
     /// Whether kubelet would start this exited container again.
@@ -251,7 +349,8 @@ impl PodView {
         let annotations = BTreeMap::from([(
             "sidecar.istio.io/status".to_string(),
             format!(
-                "{{\"initContainers\":[\"{INIT_CONTAINER}\"],\"containers\":[\"{PROXY_CONTAINER}\"],\"volumes\":[],\"imagePullSecrets\":null,\"revision\":\"default\"}}"
+                "{{\"initContainers\":[\"{}\"],\"containers\":[\"{PROXY_CONTAINER}\"],\"volumes\":[],\"imagePullSecrets\":null,\"revision\":\"default\"}}",
+                self.init_name()
             ),
         )]);
         let grace_secs = s.grace.as_secs() as i64;
@@ -278,34 +377,7 @@ impl PodView {
             node_name: Some(self.node_name.clone()),
             restart_policy: Some(s.restart_policy.as_str().into()),
             termination_grace_period_seconds: Some(grace_secs),
-            init_containers: Some(vec![Container {
-                name: INIT_CONTAINER.into(),
-                image: Some(PROXY_IMAGE.into()),
-                args: Some(
-                    [
-                        "istio-iptables",
-                        "-p",
-                        "15001",
-                        "-z",
-                        "15006",
-                        "-u",
-                        "1337",
-                        "-m",
-                        "REDIRECT",
-                        "-i",
-                        "*",
-                        "-x",
-                        "",
-                        "-b",
-                        "*",
-                        "-d",
-                        "15090,15021,15020",
-                    ]
-                    .map(String::from)
-                    .to_vec(),
-                ),
-                ..Container::default()
-            }]),
+            init_containers: Some(self.init_specs()),
             containers: vec![
                 Container {
                     name: s.app_name.clone(),
@@ -317,6 +389,7 @@ impl PodView {
                     name: PROXY_CONTAINER.into(),
                     image: Some(PROXY_IMAGE.into()),
                     args: Some(["proxy", "sidecar"].map(String::from).to_vec()),
+                    env: self.proxy_metadata_env(),
                     ports: Some(vec![ContainerPort {
                         container_port: 15090,
                         name: Some("http-envoy-prom".into()),
@@ -356,17 +429,34 @@ impl PodView {
         let mut conditions = vec![cond("PodScheduled", true)];
         if self.sandbox_ready {
             st.pod_ip = Some(self.pod_ip.to_string());
-            st.pod_ips = Some(vec![PodIP {
-                ip: self.pod_ip.to_string(),
-            }]);
+            let ips = self.pod_ips();
+            st.pod_ip = ips.first().cloned();
+            st.pod_ips = Some(ips.into_iter().map(|ip| PodIP { ip }).collect());
             st.start_time = self.start_time.map(Time);
         }
-        if let Some(init) = &self.init {
+        if self.init.is_some() || self.user_init.is_some() {
             let all_ready = self.containers.iter().all(ContainerView::is_running);
             conditions.push(cond("Initialized", self.init_done()));
             conditions.push(cond("ContainersReady", all_ready));
             conditions.push(cond("Ready", all_ready));
-            st.init_container_statuses = Some(vec![container_status(init)]);
+            // In run order (see `init_specs`); only those kubelet has started.
+            let inits: Vec<&ContainerView> = if self.spec.cni {
+                self.init.iter().chain(self.user_init.iter()).collect()
+            } else {
+                self.user_init.iter().chain(self.init.iter()).collect()
+            };
+            st.init_container_statuses = Some(
+                inits
+                    .into_iter()
+                    .map(|c| {
+                        let mut status = container_status(c);
+                        // kubelet reports a successfully completed init container as ready.
+                        status.ready |=
+                            matches!(&c.state, CState::Terminated(t) if t.exit_code == 0);
+                        status
+                    })
+                    .collect(),
+            );
             st.container_statuses = Some(self.containers.iter().map(container_status).collect());
         }
         st.conditions = Some(conditions);

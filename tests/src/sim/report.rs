@@ -94,6 +94,19 @@ pub enum AppEvent {
         error: Option<CallError>,
         latency_ms: u64,
     },
+    /// A name lookup through the system resolver (getaddrinfo), recorded when it ended.
+    Lookup {
+        at_ms: u64,
+        name: String,
+        ok: bool,
+        /// The address used (of the family the app calls), when `ok`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        addr: Option<String>,
+        /// The resolver's error text, when not `ok`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+        latency_ms: u64,
+    },
     /// One inbound request the app served.
     Served { at_ms: u64 },
     /// The app received SIGTERM.
@@ -252,6 +265,27 @@ impl AppReport {
             AppEvent::Start { at_ms, .. } => Some(*at_ms),
             _ => None,
         })
+    }
+
+    /// The app's name lookups: (ok, latency in ms, address or error), in order.
+    pub fn lookups(&self) -> Vec<(bool, u64, String)> {
+        self.events
+            .iter()
+            .filter_map(|e| match e {
+                AppEvent::Lookup {
+                    ok,
+                    latency_ms,
+                    addr,
+                    error,
+                    ..
+                } => Some((
+                    *ok,
+                    *latency_ms,
+                    addr.clone().or_else(|| error.clone()).unwrap_or_default(),
+                )),
+                _ => None,
+            })
+            .collect()
     }
 
     /// How many times the app process started (restarts included).

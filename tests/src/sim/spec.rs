@@ -32,6 +32,42 @@ impl RestartPolicy {
     }
 }
 
+/// The pod's IP families, in `status.podIPs` order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IpFamilies {
+    /// IPv4 only (the default).
+    #[default]
+    V4,
+    /// IPv6 only.
+    V6,
+    /// Dual-stack with IPv6 first (Istio with `ISTIO_DUAL_STACK`: admin on `::1`, listeners on
+    /// `::` plus `0.0.0.0`, IPv6 and IPv4 redirects).
+    DualV6First,
+}
+
+impl IpFamilies {
+    pub fn has_ipv4(self) -> bool {
+        matches!(self, IpFamilies::V4 | IpFamilies::DualV6First)
+    }
+    pub fn has_ipv6(self) -> bool {
+        matches!(self, IpFamilies::V6 | IpFamilies::DualV6First)
+    }
+    /// Whether the first pod IP is IPv6 (it decides Envoy's admin and the app's calls).
+    pub fn ipv6_first(self) -> bool {
+        matches!(self, IpFamilies::V6 | IpFamilies::DualV6First)
+    }
+}
+
+/// A user init container that calls the remote services, as vault-agent-init and the like do
+/// (`sim-app app` with one startup call, exit 1 if it fails).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserInit {
+    /// The container's name.
+    pub name: String,
+    /// Per-call timeout (connect + response).
+    pub call_timeout: Duration,
+}
+
 /// What the app container does (`sim-app app` flags; see [`super::apps`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AppScript {
@@ -145,6 +181,22 @@ pub struct PodSpec {
     pub drop_until_ready: bool,
     /// Envoy's `--concurrency` (worker threads). Default 2, Istio's default.
     pub proxy_concurrency: u32,
+    /// The pod's IP families. Default IPv4 only.
+    pub ip_families: IpFamilies,
+    /// DNS capture (`ISTIO_META_DNS_CAPTURE=true` on istio-init and istio-proxy): DNS to the
+    /// pod's nameserver is redirected to pilot-agent's 15053, which starts this long after the
+    /// proxy container. `None` (default): no capture, DNS goes to the cluster DNS.
+    pub dns_capture: Option<Duration>,
+    /// The app looks the remote services up by name (`remote`, through the pod's resolv.conf)
+    /// before its startup calls. Default off (it calls the address).
+    pub lookup_remote: bool,
+    /// A user init container that calls out. Default none.
+    pub user_init: Option<UserInit>,
+    /// Istio CNI mode: the rules are installed when the sandbox is created (by the CNI plugin),
+    /// the injected init step is `istio-validation`, and user init containers run after it,
+    /// redirected. Default off (istio-init, which Istio orders last among init containers, so
+    /// user init containers run before any redirect).
+    pub cni: bool,
 }
 
 impl PodSpec {
@@ -170,6 +222,11 @@ impl PodSpec {
             serial_start: false,
             drop_until_ready: false,
             proxy_concurrency: 2,
+            ip_families: IpFamilies::V4,
+            dns_capture: None,
+            lookup_remote: false,
+            user_init: None,
+            cni: false,
         }
     }
 
@@ -252,6 +309,45 @@ impl PodSpec {
     pub fn drop_until_ready(mut self, on: bool) -> Self {
         self.drop_until_ready = on;
         self
+    }
+    /// See [`PodSpec::ip_families`].
+    pub fn ip_families(mut self, families: IpFamilies) -> Self {
+        self.ip_families = families;
+        self
+    }
+    /// DNS capture on, pilot-agent's DNS proxy listening `late` after the proxy container starts.
+    pub fn dns_capture(mut self, late: Duration) -> Self {
+        self.dns_capture = Some(late);
+        self
+    }
+    /// See [`PodSpec::lookup_remote`].
+    pub fn lookup_remote(mut self, on: bool) -> Self {
+        self.lookup_remote = on;
+        self
+    }
+    /// A user init container named `name` that calls the remote services once (timeout
+    /// `call_timeout`) and fails if the call fails.
+    pub fn user_init(mut self, name: &str, call_timeout: Duration) -> Self {
+        self.user_init = Some(UserInit {
+            name: name.to_string(),
+            call_timeout,
+        });
+        self
+    }
+    /// See [`PodSpec::cni`].
+    pub fn cni(mut self, on: bool) -> Self {
+        self.cni = on;
+        self
+    }
+    /// Envoy's admin address in this pod: `::1` when the first pod IP is IPv6, as Istio binds
+    /// it (pkg/bootstrap/config.go: `option.Localhost(option.LocalhostIPv6)`).
+    pub fn admin_addr(&self) -> SocketAddr {
+        let port = super::istio_init::ADMIN_PORT;
+        if self.ip_families.ipv6_first() {
+            SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port))
+        } else {
+            SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port))
+        }
     }
 }
 
