@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cgroup;
+pub mod sock_diag;
 pub mod sockets;
 
 pub use crate::netns::NetnsId;
