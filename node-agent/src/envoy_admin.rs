@@ -405,6 +405,11 @@ impl AdminClient {
             addr: self.addr,
             reason: format!("bad method {method:?}: {e}"),
         })?;
+        if quit {
+            // From the moment Envoy is asked to exit, its absence (a refused or closed
+            // connection, also for this very request) is the outcome asked for.
+            self.shared.quit_sent.store(true, Ordering::Relaxed);
+        }
         let mut slot = self.shared.connection.lock().await;
         // At most one retry: a kept-alive connection the peer closed while idle. Only when the
         // request was not written, or it is a GET (repeating it changes nothing).
@@ -425,9 +430,6 @@ impl AdminClient {
             let Some(connection) = slot.as_mut() else {
                 break;
             };
-            if quit {
-                self.shared.quit_sent.store(true, Ordering::Relaxed);
-            }
             let host = host_header(self.addr);
             let exchange = connection.exchange(
                 method.clone(),
