@@ -401,10 +401,11 @@ impl AdminClient {
     }
 
     async fn request_uncounted(&self, method: &str, path: &str, quit: bool) -> Result<Response> {
-        let method = hyper::Method::from_bytes(method.as_bytes()).map_err(|e| Error::Malformed {
-            addr: self.addr,
-            reason: format!("bad method {method:?}: {e}"),
-        })?;
+        let method =
+            hyper::Method::from_bytes(method.as_bytes()).map_err(|e| Error::Malformed {
+                addr: self.addr,
+                reason: format!("bad method {method:?}: {e}"),
+            })?;
         if quit {
             // From the moment Envoy is asked to exit, its absence (a refused or closed
             // connection, also for this very request) is the outcome asked for.
@@ -419,10 +420,9 @@ impl AdminClient {
                 _ => {
                     *slot = None;
                     let stream = self.connect().await?;
-                    let connection =
-                        Connection::handshake(stream)
-                            .await
-                            .map_err(|f| self.failure(f, false))?;
+                    let connection = Connection::handshake(stream)
+                        .await
+                        .map_err(|f| self.failure(f, false))?;
                     *slot = Some(connection);
                     false
                 }
@@ -488,10 +488,7 @@ impl AdminClient {
     fn failure(&self, failure: Failure, sent: bool) -> Error {
         let addr = self.addr;
         match failure {
-            Failure::Malformed(reason) => Error::Malformed {
-                addr,
-                reason,
-            },
+            Failure::Malformed(reason) => Error::Malformed { addr, reason },
             Failure::Closed(reason) => Error::Closed { addr, reason, sent },
             Failure::NotSent(reason) => Error::Closed {
                 addr,

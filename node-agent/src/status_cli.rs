@@ -1108,7 +1108,13 @@ mod tests {
         );
         let served = fetch_status(&serve_once(answer), Duration::from_secs(2)).expect("a status");
         let table = render_table(&served, t(3));
-        let row = |name: &str| table.lines().find(|l| l.contains(name)).unwrap_or_default().to_string();
+        let row = |name: &str| {
+            table
+                .lines()
+                .find(|l| l.contains(name))
+                .unwrap_or_default()
+                .to_string()
+        };
         assert!(row("fetch-config").contains(" ? "), "{table}");
         assert!(row("slow-starter").contains(" ? "), "{table}");
         assert_eq!(short_ms(1e300), "?");

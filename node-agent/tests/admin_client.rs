@@ -52,8 +52,14 @@ async fn fake(behavior: Behavior) -> Result<FakeServer> {
                     loop {
                         while let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
                             let request: Vec<u8> = pending.drain(..end + 4).collect();
-                            seen.lock().expect("lock").push(String::from_utf8_lossy(&request).into_owned());
-                            if stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nLIVE\n").await.is_err() {
+                            seen.lock()
+                                .expect("lock")
+                                .push(String::from_utf8_lossy(&request).into_owned());
+                            if stream
+                                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nLIVE\n")
+                                .await
+                                .is_err()
+                            {
                                 return;
                             }
                         }
@@ -215,7 +221,10 @@ async fn quit_answered_by_a_close_is_success_and_not_an_error() -> Result<()> {
     let gone = counted(client(port));
     let err = gone.ready().await.expect_err("refused");
     ensure!(err.is_refused());
-    ensure!(kinds.lock().expect("lock").len() == 2, "refused before a quit counts: {kinds:?}");
+    ensure!(
+        kinds.lock().expect("lock").len() == 2,
+        "refused before a quit counts: {kinds:?}"
+    );
     let err = gone.post("/quitquitquit").await.expect_err("refused quit");
     ensure!(err.is_refused(), "{err}");
     let err = gone.ready().await.expect_err("refused");

@@ -18,7 +18,9 @@ use holdfast::envoy_admin::DEFAULT_ADMIN_ADDR;
 use support::{privileged, TestNetns};
 
 fn workspace_file(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(rel)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(rel)
 }
 
 /// Envoy in the netns: admin on 15000, listeners on 15001 and 15006 (with the holdfast filter
@@ -81,7 +83,13 @@ fn start_envoy(t: &TestNetns, filter: Option<&PathBuf>) -> Result<Envoy> {
         .command(&binary)
         .arg("-c")
         .arg(&config)
-        .args(["--disable-hot-restart", "-l", "warning", "--concurrency", "2"])
+        .args([
+            "--disable-hot-restart",
+            "-l",
+            "warning",
+            "--concurrency",
+            "2",
+        ])
         .arg("--base-id")
         .arg((std::process::id() % 60000 + 1000).to_string())
         .stdout(Stdio::null())
@@ -124,7 +132,11 @@ async fn real_envoy_with_the_filter_in_a_netns() -> Result<()> {
         return Ok(());
     }
     let wasm = workspace_file("target/holdfast_filter.wasm");
-    ensure!(wasm.exists(), "no filter at {}: build it (see COMMON.md)", wasm.display());
+    ensure!(
+        wasm.exists(),
+        "no filter at {}: build it (see COMMON.md)",
+        wasm.display()
+    );
     let t = TestNetns::new("hf-ready")?;
     let errors = Arc::new(AtomicUsize::new(0));
     let proxy = ProxyConfig::default();
@@ -150,7 +162,9 @@ async fn real_envoy_with_the_filter_in_a_netns() -> Result<()> {
     // The one request's answer: Envoy's own gauges and the filter's, under the prefix.
     let stats = probe
         .admin()
-        .stats(Some(&holdfast::agent::readiness::stats_filter(DEFAULT_STAT_PREFIX)))
+        .stats(Some(&holdfast::agent::readiness::stats_filter(
+            DEFAULT_STAT_PREFIX,
+        )))
         .await?;
     println!("{stats:?}");
     ensure!(stats.get("server.state") == Some(0), "{stats:?}");
@@ -163,7 +177,10 @@ async fn real_envoy_with_the_filter_in_a_netns() -> Result<()> {
 
     // Kept alive: many checks, (almost) no new admin connections.
     let cx = |s: &holdfast::envoy_admin::Stats| s.get("http.admin.downstream_cx_total");
-    let before = cx(&probe.admin().stats(Some("^http\\.admin\\.downstream_cx_total$")).await?);
+    let before = cx(&probe
+        .admin()
+        .stats(Some("^http\\.admin\\.downstream_cx_total$"))
+        .await?);
     let started = Instant::now();
     for _ in 0..50 {
         ensure!(probe.check().await == Readiness::Ready);
@@ -172,7 +189,10 @@ async fn real_envoy_with_the_filter_in_a_netns() -> Result<()> {
         "one ready check (sock_diag + one /stats on the kept-alive connection): {:?} on average",
         started.elapsed() / 50
     );
-    let after = cx(&probe.admin().stats(Some("^http\\.admin\\.downstream_cx_total$")).await?);
+    let after = cx(&probe
+        .admin()
+        .stats(Some("^http\\.admin\\.downstream_cx_total$"))
+        .await?);
     ensure!(
         before.is_some() && after.is_some_and(|a| a <= before.unwrap_or(0) + 1),
         "50 checks opened {before:?} -> {after:?} admin connections"

@@ -48,16 +48,16 @@ fn listeners_in_a_netns_are_seen_and_closed_ones_are_not() -> Result<()> {
     for port in [15001, 15006, 15021] {
         ensure!(ports.contains(&port), "{port} not in {ports:?}");
     }
-    ensure!(!ports.contains(&host_port), "the host's listener leaked: {ports:?}");
+    ensure!(
+        !ports.contains(&host_port),
+        "the host's listener leaked: {ports:?}"
+    );
     ensure!(
         !ports.contains(&15053),
         "a UDP socket is not a TCP listener: {ports:?}"
     );
     let udp = diag.udp_bound_ports()?;
-    ensure!(
-        udp.contains(&15053) && udp.contains(&15054),
-        "udp {udp:?}"
-    );
+    ensure!(udp.contains(&15053) && udp.contains(&15054), "udp {udp:?}");
     ensure!(!udp.contains(&15001), "udp {udp:?}");
     let sockets = diag.sockets(holdfast::procfs_pods::sock_diag::Kind::TcpListen)?;
     ensure!(

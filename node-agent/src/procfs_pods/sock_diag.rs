@@ -262,7 +262,9 @@ fn parse_batch(
         }
         *messages += 1;
         if *messages > MAX_MESSAGES {
-            return Err(Error::Malformed(format!("more than {MAX_MESSAGES} messages")));
+            return Err(Error::Malformed(format!(
+                "more than {MAX_MESSAGES} messages"
+            )));
         }
         let payload = &data[NLMSG_HDRLEN..len];
         if msg_seq == seq {
@@ -280,9 +282,7 @@ fn parse_batch(
                     });
                 }
                 SOCK_DIAG_BY_FAMILY => out.push(parse_socket(payload)?),
-                other => {
-                    return Err(Error::Malformed(format!("unexpected message type {other}")))
-                }
+                other => return Err(Error::Malformed(format!("unexpected message type {other}"))),
             }
         }
         let aligned = (len + 3) & !3;
@@ -332,7 +332,11 @@ mod tests {
     }
 
     fn socket_msg(seq: u32, family: u8, port: u16, addr: &[u8]) -> Vec<u8> {
-        let mut m = header((NLMSG_HDRLEN + INET_DIAG_MSG_LEN) as u32, SOCK_DIAG_BY_FAMILY, seq);
+        let mut m = header(
+            (NLMSG_HDRLEN + INET_DIAG_MSG_LEN) as u32,
+            SOCK_DIAG_BY_FAMILY,
+            seq,
+        );
         let mut p = vec![0u8; INET_DIAG_MSG_LEN];
         p[0] = family;
         p[1] = TCP_LISTEN;
@@ -363,13 +367,19 @@ mod tests {
         data.extend(socket_msg(5, AF_INET6, 15006, &[0; 16]));
         let mut out = Vec::new();
         let mut n = 0;
-        assert_eq!(parse_batch(&data, 5, &mut out, &mut n).expect("parse"), Batch::More);
+        assert_eq!(
+            parse_batch(&data, 5, &mut out, &mut n).expect("parse"),
+            Batch::More
+        );
         let ports: Vec<u16> = out.iter().map(|s| s.port).collect();
         assert_eq!(ports, vec![15001, 15006]);
         assert_eq!(out[0].local, IpAddr::from([127, 0, 0, 1]));
         let mut done = header(20, NLMSG_DONE, 5);
         done.extend(0u32.to_ne_bytes());
-        assert_eq!(parse_batch(&done, 5, &mut out, &mut n).expect("done"), Batch::Done);
+        assert_eq!(
+            parse_batch(&done, 5, &mut out, &mut n).expect("done"),
+            Batch::Done
+        );
     }
 
     #[test]
@@ -379,14 +389,20 @@ mod tests {
         for (what, data) in [
             ("empty", vec![]),
             ("short header", vec![1, 2, 3]),
-            ("length beyond the datagram", header(400, SOCK_DIAG_BY_FAMILY, 1)),
+            (
+                "length beyond the datagram",
+                header(400, SOCK_DIAG_BY_FAMILY, 1),
+            ),
             ("length below a header", header(8, SOCK_DIAG_BY_FAMILY, 1)),
             ("short inet_diag_msg", {
                 let mut m = header(NLMSG_HDRLEN as u32 + 8, SOCK_DIAG_BY_FAMILY, 1);
                 m.extend([0u8; 8]);
                 m
             }),
-            ("error without code", header(NLMSG_HDRLEN as u32, NLMSG_ERROR, 1)),
+            (
+                "error without code",
+                header(NLMSG_HDRLEN as u32, NLMSG_ERROR, 1),
+            ),
             ("unknown type", header(NLMSG_HDRLEN as u32, 99, 1)),
             ("unknown family", {
                 let mut m = socket_msg(1, 42, 1, &[]);
