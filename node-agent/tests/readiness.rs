@@ -189,6 +189,37 @@ async fn real_envoy_with_the_filter_in_a_netns() -> Result<()> {
         "one ready check (sock_diag + one /stats on the kept-alive connection): {:?} on average",
         started.elapsed() / 50
     );
+    let started = Instant::now();
+    for _ in 0..50 {
+        probe.admin().ready().await?;
+    }
+    println!(
+        "GET /ready on the kept-alive connection: {:?} on average",
+        started.elapsed() / 50
+    );
+    let filter = holdfast::agent::readiness::stats_filter(DEFAULT_STAT_PREFIX);
+    let started = Instant::now();
+    for _ in 0..50 {
+        probe.admin().stats(Some(&filter)).await?;
+    }
+    println!(
+        "GET /stats?filter= on the kept-alive connection: {:?} on average",
+        started.elapsed() / 50
+    );
+    let diag = holdfast::procfs_pods::sock_diag::SockDiag::open_in(&t.ns)?;
+    let started = Instant::now();
+    for _ in 0..50 {
+        diag.tcp_listening_ports()?;
+    }
+    println!(
+        "sock_diag TCP LISTEN: {:?} on average",
+        started.elapsed() / 50
+    );
+    let started = Instant::now();
+    for _ in 0..50 {
+        ensure!(probe.check().await == Readiness::Ready);
+    }
+    println!("ready check again: {:?} on average", started.elapsed() / 50);
     let after = cx(&probe
         .admin()
         .stats(Some("^http\\.admin\\.downstream_cx_total$"))
