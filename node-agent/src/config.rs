@@ -172,7 +172,7 @@ fn check_max(d: Duration) -> Option<Duration> {
 /// Formats a duration in the syntax [`parse_duration`] accepts.
 pub fn format_duration(d: Duration) -> String {
     let ms = d.as_millis();
-    if ms % 1000 != 0 || ms == 0 {
+    if !ms.is_multiple_of(1000) || ms == 0 {
         format!("{ms}ms")
     } else {
         format!("{}s", ms / 1000)

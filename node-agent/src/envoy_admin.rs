@@ -6,10 +6,12 @@
 //! handed to tokio, so the runtime stays in the host's netns. Tests plug in another connector to
 //! reach a fake server on 127.0.0.1 without a netns.
 //!
-//! HTTP/1.1 by hand, one request per connection (`Connection: close`): Envoy's admin answers
-//! HTTP/1.0 with 426, and a full HTTP client would be a large dependency for four requests.
-//! Bodies may be `Content-Length`, chunked, or delimited by the close; they are capped (4 MiB by
-//! default) and every exchange has a connect and a response timeout.
+//! HTTP/1.1 on hyper ([`crate::http1_client`]; Envoy's admin answers HTTP/1.0 with 426) over one
+//! kept-alive connection per client: a readiness poll every few milliseconds costs one request,
+//! not a connection (and a thread to enter the netns) each time. A closed connection is
+//! replaced on the next request. Bodies are capped (4 MiB by default) and every exchange has a
+//! connect and a response timeout. Failures are reported by kind through a callback
+//! ([`AdminClient::with_error_callback`]), so this module knows nothing of metrics.
 
 #![forbid(unsafe_code)]
 
@@ -18,16 +20,14 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::http1_client::{Connection, Failure};
 use crate::netns::PodNetns;
 
 /// Envoy's admin address in Istio sidecars.
 pub const DEFAULT_ADMIN_ADDR: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 15000);
-
-/// Largest header block accepted.
-const MAX_HEADER_BYTES: usize = 64 * 1024;
 
 /// Errors of this module, by kind.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +55,14 @@ pub enum Error {
     },
     #[error("Envoy admin at {addr}: malformed response: {reason}")]
     Malformed { addr: SocketAddr, reason: String },
+    #[error("Envoy admin at {addr}: {}connection closed: {reason}", if *.sent { "no complete response, " } else { "" })]
+    Closed {
+        addr: SocketAddr,
+        reason: String,
+        /// The request was written: the answer is missing or cut short (kind `malformed`, as
+        /// for any response that is not a whole HTTP answer); otherwise kind `io`.
+        sent: bool,
+    },
     #[error("Envoy admin at {addr}: I/O error: {source}")]
     Io {
         addr: SocketAddr,
@@ -70,7 +78,8 @@ impl Error {
             Error::Timeout { .. } => "timeout",
             Error::Http { .. } => "http",
             Error::Malformed { .. } => "malformed",
-            Error::Io { .. } => "io",
+            Error::Closed { sent: true, .. } => "malformed",
+            Error::Io { .. } | Error::Closed { .. } => "io",
         }
     }
 
@@ -178,6 +187,9 @@ impl Stats {
 pub struct Response {
     pub status: u16,
     pub body: Vec<u8>,
+    /// No answer came: the connection closed after the request was written. Only
+    /// `POST /quitquitquit` turns that into a success (Envoy exits as asked), with status 0.
+    pub closed_early: bool,
 }
 
 impl Response {
@@ -191,7 +203,23 @@ impl Response {
 pub type Connector =
     Arc<dyn Fn(SocketAddr, Duration) -> std::io::Result<std::net::TcpStream> + Send + Sync>;
 
-/// A client for one Envoy's admin API.
+/// Told the [`Error::kind`] of every failed request that is a real failure (see
+/// [`AdminClient::with_error_callback`]).
+pub type ErrorCallback = Arc<dyn Fn(&'static str) + Send + Sync>;
+
+/// The path that asks Envoy to exit.
+pub const QUIT_PATH: &str = "/quitquitquit";
+
+/// State shared by a client and its clones: the kept-alive connection.
+struct Shared {
+    connection: tokio::sync::Mutex<Option<Connection>>,
+    /// `/quitquitquit` was sent: from then on a refused or closed connection is Envoy doing as
+    /// asked, not a failure to count.
+    quit_sent: AtomicBool,
+}
+
+/// A client for one Envoy's admin API. Clones share one kept-alive connection (requests take
+/// turns on it); a closed or failed connection is replaced on the next request.
 #[derive(Clone)]
 pub struct AdminClient {
     addr: SocketAddr,
@@ -199,12 +227,8 @@ pub struct AdminClient {
     connect_timeout: Duration,
     response_timeout: Duration,
     max_body: usize,
-    errors: Option<
-        prometheus_client::metrics::family::Family<
-            crate::metrics::KindLabel,
-            prometheus_client::metrics::counter::Counter,
-        >,
-    >,
+    on_error: Option<ErrorCallback>,
+    shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for AdminClient {
@@ -251,7 +275,11 @@ impl AdminClient {
             connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(5),
             max_body: 4 << 20,
-            errors: None,
+            on_error: None,
+            shared: Arc::new(Shared {
+                connection: tokio::sync::Mutex::new(None),
+                quit_sent: AtomicBool::new(false),
+            }),
         }
     }
 
@@ -270,6 +298,18 @@ impl AdminClient {
     /// Sets the body cap.
     pub fn with_max_body(mut self, max_body: usize) -> AdminClient {
         self.max_body = max_body;
+        self
+    }
+
+    /// Calls `on_error(kind)` for every failed request that is a real failure, with
+    /// [`Error::kind`] (`connect`, `timeout`, `http`, `malformed`, `io`). Not told: a refused or
+    /// closed connection once `/quitquitquit` was sent (Envoy exiting as asked), and the close
+    /// that answers `/quitquitquit` itself (a success).
+    pub fn with_error_callback(
+        mut self,
+        on_error: impl Fn(&'static str) + Send + Sync + 'static,
+    ) -> AdminClient {
+        self.on_error = Some(Arc::new(on_error));
         self
     }
 
@@ -331,51 +371,132 @@ impl AdminClient {
     }
 
     /// `POST <path>` (e.g. `/drain_listeners?inboundonly&graceful`, `/healthcheck/fail`,
-    /// `/quitquitquit`); any non-2xx status is an error.
+    /// `/quitquitquit`); any non-2xx status is an error. For `/quitquitquit`, a connection closed
+    /// or reset after the request was written is success (`closed_early`): Envoy exits as asked,
+    /// and may do so before its `200 OK` reaches us.
     pub async fn post(&self, path: &str) -> Result<Response> {
         let response = self.request("POST", path).await?;
+        if response.closed_early {
+            return Ok(response);
+        }
         if !(200..300).contains(&response.status) {
             return Err(self.http_error(path, response.status, &response.body));
         }
         Ok(response)
     }
 
-    /// One request on a new connection; any status is returned.
+    /// One request on the kept-alive connection (a new one if there is none, or it closed);
+    /// any status is returned.
     pub async fn request(&self, method: &str, path: &str) -> Result<Response> {
-        let result = self.request_uncounted(method, path).await;
-        if let (Err(e), Some(errors)) = (&result, &self.errors) {
-            errors
-                .get_or_create(&crate::metrics::KindLabel {
-                    kind: e.kind().to_string(),
-                })
-                .inc();
+        let quit = method == "POST" && path == QUIT_PATH;
+        let result = self.request_uncounted(method, path, quit).await;
+        if let (Err(e), Some(on_error)) = (&result, &self.on_error) {
+            let after_quit = self.shared.quit_sent.load(Ordering::Relaxed)
+                && (e.is_refused() || matches!(e, Error::Io { .. } | Error::Closed { .. }));
+            if !after_quit {
+                on_error(e.kind());
+            }
         }
         result
     }
 
-    async fn request_uncounted(&self, method: &str, path: &str) -> Result<Response> {
-        let stream = self.connect().await?;
-        let exchange = self.exchange(stream, method, path);
-        match tokio::time::timeout(self.response_timeout, exchange).await {
-            Ok(result) => result,
-            Err(_) => Err(Error::Timeout {
+    async fn request_uncounted(&self, method: &str, path: &str, quit: bool) -> Result<Response> {
+        let method =
+            hyper::Method::from_bytes(method.as_bytes()).map_err(|e| Error::Malformed {
                 addr: self.addr,
-                what: "response",
-                after: self.response_timeout,
-            }),
+                reason: format!("bad method {method:?}: {e}"),
+            })?;
+        if quit {
+            // From the moment Envoy is asked to exit, its absence (a refused or closed
+            // connection, also for this very request) is the outcome asked for.
+            self.shared.quit_sent.store(true, Ordering::Relaxed);
         }
+        let mut slot = self.shared.connection.lock().await;
+        // At most one retry: a kept-alive connection the peer closed while idle. Only when the
+        // request was not written, or it is a GET (repeating it changes nothing).
+        for attempt in 0..2 {
+            let reused = match slot.as_ref() {
+                Some(c) if !c.is_closed() => true,
+                _ => {
+                    *slot = None;
+                    let stream = self.connect().await?;
+                    let connection = Connection::handshake(stream)
+                        .await
+                        .map_err(|f| self.failure(f, false))?;
+                    *slot = Some(connection);
+                    false
+                }
+            };
+            let Some(connection) = slot.as_mut() else {
+                break;
+            };
+            let host = host_header(self.addr);
+            let exchange = connection.exchange(
+                method.clone(),
+                path,
+                &host,
+                &[("user-agent", "holdfast"), ("accept", "*/*")],
+                self.max_body,
+            );
+            let outcome = tokio::time::timeout(self.response_timeout, exchange).await;
+            let failure = match outcome {
+                Ok(Ok(answer)) => {
+                    return Ok(Response {
+                        status: answer.status.as_u16(),
+                        body: answer.body,
+                        closed_early: false,
+                    })
+                }
+                Ok(Err(failure)) => failure,
+                Err(_) => {
+                    *slot = None;
+                    return Err(Error::Timeout {
+                        addr: self.addr,
+                        what: "response",
+                        after: self.response_timeout,
+                    });
+                }
+            };
+            *slot = None;
+            let retry = attempt == 0
+                && reused
+                && match &failure {
+                    Failure::NotSent(_) => true,
+                    Failure::Closed(_) | Failure::Io(_) => method == hyper::Method::GET && !quit,
+                    Failure::Malformed(_) => false,
+                };
+            if retry {
+                tracing::debug!(addr = %self.addr, %failure, "kept-alive admin connection was closed; retrying on a new one");
+                continue;
+            }
+            if quit && matches!(failure, Failure::Closed(_)) {
+                return Ok(Response {
+                    status: 0,
+                    body: Vec::new(),
+                    closed_early: true,
+                });
+            }
+            return Err(self.failure(failure, true));
+        }
+        Err(Error::Closed {
+            addr: self.addr,
+            reason: "the admin connection closed twice in a row".into(),
+            sent: false,
+        })
     }
 
-    /// Counts every failed request in `errors`, by [`Error::kind`].
-    pub fn with_error_metric(
-        mut self,
-        errors: prometheus_client::metrics::family::Family<
-            crate::metrics::KindLabel,
-            prometheus_client::metrics::counter::Counter,
-        >,
-    ) -> AdminClient {
-        self.errors = Some(errors);
-        self
+    fn failure(&self, failure: Failure, sent: bool) -> Error {
+        let addr = self.addr;
+        match failure {
+            Failure::Malformed(reason) => Error::Malformed { addr, reason },
+            Failure::Closed(reason) => Error::Closed { addr, reason, sent },
+            Failure::NotSent(reason) => Error::Closed {
+                addr,
+                reason,
+                sent: false,
+            },
+            Failure::Io(source) => Error::Io { addr, source },
+        }
     }
 
     fn http_error(&self, path: &str, status: u16, body: &[u8]) -> Error {
@@ -423,256 +544,17 @@ impl AdminClient {
         })?;
         let io = |source| Error::Io { addr, source };
         std_stream.set_nonblocking(true).map_err(io)?;
+        // Requests are small and answered at once: no Nagle delay on the request.
+        let _ = std_stream.set_nodelay(true);
         tokio::net::TcpStream::from_std(std_stream).map_err(io)
     }
-
-    async fn exchange(
-        &self,
-        mut stream: tokio::net::TcpStream,
-        method: &str,
-        path: &str,
-    ) -> Result<Response> {
-        let addr = self.addr;
-        let host = match addr {
-            SocketAddr::V4(v4) => format!("{}:{}", v4.ip(), v4.port()),
-            SocketAddr::V6(v6) => format!("[{}]:{}", v6.ip(), v6.port()),
-        };
-        let length = if method == "POST" {
-            "Content-Length: 0\r\n"
-        } else {
-            ""
-        };
-        let request = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: holdfast\r\nAccept: */*\r\n{length}Connection: close\r\n\r\n"
-        );
-        stream
-            .write_all(request.as_bytes())
-            .await
-            .map_err(|source| Error::Io { addr, source })?;
-        read_response(&mut stream, self.max_body)
-            .await
-            .map_err(|e| match e {
-                ReadError::Io(source) => Error::Io { addr, source },
-                ReadError::Malformed(reason) => Error::Malformed { addr, reason },
-            })
-    }
 }
 
-/// Errors while reading a response, before the address is attached.
-#[derive(Debug)]
-enum ReadError {
-    Io(std::io::Error),
-    Malformed(String),
-}
-
-impl From<std::io::Error> for ReadError {
-    fn from(e: std::io::Error) -> Self {
-        ReadError::Io(e)
-    }
-}
-
-/// Buffered reading over an async stream.
-struct Reader<'a, R> {
-    inner: &'a mut R,
-    buf: Vec<u8>,
-    pos: usize,
-}
-
-impl<R: AsyncRead + Unpin> Reader<'_, R> {
-    /// Reads more into the buffer; `false` at end of stream.
-    async fn fill(&mut self) -> Result<bool, ReadError> {
-        if self.pos > 0 && self.pos == self.buf.len() {
-            self.buf.clear();
-            self.pos = 0;
-        }
-        let mut chunk = [0u8; 16 * 1024];
-        let n = self.inner.read(&mut chunk).await?;
-        self.buf.extend_from_slice(&chunk[..n]);
-        Ok(n > 0)
-    }
-
-    /// A line without its `\r\n` (a bare `\n` is tolerated); `None` at end of stream.
-    async fn line(&mut self, max: usize) -> Result<Option<Vec<u8>>, ReadError> {
-        loop {
-            if let Some(nl) = self.buf[self.pos..].iter().position(|&b| b == b'\n') {
-                let mut line = self.buf[self.pos..self.pos + nl].to_vec();
-                self.pos += nl + 1;
-                if line.last() == Some(&b'\r') {
-                    line.pop();
-                }
-                return Ok(Some(line));
-            }
-            if self.buf.len() - self.pos > max {
-                return Err(ReadError::Malformed(format!(
-                    "line longer than {max} bytes"
-                )));
-            }
-            if !self.fill().await? {
-                return Ok(None);
-            }
-        }
-    }
-
-    /// Exactly `n` bytes, or an error naming what was truncated.
-    async fn exact(&mut self, n: usize, what: &str) -> Result<Vec<u8>, ReadError> {
-        while self.buf.len() - self.pos < n {
-            if !self.fill().await? {
-                return Err(ReadError::Malformed(format!(
-                    "truncated {what}: connection closed after {} of {n} bytes",
-                    self.buf.len() - self.pos
-                )));
-            }
-        }
-        let out = self.buf[self.pos..self.pos + n].to_vec();
-        self.pos += n;
-        Ok(out)
-    }
-
-    /// Everything until the peer closes, at most `max` bytes.
-    async fn read_to_close(&mut self, max: usize) -> Result<Vec<u8>, ReadError> {
-        loop {
-            if self.buf.len() - self.pos > max {
-                return Err(ReadError::Malformed(format!(
-                    "body larger than {max} bytes"
-                )));
-            }
-            if !self.fill().await? {
-                return Ok(self.buf[self.pos..].to_vec());
-            }
-        }
-    }
-}
-
-async fn read_response<R: AsyncRead + Unpin>(
-    stream: &mut R,
-    max_body: usize,
-) -> Result<Response, ReadError> {
-    let mut reader = Reader {
-        inner: stream,
-        buf: Vec::with_capacity(16 * 1024),
-        pos: 0,
-    };
-    let status_line = reader.line(MAX_HEADER_BYTES).await?.ok_or_else(|| {
-        ReadError::Malformed("connection closed before the status line".to_string())
-    })?;
-    let status = parse_status_line(&status_line)?;
-
-    let mut content_length: Option<usize> = None;
-    let mut chunked = false;
-    let mut header_bytes = 0;
-    loop {
-        let line = reader.line(MAX_HEADER_BYTES).await?.ok_or_else(|| {
-            ReadError::Malformed("connection closed inside the headers".to_string())
-        })?;
-        if line.is_empty() {
-            break;
-        }
-        header_bytes += line.len();
-        if header_bytes > MAX_HEADER_BYTES {
-            return Err(ReadError::Malformed(format!(
-                "headers larger than {MAX_HEADER_BYTES} bytes"
-            )));
-        }
-        let line = String::from_utf8_lossy(&line);
-        let Some((name, value)) = line.split_once(':') else {
-            return Err(ReadError::Malformed(format!(
-                "header line without a colon: {:.100}",
-                line
-            )));
-        };
-        let value = value.trim();
-        if name.eq_ignore_ascii_case("content-length") {
-            let length = value
-                .parse::<usize>()
-                .map_err(|_| ReadError::Malformed(format!("bad Content-Length {value:.40}")))?;
-            if content_length.is_some_and(|l| l != length) {
-                return Err(ReadError::Malformed(
-                    "conflicting Content-Length headers".to_string(),
-                ));
-            }
-            content_length = Some(length);
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            chunked = value
-                .rsplit(',')
-                .next()
-                .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
-        }
-    }
-
-    let no_body = status == 204 || status == 304 || (100..200).contains(&status);
-    let body = if no_body {
-        Vec::new()
-    } else if chunked {
-        read_chunked(&mut reader, max_body).await?
-    } else if let Some(length) = content_length {
-        if length > max_body {
-            return Err(ReadError::Malformed(format!(
-                "body of {length} bytes exceeds the {max_body} byte cap"
-            )));
-        }
-        reader.exact(length, "body").await?
-    } else {
-        reader.read_to_close(max_body).await?
-    };
-    Ok(Response { status, body })
-}
-
-fn parse_status_line(line: &[u8]) -> Result<u16, ReadError> {
-    let text = String::from_utf8_lossy(line);
-    let mut parts = text.splitn(3, ' ');
-    let version = parts.next().unwrap_or_default();
-    let code = parts.next().unwrap_or_default();
-    if !version.starts_with("HTTP/1.") {
-        return Err(ReadError::Malformed(format!(
-            "not an HTTP/1.x status line: {:.100}",
-            text
-        )));
-    }
-    match code.parse::<u16>() {
-        Ok(status) if (100..=999).contains(&status) => Ok(status),
-        _ => Err(ReadError::Malformed(format!(
-            "bad status code in: {:.100}",
-            text
-        ))),
-    }
-}
-
-async fn read_chunked<R: AsyncRead + Unpin>(
-    reader: &mut Reader<'_, R>,
-    max_body: usize,
-) -> Result<Vec<u8>, ReadError> {
-    let mut body = Vec::new();
-    loop {
-        let size_line = reader.line(1024).await?.ok_or_else(|| {
-            ReadError::Malformed("truncated chunked body: no chunk size".to_string())
-        })?;
-        let size_text = String::from_utf8_lossy(&size_line);
-        let size_hex = size_text.split(';').next().unwrap_or_default().trim();
-        let size = usize::from_str_radix(size_hex, 16)
-            .map_err(|_| ReadError::Malformed(format!("bad chunk size {size_hex:.40}")))?;
-        if size == 0 {
-            // Trailers until the empty line; a close right after the last chunk is tolerated.
-            while let Some(line) = reader.line(MAX_HEADER_BYTES).await? {
-                if line.is_empty() {
-                    break;
-                }
-            }
-            return Ok(body);
-        }
-        if body.len().saturating_add(size) > max_body {
-            return Err(ReadError::Malformed(format!(
-                "chunked body exceeds the {max_body} byte cap"
-            )));
-        }
-        body.extend(reader.exact(size, "chunk").await?);
-        match reader.line(2).await? {
-            Some(empty) if empty.is_empty() => {}
-            _ => {
-                return Err(ReadError::Malformed(
-                    "chunk not followed by CRLF".to_string(),
-                ))
-            }
-        }
+/// The `Host` header for an address.
+fn host_header(addr: SocketAddr) -> String {
+    match addr {
+        SocketAddr::V4(v4) => format!("{}:{}", v4.ip(), v4.port()),
+        SocketAddr::V6(v6) => format!("[{}]:{}", v6.ip(), v6.port()),
     }
 }
 
@@ -720,32 +602,5 @@ mod tests {
             "downstream_cx_active%24"
         );
         assert_eq!(percent_encode("^a.b|c"), "%5Ea.b%7Cc");
-    }
-
-    #[tokio::test]
-    async fn parses_chunked_and_length() {
-        let mut raw: &[u8] =
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nLIVE\r\n0\r\n\r\n";
-        let r = read_response(&mut raw, 100).await.expect("chunked");
-        assert_eq!((r.status, r.body.as_slice()), (200, &b"LIVE"[..]));
-        let mut raw: &[u8] =
-            b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 8\r\n\r\nDRAINING";
-        let r = read_response(&mut raw, 100).await.expect("length");
-        assert_eq!((r.status, r.text().as_str()), (503, "DRAINING"));
-        let mut raw: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nLIVE";
-        assert!(matches!(
-            read_response(&mut raw, 100).await,
-            Err(ReadError::Malformed(_))
-        ));
-        let mut raw: &[u8] = b"\x00\x01garbage\r\n\r\n";
-        assert!(matches!(
-            read_response(&mut raw, 100).await,
-            Err(ReadError::Malformed(_))
-        ));
-        let mut raw: &[u8] = b"";
-        assert!(matches!(
-            read_response(&mut raw, 100).await,
-            Err(ReadError::Malformed(_))
-        ));
     }
 }

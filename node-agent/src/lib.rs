@@ -21,6 +21,7 @@ pub mod config;
 pub mod envoy_admin;
 pub mod events;
 pub mod hold;
+pub mod http1_client;
 pub mod metrics;
 pub mod netns;
 pub mod pod;

@@ -1,7 +1,7 @@
 //! `holdfast status`: the node's table, read from the agent's status API (`GET /status`).
 //!
 //! This module owns the client side of the status API: parsing `--agent`, one bounded HTTP/1.1
-//! `GET` over a plain `std` TCP stream (the CLI needs no async runtime), decoding the
+//! `GET` on the agent's one HTTP client ([`crate::http1_client`], hyper), decoding the
 //! [`NodeStatus`] JSON, and rendering it as a table that fits an 80-column terminal. Rendering is
 //! pure ([`render_table`], with the clock passed in) so it is tested without an agent; `--watch`
 //! and `--json` are thin loops over the same pieces ([`run`]).
@@ -9,11 +9,12 @@
 //! Exit codes (see [`StatusCliError::exit_code`]): 0 ok, 1 stdout failed, 2 usage, 3 no agent
 //! answers, 4 the agent answered with an error status, 5 the answer was not a status document.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::io::Write;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::agent::drain::{DrainReport, JobReport};
+use crate::http1_client::{Connection, Failure};
 use crate::status::{HoldOutcome, HoldRecord, NodeStatus, Phase, PodStatus};
 
 /// The agent's default `--status-listen`, as a URL.
@@ -165,27 +166,43 @@ impl std::fmt::Display for AgentUrl {
 }
 
 /// `GET /status` from the agent: the body as served, once the status is 200. `timeout` bounds
-/// the whole exchange (connect, send, read).
+/// the whole exchange (connect, send, read). HTTP on hyper, as the agent's admin client
+/// ([`crate::http1_client`]), on a small runtime of its own (the CLI is synchronous).
 pub fn fetch_status_body(agent: &AgentUrl, timeout: Duration) -> Result<String> {
+    let unreachable = |why: String| StatusCliError::Unreachable {
+        url: agent.to_string(),
+        why,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| unreachable(format!("cannot start an async runtime: {e}")))?;
+    runtime.block_on(async {
+        match tokio::time::timeout(timeout, fetch_async(agent, timeout)).await {
+            Ok(result) => result,
+            Err(_) => Err(unreachable(format!("no answer within {timeout:?}"))),
+        }
+    })
+}
+
+async fn fetch_async(agent: &AgentUrl, timeout: Duration) -> Result<String> {
     let path = agent.path("/status");
     let unreachable = |why: String| StatusCliError::Unreachable {
         url: agent.to_string(),
         why,
     };
-    let deadline = Instant::now() + timeout;
-    let addrs: Vec<SocketAddr> = agent
-        .authority
-        .to_socket_addrs()
+    let bad_document = |why: String| StatusCliError::BadDocument {
+        url: agent.to_string(),
+        why,
+    };
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(agent.authority.as_str())
+        .await
         .map_err(|e| unreachable(format!("cannot resolve {}: {e}", agent.authority)))?
         .collect();
     let mut last_err = format!("{} resolves to no address", agent.authority);
     let mut stream = None;
     for addr in addrs {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
-        }
-        match TcpStream::connect_timeout(&addr, left) {
+        match tokio::net::TcpStream::connect(addr).await {
             Ok(s) => {
                 stream = Some(s);
                 break;
@@ -193,183 +210,45 @@ pub fn fetch_status_body(agent: &AgentUrl, timeout: Duration) -> Result<String> 
             Err(e) => last_err = format!("connect to {addr}: {e}"),
         }
     }
-    let mut stream = stream.ok_or_else(|| unreachable(last_err))?;
-    let io = |what: &str, e: std::io::Error| {
-        if matches!(
-            e.kind(),
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-        ) {
-            unreachable(format!("no answer within {timeout:?} while {what}"))
-        } else {
-            unreachable(format!("{what}: {e}"))
+    let stream = stream.ok_or_else(|| unreachable(last_err))?;
+    let failed = |f: Failure| match f {
+        Failure::Malformed(why) => bad_document(why),
+        Failure::Closed(_) | Failure::NotSent(_) => {
+            bad_document("the connection closed without a complete answer".into())
         }
+        Failure::Io(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+            unreachable(format!("no answer within {timeout:?}"))
+        }
+        Failure::Io(e) => unreachable(format!("reading the answer: {e}")),
     };
-    let request = format!(
-        "GET {path} HTTP/1.1\r\nHost: {}\r\nAccept: application/json\r\nUser-Agent: holdfast-status/{}\r\nConnection: close\r\n\r\n",
-        agent.authority,
-        env!("CARGO_PKG_VERSION"),
-    );
-    let left = deadline
-        .saturating_duration_since(Instant::now())
-        .max(Duration::from_millis(1));
-    stream
-        .set_write_timeout(Some(left))
-        .map_err(|e| io("setting a timeout", e))?;
-    stream
-        .write_all(request.as_bytes())
-        .map_err(|e| io("sending the request", e))?;
-    let mut raw = Vec::new();
-    let mut buf = [0u8; 16 * 1024];
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(unreachable(format!(
-                "no complete answer within {timeout:?}"
-            )));
-        }
-        stream
-            .set_read_timeout(Some(left))
-            .map_err(|e| io("setting a timeout", e))?;
-        match stream.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
-                raw.extend_from_slice(&buf[..n]);
-                if raw.len() > MAX_BODY {
-                    return Err(StatusCliError::BadDocument {
-                        url: agent.to_string(),
-                        why: format!("the answer is larger than {} MiB", MAX_BODY >> 20),
-                    });
-                }
-                // Stop as soon as a Content-Length body is complete (a server may keep the
-                // connection open despite `Connection: close`).
-                if let Ok(Some(resp)) = parse_response(&raw) {
-                    if resp.complete {
-                        break;
-                    }
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(io("reading the answer", e)),
-        }
-    }
-    let resp = match parse_response(&raw) {
-        Ok(Some(r)) => r,
-        Ok(None) => {
-            return Err(StatusCliError::BadDocument {
-                url: agent.to_string(),
-                why: if raw.is_empty() {
-                    "the connection closed without an answer".into()
-                } else {
-                    "the HTTP answer ended before its headers did".into()
-                },
-            })
-        }
-        Err(why) => {
-            return Err(StatusCliError::BadDocument {
-                url: agent.to_string(),
-                why,
-            })
-        }
-    };
-    let body = String::from_utf8_lossy(&resp.body).into_owned();
-    if resp.status != 200 {
+    let mut connection = Connection::handshake(stream).await.map_err(failed)?;
+    let user_agent = format!("holdfast-status/{}", env!("CARGO_PKG_VERSION"));
+    let answer = connection
+        .exchange(
+            hyper::Method::GET,
+            &path,
+            &agent.authority,
+            &[("accept", "application/json"), ("user-agent", &user_agent)],
+            MAX_BODY,
+        )
+        .await
+        .map_err(failed)?;
+    let body = String::from_utf8_lossy(&answer.body).into_owned();
+    if answer.status != hyper::StatusCode::OK {
         return Err(StatusCliError::HttpStatus {
             url: agent.to_string(),
             path,
-            status: resp.status_line,
+            status: format!(
+                "{} {}",
+                answer.status.as_u16(),
+                answer.status.canonical_reason().unwrap_or("")
+            )
+            .trim()
+            .to_string(),
             body: truncate(body.trim(), 200),
         });
     }
     Ok(body)
-}
-
-/// An HTTP response as far as the client needs it.
-#[derive(Debug, PartialEq, Eq)]
-struct Response {
-    status: u16,
-    /// e.g. `404 Not Found`.
-    status_line: String,
-    body: Vec<u8>,
-    /// The body is all there (by Content-Length or the last chunk); without either the body
-    /// ends when the connection does.
-    complete: bool,
-}
-
-/// Parses an HTTP/1.x response from `raw`. `Ok(None)` while the headers are incomplete.
-fn parse_response(raw: &[u8]) -> std::result::Result<Option<Response>, String> {
-    let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
-        return Ok(None);
-    };
-    let head = String::from_utf8_lossy(&raw[..end]);
-    let body = &raw[end + 4..];
-    let mut lines = head.split("\r\n");
-    let first = lines.next().unwrap_or_default();
-    let mut parts = first.splitn(2, ' ');
-    let version = parts.next().unwrap_or_default();
-    if !version.starts_with("HTTP/1.") {
-        return Err(format!("not an HTTP/1 answer: {:?}", truncate(first, 60)));
-    }
-    let status_line = parts.next().unwrap_or_default().trim().to_string();
-    let status = status_line
-        .get(..3)
-        .and_then(|s| s.parse::<u16>().ok())
-        .ok_or_else(|| format!("bad HTTP status line {:?}", truncate(first, 60)))?;
-    let mut content_length = None;
-    let mut chunked = false;
-    for line in lines {
-        let Some((name, value)) = line.split_once(':') else {
-            continue;
-        };
-        let value = value.trim();
-        if name.eq_ignore_ascii_case("content-length") {
-            content_length = Some(
-                value
-                    .parse::<usize>()
-                    .map_err(|_| format!("bad Content-Length {value:?}"))?,
-            );
-        } else if name.eq_ignore_ascii_case("transfer-encoding")
-            && value.to_ascii_lowercase().contains("chunked")
-        {
-            chunked = true;
-        }
-    }
-    let (body, complete) = if chunked {
-        decode_chunked(body)?
-    } else if let Some(len) = content_length {
-        (body[..len.min(body.len())].to_vec(), body.len() >= len)
-    } else {
-        (body.to_vec(), false)
-    };
-    Ok(Some(Response {
-        status,
-        status_line,
-        body,
-        complete,
-    }))
-}
-
-/// Decodes a chunked body as far as it goes; `true` once the last (empty) chunk was seen.
-fn decode_chunked(mut data: &[u8]) -> std::result::Result<(Vec<u8>, bool), String> {
-    let mut out = Vec::new();
-    loop {
-        let Some(eol) = data.windows(2).position(|w| w == b"\r\n") else {
-            return Ok((out, false));
-        };
-        let size_text = String::from_utf8_lossy(&data[..eol]);
-        let size_hex = size_text.split(';').next().unwrap_or_default().trim();
-        let size = usize::from_str_radix(size_hex, 16)
-            .map_err(|_| format!("bad chunk size {:?}", truncate(size_hex, 20)))?;
-        data = &data[eol + 2..];
-        if size == 0 {
-            return Ok((out, true));
-        }
-        if data.len() < size {
-            out.extend_from_slice(data);
-            return Ok((out, false));
-        }
-        out.extend_from_slice(&data[..size]);
-        data = data.get(size + 2..).unwrap_or_default();
-    }
 }
 
 /// Decodes a `/status` body.
@@ -565,7 +444,8 @@ pub fn render_table(status: &NodeStatus, now: SystemTime) -> String {
         &mut out,
         &format!(
             "node {}, holdfast {}, {pods}",
-            status.node, status.agent_version
+            escape_controls(&status.node),
+            escape_controls(&status.agent_version)
         ),
     );
     if status.pods.is_empty() {
@@ -583,7 +463,10 @@ pub fn render_table(status: &NodeStatus, now: SystemTime) -> String {
             &mut out,
             &format!(
                 "{:POD_W$} {:PHASE_W$} {:HELD_W$} {:RELEASE_W$} {}",
-                fit_middle(&format!("{}/{}", pod.namespace, pod.name), POD_W),
+                fit_middle(
+                    &escape_controls(&format!("{}/{}", pod.namespace, pod.name)),
+                    POD_W
+                ),
                 phase_label(pod.phase),
                 fit_end(&held_cell(pod.hold.as_ref(), now), HELD_W),
                 fit_end(&release_cell(pod.hold.as_ref()), RELEASE_W),
@@ -711,9 +594,38 @@ fn wrap_limited(text: &str, width: usize, max_lines: usize) -> Vec<String> {
     lines
 }
 
+/// `s` with every character that a terminal could act on written as an escape (`\x1b`,
+/// `\u{9b}`): C0 controls (ESC, BEL, CR, ...), DEL, C1 controls (CSI, OSC, ...) and the Unicode
+/// bidirectional overrides. Pod names, reasons and errors come from the cluster and Envoy: printed
+/// raw, an OSC or CSI sequence in them would rewrite the operator's terminal (issue 11).
+pub fn escape_controls(s: &str) -> String {
+    if !s.chars().any(needs_escape) {
+        return s.to_string();
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if needs_escape(c) {
+            let n = c as u32;
+            if n <= 0xff {
+                out.push_str(&format!("\\x{n:02x}"));
+            } else {
+                out.push_str(&format!("\\u{{{n:x}}}"));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
 /// Collapses whitespace (newlines included) so a message stays on its line.
 fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
+    escape_controls(&s.split_whitespace().collect::<Vec<_>>().join(" "))
 }
 
 /// A duration in at most 6 characters: `340ms`, `2.1s`, `75s`, `12m`, `5h`.
@@ -743,7 +655,9 @@ pub fn short_ms(ms: f64) -> String {
     } else if ms < 1000.0 {
         format!("{ms:.0}ms")
     } else {
-        short_duration(Duration::from_secs_f64(ms / 1e3))
+        // The value comes from a served document: a huge one (1e300) must not panic
+        // (`Duration::from_secs_f64` would).
+        Duration::try_from_secs_f64(ms / 1e3).map_or_else(|_| "?".into(), short_duration)
     }
 }
 
@@ -789,7 +703,7 @@ fn wrap(text: &str, width: usize) -> String {
     let mut out = String::new();
     let mut line = String::new();
     for word in text.split_whitespace() {
-        let word = fit_end(word, width);
+        let word = fit_end(&escape_controls(word), width);
         if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > width {
             out.push_str(&line);
             out.push('\n');
@@ -813,6 +727,7 @@ mod tests {
     use crate::agent::drain::{
         DrainOutcome, FilterCounts, IdleReason, JobOutcome, QuitReason, TimestampMeaning,
     };
+    use std::io::Read;
     use std::net::TcpListener;
 
     fn t(secs: u64) -> SystemTime {
@@ -1102,31 +1017,6 @@ mod tests {
         }
     }
 
-    #[test]
-    fn http_responses() {
-        let r = parse_response(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello")
-            .expect("ok")
-            .expect("some");
-        assert_eq!(
-            (r.status, r.body.as_slice(), r.complete),
-            (200, &b"hello"[..], true)
-        );
-        let r = parse_response(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhel")
-            .expect("ok")
-            .expect("some");
-        assert!(!r.complete);
-        let r = parse_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
-            .expect("ok")
-            .expect("some");
-        assert_eq!((r.body.as_slice(), r.complete), (&b"hello world"[..], true));
-        assert_eq!(parse_response(b"HTTP/1.1 200 OK\r\n").expect("ok"), None);
-        assert!(parse_response(b"SSH-2.0-OpenSSH\r\n\r\n").is_err());
-        let r = parse_response(b"HTTP/1.1 404 Not Found\r\n\r\nnope")
-            .expect("ok")
-            .expect("some");
-        assert_eq!((r.status, r.status_line.as_str()), (404, "404 Not Found"));
-    }
-
     /// Serves one canned answer on a local port; returns the agent URL.
     fn serve_once(answer: &'static [u8]) -> AgentUrl {
         let l = TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -1194,6 +1084,99 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(2));
         assert!(e.to_string().contains("no answer within"), "{e}");
         drop(l);
+    }
+
+    #[test]
+    fn huge_or_negative_release_times_from_the_wire_do_not_panic() {
+        // 1e300 ms overflows Duration: `Duration::from_secs_f64` panicked here.
+        let mut s = fixture();
+        if let Some(h) = &mut s.pods[0].hold {
+            h.ready_to_release_ms = Some(1e300);
+        }
+        if let Some(h) = &mut s.pods[1].hold {
+            h.ready_to_release_ms = Some(-5.0);
+        }
+        let body = serde_json::to_string(&s).expect("json");
+        assert!(body.contains("1e+300"), "{body}");
+        let answer: &'static [u8] = Box::leak(
+            format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .into_bytes()
+            .into_boxed_slice(),
+        );
+        let served = fetch_status(&serve_once(answer), Duration::from_secs(2)).expect("a status");
+        let table = render_table(&served, t(3));
+        let row = |name: &str| {
+            table
+                .lines()
+                .find(|l| l.contains(name))
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert!(row("fetch-config").contains(" ? "), "{table}");
+        assert!(row("slow-starter").contains(" ? "), "{table}");
+        assert_eq!(short_ms(1e300), "?");
+        assert_eq!(short_ms(f64::INFINITY), "?");
+        assert_eq!(short_ms(-0.5), "?");
+    }
+
+    #[test]
+    fn terminal_control_characters_are_escaped() {
+        let mut s = fixture();
+        s.node = "worker\x07-1".into();
+        // OSC (set the window title), CSI via ESC and via C1, and a bidi override.
+        s.pods[0].name = "w\x1b]0;o\x07".into();
+        s.pods[1].last_error = Some("boom \x1b[2J\u{9b}31m red \u{202e}txt \x00 \x7f".into());
+        if let Some(d) = &mut s.pods[4].drain {
+            d.advice = Some("advice with \x1b[1m bold".into());
+        }
+        let table = render_table(&s, t(3));
+        println!("{table}");
+        assert!(
+            table.chars().all(|c| c == '\n' || !needs_escape(c)),
+            "a control character reached the table: {table:?}"
+        );
+        assert!(table.contains("worker\\x07-1"), "{table}");
+        assert!(table.contains("default/w\\x1b]0;o\\x07 "), "{table}");
+        assert!(table.contains("\\x1b[2J\\x9b31m"), "{table}");
+        assert!(table.contains("\\u{202e}txt"), "{table}");
+        assert!(table.contains("\\x1b[1m"), "{table}");
+        assert_eq!(escape_controls("plain ünïcode"), "plain ünïcode");
+        // Through --agent too: an error body from a wrong service is escaped.
+        let e = fetch_status_body(
+            &serve_once(b"HTTP/1.1 500 Oops\r\ncontent-length: 6\r\n\r\n\x1b]0;x"),
+            Duration::from_secs(2),
+        )
+        .expect_err("500");
+        assert!(!e.to_string().contains('\x1b'), "{e}");
+    }
+
+    #[test]
+    fn chunked_and_malformed_answers() {
+        let body = serde_json::to_string(&fixture()).expect("json");
+        let (a, b) = body.split_at(body.len() / 2);
+        let answer: &'static [u8] = Box::leak(
+            format!(
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{a}\r\n{:x}\r\n{b}\r\n0\r\n\r\n",
+                a.len(),
+                b.len()
+            )
+            .into_bytes()
+            .into_boxed_slice(),
+        );
+        let s = fetch_status(&serve_once(answer), Duration::from_secs(2)).expect("chunked");
+        assert_eq!(s.pods.len(), 7);
+        for garbage in [
+            &b"SSH-2.0-OpenSSH\r\n\r\n"[..],
+            b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{}",
+            b"",
+        ] {
+            let e = fetch_status_body(&serve_once(garbage), Duration::from_secs(2))
+                .expect_err("garbage");
+            assert_eq!(e.exit_code(), 5, "{e}");
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,23 +23,52 @@ enum Behavior {
     Silent,
     /// 426 to HTTP/1.0 requests, as Envoy's admin does; `LIVE` to HTTP/1.1.
     RejectHttp10,
+    /// `LIVE` to every request, on the same connection (HTTP/1.1 keep-alive, as Envoy's admin).
+    KeepAlive,
 }
 
 struct FakeServer {
     addr: SocketAddr,
     requests: Arc<Mutex<Vec<String>>>,
+    connections: Arc<AtomicUsize>,
 }
 
 async fn fake(behavior: Behavior) -> Result<FakeServer> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let requests = Arc::new(Mutex::new(Vec::new()));
+    let connections = Arc::new(AtomicUsize::new(0));
     let seen = requests.clone();
+    let accepted = connections.clone();
     tokio::spawn(async move {
         while let Ok((mut stream, _)) = listener.accept().await {
+            accepted.fetch_add(1, Ordering::SeqCst);
             let behavior = behavior.clone();
             let seen = seen.clone();
             tokio::spawn(async move {
+                if let Behavior::KeepAlive = behavior {
+                    let mut pending = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    loop {
+                        while let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let request: Vec<u8> = pending.drain(..end + 4).collect();
+                            seen.lock()
+                                .expect("lock")
+                                .push(String::from_utf8_lossy(&request).into_owned());
+                            if stream
+                                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nLIVE\n")
+                                .await
+                                .is_err()
+                            {
+                                return;
+                            }
+                        }
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => pending.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                }
                 let mut request = Vec::new();
                 let mut buf = [0u8; 4096];
                 while !request.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -72,11 +102,16 @@ async fn fake(behavior: Behavior) -> Result<FakeServer> {
                         };
                         let _ = stream.write_all(response).await;
                     }
+                    Behavior::KeepAlive => {}
                 }
             });
         }
     });
-    Ok(FakeServer { addr, requests })
+    Ok(FakeServer {
+        addr,
+        requests,
+        connections,
+    })
 }
 
 fn client(addr: SocketAddr) -> AdminClient {
@@ -100,8 +135,8 @@ async fn ready_states_and_request_shape() -> Result<()> {
         "request: {request:?}"
     );
     ensure!(
-        request.contains("Connection: close\r\n"),
-        "request: {request:?}"
+        !request.to_ascii_lowercase().contains("connection: close"),
+        "the client keeps its connection: {request:?}"
     );
 
     let draining = fake(once(
@@ -126,6 +161,77 @@ async fn ready_states_and_request_shape() -> Result<()> {
     ensure!(
         request.contains("Content-Length: 0\r\n"),
         "request: {request:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn one_kept_alive_connection_and_a_new_one_when_it_closes() -> Result<()> {
+    let server = fake(Behavior::KeepAlive).await?;
+    let admin = client(server.addr);
+    let clone = admin.clone();
+    for _ in 0..5 {
+        ensure!(admin.ready().await? == ServerState::Live);
+        ensure!(clone.ready().await? == ServerState::Live);
+    }
+    ensure!(server.requests.lock().expect("lock").len() == 10);
+    ensure!(
+        server.connections.load(Ordering::SeqCst) == 1,
+        "{} connections for 10 requests",
+        server.connections.load(Ordering::SeqCst)
+    );
+
+    // A server that closes after each answer: every request still succeeds, on a new connection.
+    let closing = fake(once(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nLIVE\n")).await?;
+    let admin = client(closing.addr);
+    for _ in 0..3 {
+        ensure!(admin.ready().await? == ServerState::Live);
+        // Give the close time to arrive, and also test the race where it has not yet.
+    }
+    ensure!(closing.connections.load(Ordering::SeqCst) >= 3);
+    Ok(())
+}
+
+#[tokio::test]
+async fn quit_answered_by_a_close_is_success_and_not_an_error() -> Result<()> {
+    let kinds = Arc::new(Mutex::new(Vec::<&'static str>::new()));
+    let counted = |admin: holdfast::envoy_admin::AdminClient| {
+        let kinds = kinds.clone();
+        admin.with_error_callback(move |kind| kinds.lock().expect("lock").push(kind))
+    };
+    // Reads the request, closes without a word (Envoy exiting before its 200 is written).
+    let closes = fake(once(b"")).await?;
+    let admin = counted(client(closes.addr));
+    let response = admin.post("/quitquitquit").await?;
+    ensure!(response.closed_early, "{response:?}");
+    ensure!(kinds.lock().expect("lock").is_empty(), "{kinds:?}");
+    ensure!(closes.requests.lock().expect("lock")[0].starts_with("POST /quitquitquit HTTP/1.1\r\n"));
+
+    // The same close for another request (on a client that sent no quit) is a failure,
+    // counted once by kind.
+    let err = counted(client(closes.addr))
+        .post("/healthcheck/fail")
+        .await
+        .expect_err("no answer");
+    ensure!(err.kind() == "malformed", "{err}");
+    ensure!(*kinds.lock().expect("lock") == ["malformed"], "{kinds:?}");
+
+    // After the quit, Envoy gone (refused) is what was asked for: returned, not counted.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let gone = counted(client(port));
+    let err = gone.ready().await.expect_err("refused");
+    ensure!(err.is_refused());
+    ensure!(
+        kinds.lock().expect("lock").len() == 2,
+        "refused before a quit counts: {kinds:?}"
+    );
+    let err = gone.post("/quitquitquit").await.expect_err("refused quit");
+    ensure!(err.is_refused(), "{err}");
+    let err = gone.ready().await.expect_err("refused");
+    ensure!(err.is_refused());
+    ensure!(
+        *kinds.lock().expect("lock") == ["malformed", "connect"],
+        "only the refusal before the quit counts: {kinds:?}"
     );
     Ok(())
 }
@@ -448,7 +554,14 @@ async fn real_envoy_ready_stats_healthcheck_quit() -> Result<()> {
         return Ok(());
     };
     let (mut envoy, addr) = Envoy::start(&binary, "local", None, 0)?;
-    let admin = AdminClient::local(addr);
+    // A normal life (ready, stats, health check failed, quit, gone) counts no admin error:
+    // neither the quit's own close nor the refusal that confirms Envoy exited.
+    let counted = Arc::new(AtomicUsize::new(0));
+    let errors = counted.clone();
+    let admin = AdminClient::local(addr).with_error_callback(move |kind| {
+        eprintln!("admin error counted: {kind}");
+        errors.fetch_add(1, Ordering::SeqCst);
+    });
     let mut state = admin.ready().await?;
     let deadline = Instant::now() + Duration::from_secs(10);
     while !state.is_live() && Instant::now() < deadline {
@@ -495,6 +608,10 @@ async fn real_envoy_ready_stats_healthcheck_quit() -> Result<()> {
     ensure!(status.success(), "envoy exit {status}");
     let err = admin.ready().await.expect_err("envoy is gone");
     ensure!(err.is_refused(), "{err}");
+    ensure!(
+        counted.load(Ordering::SeqCst) == 0,
+        "admin errors counted on a normal life"
+    );
     Ok(())
 }
 

@@ -1,20 +1,43 @@
 //! When is a pod's proxy ready to take the app's connections?
 //!
-//! Ready means all of: both capture ports are in LISTEN state in the pod's network namespace
-//! (read from procfs, which costs Envoy nothing — checked first, every poll), Envoy's `/ready`
-//! says LIVE, and — when the holdfast filter is required or present — the filter reports
-//! `loaded`. The admin API is only asked once the ports listen, so a waiting pod does not load
-//! its starting Envoy with requests.
+//! Ready means all of:
+//! 1. both capture ports have a TCP socket in LISTEN state in the pod's network namespace (and,
+//!    when a DNS capture port is given, a TCP listener **and** a bound UDP socket on it:
+//!    pilot-agent's DNS proxy serves both). Asked of the kernel through `sock_diag`
+//!    ([`SockDiag`], a netlink socket made once inside the pod's netns), which costs
+//!    microseconds, unlike `/proc/<pid>/net/tcp` which walks the whole established table. Checked
+//!    first, every poll;
+//! 2. then one `GET /stats?filter=...` on the kept-alive admin connection returns Envoy's
+//!    `server.state` (0 = LIVE), `server.concurrency` (worker threads) and the filter's gauges,
+//!    decided by the pure [`decide`]: LIVE, and the filter configured on every worker.
+//!
+//! The admin API is only asked once the ports listen, so a waiting pod does not load its
+//! starting Envoy with requests, and the first request after that reuses one connection.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{HoldSettings, ProxyConfig};
-use crate::envoy_admin::{AdminClient, ServerState};
+use crate::envoy_admin::{AdminClient, ErrorCallback, Stats};
 use crate::netns::PodNetns;
+use crate::procfs_pods::sock_diag::SockDiag;
 use crate::procfs_pods::sockets::listening_ports_in_netns;
 
-/// Stat the filter sets to 1 once configured (`holdfast.loaded` in the filter's namespace).
+/// The filter's stat prefix as `/stats` shows it by default (the filter's `holdfast` inside
+/// Envoy's `wasmcustom.` namespace; `DrainSettings.stat_prefix` has the configured one).
+pub const DEFAULT_STAT_PREFIX: &str = crate::agent::drain::DEFAULT_STAT_PREFIX;
+
+/// Stat the filter sets to 1 once configured, with the default prefix (older filters' only
+/// readiness signal; one gauge shared by every VM, so set by the main thread's canary too).
 pub const FILTER_LOADED_STAT: &str = "wasmcustom.holdfast.loaded";
+
+/// Envoy's server state gauge (`envoy/docs/root/configuration/observability/statistics.rst`:
+/// "state, Gauge, Current State of the Server"; `admin.v3.ServerInfo.State`: LIVE = 0,
+/// DRAINING = 1, PRE_INITIALIZING = 2, INITIALIZING = 3).
+pub const SERVER_STATE_STAT: &str = "server.state";
+
+/// Envoy's worker-thread count (same document: "concurrency, Gauge, Number of worker threads").
+pub const SERVER_CONCURRENCY_STAT: &str = "server.concurrency";
 
 /// Timeout of one admin request during the hold; the next poll retries.
 const ADMIN_TIMEOUT: Duration = Duration::from_millis(500);
@@ -22,39 +45,126 @@ const ADMIN_TIMEOUT: Duration = Duration::from_millis(500);
 /// One readiness observation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Readiness {
-    /// Capture ports are not listening yet.
+    /// Capture ports (or the DNS port, when asked) are not listening yet.
     PortsClosed,
     /// Ports listen but Envoy is not LIVE (or its admin did not answer).
     NotLive,
-    /// LIVE, but the holdfast filter has not reported `loaded`.
+    /// LIVE, but the holdfast filter is not configured on every worker yet.
     FilterNotLoaded,
     /// Ready for traffic.
     Ready,
 }
 
+/// What a probe needs beyond the netns and the proxy's ports.
+#[derive(Clone, Default)]
+pub struct ProbeOptions {
+    /// The filter's stat prefix as `/stats` shows it (`DrainSettings.stat_prefix`); empty means
+    /// [`DEFAULT_STAT_PREFIX`].
+    pub stat_prefix: String,
+    /// pilot-agent's DNS capture port (15053) when the pod's DNS is captured: ready then also
+    /// needs a TCP listener and a bound UDP socket on it.
+    pub dns_port: Option<u16>,
+    /// Told the kind of each failed admin request (see
+    /// [`AdminClient::with_error_callback`]).
+    pub on_admin_error: Option<ErrorCallback>,
+}
+
+impl From<&crate::metrics::Metrics> for ProbeOptions {
+    /// Default prefix, no DNS port, admin errors counted in `holdfast_admin_errors_total`
+    /// (the call `agent/pod_task.rs` makes today).
+    fn from(metrics: &crate::metrics::Metrics) -> Self {
+        let errors = metrics.admin_errors.clone();
+        ProbeOptions {
+            stat_prefix: DEFAULT_STAT_PREFIX.to_string(),
+            dns_port: None,
+            on_admin_error: Some(Arc::new(move |kind: &'static str| {
+                errors
+                    .get_or_create(&crate::metrics::KindLabel {
+                        kind: kind.to_string(),
+                    })
+                    .inc();
+            })),
+        }
+    }
+}
+
+impl AdminClient {
+    /// Counts failed requests in `holdfast_admin_errors_total{kind}`. A bridge for the callers
+    /// that still pass the Prometheus family; new code passes a closure to
+    /// [`AdminClient::with_error_callback`].
+    pub fn with_error_metric(
+        self,
+        errors: prometheus_client::metrics::family::Family<
+            crate::metrics::KindLabel,
+            prometheus_client::metrics::counter::Counter,
+        >,
+    ) -> AdminClient {
+        self.with_error_callback(move |kind| {
+            errors
+                .get_or_create(&crate::metrics::KindLabel {
+                    kind: kind.to_string(),
+                })
+                .inc();
+        })
+    }
+}
+
+/// How the listening sockets are read.
+enum Sockets {
+    /// sock_diag through a netlink socket made in the pod's netns.
+    Diag(SockDiag),
+    /// `/proc/thread-self/net/tcp{,6}` by a thread entering the netns: only when no sock_diag
+    /// socket could be made (a kernel without `CONFIG_INET_DIAG`).
+    Procfs(Arc<PodNetns>),
+}
+
 /// Probes one pod's proxy.
 pub struct ReadinessProbe {
     admin: AdminClient,
-    netns: std::sync::Arc<PodNetns>,
+    sockets: Sockets,
     proxy: ProxyConfig,
     require_filter: bool,
+    stat_prefix: String,
+    stats_filter: String,
+    dns_port: Option<u16>,
 }
 
 impl ReadinessProbe {
+    /// A probe for the pod in `netns`. `options` takes a [`ProbeOptions`] (or, for today's
+    /// caller, `&Metrics`: default prefix, no DNS port).
     pub fn new(
         netns: &PodNetns,
         admin_addr: std::net::SocketAddr,
         proxy: &ProxyConfig,
         hold: &HoldSettings,
-        metrics: &crate::metrics::Metrics,
+        options: impl Into<ProbeOptions>,
     ) -> crate::netns::Result<Self> {
+        let options = options.into();
+        let mut admin =
+            AdminClient::in_netns(netns.try_clone()?, admin_addr).with_timeout(ADMIN_TIMEOUT);
+        if let Some(on_error) = options.on_admin_error {
+            admin = admin.with_error_callback(move |kind| on_error(kind));
+        }
+        let sockets = match SockDiag::open_in(netns) {
+            Ok(diag) => Sockets::Diag(diag),
+            Err(e) => {
+                tracing::warn!(netns = ?netns.id(), error = %e, "sock_diag unavailable; reading the pod's listeners from procfs (slower)");
+                Sockets::Procfs(Arc::new(netns.try_clone()?))
+            }
+        };
+        let stat_prefix = if options.stat_prefix.is_empty() {
+            DEFAULT_STAT_PREFIX.to_string()
+        } else {
+            options.stat_prefix
+        };
         Ok(Self {
-            admin: AdminClient::in_netns(netns.try_clone()?, admin_addr)
-                .with_timeout(ADMIN_TIMEOUT)
-                .with_error_metric(metrics.admin_errors.clone()),
-            netns: std::sync::Arc::new(netns.try_clone()?),
+            admin,
+            sockets,
             proxy: proxy.clone(),
             require_filter: hold.require_filter,
+            stats_filter: stats_filter(&stat_prefix),
+            stat_prefix,
+            dns_port: options.dns_port,
         })
     }
 
@@ -66,40 +176,157 @@ impl ReadinessProbe {
     /// One observation, made through the pod's network namespace (no pid is pinned: the
     /// process the netns was found through may be gone).
     pub async fn check(&self) -> Readiness {
-        let (netns, outbound, inbound) = (
-            self.netns.clone(),
-            self.proxy.outbound_port,
-            self.proxy.inbound_port,
-        );
-        let listening = tokio::task::spawn_blocking(move || {
-            listening_ports_in_netns(&netns)
-                .map(|ports| ports.contains(&outbound) && ports.contains(&inbound))
-                .unwrap_or(false)
-        })
-        .await
-        .unwrap_or(false);
-        if !listening {
+        if !self.ports_ready().await {
             return Readiness::PortsClosed;
         }
-        match self.admin.ready().await {
-            Ok(ServerState::Live) => {}
-            _ => return Readiness::NotLive,
+        match self.admin.stats(Some(&self.stats_filter)).await {
+            Ok(stats) => decide(&stats, &self.stat_prefix, self.require_filter),
+            // No answer: not known to be LIVE; the next poll asks again.
+            Err(_) => Readiness::NotLive,
         }
-        match self
-            .admin
-            .stats(Some("^wasmcustom\\.holdfast\\.loaded$"))
-            .await
-        {
-            Ok(stats) => match stats.get(FILTER_LOADED_STAT) {
-                Some(1) => Readiness::Ready,
-                // The filter is installed but not configured yet.
-                Some(_) => Readiness::FilterNotLoaded,
-                None if self.require_filter => Readiness::FilterNotLoaded,
-                None => Readiness::Ready,
+    }
+
+    async fn ports_ready(&self) -> bool {
+        let mut wanted = vec![self.proxy.outbound_port, self.proxy.inbound_port];
+        wanted.extend(self.dns_port);
+        let tcp = match &self.sockets {
+            Sockets::Diag(diag) => match diag.tcp_listening_ports() {
+                Ok(ports) => Ok(ports),
+                Err(e) => Err(e.to_string()),
             },
-            Err(_) if self.require_filter => Readiness::FilterNotLoaded,
-            // LIVE and listening: a stats hiccup must not keep the app's connections waiting.
-            Err(_) => Readiness::Ready,
+            Sockets::Procfs(netns) => {
+                let netns = netns.clone();
+                tokio::task::spawn_blocking(move || {
+                    listening_ports_in_netns(&netns).map_err(|e| e.to_string())
+                })
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()))
+            }
+        };
+        let tcp = match tcp {
+            Ok(ports) => ports,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot list the pod's listeners");
+                return false;
+            }
+        };
+        if !wanted.iter().all(|p| tcp.contains(p)) {
+            return false;
         }
+        let (Some(dns), Sockets::Diag(diag)) = (self.dns_port, &self.sockets) else {
+            return true;
+        };
+        match diag.udp_bound_ports() {
+            Ok(udp) => udp.contains(&dns),
+            Err(e) => {
+                // Fail open: a kernel without UDP sock_diag must not hold the pod to the
+                // deadline; the TCP listener on the DNS port is then the signal.
+                tracing::debug!(error = %e, "cannot list the pod's UDP sockets; DNS judged by its TCP listener");
+                true
+            }
+        }
+    }
+}
+
+/// The `/stats?filter=` regex (RE2) that returns everything [`decide`] reads, in one request.
+pub fn stats_filter(stat_prefix: &str) -> String {
+    format!(
+        "^(server\\.(state|concurrency)|{}\\.(workers_ready|loaded))$",
+        regex_escape(stat_prefix)
+    )
+}
+
+/// The decision, from one `/stats` answer:
+/// - `server.state` must be 0 (LIVE); absent or another state: [`Readiness::NotLive`].
+/// - `<prefix>.workers_ready` (filters that count configured worker VMs, main thread excluded)
+///   must reach `server.concurrency`: every worker runs the filter for its connections.
+///   Without `server.concurrency` (not seen in Envoy since it was added, kept as a safe
+///   default) one configured worker is enough.
+/// - Else `<prefix>.loaded` (older filters): must be 1.
+/// - No filter stat at all: the filter is not installed; ready unless `require_filter`.
+pub fn decide(stats: &Stats, stat_prefix: &str, require_filter: bool) -> Readiness {
+    if stats.get(SERVER_STATE_STAT) != Some(0) {
+        return Readiness::NotLive;
+    }
+    let workers_ready = stats.get(&format!("{stat_prefix}.workers_ready"));
+    let loaded = stats.get(&format!("{stat_prefix}.loaded"));
+    let filter_ready = match (workers_ready, loaded) {
+        (Some(workers), _) => match stats.get(SERVER_CONCURRENCY_STAT) {
+            Some(concurrency) => workers >= concurrency,
+            None => workers >= 1,
+        },
+        (None, Some(loaded)) => loaded == 1,
+        (None, None) => !require_filter,
+    };
+    if filter_ready {
+        Readiness::Ready
+    } else {
+        Readiness::FilterNotLoaded
+    }
+}
+
+/// Escapes regex metacharacters (Envoy's `/stats?filter=` is an RE2 regex).
+fn regex_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 4);
+    for c in s.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(lines: &str) -> Stats {
+        Stats::parse(lines)
+    }
+
+    const P: &str = "wasmcustom.holdfast";
+
+    #[test]
+    fn decision_table() {
+        use Readiness::*;
+        let cases: &[(&str, bool, Readiness)] = &[
+            // Not LIVE: whatever the filter says.
+            ("server.state: 2\nwasmcustom.holdfast.workers_ready: 2\nserver.concurrency: 2\n", false, NotLive),
+            ("server.state: 1\n", false, NotLive),
+            ("wasmcustom.holdfast.loaded: 1\n", false, NotLive),
+            // Per-worker count against Envoy's concurrency.
+            ("server.state: 0\nserver.concurrency: 2\nwasmcustom.holdfast.workers_ready: 1\n", false, FilterNotLoaded),
+            ("server.state: 0\nserver.concurrency: 2\nwasmcustom.holdfast.workers_ready: 2\nwasmcustom.holdfast.loaded: 1\n", false, Ready),
+            ("server.state: 0\nserver.concurrency: 2\nwasmcustom.holdfast.workers_ready: 0\nwasmcustom.holdfast.loaded: 1\n", true, FilterNotLoaded),
+            ("server.state: 0\nwasmcustom.holdfast.workers_ready: 1\n", true, Ready),
+            ("server.state: 0\nwasmcustom.holdfast.workers_ready: 0\n", false, FilterNotLoaded),
+            // Older filter: `loaded` only.
+            ("server.state: 0\nserver.concurrency: 2\nwasmcustom.holdfast.loaded: 1\n", true, Ready),
+            ("server.state: 0\nserver.concurrency: 2\nwasmcustom.holdfast.loaded: 0\n", false, FilterNotLoaded),
+            // No filter.
+            ("server.state: 0\nserver.concurrency: 2\n", false, Ready),
+            ("server.state: 0\nserver.concurrency: 2\n", true, FilterNotLoaded),
+            // Another prefix's stats do not count.
+            ("server.state: 0\nserver.concurrency: 1\nwasmcustom.other.workers_ready: 1\n", true, FilterNotLoaded),
+        ];
+        for (text, require, expected) in cases {
+            assert_eq!(
+                decide(&stats(text), P, *require),
+                *expected,
+                "require_filter {require}: {text:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn honours_the_configured_prefix() {
+        let s = stats("server.state: 0\nserver.concurrency: 1\nwasmcustom.hf_2.workers_ready: 1\n");
+        assert_eq!(decide(&s, "wasmcustom.hf_2", true), Readiness::Ready);
+        assert_eq!(decide(&s, P, true), Readiness::FilterNotLoaded);
+        assert_eq!(
+            stats_filter("wasmcustom.hf_2"),
+            "^(server\\.(state|concurrency)|wasmcustom\\.hf_2\\.(workers_ready|loaded))$"
+        );
     }
 }
