@@ -229,15 +229,24 @@ impl ReadinessProbe {
 }
 
 /// The `/stats?filter=` regex (RE2) that returns everything [`decide`] reads, in one request.
+/// Envoy's gauge that turns 1 when its worker threads have started (initialisation done).
+pub const WORKERS_STARTED_STAT: &str = "listener_manager.workers_started";
+
 pub fn stats_filter(stat_prefix: &str) -> String {
     format!(
-        "^(server\\.(state|concurrency)|{}\\.(workers_ready|loaded))$",
+        "^(server\\.(state|concurrency)|listener_manager\\.workers_started|{}\\.(workers_ready|loaded))$",
         regex_escape(stat_prefix)
     )
 }
 
 /// The decision, from one `/stats` answer:
-/// - `server.state` must be 0 (LIVE); absent or another state: [`Readiness::NotLive`].
+/// - `server.state` must be 0 (LIVE) **and** `listener_manager.workers_started` 1; absent or
+///   anything else: [`Readiness::NotLive`]. `server.state` alone is not enough: Envoy refreshes
+///   that gauge on its stats flush, so it reads 0 while `/ready` still answers PRE_INITIALIZING
+///   (seen with Envoy 1.40 while CDS was pending). `workers_started` is set when the workers
+///   start, which is when initialisation is done. Readiness probes in the field read both for
+///   this reason (the Envoy project's Go `probe.IsReady`: "server state must be 0", "workers
+///   started must be 1"; Istio's pilot-agent readiness check likewise).
 /// - `<prefix>.workers_ready` (filters that count configured worker VMs, main thread excluded)
 ///   must reach `server.concurrency`: every worker runs the filter for its connections.
 ///   Without `server.concurrency` (not seen in Envoy since it was added, kept as a safe
@@ -245,7 +254,7 @@ pub fn stats_filter(stat_prefix: &str) -> String {
 /// - Else `<prefix>.loaded` (older filters): must be 1.
 /// - No filter stat at all: the filter is not installed; ready unless `require_filter`.
 pub fn decide(stats: &Stats, stat_prefix: &str, require_filter: bool) -> Readiness {
-    if stats.get(SERVER_STATE_STAT) != Some(0) {
+    if stats.get(SERVER_STATE_STAT) != Some(0) || stats.get(WORKERS_STARTED_STAT) != Some(1) {
         return Readiness::NotLive;
     }
     let workers_ready = stats.get(&format!("{stat_prefix}.workers_ready"));
@@ -296,19 +305,19 @@ mod tests {
             ("server.state: 1\n", false, NotLive),
             ("wasmcustom.holdfast.loaded: 1\n", false, NotLive),
             // Per-worker count against Envoy's concurrency.
-            ("server.state: 0\nserver.concurrency: 2\nwasmcustom.holdfast.workers_ready: 1\n", false, FilterNotLoaded),
-            ("server.state: 0\nserver.concurrency: 2\nwasmcustom.holdfast.workers_ready: 2\nwasmcustom.holdfast.loaded: 1\n", false, Ready),
-            ("server.state: 0\nserver.concurrency: 2\nwasmcustom.holdfast.workers_ready: 0\nwasmcustom.holdfast.loaded: 1\n", true, FilterNotLoaded),
-            ("server.state: 0\nwasmcustom.holdfast.workers_ready: 1\n", true, Ready),
-            ("server.state: 0\nwasmcustom.holdfast.workers_ready: 0\n", false, FilterNotLoaded),
+            ("server.state: 0\nlistener_manager.workers_started: 1\nserver.concurrency: 2\nwasmcustom.holdfast.workers_ready: 1\n", false, FilterNotLoaded),
+            ("server.state: 0\nlistener_manager.workers_started: 1\nserver.concurrency: 2\nwasmcustom.holdfast.workers_ready: 2\nwasmcustom.holdfast.loaded: 1\n", false, Ready),
+            ("server.state: 0\nlistener_manager.workers_started: 1\nserver.concurrency: 2\nwasmcustom.holdfast.workers_ready: 0\nwasmcustom.holdfast.loaded: 1\n", true, FilterNotLoaded),
+            ("server.state: 0\nlistener_manager.workers_started: 1\nwasmcustom.holdfast.workers_ready: 1\n", true, Ready),
+            ("server.state: 0\nlistener_manager.workers_started: 1\nwasmcustom.holdfast.workers_ready: 0\n", false, FilterNotLoaded),
             // Older filter: `loaded` only.
-            ("server.state: 0\nserver.concurrency: 2\nwasmcustom.holdfast.loaded: 1\n", true, Ready),
-            ("server.state: 0\nserver.concurrency: 2\nwasmcustom.holdfast.loaded: 0\n", false, FilterNotLoaded),
+            ("server.state: 0\nlistener_manager.workers_started: 1\nserver.concurrency: 2\nwasmcustom.holdfast.loaded: 1\n", true, Ready),
+            ("server.state: 0\nlistener_manager.workers_started: 1\nserver.concurrency: 2\nwasmcustom.holdfast.loaded: 0\n", false, FilterNotLoaded),
             // No filter.
-            ("server.state: 0\nserver.concurrency: 2\n", false, Ready),
-            ("server.state: 0\nserver.concurrency: 2\n", true, FilterNotLoaded),
+            ("server.state: 0\nlistener_manager.workers_started: 1\nserver.concurrency: 2\n", false, Ready),
+            ("server.state: 0\nlistener_manager.workers_started: 1\nserver.concurrency: 2\n", true, FilterNotLoaded),
             // Another prefix's stats do not count.
-            ("server.state: 0\nserver.concurrency: 1\nwasmcustom.other.workers_ready: 1\n", true, FilterNotLoaded),
+            ("server.state: 0\nlistener_manager.workers_started: 1\nserver.concurrency: 1\nwasmcustom.other.workers_ready: 1\n", true, FilterNotLoaded),
         ];
         for (text, require, expected) in cases {
             assert_eq!(
@@ -320,13 +329,20 @@ mod tests {
     }
 
     #[test]
+    fn stale_server_state_is_not_live() {
+        // Envoy refreshes server.state on its stats flush: 0 before initialisation is done.
+        let s = stats("server.state: 0\nlistener_manager.workers_started: 0\nserver.concurrency: 1\nwasmcustom.holdfast.loaded: 1\n");
+        assert_eq!(decide(&s, P, false), Readiness::NotLive);
+    }
+
+    #[test]
     fn honours_the_configured_prefix() {
-        let s = stats("server.state: 0\nserver.concurrency: 1\nwasmcustom.hf_2.workers_ready: 1\n");
+        let s = stats("server.state: 0\nlistener_manager.workers_started: 1\nserver.concurrency: 1\nwasmcustom.hf_2.workers_ready: 1\n");
         assert_eq!(decide(&s, "wasmcustom.hf_2", true), Readiness::Ready);
         assert_eq!(decide(&s, P, true), Readiness::FilterNotLoaded);
         assert_eq!(
             stats_filter("wasmcustom.hf_2"),
-            "^(server\\.(state|concurrency)|wasmcustom\\.hf_2\\.(workers_ready|loaded))$"
+            "^(server\\.(state|concurrency)|listener_manager\\.workers_started|wasmcustom\\.hf_2\\.(workers_ready|loaded))$"
         );
     }
 }
