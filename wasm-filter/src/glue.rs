@@ -6,8 +6,9 @@
 //! The SDK's dispatcher exports every `proxy_on_*` callback, and Envoy calls each export the
 //! module has: proxy-wasm-cpp-host looks every callback up by name once per VM
 //! (`WasmBase::getFunctions`, `src/wasm.cc`) and skips one the module lacks
-//! (`if (!wasm_->on_downstream_connection_close_) return ...` in `src/context.cc`). With the SDK a
-//! connection cost nine VM entries. This module exports only:
+//! (`if (!wasm_->on_new_connection_) { return FilterStatus::Continue; }` and the like in
+//! `src/context.cc`). With the SDK a connection cost nine VM entries. This module exports only
+//! (callbacks named as in Envoy `source/extensions/common/wasm/context.cc`):
 //!
 //! | export | when Envoy calls it | what it does here |
 //! |---|---|---|
