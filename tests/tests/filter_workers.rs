@@ -203,6 +203,10 @@ fn workers_ready_at(concurrency: u32) -> Result<()> {
         Ok(matches!(last, None | Some(0)).then_some(()))
     })
     .with_context(|| format!("after every listener was removed: last seen {last:?}"))?;
+    println!(
+        "--concurrency {concurrency}: with no listener left, workers_ready = {last:?}, loaded = {:?}",
+        admin.holdfast_stat("loaded")?
+    );
     Ok(())
 }
 
