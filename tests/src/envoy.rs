@@ -842,6 +842,58 @@ pub fn static_cluster(name: &str, endpoint: SocketAddr) -> Value {
     })
 }
 
+/// The names of the functions a wasm module exports (its export section, read directly): what
+/// Envoy can call. Errors on anything that is not a well-formed wasm binary.
+pub fn wasm_function_exports(path: &Path) -> anyhow::Result<Vec<String>> {
+    let bytes = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    ensure!(
+        bytes.len() >= 8 && bytes[..4] == *b"\0asm",
+        "{} is not a wasm module",
+        path.display()
+    );
+    fn leb(b: &[u8], i: &mut usize) -> anyhow::Result<u64> {
+        let (mut v, mut shift) = (0u64, 0u32);
+        loop {
+            let byte = *b.get(*i).context("truncated LEB128")?;
+            *i += 1;
+            ensure!(shift < 64, "LEB128 too long");
+            v |= u64::from(byte & 0x7f) << shift;
+            if byte < 0x80 {
+                return Ok(v);
+            }
+            shift += 7;
+        }
+    }
+    let mut names = Vec::new();
+    let mut i = 8;
+    while i < bytes.len() {
+        let id = bytes[i];
+        i += 1;
+        let len = usize::try_from(leb(&bytes, &mut i)?)?;
+        let end = i
+            .checked_add(len)
+            .filter(|e| *e <= bytes.len())
+            .context("section overruns")?;
+        if id == 7 {
+            let mut j = i;
+            for _ in 0..leb(&bytes, &mut j)? {
+                let n = usize::try_from(leb(&bytes, &mut j)?)?;
+                let name = bytes.get(j..j + n).context("export name overruns")?;
+                j += n;
+                let kind = *bytes.get(j).context("export kind missing")?;
+                j += 1;
+                leb(&bytes, &mut j)?;
+                if kind == 0 {
+                    names.push(String::from_utf8(name.to_vec())?);
+                }
+            }
+        }
+        i = end;
+    }
+    names.sort();
+    Ok(names)
+}
+
 /// A bootstrap with the admin API on 127.0.0.1:0 and these static listeners and clusters.
 pub fn bootstrap(listeners: Vec<Value>, clusters: Vec<Value>) -> Value {
     json!({

@@ -424,6 +424,10 @@ fn bad_plugin_config_is_rejected_without_a_crash() -> Result<()> {
     for (config, names) in [
         (r#"{"stat_prefx":"x"}"#, "stat_prefx"),
         (r#"{"stat_prefix":"Bad.Prefix"}"#, "stat_prefix"),
+        (
+            r#"{"direction":"inbound","direction_override":"outbound"}"#,
+            "exclusive",
+        ),
         ("not json", "invalid plugin configuration"),
     ] {
         let bs = bootstrap(

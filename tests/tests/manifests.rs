@@ -957,60 +957,109 @@ struct WasmPluginSpec {
     match_: Option<Value>,
 }
 
+/// Every object of `kind` the install in `dir` renders, parsed as `T`.
+fn all_of<T: DeserializeOwned>(dir: &str, kind: &str) -> Vec<T> {
+    objects(dir)
+        .into_iter()
+        .filter(|(_, v)| kind_of(v) == kind)
+        .map(|(file, v)| {
+            serde_yaml::from_value(v)
+                .unwrap_or_else(|e| panic!("manifests/{}: not a valid {kind}: {e}", file.display()))
+        })
+        .collect()
+}
+
+/// Two WasmPlugins of the same module, one per direction: Istio applies `match` mode SERVER to
+/// the sidecar's inbound listeners and CLIENT to its outbound ones (pilot/pkg/model/wasm.go,
+/// matchMode / workloadModeForListenerClass), so each names its `direction` in pluginConfig and
+/// the filter reads no per-connection property.
 #[test]
-fn wasmplugin_is_a_fail_open_network_filter_for_the_whole_mesh() {
-    let p: WasmPlugin = one("", "WasmPlugin");
-    assert_eq!(p.api_version, "extensions.istio.io/v1alpha1");
-    assert_eq!(p.metadata.name, "holdfast");
-    assert_eq!(
-        p.metadata.namespace.as_deref(),
-        Some("istio-system"),
-        "root namespace: every sidecar"
-    );
-    let s = p.spec;
-    assert_eq!(s.type_, "NETWORK", "an L4 filter: every TCP connection");
-    assert_eq!(
-        s.phase.as_deref(),
-        Some("AUTHN"),
-        "first in the filter chain"
-    );
-    assert_eq!(
-        s.fail_strategy.as_deref(),
-        Some("FAIL_OPEN"),
-        "never break traffic"
-    );
-    assert!(s.selector.is_none() && s.target_refs.is_none() && s.match_.is_none());
-    assert!(
-        matches!(
-            s.image_pull_policy.as_deref(),
-            None | Some("IfNotPresent" | "Always")
-        ),
-        "{:?}",
-        s.image_pull_policy
-    );
-    let empty = matches!(&s.plugin_config, Some(Value::Mapping(m)) if m.is_empty());
-    assert!(
-        empty,
-        "pluginConfig: {{}} (the filter's defaults), got {:?}",
-        s.plugin_config
-    );
-    let version = workspace_version();
-    if let Some(image) = s.url.strip_prefix("oci://") {
-        assert!(
-            image.ends_with(&format!(":{version}")) || image.contains("@sha256:"),
-            "{image}"
+fn wasmplugins_are_fail_open_network_filters_one_per_direction_for_the_whole_mesh() {
+    let plugins: Vec<WasmPlugin> = all_of("", "WasmPlugin");
+    assert_eq!(plugins.len(), 2, "one WasmPlugin per direction");
+    let mut seen = BTreeSet::new();
+    let mut urls = BTreeSet::new();
+    for p in plugins {
+        assert_eq!(p.api_version, "extensions.istio.io/v1alpha1");
+        assert_eq!(
+            p.metadata.namespace.as_deref(),
+            Some("istio-system"),
+            "root namespace: every sidecar"
         );
-    } else {
-        assert!(
-            s.url.starts_with("https://"),
-            "oci:// or https:// url: {}",
-            s.url
+        let s = p.spec;
+        assert_eq!(s.type_, "NETWORK", "an L4 filter: every TCP connection");
+        assert_eq!(
+            s.phase.as_deref(),
+            Some("AUTHN"),
+            "first in the filter chain"
         );
-        assert!(
-            s.sha256.is_some(),
-            "an https module needs its sha256 pinned"
+        assert_eq!(
+            s.fail_strategy.as_deref(),
+            Some("FAIL_OPEN"),
+            "never break traffic"
         );
+        assert!(s.selector.is_none() && s.target_refs.is_none());
+        assert!(
+            matches!(
+                s.image_pull_policy.as_deref(),
+                None | Some("IfNotPresent" | "Always")
+            ),
+            "{:?}",
+            s.image_pull_policy
+        );
+        // One mode, no ports: every listener of that side.
+        let modes: Vec<&str> = s
+            .match_
+            .as_ref()
+            .and_then(Value::as_sequence)
+            .map(|m| m.iter().filter_map(|t| str_at(t, &["mode"])).collect())
+            .unwrap_or_default();
+        let mode = match modes.as_slice() {
+            [m] => *m,
+            other => panic!("{}: match must be one mode, got {other:?}", p.metadata.name),
+        };
+        let selectors = s.match_.as_ref().and_then(Value::as_sequence);
+        assert!(
+            selectors.is_some_and(|m| m.iter().all(|t| t.get("ports").is_none())),
+            "{}: no port selector (every listener of that side)",
+            p.metadata.name
+        );
+        let direction = match mode {
+            "SERVER" => "inbound",
+            "CLIENT" => "outbound",
+            other => panic!("{}: mode {other} is not one direction", p.metadata.name),
+        };
+        assert_eq!(p.metadata.name, format!("holdfast-{direction}"));
+        // The configuration the filter gets: exactly its direction (defaults otherwise).
+        let config = s.plugin_config.expect("pluginConfig");
+        let json = serde_json::to_string(&config).expect("pluginConfig as JSON");
+        assert_eq!(
+            json,
+            format!(r#"{{"direction":"{direction}"}}"#),
+            "{}",
+            p.metadata.name
+        );
+        assert!(seen.insert(mode.to_string()), "{mode} twice");
+        let version = workspace_version();
+        if let Some(image) = s.url.strip_prefix("oci://") {
+            assert!(
+                image.ends_with(&format!(":{version}")) || image.contains("@sha256:"),
+                "{image}"
+            );
+        } else {
+            assert!(
+                s.url.starts_with("https://"),
+                "oci:// or https:// url: {}",
+                s.url
+            );
+            assert!(
+                s.sha256.is_some(),
+                "an https module needs its sha256 pinned"
+            );
+        }
+        urls.insert((s.url, s.sha256));
     }
+    assert_eq!(urls.len(), 1, "both load the same module: {urls:?}");
 }
 
 #[derive(Debug, Deserialize)]
@@ -1094,6 +1143,22 @@ fn envoyfilter_inserts_the_filter_first_inbound_and_outbound() {
         );
         let config = at(v, &["typed_config", "config"]).expect("Wasm config");
         assert_eq!(str_at(config, &["root_id"]), Some("holdfast"), "{ctx}");
+        // The patch's context is its direction: the filter is told, and reads nothing per
+        // connection.
+        let direction = match ctx.as_str() {
+            "SIDECAR_INBOUND" => "inbound",
+            "SIDECAR_OUTBOUND" => "outbound",
+            other => panic!("unexpected context {other}"),
+        };
+        let plugin_config: serde_json::Value = serde_json::from_str(
+            str_at(config, &["configuration", "value"]).expect("configuration value"),
+        )
+        .expect("configuration is JSON");
+        assert_eq!(
+            plugin_config,
+            serde_json::json!({ "direction": direction }),
+            "{ctx}"
+        );
         assert_eq!(
             at(config, &["fail_open"]).and_then(Value::as_bool),
             Some(true),

@@ -18,14 +18,30 @@ pub const MAX_STAT_PREFIX_LEN: usize = 64;
 pub struct FilterConfig {
     /// First segment of every stat name: `<stat_prefix>.<direction>.cx_active`.
     pub stat_prefix: String,
+    /// Direction to count every connection under, whatever the listener says: set when the
+    /// plugin is delivered per direction (Istio WasmPlugin `match: [{mode: SERVER}]` → inbound,
+    /// `CLIENT` → outbound). When set, the listener direction property is never read.
+    pub direction: Option<Direction>,
     /// Direction to count connections under when their listener has no `traffic_direction`.
     pub direction_override: Option<Direction>,
+}
+
+impl FilterConfig {
+    /// The direction connections of a root context count under, given the listener direction
+    /// property as read once for that root context (`None` when it was not read or absent).
+    pub fn resolve_direction(&self, listener_property: Option<&[u8]>) -> Direction {
+        match self.direction {
+            Some(d) => d,
+            None => Direction::resolve(listener_property, self.direction_override),
+        }
+    }
 }
 
 impl Default for FilterConfig {
     fn default() -> Self {
         FilterConfig {
             stat_prefix: DEFAULT_STAT_PREFIX.to_string(),
+            direction: None,
             direction_override: None,
         }
     }
@@ -35,8 +51,11 @@ impl Default for FilterConfig {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
     /// Not valid JSON, wrong type, or an unknown field (serde's message names it).
-    #[error("invalid plugin configuration: {0} (expected a JSON object with optional fields \"stat_prefix\" and \"direction_override\")")]
+    #[error("invalid plugin configuration: {0} (expected a JSON object with optional fields \"stat_prefix\", \"direction\" and \"direction_override\")")]
     Json(String),
+    /// `direction` and `direction_override` are both set: the override could never apply.
+    #[error("invalid plugin configuration: \"direction\" and \"direction_override\" are exclusive (with \"direction\" set, every connection counts under it and the override could never apply)")]
+    DirectionConflict,
     /// `stat_prefix` is empty, too long or has characters outside [a-z0-9_].
     #[error("invalid plugin configuration: field \"stat_prefix\" = {value:?}: {reason}")]
     StatPrefix {
@@ -52,6 +71,8 @@ pub enum ConfigError {
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     stat_prefix: Option<String>,
+    /// Only "inbound" or "outbound": the direction of every connection this plugin sees.
+    direction: Option<OverrideDirection>,
     /// Only "inbound" or "outbound": "unknown" is what no override means.
     direction_override: Option<OverrideDirection>,
 }
@@ -61,6 +82,15 @@ struct RawConfig {
 enum OverrideDirection {
     Inbound,
     Outbound,
+}
+
+impl From<OverrideDirection> for Direction {
+    fn from(d: OverrideDirection) -> Direction {
+        match d {
+            OverrideDirection::Inbound => Direction::Inbound,
+            OverrideDirection::Outbound => Direction::Outbound,
+        }
+    }
 }
 
 impl FilterConfig {
@@ -79,12 +109,13 @@ impl FilterConfig {
             }
             None => DEFAULT_STAT_PREFIX.to_string(),
         };
+        if raw.direction.is_some() && raw.direction_override.is_some() {
+            return Err(ConfigError::DirectionConflict);
+        }
         Ok(FilterConfig {
             stat_prefix,
-            direction_override: raw.direction_override.map(|d| match d {
-                OverrideDirection::Inbound => Direction::Inbound,
-                OverrideDirection::Outbound => Direction::Outbound,
-            }),
+            direction: raw.direction.map(Direction::from),
+            direction_override: raw.direction_override.map(Direction::from),
         })
     }
 }
@@ -169,6 +200,42 @@ mod tests {
         assert!(parse("not json").is_err());
         assert!(parse("{} trailing").is_err());
         assert!(FilterConfig::parse(Some(&[0xff, 0xfe])).is_err());
+    }
+
+    #[test]
+    fn direction_from_configuration() {
+        let c = parse(r#"{"direction":"outbound"}"#).unwrap();
+        assert_eq!(c.direction, Some(Direction::Outbound));
+        // The configured direction wins over whatever the listener says, and needs no property.
+        let inbound = 1i64.to_le_bytes();
+        assert_eq!(c.resolve_direction(Some(&inbound)), Direction::Outbound);
+        assert_eq!(c.resolve_direction(None), Direction::Outbound);
+        let c = parse(r#"{"direction":"inbound"}"#).unwrap();
+        assert_eq!(c.resolve_direction(None), Direction::Inbound);
+        // Without it, the listener property decides, then the override, then unknown.
+        let c = parse(r#"{"direction_override":"inbound"}"#).unwrap();
+        let outbound = 2i64.to_le_bytes();
+        assert_eq!(c.resolve_direction(Some(&outbound)), Direction::Outbound);
+        assert_eq!(c.resolve_direction(None), Direction::Inbound);
+        assert_eq!(
+            FilterConfig::default().resolve_direction(None),
+            Direction::Unknown
+        );
+    }
+
+    #[test]
+    fn direction_is_checked() {
+        let e = parse(r#"{"direction":"outbound","direction_override":"inbound"}"#).unwrap_err();
+        assert_eq!(e, ConfigError::DirectionConflict);
+        assert!(e.to_string().contains("exclusive"), "{e}");
+        for bad in [
+            r#"{"direction":"unknown"}"#,
+            r#"{"direction":"SERVER"}"#,
+            r#"{"direction":1}"#,
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert!(e.to_string().contains("direction"), "{bad}: {e}");
+        }
     }
 
     #[test]

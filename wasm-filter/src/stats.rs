@@ -26,8 +26,11 @@ pub struct DirectionStatNames {
 /// Every stat name of the filter, built once from the configured prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StatNames {
-    /// Gauge set to 1 once the configuration is accepted: the counts are live.
+    /// Gauge set to 1 once the configuration is accepted (by any VM, the main thread's canary
+    /// included): kept for compatibility; [`StatNames::workers_ready`] is the exact signal.
     pub loaded: String,
+    /// Gauge: how many Envoy worker threads have this filter configured (see [`crate::workers`]).
+    pub workers_ready: String,
     /// Indexed by [`Direction::index`].
     pub per_direction: [DirectionStatNames; 3],
 }
@@ -42,13 +45,17 @@ impl StatNames {
         };
         StatNames {
             loaded: format!("{prefix}.loaded"),
+            workers_ready: format!("{prefix}.workers_ready"),
             per_direction: Direction::ALL.map(dir),
         }
     }
 
     /// Every (name, kind) pair, in definition order.
     pub fn all(&self) -> Vec<(&str, StatKind)> {
-        let mut v = vec![(self.loaded.as_str(), StatKind::Gauge)];
+        let mut v = vec![
+            (self.loaded.as_str(), StatKind::Gauge),
+            (self.workers_ready.as_str(), StatKind::Gauge),
+        ];
         for d in &self.per_direction {
             v.push((d.cx_active.as_str(), StatKind::Gauge));
             v.push((d.cx_total.as_str(), StatKind::Counter));
@@ -140,19 +147,20 @@ mod tests {
     fn names_follow_the_prefix() {
         let n = StatNames::new("holdfast");
         assert_eq!(n.loaded, "holdfast.loaded");
+        assert_eq!(n.workers_ready, "holdfast.workers_ready");
         assert_eq!(n.per_direction[0].cx_active, "holdfast.inbound.cx_active");
         assert_eq!(n.per_direction[1].cx_total, "holdfast.outbound.cx_total");
         assert_eq!(
             n.per_direction[2].bytes_total,
             "holdfast.unknown.bytes_total"
         );
-        assert_eq!(n.all().len(), 10);
+        assert_eq!(n.all().len(), 11);
         let gauges = n
             .all()
             .iter()
             .filter(|(_, k)| *k == StatKind::Gauge)
             .count();
-        assert_eq!(gauges, 4);
+        assert_eq!(gauges, 5);
     }
 
     #[test]

@@ -23,7 +23,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -75,6 +75,10 @@ struct Args {
     /// Request (and response) size in bytes.
     #[arg(long, default_value_t = 64)]
     message_bytes: usize,
+    /// filter: one more variant, `NAME=PATH` of a wasm module loaded like the holdfast filter
+    /// (e.g. the previous build, for before/after in the same interleaved run). Repeatable.
+    #[arg(long, value_name = "NAME=PATH")]
+    extra_module: Vec<String>,
     /// Do not pin Envoy and the load generator to separate CPUs.
     #[arg(long)]
     no_pin: bool,
@@ -165,7 +169,7 @@ fn main() -> ExitCode {
 
 /// One Envoy under test.
 struct Variant {
-    name: &'static str,
+    name: String,
     envoy: Envoy,
     addr: SocketAddr,
     conn: Totals,
@@ -272,20 +276,36 @@ fn filter_section(args: &Args) -> Result<()> {
     }
     let echo = EchoServer::start().context("starting the echo upstream")?;
 
-    // Without any filter, then (when built) a filter that does nothing, then holdfast.
-    let mut modules: Vec<(&'static str, Option<PathBuf>)> = vec![("without filter", None)];
+    // Without any filter, then (when built) a filter that does nothing, then any extra modules,
+    // then holdfast: direction read per connection, and direction from its configuration.
+    type Module = (String, Option<(PathBuf, Option<&'static str>)>);
+    let mut modules: Vec<Module> = vec![("without filter".into(), None)];
     match noop_wasm() {
-        Some(p) => modules.push(("no-op wasm filter", Some(p))),
+        Some(p) => modules.push(("no-op SDK filter".into(), Some((p, None)))),
         None => eprintln!(
             "note: no no-op filter module (build it with `cargo build -p holdfast-filter --example \
              noop_filter --target wasm32-wasip1 --profile wasm-release`); running without that baseline"
         ),
     }
-    modules.push(("holdfast filter", Some(wasm)));
+    for extra in &args.extra_module {
+        let (name, path) = extra
+            .split_once('=')
+            .with_context(|| format!("--extra-module {extra:?}: expected NAME=PATH"))?;
+        ensure!(
+            Path::new(path).is_file(),
+            "--extra-module {name}: no file {path}"
+        );
+        modules.push((name.to_string(), Some((PathBuf::from(path), None))));
+    }
+    modules.push(("holdfast".into(), Some((wasm.clone(), None))));
+    modules.push((
+        "holdfast, direction configured".into(),
+        Some((wasm, Some(r#"{"direction":"inbound"}"#))),
+    ));
     let mut variants = Vec::new();
     for (name, module) in modules {
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
-        let filter = module.map(|m| holdfast_filter(&m, None));
+        let filter = module.map(|(m, config)| holdfast_filter(&m, config));
         let bs = bootstrap(
             vec![tcp_proxy_listener(
                 "in",
@@ -387,9 +407,8 @@ fn print_table(
         args.rounds, args.round_secs, args.connect_clients, args.keepalive_connections
     );
     println!();
-    let last = variants.len() - 1;
-    // Ratios: holdfast against no filter, and (when present) against the no-op wasm filter.
-    let ratio_cols: Vec<usize> = (0..last).collect();
+    // Ratios: every filter variant against Envoy without a filter (variant 0).
+    let ratio_cols: Vec<usize> = (1..variants.len()).collect();
     let mut header = String::from("| workload | metric |");
     let mut rule = String::from("|---|---|");
     for v in variants.iter() {
@@ -397,7 +416,7 @@ fn print_table(
         rule.push_str("---:|");
     }
     for &c in &ratio_cols {
-        header.push_str(&format!(" holdfast / {} |", variants[c].name));
+        header.push_str(&format!(" {} / without |", variants[c].name));
         rule.push_str("---:|");
     }
     println!("{header}\n{rule}");
@@ -442,7 +461,7 @@ fn print_table(
                 line.push_str(&format!(" {s} |"));
             }
             for &c in &ratio_cols {
-                line.push_str(&format!(" {:.3} |", values[last] / values[c].max(1e-9)));
+                line.push_str(&format!(" {:.3} |", values[c] / values[0].max(1e-9)));
             }
             println!("{line}");
         }
