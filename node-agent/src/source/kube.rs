@@ -168,6 +168,8 @@ pub struct EventMapper {
     known: HashSet<String>,
     /// During a (re)list: the uids listed so far.
     relist: Option<HashSet<String>>,
+    /// [`PodEvent::Synced`] was sent (after the first complete list).
+    synced: bool,
 }
 
 impl EventMapper {
@@ -197,9 +199,15 @@ impl EventMapper {
                 // Sorted so the order of the Deleted events is reproducible.
                 gone.sort();
                 self.known = listed;
-                gone.into_iter()
+                let mut events: Vec<PodEvent> = gone
+                    .into_iter()
                     .map(|uid| PodEvent::Deleted { uid })
-                    .collect()
+                    .collect();
+                // The first complete list is every pod of the node: the agent's view is whole.
+                if !std::mem::replace(&mut self.synced, true) {
+                    events.push(PodEvent::Synced);
+                }
+                events
             }
         }
     }
@@ -331,7 +339,7 @@ mod tests {
                 watcher::Event::InitDone,
             ],
         );
-        assert_eq!(out, ["A:a", "A:b"]);
+        assert_eq!(out, ["A:a", "A:b", "S"]);
         assert_eq!(known(&m), ["a", "b"]);
     }
 
@@ -349,7 +357,7 @@ mod tests {
                 watcher::Event::Delete(pod("a")),
             ],
         );
-        assert_eq!(out, ["A:a", "A:b", "A:a", "D:a"]);
+        assert_eq!(out, ["A:a", "S", "A:b", "A:a", "D:a"]);
         assert_eq!(known(&m), ["b"]);
     }
 
