@@ -12,6 +12,13 @@
 //!   are logged, rate-limited, and retried with kube-rs's default backoff parameters. They are
 //!   never fatal and never produce events: the agent keeps its pods' last state until the watch
 //!   is back.
+//!
+//! Idle cost per pod is nothing: one watch stream (one HTTP connection) for the whole node; with
+//! no pod changes the task is parked on that socket. There is no timer or poll per pod — the only
+//! per-pod state is a uid in [`EventMapper`]'s set — and the periodic work is per watch, not per
+//! pod: a re-watch when the server closes the stream (kube-runtime 5 `watcher::Config::default()`
+//! asks `timeoutSeconds=290`) and the API server's periodic bookmark events (`bookmarks: true`), both
+//! per watch. [`PodEvent::Synced`] is sent once, after the first complete list (`InitDone`).
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};

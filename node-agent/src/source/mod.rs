@@ -5,6 +5,7 @@
 //! - [`kube::KubePods`]: the API server, watching `spec.nodeName=<node>` (in-cluster).
 
 pub mod dir;
+mod dir_watch;
 pub mod kube;
 
 use k8s_openapi::api::core::v1::Pod;
