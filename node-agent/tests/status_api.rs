@@ -181,12 +181,12 @@ fn a_connection_flood_cannot_take_the_agents_fds() {
             max_fds = max_fds.max(open_fds(pid));
         }
     }
+    let open_time = flood_start.elapsed();
     meshed_pod(&agent.pods, "during-flood");
     max_fds = max_fds.max(open_fds(pid));
     let rss_peak = rss_kib(pid);
     println!(
-        "flood: 2000 connections opened in {:?}; agent fds {fds_start} at start, at most {max_fds} during; RSS {rss_start} KiB at start, {rss_peak} KiB in the flood",
-        flood_start.elapsed()
+        "flood: 2000 connections opened in {open_time:?}; agent fds {fds_start} at start, at most {max_fds} during; RSS {rss_start} KiB at start, {rss_peak} KiB in the flood"
     );
     assert!(
         max_fds < fds_start + holdfast::status_api::MAX_CONNECTIONS + 16,
@@ -238,9 +238,14 @@ fn a_connection_flood_cannot_take_the_agents_fds() {
         .find_map(|l| l.strip_prefix("holdfast_status_api_rejected_connections_total "))
         .and_then(|v| v.trim().parse::<u64>().ok())
         .unwrap_or(0);
+    // Every connection the API did not serve was closed at accept and counted. It serves at most
+    // MAX_CONNECTIONS per header timeout (idle ones are closed then and free their slots).
+    let rounds = open_time.as_secs_f64() / holdfast::status_api::HEADER_READ_TIMEOUT.as_secs_f64();
+    let served_at_most = holdfast::status_api::MAX_CONNECTIONS as u64 * (rounds.ceil() as u64 + 1);
+    println!("rejected at accept: {rejected} of 2000 (opened in {open_time:?})");
     assert!(
-        rejected >= 1900,
-        "rejected connections not counted: {rejected}\n{metrics}"
+        rejected >= 2000 - served_at_most,
+        "rejected connections not counted: {rejected} (at most {served_at_most} served)\n{metrics}"
     );
     for name in [
         "holdfast_process_open_fds",
