@@ -352,3 +352,79 @@ fn status_and_config_answer_local_clients_only() {
         );
     }
 }
+
+/// A pods-dir source that shares its `SourceProblems` with the API (`PodsDir::with_problems`):
+/// a rejected entry is on `/status` as `source_problems` and counted in
+/// `holdfast_source_problems`, not only logged.
+#[tokio::test]
+async fn source_problems_are_served_on_status_and_counted() {
+    use holdfast::config::{Config, SourceConfig};
+    let dir = std::env::temp_dir().join(format!("hf-statusapi-problems-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let _cleanup = TempDir(dir.clone());
+    std::os::unix::fs::symlink("loop.json", dir.join("loop.json")).unwrap();
+
+    let problems = holdfast::source::SourceProblems::default();
+    let mut src = holdfast::source::dir::PodsDir::new(&dir)
+        .unwrap()
+        .with_problems(problems.clone());
+    src.poll().unwrap();
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let api = holdfast::status_api::StatusApi {
+        board: holdfast::status::StatusBoard::default(),
+        config: std::sync::Arc::new(Config {
+            node_name: "node-a".into(),
+            source: SourceConfig::PodsDir(dir.clone()),
+            status_listen: addr,
+            proc_root: "/proc".into(),
+            proxy: Default::default(),
+            hold: Default::default(),
+            drain: Default::default(),
+        }),
+        metrics: holdfast::metrics::MetricsHandle::new(),
+        source_problems: problems,
+    };
+    let stop = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(api.serve(listener, stop.clone().cancelled_owned()));
+
+    let (status, metrics) = tokio::task::spawn_blocking(move || {
+        (
+            get(addr, "/status").unwrap(),
+            get(addr, "/metrics").unwrap(),
+        )
+    })
+    .await
+    .unwrap();
+    stop.cancel();
+    let _ = server.await;
+
+    assert_eq!(status.0, 200);
+    let doc: serde_json::Value = serde_json::from_str(&status.1).unwrap();
+    let listed = doc["source_problems"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(listed.len(), 1, "{doc}");
+    assert!(
+        listed[0]["entry"]
+            .as_str()
+            .unwrap_or("")
+            .ends_with("loop.json"),
+        "{doc}"
+    );
+    assert!(
+        listed[0]["problem"]
+            .as_str()
+            .unwrap_or("")
+            .contains("symlink loop"),
+        "{doc}"
+    );
+    assert!(
+        metrics.1.contains("\nholdfast_source_problems 1\n"),
+        "{}",
+        metrics.1
+    );
+}
