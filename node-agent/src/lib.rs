@@ -14,6 +14,7 @@
 //! - [`source`]: where Pod objects come from (a pods directory, or the API server).
 //! - [`events`]: Kubernetes Events on pods (what holdfast did, what needs the operator).
 //! - [`status`], [`status_api`]: the per-pod status board and the read-only API serving it.
+//! - [`process_metrics`]: the agent's own fds, memory and threads as metrics; its fd budget.
 //! - [`status_cli`]: `holdfast status`, the node's table read from that API.
 
 pub mod agent;
@@ -25,6 +26,7 @@ pub mod http1_client;
 pub mod metrics;
 pub mod netns;
 pub mod pod;
+pub mod process_metrics;
 pub mod procfs_pods;
 pub mod source;
 pub mod status;

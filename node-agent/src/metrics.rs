@@ -223,6 +223,7 @@ impl MetricsHandle {
     pub fn new() -> Self {
         let mut registry = Registry::default();
         let metrics = Metrics::new(&mut registry);
+        crate::process_metrics::register(&mut registry);
         Self {
             registry: Arc::new(registry),
             metrics,

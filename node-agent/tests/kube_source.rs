@@ -281,9 +281,9 @@ async fn list_then_watch_modified_added_deleted_then_410_relist() -> Result<()> 
     });
 
     assert_eq!(
-        h.next_n(2).await?,
-        ["A:uid-a@90", "A:uid-b@95"],
-        "initial list"
+        h.next_n(3).await?,
+        ["A:uid-a@90", "A:uid-b@95", "S"],
+        "initial list, then Synced (once: the re-list below sends none)"
     );
     assert_eq!(
         h.next_n(3).await?,
@@ -334,7 +334,11 @@ async fn list_errors_are_retried_and_never_delete_pods() -> Result<()> {
         hold_open(send).await
     });
 
-    assert_eq!(h.next_n(1).await?, ["A:uid-a@90"], "initial list");
+    assert_eq!(
+        h.next_n(2).await?,
+        ["A:uid-a@90", "S"],
+        "initial list, then Synced"
+    );
     // Errors produce no events (no Deleted while the API server is failing); the first event
     // after them is the recovered list, two backoffs later (up to 1.6 s + 3.2 s with jitter).
     let first = describe(&h.next_within(Duration::from_secs(15)).await?);
@@ -390,6 +394,11 @@ async fn retries_back_off_while_the_api_server_is_down() -> Result<()> {
     assert_eq!(
         ev, "A:uid-a@90",
         "the first event is the list after the outage"
+    );
+    assert_eq!(
+        h.next_n(1).await?,
+        ["S"],
+        "Synced after the first complete list"
     );
     h.expect_quiet(Duration::from_millis(300)).await?;
     Ok(())

@@ -46,8 +46,9 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// How often the pods directory is polled.
-const PODS_DIR_POLL: Duration = Duration::from_millis(20);
+/// How often the pods directory is rescanned in full as a safety net (changes arrive through
+/// inotify at once).
+const PODS_DIR_RESCAN: Duration = Duration::from_secs(10);
 /// How long the agent waits for pod tasks to finish on shutdown.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
@@ -76,9 +77,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let source_problems = crate::source::SourceProblems::default();
     let (source_task, events) = match &config.source {
         SourceConfig::PodsDir(dir) => {
-            let src = PodsDir::new(dir.clone())?;
+            let src = PodsDir::new(dir.clone())?.with_problems(source_problems.clone());
             (
-                tokio::spawn(src.run(PODS_DIR_POLL, tx)),
+                tokio::spawn(src.run(PODS_DIR_RESCAN, tx)),
                 PodEvents::log_only(),
             )
         }

@@ -2,18 +2,39 @@
 //! static pods. A rewritten file is an updated pod, a removed file a deleted pod. Dotfiles are
 //! ignored, so writers can write a dotfile and rename it into place atomically.
 //!
-//! The directory is polled: a listing plus one `stat` per file per tick, and a file is re-read
-//! only when its identity (inode, size, mtime) changed. A file that does not parse is reported
-//! once per change and otherwise ignored: the pod it described keeps its last good state.
+//! The directory is watched with inotify: nothing is read while nothing changes (idle cost does
+//! not grow with the number of pods). A change triggers one rescan (a listing plus one `stat` per
+//! file; a file is re-read only when its identity changed or inotify named it). A slow safety
+//! rescan catches what inotify cannot see (a symlink's target outside the directory) and an
+//! inotify queue overflow (`IN_Q_OVERFLOW`) forces a full re-read. If inotify is unavailable
+//! (`fs.inotify.max_user_instances` reached), the source falls back to rescanning every second.
+//!
+//! Bad entries are reported in [`SourceProblems`] (served on `/status`, counted in
+//! `holdfast_source_problems`), not only logged:
+//! - symlinks are followed (ConfigMap mounts are `name -> ..data/name`, `..data -> ..<timestamp>`,
+//!   swapped atomically by renaming `..data`; the rename is an event in this directory); loops
+//!   are detected by the kernel (`ELOOP`, see path_resolution(7)) and reported;
+//! - a file name that is not UTF-8 is reported and ignored;
+//! - a uid in two files is reported for both; the first file (by name) is the pod's state, and
+//!   the pod is deleted only when no file has it any more;
+//! - a file is read in one bounded step (open non-blocking, read at most [`MAX_POD_FILE`] + 1
+//!   bytes, parse), never a size check then a read; a file that does not parse (including one
+//!   read while still being written) keeps the pod's last good state.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::ffi::OsString;
+use std::io::Read;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc;
 
-use super::PodEvent;
+use super::dir_watch::{Changed, DirWatch};
+use super::{PodEvent, SourceProblem, SourceProblems};
 
 /// Errors reading the pods directory itself (a bad file is not an error of the source).
 #[derive(Debug, thiserror::Error)]
@@ -29,29 +50,62 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Largest pod file read; real Pod objects are a few KiB (the API server caps a whole object at
+/// 1.5 MiB, etcd's request limit), so 1 MiB leaves room and bounds what one file can cost.
+pub const MAX_POD_FILE: u64 = 1 << 20;
+
+/// The rescan period when inotify cannot be used.
+const FALLBACK_RESCAN: Duration = Duration::from_secs(1);
+
+/// A file's identity as last read (of the symlink's target for a symlink).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct FileStamp {
+    dev: u64,
     ino: u64,
     len: u64,
-    mtime: Option<SystemTime>,
+    mtime_ns: i128,
+    ctime_ns: i128,
 }
 
-#[derive(Debug)]
-struct Known {
-    stamp: FileStamp,
-    /// uid of the last object that parsed from this file, if any.
-    uid: Option<String>,
+impl FileStamp {
+    fn of(meta: &std::fs::Metadata) -> Self {
+        Self {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: meta.len(),
+            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+            ctime_ns: i128::from(meta.ctime()) * 1_000_000_000 + i128::from(meta.ctime_nsec()),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct FileState {
+    /// Identity at the last read; `None` forces a re-read.
+    stamp: Option<FileStamp>,
+    /// The last pod that parsed from this file.
+    pod: Option<Arc<Pod>>,
+    /// Why the last read failed, if it did.
+    problem: Option<String>,
 }
 
 /// Reads and follows a pods directory.
 #[derive(Debug)]
 pub struct PodsDir {
     dir: PathBuf,
-    known: HashMap<PathBuf, Known>,
+    files: BTreeMap<PathBuf, FileState>,
+    /// Problems with entries that are not (readable) files: loops, non-UTF-8 names...
+    entry_problems: Vec<SourceProblem>,
+    /// What the agent was last told, per uid.
+    emitted: HashMap<String, Arc<Pod>>,
+    /// Names inotify reported since the last rescan: re-read whatever their stamp says.
+    dirty: HashSet<OsString>,
+    problems: SourceProblems,
 }
 
 impl PodsDir {
-    /// Opens `dir`; fails when it cannot be listed.
+    /// Opens `dir`; fails when it cannot be listed. Problems go to a list of its own until
+    /// [`with_problems`](Self::with_problems) shares one with the status API.
     pub fn new(dir: impl Into<PathBuf>) -> Result<Self> {
         let dir = dir.into();
         std::fs::read_dir(&dir).map_err(|source| Error::ReadDir {
@@ -60,92 +114,229 @@ impl PodsDir {
         })?;
         Ok(Self {
             dir,
-            known: HashMap::new(),
+            files: BTreeMap::new(),
+            entry_problems: Vec::new(),
+            emitted: HashMap::new(),
+            dirty: HashSet::new(),
+            problems: SourceProblems::default(),
         })
     }
 
-    /// One pass: the events since the previous pass (all pods on the first pass).
+    /// Reports rejected and ignored entries into `problems` (the list `/status` serves).
+    pub fn with_problems(mut self, problems: SourceProblems) -> Self {
+        self.problems = problems;
+        self
+    }
+
+    /// The list this source reports its problems into.
+    pub fn problems(&self) -> &SourceProblems {
+        &self.problems
+    }
+
+    /// One full pass: the events since the previous pass (all pods on the first pass).
     pub fn poll(&mut self) -> Result<Vec<PodEvent>> {
+        let present = self.list()?;
+        self.files.retain(|path, _| present.contains_key(path));
+        for (path, stamp) in present {
+            let name = path.file_name().map(OsString::from).unwrap_or_default();
+            let state = self.files.entry(path.clone()).or_default();
+            // Present but not a readable file (a loop, a dangling link): reported by `list`;
+            // the pod it had keeps its last good state.
+            let Some(stamp) = stamp else { continue };
+            let changed = state.stamp != Some(stamp) || self.dirty.contains(&name);
+            if !changed {
+                continue;
+            }
+            match read_pod(&path) {
+                Ok((pod, stamp)) => {
+                    state.stamp = Some(stamp);
+                    state.pod = Some(Arc::new(pod));
+                    state.problem = None;
+                }
+                Err(problem) => {
+                    if state.problem.as_deref() != Some(problem.as_str()) {
+                        tracing::warn!(file = %path.display(), %problem, "ignoring pod file; the pod keeps its last good state");
+                    }
+                    state.stamp = Some(stamp);
+                    state.problem = Some(problem);
+                }
+            }
+        }
+        self.dirty.clear();
+        let events = self.diff();
+        self.publish_problems();
+        Ok(events)
+    }
+
+    /// The pod files present, with their current stamp (`None`: present but not readable as a
+    /// file; reported in `entry_problems`).
+    fn list(&mut self) -> Result<BTreeMap<PathBuf, Option<FileStamp>>> {
         let entries = std::fs::read_dir(&self.dir).map_err(|source| Error::ReadDir {
             path: self.dir.clone(),
             source,
         })?;
-        let mut seen = HashMap::new();
+        let mut present = BTreeMap::new();
+        self.entry_problems.clear();
         for entry in entries.flatten() {
             let name = entry.file_name();
-            let Some(name) = name.to_str() else { continue };
-            if name.starts_with('.') || !is_pod_file(name) {
+            let bytes = name.as_bytes();
+            if bytes.starts_with(b".") || !is_pod_file(bytes) {
                 continue;
             }
-            // The file may vanish between listing and stat: it is then simply not seen.
-            let Ok(meta) = entry.metadata() else { continue };
-            if !meta.is_file() {
+            let path = entry.path();
+            if name.to_str().is_none() {
+                self.entry_problems.push(SourceProblem {
+                    entry: path.to_string_lossy().into_owned(),
+                    problem: "ignored: the file name is not valid UTF-8; rename the file".into(),
+                });
                 continue;
             }
-            use std::os::unix::fs::MetadataExt;
-            let stamp = FileStamp {
-                ino: meta.ino(),
-                len: meta.len(),
-                mtime: meta.modified().ok(),
-            };
-            seen.insert(entry.path(), stamp);
-        }
-
-        let mut events = Vec::new();
-        // Removed files first, so a pod re-created under another file name reads as delete+add.
-        let gone: Vec<PathBuf> = self
-            .known
-            .keys()
-            .filter(|p| !seen.contains_key(*p))
-            .cloned()
-            .collect();
-        for path in gone {
-            if let Some(Known { uid: Some(uid), .. }) = self.known.remove(&path) {
-                events.push(PodEvent::Deleted { uid });
-            }
-        }
-        let mut paths: Vec<_> = seen.into_iter().collect();
-        paths.sort_by(|a, b| a.0.cmp(&b.0));
-        for (path, stamp) in paths {
-            if self.known.get(&path).is_some_and(|k| k.stamp == stamp) {
-                continue;
-            }
-            let previous_uid = self.known.get(&path).and_then(|k| k.uid.clone());
-            let uid = match read_pod(&path) {
-                Ok(pod) => {
-                    let uid = pod.metadata.uid.clone();
-                    if previous_uid.is_some() && previous_uid != uid {
-                        // Same file, different pod: the old one is gone.
-                        events.push(PodEvent::Deleted {
-                            uid: previous_uid.clone().unwrap_or_default(),
+            // Follows symlinks (a ConfigMap-style mount).
+            match std::fs::metadata(&path) {
+                Ok(meta) if meta.is_file() => {
+                    present.insert(path, Some(FileStamp::of(&meta)));
+                }
+                Ok(_) => {
+                    self.entry_problems.push(SourceProblem {
+                        entry: path.display().to_string(),
+                        problem: "ignored: not a regular file (a directory, pipe or device)".into(),
+                    });
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                    self.entry_problems.push(SourceProblem {
+                        entry: path.display().to_string(),
+                        problem: "ignored: symlink loop (too many levels of symbolic links); fix the link".into(),
+                    });
+                    present.insert(path, None);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    // Removed since the listing, or a dangling symlink (reported).
+                    if std::fs::symlink_metadata(&path).is_ok() {
+                        self.entry_problems.push(SourceProblem {
+                            entry: path.display().to_string(),
+                            problem: "ignored: dangling symlink (its target does not exist)".into(),
                         });
+                        present.insert(path, None);
                     }
-                    events.push(PodEvent::Applied(Box::new(pod)));
-                    uid
                 }
                 Err(e) => {
-                    tracing::warn!(file = %path.display(), error = %e, "ignoring pod file that does not parse; the pod keeps its last good state");
-                    previous_uid
+                    self.entry_problems.push(SourceProblem {
+                        entry: path.display().to_string(),
+                        problem: format!("ignored: cannot stat: {e}"),
+                    });
+                    present.insert(path, None);
                 }
-            };
-            self.known.insert(path, Known { stamp, uid });
+            }
         }
-        Ok(events)
+        Ok(present)
     }
 
-    /// Polls every `interval` and sends events until the receiver is dropped. A directory that
-    /// becomes unreadable is logged and retried; pods are not reported deleted because of it.
-    pub async fn run(mut self, interval: Duration, tx: mpsc::Sender<PodEvent>) {
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    /// The events that bring the agent from `emitted` to the pods the files now describe.
+    /// A uid in several files takes the first file's pod; it is deleted only when no file has it.
+    fn diff(&mut self) -> Vec<PodEvent> {
+        let mut wanted: HashMap<String, Arc<Pod>> = HashMap::new();
+        for state in self.files.values() {
+            if let Some(pod) = &state.pod {
+                let uid = pod.metadata.uid.clone().unwrap_or_default();
+                wanted.entry(uid).or_insert_with(|| pod.clone());
+            }
+        }
+        let mut events = Vec::new();
+        let mut gone: Vec<&String> = self
+            .emitted
+            .keys()
+            .filter(|uid| !wanted.contains_key(*uid))
+            .collect();
+        gone.sort();
+        events.extend(
+            gone.into_iter()
+                .map(|uid| PodEvent::Deleted { uid: uid.clone() }),
+        );
+        // In file order, so the events are reproducible.
+        let mut applied = BTreeSet::new();
+        for state in self.files.values() {
+            let Some(pod) = &state.pod else { continue };
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            let Some(current) = wanted.get(&uid) else {
+                continue;
+            };
+            if !applied.insert(uid.clone()) {
+                continue;
+            }
+            let unchanged = self
+                .emitted
+                .get(&uid)
+                .is_some_and(|e| Arc::ptr_eq(e, current) || **e == **current);
+            if !unchanged {
+                events.push(PodEvent::Applied(Box::new((**current).clone())));
+            }
+        }
+        self.emitted = wanted;
+        events
+    }
+
+    /// Publishes the whole current picture: entry problems, unreadable files, duplicate uids.
+    fn publish_problems(&self) {
+        let mut problems = self.entry_problems.clone();
+        let mut by_uid: BTreeMap<String, Vec<&Path>> = BTreeMap::new();
+        for (path, state) in &self.files {
+            if let Some(problem) = &state.problem {
+                let keeps = if state.pod.is_some() {
+                    "; the pod keeps its last good state"
+                } else {
+                    ""
+                };
+                problems.push(SourceProblem {
+                    entry: path.display().to_string(),
+                    problem: format!("{problem}{keeps}"),
+                });
+            }
+            if let Some(pod) = &state.pod {
+                let uid = pod.metadata.uid.clone().unwrap_or_default();
+                by_uid.entry(uid).or_default().push(path);
+            }
+        }
+        for (uid, paths) in by_uid.iter().filter(|(_, p)| p.len() > 1) {
+            for path in paths {
+                let others: Vec<String> = paths
+                    .iter()
+                    .filter(|p| *p != path)
+                    .map(|p| p.display().to_string())
+                    .collect();
+                problems.push(SourceProblem {
+                    entry: path.display().to_string(),
+                    problem: format!(
+                        "duplicate uid {uid}: also in {}; the pod's state is read from {} (the first by name); remove the duplicate",
+                        others.join(", "),
+                        paths[0].display()
+                    ),
+                });
+            }
+        }
+        problems.sort_by(|a, b| (&a.entry, &a.problem).cmp(&(&b.entry, &b.problem)));
+        self.problems.set(problems);
+    }
+
+    /// Follows the directory and sends events until the receiver is dropped: one full scan, then
+    /// [`PodEvent::Synced`], then a rescan on every inotify event and every `safety_rescan`
+    /// (10 s is plenty: it only covers what inotify cannot see). A directory that becomes
+    /// unreadable is logged and retried; pods are not reported deleted because of it.
+    pub async fn run(mut self, safety_rescan: Duration, tx: mpsc::Sender<PodEvent>) {
+        let mut watch = DirWatch::new(&self.dir);
+        let mut synced = false;
         let mut failing = false;
         loop {
-            tick.tick().await;
             match self.poll() {
                 Ok(events) => {
                     failing = false;
                     for ev in events {
                         if tx.send(ev).await.is_err() {
+                            return;
+                        }
+                    }
+                    if !synced {
+                        synced = true;
+                        if tx.send(PodEvent::Synced).await.is_err() {
                             return;
                         }
                     }
@@ -156,130 +347,90 @@ impl PodsDir {
                 }
                 Err(_) => {}
             }
+            let wait = match &watch {
+                Some(_) => safety_rescan,
+                None => safety_rescan.min(FALLBACK_RESCAN),
+            };
+            let changed = match &mut watch {
+                Some(w) => tokio::select! {
+                    changed = w.changed() => changed,
+                    () = tokio::time::sleep(wait) => Changed::Rescan,
+                    () = tx.closed() => return,
+                },
+                None => tokio::select! {
+                    () = tokio::time::sleep(wait) => Changed::Rescan,
+                    () = tx.closed() => return,
+                },
+            };
+            match changed {
+                Changed::Names(names) => self.dirty.extend(names),
+                Changed::Rescan => {}
+                Changed::Overflow => {
+                    tracing::warn!("inotify queue overflowed; re-reading every pod file");
+                    for state in self.files.values_mut() {
+                        state.stamp = None;
+                    }
+                }
+                Changed::Lost => {
+                    // The directory itself was removed or replaced: watch the new one.
+                    watch = DirWatch::new(&self.dir);
+                    for state in self.files.values_mut() {
+                        state.stamp = None;
+                    }
+                }
+            }
         }
     }
 }
 
-fn is_pod_file(name: &str) -> bool {
-    name.ends_with(".json") || name.ends_with(".yaml") || name.ends_with(".yml")
+fn is_pod_file(name: &[u8]) -> bool {
+    name.ends_with(b".json") || name.ends_with(b".yaml") || name.ends_with(b".yml")
 }
 
-/// Largest pod file read; real Pod objects are a few KiB.
-const MAX_POD_FILE: u64 = 4 << 20;
-
-fn read_pod(path: &Path) -> std::result::Result<Pod, String> {
-    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
-    if meta.len() > MAX_POD_FILE {
+/// Reads one pod file in one bounded step: open (non-blocking, so a FIFO cannot hang the agent),
+/// `fstat` the opened file (the stamp of what is read), read at most [`MAX_POD_FILE`] + 1 bytes,
+/// parse. The error says what is wrong; the caller keeps the pod's last good state.
+fn read_pod(path: &Path) -> std::result::Result<(Pod, FileStamp), String> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => "symlink loop (too many levels of symbolic links)".to_string(),
+            _ => format!("cannot open: {e}"),
+        })?;
+    let meta = file.metadata().map_err(|e| format!("cannot stat: {e}"))?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    let stamp = FileStamp::of(&meta);
+    let mut bytes = Vec::with_capacity(meta.len().min(MAX_POD_FILE) as usize + 1);
+    file.take(MAX_POD_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    if bytes.len() as u64 > MAX_POD_FILE {
         return Err(format!(
-            "file is {} bytes, larger than {MAX_POD_FILE}",
-            meta.len()
+            "larger than {MAX_POD_FILE} bytes (a Pod object is a few KiB)"
         ));
     }
-    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
-    let pod: Pod = if path.extension().is_some_and(|e| e == "json") {
-        serde_json::from_str(&text).map_err(|e| format!("invalid Pod JSON: {e}"))?
-    } else {
-        serde_yaml::from_str(&text).map_err(|e| format!("invalid Pod YAML: {e}"))?
-    };
-    if pod.metadata.uid.as_deref().unwrap_or("").is_empty() {
-        return Err("Pod has no metadata.uid".into());
-    }
-    Ok(pod)
+    let pod = parse_pod(path, &bytes)?;
+    Ok((pod, stamp))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    struct TempDir(PathBuf);
-    impl TempDir {
-        fn new(name: &str) -> Self {
-            let p = std::env::temp_dir().join(format!("hf-podsdir-{name}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&p);
-            std::fs::create_dir_all(&p).unwrap();
-            Self(p)
-        }
+/// Parses a Pod object: JSON for `.json`, YAML (serde-saphyr, with its default alias and depth
+/// budget) otherwise. Requires `metadata.uid`, the pod's identity.
+pub fn parse_pod(path: &Path, bytes: &[u8]) -> std::result::Result<Pod, String> {
+    let is_json = path.extension().is_some_and(|e| e == "json");
+    let pod: Pod = if is_json {
+        serde_json::from_slice(bytes)
+            .map_err(|e| format!("does not parse as Pod JSON (still being written?): {e}"))?
+    } else {
+        let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8 text: {e}"))?;
+        serde_saphyr::from_str(text)
+            .map_err(|e| format!("does not parse as Pod YAML (still being written?): {e}"))?
+    };
+    if pod.metadata.uid.as_deref().unwrap_or("").is_empty() {
+        return Err("the Pod has no metadata.uid".into());
     }
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
-    fn pod(uid: &str, name: &str) -> String {
-        serde_json::json!({"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "ns", "uid": uid},
-            "spec": {"containers": [{"name": "app"}]}})
-        .to_string()
-    }
-
-    fn write_atomic(dir: &Path, name: &str, text: &str) {
-        let tmp = dir.join(format!(".{name}.tmp"));
-        std::fs::write(&tmp, text).unwrap();
-        std::fs::rename(&tmp, dir.join(name)).unwrap();
-    }
-
-    fn applied_names(events: &[PodEvent]) -> Vec<String> {
-        events
-            .iter()
-            .filter_map(|e| match e {
-                PodEvent::Applied(p) => p.metadata.name.clone(),
-                _ => None,
-            })
-            .collect()
-    }
-
-    #[test]
-    fn follows_adds_updates_and_deletes() {
-        let d = TempDir::new("follow");
-        write_atomic(&d.0, "a.json", &pod("u-a", "a"));
-        std::fs::write(d.0.join(".b.json"), pod("u-b", "b")).unwrap(); // dotfile: ignored
-        std::fs::write(d.0.join("notes.txt"), "x").unwrap(); // not a pod file
-        let mut src = PodsDir::new(&d.0).unwrap();
-        assert_eq!(applied_names(&src.poll().unwrap()), ["a"]);
-        assert!(src.poll().unwrap().is_empty(), "unchanged: no events");
-
-        write_atomic(
-            &d.0,
-            "a.json",
-            &pod("u-a", "a").replace("\"ns\"", "\"ns2\""),
-        );
-        let ev = src.poll().unwrap();
-        assert_eq!(applied_names(&ev), ["a"]);
-
-        std::fs::write(
-            d.0.join("c.yaml"),
-            "apiVersion: v1\nkind: Pod\nmetadata: {name: c, uid: u-c}\nspec: {containers: [{name: x}]}\n",
-        )
-        .unwrap();
-        assert_eq!(applied_names(&src.poll().unwrap()), ["c"]);
-
-        std::fs::remove_file(d.0.join("a.json")).unwrap();
-        let ev = src.poll().unwrap();
-        assert!(matches!(&ev[..], [PodEvent::Deleted { uid }] if uid == "u-a"));
-    }
-
-    #[test]
-    fn bad_files_are_reported_not_fatal() {
-        let d = TempDir::new("bad");
-        std::fs::write(d.0.join("a.json"), "{ not json").unwrap();
-        std::fs::write(d.0.join("b.json"), r#"{"metadata": {"name": "b"}}"#).unwrap(); // no uid
-        std::fs::write(d.0.join("c.json"), pod("u-c", "c")).unwrap();
-        let mut src = PodsDir::new(&d.0).unwrap();
-        assert_eq!(applied_names(&src.poll().unwrap()), ["c"]);
-
-        // A good pod whose file turns bad keeps its last state: no delete event.
-        write_atomic(&d.0, "c.json", "garbage");
-        assert!(src.poll().unwrap().is_empty());
-        // ...and removing that file deletes the last good pod.
-        std::fs::remove_file(d.0.join("c.json")).unwrap();
-        let ev = src.poll().unwrap();
-        assert!(matches!(&ev[..], [PodEvent::Deleted { uid }] if uid == "u-c"));
-    }
-
-    #[test]
-    fn missing_dir_names_the_flag() {
-        let e = PodsDir::new("/nonexistent/holdfast-pods").unwrap_err();
-        assert!(e.to_string().contains("--pods-dir"), "{e}");
-    }
+    Ok(pod)
 }

@@ -12,6 +12,13 @@
 //!   are logged, rate-limited, and retried with kube-rs's default backoff parameters. They are
 //!   never fatal and never produce events: the agent keeps its pods' last state until the watch
 //!   is back.
+//!
+//! Idle cost per pod is nothing: one watch stream (one HTTP connection) for the whole node; with
+//! no pod changes the task is parked on that socket. There is no timer or poll per pod — the only
+//! per-pod state is a uid in [`EventMapper`]'s set — and the periodic work is per watch, not per
+//! pod: a re-watch when the server closes the stream (kube-runtime 5 `watcher::Config::default()`
+//! asks `timeoutSeconds=290`) and the API server's periodic bookmark events (`bookmarks: true`), both
+//! per watch. [`PodEvent::Synced`] is sent once, after the first complete list (`InitDone`).
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -168,6 +175,8 @@ pub struct EventMapper {
     known: HashSet<String>,
     /// During a (re)list: the uids listed so far.
     relist: Option<HashSet<String>>,
+    /// [`PodEvent::Synced`] was sent (after the first complete list).
+    synced: bool,
 }
 
 impl EventMapper {
@@ -197,9 +206,15 @@ impl EventMapper {
                 // Sorted so the order of the Deleted events is reproducible.
                 gone.sort();
                 self.known = listed;
-                gone.into_iter()
+                let mut events: Vec<PodEvent> = gone
+                    .into_iter()
                     .map(|uid| PodEvent::Deleted { uid })
-                    .collect()
+                    .collect();
+                // The first complete list is every pod of the node: the agent's view is whole.
+                if !std::mem::replace(&mut self.synced, true) {
+                    events.push(PodEvent::Synced);
+                }
+                events
             }
         }
     }
@@ -331,7 +346,7 @@ mod tests {
                 watcher::Event::InitDone,
             ],
         );
-        assert_eq!(out, ["A:a", "A:b"]);
+        assert_eq!(out, ["A:a", "A:b", "S"]);
         assert_eq!(known(&m), ["a", "b"]);
     }
 
@@ -349,7 +364,7 @@ mod tests {
                 watcher::Event::Delete(pod("a")),
             ],
         );
-        assert_eq!(out, ["A:a", "A:b", "A:a", "D:a"]);
+        assert_eq!(out, ["A:a", "S", "A:b", "A:a", "D:a"]);
         assert_eq!(known(&m), ["b"]);
     }
 

@@ -5,6 +5,7 @@
 //! - [`kube::KubePods`]: the API server, watching `spec.nodeName=<node>` (in-cluster).
 
 pub mod dir;
+mod dir_watch;
 pub mod kube;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -40,7 +41,12 @@ pub struct SourceProblems {
 
 impl SourceProblems {
     /// Replaces the current list (a source reports its whole picture each time it looks).
+    /// Also sets `holdfast_source_problems` ([`crate::process_metrics::register`]).
     pub fn set(&self, problems: Vec<SourceProblem>) {
+        crate::process_metrics::SOURCE_PROBLEMS.store(
+            i64::try_from(problems.len()).unwrap_or(i64::MAX),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         *self.inner.lock().unwrap_or_else(|e| e.into_inner()) = problems;
     }
 

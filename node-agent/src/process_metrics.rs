@@ -1,0 +1,166 @@
+//! The agent's own resources, as metrics read from `/proc/self` at scrape time, and its
+//! open-files budget.
+//!
+//! Metric names follow the Prometheus process collector (`process_open_fds`, `process_max_fds`,
+//! `process_resident_memory_bytes`, `process_threads`), prefixed `holdfast_` like every metric of
+//! the agent. `holdfast_source_problems` (the pod source's current rejected entries) is
+//! and `holdfast_status_api_rejected_connections` are registered here too, so one call wires
+//! them all.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+
+/// The number of problems the pod source reports now ([`crate::source::SourceProblems::set`]
+/// writes it). One per process: an agent has one pod source.
+pub(crate) static SOURCE_PROBLEMS: AtomicI64 = AtomicI64::new(0);
+
+/// Registers the process metrics and `holdfast_source_problems` (call once per registry).
+pub fn register(registry: &mut Registry) {
+    registry.register_collector(Box::new(ProcessCollector));
+}
+
+/// A snapshot of the agent's own resources. Each field is `None` when it could not be read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcessStats {
+    /// Entries in `/proc/self/fd`.
+    pub open_fds: Option<u64>,
+    /// The soft `RLIMIT_NOFILE`.
+    pub max_fds: Option<u64>,
+    /// `VmRSS` of `/proc/self/status`, in bytes.
+    pub resident_memory_bytes: Option<u64>,
+    /// `Threads` of `/proc/self/status`.
+    pub threads: Option<u64>,
+}
+
+impl ProcessStats {
+    /// Reads `/proc/self`.
+    pub fn read() -> Self {
+        let open_fds = std::fs::read_dir("/proc/self/fd")
+            .ok()
+            // The listing's own fd is counted too, as the process collector does.
+            .map(|d| d.count() as u64);
+        let max_fds = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+            .ok()
+            .map(|(soft, _)| soft);
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let (rss_kib, threads) = parse_status(&status);
+        Self {
+            open_fds,
+            max_fds,
+            resident_memory_bytes: rss_kib.map(|k| k.saturating_mul(1024)),
+            threads,
+        }
+    }
+}
+
+/// `VmRSS` (KiB) and `Threads` from the text of `/proc/<pid>/status` (proc(5): `VmRSS:\t  1234 kB`).
+pub fn parse_status(status: &str) -> (Option<u64>, Option<u64>) {
+    let field = |name: &str| {
+        status.lines().find_map(|l| {
+            let rest = l.strip_prefix(name)?.strip_prefix(':')?;
+            rest.split_whitespace().next()?.parse::<u64>().ok()
+        })
+    };
+    (field("VmRSS"), field("Threads"))
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit and returns `(soft, hard)` after.
+///
+/// Why: the agent's fds are its ability to work — the pods directory, `/proc`, one netns fd and
+/// NFQUEUE socket per holding pod, the admin connections of a drain. The defaults (soft 1024)
+/// are far below what the kernel allows the container (hard, often 1048576), and the status API
+/// is capped at [`crate::status_api::MAX_CONNECTIONS`], far below either: a flood of clients can
+/// take at most that many fds, never the rest.
+pub fn raise_fd_limit() -> Option<(u64, u64)> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+    if soft < hard {
+        if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            tracing::warn!(soft, hard, error = %e, "cannot raise the open-files limit");
+            return Some((soft, hard));
+        }
+    }
+    getrlimit(Resource::RLIMIT_NOFILE).ok()
+}
+
+#[derive(Debug)]
+struct ProcessCollector;
+
+impl Collector for ProcessCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let stats = ProcessStats::read();
+        let gauges = [
+            (
+                "holdfast_process_open_fds",
+                "Open file descriptors of the agent (/proc/self/fd)",
+                stats.open_fds,
+            ),
+            (
+                "holdfast_process_max_fds",
+                "The agent's open-files limit (soft RLIMIT_NOFILE)",
+                stats.max_fds,
+            ),
+            (
+                "holdfast_process_resident_memory_bytes",
+                "Resident memory of the agent in bytes (VmRSS)",
+                stats.resident_memory_bytes,
+            ),
+            (
+                "holdfast_process_threads",
+                "Threads of the agent",
+                stats.threads,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let Some(value) = value else { continue };
+            let gauge = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
+            gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+        }
+        let problems = ConstGauge::new(SOURCE_PROBLEMS.load(Ordering::Relaxed));
+        problems.encode(encoder.encode_descriptor(
+            "holdfast_source_problems",
+            "Pod source entries rejected or ignored now (bad files, symlink loops, duplicate uids); listed on /status",
+            None,
+            problems.metric_type(),
+        )?)?;
+        let rejected =
+            ConstCounter::new(crate::status_api::REJECTED_CONNECTIONS.load(Ordering::Relaxed));
+        rejected.encode(encoder.encode_descriptor(
+            "holdfast_status_api_rejected_connections",
+            "Status API connections closed at accept because the connection limit was reached",
+            None,
+            rejected.metric_type(),
+        )?)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_fields_parse_and_garbage_is_none() {
+        let text = "Name:\tholdfast\nThreads:\t7\nVmRSS:\t   12345 kB\n";
+        assert_eq!(parse_status(text), (Some(12345), Some(7)));
+        assert_eq!(parse_status("VmRSS: x kB\nThreads:"), (None, None));
+        assert_eq!(parse_status(""), (None, None));
+    }
+
+    #[test]
+    fn reads_this_process() {
+        let s = ProcessStats::read();
+        assert!(s.open_fds.is_some_and(|n| n >= 3), "{s:?}");
+        assert!(s.max_fds.is_some_and(|n| n >= s.open_fds.unwrap_or(0)));
+        assert!(
+            s.resident_memory_bytes.is_some_and(|b| b > 1 << 20),
+            "{s:?}"
+        );
+        assert!(s.threads.is_some_and(|t| t >= 1));
+    }
+}
