@@ -15,6 +15,67 @@ pub const ANNOTATION_ENABLED: &str = "holdfast.io/enabled";
 /// Annotation that overrides the hold deadline for one pod (e.g. `"30s"`, `"2m"`).
 pub const ANNOTATION_HOLD_TIMEOUT: &str = "holdfast.io/hold-timeout";
 
+/// Istio's injection record: JSON naming the init containers and containers its template added
+/// (istio/istio pkg/kube/inject/webhook.go, `getInjectionStatus`; struct `SidecarInjectionStatus`
+/// in pkg/kube/inject/inject.go).
+pub const ANNOTATION_ISTIO_SIDECAR_STATUS: &str = "sidecar.istio.io/status";
+/// Istio's interception mode for one pod: `REDIRECT` (default), `TPROXY` or `NONE` (istio/istio
+/// manifests/charts/istio-control/istio-discovery/files/injection-template.yaml).
+pub const ANNOTATION_ISTIO_INTERCEPTION_MODE: &str = "sidecar.istio.io/interceptionMode";
+/// Istio's per-pod ProxyConfig overlay (YAML or JSON), whose `proxyMetadata` the injector renders
+/// into the proxy's environment (pkg/kube/inject/webhook.go applies it before rendering).
+pub const ANNOTATION_ISTIO_PROXY_CONFIG: &str = "proxy.istio.io/config";
+
+/// The proxy's `proxyMetadata` from a `proxy.istio.io/config` annotation value: an empty map when
+/// the value has no `proxyMetadata`, an error (for the pod's problems) when it is not a YAML/JSON
+/// mapping or `proxyMetadata` is not a mapping of scalars.
+pub fn proxy_metadata_from_annotation(
+    value: &str,
+) -> Result<std::collections::BTreeMap<String, String>, String> {
+    let bad = |why: &str| format!("annotation {ANNOTATION_ISTIO_PROXY_CONFIG}: {why}");
+    let doc: serde_yaml::Value =
+        serde_yaml::from_str(value).map_err(|e| bad(&format!("not YAML or JSON ({e})")))?;
+    let mut out = std::collections::BTreeMap::new();
+    let map = match doc {
+        serde_yaml::Value::Mapping(m) => m,
+        serde_yaml::Value::Null => return Ok(out),
+        _ => return Err(bad("not a mapping")),
+    };
+    let Some(meta) = map.get("proxyMetadata") else {
+        return Ok(out);
+    };
+    let serde_yaml::Value::Mapping(meta) = meta else {
+        return Err(bad("proxyMetadata is not a mapping"));
+    };
+    for (k, v) in meta {
+        let (Some(k), Some(v)) = (k.as_str(), scalar_string(v)) else {
+            return Err(bad("proxyMetadata has a key or value that is not a string"));
+        };
+        out.insert(k.to_string(), v);
+    }
+    Ok(out)
+}
+
+fn scalar_string(v: &serde_yaml::Value) -> Option<String> {
+    match v {
+        serde_yaml::Value::String(s) => Some(s.clone()),
+        serde_yaml::Value::Bool(b) => Some(b.to_string()),
+        serde_yaml::Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// Go's `strconv.ParseBool`, which Istio's `env.Register(..., false, ...)` uses for
+/// `ISTIO_META_DNS_CAPTURE` and `EXIT_ON_ZERO_ACTIVE_CONNECTIONS` (istio/istio pkg/env): anything
+/// else is an error, and Istio then uses the default (false).
+pub fn parse_go_bool(value: &str) -> Option<bool> {
+    match value {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
+}
+
 /// The effective configuration, logged at start and served on the status API.
 #[derive(Debug, Clone, Serialize)]
 pub struct Config {
@@ -190,6 +251,17 @@ pub struct PodOverrides {
     pub problems: Vec<String>,
 }
 
+impl Default for PodOverrides {
+    /// No annotation: enabled, the default hold deadline, no problems.
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            hold_timeout: HoldSettings::default().timeout,
+            problems: Vec::new(),
+        }
+    }
+}
+
 impl PodOverrides {
     /// Applies a pod's annotations over the node defaults. Invalid values fall back to the default
     /// and are listed in `problems` with the annotation, its value and the fix.
@@ -311,5 +383,39 @@ mod tests {
         let o = PodOverrides::from_annotations([(ANNOTATION_HOLD_TIMEOUT, "0s")], &defaults);
         assert_eq!(o.hold_timeout, defaults.timeout);
         assert_eq!(o.problems.len(), 1);
+    }
+
+    #[test]
+    fn proxy_config_annotation_metadata() {
+        // The shapes Istio documents for the annotation: YAML and JSON.
+        let yaml = "proxyMetadata:\n  ISTIO_META_DNS_CAPTURE: \"true\"\n  EXIT_ON_ZERO_ACTIVE_CONNECTIONS: true\nterminationDrainDuration: 30s\n";
+        let m = proxy_metadata_from_annotation(yaml).unwrap();
+        assert_eq!(m["ISTIO_META_DNS_CAPTURE"], "true");
+        assert_eq!(m["EXIT_ON_ZERO_ACTIVE_CONNECTIONS"], "true");
+        let json = r#"{"terminationDrainDuration": "60s"}"#;
+        assert!(proxy_metadata_from_annotation(json).unwrap().is_empty());
+        assert!(proxy_metadata_from_annotation("").unwrap().is_empty());
+        for bad in [
+            "[1, 2]",
+            "proxyMetadata: [a]",
+            "{",
+            "proxyMetadata: {A: [1]}",
+        ] {
+            let e = proxy_metadata_from_annotation(bad).expect_err(bad);
+            assert!(e.contains(ANNOTATION_ISTIO_PROXY_CONFIG), "{e}");
+        }
+    }
+
+    #[test]
+    fn go_bools() {
+        for t in ["1", "t", "T", "TRUE", "true", "True"] {
+            assert_eq!(parse_go_bool(t), Some(true), "{t}");
+        }
+        for f in ["0", "f", "F", "FALSE", "false", "False"] {
+            assert_eq!(parse_go_bool(f), Some(false), "{f}");
+        }
+        for bad in ["", "yes", "on", " true", "tRuE"] {
+            assert_eq!(parse_go_bool(bad), None, "{bad:?}");
+        }
     }
 }

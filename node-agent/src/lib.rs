@@ -10,7 +10,8 @@
 //! - [`procfs_pods`]: which processes and sockets belong to a pod (cgroup parsing).
 //! - [`envoy_admin`]: the Envoy admin API client.
 //! - [`config`]: flags, defaults (Istio conventions), per-pod annotations, durations.
-//! - [`pod`]: what the agent reads from a Kubernetes Pod object.
+//! - [`pod`]: what the agent reads from a Kubernetes Pod object, and which pods it acts on.
+//! - [`node_taint`]: removing the agent's startup taint from its node once it is ready.
 //! - [`source`]: where Pod objects come from (a pods directory, or the API server).
 //! - [`events`]: Kubernetes Events on pods (what holdfast did, what needs the operator).
 //! - [`status`], [`status_api`]: the per-pod status board and the read-only API serving it.
@@ -25,6 +26,7 @@ pub mod hold;
 pub mod http1_client;
 pub mod metrics;
 pub mod netns;
+pub mod node_taint;
 pub mod pod;
 pub mod process_metrics;
 pub mod procfs_pods;

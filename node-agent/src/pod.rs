@@ -1,18 +1,35 @@
-//! What the agent needs to know about one Kubernetes Pod, read defensively from the API object.
+//! What the agent needs to know about one Kubernetes Pod, read defensively from the API object,
+//! and whether holdfast acts on it at all.
 //!
 //! A `Pod` from the API server (or a pods directory) may be incomplete at any stage: no status
 //! yet, no container ids yet, missing fields in a hand-written file. Everything here returns a
 //! safe answer for such objects instead of failing.
+//!
+//! holdfast acts only on **classic sidecar pods** (see [`NotTracked`] for every way out): the
+//! proxy is a regular container next to at least one other regular container, Istio's sidecar
+//! template injected it (its status annotation names `istio-init` or `istio-validation`), and
+//! interception is REDIRECT. Gateways, waypoints and ztunnel name their container `istio-proxy`
+//! too, but have no capture ports and must drain all listeners: holding or quitting them early
+//! is wrong.
 
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::config::{HoldSettings, PodOverrides, ProxyConfig};
+use crate::config::{
+    parse_go_bool, proxy_metadata_from_annotation, HoldSettings, PodOverrides, ProxyConfig,
+    ANNOTATION_ISTIO_INTERCEPTION_MODE, ANNOTATION_ISTIO_PROXY_CONFIG,
+    ANNOTATION_ISTIO_SIDECAR_STATUS,
+};
+
+mod shape;
+
+pub use shape::NotTracked;
 
 /// Stable identity of a pod: its UID, plus `namespace/name` for humans.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PodKey {
     pub uid: String,
     pub namespace: String,
@@ -25,62 +42,67 @@ impl std::fmt::Display for PodKey {
     }
 }
 
-/// Why a pod is not tracked.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NotTracked {
-    /// The object has no `metadata.uid` (or no name): it cannot be tied to processes.
-    Incomplete(&'static str),
-    /// No container named like the proxy (`--proxy-container`).
-    NoProxy,
-    /// `hostNetwork: true`: the pod shares the node's namespace; holding there would hold the node.
-    HostNetwork,
-    /// Opted out with `holdfast.io/enabled: "false"`.
-    OptedOut,
-    /// Scheduled on another node (a source should not deliver these; checked anyway).
-    OtherNode,
-}
-
-impl std::fmt::Display for NotTracked {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            NotTracked::Incomplete(what) => write!(f, "pod object has no {what}"),
-            NotTracked::NoProxy => f.write_str("no proxy container"),
-            NotTracked::HostNetwork => f.write_str("hostNetwork pod"),
-            NotTracked::OptedOut => f.write_str("opted out by annotation"),
-            NotTracked::OtherNode => f.write_str("scheduled on another node"),
-        }
-    }
-}
-
 /// One container's runtime state as the kubelet reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ContainerView {
     pub name: String,
     /// Runtime container id without the `containerd://` style prefix; `None` before it is created.
     pub id: Option<String>,
     pub is_proxy: bool,
     pub state: ContainerState,
+    /// The status shows the container ran at some point: state running or terminated, a
+    /// terminated `lastState`, or `restartCount > 0`. A container still `waiting` for its first
+    /// start (ContainerCreating, ImagePullBackOff, PodInitializing) has not.
+    pub ran: bool,
+    /// An init container with `restartPolicy: Always` (a native sidecar, Kubernetes 1.29+):
+    /// started in init order, runs next to the regular containers, and is stopped only after
+    /// every regular container has exited (kubernetes/kubernetes
+    /// pkg/kubelet/kuberuntime/kuberuntime_termination_order.go). Always `false` for regular
+    /// containers.
+    pub restartable: bool,
+}
+
+impl ContainerView {
+    /// Whether the container ever ran: [`ContainerView::ran`], or a state that implies it.
+    pub fn has_run(&self) -> bool {
+        self.ran || !matches!(self.state, ContainerState::Waiting)
+    }
 }
 
 /// A container's lifecycle state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum ContainerState {
+    #[default]
     Waiting,
     Running,
-    Terminated { exit_code: i32 },
+    Terminated {
+        exit_code: i32,
+    },
 }
 
 /// A meshed pod on this node, as the agent sees it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct PodView {
     pub key: PodKey,
     pub overrides: PodOverrides,
-    /// Containers of the pod (regular containers; init containers are not tracked).
+    /// The regular containers (`spec.containers`), the proxy among them.
     pub containers: Vec<ContainerView>,
+    /// `spec.initContainers`, in order; native sidecars have `restartable: true`.
+    pub init_containers: Vec<ContainerView>,
     /// `Always` (the default), `OnFailure` or `Never`.
     pub restart_policy: String,
     /// Set once the pod is being deleted.
     pub deletion: Option<Deletion>,
+    /// `status.phase` (`Pending`, `Running`, `Succeeded`, `Failed`, `Unknown`), if reported.
+    pub phase: Option<String>,
+    /// `status.podIPs` in order (the first is `status.podIP`); empty before the sandbox exists.
+    pub pod_ips: Vec<IpAddr>,
+    /// Istio's DNS capture is on for this pod (see [`PodView::dns_capture`]).
+    pub dns_capture: bool,
+    /// pilot-agent ends Envoy on zero active connections (see [`PodView::exit_on_zero`]).
+    pub exit_on_zero: bool,
+    /// The proxy's `ISTIO_DUAL_STACK` is true (decides the admin bind of IPv6-first pods).
+    pub istio_dual_stack: bool,
 }
 
 /// A pod's deletion: when it started and how long the kubelet grants it.
@@ -93,8 +115,21 @@ pub struct Deletion {
 /// Kubernetes' default `terminationGracePeriodSeconds`.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
 
+/// The proxy's environment variable that turns on Istio's DNS capture (redirect of port 53 to
+/// pilot-agent's 15053): pilot/cmd/pilot-agent/options/options.go `DNSCaptureByAgent`, and
+/// tools/istio-iptables/pkg/cmd/root.go for the redirect rule.
+pub const ENV_DNS_CAPTURE: &str = "ISTIO_META_DNS_CAPTURE";
+/// pilot-agent's "end Envoy on zero active connections" switch
+/// (pilot/cmd/pilot-agent/options/options.go, used in pkg/envoy/agent.go `terminate`).
+pub const ENV_EXIT_ON_ZERO: &str = "EXIT_ON_ZERO_ACTIVE_CONNECTIONS";
+/// Istio's dual-stack switch (pilot/pkg/features/experimental.go `EnableDualStack`).
+pub const ENV_DUAL_STACK: &str = "ISTIO_DUAL_STACK";
+/// How Istio tells the proxy its interception mode (injection-template.yaml).
+pub const ENV_INTERCEPTION_MODE: &str = "ISTIO_META_INTERCEPTION_MODE";
+
 impl PodView {
-    /// Reads a Pod object. Returns why the pod is not tracked when it is not meshed.
+    /// Reads a Pod object. Returns why the pod is not tracked when it is not a classic sidecar
+    /// pod holdfast may act on.
     pub fn from_pod(
         pod: &Pod,
         node_name: &str,
@@ -124,44 +159,87 @@ impl PodView {
                 return Err(NotTracked::OtherNode);
             }
         }
-        if spec.host_network == Some(true) {
-            return Err(NotTracked::HostNetwork);
-        }
-        if !spec.containers.iter().any(|c| c.name == proxy.container) {
-            return Err(NotTracked::NoProxy);
-        }
-        let annotations = meta
-            .annotations
-            .iter()
-            .flatten()
-            .map(|(k, v)| (k.as_str(), v.as_str()));
-        let overrides = PodOverrides::from_annotations(annotations, hold);
-        if !overrides.enabled {
-            return Err(NotTracked::OptedOut);
-        }
+        let annotation = |k: &str| meta.annotations.as_ref().and_then(|a| a.get(k));
+        let mut overrides = PodOverrides::from_annotations(
+            meta.annotations
+                .iter()
+                .flatten()
+                .map(|(k, v)| (k.as_str(), v.as_str())),
+            hold,
+        );
+        let proxy_container = shape::check(pod, spec, &proxy.container, &overrides, &annotation)?;
 
-        let statuses: &[ContainerStatus] = pod
-            .status
-            .as_ref()
+        // The proxy's settings: its env first (what pilot-agent reads), then the
+        // proxy.istio.io/config annotation's proxyMetadata.
+        let metadata = match annotation(ANNOTATION_ISTIO_PROXY_CONFIG) {
+            Some(v) => proxy_metadata_from_annotation(v).unwrap_or_else(|problem| {
+                overrides.problems.push(format!("{problem}; ignored"));
+                Default::default()
+            }),
+            None => Default::default(),
+        };
+        let mut flag = |var: &str| -> bool {
+            let (value, from) = match env_value(proxy_container, var) {
+                EnvValue::Literal(v) => (v, "env"),
+                EnvValue::FromElsewhere => {
+                    overrides.problems.push(format!(
+                        "{}'s {var} is set through valueFrom, which holdfast cannot read; assuming false",
+                        proxy.container
+                    ));
+                    return false;
+                }
+                EnvValue::Absent => match metadata.get(var) {
+                    Some(v) => (v.as_str(), ANNOTATION_ISTIO_PROXY_CONFIG),
+                    None => return false,
+                },
+            };
+            parse_go_bool(value).unwrap_or_else(|| {
+                overrides.problems.push(format!(
+                    "{var}={value:?} (from {from}) is not a boolean; pilot-agent then uses false, and so does holdfast"
+                ));
+                false
+            })
+        };
+        let dns_capture = flag(ENV_DNS_CAPTURE);
+        let exit_on_zero = flag(ENV_EXIT_ON_ZERO);
+        let istio_dual_stack = flag(ENV_DUAL_STACK);
+
+        let status = pod.status.as_ref();
+        let statuses: &[ContainerStatus] = status
             .and_then(|s| s.container_statuses.as_deref())
+            .unwrap_or(&[]);
+        let init_statuses: &[ContainerStatus] = status
+            .and_then(|s| s.init_container_statuses.as_deref())
             .unwrap_or(&[]);
         let containers = spec
             .containers
             .iter()
+            .map(|c| container_view(c, statuses, &proxy.container, false))
+            .collect();
+        let init_containers = spec
+            .init_containers
+            .iter()
+            .flatten()
             .map(|c| {
-                let status = statuses.iter().find(|s| s.name == c.name);
-                ContainerView {
-                    name: c.name.clone(),
-                    id: status
-                        .and_then(|s| s.container_id.as_deref())
-                        .and_then(strip_runtime_prefix),
-                    is_proxy: c.name == proxy.container,
-                    state: status
-                        .map(container_state)
-                        .unwrap_or(ContainerState::Waiting),
-                }
+                let restartable = c.restart_policy.as_deref() == Some("Always");
+                container_view(c, init_statuses, &proxy.container, restartable)
             })
             .collect();
+
+        let mut pod_ips = Vec::new();
+        let listed = status
+            .and_then(|s| s.pod_ips.as_ref())
+            .map(|ips| ips.iter().map(|p| p.ip.as_str()).collect::<Vec<_>>())
+            .filter(|ips| !ips.is_empty())
+            .or_else(|| status.and_then(|s| s.pod_ip.as_deref()).map(|ip| vec![ip]));
+        for ip in listed.into_iter().flatten() {
+            match ip.parse::<IpAddr>() {
+                Ok(ip) => pod_ips.push(ip),
+                Err(_) => overrides.problems.push(format!(
+                    "status.podIPs has an address that is not an IP: {ip:?}; ignored"
+                )),
+            }
+        }
 
         let deletion = meta.deletion_timestamp.as_ref().map(|t| Deletion {
             timestamp: t.0,
@@ -177,41 +255,96 @@ impl PodView {
             key,
             overrides,
             containers,
+            init_containers,
             restart_policy: spec
                 .restart_policy
                 .clone()
                 .unwrap_or_else(|| "Always".into()),
             deletion,
+            phase: status.and_then(|s| s.phase.clone()),
+            pod_ips,
+            dns_capture,
+            exit_on_zero,
+            istio_dual_stack,
         })
     }
 
-    /// Envoy's admin address for this pod: Istio binds it on `::1` when the pod's first IP is
-    /// IPv6, else on 127.0.0.1 (the configured port either way).
-    /// TODO(issue 10): read `status.podIPs`.
-    pub fn admin_addr(&self, proxy: &ProxyConfig) -> std::net::SocketAddr {
-        proxy.admin
+    /// Envoy's admin address for this pod. Istio's bootstrap binds admin on its "localhost"
+    /// (tools/packaging/common/envoy_bootstrap.json), which pkg/bootstrap/config.go picks from
+    /// the proxy's IPs — `status.podIP` first (pilot-agent's `INSTANCE_IP`, app/cmd.go), then the
+    /// pod's other addresses: `::1` when every IP is IPv6, or when the first is IPv6 and
+    /// `ISTIO_DUAL_STACK` is on; `127.0.0.1` otherwise (an IPv6-first dual-stack pod without
+    /// `ISTIO_DUAL_STACK` still binds IPv4). The port is the configured one either way.
+    pub fn admin_addr(&self, proxy: &ProxyConfig) -> SocketAddr {
+        let Some(first) = self.pod_ips.first() else {
+            return proxy.admin;
+        };
+        let all_v6 = self.pod_ips.iter().all(IpAddr::is_ipv6);
+        let v6_loopback = first.is_ipv6() && (all_v6 || self.istio_dual_stack);
+        if v6_loopback && proxy.admin.ip().is_loopback() {
+            SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), proxy.admin.port())
+        } else {
+            proxy.admin
+        }
     }
 
     /// Whether the pod has an IPv6 address (its IPv6 connections are then held too).
-    /// TODO(issue 10): read `status.podIPs`.
     pub fn has_ipv6(&self) -> bool {
-        false
+        self.pod_ips.iter().any(IpAddr::is_ipv6)
     }
 
-    /// Whether Istio redirects the pod's DNS to pilot-agent (15053), so DNS is held too.
-    /// TODO(issue 10): read the proxy's `ISTIO_META_DNS_CAPTURE`.
+    /// Whether Istio redirects the pod's DNS (UDP and TCP port 53) to pilot-agent's 15053, so DNS
+    /// is held too: the proxy's `ISTIO_META_DNS_CAPTURE` env (Istio renders mesh-wide and
+    /// per-pod `proxyMetadata` into it at injection; pilot-agent reads only its env), else the
+    /// `proxy.istio.io/config` annotation's `proxyMetadata`. Malformed: false (Istio's default).
     pub fn dns_capture(&self) -> bool {
-        false
+        self.dns_capture
     }
 
-    /// Whether every init container has completed (before that, the pod's connections come
-    /// from init containers, which are never held). TODO(issue 10): read initContainerStatuses.
+    /// Whether pilot-agent ends Envoy on its own once no listener has an active connection
+    /// (`EXIT_ON_ZERO_ACTIVE_CONNECTIONS`, read like [`PodView::dns_capture`]). With it,
+    /// pilot-agent ignores `terminationDrainDuration` (pkg/envoy/agent.go `terminate`).
+    pub fn exit_on_zero(&self) -> bool {
+        self.exit_on_zero
+    }
+
+    /// Whether every (non-restartable) init container has completed: terminated with exit code 0
+    /// per `status.initContainerStatuses`. Before that the pod's connections come from init
+    /// containers (Envoy cannot start before they finish), which are never held. A pod without
+    /// init containers is done at once; one without their statuses yet is not.
     pub fn init_done(&self) -> bool {
-        true
+        self.init_containers
+            .iter()
+            .filter(|c| !c.restartable)
+            .all(|c| matches!(c.state, ContainerState::Terminated { exit_code: 0 }))
     }
 
-    /// The app (non-proxy) containers.
+    /// Ids of the non-restartable init containers that run now (per status): whatever they
+    /// send must not be held.
+    pub fn running_init_container_ids(&self) -> Vec<String> {
+        self.init_containers
+            .iter()
+            .filter(|c| !c.restartable && c.state == ContainerState::Running)
+            .filter_map(|c| c.id.clone())
+            .collect()
+    }
+
+    /// The app containers: every regular container but the proxy, then the native sidecars
+    /// other than the proxy (log shippers, collectors: `restartable: true`). Native sidecars are
+    /// app for the drain's in-flight judgement — their connections go through Envoy — but the
+    /// kubelet stops them only after every regular container, the proxy included, has exited:
+    /// never wait for their processes to exit before quitting the proxy (that waits for the
+    /// deadline). [`PodView::regular_app_containers`] leaves them out.
     pub fn app_containers(&self) -> impl Iterator<Item = &ContainerView> {
+        self.regular_app_containers().chain(
+            self.init_containers
+                .iter()
+                .filter(|c| c.restartable && !c.is_proxy),
+        )
+    }
+
+    /// The regular (`spec.containers`) app containers: every one but the proxy.
+    pub fn regular_app_containers(&self) -> impl Iterator<Item = &ContainerView> {
         self.containers.iter().filter(|c| !c.is_proxy)
     }
 
@@ -220,21 +353,57 @@ impl PodView {
         self.containers.iter().find(|c| c.is_proxy)
     }
 
-    /// True when every app container has exited and the kubelet will not restart any of them, so
-    /// the pod only waits for its proxy: a finished Job. `restartPolicy: Always` never qualifies.
+    /// Whether every regular app container has run (per status): until then "no app process"
+    /// means "not started yet", never "finished".
+    pub fn every_app_ran(&self) -> bool {
+        self.regular_app_containers().all(ContainerView::has_run)
+    }
+
+    /// True when every regular app container ran, has exited, and the kubelet will not restart
+    /// any of them, so the pod only waits for its proxy: a finished Job. `restartPolicy: Always`
+    /// never qualifies; a container still waiting for its first start is never done. Native
+    /// sidecars are left out: the kubelet stops them after the proxy.
     pub fn apps_finished_for_good(&self) -> bool {
-        let mut apps = self.app_containers().peekable();
+        let mut apps = self.regular_app_containers().peekable();
         if apps.peek().is_none() {
             return false;
         }
-        apps.all(|c| match c.state {
-            ContainerState::Terminated { exit_code } => match self.restart_policy.as_str() {
-                "Never" => true,
-                "OnFailure" => exit_code == 0,
-                _ => false,
-            },
-            _ => false,
+        apps.all(|c| {
+            c.has_run()
+                && match c.state {
+                    ContainerState::Terminated { exit_code } => {
+                        match self.restart_policy.as_str() {
+                            "Never" => true,
+                            "OnFailure" => exit_code == 0,
+                            _ => false,
+                        }
+                    }
+                    _ => false,
+                }
         })
+    }
+}
+
+/// What an operator should change when Envoy exited before the app was done (drain outcome
+/// `proxy-gone-early`). Without `EXIT_ON_ZERO_ACTIVE_CONNECTIONS` pilot-agent ended Envoy after
+/// `terminationDrainDuration`; with it, pilot-agent ignores that duration and ends Envoy once its
+/// listeners count no active connection after `MINIMUM_DRAIN_DURATION` (5 s), polling every
+/// second (pkg/envoy/agent.go `terminate`) — an app between two calls has none.
+pub fn drain_advice(view: &PodView) -> String {
+    if view.exit_on_zero {
+        format!(
+            "Envoy exited while the app still ran: this pod's proxy sets {ENV_EXIT_ON_ZERO}, so \
+             pilot-agent ends Envoy as soon as no connection is active (after \
+             MINIMUM_DRAIN_DURATION, 5s) and terminationDrainDuration has no effect. Remove \
+             {ENV_EXIT_ON_ZERO} from this pod's proxyMetadata (mesh defaultConfig or the \
+             {ANNOTATION_ISTIO_PROXY_CONFIG} annotation) and set terminationDrainDuration to the \
+             pod's grace period, so holdfast ends Envoy when the app is done"
+        )
+    } else {
+        "Envoy exited while the app still ran: set meshConfig.defaultConfig.\
+         terminationDrainDuration (or this pod's proxy.istio.io/config) to the pod's grace period, \
+         so Envoy outlives the app and holdfast ends it when the app is done"
+            .to_string()
     }
 }
 
@@ -242,6 +411,25 @@ impl PodView {
 pub fn strip_runtime_prefix(id: &str) -> Option<String> {
     let bare = id.split_once("://").map_or(id, |(_, rest)| rest);
     (!bare.is_empty()).then(|| bare.to_ascii_lowercase())
+}
+
+fn container_view(
+    c: &Container,
+    statuses: &[ContainerStatus],
+    proxy_name: &str,
+    restartable: bool,
+) -> ContainerView {
+    let status = statuses.iter().find(|s| s.name == c.name);
+    ContainerView {
+        name: c.name.clone(),
+        id: status
+            .and_then(|s| s.container_id.as_deref())
+            .and_then(strip_runtime_prefix),
+        is_proxy: c.name == proxy_name,
+        state: status.map(container_state).unwrap_or_default(),
+        ran: status.is_some_and(status_shows_a_run),
+        restartable,
+    }
 }
 
 fn container_state(s: &ContainerStatus) -> ContainerState {
@@ -254,143 +442,79 @@ fn container_state(s: &ContainerStatus) -> ContainerState {
     }
 }
 
-#[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
-    use serde_json::json;
+/// Running or terminated now, terminated before (`lastState`), or restarted: the container ran.
+fn status_shows_a_run(s: &ContainerStatus) -> bool {
+    let now = s
+        .state
+        .as_ref()
+        .is_some_and(|st| st.running.is_some() || st.terminated.is_some());
+    let before = s
+        .last_state
+        .as_ref()
+        .is_some_and(|st| st.terminated.is_some());
+    now || before || s.restart_count > 0
+}
 
-    pub fn pod_json(extra: serde_json::Value) -> Pod {
-        let mut base = json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "web-1", "namespace": "shop", "uid": "2C48913C-b29f-4a8e-9c4b-0123456789ab"},
-            "spec": {
-                "nodeName": "node-a",
-                "containers": [{"name": "istio-proxy"}, {"name": "app"}],
-                "terminationGracePeriodSeconds": 45
-            }
-        });
-        merge(&mut base, extra);
-        serde_json::from_value(base).expect("valid pod")
-    }
+/// A container's environment variable as written in the spec.
+enum EnvValue<'a> {
+    Absent,
+    Literal(&'a str),
+    /// `valueFrom` (a ConfigMap, a field): not knowable from the spec.
+    FromElsewhere,
+}
 
-    fn merge(a: &mut serde_json::Value, b: serde_json::Value) {
-        match (a, b) {
-            (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
-                for (k, v) in b {
-                    merge(a.entry(k).or_insert(serde_json::Value::Null), v);
-                }
-            }
-            (a, b) => *a = b,
-        }
-    }
-
-    fn view(pod: &Pod) -> Result<PodView, NotTracked> {
-        PodView::from_pod(
-            pod,
-            "node-a",
-            &ProxyConfig::default(),
-            &HoldSettings::default(),
-        )
-    }
-
-    #[test]
-    fn early_pod_has_no_container_ids() {
-        let v = view(&pod_json(json!({}))).unwrap();
-        assert_eq!(v.key.uid, "2c48913c-b29f-4a8e-9c4b-0123456789ab");
-        assert_eq!(v.key.to_string(), "shop/web-1");
-        assert!(v.containers.iter().all(|c| c.id.is_none()));
-        assert_eq!(v.proxy_container().unwrap().name, "istio-proxy");
-        assert_eq!(v.app_containers().count(), 1);
-        assert!(v.deletion.is_none());
-        assert!(!v.apps_finished_for_good());
-    }
-
-    #[test]
-    fn container_ids_and_states() {
-        let v = view(&pod_json(json!({"status": {"containerStatuses": [
-            {"name": "app", "containerID": "containerd://ABC123", "image": "", "imageID": "", "ready": false, "restartCount": 0,
-             "state": {"terminated": {"exitCode": 3}}},
-            {"name": "istio-proxy", "containerID": "containerd://def", "image": "", "imageID": "", "ready": true, "restartCount": 0,
-             "state": {"running": {}}}
-        ]}})))
-        .unwrap();
-        let app = v.app_containers().next().unwrap();
-        assert_eq!(app.id.as_deref(), Some("abc123"));
-        assert_eq!(app.state, ContainerState::Terminated { exit_code: 3 });
-        assert_eq!(v.proxy_container().unwrap().state, ContainerState::Running);
-    }
-
-    #[test]
-    fn not_tracked_reasons() {
-        assert_eq!(
-            view(&pod_json(json!({"spec": {"hostNetwork": true}}))).unwrap_err(),
-            NotTracked::HostNetwork
-        );
-        assert_eq!(
-            view(&pod_json(
-                json!({"spec": {"containers": [{"name": "app"}]}})
-            ))
-            .unwrap_err(),
-            NotTracked::NoProxy
-        );
-        assert_eq!(
-            view(&pod_json(
-                json!({"metadata": {"annotations": {"holdfast.io/enabled": "false"}}})
-            ))
-            .unwrap_err(),
-            NotTracked::OptedOut
-        );
-        assert_eq!(
-            view(&pod_json(json!({"metadata": {"uid": ""}}))).unwrap_err(),
-            NotTracked::Incomplete("metadata.uid")
-        );
-        assert_eq!(
-            view(&pod_json(json!({"spec": {"nodeName": "node-b"}}))).unwrap_err(),
-            NotTracked::OtherNode
-        );
-    }
-
-    #[test]
-    fn deletion_uses_grace_period() {
-        let v = view(&pod_json(
-            json!({"metadata": {"deletionTimestamp": "2026-11-22T10:00:00Z"}}),
-        ))
-        .unwrap();
-        let d = v.deletion.unwrap();
-        assert_eq!(d.grace, Duration::from_secs(45));
-        let v = view(&pod_json(json!({"metadata": {"deletionTimestamp": "2026-11-22T10:00:00Z", "deletionGracePeriodSeconds": 5}}))).unwrap();
-        assert_eq!(v.deletion.unwrap().grace, Duration::from_secs(5));
-    }
-
-    #[test]
-    fn job_completion_follows_restart_policy() {
-        let status = |code: i32| {
-            json!({"status": {"containerStatuses": [
-                {"name": "app", "containerID": "containerd://a", "image": "", "imageID": "", "ready": false, "restartCount": 0,
-                 "state": {"terminated": {"exitCode": code}}}
-            ]}})
-        };
-        let with = |policy: &str, code: i32| {
-            let mut p = pod_json(status(code));
-            p.spec.as_mut().unwrap().restart_policy = Some(policy.into());
-            view(&p).unwrap().apps_finished_for_good()
-        };
-        assert!(with("Never", 0));
-        assert!(with("Never", 1));
-        assert!(with("OnFailure", 0));
-        assert!(!with("OnFailure", 1));
-        assert!(!with("Always", 0));
-    }
-
-    #[test]
-    fn runtime_prefixes() {
-        assert_eq!(
-            strip_runtime_prefix("containerd://ab").as_deref(),
-            Some("ab")
-        );
-        assert_eq!(strip_runtime_prefix("cri-o://cd").as_deref(), Some("cd"));
-        assert_eq!(strip_runtime_prefix("ef").as_deref(), Some("ef"));
-        assert_eq!(strip_runtime_prefix("containerd://"), None);
+fn env_value<'a>(c: &'a Container, var: &str) -> EnvValue<'a> {
+    // The kubelet applies the last of duplicate names.
+    match c.env.iter().flatten().rev().find(|e| e.name == var) {
+        None => EnvValue::Absent,
+        Some(e) if e.value_from.is_some() => EnvValue::FromElsewhere,
+        Some(e) => EnvValue::Literal(e.value.as_deref().unwrap_or("")),
     }
 }
+
+/// The interception mode from every place Istio writes it: the annotation (written by the
+/// injector with the CNI plugin), the proxy's `ISTIO_META_INTERCEPTION_MODE`, and istio-init's
+/// `-m` argument (injection-template.yaml). `None` when none says: Istio's default, REDIRECT.
+fn interception_modes<'a>(
+    pod: &'a Pod,
+    proxy: &'a Container,
+    annotation: &dyn Fn(&str) -> Option<&'a String>,
+) -> Vec<&'a str> {
+    let mut modes = Vec::new();
+    if let Some(m) = annotation(ANNOTATION_ISTIO_INTERCEPTION_MODE) {
+        modes.push(m.as_str());
+    }
+    if let EnvValue::Literal(m) = env_value(proxy, ENV_INTERCEPTION_MODE) {
+        modes.push(m);
+    }
+    let inits = pod.spec.as_ref().and_then(|s| s.init_containers.as_ref());
+    for init in inits.into_iter().flatten() {
+        let args = init.args.iter().flatten().map(String::as_str);
+        let mut args = args.peekable();
+        if args.peek() != Some(&"istio-iptables") {
+            continue;
+        }
+        let args: Vec<&str> = args.collect();
+        for pair in args.windows(2) {
+            if pair[0] == "-m" || pair[0] == "--istio-inbound-interception-mode" {
+                modes.push(pair[1]);
+            }
+        }
+    }
+    modes
+}
+
+/// Istio's status annotation's `initContainers` names.
+fn injected_init_containers(value: &str) -> Result<Vec<String>, String> {
+    #[derive(serde::Deserialize)]
+    struct SidecarInjectionStatus {
+        #[serde(default, rename = "initContainers")]
+        init_containers: Option<Vec<String>>,
+    }
+    serde_json::from_str::<SidecarInjectionStatus>(value)
+        .map(|s| s.init_containers.unwrap_or_default())
+        .map_err(|e| format!("{ANNOTATION_ISTIO_SIDECAR_STATUS} is not Istio's JSON ({e})"))
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -442,12 +442,14 @@ fn pod_view(grace: Duration) -> PodView {
                 id: Some(APP_ID.into()),
                 is_proxy: false,
                 state: ContainerState::Running,
+                ..ContainerView::default()
             },
             ContainerView {
                 name: "istio-proxy".into(),
                 id: Some(PROXY_ID.into()),
                 is_proxy: true,
                 state: ContainerState::Running,
+                ..ContainerView::default()
             },
         ],
         restart_policy: "Always".into(),
@@ -455,6 +457,7 @@ fn pod_view(grace: Duration) -> PodView {
             timestamp: holdfast::agent::drain::plan::timestamp(SystemTime::now()),
             grace,
         }),
+        ..PodView::default()
     }
 }
 

@@ -331,6 +331,24 @@ fn daemonset_pod_shares_host_pids_not_host_network() {
         tolerates_all,
         "a toleration with operator Exists and no key/effect: every node"
     );
+    // That includes the agent's own startup taint, which it removes once ready
+    // (node-agent/src/node_taint.rs): an agent that did not tolerate it could never start.
+    let startup_taint = k8s_openapi::api::core::v1::Taint {
+        key: holdfast::node_taint::STARTUP_TAINT_KEY.into(),
+        effect: holdfast::node_taint::STARTUP_TAINT_EFFECT.into(),
+        ..Default::default()
+    };
+    assert!(
+        spec.tolerations.iter().flatten().any(|t| {
+            t.operator.as_deref() == Some("Exists")
+                && t.key.as_deref().is_none_or(|k| k == startup_taint.key)
+                && t.effect
+                    .as_deref()
+                    .is_none_or(|e| e == startup_taint.effect)
+        }),
+        "the agent tolerates its own startup taint {}",
+        startup_taint.key
+    );
     let strategy = ds
         .spec
         .as_ref()
@@ -561,12 +579,15 @@ fn agent_resources_are_bounded() {
 }
 
 #[test]
-fn rbac_grants_exactly_pods_read_and_events_write() {
+fn rbac_grants_exactly_pods_read_events_write_and_node_taint_removal() {
     let role: ClusterRole = one("", "ClusterRole");
     let granted = granted_rules(&role);
     let expected: BTreeSet<Rule> = [
         ("", "pods", "list"),
         ("", "pods", "watch"),
+        // The startup taint: read the node, patch its taints (node-agent/src/node_taint.rs).
+        ("", "nodes", "get"),
+        ("", "nodes", "patch"),
         ("events.k8s.io", "events", "create"),
         ("events.k8s.io", "events", "patch"),
     ]
@@ -618,8 +639,11 @@ fn granted_rules(role: &ClusterRole) -> BTreeSet<Rule> {
 
 /// kube-rs resource types the agent may build an `Api<T>` for: (type, API group, resource).
 /// `Event` is events.k8s.io's unless the file imports core/v1's.
-const API_TYPES: [(&str, &str, &str); 2] =
-    [("Pod", "", "pods"), ("Event", "events.k8s.io", "events")];
+const API_TYPES: [(&str, &str, &str); 3] = [
+    ("Pod", "", "pods"),
+    ("Event", "events.k8s.io", "events"),
+    ("Node", "", "nodes"),
+];
 
 /// Methods of `kube::Api` called as `<api>.method(...).await`, and the verb each needs. A
 /// method of the Api surface missing here (status, eviction, exec, logs...) fails the scan.

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::netns::{NetnsId, PodNetns};
 use crate::procfs_pods::cgroup::{parse_pod_cgroup, PodCgroup};
 
 /// How long an unclassified process keeps being re-read (runtimes move a new process into its
@@ -100,33 +101,79 @@ impl PodProcs {
 pub enum NetnsLookup {
     /// No process of the pod that could show its netns exists yet (the sandbox is not there).
     NotYet,
-    /// The pod's netns, and a live process that was in it when it was found.
-    Found {
-        pid: i32,
-        netns: crate::netns::PodNetns,
-    },
+    /// The pod's netns, and a live process that was in it when it was found (for logs: keep
+    /// the handle, not the pid).
+    Found { pid: i32, netns: PodNetns },
     /// Processes exist, but none shows a netns the agent may act in (e.g. only processes in the
     /// host's netns): the reason, for the pod's status row.
     Refused(String),
 }
 
 impl PodProcs {
-    /// Finds pod `uid`'s network namespace from its processes.
+    /// Finds pod `uid`'s network namespace from its processes, and never the wrong one.
+    ///
+    /// Candidates are only processes of the pod's sandbox or one of its containers (a container
+    /// id in their cgroup path): CRI-O's conmon (`crio-conmon-<id>.scope`) sits in the pod's
+    /// cgroup but in the node's netns, and a process directly in the pod cgroup may be anything.
+    /// A candidate in the node's netns (`<proc_root>/1/ns/net`) or the agent's own is refused.
+    /// Any live candidate will do: with CRI-O's `drop_infra_ctr = true` (its default,
+    /// cri-o/cri-o docs/crio.conf.5.md) there is no pause process and the first one may be an
+    /// init container that exits within milliseconds, so the result is an open netns handle,
+    /// not a pid to keep using; call again to find a live process later.
     pub async fn find_netns(&self, uid: &str) -> NetnsLookup {
-        let procs = self.of_pod(uid).await;
-        if procs.is_empty() {
+        let this = self.clone();
+        let uid = uid.to_string();
+        tokio::task::spawn_blocking(move || this.find_netns_blocking(&uid))
+            .await
+            .unwrap_or(NetnsLookup::NotYet)
+    }
+
+    /// Blocking form of [`PodProcs::find_netns`].
+    pub fn find_netns_blocking(&self, uid: &str) -> NetnsLookup {
+        let proc_root = self.proc_root();
+        let candidates: Vec<PodProcess> = self
+            .of_pod_blocking(uid)
+            .into_iter()
+            .filter(|p| p.container_id.is_some())
+            .collect();
+        if candidates.is_empty() {
             return NetnsLookup::NotYet;
         }
-        let mut last_error = None;
-        for p in procs {
-            match crate::netns::PodNetns::open_pid(p.pid) {
+        let host = NetnsId::of_path(&proc_root.join("1/ns/net")).ok();
+        let own: Vec<NetnsId> = [
+            proc_root.join("self/ns/net"),
+            PathBuf::from("/proc/self/ns/net"),
+        ]
+        .iter()
+        .filter_map(|p| NetnsId::of_path(p).ok())
+        .collect();
+        let mut refused = Vec::new();
+        for p in candidates {
+            let path = proc_root.join(p.pid.to_string()).join("ns/net");
+            let container = p
+                .container_id
+                .as_deref()
+                .map_or("", |id| &id[..id.len().min(12)]);
+            match PodNetns::open_path(&path) {
+                Ok(netns) if Some(netns.id()) == host => refused.push(format!(
+                    "pid {} (container {container}) is in the node's network namespace",
+                    p.pid
+                )),
+                Ok(netns) if own.contains(&netns.id()) => refused.push(format!(
+                    "pid {} (container {container}) is in the agent's own network namespace",
+                    p.pid
+                )),
                 Ok(netns) => return NetnsLookup::Found { pid: p.pid, netns },
-                Err(e) => last_error = Some(e.to_string()),
+                // Exited between the listing and the open: look at the next one.
+                Err(crate::netns::Error::Open { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => refused.push(format!("pid {} (container {container}): {e}", p.pid)),
             }
         }
-        match last_error {
-            Some(e) => NetnsLookup::Refused(e),
-            None => NetnsLookup::NotYet,
+        if refused.is_empty() {
+            NetnsLookup::NotYet
+        } else {
+            NetnsLookup::Refused(refused.join("; "))
         }
     }
 }
@@ -210,6 +257,153 @@ mod tests {
         std::thread::sleep(MIN_REFRESH * 2);
         assert_eq!(procs.of_pod_blocking(uid).len(), 1);
         std::fs::remove_dir_all(&root).unwrap();
+    }
+}
+
+/// `find_netns` on a fake proc root shaped like a CRI-O node with `conmon_cgroup = "pod"`:
+/// conmon and a process directly in the pod cgroup sit in the node's netns, at lower pids than
+/// the container. Netns files are plain files here: a netns is known by (dev, inode) only.
+#[cfg(test)]
+mod netns_tests {
+    use super::*;
+    use std::path::Path;
+
+    const UID: &str = "9b7969b2-aad0-47d4-b11c-4acfd1ce018e";
+    const UID_: &str = "9b7969b2_aad0_47d4_b11c_4acfd1ce018e";
+
+    /// A fake proc root; removed on drop.
+    struct FakeProc {
+        root: PathBuf,
+    }
+
+    impl FakeProc {
+        fn new(name: &str) -> FakeProc {
+            let root = std::env::temp_dir().join(format!("hf-netns-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&root);
+            std::fs::create_dir_all(root.join("ns-files")).unwrap();
+            for ns in ["node", "agent", "pod"] {
+                std::fs::write(root.join("ns-files").join(ns), ns).unwrap();
+            }
+            let f = FakeProc { root };
+            f.link("1", "node");
+            f.link("self", "agent");
+            f
+        }
+
+        /// `<root>/<dir>/ns/net` → the named netns file.
+        fn link(&self, dir: &str, ns: &str) {
+            let d = self.root.join(dir).join("ns");
+            std::fs::create_dir_all(&d).unwrap();
+            std::os::unix::fs::symlink(self.root.join("ns-files").join(ns), d.join("net")).unwrap();
+        }
+
+        fn process(&self, pid: i32, cgroup: &str, ns: Option<&str>) {
+            let d = self.root.join(pid.to_string());
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("cgroup"), cgroup).unwrap();
+            if let Some(ns) = ns {
+                self.link(&pid.to_string(), ns);
+            }
+        }
+
+        fn ns_id(&self, ns: &str) -> NetnsId {
+            NetnsId::of_path(&self.root.join("ns-files").join(ns)).unwrap()
+        }
+
+        fn lookup(&self) -> NetnsLookup {
+            PodProcs::new(self.root.clone()).find_netns_blocking(UID)
+        }
+    }
+
+    impl Drop for FakeProc {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.root);
+        }
+    }
+
+    fn slice() -> String {
+        format!("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice")
+    }
+
+    fn conmon(cid: char) -> String {
+        format!(
+            "{}/crio-conmon-{}.scope\n",
+            slice(),
+            cid.to_string().repeat(64)
+        )
+    }
+
+    fn container(cid: char) -> String {
+        format!("{}/crio-{}.scope\n", slice(), cid.to_string().repeat(64))
+    }
+
+    #[test]
+    fn conmon_in_the_node_netns_is_never_the_pods() {
+        let f = FakeProc::new("conmon");
+        f.process(20, &conmon('a'), Some("node"));
+        f.process(21, &format!("{}\n", slice()), Some("node"));
+        f.process(30, &container('a'), Some("pod"));
+        match f.lookup() {
+            NetnsLookup::Found { pid, netns } => {
+                assert_eq!(pid, 30);
+                assert_eq!(netns.id(), f.ns_id("pod"));
+            }
+            other => panic!("expected the container's netns, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn only_conmon_is_not_yet() {
+        let f = FakeProc::new("onlyconmon");
+        f.process(20, &conmon('a'), Some("node"));
+        assert!(matches!(f.lookup(), NetnsLookup::NotYet));
+    }
+
+    #[test]
+    fn node_and_agent_netns_are_refused_with_the_pid() {
+        let f = FakeProc::new("refused");
+        f.process(40, &container('b'), Some("node"));
+        match f.lookup() {
+            NetnsLookup::Refused(why) => {
+                assert!(
+                    why.contains("pid 40") && why.contains("node's network namespace"),
+                    "{why}"
+                );
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        let f = FakeProc::new("agent");
+        f.process(41, &container('c'), Some("agent"));
+        match f.lookup() {
+            NetnsLookup::Refused(why) => {
+                assert!(
+                    why.contains("pid 41") && why.contains("agent's own"),
+                    "{why}"
+                );
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    /// CRI-O with `drop_infra_ctr = true`: no pause; the lowest pid is an init container that has
+    /// already exited (its /proc entry is half gone). Any live candidate is taken.
+    #[test]
+    fn an_exited_first_process_is_skipped() {
+        let f = FakeProc::new("dropinfra");
+        f.process(50, &container('d'), None);
+        assert!(
+            matches!(f.lookup(), NetnsLookup::NotYet),
+            "only an exited process"
+        );
+        f.process(51, &container('e'), Some("pod"));
+        match f.lookup() {
+            NetnsLookup::Found { pid, netns } => {
+                assert_eq!(pid, 51);
+                assert_eq!(netns.id(), f.ns_id("pod"));
+            }
+            other => panic!("expected the live container's netns, got {other:?}"),
+        }
+        assert!(Path::new(&f.root).exists());
     }
 }
 

@@ -18,6 +18,11 @@ pub struct PodCgroup {
     /// a process directly in the pod's cgroup or in a runtime helper scope (CRI-O's `crio-conmon-`).
     /// The pause (sandbox) container has an ID like any other container.
     pub container_id: Option<String>,
+    /// The process is CRI-O's container monitor (`crio-conmon-<id>.scope`, or runc's
+    /// `...:crio-conmon:<id>`): it sits in the pod's cgroup (`conmon_cgroup = "pod"`, OpenShift's
+    /// setting and required with the cgroupfs driver, cri-o/cri-o docs/crio.conf.5.md) but in the
+    /// node's network namespace. Never a container's process.
+    pub conmon: bool,
 }
 
 /// Parses the whole contents of `/proc/<pid>/cgroup` (v1: many lines, v2: `0::<path>`).
@@ -60,13 +65,21 @@ fn parse_path(path: &str) -> Option<PodCgroup> {
         };
         // runc's systemd form keeps the container in the same segment:
         // `kubepods-besteffort-pod<uid>.slice:cri-containerd:<id>`.
-        let container_id = match rest {
+        let container = match rest {
             Some(runc_tail) => runc_container(runc_tail),
-            None => segments.get(i + 1).and_then(|next| container_segment(next)),
+            None => segments
+                .get(i + 1)
+                .map_or(Container::None, |next| container_segment(next)),
+        };
+        let (container_id, conmon) = match container {
+            Container::Id(id) => (Some(id), false),
+            Container::Conmon => (None, true),
+            Container::None => (None, false),
         };
         return Some(PodCgroup {
             pod_uid,
             container_id,
+            conmon,
         });
     }
     None
@@ -141,29 +154,41 @@ fn canonical_uid(candidate: &str) -> Option<String> {
     )
 }
 
+/// What the segment after the pod segment names.
+enum Container {
+    Id(String),
+    /// CRI-O's monitor process (see [`PodCgroup::conmon`]).
+    Conmon,
+    /// Nothing recognisable: a process directly in the pod's cgroup, or a truncated segment.
+    None,
+}
+
 /// The segment after the pod segment: `<id>`, `cri-containerd-<id>.scope`, `crio-<id>.scope`,
-/// `docker-<id>.scope`, `cri-dockerd-<id>.scope`, or CRI-O's cgroupfs form `crio-<id>`. CRI-O's
-/// `crio-conmon-<id>[.scope]` holds the runtime's monitor, not the container's processes, so it
-/// yields `None`.
-fn container_segment(segment: &str) -> Option<String> {
+/// `docker-<id>.scope` (cri-dockerd with the systemd driver), `cri-dockerd-<id>.scope`, or
+/// CRI-O's cgroupfs form `crio-<id>`. CRI-O's `crio-conmon-<id>[.scope]` holds the runtime's
+/// monitor (cri-o/cri-o internal/config/cgmgr/systemd_linux.go `MoveConmonToCgroup`:
+/// `crio-conmon-<id>.scope`), not the container's processes.
+fn container_segment(segment: &str) -> Container {
     let name = segment.strip_suffix(".scope").unwrap_or(segment);
     if name.starts_with("crio-conmon-") {
-        return None;
+        return Container::Conmon;
     }
-    if let Some(id) = container_id(name) {
-        return Some(id);
-    }
-    let (_, id) = name.rsplit_once('-')?;
-    container_id(id)
+    let id = container_id(name).or_else(|| {
+        let (_, id) = name.rsplit_once('-')?;
+        container_id(id)
+    });
+    id.map_or(Container::None, Container::Id)
 }
 
 /// runc's systemd form after `.slice:`: `<prefix>:<id>` (e.g. `cri-containerd:<id>`).
-fn runc_container(tail: &str) -> Option<String> {
-    let (prefix, id) = tail.rsplit_once(':')?;
+fn runc_container(tail: &str) -> Container {
+    let Some((prefix, id)) = tail.rsplit_once(':') else {
+        return Container::None;
+    };
     if prefix.ends_with("conmon") {
-        return None;
+        return Container::Conmon;
     }
-    container_id(id)
+    container_id(id).map_or(Container::None, Container::Id)
 }
 
 /// Container IDs are hex (64 characters for containerd, CRI-O and docker). Shorter hex strings of
@@ -191,6 +216,15 @@ mod tests {
         Some(PodCgroup {
             pod_uid: pod_uid.to_string(),
             container_id: container_id.map(str::to_string),
+            conmon: false,
+        })
+    }
+
+    fn conmon(pod_uid: &str) -> Option<PodCgroup> {
+        Some(PodCgroup {
+            pod_uid: pod_uid.to_string(),
+            container_id: None,
+            conmon: true,
         })
     }
 
@@ -319,12 +353,12 @@ mod tests {
             parse_pod_cgroup(&line),
             parsed("9b7969b2-aad0-47d4-b11c-4acfd1ce018e", Some(CID_E))
         );
-        let conmon = format!(
+        let conmon_line = format!(
             "0::/kubepods/burstable/pod9b7969b2-aad0-47d4-b11c-4acfd1ce018e/crio-conmon-{CID_E}"
         );
         assert_eq!(
-            parse_pod_cgroup(&conmon),
-            parsed("9b7969b2-aad0-47d4-b11c-4acfd1ce018e", None)
+            parse_pod_cgroup(&conmon_line),
+            conmon("9b7969b2-aad0-47d4-b11c-4acfd1ce018e")
         );
     }
 
@@ -335,7 +369,57 @@ mod tests {
         );
         assert_eq!(
             parse_pod_cgroup(&line),
-            parsed("9b7969b2-aad0-47d4-b11c-4acfd1ce018e", None)
+            conmon("9b7969b2-aad0-47d4-b11c-4acfd1ce018e")
+        );
+        // runc's slice:prefix:name form of the same.
+        let runc = format!(
+            "0::/kubepods-burstable-pod9b7969b2_aad0_47d4_b11c_4acfd1ce018e.slice:crio-conmon:{CID_E}"
+        );
+        assert_eq!(
+            parse_pod_cgroup(&runc),
+            conmon("9b7969b2-aad0-47d4-b11c-4acfd1ce018e")
+        );
+    }
+
+    /// A containerized agent on cgroup v2 with its own cgroup namespace reads other processes'
+    /// paths relative to its own cgroup (kernel Documentation/admin-guide/cgroup-v2.rst,
+    /// "Namespace"): `0::/../../kubepods-…-pod<uid>.slice/…`. The pod segment is still there.
+    #[test]
+    fn cgroup_namespace_relative_paths() {
+        let uid = "863b91d4-4b68-4efa-917f-4b560e3e86aa";
+        let containerd = format!(
+            "0::/../../kubepods-besteffort-pod863b91d4_4b68_4efa_917f_4b560e3e86aa.slice/cri-containerd-{CID_B}.scope"
+        );
+        assert_eq!(parse_pod_cgroup(&containerd), parsed(uid, Some(CID_B)));
+        let crio = format!(
+            "0::/../../../kubepods-burstable-pod863b91d4_4b68_4efa_917f_4b560e3e86aa.slice/crio-{CID_E}.scope"
+        );
+        assert_eq!(parse_pod_cgroup(&crio), parsed(uid, Some(CID_E)));
+        let crio_conmon = format!(
+            "0::/../../kubepods-burstable-pod863b91d4_4b68_4efa_917f_4b560e3e86aa.slice/crio-conmon-{CID_E}.scope"
+        );
+        assert_eq!(parse_pod_cgroup(&crio_conmon), conmon(uid));
+        let cgroupfs = format!("0::/../../pod{uid}/{CID_A}");
+        assert_eq!(parse_pod_cgroup(&cgroupfs), parsed(uid, Some(CID_A)));
+    }
+
+    /// cri-dockerd with the systemd driver names scopes `docker-<id>.scope` (as dockershim did;
+    /// istio/istio cni/pkg/nodeagent/podcgroupns_linux.go lists the shape).
+    #[test]
+    fn cri_dockerd_scopes() {
+        let line = format!(
+            "0::/kubepods.slice/kubepods-pod1544eb37_e4f7_49eb_8cc4_3d01c41be77b.slice/docker-{CID_G}.scope"
+        );
+        assert_eq!(
+            parse_pod_cgroup(&line),
+            parsed("1544eb37-e4f7-49eb-8cc4-3d01c41be77b", Some(CID_G))
+        );
+        let v1 = format!(
+            "4:memory:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1544eb37_e4f7_49eb_8cc4_3d01c41be77b.slice/docker-{CID_G}.scope\n0::/\n"
+        );
+        assert_eq!(
+            parse_pod_cgroup(&v1),
+            parsed("1544eb37-e4f7-49eb-8cc4-3d01c41be77b", Some(CID_G))
         );
     }
 

@@ -626,6 +626,23 @@ mod tests {
         assert_eq!(json["metadata"]["ownerReferences"][0]["kind"], "Job");
     }
 
+    /// The agent tracks the simulated pod as a classic sidecar pod: it carries what Istio's
+    /// injector writes (the `sidecar.istio.io/status` annotation naming istio-init, `proxy
+    /// sidecar`, istio-init's `-m REDIRECT`), so the e2e tests exercise the real tracking rules.
+    #[test]
+    fn the_agent_tracks_the_simulated_pod() {
+        let pod = view().to_pod();
+        let tracked = holdfast::pod::PodView::from_pod(
+            &pod,
+            "node-a",
+            &holdfast::config::ProxyConfig::default(),
+            &holdfast::config::HoldSettings::default(),
+        );
+        let tracked = tracked.unwrap_or_else(|why| panic!("the sim's pod is not tracked: {why}"));
+        assert!(tracked.overrides.problems.is_empty());
+        assert!(!tracked.init_done(), "istio-init has not run yet");
+    }
+
     #[test]
     fn atomic_write_leaves_no_dotfile() {
         let dir = std::env::temp_dir().join(format!("hf-podobj-{}", std::process::id()));

@@ -187,12 +187,14 @@ fn view(restart_policy: &str, app: ContainerState, deletion_grace: Option<Durati
                 id: Some(APP_ID.into()),
                 is_proxy: false,
                 state: app,
+                ..ContainerView::default()
             },
             ContainerView {
                 name: "istio-proxy".into(),
                 id: Some(PROXY_ID.into()),
                 is_proxy: true,
                 state: ContainerState::Running,
+                ..ContainerView::default()
             },
         ],
         restart_policy: restart_policy.into(),
@@ -200,6 +202,7 @@ fn view(restart_policy: &str, app: ContainerState, deletion_grace: Option<Durati
             timestamp: plan::timestamp(SystemTime::now()),
             grace,
         }),
+        ..PodView::default()
     }
 }
 

@@ -1,0 +1,256 @@
+//! Removing the agent's startup taint against a mock API server (kube-rs's `tower_test`
+//! pattern, as in kube_source.rs): each step asserts the method, path, content type and the
+//! exact JSON patch, bounded by a timeout, so a wrong or missing request fails the test.
+
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context, Result};
+use holdfast::node_taint::{remove_startup_taint, Error, STARTUP_TAINT_KEY};
+use http_body_util::BodyExt;
+use hyper::{Method, Request, Response, StatusCode};
+use kube::client::Body;
+use serde_json::{json, Value};
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+type Respond = tower_test::mock::SendResponse<Response<Body>>;
+
+const NODE: &str = "node-a";
+const STEP: Duration = Duration::from_secs(5);
+
+fn ours() -> Value {
+    json!({"key": STARTUP_TAINT_KEY, "effect": "NoSchedule"})
+}
+
+/// Taints a real node carries next to ours: the node lifecycle controller's (with timeAdded)
+/// and a node pool's own.
+fn others() -> Vec<Value> {
+    vec![
+        json!({"key": "node.kubernetes.io/not-ready", "effect": "NoExecute", "timeAdded": "2026-11-23T10:00:00Z"}),
+        json!({"key": "dedicated", "value": "mesh", "effect": "NoSchedule"}),
+    ]
+}
+
+fn node(taints: Option<Vec<Value>>) -> Value {
+    let mut spec = json!({"podCIDR": "10.244.1.0/24"});
+    if let Some(t) = taints {
+        spec["taints"] = Value::Array(t);
+    }
+    json!({"apiVersion": "v1", "kind": "Node",
+           "metadata": {"name": NODE, "resourceVersion": "4711"}, "spec": spec})
+}
+
+fn respond(send: Respond, status: StatusCode, body: Value) -> Result<()> {
+    let resp = Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string().into_bytes()))
+        .context("building the mock response")?;
+    send.send_response(resp);
+    Ok(())
+}
+
+fn status(code: u16, reason: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": format!("mock {reason}"), "reason": reason, "code": code})
+}
+
+async fn next(handle: &mut Handle, what: &str) -> Result<(Request<Body>, Respond)> {
+    tokio::time::timeout(STEP, handle.next_request())
+        .await
+        .with_context(|| format!("no {what} request within {STEP:?}"))?
+        .with_context(|| format!("client gone before the {what} request"))
+}
+
+async fn expect_get(handle: &mut Handle) -> Result<Respond> {
+    let (req, send) = next(handle, "GET node").await?;
+    ensure!(
+        req.method() == Method::GET && req.uri().path() == format!("/api/v1/nodes/{NODE}"),
+        "expected GET /api/v1/nodes/{NODE}, got {} {}",
+        req.method(),
+        req.uri()
+    );
+    Ok(send)
+}
+
+/// The next request must be the JSON patch; returns its operations.
+async fn expect_patch(handle: &mut Handle) -> Result<(Value, Respond)> {
+    let (req, send) = next(handle, "PATCH node").await?;
+    ensure!(
+        req.method() == Method::PATCH && req.uri().path() == format!("/api/v1/nodes/{NODE}"),
+        "expected PATCH /api/v1/nodes/{NODE}, got {} {}",
+        req.method(),
+        req.uri()
+    );
+    let ct = req
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    ensure!(ct == "application/json-patch+json", "content type {ct}");
+    let body = req.into_body().collect().await?.to_bytes();
+    Ok((serde_json::from_slice(&body)?, send))
+}
+
+fn expected_ops(read: &[Value]) -> Value {
+    let kept: Vec<&Value> = read
+        .iter()
+        .filter(|t| t["key"] != STARTUP_TAINT_KEY)
+        .collect();
+    json!([
+        {"op": "test", "path": "/spec/taints", "value": read},
+        {"op": "replace", "path": "/spec/taints", "value": kept},
+    ])
+}
+
+/// Runs the removal against `scenario`; returns the call's result after the scenario passed.
+async fn run<F, Fut>(scenario: F) -> Result<Result<bool, Error>>
+where
+    F: FnOnce(Handle) -> Fut,
+    Fut: std::future::Future<Output = Result<()>> + Send + 'static,
+{
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let scenario = tokio::spawn(scenario(handle));
+    let result = tokio::time::timeout(STEP * 3, remove_startup_taint(client, NODE))
+        .await
+        .context("remove_startup_taint hung")?;
+    match scenario.await {
+        Ok(r) => r.context("mock API server scenario failed")?,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => bail!("scenario task failed: {e}"),
+    }
+    Ok(result)
+}
+
+#[tokio::test]
+async fn removes_only_the_startup_taint() -> Result<()> {
+    let result = run(|mut h| async move {
+        let mut read = vec![ours()];
+        read.extend(others());
+        respond(
+            expect_get(&mut h).await?,
+            StatusCode::OK,
+            node(Some(read.clone())),
+        )?;
+        let (ops, send) = expect_patch(&mut h).await?;
+        ensure!(ops == expected_ops(&read), "patch {ops}");
+        respond(send, StatusCode::OK, node(Some(others())))
+    })
+    .await?;
+    assert!(result.expect("removed"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_node_without_the_taint_is_not_written() -> Result<()> {
+    for taints in [None, Some(vec![]), Some(others())] {
+        let result = run(move |mut h| async move {
+            respond(expect_get(&mut h).await?, StatusCode::OK, node(taints))?;
+            // No PATCH may follow: the call returns, the client is dropped.
+            match tokio::time::timeout(Duration::from_millis(200), h.next_request()).await {
+                Ok(Some((req, _))) => bail!("unexpected {} {}", req.method(), req.uri()),
+                _ => Ok(()),
+            }
+        })
+        .await?;
+        assert!(!result.expect("no error"));
+    }
+    Ok(())
+}
+
+/// Another controller adds a taint between our read and our patch: the `test` op fails (422),
+/// the agent reads again and keeps the new taint.
+#[tokio::test]
+async fn a_concurrent_taint_change_is_kept() -> Result<()> {
+    let result = run(|mut h| async move {
+        let first = vec![ours(), others()[0].clone()];
+        respond(
+            expect_get(&mut h).await?,
+            StatusCode::OK,
+            node(Some(first.clone())),
+        )?;
+        let (ops, send) = expect_patch(&mut h).await?;
+        ensure!(ops == expected_ops(&first), "first patch {ops}");
+        respond(
+            send,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            status(422, "Invalid"),
+        )?;
+
+        let mut second = first.clone();
+        second.push(others()[1].clone());
+        respond(
+            expect_get(&mut h).await?,
+            StatusCode::OK,
+            node(Some(second.clone())),
+        )?;
+        let (ops, send) = expect_patch(&mut h).await?;
+        ensure!(ops == expected_ops(&second), "second patch {ops}");
+        ensure!(
+            ops[1]["value"].as_array().map(Vec::len) == Some(2),
+            "both other taints kept: {ops}"
+        );
+        respond(send, StatusCode::OK, node(Some(others())))
+    })
+    .await?;
+    assert!(result.expect("removed on the second attempt"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn forbidden_says_which_rbac_is_missing() -> Result<()> {
+    let result = run(|mut h| async move {
+        respond(
+            expect_get(&mut h).await?,
+            StatusCode::FORBIDDEN,
+            status(403, "Forbidden"),
+        )
+    })
+    .await?;
+    let err = result.expect_err("403");
+    assert!(matches!(err, Error::Get { .. }), "{err:?}");
+    assert!(err.to_string().contains("get on nodes"), "{err}");
+
+    let result = run(|mut h| async move {
+        respond(
+            expect_get(&mut h).await?,
+            StatusCode::OK,
+            node(Some(vec![ours()])),
+        )?;
+        let (_, send) = expect_patch(&mut h).await?;
+        respond(send, StatusCode::FORBIDDEN, status(403, "Forbidden"))
+    })
+    .await?;
+    let err = result.expect_err("403 on patch");
+    assert!(err.to_string().contains("patch on nodes"), "{err}");
+    Ok(())
+}
+
+/// The taints keep changing: the agent gives up after a bounded number of attempts.
+#[tokio::test]
+async fn endless_contention_is_bounded() -> Result<()> {
+    let result = run(|mut h| async move {
+        loop {
+            let send = match tokio::time::timeout(STEP, h.next_request()).await {
+                Ok(Some((req, send))) if req.method() == Method::GET => send,
+                Ok(Some((req, send))) if req.method() == Method::PATCH => {
+                    respond(
+                        send,
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        status(422, "Invalid"),
+                    )?;
+                    let _ = req;
+                    continue;
+                }
+                Ok(Some((req, _))) => bail!("unexpected {} {}", req.method(), req.uri()),
+                Ok(None) => return Ok(()),
+                Err(_) => bail!("the agent neither retried nor gave up"),
+            };
+            respond(send, StatusCode::OK, node(Some(vec![ours()])))?;
+        }
+    })
+    .await?;
+    let err = result.expect_err("gives up");
+    assert!(matches!(err, Error::Contended { .. }), "{err:?}");
+    Ok(())
+}
