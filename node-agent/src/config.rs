@@ -33,36 +33,38 @@ pub fn proxy_metadata_from_annotation(
     value: &str,
 ) -> Result<std::collections::BTreeMap<String, String>, String> {
     let bad = |why: &str| format!("annotation {ANNOTATION_ISTIO_PROXY_CONFIG}: {why}");
-    let doc: serde_yaml::Value =
-        serde_yaml::from_str(value).map_err(|e| bad(&format!("not YAML or JSON ({e})")))?;
+    /// The part of Istio's ProxyConfig read here; every other field is ignored.
+    #[derive(serde::Deserialize, Default)]
+    struct Overlay {
+        #[serde(default, rename = "proxyMetadata")]
+        proxy_metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    }
+    if value.trim().is_empty() {
+        return Ok(Default::default());
+    }
+    // YAML is a superset of JSON: one parser for both shapes the annotation takes.
+    let overlay: Option<Overlay> = serde_saphyr::from_str(value).map_err(|e| {
+        let e = e.to_string();
+        if e.contains("proxyMetadata") {
+            bad("proxyMetadata is not a mapping")
+        } else {
+            bad(&format!("not a YAML or JSON mapping ({e})"))
+        }
+    })?;
     let mut out = std::collections::BTreeMap::new();
-    let map = match doc {
-        serde_yaml::Value::Mapping(m) => m,
-        serde_yaml::Value::Null => return Ok(out),
-        _ => return Err(bad("not a mapping")),
-    };
-    let Some(meta) = map.get("proxyMetadata") else {
+    let Some(meta) = overlay.and_then(|o| o.proxy_metadata) else {
         return Ok(out);
     };
-    let serde_yaml::Value::Mapping(meta) = meta else {
-        return Err(bad("proxyMetadata is not a mapping"));
-    };
     for (k, v) in meta {
-        let (Some(k), Some(v)) = (k.as_str(), scalar_string(v)) else {
-            return Err(bad("proxyMetadata has a key or value that is not a string"));
+        let v = match v {
+            serde_json::Value::String(s) => s,
+            serde_json::Value::Bool(b) => b.to_string(),
+            serde_json::Value::Number(n) => n.to_string(),
+            _ => return Err(bad("proxyMetadata has a value that is not a string")),
         };
-        out.insert(k.to_string(), v);
+        out.insert(k, v);
     }
     Ok(out)
-}
-
-fn scalar_string(v: &serde_yaml::Value) -> Option<String> {
-    match v {
-        serde_yaml::Value::String(s) => Some(s.clone()),
-        serde_yaml::Value::Bool(b) => Some(b.to_string()),
-        serde_yaml::Value::Number(n) => Some(n.to_string()),
-        _ => None,
-    }
 }
 
 /// Go's `strconv.ParseBool`, which Istio's `env.Register(..., false, ...)` uses for
