@@ -140,8 +140,13 @@ fn rss_kib(pid: u32) -> u64 {
 
 fn meshed_pod(dir: &Path, name: &str) {
     let pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}")},
+        "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+                     // As Istio's injector writes it (pkg/kube/inject/webhook.go): a classic
+                     // sidecar pod, which the agent tracks.
+                     "annotations": {"sidecar.istio.io/status":
+                        r#"{"initContainers":["istio-init"],"containers":["istio-proxy"],"volumes":["istio-envoy"],"imagePullSecrets":null}"#}},
         "spec": {"nodeName": "node-a",
+                 "initContainers": [{"name": "istio-init"}],
                  "containers": [{"name": "app"}, {"name": "istio-proxy"}]}});
     let tmp = dir.join(format!(".{name}.tmp"));
     std::fs::write(&tmp, pod.to_string()).unwrap();
