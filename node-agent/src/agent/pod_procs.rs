@@ -115,7 +115,8 @@ impl PodProcs {
     /// Candidates are only processes of the pod's sandbox or one of its containers (a container
     /// id in their cgroup path): CRI-O's conmon (`crio-conmon-<id>.scope`) sits in the pod's
     /// cgroup but in the node's netns, and a process directly in the pod cgroup may be anything.
-    /// A candidate in the node's netns (`<proc_root>/1/ns/net`) or the agent's own is refused.
+    /// A candidate in the node's netns (`<proc_root>/1/ns/net` or `<proc_root>/2/ns/net`) or the
+    /// agent's own is refused.
     /// Any live candidate will do: with CRI-O's `drop_infra_ctr = true` (its default,
     /// cri-o/cri-o docs/crio.conf.5.md) there is no pause process and the first one may be an
     /// init container that exits within milliseconds, so the result is an open netns handle,
@@ -139,7 +140,15 @@ impl PodProcs {
         if candidates.is_empty() {
             return NetnsLookup::NotYet;
         }
-        let host = NetnsId::of_path(&proc_root.join("1/ns/net")).ok();
+        // The node's netns: pid 1's, and kthreadd's (pid 2: kernel threads live in the initial
+        // netns), because pid 1's ns files can be unreadable even to root (seen in a sandboxed
+        // build machine: EACCES). runc's `runc init` sits in the pod's cgroup a moment before it
+        // joins the pod's netns (seen on containerd + runc): without this check the agent can take
+        // the node's netns for the pod's.
+        let host: Vec<NetnsId> = ["1/ns/net", "2/ns/net"]
+            .iter()
+            .filter_map(|p| NetnsId::of_path(&proc_root.join(p)).ok())
+            .collect();
         let own: Vec<NetnsId> = [
             proc_root.join("self/ns/net"),
             PathBuf::from("/proc/self/ns/net"),
@@ -155,7 +164,7 @@ impl PodProcs {
                 .as_deref()
                 .map_or("", |id| &id[..id.len().min(12)]);
             match PodNetns::open_path(&path) {
-                Ok(netns) if Some(netns.id()) == host => refused.push(format!(
+                Ok(netns) if host.contains(&netns.id()) => refused.push(format!(
                     "pid {} (container {container}) is in the node's network namespace",
                     p.pid
                 )),
