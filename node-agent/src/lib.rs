@@ -17,10 +17,12 @@
 //! - [`status_cli`]: `holdfast status`, the node's table read from that API.
 
 pub mod agent;
+pub mod api;
 pub mod config;
 pub mod envoy_admin;
 pub mod events;
 pub mod hold;
+pub mod lifecycle;
 pub mod metrics;
 pub mod netns;
 pub mod pod;

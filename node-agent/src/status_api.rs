@@ -1,5 +1,6 @@
 //! The read-only status API: `/status` (JSON, what `holdfast status` shows), `/metrics`
-//! (Prometheus text), `/healthz`, `/config` (the effective configuration). No endpoint changes state; anything but GET/HEAD gets 405.
+//! (Prometheus text), `/healthz` (liveness), `/readyz` (readiness: the first pod list is
+//! loaded), `/config` (the effective configuration). No endpoint changes state; anything but GET/HEAD gets 405.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -22,6 +23,8 @@ pub struct StatusApi {
     pub metrics: crate::metrics::MetricsHandle,
     /// Entries the pod source rejected or ignored.
     pub source_problems: crate::source::SourceProblems,
+    /// Set once the pod source delivered its first full list (`PodEvent::Synced`).
+    pub synced: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl StatusApi {
@@ -80,9 +83,16 @@ impl StatusApi {
                 r
             }
             "/healthz" => text(StatusCode::OK, "ok\n"),
+            "/readyz" if self.synced.load(std::sync::atomic::Ordering::Relaxed) => {
+                text(StatusCode::OK, "ok\n")
+            }
+            "/readyz" => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not ready: the first pod list has not been loaded\n",
+            ),
             _ => text(
                 StatusCode::NOT_FOUND,
-                "not found; endpoints: /status /metrics /config /healthz\n",
+                "not found; endpoints: /status /metrics /config /healthz /readyz\n",
             ),
         }
     }

@@ -830,6 +830,7 @@ mod tests {
             drain: None,
             job: None,
             last_error: None,
+            skipped_reason: None,
         }
     }
 

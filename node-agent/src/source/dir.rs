@@ -139,12 +139,16 @@ impl PodsDir {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing = false;
+        let mut synced = false;
         loop {
             tick.tick().await;
             match self.poll() {
                 Ok(events) => {
                     failing = false;
-                    for ev in events {
+                    // After the first full scan: the agent is ready (`/readyz`).
+                    let first = (!synced).then_some(PodEvent::Synced);
+                    synced = true;
+                    for ev in events.into_iter().chain(first) {
                         if tx.send(ev).await.is_err() {
                             return;
                         }

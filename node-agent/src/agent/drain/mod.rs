@@ -22,17 +22,27 @@ pub mod in_flight;
 pub mod plan;
 
 use std::future::Future;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
-use serde::{Deserialize, Serialize};
+// tokio's clock throughout, so paused-time tests drive the deadlines.
+use tokio::time::Instant;
+
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use app_exit::{
     AppContainer, AppTracker, ExitWatcher, PodProcessSource, PodProcsSource, Watch,
 };
-pub use in_flight::{FilterCounts, IdleReason, InFlight, InFlightJudge, DEFAULT_STAT_PREFIX};
-pub use plan::{DrainPlan, TimestampMeaning};
+pub use in_flight::{InFlight, InFlightJudge, DEFAULT_STAT_PREFIX};
+pub use plan::DrainPlan;
+
+// The wire types live in `crate::api`; re-exported here so callers keep their paths.
+pub use crate::api::time::{ms, opt_ms};
+pub use crate::api::{
+    DrainOutcome, DrainReport, FilterCounts, FinishedBy, IdleReason, JobOutcome, JobReport,
+    QuitReason, TimestampMeaning,
+};
+pub use crate::config::DrainSettings;
 
 use crate::envoy_admin::AdminClient;
 use crate::pod::{Deletion, PodKey, PodView, DEFAULT_GRACE};
@@ -45,100 +55,6 @@ pub const QUIT_PATH: &str = "/quitquitquit";
 /// Most errors kept in a report (the count is kept in full).
 const MAX_ERRORS_KEPT: usize = 10;
 
-/// How the drain and the Job quit behave. Defaults suit a node with hundreds of pods.
-#[derive(Debug, Clone, Serialize)]
-pub struct DrainSettings {
-    /// No byte moved for this long = remaining connections are idle keep-alives.
-    #[serde(serialize_with = "ser_duration")]
-    pub idle_window: Duration,
-    /// How often the app's processes are re-scanned for new ones (exits are notified at once).
-    #[serde(serialize_with = "ser_duration")]
-    pub rescan_every: Duration,
-    /// How often the filter's counts are sampled while the app runs (for the idle history).
-    #[serde(serialize_with = "ser_duration")]
-    pub stats_every: Duration,
-    /// How often the counts are sampled once the app is gone, until nothing is in flight.
-    #[serde(serialize_with = "ser_duration")]
-    pub settle_poll: Duration,
-    /// Timeout of each admin request.
-    #[serde(serialize_with = "ser_duration")]
-    pub admin_timeout: Duration,
-    /// Attempts per admin `POST` (and failed `/stats` samples tolerated once the app is gone).
-    pub admin_attempts: u32,
-    /// Pause between attempts.
-    #[serde(serialize_with = "ser_duration")]
-    pub retry_backoff: Duration,
-    /// Consecutive refused connections to the admin API that mean Envoy has exited.
-    pub refusals_for_gone: u32,
-    /// After `/quitquitquit`, how long to watch for the admin API to go away (for the report).
-    #[serde(serialize_with = "ser_duration")]
-    pub quit_confirm: Duration,
-    /// Job: longest wait for in-flight traffic to settle after the app finished.
-    #[serde(serialize_with = "ser_duration")]
-    pub job_in_flight_wait: Duration,
-    /// Job: how often a running Job's processes are re-scanned (exits are notified at once).
-    #[serde(serialize_with = "ser_duration")]
-    pub job_rescan_every: Duration,
-    /// The filter's stats prefix in `/stats`.
-    pub stat_prefix: String,
-}
-
-impl Default for DrainSettings {
-    fn default() -> Self {
-        DrainSettings {
-            idle_window: Duration::from_millis(100),
-            rescan_every: Duration::from_millis(100),
-            stats_every: Duration::from_millis(100),
-            settle_poll: Duration::from_millis(5),
-            admin_timeout: Duration::from_millis(500),
-            admin_attempts: 3,
-            retry_backoff: Duration::from_millis(20),
-            refusals_for_gone: 2,
-            quit_confirm: Duration::from_secs(1),
-            job_in_flight_wait: Duration::from_secs(5),
-            job_rescan_every: Duration::from_secs(1),
-            stat_prefix: DEFAULT_STAT_PREFIX.to_string(),
-        }
-    }
-}
-
-fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&crate::config::format_duration(*d))
-}
-
-/// Durations as milliseconds (`f64`) in reports.
-pub(crate) mod ms {
-    use serde::{Deserialize, Deserializer, Serializer};
-    use std::time::Duration;
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_f64(d.as_secs_f64() * 1e3)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let ms = f64::deserialize(d)?;
-        Duration::try_from_secs_f64(ms / 1e3).map_err(serde::de::Error::custom)
-    }
-}
-
-/// Optional durations as milliseconds (`f64` or `null`) in reports.
-pub(crate) mod opt_ms {
-    use serde::{Deserialize, Deserializer, Serializer};
-    use std::time::Duration;
-
-    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-        match d {
-            Some(d) => s.serialize_some(&(d.as_secs_f64() * 1e3)),
-            None => s.serialize_none(),
-        }
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-        Option::<f64>::deserialize(d)?
-            .map(|ms| Duration::try_from_secs_f64(ms / 1e3).map_err(serde::de::Error::custom))
-            .transpose()
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // The admin API, as the drain needs it
@@ -228,158 +144,6 @@ fn regex_escape(s: &str) -> String {
     out
 }
 
-// ---------------------------------------------------------------------------------------------
-// Reports
-// ---------------------------------------------------------------------------------------------
-
-/// How a drain ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum DrainOutcome {
-    /// The app exited and nothing was in flight: the proxy was quit (or had just exited).
-    AppDone,
-    /// The deadline came first: the proxy was quit with the app (or traffic) still there.
-    Deadline,
-    /// Envoy exited while the app still ran: the mesh's drain duration is shorter than the
-    /// app's shutdown (see [`DrainReport::advice`]).
-    ProxyGoneEarly,
-    /// The pod vanished from the source (the kubelet finished it) before the drain did.
-    PodGone,
-    /// The agent is stopping; the next agent drains again.
-    AgentStopping,
-}
-
-impl DrainOutcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DrainOutcome::AppDone => "app-done",
-            DrainOutcome::Deadline => "deadline",
-            DrainOutcome::ProxyGoneEarly => "proxy-gone-early",
-            DrainOutcome::PodGone => "pod-gone",
-            DrainOutcome::AgentStopping => "agent-stopping",
-        }
-    }
-}
-
-/// What ended the wait for in-flight traffic when the proxy was quit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case", tag = "kind")]
-pub enum QuitReason {
-    /// The filter's counts said nothing is in flight.
-    Idle(IdleReason),
-    /// The filter is not installed: the app's exit alone decided.
-    NoFilter,
-    /// The counts could not be read; the app's exit alone decided.
-    StatsUnavailable,
-    /// The deadline (drain) or the bounded wait (Job) ran out.
-    OutOfTime,
-}
-
-/// What one drain did.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DrainReport {
-    pub outcome: DrainOutcome,
-    #[serde(with = "crate::status::rfc3339")]
-    pub started_at: SystemTime,
-    /// The drain's deadline (`None`: beyond reach).
-    #[serde(with = "crate::status::rfc3339::option", default)]
-    pub deadline_at: Option<SystemTime>,
-    pub deadline_meaning: TimestampMeaning,
-    /// `POST /drain_listeners?inboundonly&graceful` succeeded.
-    pub inbound_drained: bool,
-    /// `POST /healthcheck/fail` succeeded.
-    pub health_failed: bool,
-    /// When the app's last process exit was seen (or the app was otherwise seen gone).
-    #[serde(with = "crate::status::rfc3339::option", default)]
-    pub app_gone_at: Option<SystemTime>,
-    #[serde(with = "crate::status::rfc3339::option", default)]
-    pub quit_sent_at: Option<SystemTime>,
-    pub quit_reason: Option<QuitReason>,
-    /// When the admin API stopped answering after the quit.
-    #[serde(with = "crate::status::rfc3339::option", default)]
-    pub proxy_exit_seen_at: Option<SystemTime>,
-    /// From the app gone to the quit sent.
-    #[serde(with = "opt_ms", default, rename = "app_gone_to_quit_ms")]
-    pub app_gone_to_quit: Option<Duration>,
-    /// From the app gone to the admin API gone.
-    #[serde(with = "opt_ms", default, rename = "app_gone_to_proxy_exit_ms")]
-    pub app_gone_to_proxy_exit: Option<Duration>,
-    #[serde(with = "ms", rename = "elapsed_ms")]
-    pub elapsed: Duration,
-    /// App processes seen during the drain, and alive when it ended.
-    pub app_processes_seen: usize,
-    pub app_processes_left: usize,
-    /// Whether the filter's stats were present (`None`: never read).
-    pub filter_present: Option<bool>,
-    /// The last counts read.
-    pub last_counts: Option<FilterCounts>,
-    /// Admin errors and other problems (at most 10 kept; `error_count` counts all).
-    pub errors: Vec<String>,
-    pub error_count: usize,
-    /// Advice for the operator, when the outcome calls for a configuration change.
-    pub advice: Option<String>,
-}
-
-/// How a Job watch ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum JobOutcome {
-    /// The app finished for good and the proxy was quit: the pod completes.
-    Completed,
-    /// The app finished for good, but the proxy had already exited.
-    ProxyAlreadyGone,
-    /// `restartPolicy: Always` (or unknown): the kubelet restarts the app; nothing to do.
-    NotAJob,
-    /// The pod is being deleted: the drain takes over.
-    Deleting,
-    /// The pod vanished from the source.
-    PodGone,
-    /// The agent is stopping.
-    AgentStopping,
-}
-
-impl JobOutcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobOutcome::Completed => "completed",
-            JobOutcome::ProxyAlreadyGone => "proxy-already-gone",
-            JobOutcome::NotAJob => "not-a-job",
-            JobOutcome::Deleting => "deleting",
-            JobOutcome::PodGone => "pod-gone",
-            JobOutcome::AgentStopping => "agent-stopping",
-        }
-    }
-}
-
-/// Which signal said the app finished.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum FinishedBy {
-    /// The kubelet's container statuses.
-    Status,
-    /// procfs: every app process gone (`restartPolicy: Never` only).
-    Procfs,
-}
-
-/// What one Job watch did.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct JobReport {
-    pub outcome: JobOutcome,
-    pub finished_by: Option<FinishedBy>,
-    /// When the app's last process exit was seen (or the app was seen finished).
-    #[serde(with = "crate::status::rfc3339::option", default)]
-    pub app_finished_at: Option<SystemTime>,
-    #[serde(with = "crate::status::rfc3339::option", default)]
-    pub quit_sent_at: Option<SystemTime>,
-    pub quit_reason: Option<QuitReason>,
-    #[serde(with = "crate::status::rfc3339::option", default)]
-    pub proxy_exit_seen_at: Option<SystemTime>,
-    #[serde(with = "opt_ms", default, rename = "app_finished_to_quit_ms")]
-    pub app_finished_to_quit: Option<Duration>,
-    pub errors: Vec<String>,
-    pub error_count: usize,
-}
-
 /// Collected errors, bounded.
 #[derive(Debug, Default)]
 struct Errors {
@@ -413,6 +177,8 @@ pub struct DrainCtx<'a, A, S> {
     /// Cancelled when the agent stops.
     pub stop: CancellationToken,
     pub settings: &'a DrainSettings,
+    /// Told when `/quitquitquit` is about to be sent (the row shows `quitting` meanwhile).
+    pub quit_started: Option<tokio::sync::mpsc::UnboundedSender<()>>,
 }
 
 /// The pause before the `samples`-th sample while waiting for in-flight traffic to settle:
@@ -438,6 +204,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
         mut view,
         stop,
         settings,
+        quit_started,
     } = ctx;
     let t0 = Instant::now();
     let started_at = SystemTime::now();
@@ -454,7 +221,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
     };
     let plan = DrainPlan::new(deletion, started_at);
     let remaining = plan.remaining(started_at);
-    let deadline = tokio::time::Instant::from_std(t0 + remaining);
+    let deadline = t0 + remaining;
     let mut d = Drainer {
         key,
         admin,
@@ -463,6 +230,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
         refusals: 0,
         t0,
         t0_wall: started_at,
+        quit_started,
     };
     let mut report = DrainReport {
         outcome: DrainOutcome::AppDone,
@@ -542,7 +310,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                 Ok(counts) => {
                     report.filter_present = Some(counts.is_some());
                     report.last_counts = counts;
-                    judgement = Some(judge.observe(Instant::now(), counts.as_ref()));
+                    judgement = Some(judge.observe(Instant::now().into_std(), counts.as_ref()));
                 }
                 Err(()) => {
                     judgement = None;
@@ -674,6 +442,7 @@ struct Drainer<'a, A> {
     /// Start of the drain or Job watch, monotonic and wall-clock, to put instants in reports.
     t0: Instant,
     t0_wall: SystemTime,
+    quit_started: Option<tokio::sync::mpsc::UnboundedSender<()>>,
 }
 
 impl<A: ProxyAdmin> Drainer<'_, A> {
@@ -801,6 +570,9 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
     /// `POST /quitquitquit`, then watches the admin API go away (bounded by `quit_confirm`).
     /// Returns when the quit was sent and when the proxy was seen gone.
     async fn quit(&mut self) -> (Option<SystemTime>, Option<SystemTime>) {
+        if let Some(tx) = &self.quit_started {
+            let _ = tx.send(());
+        }
         let attempts = self.settings.admin_attempts.max(1);
         let mut sent = None;
         for attempt in 1..=attempts {
@@ -919,6 +691,7 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
         mut view,
         stop,
         settings,
+        quit_started,
     } = ctx;
     let mut d = Drainer {
         key,
@@ -928,6 +701,7 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
         refusals: 0,
         t0: Instant::now(),
         t0_wall: SystemTime::now(),
+        quit_started,
     };
     let mut report = JobReport {
         outcome: JobOutcome::NotAJob,
@@ -1009,7 +783,7 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
     let reason = loop {
         samples += 1;
         match d.sample().await {
-            Ok(counts) => match judge.observe(Instant::now(), counts.as_ref()) {
+            Ok(counts) => match judge.observe(Instant::now().into_std(), counts.as_ref()) {
                 InFlight::Idle(why) => break QuitReason::Idle(why),
                 InFlight::NoFilter => break QuitReason::NoFilter,
                 InFlight::Busy { .. } => {}

@@ -250,6 +250,7 @@ async fn run_drain(
         view: rx,
         stop,
         settings,
+        quit_started: None,
     })
     .await
 }
@@ -644,6 +645,7 @@ async fn run_job(
         view: rx,
         stop,
         settings,
+        quit_started: None,
     })
     .await
 }
