@@ -195,3 +195,48 @@ pub enum TimestampMeaning {
 /// The filter's stat prefix as Envoy's `/stats` shows it (the filter's `holdfast` prefix inside
 /// Envoy's `wasmcustom.` namespace for wasm-defined metrics).
 pub const DEFAULT_STAT_PREFIX: &str = "wasmcustom.holdfast";
+
+impl DrainReport {
+    /// An empty report (nothing done yet) of a drain started at `started_at`.
+    pub fn new(outcome: DrainOutcome, started_at: SystemTime) -> DrainReport {
+        DrainReport {
+            outcome,
+            started_at,
+            deadline_at: None,
+            deadline_meaning: TimestampMeaning::RequestTime,
+            inbound_drained: false,
+            health_failed: false,
+            app_gone_at: None,
+            quit_sent_at: None,
+            quit_reason: None,
+            proxy_exit_seen_at: None,
+            app_gone_to_quit: None,
+            app_gone_to_proxy_exit: None,
+            elapsed: Duration::ZERO,
+            app_processes_seen: 0,
+            app_processes_left: 0,
+            filter_present: None,
+            last_counts: None,
+            errors: Vec::new(),
+            error_count: 0,
+            advice: None,
+        }
+    }
+}
+
+impl JobReport {
+    /// An empty report (nothing done yet).
+    pub fn new(outcome: JobOutcome) -> JobReport {
+        JobReport {
+            outcome,
+            finished_by: None,
+            app_finished_at: None,
+            quit_sent_at: None,
+            quit_reason: None,
+            proxy_exit_seen_at: None,
+            app_finished_to_quit: None,
+            errors: Vec::new(),
+            error_count: 0,
+        }
+    }
+}

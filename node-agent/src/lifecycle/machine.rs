@@ -598,8 +598,13 @@ pub fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>) {
             JobOutcome::Completed | JobOutcome::ProxyAlreadyGone => {
                 fx.push(Effect::Record(Outcome::Job(report)));
                 fx.push(Effect::SetPhase(Phase::Done));
-                Stage::Finished
+                if s.stopping {
+                    exit(&mut fx)
+                } else {
+                    Stage::Finished
+                }
             }
+            _ if s.stopping => exit(&mut fx),
             JobOutcome::NotAJob => Stage::Running {
                 netns,
                 proxy_id: s
@@ -625,7 +630,7 @@ pub fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>) {
             fx.push(Effect::SetPhase(Phase::Done));
             match outcome {
                 DrainOutcome::AgentStopping | DrainOutcome::PodGone => exit(&mut fx),
-                _ if s.pod.is_none() => exit(&mut fx),
+                _ if s.pod.is_none() || s.stopping => exit(&mut fx),
                 _ => Stage::Finished,
             }
         }

@@ -233,26 +233,9 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
         quit_started,
     };
     let mut report = DrainReport {
-        outcome: DrainOutcome::AppDone,
-        started_at,
         deadline_at: plan.deadline,
         deadline_meaning: plan.meaning,
-        inbound_drained: false,
-        health_failed: false,
-        app_gone_at: None,
-        quit_sent_at: None,
-        quit_reason: None,
-        proxy_exit_seen_at: None,
-        app_gone_to_quit: None,
-        app_gone_to_proxy_exit: None,
-        elapsed: Duration::ZERO,
-        app_processes_seen: 0,
-        app_processes_left: 0,
-        filter_present: None,
-        last_counts: None,
-        errors: Vec::new(),
-        error_count: 0,
-        advice: None,
+        ..DrainReport::new(DrainOutcome::AppDone, started_at)
     };
     let Some(mut current) = initial else {
         report.outcome = DrainOutcome::PodGone;
@@ -703,17 +686,7 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
         t0_wall: SystemTime::now(),
         quit_started,
     };
-    let mut report = JobReport {
-        outcome: JobOutcome::NotAJob,
-        finished_by: None,
-        app_finished_at: None,
-        quit_sent_at: None,
-        quit_reason: None,
-        proxy_exit_seen_at: None,
-        app_finished_to_quit: None,
-        errors: Vec::new(),
-        error_count: 0,
-    };
+    let mut report = JobReport::new(JobOutcome::NotAJob);
     let finish = |mut report: JobReport, outcome: JobOutcome, d: Drainer<'_, A>| {
         report.outcome = outcome;
         report.app_finished_to_quit = report
