@@ -143,6 +143,11 @@ pub struct PodSpec {
     /// table) from before the init container runs until Envoy's `/ready` says LIVE (polled every
     /// 1 ms), so the app's SYNs are retransmitted by TCP. Default off.
     pub drop_until_ready: bool,
+    /// Start the app container this long after the proxy container (as a slow image pull
+    /// does: the kubelet pulls and starts containers one after another); until then it is
+    /// `waiting` (ContainerCreating). Default 0. Added for issue 10 item 1 (an app is done only
+    /// after it ran).
+    pub app_start_delay: Duration,
 }
 
 impl PodSpec {
@@ -167,6 +172,7 @@ impl PodSpec {
             app_init: Duration::ZERO,
             serial_start: false,
             drop_until_ready: false,
+            app_start_delay: Duration::ZERO,
         }
     }
 
@@ -232,6 +238,11 @@ impl PodSpec {
     /// The app works for `d` after it starts before its first (startup) call.
     pub fn app_init(mut self, d: Duration) -> Self {
         self.app_init = d;
+        self
+    }
+    /// See [`PodSpec::app_start_delay`].
+    pub fn app_start_delay(mut self, d: Duration) -> Self {
+        self.app_start_delay = d;
         self
     }
     /// See [`PodSpec::serial_start`].
