@@ -231,7 +231,6 @@ impl PodOverrides {
     }
 }
 
-
 /// How the drain and the Job quit behave. Defaults suit a node with hundreds of pods.
 #[derive(Debug, Clone, Serialize)]
 pub struct DrainSettings {

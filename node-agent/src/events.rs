@@ -123,9 +123,9 @@ impl PodEvents {
     /// Queues an event on `pod`. Never blocks.
     pub fn emit(&self, pod: &PodKey, reason: Reason, note: String) {
         if reason.is_warning() {
-            tracing::warn!(pod = %pod, reason = reason.as_str(), "{note}");
+            tracing::warn!(reason = reason.as_str(), "{note}");
         } else {
-            tracing::info!(pod = %pod, reason = reason.as_str(), "{note}");
+            tracing::info!(reason = reason.as_str(), "{note}");
         }
         if let Some(capture) = &self.capture {
             let _ = capture.send((pod.clone(), reason, note.clone()));
@@ -137,7 +137,7 @@ impl PodEvents {
             note,
         };
         if let Err(e) = tx.try_send(pending) {
-            tracing::warn!(pod = %pod, reason = reason.as_str(), error = %e, "event not posted: the event queue is full or closed");
+            tracing::warn!(reason = reason.as_str(), error = %e, "event not posted: the event queue is full or closed");
         }
     }
 }

@@ -7,11 +7,10 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-
 use serde::{Deserialize, Serialize};
 
-pub use crate::api::{HoldOutcome, HoldRecord, Phase, PodStatus};
 pub use crate::api::time::rfc3339;
+pub use crate::api::{HoldOutcome, HoldRecord, Phase, PodStatus};
 
 /// The node's status: every tracked pod, by `namespace/name`.
 #[derive(Debug, Clone, Default)]

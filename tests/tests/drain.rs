@@ -757,7 +757,9 @@ fn drain_adopted_after_agent_restart(test: &str, end: AgentEnd, gap: Duration) {
             .expect("pod terminates");
         let took = t.elapsed();
         let drain = rows.drain(&agent, "adopted", Duration::from_secs(5));
-        eprintln!("{end:?}, successor {gap:?} later: pod gone {took:?} after deletion; drain: {drain:#?}");
+        eprintln!(
+            "{end:?}, successor {gap:?} later: pod gone {took:?} after deletion; drain: {drain:#?}"
+        );
         assert_eq!(drain.outcome, DrainOutcome::AppDone, "{drain:#?}");
         assert!(drain.quit_sent_at.is_some(), "the successor quit the proxy");
         assert!(

@@ -199,7 +199,11 @@ impl Pods {
                             // the board and at info.
                             let key = PodKey {
                                 uid: uid.to_ascii_lowercase(),
-                                namespace: pod.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+                                namespace: pod
+                                    .metadata
+                                    .namespace
+                                    .clone()
+                                    .unwrap_or_else(|| "default".into()),
                                 name: pod.metadata.name.clone().unwrap_or_default(),
                             };
                             if self.skipped.get(&key.uid) != Some(&key) {
@@ -221,7 +225,9 @@ impl Pods {
                     tx.send_replace(None);
                 }
                 if let Some(key) = self.skipped.remove(&uid) {
-                    shared.board.remove_if_uid(&key.namespace, &key.name, &key.uid);
+                    shared
+                        .board
+                        .remove_if_uid(&key.namespace, &key.name, &key.uid);
                 }
             }
         }

@@ -118,4 +118,3 @@ pub struct PodStatus {
     #[serde(default)]
     pub skipped_reason: Option<String>,
 }
-

@@ -86,4 +86,3 @@ pub mod opt_ms {
             .transpose()
     }
 }
-

@@ -136,10 +136,15 @@ pub enum Input {
     /// The pod's latest view; `None`: gone from the source (or no longer tracked).
     Pod(Option<PodFacts>),
     NetnsNotYet,
-    NetnsFound { netns: NetnsId },
+    NetnsFound {
+        netns: NetnsId,
+    },
     NetnsRefused(String),
     Readiness(Seen),
-    HoldSetUp { adopted: bool, late: bool },
+    HoldSetUp {
+        adopted: bool,
+        late: bool,
+    },
     HoldFailed(String),
     HoldReleased(Released),
     ReleaseFailed(String),
@@ -187,10 +192,14 @@ pub enum Effect {
     RemoveLeftoverHold,
     /// Install the hold (`fresh`: the netns is new, nothing to adopt) (answer: `HoldSetUp` or
     /// `HoldFailed`).
-    InstallHold { fresh: bool },
+    InstallHold {
+        fresh: bool,
+    },
     SetPassThrough(bool),
     /// Release every held connection (answer: `HoldReleased` or `ReleaseFailed`).
-    ReleaseHold { ready_at: Option<Instant> },
+    ReleaseHold {
+        ready_at: Option<Instant>,
+    },
     /// Close the queue and leave the rule for the next agent (it adopts the hold).
     LeaveHoldForSuccessor,
     /// Watch a Job's app and quit its proxy once it finished (answer: `JobFinished`).
@@ -213,8 +222,13 @@ pub enum Stage {
         refused_noted: bool,
     },
     /// The netns is known; one readiness observation decides whether to hold.
-    Checking { netns: NetnsId, fresh: bool },
-    SettingUpHold { netns: NetnsId },
+    Checking {
+        netns: NetnsId,
+        fresh: bool,
+    },
+    SettingUpHold {
+        netns: NetnsId,
+    },
     Holding {
         netns: NetnsId,
         started: Instant,
@@ -226,9 +240,16 @@ pub enum Stage {
         started: Instant,
     },
     /// The proxy is ready (or the hold failed open); following the pod.
-    Running { netns: NetnsId, proxy_id: Option<String> },
-    JobWatch { netns: NetnsId },
-    Draining { netns: NetnsId },
+    Running {
+        netns: NetnsId,
+        proxy_id: Option<String>,
+    },
+    JobWatch {
+        netns: NetnsId,
+    },
+    Draining {
+        netns: NetnsId,
+    },
     /// Nothing more to do for this pod until it goes (deleted before ready, Job done, drain
     /// done).
     Finished,
@@ -264,7 +285,10 @@ impl State {
         };
         (
             state,
-            vec![Effect::SetPhase(Phase::WaitingForNetns), Effect::LookForNetns],
+            vec![
+                Effect::SetPhase(Phase::WaitingForNetns),
+                Effect::LookForNetns,
+            ],
         )
     }
 
@@ -487,7 +511,10 @@ pub fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>) {
             if seen == Seen::Ready {
                 release(&mut fx, netns, HoldOutcome::Ready, started, Some(now.mono))
             } else {
-                fx.push(Effect::Schedule(Timer::ReadinessPoll, now.mono + s.ready_poll));
+                fx.push(Effect::Schedule(
+                    Timer::ReadinessPoll,
+                    now.mono + s.ready_poll,
+                ));
                 Stage::Holding {
                     netns,
                     started,

@@ -255,8 +255,14 @@ fn an_agent_started_during_a_deletion_adopts_the_drain() {
     for (seen, expect) in [
         // Envoy answers but is not ready: it is draining (a previous agent failed its health
         // check) — adopt the drain, never hold.
-        (Seen::Up, &["remove-leftover", "phase:draining", "drain"][..]),
-        (Seen::Ready, &["remove-leftover", "phase:draining", "drain"][..]),
+        (
+            Seen::Up,
+            &["remove-leftover", "phase:draining", "drain"][..],
+        ),
+        (
+            Seen::Ready,
+            &["remove-leftover", "phase:draining", "drain"][..],
+        ),
         // Envoy never came up: nothing to drain.
         (Seen::Down, &["remove-leftover", "phase:done"][..]),
     ] {
@@ -321,7 +327,10 @@ fn proxy_already_ready_needs_no_hold() {
 #[test]
 fn jobs_by_restart_policy() {
     for (policy, after_ready) in [
-        (RestartPolicy::Always, &["rec:hold-ready", "phase:ready"][..]),
+        (
+            RestartPolicy::Always,
+            &["rec:hold-ready", "phase:ready"][..],
+        ),
         (
             RestartPolicy::Never,
             &["rec:hold-ready", "phase:ready", "job-watch"][..],
@@ -482,7 +491,10 @@ fn waiting_backs_off_and_a_pod_update_resets_it() {
         Duration::from_millis(5)
     );
     assert!(netns_poll_after(Duration::from_secs(2)) >= Duration::from_millis(50));
-    assert_eq!(netns_poll_after(Duration::from_secs(60)), Duration::from_secs(1));
+    assert_eq!(
+        netns_poll_after(Duration::from_secs(60)),
+        Duration::from_secs(1)
+    );
 
     let mut r = Run::start(pod(RestartPolicy::Always), START);
     let scheduled = |fx: &[Effect], now: Instant| match fx {
@@ -559,15 +571,26 @@ fn a_failed_hold_fails_open() {
         vec![
             (Input::NetnsNotYet, &["timer:NetnsPoll"]),
             (Input::Timer(Timer::NetnsPoll), &["look"]),
-            (Input::NetnsRefused("host netns".into()), &["problem", "timer:NetnsPoll"]),
+            (
+                Input::NetnsRefused("host netns".into()),
+                &["problem", "timer:NetnsPoll"],
+            ),
             (Input::Timer(Timer::NetnsPoll), &["look"]),
-            (Input::NetnsRefused("host netns".into()), &["timer:NetnsPoll"]),
+            (
+                Input::NetnsRefused("host netns".into()),
+                &["timer:NetnsPoll"],
+            ),
             (Input::Timer(Timer::NetnsPoll), &["look"]),
             (Input::NetnsFound { netns: ns(1) }, &["check"]),
             (Input::Readiness(Seen::Down), &["install(fresh=true)"]),
             (
                 Input::HoldFailed("no NFQUEUE".into()),
-                &["remove-leftover", "rec:hold-failed", "problem", "phase:ready"],
+                &[
+                    "remove-leftover",
+                    "rec:hold-failed",
+                    "problem",
+                    "phase:ready",
+                ],
             ),
         ],
     );

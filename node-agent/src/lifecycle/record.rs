@@ -97,7 +97,10 @@ impl Recorder {
 
     fn hold_started(&self, adopted: bool, late: bool) {
         self.metrics.holds_started.inc();
-        tracing::info!(adopted, "holding the app's new connections until the proxy is ready");
+        tracing::info!(
+            adopted,
+            "holding the app's new connections until the proxy is ready"
+        );
         let late_note = late.then(|| {
             "the app was already running when the hold went in; its earliest connections may \
              have been refused"

@@ -155,7 +155,10 @@ fn hold_released_moves_hold_metrics_and_posts_hold_released() {
     assert_eq!(h.metric("holdfast_holds_started_total"), 1.0);
     assert_eq!(h.metric("holdfast_pods{phase=\"holding\"}"), 1.0);
     h.feed(vec![Input::Readiness(Seen::Ready), released(3)]);
-    assert_eq!(h.metric("holdfast_holds_released_total{outcome=\"ready\"}"), 1.0);
+    assert_eq!(
+        h.metric("holdfast_holds_released_total{outcome=\"ready\"}"),
+        1.0
+    );
     assert_eq!(h.metric("holdfast_held_connections_total"), 3.0);
     assert_eq!(h.metric("holdfast_hold_duration_seconds_count"), 1.0);
     assert_eq!(h.metric("holdfast_hold_release_latency_seconds_count"), 1.0);
@@ -176,7 +179,11 @@ fn hold_deadline_posts_hold_deadline_and_sets_last_error() {
         1.0
     );
     assert_eq!(h.reasons(), [Reason::HoldDeadline]);
-    assert!(h.row().last_error.expect("last_error").contains("hold deadline"));
+    assert!(h
+        .row()
+        .last_error
+        .expect("last_error")
+        .contains("hold deadline"));
 }
 
 #[test]
@@ -188,8 +195,10 @@ fn other_hold_ends_are_counted_by_outcome() {
         1.0
     );
     let mut h = Harness::new(facts(RestartPolicy::Always, false));
-    h.hold()
-        .feed(vec![Input::Pod(Some(facts(RestartPolicy::Always, true))), released(0)]);
+    h.hold().feed(vec![
+        Input::Pod(Some(facts(RestartPolicy::Always, true))),
+        released(0),
+    ]);
     assert_eq!(
         h.metric("holdfast_holds_released_total{outcome=\"pod-deleted\"}"),
         1.0
@@ -225,7 +234,10 @@ fn a_late_hold_is_on_the_row() {
     ]);
     let row = h.row();
     assert!(row.hold.expect("hold").late);
-    assert!(row.last_error.expect("last_error").contains("already running"));
+    assert!(row
+        .last_error
+        .expect("last_error")
+        .contains("already running"));
 }
 
 /// Drives a drain to `report`'s outcome; returns the harness.
@@ -313,10 +325,7 @@ fn a_completed_job_posts_job_proxy_stopped() {
     assert_eq!(h.metric("holdfast_jobs_total{outcome=\"completed\"}"), 1.0);
     assert_eq!(h.metric("holdfast_drain_errors_total"), 1.0);
     assert_eq!(h.reasons(), [Reason::JobProxyStopped]);
-    assert_eq!(
-        h.row().job.expect("job").outcome,
-        JobOutcome::Completed
-    );
+    assert_eq!(h.row().job.expect("job").outcome, JobOutcome::Completed);
 }
 
 #[test]
@@ -333,5 +342,8 @@ fn skipped_pods_get_a_row_and_a_phase_count() {
     let v = serde_json::to_value(&row).expect("json");
     assert_eq!(v["phase"], "skipped");
     let text = handle.encode(&board);
-    assert!(text.contains("holdfast_pods{phase=\"skipped\"} 1"), "{text}");
+    assert!(
+        text.contains("holdfast_pods{phase=\"skipped\"} 1"),
+        "{text}"
+    );
 }

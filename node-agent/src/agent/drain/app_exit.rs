@@ -104,7 +104,7 @@ impl ExitWatcher {
                     (pid, Instant::now())
                 }),
                 Err(e) => {
-                    tracing::debug!(pod = %self.pod, pid, error = %e, "cannot register a pidfd with the reactor; polling procfs");
+                    tracing::debug!(pid, error = %e, "cannot register a pidfd with the reactor; polling procfs");
                     self.tasks.spawn(async move {
                         poll_until_gone(pid).await;
                         (pid, Instant::now())
@@ -113,7 +113,7 @@ impl ExitWatcher {
             },
             Opened::Unsupported => {
                 if !self.no_pidfd {
-                    tracing::info!(pod = %self.pod, "pidfd_open is not available (Linux < 5.3?); polling procfs for process exits");
+                    tracing::info!("pidfd_open is not available (Linux < 5.3?); polling procfs for process exits");
                 }
                 self.no_pidfd = true;
                 if process_gone(pid) {

@@ -20,8 +20,6 @@ pub use crate::api::{DirectionCounts, FilterCounts, IdleReason, DEFAULT_STAT_PRE
 /// Gauges above this are taken as garbage (an underflowed gauge reads near 2^64), not as counts.
 const MAX_SANE_GAUGE: u64 = 1 << 48;
 
-
-
 impl FilterCounts {
     /// Reads the filter's counts from `(name, value)` stats. Names outside `prefix`, unknown
     /// directions or stats, and insane gauge values are ignored. Returns `None` when no
@@ -79,7 +77,6 @@ impl FilterCounts {
         ]
     }
 }
-
 
 /// One judgement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

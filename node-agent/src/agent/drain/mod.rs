@@ -55,7 +55,6 @@ pub const QUIT_PATH: &str = "/quitquitquit";
 /// Most errors kept in a report (the count is kept in full).
 const MAX_ERRORS_KEPT: usize = 10;
 
-
 // ---------------------------------------------------------------------------------------------
 // The admin API, as the drain needs it
 // ---------------------------------------------------------------------------------------------
@@ -152,8 +151,8 @@ struct Errors {
 }
 
 impl Errors {
-    fn push(&mut self, key: &PodKey, message: String) {
-        tracing::warn!(pod = %key, "{message}");
+    fn push(&mut self, message: String) {
+        tracing::warn!("{message}");
         self.count += 1;
         if self.kept.len() < MAX_ERRORS_KEPT {
             self.kept.push(message);
@@ -212,7 +211,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
     let deletion = match initial.as_ref().and_then(|v| v.deletion) {
         Some(d) => d,
         None => {
-            tracing::warn!(pod = %key, "drain started for a pod without a deletionTimestamp; assuming deletion now with the default grace period");
+            tracing::warn!("drain started for a pod without a deletionTimestamp; assuming deletion now with the default grace period");
             Deletion {
                 timestamp: plan::timestamp(started_at),
                 grace: DEFAULT_GRACE,
@@ -223,7 +222,6 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
     let remaining = plan.remaining(started_at);
     let deadline = t0 + remaining;
     let mut d = Drainer {
-        key,
         admin,
         settings,
         errors: Errors::default(),
@@ -242,7 +240,6 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
         return report;
     };
     tracing::info!(
-        pod = %key,
         grace_s = deletion.grace.as_secs(),
         remaining_ms = remaining.as_millis() as u64,
         deadline_meaning = ?plan.meaning,
@@ -321,13 +318,12 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
             if app_gone.is_some() || snapshot.live == 0 {
                 if app_gone.is_none() {
                     d.errors.push(
-                        key,
                         "the proxy exited on its own; whether the app had finished is unknown \
                          (its processes are not visible)"
                             .to_string(),
                     );
                 }
-                tracing::info!(pod = %key, "the proxy has already exited");
+                tracing::info!("the proxy has already exited");
                 let report = d.app_gone(report, app_gone);
                 return d.finish(report, DrainOutcome::AppDone, &app);
             }
@@ -340,7 +336,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                 snapshot.live,
                 deletion.grace.as_secs()
             );
-            tracing::warn!(pod = %key, "{advice}");
+            tracing::warn!("{advice}");
             report.advice = Some(advice);
             return d.finish(report, DrainOutcome::ProxyGoneEarly, &app);
         }
@@ -359,7 +355,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                 report = d.app_gone(report, app_gone);
                 (report.quit_sent_at, report.proxy_exit_seen_at) = d.quit().await;
                 report.quit_reason = Some(reason);
-                tracing::info!(pod = %key, reason = ?reason, "app gone and nothing in flight: proxy quit");
+                tracing::info!(reason = ?reason, "app gone and nothing in flight: proxy quit");
                 return d.finish(report, DrainOutcome::AppDone, &app);
             }
         } else if !unseen_warned
@@ -370,7 +366,6 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
         {
             unseen_warned = true;
             d.errors.push(
-                key,
                 "an app container runs by its status but none of the pod's processes is visible \
                  by container id: the drain cannot see the app exit and waits for the status or \
                  the deadline (does the agent run with hostPID and the right --proc-root?)"
@@ -400,7 +395,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                 true
             }
             (pid, _) = app.next_exit() => {
-                tracing::debug!(pod = %key, pid, "app process exited");
+                tracing::debug!(pid, "app process exited");
                 true
             }
             _ = tokio::time::sleep(wait) => Instant::now() >= next_rescan,
@@ -416,7 +411,6 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
 
 /// The admin side of a drain or a Job quit.
 struct Drainer<'a, A> {
-    key: &'a PodKey,
     admin: &'a A,
     settings: &'a DrainSettings,
     errors: Errors,
@@ -479,24 +473,23 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
             let admin = self.admin;
             match self.call(path, admin.admin_post(path)).await {
                 Ok(()) => {
-                    tracing::debug!(pod = %self.key, path, attempt, "admin POST ok");
+                    tracing::debug!(path, attempt, "admin POST ok");
                     return true;
                 }
                 Err(e) => {
                     if self.refusals >= self.settings.refusals_for_gone {
                         // Nothing listens: Envoy has exited. Not an error in itself; the drain
                         // judges it (proxy gone early, or gone with the app).
-                        tracing::debug!(pod = %self.key, path, error = %e, "admin refused; Envoy has exited");
+                        tracing::debug!(path, error = %e, "admin refused; Envoy has exited");
                         return false;
                     }
                     if attempt == attempts {
-                        self.errors.push(
-                            self.key,
-                            format!("POST {path} failed after {attempt} attempt(s): {e}"),
-                        );
+                        self.errors.push(format!(
+                            "POST {path} failed after {attempt} attempt(s): {e}"
+                        ));
                         return false;
                     }
-                    tracing::debug!(pod = %self.key, path, attempt, error = %e, "admin POST failed; retrying");
+                    tracing::debug!(path, attempt, error = %e, "admin POST failed; retrying");
                     tokio::time::sleep(self.settings.retry_backoff).await;
                 }
             }
@@ -513,19 +506,16 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
         app_gone: Option<Instant>,
         remaining: Duration,
     ) -> DrainReport {
-        self.errors.push(
-            self.key,
-            format!(
-                "drain deadline reached ({} after the deletion was seen) with {live} app \
+        self.errors.push(format!(
+            "drain deadline reached ({} after the deletion was seen) with {live} app \
                  process(es) alive{}; quitting the proxy",
-                crate::config::format_duration(remaining),
-                if app_gone.is_some() {
-                    " and traffic in flight"
-                } else {
-                    ""
-                },
-            ),
-        );
+            crate::config::format_duration(remaining),
+            if app_gone.is_some() {
+                " and traffic in flight"
+            } else {
+                ""
+            },
+        ));
         let mut report = self.app_gone(report, app_gone);
         (report.quit_sent_at, report.proxy_exit_seen_at) = self.quit().await;
         report.quit_reason = Some(QuitReason::OutOfTime);
@@ -539,12 +529,12 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
         match self.call("GET /stats", admin.filter_counts(prefix)).await {
             Ok(c) => Ok(c),
             Err(e) if e.refused => {
-                tracing::debug!(pod = %self.key, error = %e, "admin refused the connection");
+                tracing::debug!(error = %e, "admin refused the connection");
                 Err(())
             }
             Err(e) => {
                 self.errors
-                    .push(self.key, format!("reading the filter's counts failed: {e}"));
+                    .push(format!("reading the filter's counts failed: {e}"));
                 Err(())
             }
         }
@@ -570,7 +560,7 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
                     // Nothing listens: Envoy has exited already (on its own, or an earlier
                     // attempt worked and its answer was lost).
                     if sent.is_none() {
-                        tracing::info!(pod = %self.key, "the proxy had already exited when asked to quit");
+                        tracing::info!("the proxy had already exited when asked to quit");
                     }
                     return (sent.map(|s| self.wall(s)), Some(self.wall(Instant::now())));
                 }
@@ -579,9 +569,9 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
                     // answers.
                     sent = Some(before);
                     if attempt == attempts {
-                        self.errors.push(self.key, format!("POST {QUIT_PATH}: {e}"));
+                        self.errors.push(format!("POST {QUIT_PATH}: {e}"));
                     } else {
-                        tracing::debug!(pod = %self.key, error = %e, "quit request failed; checking whether the proxy exits");
+                        tracing::debug!(error = %e, "quit request failed; checking whether the proxy exits");
                         if let Some(gone) = self
                             .wait_gone(self.settings.retry_backoff.max(Duration::from_millis(50)))
                             .await
@@ -596,13 +586,10 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
         match self.wait_gone(self.settings.quit_confirm).await {
             Some(gone) => (sent_at, Some(self.wall(gone))),
             None => {
-                self.errors.push(
-                    self.key,
-                    format!(
-                        "the proxy still answered {} after /quitquitquit",
-                        crate::config::format_duration(self.settings.quit_confirm)
-                    ),
-                );
+                self.errors.push(format!(
+                    "the proxy still answered {} after /quitquitquit",
+                    crate::config::format_duration(self.settings.quit_confirm)
+                ));
                 (sent_at, None)
             }
         }
@@ -644,15 +631,6 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
         report.app_gone_to_proxy_exit = since(report.proxy_exit_seen_at);
         report.errors = self.errors.kept;
         report.error_count = self.errors.count;
-        tracing::info!(
-            pod = %self.key,
-            outcome = outcome.as_str(),
-            elapsed_ms = report.elapsed.as_millis() as u64,
-            app_gone_to_quit_ms = report.app_gone_to_quit.map(|d| d.as_secs_f64() * 1e3),
-            app_gone_to_proxy_exit_ms = report.app_gone_to_proxy_exit.map(|d| d.as_secs_f64() * 1e3),
-            errors = report.error_count,
-            "drain finished"
-        );
         report
     }
 }
@@ -677,7 +655,6 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
         quit_started,
     } = ctx;
     let mut d = Drainer {
-        key,
         admin,
         settings,
         errors: Errors::default(),
@@ -696,8 +673,7 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
         report.errors = d.errors.kept;
         report.error_count = d.errors.count;
         if !matches!(outcome, JobOutcome::NotAJob) {
-            tracing::info!(
-                pod = %key,
+            tracing::debug!(
                 outcome = outcome.as_str(),
                 finished_by = ?report.finished_by,
                 app_finished_to_quit_ms = report.app_finished_to_quit.map(|d| d.as_secs_f64() * 1e3),
@@ -717,7 +693,7 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
         "OnFailure" => false,
         _ => return finish(report, JobOutcome::NotAJob, d),
     };
-    tracing::debug!(pod = %key, restart_policy = %current.restart_policy, "watching for the job's app to finish");
+    tracing::debug!(restart_policy = %current.restart_policy, "watching for the job's app to finish");
 
     let finished_at = loop {
         if current.deletion.is_some() {
@@ -741,12 +717,12 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
                 (Ok(()), Some(v)) => current = v,
                 _ => return finish(report, JobOutcome::PodGone, d),
             },
-            (pid, _) = app.next_exit() => tracing::debug!(pod = %key, pid, "job process exited"),
+            (pid, _) = app.next_exit() => tracing::debug!(pid, "job process exited"),
             _ = tokio::time::sleep(settings.job_rescan_every) => {}
         }
     };
     report.app_finished_at = Some(d.wall(finished_at));
-    tracing::info!(pod = %key, by = ?report.finished_by, "the job's app finished for good; quitting its proxy once nothing is in flight");
+    tracing::info!(by = ?report.finished_by, "the job's app finished for good; quitting its proxy once nothing is in flight");
 
     // Wait (bounded) for in-flight traffic to settle, then quit.
     let mut judge = InFlightJudge::new(settings.idle_window);
@@ -764,7 +740,7 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
             Err(()) => {
                 failed += 1;
                 if d.refusals >= settings.refusals_for_gone {
-                    tracing::info!(pod = %key, "the job's proxy has already exited");
+                    tracing::info!("the job's proxy has already exited");
                     return finish(report, JobOutcome::ProxyAlreadyGone, d);
                 }
                 if failed >= settings.admin_attempts {
@@ -773,13 +749,10 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
             }
         }
         if Instant::now() >= until {
-            d.errors.push(
-                key,
-                format!(
-                    "traffic still in flight {} after the job finished; quitting the proxy anyway",
-                    crate::config::format_duration(settings.job_in_flight_wait)
-                ),
-            );
+            d.errors.push(format!(
+                "traffic still in flight {} after the job finished; quitting the proxy anyway",
+                crate::config::format_duration(settings.job_in_flight_wait)
+            ));
             break QuitReason::OutOfTime;
         }
         tokio::select! {

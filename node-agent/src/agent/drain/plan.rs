@@ -46,7 +46,6 @@ const MARGIN_DIVISOR: u32 = 10;
 /// forever for a drain).
 pub const MAX_REMAINING: Duration = Duration::from_secs(365 * 24 * 3600);
 
-
 /// The deadline of one pod's drain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DrainPlan {
