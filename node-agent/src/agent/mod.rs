@@ -233,3 +233,74 @@ impl Pods {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::Phase;
+    use crate::config::{DrainSettings, HoldSettings, ProxyConfig};
+    use crate::pod::tests::pod_json;
+    use serde_json::json;
+
+    fn shared() -> Arc<Shared> {
+        let config = Arc::new(Config {
+            node_name: "node-a".into(),
+            source: SourceConfig::PodsDir("/nonexistent".into()),
+            status_listen: ([127, 0, 0, 1], 0).into(),
+            proc_root: "/proc".into(),
+            proxy: ProxyConfig::default(),
+            hold: HoldSettings::default(),
+            drain: DrainSettings::default(),
+        });
+        Arc::new(Shared {
+            procs: pod_procs::PodProcs::new(config.proc_root.clone()),
+            config,
+            board: StatusBoard::default(),
+            stop: CancellationToken::new(),
+            metrics: crate::metrics::MetricsHandle::new().metrics,
+            events: PodEvents::log_only(),
+        })
+    }
+
+    /// A pod with the proxy container that is left alone gets a `skipped` row with the reason;
+    /// pods without the proxy or on another node get none; deletion removes the row.
+    #[tokio::test]
+    async fn skipped_pods_are_on_the_board_with_the_reason() {
+        let shared = shared();
+        let mut pods = Pods::default();
+        let host = pod_json(json!({"spec": {"hostNetwork": true}}));
+        pods.apply(PodEvent::Applied(Box::new(host.clone())), &shared);
+        // A repeat (every update of the pod) neither duplicates nor re-logs.
+        pods.apply(PodEvent::Applied(Box::new(host)), &shared);
+        pods.apply(
+            PodEvent::Applied(Box::new(pod_json(json!({
+                "metadata": {"name": "other", "uid": "u-other"},
+                "spec": {"nodeName": "node-b"}
+            })))),
+            &shared,
+        );
+        pods.apply(
+            PodEvent::Applied(Box::new(pod_json(json!({
+                "metadata": {"name": "plain", "uid": "u-plain"},
+                "spec": {"containers": [{"name": "app"}]}
+            })))),
+            &shared,
+        );
+        let rows = shared.board.snapshot();
+        assert_eq!(rows.len(), 1, "{rows:#?}");
+        assert_eq!(rows[0].name, "web-1");
+        assert_eq!(rows[0].phase, Phase::Skipped);
+        assert_eq!(
+            rows[0].skipped_reason.as_deref(),
+            Some(NotTracked::HostNetwork.to_string().as_str())
+        );
+        pods.apply(
+            PodEvent::Deleted {
+                uid: "2C48913C-b29f-4a8e-9c4b-0123456789ab".into(),
+            },
+            &shared,
+        );
+        assert!(shared.board.snapshot().is_empty());
+        assert!(pods.tasks.is_empty());
+    }
+}
