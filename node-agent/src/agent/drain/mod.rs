@@ -18,6 +18,7 @@
 //! admin API, and against a real Envoy in `tests/drain_parts.rs`.
 
 pub mod app_exit;
+pub mod decide;
 pub mod in_flight;
 pub mod plan;
 
@@ -306,7 +307,8 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
             }
         }
 
-        if d.refusals >= settings.refusals_for_gone {
+        let proxy_gone = d.refusals >= settings.refusals_for_gone;
+        if proxy_gone {
             // Envoy has exited. Before blaming the drain duration, look at the app once more:
             // it may have exited at the same moment.
             if !gone {
@@ -315,8 +317,18 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                     app_gone = Some(app.last_exit().unwrap_or_else(Instant::now));
                 }
             }
-            if app_gone.is_some() || snapshot.live == 0 {
-                if app_gone.is_none() {
+        }
+        let next = decide::drain_next(decide::DrainSeen {
+            app_gone: app_gone.is_some(),
+            app_live: snapshot.live,
+            proxy_gone,
+            judgement: if gone { judgement } else { None },
+            stats_exhausted: failed_samples_while_gone >= settings.admin_attempts,
+        });
+        match next {
+            decide::DrainNext::Wait => {}
+            decide::DrainNext::ProxyExited { app_unknown } => {
+                if app_unknown {
                     d.errors.push(
                         "the proxy exited on its own; whether the app had finished is unknown \
                          (its processes are not visible)"
@@ -327,38 +339,31 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                 let report = d.app_gone(report, app_gone);
                 return d.finish(report, DrainOutcome::AppDone, &app);
             }
-            let advice = format!(
-                "Envoy exited while {} app process(es) of the pod still ran: the mesh's drain \
-                 duration is shorter than the app's shutdown. Set terminationDrainDuration \
-                 (meshConfig.defaultConfig.terminationDrainDuration, or the \
-                 proxy.istio.io/config annotation) to the pod's grace period ({}s) so holdfast \
-                 can end the proxy when the app is done.",
-                snapshot.live,
-                deletion.grace.as_secs()
-            );
-            tracing::warn!("{advice}");
-            report.advice = Some(advice);
-            return d.finish(report, DrainOutcome::ProxyGoneEarly, &app);
-        }
-
-        if gone {
-            let reason = match judgement {
-                Some(InFlight::Idle(why)) => Some(QuitReason::Idle(why)),
-                Some(InFlight::NoFilter) => Some(QuitReason::NoFilter),
-                Some(InFlight::Busy { .. }) => None,
-                None if failed_samples_while_gone >= settings.admin_attempts => {
-                    Some(QuitReason::StatsUnavailable)
-                }
-                None => None,
-            };
-            if let Some(reason) = reason {
+            decide::DrainNext::ProxyGoneEarly => {
+                let advice = format!(
+                    "Envoy exited while {} app process(es) of the pod still ran: the mesh's drain \
+                     duration is shorter than the app's shutdown. Set terminationDrainDuration \
+                     (meshConfig.defaultConfig.terminationDrainDuration, or the \
+                     proxy.istio.io/config annotation) to the pod's grace period ({}s) so holdfast \
+                     can end the proxy when the app is done.",
+                    snapshot.live,
+                    deletion.grace.as_secs()
+                );
+                tracing::warn!("{advice}");
+                report.advice = Some(advice);
+                return d.finish(report, DrainOutcome::ProxyGoneEarly, &app);
+            }
+            decide::DrainNext::Quit(reason) => {
                 report = d.app_gone(report, app_gone);
                 (report.quit_sent_at, report.proxy_exit_seen_at) = d.quit().await;
                 report.quit_reason = Some(reason);
                 tracing::info!(reason = ?reason, "app gone and nothing in flight: proxy quit");
                 return d.finish(report, DrainOutcome::AppDone, &app);
             }
-        } else if !unseen_warned
+        }
+
+        if !gone
+            && !unseen_warned
             && snapshot
                 .containers
                 .iter()
@@ -688,11 +693,9 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
         Some(v) => v,
         None => return finish(report, JobOutcome::PodGone, d),
     };
-    let never = match current.restart_policy.as_str() {
-        "Never" => true,
-        "OnFailure" => false,
-        _ => return finish(report, JobOutcome::NotAJob, d),
-    };
+    if !matches!(current.restart_policy.as_str(), "Never" | "OnFailure") {
+        return finish(report, JobOutcome::NotAJob, d);
+    }
     tracing::debug!(restart_policy = %current.restart_policy, "watching for the job's app to finish");
 
     let finished_at = loop {
@@ -700,14 +703,8 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
             return finish(report, JobOutcome::Deleting, d);
         }
         let snapshot = app.refresh(&current).await;
-        if current.apps_finished_for_good() {
-            report.finished_by = Some(FinishedBy::Status);
-            break app.last_exit().unwrap_or_else(Instant::now);
-        }
-        // procfs is faster than the kubelet's status, but only says "exited", not the exit
-        // code: enough when the kubelet never restarts, not for OnFailure.
-        if never && snapshot.all_exited() {
-            report.finished_by = Some(FinishedBy::Procfs);
+        if let Some(by) = decide::job_finished(&current, &snapshot) {
+            report.finished_by = Some(by);
             break app.last_exit().unwrap_or_else(Instant::now);
         }
         tokio::select! {
