@@ -833,3 +833,60 @@ fn job_whose_app_starts_late_completes_with_its_call() {
         .expect("completed pod goes away");
     assert_clean(node, agent);
 }
+
+/// The agent is SIGKILLed while a Job's app runs (it initialises 4 s before its call) and a
+/// successor starts 3 s later: it adopts the Job wait and quits the proxy once the app is done,
+/// so the pod completes (issue 11 item 1).
+#[test]
+fn job_wait_adopted_after_sigkill_successor_3s_later() {
+    if !privileged("job_wait_adopted_after_sigkill_successor_3s_later") {
+        return;
+    }
+    let mut node = node("drjobadopt");
+    let mut agent = agent(&node);
+    node.add_pod(
+        PodSpec::new("adopted-batch")
+            .app(AppScript::Batch {
+                calls: 1,
+                exit_code: 0,
+            })
+            .app_init(Duration::from_secs(4))
+            .job(),
+    )
+    .expect("add pod");
+    node.start_pods().expect("start");
+    agent
+        .wait_pod(
+            "default",
+            "adopted-batch",
+            Duration::from_secs(10),
+            "ready",
+            |r| r.phase == AgentPhase::Ready,
+        )
+        .expect("the first agent sees the proxy ready");
+    agent.kill();
+    std::thread::sleep(Duration::from_secs(3));
+    agent.restart().expect("the successor starts");
+    recording(&agent, |rows| {
+        let view = node
+            .wait_phase(
+                "adopted-batch",
+                PodPhase::Succeeded,
+                Duration::from_secs(30),
+            )
+            .expect("the Job's pod completes");
+        let job = rows.job(&agent, "adopted-batch", Duration::from_secs(5));
+        assert_eq!(job.outcome, JobOutcome::Completed, "{job:#?}");
+        let lag = app_to_proxy_exit_ms(&view);
+        assert!(
+            (0.0..1000.0).contains(&lag),
+            "the pod completes ≤ 1 s after the app exits: {lag} ms"
+        );
+        let report = node.report("adopted-batch").expect("report");
+        assert_eq!(report.all_calls().failed, 0, "{:?}", report.all_calls());
+    });
+    node.delete_pod("adopted-batch").expect("delete");
+    node.wait_gone("adopted-batch", Duration::from_secs(10))
+        .expect("completed pod goes away");
+    assert_clean(node, agent);
+}
