@@ -272,6 +272,17 @@ pub struct State {
 
 impl State {
     pub fn new(pod: PodFacts, ready_poll: Duration, now: Now) -> (State, Vec<Effect>) {
+        if pod.finished() {
+            // A completed pod (an agent restarted after its Job finished): nothing to wait for.
+            let state = State {
+                stage: Stage::Finished,
+                pod: Some(pod),
+                ready_poll,
+                stopping: false,
+                fresh: None,
+            };
+            return (state, vec![Effect::SetPhase(Phase::Done)]);
+        }
         let state = State {
             stage: Stage::WaitingForNetns {
                 waiting_since: now.mono,

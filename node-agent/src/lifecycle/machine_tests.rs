@@ -529,6 +529,12 @@ fn a_finished_pod_is_not_waited_for() {
             (Input::Pod(None), &["phase:done", "exit"]),
         ],
     );
+    // An agent started after the pod completed: done at once, no netns search.
+    let mut done = pod(RestartPolicy::Never);
+    done.apps = vec![terminated("app-1", 0)];
+    done.proxy = Some(terminated("proxy-1", 0));
+    let mut r = Run::start(done, &["phase:done"]);
+    r.script("gone", vec![(Input::Pod(None), &["phase:done", "exit"])]);
 }
 
 #[test]

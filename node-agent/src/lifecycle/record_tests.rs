@@ -347,3 +347,21 @@ fn skipped_pods_get_a_row_and_a_phase_count() {
         "{text}"
     );
 }
+
+#[test]
+fn a_job_whose_proxy_was_already_gone_is_counted_without_an_event() {
+    let mut h = Harness::new(facts(RestartPolicy::OnFailure, false));
+    assert_eq!(h.metric("holdfast_pods{phase=\"waiting-for-netns\"}"), 1.0);
+    h.feed(vec![
+        Input::NetnsFound {
+            netns: NetnsId { dev: 1, ino: 2 },
+        },
+        Input::Readiness(Seen::Ready),
+        Input::JobFinished(Box::new(JobReport::new(JobOutcome::ProxyAlreadyGone))),
+    ]);
+    assert_eq!(
+        h.metric("holdfast_jobs_total{outcome=\"proxy-already-gone\"}"),
+        1.0
+    );
+    assert!(h.reasons().is_empty());
+}
