@@ -351,7 +351,7 @@ fn skipped_pods_get_a_row_and_a_phase_count() {
 #[test]
 fn a_job_whose_proxy_was_already_gone_is_counted_without_an_event() {
     let mut h = Harness::new(facts(RestartPolicy::OnFailure, false));
-    assert_eq!(h.metric("holdfast_pods{phase=\"waiting-for-netns\"}"), 1.0);
+    assert_eq!(h.metric("holdfast_pods{phase=\"waiting_for_netns\"}"), 1.0);
     h.feed(vec![
         Input::NetnsFound {
             netns: NetnsId { dev: 1, ino: 2 },
