@@ -8,7 +8,8 @@ use k8s_openapi::jiff::Timestamp;
 use super::*;
 use crate::agent::drain::app_exit::{AppContainer, AppSnapshot};
 use crate::agent::drain::plan::DrainPlan;
-use crate::api::{FinishedBy, JobOutcome, JobReport};
+use crate::api::{DrainReport, FinishedBy, JobOutcome, JobReport};
+use crate::pod::{ContainerState, Deletion};
 
 const POLL: Duration = Duration::from_millis(5);
 const HOLD: Duration = Duration::from_secs(120);

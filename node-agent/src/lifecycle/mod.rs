@@ -2,5 +2,7 @@
 //! [`record`]er writes every outcome to the board, the metrics, the Events and the log together.
 
 pub mod driver;
+pub mod facts;
 pub mod machine;
+pub mod messages;
 pub mod record;
