@@ -86,12 +86,14 @@ pub fn pass_through(pod: &PodFacts) -> bool {
 
 /// How long to wait before looking for the netns of a pod with no process yet: every 5 ms for
 /// the first second after the pod was (re)seen (a new sandbox appears within that), then backing
-/// off to 1 s, so a pod stuck in image pulls costs ~nothing. Any pod update resets it.
+/// off gently (20 ms to 5 s, 100 ms to 30 s) to 500 ms, so a pod whose sandbox does not come
+/// (CNI trouble, a stuck node) costs ~nothing while one that is merely slow on a loaded node is
+/// still found well before its init containers end. Any pod update resets it.
 pub fn netns_poll_after(waiting: Duration) -> Duration {
     match waiting.as_millis() {
         0..1_000 => Duration::from_millis(5),
-        1_000..3_000 => Duration::from_millis(50),
-        3_000..10_000 => Duration::from_millis(250),
-        _ => Duration::from_secs(1),
+        1_000..5_000 => Duration::from_millis(20),
+        5_000..30_000 => Duration::from_millis(100),
+        _ => Duration::from_millis(500),
     }
 }
