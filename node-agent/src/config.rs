@@ -94,7 +94,7 @@ pub struct Config {
     /// Startup hold settings.
     pub hold: HoldSettings,
     /// Drain and Job-completion settings.
-    pub drain: crate::agent::drain::DrainSettings,
+    pub drain: DrainSettings,
 }
 
 /// Where Pod objects come from.
@@ -303,6 +303,67 @@ impl PodOverrides {
         }
         out
     }
+}
+
+/// How the drain and the Job quit behave. Defaults suit a node with hundreds of pods.
+#[derive(Debug, Clone, Serialize)]
+pub struct DrainSettings {
+    /// No byte moved for this long = remaining connections are idle keep-alives.
+    #[serde(serialize_with = "ser_duration")]
+    pub idle_window: Duration,
+    /// How often the app's processes are re-scanned for new ones (exits are notified at once).
+    #[serde(serialize_with = "ser_duration")]
+    pub rescan_every: Duration,
+    /// How often the filter's counts are sampled while the app runs (for the idle history).
+    #[serde(serialize_with = "ser_duration")]
+    pub stats_every: Duration,
+    /// How often the counts are sampled once the app is gone, until nothing is in flight.
+    #[serde(serialize_with = "ser_duration")]
+    pub settle_poll: Duration,
+    /// Timeout of each admin request.
+    #[serde(serialize_with = "ser_duration")]
+    pub admin_timeout: Duration,
+    /// Attempts per admin `POST` (and failed `/stats` samples tolerated once the app is gone).
+    pub admin_attempts: u32,
+    /// Pause between attempts.
+    #[serde(serialize_with = "ser_duration")]
+    pub retry_backoff: Duration,
+    /// Consecutive refused connections to the admin API that mean Envoy has exited.
+    pub refusals_for_gone: u32,
+    /// After `/quitquitquit`, how long to watch for the admin API to go away (for the report).
+    #[serde(serialize_with = "ser_duration")]
+    pub quit_confirm: Duration,
+    /// Job: longest wait for in-flight traffic to settle after the app finished.
+    #[serde(serialize_with = "ser_duration")]
+    pub job_in_flight_wait: Duration,
+    /// Job: how often a running Job's processes are re-scanned (exits are notified at once).
+    #[serde(serialize_with = "ser_duration")]
+    pub job_rescan_every: Duration,
+    /// The filter's stats prefix in `/stats`.
+    pub stat_prefix: String,
+}
+
+impl Default for DrainSettings {
+    fn default() -> Self {
+        DrainSettings {
+            idle_window: Duration::from_millis(100),
+            rescan_every: Duration::from_millis(100),
+            stats_every: Duration::from_millis(100),
+            settle_poll: Duration::from_millis(5),
+            admin_timeout: Duration::from_millis(500),
+            admin_attempts: 3,
+            retry_backoff: Duration::from_millis(20),
+            refusals_for_gone: 2,
+            quit_confirm: Duration::from_secs(1),
+            job_in_flight_wait: Duration::from_secs(5),
+            job_rescan_every: Duration::from_secs(1),
+            stat_prefix: crate::api::DEFAULT_STAT_PREFIX.to_string(),
+        }
+    }
+}
+
+fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format_duration(*d))
 }
 
 #[cfg(test)]

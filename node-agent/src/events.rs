@@ -80,12 +80,27 @@ struct Pending {
 #[derive(Debug, Clone, Default)]
 pub struct PodEvents {
     tx: Option<mpsc::Sender<Pending>>,
+    /// Tests: every emitted event is also sent here (see [`PodEvents::capturing`]).
+    capture: Option<mpsc::UnboundedSender<(PodKey, Reason, String)>>,
 }
 
 impl PodEvents {
     /// Events are only logged (no API server).
     pub fn log_only() -> Self {
-        Self { tx: None }
+        Self::default()
+    }
+
+    /// Events are logged and handed to the returned receiver (a test hook: assert that an
+    /// outcome posted its Event without an API server).
+    pub fn capturing() -> (Self, mpsc::UnboundedReceiver<(PodKey, Reason, String)>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (
+            Self {
+                tx: None,
+                capture: Some(tx),
+            },
+            rx,
+        )
     }
 
     /// Posts events through `client`, reporting as `holdfast` from `node`.
@@ -99,15 +114,21 @@ impl PodEvents {
         );
         let (tx, rx) = mpsc::channel(QUEUE);
         tokio::spawn(publish(recorder, rx));
-        Self { tx: Some(tx) }
+        Self {
+            tx: Some(tx),
+            capture: None,
+        }
     }
 
     /// Queues an event on `pod`. Never blocks.
     pub fn emit(&self, pod: &PodKey, reason: Reason, note: String) {
         if reason.is_warning() {
-            tracing::warn!(pod = %pod, reason = reason.as_str(), "{note}");
+            tracing::warn!(reason = reason.as_str(), "{note}");
         } else {
-            tracing::info!(pod = %pod, reason = reason.as_str(), "{note}");
+            tracing::info!(reason = reason.as_str(), "{note}");
+        }
+        if let Some(capture) = &self.capture {
+            let _ = capture.send((pod.clone(), reason, note.clone()));
         }
         let Some(tx) = &self.tx else { return };
         let pending = Pending {
@@ -116,7 +137,7 @@ impl PodEvents {
             note,
         };
         if let Err(e) = tx.try_send(pending) {
-            tracing::warn!(pod = %pod, reason = reason.as_str(), error = %e, "event not posted: the event queue is full or closed");
+            tracing::warn!(reason = reason.as_str(), error = %e, "event not posted: the event queue is full or closed");
         }
     }
 }

@@ -2,9 +2,12 @@
 //!
 //! # Layout
 //!
-//! - [`agent`]: the agent itself — one task per meshed pod ([`agent::pod_task`]): wait for the
-//!   pod's network namespace, hold its new connections until the proxy is ready, drain on
-//!   deletion ([`agent::drain`]), end the proxy of a finished Job.
+//! - [`agent`]: the agent itself — follows the pods and runs one task per meshed pod; the drain
+//!   and Job executors ([`agent::drain`]), readiness, a pod's processes.
+//! - [`lifecycle`]: one pod's lifecycle — a pure machine (every decision: hold, release, drain,
+//!   Job, outcomes, phases), its driver, and the one recorder of outcomes (board, metrics,
+//!   Events, log together).
+//! - [`api`]: the wire types of the `/status` document (a leaf: imports nothing of the agent).
 //! - [`hold`]: the startup hold mechanism in a pod's netns (iptables rules + NFQUEUE).
 //! - [`netns`]: entering a pod's network namespace (the one place that does).
 //! - [`procfs_pods`]: which processes and sockets belong to a pod (cgroup parsing).
@@ -19,11 +22,13 @@
 //! - [`status_cli`]: `holdfast status`, the node's table read from that API.
 
 pub mod agent;
+pub mod api;
 pub mod config;
 pub mod envoy_admin;
 pub mod events;
 pub mod hold;
 pub mod http1_client;
+pub mod lifecycle;
 pub mod metrics;
 pub mod netns;
 pub mod node_taint;

@@ -37,6 +37,7 @@ pub enum PhaseValue {
     draining,
     quitting,
     done,
+    skipped,
 }
 
 impl From<Phase> for PhaseValue {
@@ -48,6 +49,7 @@ impl From<Phase> for PhaseValue {
             Phase::Draining => PhaseValue::draining,
             Phase::Quitting => PhaseValue::quitting,
             Phase::Done => PhaseValue::done,
+            Phase::Skipped => PhaseValue::skipped,
         }
     }
 }
@@ -184,7 +186,7 @@ impl Metrics {
 
     /// Refreshes the per-phase gauge from the board (called at scrape time).
     pub fn observe_board(&self, board: &StatusBoard) {
-        let mut counts = [0i64; 6];
+        let mut counts = [0i64; 7];
         let phases = [
             Phase::WaitingForNetns,
             Phase::Holding,
@@ -192,6 +194,7 @@ impl Metrics {
             Phase::Draining,
             Phase::Quitting,
             Phase::Done,
+            Phase::Skipped,
         ];
         for row in board.snapshot() {
             if let Some(i) = phases.iter().position(|p| *p == row.phase) {

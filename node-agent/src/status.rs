@@ -6,115 +6,11 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-/// Lifecycle phase of a tracked pod.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Phase {
-    /// Tracked, but no process of the pod exists yet (no network namespace to act in).
-    WaitingForNetns,
-    /// The app's new connections are held until the proxy is ready.
-    Holding,
-    /// The proxy is ready and nothing is held.
-    Ready,
-    /// The pod is being deleted; inbound is drained and the app watched.
-    Draining,
-    /// The agent asked the proxy to exit.
-    Quitting,
-    /// Nothing left to do for this pod.
-    Done,
-}
-
-impl Phase {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Phase::WaitingForNetns => "waiting-for-netns",
-            Phase::Holding => "holding",
-            Phase::Ready => "ready",
-            Phase::Draining => "draining",
-            Phase::Quitting => "quitting",
-            Phase::Done => "done",
-        }
-    }
-}
-
-/// Why a hold ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum HoldOutcome {
-    /// The proxy became ready.
-    Ready,
-    /// The hold deadline passed first (fail open).
-    Deadline,
-    /// The pod was deleted while held.
-    PodDeleted,
-    /// The agent stopped while holding; the rule stays for the next agent, which adopts it.
-    AgentStopped,
-    /// The hold could not be set up or released cleanly; traffic flows as without the agent.
-    Failed,
-}
-
-impl HoldOutcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HoldOutcome::Ready => "ready",
-            HoldOutcome::Deadline => "deadline",
-            HoldOutcome::PodDeleted => "pod-deleted",
-            HoldOutcome::AgentStopped => "agent-stopped",
-            HoldOutcome::Failed => "failed",
-        }
-    }
-}
-
-/// What the startup hold did for one pod.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct HoldRecord {
-    /// When the hold rule went in (or was adopted from a previous agent).
-    #[serde(with = "rfc3339::option", default)]
-    pub started_at: Option<SystemTime>,
-    /// When the hold was released.
-    #[serde(with = "rfc3339::option", default)]
-    pub released_at: Option<SystemTime>,
-    /// Packets (SYNs, including retransmissions) held.
-    pub packets_held: u64,
-    /// Distinct connections held.
-    pub connections_held: u64,
-    /// Time from seeing the proxy ready to every held packet accepted, in milliseconds.
-    pub ready_to_release_ms: Option<f64>,
-    /// True when this agent took over a hold left by a previous agent.
-    pub adopted: bool,
-    /// True when an app container was already running when the hold went in: the agent was
-    /// late, and the app's earliest connections may have met the proxy unheld.
-    #[serde(default)]
-    pub late: bool,
-    /// Why the hold ended; `None` while holding.
-    pub outcome: Option<HoldOutcome>,
-}
-
-/// One row of the board.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PodStatus {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-    pub phase: Phase,
-    /// When the agent first saw the pod.
-    #[serde(with = "rfc3339")]
-    pub tracked_since: SystemTime,
-    /// `None` when the proxy was already ready when the pod was first seen (no hold needed).
-    pub hold: Option<HoldRecord>,
-    /// What the drain did, once the pod was deleted.
-    #[serde(default)]
-    pub drain: Option<crate::agent::drain::DrainReport>,
-    /// What the Job completion did, for a finished Job.
-    #[serde(default)]
-    pub job: Option<crate::agent::drain::JobReport>,
-    /// Problems worth an operator's attention (invalid annotations, admin API errors...).
-    pub last_error: Option<String>,
-}
+pub use crate::api::time::rfc3339;
+pub use crate::api::{HoldOutcome, HoldRecord, Phase, PodStatus};
 
 /// The node's status: every tracked pod, by `namespace/name`.
 #[derive(Debug, Clone, Default)]
@@ -163,59 +59,6 @@ impl StatusBoard {
     }
 }
 
-/// Timestamps in the status document are RFC 3339 strings in UTC (`2026-11-22T06:00:37.458Z`),
-/// as Kubernetes writes them.
-pub mod rfc3339 {
-    use std::time::SystemTime;
-
-    use k8s_openapi::jiff::Timestamp;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    fn format(t: SystemTime) -> String {
-        Timestamp::try_from(t)
-            .map(|ts| {
-                ts.round(k8s_openapi::jiff::Unit::Millisecond)
-                    .unwrap_or(ts)
-                    .to_string()
-            })
-            .unwrap_or_default()
-    }
-
-    fn parse<E: serde::de::Error>(s: &str) -> Result<SystemTime, E> {
-        s.parse::<Timestamp>()
-            .map(SystemTime::from)
-            .map_err(|e| E::custom(format!("invalid RFC 3339 timestamp {s:?}: {e}")))
-    }
-
-    pub fn serialize<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&format(*t))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
-        parse(&String::deserialize(d)?)
-    }
-
-    /// The same for optional timestamps (`null` when absent).
-    pub mod option {
-        use super::*;
-
-        pub fn serialize<S: Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok, S::Error> {
-            match t {
-                Some(t) => s.serialize_some(&format(*t)),
-                None => s.serialize_none(),
-            }
-        }
-
-        pub fn deserialize<'de, D: Deserializer<'de>>(
-            d: D,
-        ) -> Result<Option<SystemTime>, D::Error> {
-            Option::<String>::deserialize(d)?
-                .map(|s| parse(&s))
-                .transpose()
-        }
-    }
-}
-
 /// The JSON document served at `/status`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NodeStatus {
@@ -248,6 +91,7 @@ mod tests {
             drain: None,
             job: None,
             last_error: None,
+            skipped_reason: None,
         };
         let v = serde_json::to_value(&row).unwrap();
         assert_eq!(v["tracked_since"], "2026-11-22T06:00:37.458Z");

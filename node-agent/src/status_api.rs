@@ -1,9 +1,10 @@
 //! The read-only status API: `/status` (JSON, what `holdfast status` shows), `/metrics`
-//! (Prometheus text), `/healthz`, `/config` (the effective configuration). No endpoint changes
+//! (Prometheus text), `/healthz` (liveness), `/readyz` (readiness: the first pod list is loaded),
+//! `/config` (the effective configuration). No endpoint changes
 //! state; anything but GET/HEAD gets 405.
 //!
-//! **Who may read what.** `/healthz` and `/metrics` answer any client: the kubelet probes the
-//! first, Prometheus scrapes the second, and neither names a pod. `/status` and `/config` (pod
+//! **Who may read what.** `/healthz`, `/readyz` and `/metrics` answer any client: the kubelet
+//! probes the first two, Prometheus scrapes the second, and neither names a pod. `/status` and `/config` (pod
 //! names, namespaces, errors, the configuration) answer loopback clients only: in the shipped
 //! DaemonSet that is `kubectl port-forward` (which the API server authorizes as `pods/portforward`
 //! in holdfast-system, and which connects to 127.0.0.1 inside the agent's pod) or a process in the
@@ -64,6 +65,8 @@ pub struct StatusApi {
     pub metrics: crate::metrics::MetricsHandle,
     /// Entries the pod source rejected or ignored.
     pub source_problems: crate::source::SourceProblems,
+    /// Set once the pod source delivered its first full list (`PodEvent::Synced`).
+    pub synced: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl StatusApi {
@@ -163,9 +166,16 @@ impl StatusApi {
                 r
             }
             "/healthz" => text(StatusCode::OK, "ok\n"),
+            "/readyz" if self.synced.load(std::sync::atomic::Ordering::Relaxed) => {
+                text(StatusCode::OK, "ok\n")
+            }
+            "/readyz" => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not ready: the first pod list has not been loaded\n",
+            ),
             _ => text(
                 StatusCode::NOT_FOUND,
-                "not found; endpoints: /status /metrics /config /healthz\n",
+                "not found; endpoints: /status /metrics /config /healthz /readyz\n",
             ),
         }
     }

@@ -745,6 +745,7 @@ mod tests {
             drain: None,
             job: None,
             last_error: None,
+            skipped_reason: None,
         }
     }
 

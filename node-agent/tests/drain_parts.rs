@@ -77,7 +77,7 @@ async fn exit_notification_arrives_within_milliseconds() -> Result<()> {
                 .is_err(),
             "an exit was reported for a live process"
         );
-        let killed = Instant::now();
+        let killed = tokio::time::Instant::now();
         child.0.kill()?; // not reaped: the notification must come at exit, not at reaping
         let (pid, at) = tokio::time::timeout(Duration::from_secs(2), watcher.next_exit())
             .await
@@ -306,7 +306,7 @@ async fn tracker_finds_the_app_by_cgroup() -> Result<()> {
     ensure!(!snap.gone_for_drain());
 
     for pid in [app, helper] {
-        let killed = Instant::now();
+        let killed = tokio::time::Instant::now();
         cg.kill(pid)?;
         let (exited, at) =
             tokio::time::timeout(Duration::from_secs(2), tracker.next_exit()).await?;
@@ -651,6 +651,7 @@ async fn one_drain(name: &str, check_during: bool) -> Result<(Duration, drain::D
                 view: rx,
                 stop,
                 settings: &settings,
+                quit_started: None,
             })
             .await
         })
@@ -747,6 +748,7 @@ async fn proxy_gone_early_against_real_envoy() -> Result<()> {
             view: rx,
             stop: CancellationToken::new(),
             settings: &settings,
+            quit_started: None,
         })
         .await
     });
@@ -795,6 +797,7 @@ async fn job_completes_against_real_envoy() -> Result<()> {
             view: rx,
             stop: CancellationToken::new(),
             settings: &settings,
+            quit_started: None,
         })
         .await
     });

@@ -391,6 +391,7 @@ async fn source_problems_are_served_on_status_and_counted() {
         }),
         metrics: holdfast::metrics::MetricsHandle::new(),
         source_problems: problems,
+        synced: Default::default(),
     };
     let stop = tokio_util::sync::CancellationToken::new();
     let server = tokio::spawn(api.serve(listener, stop.clone().cancelled_owned()));

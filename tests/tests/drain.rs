@@ -712,3 +712,181 @@ fn proxy_gone_early_is_reported_with_advice() {
     });
     assert_clean(node, agent);
 }
+
+/// How the agent goes away in [`drain_adopted_after_agent_restart`].
+#[derive(Debug, Clone, Copy)]
+enum AgentEnd {
+    Sigkill,
+    Sigterm,
+}
+
+/// The agent is stopped while a pod drains (the app calls 4 s past SIGTERM, grace 20 s), and a
+/// successor starts `gap` later: it adopts the drain (the pod is already deleted when it first
+/// sees it) and quits the proxy when the app is done, so the pod is gone in about the app's
+/// shutdown time, not after the 20 s drain, and its row shows the drain (issue 11 item 1).
+fn drain_adopted_after_agent_restart(test: &str, end: AgentEnd, gap: Duration) {
+    if !privileged(test) {
+        return;
+    }
+    let mut node = node(test);
+    let mut agent = agent(&node);
+    let grace = Duration::from_secs(20);
+    node.add_pod(meshed("adopted", caller(Duration::from_secs(4)), grace))
+        .expect("add pod");
+    node.start_pods().expect("start");
+    wait_calling(&node, "adopted", 2);
+    let t = Instant::now();
+    node.delete_pod("adopted").expect("delete");
+    agent
+        .wait_pod(
+            "default",
+            "adopted",
+            Duration::from_secs(5),
+            "draining",
+            |r| r.phase == AgentPhase::Draining,
+        )
+        .expect("the first agent drains");
+    match end {
+        AgentEnd::Sigkill => agent.kill(),
+        AgentEnd::Sigterm => agent.terminate().expect("agent stops on SIGTERM"),
+    }
+    std::thread::sleep(gap);
+    agent.restart().expect("the successor starts");
+    recording(&agent, |rows| {
+        node.wait_gone("adopted", Duration::from_secs(30))
+            .expect("pod terminates");
+        let took = t.elapsed();
+        let drain = rows.drain(&agent, "adopted", Duration::from_secs(5));
+        eprintln!(
+            "{end:?}, successor {gap:?} later: pod gone {took:?} after deletion; drain: {drain:#?}"
+        );
+        assert_eq!(drain.outcome, DrainOutcome::AppDone, "{drain:#?}");
+        assert!(drain.quit_sent_at.is_some(), "the successor quit the proxy");
+        assert!(
+            took >= Duration::from_secs(4) && took < Duration::from_secs(9),
+            "the pod ends with the app (~4 s), not after the 20 s drain: {took:?}\n{}",
+            agent.log_tail()
+        );
+        let report = node.report("adopted").expect("report");
+        let after = report.calls(Phase::AfterSigterm);
+        assert_eq!(after.failed, 0, "calls after SIGTERM failed: {after:?}");
+    });
+    assert_clean(node, agent);
+}
+
+#[test]
+fn drain_adopted_after_sigkill_successor_10ms_later() {
+    drain_adopted_after_agent_restart("dradk0", AgentEnd::Sigkill, Duration::from_millis(10));
+}
+
+#[test]
+fn drain_adopted_after_sigkill_successor_3s_later() {
+    drain_adopted_after_agent_restart("dradk3", AgentEnd::Sigkill, Duration::from_secs(3));
+}
+
+#[test]
+fn drain_adopted_after_sigterm_successor_10ms_later() {
+    drain_adopted_after_agent_restart("dradt0", AgentEnd::Sigterm, Duration::from_millis(10));
+}
+
+#[test]
+fn drain_adopted_after_sigterm_successor_3s_later() {
+    drain_adopted_after_agent_restart("dradt3", AgentEnd::Sigterm, Duration::from_secs(3));
+}
+
+/// A Job whose app container starts 1 s after the proxy (a slow image pull): "no app process"
+/// is not "app finished", so the proxy is not quit before the app ran, and the app's call
+/// succeeds; the Job completes once the app exits (issue 10 item 1).
+#[test]
+fn job_whose_app_starts_late_completes_with_its_call() {
+    if !privileged("job_whose_app_starts_late_completes_with_its_call") {
+        return;
+    }
+    let mut node = node("drjoblate");
+    let agent = agent(&node);
+    node.add_pod(
+        PodSpec::new("late-batch")
+            .app(AppScript::Batch {
+                calls: 1,
+                exit_code: 0,
+            })
+            .app_start_delay(Duration::from_secs(1))
+            .job(),
+    )
+    .expect("add pod");
+    node.start_pods().expect("start");
+    recording(&agent, |rows| {
+        let view = node
+            .wait_phase("late-batch", PodPhase::Succeeded, Duration::from_secs(30))
+            .expect("the Job's pod completes");
+        let job = rows.job(&agent, "late-batch", Duration::from_secs(5));
+        eprintln!("job report: {job:#?}");
+        assert_eq!(job.outcome, JobOutcome::Completed, "{job:#?}");
+        assert_eq!(view.app().and_then(|c| c.exit_code()), Some(0));
+        let report = node.report("late-batch").expect("report");
+        let calls = report.all_calls();
+        assert_eq!(calls.failed, 0, "{calls:?}");
+        assert!(calls.ok >= 1, "{calls:?}");
+    });
+    node.delete_pod("late-batch").expect("delete");
+    node.wait_gone("late-batch", Duration::from_secs(10))
+        .expect("completed pod goes away");
+    assert_clean(node, agent);
+}
+
+/// The agent is SIGKILLed while a Job's app runs (it initialises 4 s before its call) and a
+/// successor starts 3 s later: it adopts the Job wait and quits the proxy once the app is done,
+/// so the pod completes (issue 11 item 1).
+#[test]
+fn job_wait_adopted_after_sigkill_successor_3s_later() {
+    if !privileged("job_wait_adopted_after_sigkill_successor_3s_later") {
+        return;
+    }
+    let mut node = node("drjobadopt");
+    let mut agent = agent(&node);
+    node.add_pod(
+        PodSpec::new("adopted-batch")
+            .app(AppScript::Batch {
+                calls: 1,
+                exit_code: 0,
+            })
+            .app_init(Duration::from_secs(4))
+            .job(),
+    )
+    .expect("add pod");
+    node.start_pods().expect("start");
+    agent
+        .wait_pod(
+            "default",
+            "adopted-batch",
+            Duration::from_secs(10),
+            "ready",
+            |r| r.phase == AgentPhase::Ready,
+        )
+        .expect("the first agent sees the proxy ready");
+    agent.kill();
+    std::thread::sleep(Duration::from_secs(3));
+    agent.restart().expect("the successor starts");
+    recording(&agent, |rows| {
+        let view = node
+            .wait_phase(
+                "adopted-batch",
+                PodPhase::Succeeded,
+                Duration::from_secs(30),
+            )
+            .expect("the Job's pod completes");
+        let job = rows.job(&agent, "adopted-batch", Duration::from_secs(5));
+        assert_eq!(job.outcome, JobOutcome::Completed, "{job:#?}");
+        let lag = app_to_proxy_exit_ms(&view);
+        assert!(
+            (0.0..1000.0).contains(&lag),
+            "the pod completes ≤ 1 s after the app exits: {lag} ms"
+        );
+        let report = node.report("adopted-batch").expect("report");
+        assert_eq!(report.all_calls().failed, 0, "{:?}", report.all_calls());
+    });
+    node.delete_pod("adopted-batch").expect("delete");
+    node.wait_gone("adopted-batch", Duration::from_secs(10))
+        .expect("completed pod goes away");
+    assert_clean(node, agent);
+}

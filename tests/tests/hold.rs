@@ -456,3 +456,65 @@ fn pod_without_proxy_is_ignored() {
     std::fs::remove_file(&path).expect("remove pod file");
     assert_clean(node, agent);
 }
+
+/// Pods with the proxy container that holdfast leaves alone are on the board as `skipped`, with
+/// the reason (`holdfast status` shows them); the agent is ready (`/readyz`) once its first pod
+/// list is loaded.
+#[test]
+fn skipped_pods_are_shown_with_the_reason() {
+    if !privileged("skipped_pods_are_shown_with_the_reason") {
+        return;
+    }
+    let node = node("skipped");
+    let agent = agent(&node, &[]);
+    let mut files = Vec::new();
+    for (name, uid, extra) in [
+        (
+            "on-host",
+            "0c1d2e3f-0000-4000-8000-00000000000a",
+            serde_json::json!({"hostNetwork": true}),
+        ),
+        (
+            "opted-out",
+            "0c1d2e3f-0000-4000-8000-00000000000b",
+            serde_json::json!({}),
+        ),
+    ] {
+        let mut pod = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default", "uid": uid},
+            "spec": {"nodeName": node.node_name(),
+                     "containers": [{"name": "istio-proxy"}, {"name": "app"}]}
+        });
+        if name == "opted-out" {
+            pod["metadata"]["annotations"] = serde_json::json!({"holdfast.io/enabled": "false"});
+        }
+        for (k, v) in extra.as_object().expect("object") {
+            pod["spec"][k] = v.clone();
+        }
+        let path = node.pods_dir().join(format!("default_{name}.json"));
+        std::fs::write(&path, pod.to_string()).expect("write pod");
+        files.push(path);
+    }
+    for (name, reason) in [
+        ("on-host", "hostNetwork pod"),
+        ("opted-out", "opted out by annotation"),
+    ] {
+        let row = agent
+            .wait_pod(
+                "default",
+                name,
+                Duration::from_secs(5),
+                "a skipped row",
+                |r| r.phase == AgentPhase::Skipped,
+            )
+            .expect("skipped row");
+        assert_eq!(row.skipped_reason.as_deref(), Some(reason), "{row:?}");
+        assert!(row.hold.is_none(), "{row:?}");
+    }
+    assert_eq!(agent.get("/readyz").expect("ready").trim(), "ok");
+    for path in files {
+        std::fs::remove_file(&path).expect("remove pod file");
+    }
+    assert_clean(node, agent);
+}

@@ -523,14 +523,15 @@ fn status_api_serves_the_probes_on_the_pod_ip() {
             }
         }
     };
-    for (what, probe) in [
-        ("liveness", c.liveness_probe.clone()),
-        ("readiness", c.readiness_probe.clone()),
+    // Liveness: the process answers. Readiness: the first pod list is loaded (`/readyz`).
+    for (what, probe, path) in [
+        ("liveness", c.liveness_probe.clone(), "/healthz"),
+        ("readiness", c.readiness_probe.clone(), "/readyz"),
     ] {
         let get = probe
             .and_then(|p| p.http_get)
             .unwrap_or_else(|| panic!("{what} probe is an httpGet"));
-        assert_eq!(get.path.as_deref(), Some("/healthz"), "{what}");
+        assert_eq!(get.path.as_deref(), Some(path), "{what}");
         assert_eq!(
             resolve(&get.port),
             i32::from(listen.port()),

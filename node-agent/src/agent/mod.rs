@@ -1,15 +1,14 @@
 //! The agent: follows the pods on this node and runs one task per meshed pod.
 //!
 //! - [`run`]: wires the pod source, the per-pod tasks, and the status API.
-//! - [`pod_task`]: one pod's lifecycle — wait for its network namespace, hold its new
-//!   connections until the proxy is ready (startup), then (on deletion) drain.
+//! - one pod's lifecycle is [`crate::lifecycle`] (the machine, its driver, the recorder).
 //! - [`readiness`]: how "the proxy is ready" is decided.
-//! - [`drain`]: the drain on deletion, and ending the proxy of a finished Job.
+//! - [`drain`]: the drain on deletion, and ending the proxy of a finished Job (the executors
+//!   of the lifecycle machine's `StartDrain` and `StartJobWatch`).
 //! - [`pod_procs`]: which processes (and so which network namespace) belong to a pod.
 
 pub mod drain;
 pub mod pod_procs;
-pub mod pod_task;
 pub mod readiness;
 
 use std::collections::HashMap;
@@ -20,10 +19,11 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::config::{Config, SourceConfig};
 use crate::events::PodEvents;
-use crate::pod::{NotTracked, PodView};
+use crate::pod::{NotTracked, PodKey, PodView};
 use crate::source::{dir::PodsDir, PodEvent};
 use crate::status::StatusBoard;
 use crate::status_api::StatusApi;
@@ -108,7 +108,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         procs: pod_procs::PodProcs::new(config.proc_root.clone()),
         stop: stop.clone(),
     });
+    let synced = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let api = StatusApi {
+        synced: synced.clone(),
         board: shared.board.clone(),
         config: config.clone(),
         metrics,
@@ -122,6 +124,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         tokio::select! {
             _ = &mut shutdown => break,
             event = rx.recv() => match event {
+                Some(PodEvent::Synced) => {
+                    if !synced.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                        tracing::info!("first pod list loaded; ready");
+                    }
+                }
                 Some(event) => pods.apply(event, &shared),
                 None => {
                     tracing::error!("pod source ended; stopping");
@@ -152,6 +159,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
 #[derive(Default)]
 struct Pods {
     by_uid: HashMap<String, watch::Sender<Option<PodView>>>,
+    /// Pods with the proxy container that are left alone (a `skipped` row each), by uid.
+    skipped: HashMap<String, PodKey>,
     tasks: JoinSet<()>,
 }
 
@@ -163,18 +172,19 @@ impl Pods {
                 match PodView::from_pod(&pod, &cfg.node_name, &cfg.proxy, &cfg.hold) {
                     Ok(view) => {
                         let uid = view.key.uid.clone();
+                        self.skipped.remove(&uid);
                         if let Some(tx) = self.by_uid.get(&uid) {
                             // send_replace: the task reads the latest view; intermediate ones may be skipped.
                             tx.send_replace(Some(view));
                         } else {
-                            for problem in &view.overrides.problems {
-                                tracing::warn!(pod = %view.key, "{problem}");
-                            }
-                            tracing::info!(pod = %view.key, uid = %uid, "tracking pod");
+                            // One span per pod task: every line it logs names the pod.
+                            let span = tracing::info_span!("pod", pod = %view.key, uid = %uid);
+                            span.in_scope(|| tracing::info!("tracking pod"));
                             let (tx, rx) = watch::channel(Some(view));
                             self.by_uid.insert(uid, tx);
-                            self.tasks
-                                .spawn(pod_task::PodTask::new(shared.clone(), rx).run());
+                            self.tasks.spawn(
+                                crate::lifecycle::driver::run(shared.clone(), rx).instrument(span),
+                            );
                         }
                     }
                     Err(reason) => {
@@ -182,18 +192,116 @@ impl Pods {
                         if let Some(tx) = self.by_uid.remove(&uid) {
                             tracing::info!(uid = %uid, %reason, "pod no longer tracked");
                             tx.send_replace(None);
-                        } else if !matches!(reason, NotTracked::NoProxy) {
-                            tracing::debug!(uid = %uid, %reason, "pod not tracked");
+                        } else if !matches!(
+                            reason,
+                            NotTracked::NoProxy | NotTracked::OtherNode | NotTracked::Incomplete(_)
+                        ) {
+                            // Has the proxy container, left alone on purpose: say so once, on
+                            // the board and at info.
+                            let key = PodKey {
+                                uid: uid.to_ascii_lowercase(),
+                                namespace: pod
+                                    .metadata
+                                    .namespace
+                                    .clone()
+                                    .unwrap_or_else(|| "default".into()),
+                                name: pod.metadata.name.clone().unwrap_or_default(),
+                            };
+                            if self.skipped.get(&key.uid) != Some(&key) {
+                                crate::lifecycle::record::Recorder::skipped(
+                                    &shared.board,
+                                    &key,
+                                    &reason.to_string(),
+                                );
+                                self.skipped.insert(key.uid.clone(), key);
+                            }
                         }
                     }
                 }
             }
             PodEvent::Synced => {}
             PodEvent::Deleted { uid } => {
-                if let Some(tx) = self.by_uid.remove(&uid.to_ascii_lowercase()) {
+                let uid = uid.to_ascii_lowercase();
+                if let Some(tx) = self.by_uid.remove(&uid) {
                     tx.send_replace(None);
+                }
+                if let Some(key) = self.skipped.remove(&uid) {
+                    shared
+                        .board
+                        .remove_if_uid(&key.namespace, &key.name, &key.uid);
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::Phase;
+    use crate::config::{DrainSettings, HoldSettings, ProxyConfig};
+    use crate::pod::tests::pod_json;
+    use serde_json::json;
+
+    fn shared() -> Arc<Shared> {
+        let config = Arc::new(Config {
+            node_name: "node-a".into(),
+            source: SourceConfig::PodsDir("/nonexistent".into()),
+            status_listen: ([127, 0, 0, 1], 0).into(),
+            proc_root: "/proc".into(),
+            proxy: ProxyConfig::default(),
+            hold: HoldSettings::default(),
+            drain: DrainSettings::default(),
+        });
+        Arc::new(Shared {
+            procs: pod_procs::PodProcs::new(config.proc_root.clone()),
+            config,
+            board: StatusBoard::default(),
+            stop: CancellationToken::new(),
+            metrics: crate::metrics::MetricsHandle::new().metrics,
+            events: PodEvents::log_only(),
+        })
+    }
+
+    /// A pod with the proxy container that is left alone gets a `skipped` row with the reason;
+    /// pods without the proxy or on another node get none; deletion removes the row.
+    #[tokio::test]
+    async fn skipped_pods_are_on_the_board_with_the_reason() {
+        let shared = shared();
+        let mut pods = Pods::default();
+        let host = pod_json(json!({"spec": {"hostNetwork": true}}));
+        pods.apply(PodEvent::Applied(Box::new(host.clone())), &shared);
+        // A repeat (every update of the pod) neither duplicates nor re-logs.
+        pods.apply(PodEvent::Applied(Box::new(host)), &shared);
+        pods.apply(
+            PodEvent::Applied(Box::new(pod_json(json!({
+                "metadata": {"name": "other", "uid": "u-other"},
+                "spec": {"nodeName": "node-b"}
+            })))),
+            &shared,
+        );
+        pods.apply(
+            PodEvent::Applied(Box::new(pod_json(json!({
+                "metadata": {"name": "plain", "uid": "u-plain"},
+                "spec": {"containers": [{"name": "app"}]}
+            })))),
+            &shared,
+        );
+        let rows = shared.board.snapshot();
+        assert_eq!(rows.len(), 1, "{rows:#?}");
+        assert_eq!(rows[0].name, "web-1");
+        assert_eq!(rows[0].phase, Phase::Skipped);
+        assert_eq!(
+            rows[0].skipped_reason.as_deref(),
+            Some(NotTracked::HostNetwork.to_string().as_str())
+        );
+        pods.apply(
+            PodEvent::Deleted {
+                uid: "2C48913C-b29f-4a8e-9c4b-0123456789ab".into(),
+            },
+            &shared,
+        );
+        assert!(shared.board.snapshot().is_empty());
+        assert!(pods.tasks.is_empty());
     }
 }

@@ -323,8 +323,8 @@ impl PodsDir {
     /// unreadable is logged and retried; pods are not reported deleted because of it.
     pub async fn run(mut self, safety_rescan: Duration, tx: mpsc::Sender<PodEvent>) {
         let mut watch = DirWatch::new(&self.dir);
-        let mut synced = false;
         let mut failing = false;
+        let mut synced = false;
         loop {
             match self.poll() {
                 Ok(events) => {
@@ -334,6 +334,7 @@ impl PodsDir {
                             return;
                         }
                     }
+                    // After the first full scan: the agent's view is complete (`/readyz`).
                     if !synced {
                         synced = true;
                         if tx.send(PodEvent::Synced).await.is_err() {

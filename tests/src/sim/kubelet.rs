@@ -634,8 +634,15 @@ impl PodWorker {
                 self.run_post_start_wait(p);
             }
             _ => {
+                let delay = self.view(|v| v.spec.app_start_delay);
                 for i in 0..n {
-                    self.start_container(i);
+                    if Some(i) != proxy && !delay.is_zero() {
+                        // A slow image pull: the app container starts later (the timer that
+                        // restarts containers starts it).
+                        self.restart_at.insert(i, Instant::now() + delay);
+                    } else {
+                        self.start_container(i);
+                    }
                 }
             }
         }

@@ -197,6 +197,11 @@ pub struct PodSpec {
     /// redirected. Default off (istio-init, which Istio orders last among init containers, so
     /// user init containers run before any redirect).
     pub cni: bool,
+    /// Start the app container this long after the proxy container (as a slow image pull
+    /// does: the kubelet pulls and starts containers one after another); until then it is
+    /// `waiting` (ContainerCreating). Default 0. Added for issue 10 item 1 (an app is done only
+    /// after it ran).
+    pub app_start_delay: Duration,
 }
 
 impl PodSpec {
@@ -227,6 +232,7 @@ impl PodSpec {
             lookup_remote: false,
             user_init: None,
             cni: false,
+            app_start_delay: Duration::ZERO,
         }
     }
 
@@ -298,6 +304,11 @@ impl PodSpec {
     /// The app works for `d` after it starts before its first (startup) call.
     pub fn app_init(mut self, d: Duration) -> Self {
         self.app_init = d;
+        self
+    }
+    /// See [`PodSpec::app_start_delay`].
+    pub fn app_start_delay(mut self, d: Duration) -> Self {
+        self.app_start_delay = d;
         self
     }
     /// See [`PodSpec::serial_start`].

@@ -20,7 +20,9 @@ use std::future::Future;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use rustix::process::{pidfd_open, Pid, PidfdFlags};
@@ -102,7 +104,7 @@ impl ExitWatcher {
                     (pid, Instant::now())
                 }),
                 Err(e) => {
-                    tracing::debug!(pod = %self.pod, pid, error = %e, "cannot register a pidfd with the reactor; polling procfs");
+                    tracing::debug!(pid, error = %e, "cannot register a pidfd with the reactor; polling procfs");
                     self.tasks.spawn(async move {
                         poll_until_gone(pid).await;
                         (pid, Instant::now())
@@ -111,7 +113,7 @@ impl ExitWatcher {
             },
             Opened::Unsupported => {
                 if !self.no_pidfd {
-                    tracing::info!(pod = %self.pod, "pidfd_open is not available (Linux < 5.3?); polling procfs for process exits");
+                    tracing::info!("pidfd_open is not available (Linux < 5.3?); polling procfs for process exits");
                 }
                 self.no_pidfd = true;
                 if process_gone(pid) {
@@ -294,18 +296,12 @@ pub struct AppSnapshot {
 }
 
 impl AppSnapshot {
-    /// Nothing of the app runs, and nothing will start (the pod is being deleted, so a container
-    /// that has not started will not).
+    /// Every app container ran and is gone: an app is finished only after it ran (issue 10
+    /// item 1). A container that never started (still `waiting`: ContainerCreating, a slow
+    /// image pull) does not count as done — its pod gets no early quit; the deadline or the pod
+    /// going ends the drain.
     pub fn gone_for_drain(&self) -> bool {
-        self.live == 0
-            && self.containers.iter().all(|(_, c)| {
-                matches!(
-                    c,
-                    AppContainer::Terminated { .. }
-                        | AppContainer::Exited
-                        | AppContainer::NotStarted
-                )
-            })
+        self.all_exited()
     }
 
     /// Every app container ran and has exited (by status or by procfs). With

@@ -15,27 +15,10 @@
 
 use std::time::{Duration, Instant};
 
-/// The filter's stat prefix as Envoy's `/stats` shows it (the filter's `holdfast` prefix inside
-/// Envoy's `wasmcustom.` namespace for wasm-defined metrics).
-pub const DEFAULT_STAT_PREFIX: &str = "wasmcustom.holdfast";
+pub use crate::api::{DirectionCounts, FilterCounts, IdleReason, DEFAULT_STAT_PREFIX};
 
 /// Gauges above this are taken as garbage (an underflowed gauge reads near 2^64), not as counts.
 const MAX_SANE_GAUGE: u64 = 1 << 48;
-
-/// One direction's counts; `None` when the stat was absent or garbage.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct DirectionCounts {
-    pub cx_active: Option<u64>,
-    pub bytes_total: Option<u64>,
-}
-
-/// The filter's counts in one `/stats` sample.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct FilterCounts {
-    pub inbound: DirectionCounts,
-    pub outbound: DirectionCounts,
-    pub unknown: DirectionCounts,
-}
 
 impl FilterCounts {
     /// Reads the filter's counts from `(name, value)` stats. Names outside `prefix`, unknown
@@ -93,19 +76,6 @@ impl FilterCounts {
             self.unknown.bytes_total,
         ]
     }
-}
-
-/// Why nothing is in flight.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case", tag = "reason")]
-pub enum IdleReason {
-    /// No outbound connection is open.
-    NoOutboundConnections,
-    /// Connections may be open, but no byte moved in any direction for at least this long.
-    NoBytesMoved {
-        #[serde(rename = "for_ms", with = "super::ms")]
-        idle_for: Duration,
-    },
 }
 
 /// One judgement.

@@ -18,21 +18,32 @@
 //! admin API, and against a real Envoy in `tests/drain_parts.rs`.
 
 pub mod app_exit;
+pub mod decide;
 pub mod in_flight;
 pub mod plan;
 
 use std::future::Future;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
-use serde::{Deserialize, Serialize};
+// tokio's clock throughout, so paused-time tests drive the deadlines.
+use tokio::time::Instant;
+
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use app_exit::{
     AppContainer, AppTracker, ExitWatcher, PodProcessSource, PodProcsSource, Watch,
 };
-pub use in_flight::{FilterCounts, IdleReason, InFlight, InFlightJudge, DEFAULT_STAT_PREFIX};
-pub use plan::{DrainPlan, TimestampMeaning};
+pub use in_flight::{InFlight, InFlightJudge, DEFAULT_STAT_PREFIX};
+pub use plan::DrainPlan;
+
+// The wire types live in `crate::api`; re-exported here so callers keep their paths.
+pub use crate::api::time::{ms, opt_ms};
+pub use crate::api::{
+    DrainOutcome, DrainReport, FilterCounts, FinishedBy, IdleReason, JobOutcome, JobReport,
+    QuitReason, TimestampMeaning,
+};
+pub use crate::config::DrainSettings;
 
 use crate::envoy_admin::AdminClient;
 use crate::pod::{Deletion, PodKey, PodView, DEFAULT_GRACE};
@@ -44,101 +55,6 @@ pub const QUIT_PATH: &str = "/quitquitquit";
 
 /// Most errors kept in a report (the count is kept in full).
 const MAX_ERRORS_KEPT: usize = 10;
-
-/// How the drain and the Job quit behave. Defaults suit a node with hundreds of pods.
-#[derive(Debug, Clone, Serialize)]
-pub struct DrainSettings {
-    /// No byte moved for this long = remaining connections are idle keep-alives.
-    #[serde(serialize_with = "ser_duration")]
-    pub idle_window: Duration,
-    /// How often the app's processes are re-scanned for new ones (exits are notified at once).
-    #[serde(serialize_with = "ser_duration")]
-    pub rescan_every: Duration,
-    /// How often the filter's counts are sampled while the app runs (for the idle history).
-    #[serde(serialize_with = "ser_duration")]
-    pub stats_every: Duration,
-    /// How often the counts are sampled once the app is gone, until nothing is in flight.
-    #[serde(serialize_with = "ser_duration")]
-    pub settle_poll: Duration,
-    /// Timeout of each admin request.
-    #[serde(serialize_with = "ser_duration")]
-    pub admin_timeout: Duration,
-    /// Attempts per admin `POST` (and failed `/stats` samples tolerated once the app is gone).
-    pub admin_attempts: u32,
-    /// Pause between attempts.
-    #[serde(serialize_with = "ser_duration")]
-    pub retry_backoff: Duration,
-    /// Consecutive refused connections to the admin API that mean Envoy has exited.
-    pub refusals_for_gone: u32,
-    /// After `/quitquitquit`, how long to watch for the admin API to go away (for the report).
-    #[serde(serialize_with = "ser_duration")]
-    pub quit_confirm: Duration,
-    /// Job: longest wait for in-flight traffic to settle after the app finished.
-    #[serde(serialize_with = "ser_duration")]
-    pub job_in_flight_wait: Duration,
-    /// Job: how often a running Job's processes are re-scanned (exits are notified at once).
-    #[serde(serialize_with = "ser_duration")]
-    pub job_rescan_every: Duration,
-    /// The filter's stats prefix in `/stats`.
-    pub stat_prefix: String,
-}
-
-impl Default for DrainSettings {
-    fn default() -> Self {
-        DrainSettings {
-            idle_window: Duration::from_millis(100),
-            rescan_every: Duration::from_millis(100),
-            stats_every: Duration::from_millis(100),
-            settle_poll: Duration::from_millis(5),
-            admin_timeout: Duration::from_millis(500),
-            admin_attempts: 3,
-            retry_backoff: Duration::from_millis(20),
-            refusals_for_gone: 2,
-            quit_confirm: Duration::from_secs(1),
-            job_in_flight_wait: Duration::from_secs(5),
-            job_rescan_every: Duration::from_secs(1),
-            stat_prefix: DEFAULT_STAT_PREFIX.to_string(),
-        }
-    }
-}
-
-fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&crate::config::format_duration(*d))
-}
-
-/// Durations as milliseconds (`f64`) in reports.
-pub(crate) mod ms {
-    use serde::{Deserialize, Deserializer, Serializer};
-    use std::time::Duration;
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_f64(d.as_secs_f64() * 1e3)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let ms = f64::deserialize(d)?;
-        Duration::try_from_secs_f64(ms / 1e3).map_err(serde::de::Error::custom)
-    }
-}
-
-/// Optional durations as milliseconds (`f64` or `null`) in reports.
-pub(crate) mod opt_ms {
-    use serde::{Deserialize, Deserializer, Serializer};
-    use std::time::Duration;
-
-    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-        match d {
-            Some(d) => s.serialize_some(&(d.as_secs_f64() * 1e3)),
-            None => s.serialize_none(),
-        }
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-        Option::<f64>::deserialize(d)?
-            .map(|ms| Duration::try_from_secs_f64(ms / 1e3).map_err(serde::de::Error::custom))
-            .transpose()
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // The admin API, as the drain needs it
@@ -228,158 +144,6 @@ fn regex_escape(s: &str) -> String {
     out
 }
 
-// ---------------------------------------------------------------------------------------------
-// Reports
-// ---------------------------------------------------------------------------------------------
-
-/// How a drain ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum DrainOutcome {
-    /// The app exited and nothing was in flight: the proxy was quit (or had just exited).
-    AppDone,
-    /// The deadline came first: the proxy was quit with the app (or traffic) still there.
-    Deadline,
-    /// Envoy exited while the app still ran: the mesh's drain duration is shorter than the
-    /// app's shutdown (see [`DrainReport::advice`]).
-    ProxyGoneEarly,
-    /// The pod vanished from the source (the kubelet finished it) before the drain did.
-    PodGone,
-    /// The agent is stopping; the next agent drains again.
-    AgentStopping,
-}
-
-impl DrainOutcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DrainOutcome::AppDone => "app-done",
-            DrainOutcome::Deadline => "deadline",
-            DrainOutcome::ProxyGoneEarly => "proxy-gone-early",
-            DrainOutcome::PodGone => "pod-gone",
-            DrainOutcome::AgentStopping => "agent-stopping",
-        }
-    }
-}
-
-/// What ended the wait for in-flight traffic when the proxy was quit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case", tag = "kind")]
-pub enum QuitReason {
-    /// The filter's counts said nothing is in flight.
-    Idle(IdleReason),
-    /// The filter is not installed: the app's exit alone decided.
-    NoFilter,
-    /// The counts could not be read; the app's exit alone decided.
-    StatsUnavailable,
-    /// The deadline (drain) or the bounded wait (Job) ran out.
-    OutOfTime,
-}
-
-/// What one drain did.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DrainReport {
-    pub outcome: DrainOutcome,
-    #[serde(with = "crate::status::rfc3339")]
-    pub started_at: SystemTime,
-    /// The drain's deadline (`None`: beyond reach).
-    #[serde(with = "crate::status::rfc3339::option", default)]
-    pub deadline_at: Option<SystemTime>,
-    pub deadline_meaning: TimestampMeaning,
-    /// `POST /drain_listeners?inboundonly&graceful` succeeded.
-    pub inbound_drained: bool,
-    /// `POST /healthcheck/fail` succeeded.
-    pub health_failed: bool,
-    /// When the app's last process exit was seen (or the app was otherwise seen gone).
-    #[serde(with = "crate::status::rfc3339::option", default)]
-    pub app_gone_at: Option<SystemTime>,
-    #[serde(with = "crate::status::rfc3339::option", default)]
-    pub quit_sent_at: Option<SystemTime>,
-    pub quit_reason: Option<QuitReason>,
-    /// When the admin API stopped answering after the quit.
-    #[serde(with = "crate::status::rfc3339::option", default)]
-    pub proxy_exit_seen_at: Option<SystemTime>,
-    /// From the app gone to the quit sent.
-    #[serde(with = "opt_ms", default, rename = "app_gone_to_quit_ms")]
-    pub app_gone_to_quit: Option<Duration>,
-    /// From the app gone to the admin API gone.
-    #[serde(with = "opt_ms", default, rename = "app_gone_to_proxy_exit_ms")]
-    pub app_gone_to_proxy_exit: Option<Duration>,
-    #[serde(with = "ms", rename = "elapsed_ms")]
-    pub elapsed: Duration,
-    /// App processes seen during the drain, and alive when it ended.
-    pub app_processes_seen: usize,
-    pub app_processes_left: usize,
-    /// Whether the filter's stats were present (`None`: never read).
-    pub filter_present: Option<bool>,
-    /// The last counts read.
-    pub last_counts: Option<FilterCounts>,
-    /// Admin errors and other problems (at most 10 kept; `error_count` counts all).
-    pub errors: Vec<String>,
-    pub error_count: usize,
-    /// Advice for the operator, when the outcome calls for a configuration change.
-    pub advice: Option<String>,
-}
-
-/// How a Job watch ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum JobOutcome {
-    /// The app finished for good and the proxy was quit: the pod completes.
-    Completed,
-    /// The app finished for good, but the proxy had already exited.
-    ProxyAlreadyGone,
-    /// `restartPolicy: Always` (or unknown): the kubelet restarts the app; nothing to do.
-    NotAJob,
-    /// The pod is being deleted: the drain takes over.
-    Deleting,
-    /// The pod vanished from the source.
-    PodGone,
-    /// The agent is stopping.
-    AgentStopping,
-}
-
-impl JobOutcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobOutcome::Completed => "completed",
-            JobOutcome::ProxyAlreadyGone => "proxy-already-gone",
-            JobOutcome::NotAJob => "not-a-job",
-            JobOutcome::Deleting => "deleting",
-            JobOutcome::PodGone => "pod-gone",
-            JobOutcome::AgentStopping => "agent-stopping",
-        }
-    }
-}
-
-/// Which signal said the app finished.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum FinishedBy {
-    /// The kubelet's container statuses.
-    Status,
-    /// procfs: every app process gone (`restartPolicy: Never` only).
-    Procfs,
-}
-
-/// What one Job watch did.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct JobReport {
-    pub outcome: JobOutcome,
-    pub finished_by: Option<FinishedBy>,
-    /// When the app's last process exit was seen (or the app was seen finished).
-    #[serde(with = "crate::status::rfc3339::option", default)]
-    pub app_finished_at: Option<SystemTime>,
-    #[serde(with = "crate::status::rfc3339::option", default)]
-    pub quit_sent_at: Option<SystemTime>,
-    pub quit_reason: Option<QuitReason>,
-    #[serde(with = "crate::status::rfc3339::option", default)]
-    pub proxy_exit_seen_at: Option<SystemTime>,
-    #[serde(with = "opt_ms", default, rename = "app_finished_to_quit_ms")]
-    pub app_finished_to_quit: Option<Duration>,
-    pub errors: Vec<String>,
-    pub error_count: usize,
-}
-
 /// Collected errors, bounded.
 #[derive(Debug, Default)]
 struct Errors {
@@ -388,8 +152,8 @@ struct Errors {
 }
 
 impl Errors {
-    fn push(&mut self, key: &PodKey, message: String) {
-        tracing::warn!(pod = %key, "{message}");
+    fn push(&mut self, message: String) {
+        tracing::warn!("{message}");
         self.count += 1;
         if self.kept.len() < MAX_ERRORS_KEPT {
             self.kept.push(message);
@@ -413,6 +177,8 @@ pub struct DrainCtx<'a, A, S> {
     /// Cancelled when the agent stops.
     pub stop: CancellationToken,
     pub settings: &'a DrainSettings,
+    /// Told when `/quitquitquit` is about to be sent (the row shows `quitting` meanwhile).
+    pub quit_started: Option<tokio::sync::mpsc::UnboundedSender<()>>,
 }
 
 /// The pause before the `samples`-th sample while waiting for in-flight traffic to settle:
@@ -438,6 +204,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
         mut view,
         stop,
         settings,
+        quit_started,
     } = ctx;
     let t0 = Instant::now();
     let started_at = SystemTime::now();
@@ -445,7 +212,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
     let deletion = match initial.as_ref().and_then(|v| v.deletion) {
         Some(d) => d,
         None => {
-            tracing::warn!(pod = %key, "drain started for a pod without a deletionTimestamp; assuming deletion now with the default grace period");
+            tracing::warn!("drain started for a pod without a deletionTimestamp; assuming deletion now with the default grace period");
             Deletion {
                 timestamp: plan::timestamp(started_at),
                 grace: DEFAULT_GRACE,
@@ -454,44 +221,26 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
     };
     let plan = DrainPlan::new(deletion, started_at);
     let remaining = plan.remaining(started_at);
-    let deadline = tokio::time::Instant::from_std(t0 + remaining);
+    let deadline = t0 + remaining;
     let mut d = Drainer {
-        key,
         admin,
         settings,
         errors: Errors::default(),
         refusals: 0,
         t0,
         t0_wall: started_at,
+        quit_started,
     };
     let mut report = DrainReport {
-        outcome: DrainOutcome::AppDone,
-        started_at,
         deadline_at: plan.deadline,
         deadline_meaning: plan.meaning,
-        inbound_drained: false,
-        health_failed: false,
-        app_gone_at: None,
-        quit_sent_at: None,
-        quit_reason: None,
-        proxy_exit_seen_at: None,
-        app_gone_to_quit: None,
-        app_gone_to_proxy_exit: None,
-        elapsed: Duration::ZERO,
-        app_processes_seen: 0,
-        app_processes_left: 0,
-        filter_present: None,
-        last_counts: None,
-        errors: Vec::new(),
-        error_count: 0,
-        advice: None,
+        ..DrainReport::new(DrainOutcome::AppDone, started_at)
     };
     let Some(mut current) = initial else {
         report.outcome = DrainOutcome::PodGone;
         return report;
     };
     tracing::info!(
-        pod = %key,
         grace_s = deletion.grace.as_secs(),
         remaining_ms = remaining.as_millis() as u64,
         deadline_meaning = ?plan.meaning,
@@ -542,7 +291,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                 Ok(counts) => {
                     report.filter_present = Some(counts.is_some());
                     report.last_counts = counts;
-                    judgement = Some(judge.observe(Instant::now(), counts.as_ref()));
+                    judgement = Some(judge.observe(Instant::now().into_std(), counts.as_ref()));
                 }
                 Err(()) => {
                     judgement = None;
@@ -558,7 +307,8 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
             }
         }
 
-        if d.refusals >= settings.refusals_for_gone {
+        let proxy_gone = d.refusals >= settings.refusals_for_gone;
+        if proxy_gone {
             // Envoy has exited. Before blaming the drain duration, look at the app once more:
             // it may have exited at the same moment.
             if !gone {
@@ -567,51 +317,53 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                     app_gone = Some(app.last_exit().unwrap_or_else(Instant::now));
                 }
             }
-            if app_gone.is_some() || snapshot.live == 0 {
-                if app_gone.is_none() {
+        }
+        let next = decide::drain_next(decide::DrainSeen {
+            app_gone: app_gone.is_some(),
+            app_live: snapshot.live,
+            proxy_gone,
+            judgement: if gone { judgement } else { None },
+            stats_exhausted: failed_samples_while_gone >= settings.admin_attempts,
+        });
+        match next {
+            decide::DrainNext::Wait => {}
+            decide::DrainNext::ProxyExited { app_unknown } => {
+                if app_unknown {
                     d.errors.push(
-                        key,
                         "the proxy exited on its own; whether the app had finished is unknown \
                          (its processes are not visible)"
                             .to_string(),
                     );
                 }
-                tracing::info!(pod = %key, "the proxy has already exited");
+                tracing::info!("the proxy has already exited");
                 let report = d.app_gone(report, app_gone);
                 return d.finish(report, DrainOutcome::AppDone, &app);
             }
-            let advice = format!(
-                "Envoy exited while {} app process(es) of the pod still ran: the mesh's drain \
-                 duration is shorter than the app's shutdown. Set terminationDrainDuration \
-                 (meshConfig.defaultConfig.terminationDrainDuration, or the \
-                 proxy.istio.io/config annotation) to the pod's grace period ({}s) so holdfast \
-                 can end the proxy when the app is done.",
-                snapshot.live,
-                deletion.grace.as_secs()
-            );
-            tracing::warn!(pod = %key, "{advice}");
-            report.advice = Some(advice);
-            return d.finish(report, DrainOutcome::ProxyGoneEarly, &app);
-        }
-
-        if gone {
-            let reason = match judgement {
-                Some(InFlight::Idle(why)) => Some(QuitReason::Idle(why)),
-                Some(InFlight::NoFilter) => Some(QuitReason::NoFilter),
-                Some(InFlight::Busy { .. }) => None,
-                None if failed_samples_while_gone >= settings.admin_attempts => {
-                    Some(QuitReason::StatsUnavailable)
-                }
-                None => None,
-            };
-            if let Some(reason) = reason {
+            decide::DrainNext::ProxyGoneEarly => {
+                let advice = format!(
+                    "Envoy exited while {} app process(es) of the pod still ran: the mesh's drain \
+                     duration is shorter than the app's shutdown. Set terminationDrainDuration \
+                     (meshConfig.defaultConfig.terminationDrainDuration, or the \
+                     proxy.istio.io/config annotation) to the pod's grace period ({}s) so holdfast \
+                     can end the proxy when the app is done.",
+                    snapshot.live,
+                    deletion.grace.as_secs()
+                );
+                tracing::warn!("{advice}");
+                report.advice = Some(advice);
+                return d.finish(report, DrainOutcome::ProxyGoneEarly, &app);
+            }
+            decide::DrainNext::Quit(reason) => {
                 report = d.app_gone(report, app_gone);
                 (report.quit_sent_at, report.proxy_exit_seen_at) = d.quit().await;
                 report.quit_reason = Some(reason);
-                tracing::info!(pod = %key, reason = ?reason, "app gone and nothing in flight: proxy quit");
+                tracing::info!(reason = ?reason, "app gone and nothing in flight: proxy quit");
                 return d.finish(report, DrainOutcome::AppDone, &app);
             }
-        } else if !unseen_warned
+        }
+
+        if !gone
+            && !unseen_warned
             && snapshot
                 .containers
                 .iter()
@@ -619,7 +371,6 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
         {
             unseen_warned = true;
             d.errors.push(
-                key,
                 "an app container runs by its status but none of the pod's processes is visible \
                  by container id: the drain cannot see the app exit and waits for the status or \
                  the deadline (does the agent run with hostPID and the right --proc-root?)"
@@ -649,7 +400,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                 true
             }
             (pid, _) = app.next_exit() => {
-                tracing::debug!(pod = %key, pid, "app process exited");
+                tracing::debug!(pid, "app process exited");
                 true
             }
             _ = tokio::time::sleep(wait) => Instant::now() >= next_rescan,
@@ -665,7 +416,6 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
 
 /// The admin side of a drain or a Job quit.
 struct Drainer<'a, A> {
-    key: &'a PodKey,
     admin: &'a A,
     settings: &'a DrainSettings,
     errors: Errors,
@@ -674,6 +424,7 @@ struct Drainer<'a, A> {
     /// Start of the drain or Job watch, monotonic and wall-clock, to put instants in reports.
     t0: Instant,
     t0_wall: SystemTime,
+    quit_started: Option<tokio::sync::mpsc::UnboundedSender<()>>,
 }
 
 impl<A: ProxyAdmin> Drainer<'_, A> {
@@ -727,24 +478,23 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
             let admin = self.admin;
             match self.call(path, admin.admin_post(path)).await {
                 Ok(()) => {
-                    tracing::debug!(pod = %self.key, path, attempt, "admin POST ok");
+                    tracing::debug!(path, attempt, "admin POST ok");
                     return true;
                 }
                 Err(e) => {
                     if self.refusals >= self.settings.refusals_for_gone {
                         // Nothing listens: Envoy has exited. Not an error in itself; the drain
                         // judges it (proxy gone early, or gone with the app).
-                        tracing::debug!(pod = %self.key, path, error = %e, "admin refused; Envoy has exited");
+                        tracing::debug!(path, error = %e, "admin refused; Envoy has exited");
                         return false;
                     }
                     if attempt == attempts {
-                        self.errors.push(
-                            self.key,
-                            format!("POST {path} failed after {attempt} attempt(s): {e}"),
-                        );
+                        self.errors.push(format!(
+                            "POST {path} failed after {attempt} attempt(s): {e}"
+                        ));
                         return false;
                     }
-                    tracing::debug!(pod = %self.key, path, attempt, error = %e, "admin POST failed; retrying");
+                    tracing::debug!(path, attempt, error = %e, "admin POST failed; retrying");
                     tokio::time::sleep(self.settings.retry_backoff).await;
                 }
             }
@@ -761,19 +511,16 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
         app_gone: Option<Instant>,
         remaining: Duration,
     ) -> DrainReport {
-        self.errors.push(
-            self.key,
-            format!(
-                "drain deadline reached ({} after the deletion was seen) with {live} app \
+        self.errors.push(format!(
+            "drain deadline reached ({} after the deletion was seen) with {live} app \
                  process(es) alive{}; quitting the proxy",
-                crate::config::format_duration(remaining),
-                if app_gone.is_some() {
-                    " and traffic in flight"
-                } else {
-                    ""
-                },
-            ),
-        );
+            crate::config::format_duration(remaining),
+            if app_gone.is_some() {
+                " and traffic in flight"
+            } else {
+                ""
+            },
+        ));
         let mut report = self.app_gone(report, app_gone);
         (report.quit_sent_at, report.proxy_exit_seen_at) = self.quit().await;
         report.quit_reason = Some(QuitReason::OutOfTime);
@@ -787,12 +534,12 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
         match self.call("GET /stats", admin.filter_counts(prefix)).await {
             Ok(c) => Ok(c),
             Err(e) if e.refused => {
-                tracing::debug!(pod = %self.key, error = %e, "admin refused the connection");
+                tracing::debug!(error = %e, "admin refused the connection");
                 Err(())
             }
             Err(e) => {
                 self.errors
-                    .push(self.key, format!("reading the filter's counts failed: {e}"));
+                    .push(format!("reading the filter's counts failed: {e}"));
                 Err(())
             }
         }
@@ -801,6 +548,9 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
     /// `POST /quitquitquit`, then watches the admin API go away (bounded by `quit_confirm`).
     /// Returns when the quit was sent and when the proxy was seen gone.
     async fn quit(&mut self) -> (Option<SystemTime>, Option<SystemTime>) {
+        if let Some(tx) = &self.quit_started {
+            let _ = tx.send(());
+        }
         let attempts = self.settings.admin_attempts.max(1);
         let mut sent = None;
         for attempt in 1..=attempts {
@@ -815,7 +565,7 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
                     // Nothing listens: Envoy has exited already (on its own, or an earlier
                     // attempt worked and its answer was lost).
                     if sent.is_none() {
-                        tracing::info!(pod = %self.key, "the proxy had already exited when asked to quit");
+                        tracing::info!("the proxy had already exited when asked to quit");
                     }
                     return (sent.map(|s| self.wall(s)), Some(self.wall(Instant::now())));
                 }
@@ -824,9 +574,9 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
                     // answers.
                     sent = Some(before);
                     if attempt == attempts {
-                        self.errors.push(self.key, format!("POST {QUIT_PATH}: {e}"));
+                        self.errors.push(format!("POST {QUIT_PATH}: {e}"));
                     } else {
-                        tracing::debug!(pod = %self.key, error = %e, "quit request failed; checking whether the proxy exits");
+                        tracing::debug!(error = %e, "quit request failed; checking whether the proxy exits");
                         if let Some(gone) = self
                             .wait_gone(self.settings.retry_backoff.max(Duration::from_millis(50)))
                             .await
@@ -841,13 +591,10 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
         match self.wait_gone(self.settings.quit_confirm).await {
             Some(gone) => (sent_at, Some(self.wall(gone))),
             None => {
-                self.errors.push(
-                    self.key,
-                    format!(
-                        "the proxy still answered {} after /quitquitquit",
-                        crate::config::format_duration(self.settings.quit_confirm)
-                    ),
-                );
+                self.errors.push(format!(
+                    "the proxy still answered {} after /quitquitquit",
+                    crate::config::format_duration(self.settings.quit_confirm)
+                ));
                 (sent_at, None)
             }
         }
@@ -889,15 +636,6 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
         report.app_gone_to_proxy_exit = since(report.proxy_exit_seen_at);
         report.errors = self.errors.kept;
         report.error_count = self.errors.count;
-        tracing::info!(
-            pod = %self.key,
-            outcome = outcome.as_str(),
-            elapsed_ms = report.elapsed.as_millis() as u64,
-            app_gone_to_quit_ms = report.app_gone_to_quit.map(|d| d.as_secs_f64() * 1e3),
-            app_gone_to_proxy_exit_ms = report.app_gone_to_proxy_exit.map(|d| d.as_secs_f64() * 1e3),
-            errors = report.error_count,
-            "drain finished"
-        );
         report
     }
 }
@@ -919,27 +657,18 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
         mut view,
         stop,
         settings,
+        quit_started,
     } = ctx;
     let mut d = Drainer {
-        key,
         admin,
         settings,
         errors: Errors::default(),
         refusals: 0,
         t0: Instant::now(),
         t0_wall: SystemTime::now(),
+        quit_started,
     };
-    let mut report = JobReport {
-        outcome: JobOutcome::NotAJob,
-        finished_by: None,
-        app_finished_at: None,
-        quit_sent_at: None,
-        quit_reason: None,
-        proxy_exit_seen_at: None,
-        app_finished_to_quit: None,
-        errors: Vec::new(),
-        error_count: 0,
-    };
+    let mut report = JobReport::new(JobOutcome::NotAJob);
     let finish = |mut report: JobReport, outcome: JobOutcome, d: Drainer<'_, A>| {
         report.outcome = outcome;
         report.app_finished_to_quit = report
@@ -949,8 +678,7 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
         report.errors = d.errors.kept;
         report.error_count = d.errors.count;
         if !matches!(outcome, JobOutcome::NotAJob) {
-            tracing::info!(
-                pod = %key,
+            tracing::debug!(
                 outcome = outcome.as_str(),
                 finished_by = ?report.finished_by,
                 app_finished_to_quit_ms = report.app_finished_to_quit.map(|d| d.as_secs_f64() * 1e3),
@@ -965,26 +693,18 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
         Some(v) => v,
         None => return finish(report, JobOutcome::PodGone, d),
     };
-    let never = match current.restart_policy.as_str() {
-        "Never" => true,
-        "OnFailure" => false,
-        _ => return finish(report, JobOutcome::NotAJob, d),
-    };
-    tracing::debug!(pod = %key, restart_policy = %current.restart_policy, "watching for the job's app to finish");
+    if !matches!(current.restart_policy.as_str(), "Never" | "OnFailure") {
+        return finish(report, JobOutcome::NotAJob, d);
+    }
+    tracing::debug!(restart_policy = %current.restart_policy, "watching for the job's app to finish");
 
     let finished_at = loop {
         if current.deletion.is_some() {
             return finish(report, JobOutcome::Deleting, d);
         }
         let snapshot = app.refresh(&current).await;
-        if current.apps_finished_for_good() {
-            report.finished_by = Some(FinishedBy::Status);
-            break app.last_exit().unwrap_or_else(Instant::now);
-        }
-        // procfs is faster than the kubelet's status, but only says "exited", not the exit
-        // code: enough when the kubelet never restarts, not for OnFailure.
-        if never && snapshot.all_exited() {
-            report.finished_by = Some(FinishedBy::Procfs);
+        if let Some(by) = decide::job_finished(&current, &snapshot) {
+            report.finished_by = Some(by);
             break app.last_exit().unwrap_or_else(Instant::now);
         }
         tokio::select! {
@@ -994,12 +714,12 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
                 (Ok(()), Some(v)) => current = v,
                 _ => return finish(report, JobOutcome::PodGone, d),
             },
-            (pid, _) = app.next_exit() => tracing::debug!(pod = %key, pid, "job process exited"),
+            (pid, _) = app.next_exit() => tracing::debug!(pid, "job process exited"),
             _ = tokio::time::sleep(settings.job_rescan_every) => {}
         }
     };
     report.app_finished_at = Some(d.wall(finished_at));
-    tracing::info!(pod = %key, by = ?report.finished_by, "the job's app finished for good; quitting its proxy once nothing is in flight");
+    tracing::info!(by = ?report.finished_by, "the job's app finished for good; quitting its proxy once nothing is in flight");
 
     // Wait (bounded) for in-flight traffic to settle, then quit.
     let mut judge = InFlightJudge::new(settings.idle_window);
@@ -1009,7 +729,7 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
     let reason = loop {
         samples += 1;
         match d.sample().await {
-            Ok(counts) => match judge.observe(Instant::now(), counts.as_ref()) {
+            Ok(counts) => match judge.observe(Instant::now().into_std(), counts.as_ref()) {
                 InFlight::Idle(why) => break QuitReason::Idle(why),
                 InFlight::NoFilter => break QuitReason::NoFilter,
                 InFlight::Busy { .. } => {}
@@ -1017,7 +737,7 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
             Err(()) => {
                 failed += 1;
                 if d.refusals >= settings.refusals_for_gone {
-                    tracing::info!(pod = %key, "the job's proxy has already exited");
+                    tracing::info!("the job's proxy has already exited");
                     return finish(report, JobOutcome::ProxyAlreadyGone, d);
                 }
                 if failed >= settings.admin_attempts {
@@ -1026,13 +746,10 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
             }
         }
         if Instant::now() >= until {
-            d.errors.push(
-                key,
-                format!(
-                    "traffic still in flight {} after the job finished; quitting the proxy anyway",
-                    crate::config::format_duration(settings.job_in_flight_wait)
-                ),
-            );
+            d.errors.push(format!(
+                "traffic still in flight {} after the job finished; quitting the proxy anyway",
+                crate::config::format_duration(settings.job_in_flight_wait)
+            ));
             break QuitReason::OutOfTime;
         }
         tokio::select! {

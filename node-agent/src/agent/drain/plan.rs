@@ -35,6 +35,7 @@ use std::time::{Duration, SystemTime};
 
 use k8s_openapi::jiff::Timestamp;
 
+pub use crate::api::TimestampMeaning;
 use crate::pod::Deletion;
 
 /// Longest margin kept before the kill.
@@ -44,16 +45,6 @@ const MARGIN_DIVISOR: u32 = 10;
 /// Remaining times are capped here, so a huge grace period cannot overflow a timer (a year is
 /// forever for a drain).
 pub const MAX_REMAINING: Duration = Duration::from_secs(365 * 24 * 3600);
-
-/// How `deletionTimestamp` was read (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum TimestampMeaning {
-    /// The timestamp is when the kubelet kills (API-server convention).
-    KillTime,
-    /// The timestamp is when deletion was requested; the kill comes one grace period later.
-    RequestTime,
-}
 
 /// The deadline of one pod's drain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

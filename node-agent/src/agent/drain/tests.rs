@@ -253,6 +253,7 @@ async fn run_drain(
         view: rx,
         stop,
         settings,
+        quit_started: None,
     })
     .await
 }
@@ -394,7 +395,9 @@ async fn idle_keepalives_do_not_hold_the_drain_but_moving_bytes_do() {
     );
 }
 
-#[tokio::test]
+// Paused time: tokio's clock drives the deadline and the waits, so the bounds test the
+// logic, not the load of a shared machine.
+#[tokio::test(start_paused = true)]
 async fn deadline_quits_with_the_app_still_running() {
     let pod = Pod::new();
     let admin = FakeAdmin::new(Some(counts(1)));
@@ -584,7 +587,9 @@ async fn app_that_exited_before_the_first_scan_counts_as_gone() {
     assert!(admin.quit_at().expect("quit").duration_since(t) < Duration::from_millis(50));
 }
 
-#[tokio::test]
+// Paused time: tokio's clock drives the deadline and the waits, so the bounds test the
+// logic, not the load of a shared machine.
+#[tokio::test(start_paused = true)]
 async fn pod_gone_and_agent_stopping_end_the_drain_promptly() {
     let pod = Pod::new();
     let admin = FakeAdmin::new(Some(counts(1)));
@@ -647,6 +652,7 @@ async fn run_job(
         view: rx,
         stop,
         settings,
+        quit_started: None,
     })
     .await
 }
@@ -884,4 +890,34 @@ fn reports_serialize() {
     assert_eq!(back, report);
     let settings = serde_json::to_value(DrainSettings::default()).expect("serializes");
     assert_eq!(settings["idle_window"], "100ms");
+}
+
+/// A pod deleted while its app container never started (still `waiting`: ContainerCreating, a
+/// slow image pull) gets no early quit: "no app process" is not "app finished" (issue 10 item
+/// 1). The deadline ends its drain. Paused time: the deadline is tokio's.
+#[tokio::test(start_paused = true)]
+async fn an_app_that_never_started_gets_no_early_quit() {
+    let procs = FakeProcs::default();
+    let (sandbox, proxy) = (Proc::sleep(), Proc::sleep());
+    procs.add(sandbox.pid(), None);
+    procs.add(proxy.pid(), Some(PROXY_ID));
+    let admin = FakeAdmin::new(Some(counts(0)));
+    let mut v = view(
+        "Always",
+        ContainerState::Waiting,
+        Some(Duration::from_secs(2)),
+    );
+    v.containers[0].id = None;
+    let (_tx, rx) = watch::channel(Some(v));
+    let settings = fast_settings();
+    let t = Instant::now();
+    let report = run_drain(&admin, procs, rx, CancellationToken::new(), &settings).await;
+    let quit_after = admin.quit_at().expect("quit").duration_since(t);
+    assert_eq!(report.outcome, DrainOutcome::Deadline, "{report:#?}");
+    assert_eq!(report.quit_reason, Some(QuitReason::OutOfTime));
+    assert!(
+        quit_after >= Duration::from_millis(1700),
+        "no quit before the deadline: {quit_after:?}"
+    );
+    drop((sandbox, proxy));
 }

@@ -1,0 +1,13 @@
+//! The wire types: the `/status` document's rows, phases, outcomes and reports, and their serde
+//! helpers. A leaf: it imports nothing from the agent, so the agent, the status API and
+//! `holdfast status` all depend on it and it depends on none of them.
+
+pub mod reports;
+pub mod status;
+pub mod time;
+
+pub use reports::{
+    DirectionCounts, DrainOutcome, DrainReport, FilterCounts, FinishedBy, IdleReason, JobOutcome,
+    JobReport, QuitReason, TimestampMeaning, DEFAULT_STAT_PREFIX,
+};
+pub use status::{HoldOutcome, HoldRecord, Phase, PodStatus};

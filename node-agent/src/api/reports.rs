@@ -1,0 +1,242 @@
+//! What a drain and a Job quit did, as the `/status` document reports it.
+
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+use super::time::{ms, opt_ms};
+
+/// How a drain ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DrainOutcome {
+    /// The app exited and nothing was in flight: the proxy was quit (or had just exited).
+    AppDone,
+    /// The deadline came first: the proxy was quit with the app (or traffic) still there.
+    Deadline,
+    /// Envoy exited while the app still ran: the mesh's drain duration is shorter than the
+    /// app's shutdown (see [`DrainReport::advice`]).
+    ProxyGoneEarly,
+    /// The pod vanished from the source (the kubelet finished it) before the drain did.
+    PodGone,
+    /// The agent is stopping; the next agent drains again.
+    AgentStopping,
+}
+
+impl DrainOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DrainOutcome::AppDone => "app-done",
+            DrainOutcome::Deadline => "deadline",
+            DrainOutcome::ProxyGoneEarly => "proxy-gone-early",
+            DrainOutcome::PodGone => "pod-gone",
+            DrainOutcome::AgentStopping => "agent-stopping",
+        }
+    }
+}
+
+/// What ended the wait for in-flight traffic when the proxy was quit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum QuitReason {
+    /// The filter's counts said nothing is in flight.
+    Idle(IdleReason),
+    /// The filter is not installed: the app's exit alone decided.
+    NoFilter,
+    /// The counts could not be read; the app's exit alone decided.
+    StatsUnavailable,
+    /// The deadline (drain) or the bounded wait (Job) ran out.
+    OutOfTime,
+}
+
+/// What one drain did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DrainReport {
+    pub outcome: DrainOutcome,
+    #[serde(with = "super::time::rfc3339")]
+    pub started_at: SystemTime,
+    /// The drain's deadline (`None`: beyond reach).
+    #[serde(with = "super::time::rfc3339::option", default)]
+    pub deadline_at: Option<SystemTime>,
+    pub deadline_meaning: TimestampMeaning,
+    /// `POST /drain_listeners?inboundonly&graceful` succeeded.
+    pub inbound_drained: bool,
+    /// `POST /healthcheck/fail` succeeded.
+    pub health_failed: bool,
+    /// When the app's last process exit was seen (or the app was otherwise seen gone).
+    #[serde(with = "super::time::rfc3339::option", default)]
+    pub app_gone_at: Option<SystemTime>,
+    #[serde(with = "super::time::rfc3339::option", default)]
+    pub quit_sent_at: Option<SystemTime>,
+    pub quit_reason: Option<QuitReason>,
+    /// When the admin API stopped answering after the quit.
+    #[serde(with = "super::time::rfc3339::option", default)]
+    pub proxy_exit_seen_at: Option<SystemTime>,
+    /// From the app gone to the quit sent.
+    #[serde(with = "opt_ms", default, rename = "app_gone_to_quit_ms")]
+    pub app_gone_to_quit: Option<Duration>,
+    /// From the app gone to the admin API gone.
+    #[serde(with = "opt_ms", default, rename = "app_gone_to_proxy_exit_ms")]
+    pub app_gone_to_proxy_exit: Option<Duration>,
+    #[serde(with = "ms", rename = "elapsed_ms")]
+    pub elapsed: Duration,
+    /// App processes seen during the drain, and alive when it ended.
+    pub app_processes_seen: usize,
+    pub app_processes_left: usize,
+    /// Whether the filter's stats were present (`None`: never read).
+    pub filter_present: Option<bool>,
+    /// The last counts read.
+    pub last_counts: Option<FilterCounts>,
+    /// Admin errors and other problems (at most 10 kept; `error_count` counts all).
+    pub errors: Vec<String>,
+    pub error_count: usize,
+    /// Advice for the operator, when the outcome calls for a configuration change.
+    pub advice: Option<String>,
+}
+
+/// How a Job watch ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum JobOutcome {
+    /// The app finished for good and the proxy was quit: the pod completes.
+    Completed,
+    /// The app finished for good, but the proxy had already exited.
+    ProxyAlreadyGone,
+    /// `restartPolicy: Always` (or unknown): the kubelet restarts the app; nothing to do.
+    NotAJob,
+    /// The pod is being deleted: the drain takes over.
+    Deleting,
+    /// The pod vanished from the source.
+    PodGone,
+    /// The agent is stopping.
+    AgentStopping,
+}
+
+impl JobOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobOutcome::Completed => "completed",
+            JobOutcome::ProxyAlreadyGone => "proxy-already-gone",
+            JobOutcome::NotAJob => "not-a-job",
+            JobOutcome::Deleting => "deleting",
+            JobOutcome::PodGone => "pod-gone",
+            JobOutcome::AgentStopping => "agent-stopping",
+        }
+    }
+}
+
+/// Which signal said the app finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FinishedBy {
+    /// The kubelet's container statuses.
+    Status,
+    /// procfs: every app process gone (`restartPolicy: Never` only).
+    Procfs,
+}
+
+/// What one Job watch did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobReport {
+    pub outcome: JobOutcome,
+    pub finished_by: Option<FinishedBy>,
+    /// When the app's last process exit was seen (or the app was seen finished).
+    #[serde(with = "super::time::rfc3339::option", default)]
+    pub app_finished_at: Option<SystemTime>,
+    #[serde(with = "super::time::rfc3339::option", default)]
+    pub quit_sent_at: Option<SystemTime>,
+    pub quit_reason: Option<QuitReason>,
+    #[serde(with = "super::time::rfc3339::option", default)]
+    pub proxy_exit_seen_at: Option<SystemTime>,
+    #[serde(with = "opt_ms", default, rename = "app_finished_to_quit_ms")]
+    pub app_finished_to_quit: Option<Duration>,
+    pub errors: Vec<String>,
+    pub error_count: usize,
+}
+
+/// One direction's counts; `None` when the stat was absent or garbage.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DirectionCounts {
+    pub cx_active: Option<u64>,
+    pub bytes_total: Option<u64>,
+}
+
+/// The filter's counts in one `/stats` sample.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FilterCounts {
+    pub inbound: DirectionCounts,
+    pub outbound: DirectionCounts,
+    pub unknown: DirectionCounts,
+}
+
+/// Why nothing is in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "reason")]
+pub enum IdleReason {
+    /// No outbound connection is open.
+    NoOutboundConnections,
+    /// Connections may be open, but no byte moved in any direction for at least this long.
+    NoBytesMoved {
+        #[serde(rename = "for_ms", with = "ms")]
+        idle_for: Duration,
+    },
+}
+
+/// How `deletionTimestamp` was read (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TimestampMeaning {
+    /// The timestamp is when the kubelet kills (API-server convention).
+    KillTime,
+    /// The timestamp is when deletion was requested; the kill comes one grace period later.
+    RequestTime,
+}
+
+/// The filter's stat prefix as Envoy's `/stats` shows it (the filter's `holdfast` prefix inside
+/// Envoy's `wasmcustom.` namespace for wasm-defined metrics).
+pub const DEFAULT_STAT_PREFIX: &str = "wasmcustom.holdfast";
+
+impl DrainReport {
+    /// An empty report (nothing done yet) of a drain started at `started_at`.
+    pub fn new(outcome: DrainOutcome, started_at: SystemTime) -> DrainReport {
+        DrainReport {
+            outcome,
+            started_at,
+            deadline_at: None,
+            deadline_meaning: TimestampMeaning::RequestTime,
+            inbound_drained: false,
+            health_failed: false,
+            app_gone_at: None,
+            quit_sent_at: None,
+            quit_reason: None,
+            proxy_exit_seen_at: None,
+            app_gone_to_quit: None,
+            app_gone_to_proxy_exit: None,
+            elapsed: Duration::ZERO,
+            app_processes_seen: 0,
+            app_processes_left: 0,
+            filter_present: None,
+            last_counts: None,
+            errors: Vec::new(),
+            error_count: 0,
+            advice: None,
+        }
+    }
+}
+
+impl JobReport {
+    /// An empty report (nothing done yet).
+    pub fn new(outcome: JobOutcome) -> JobReport {
+        JobReport {
+            outcome,
+            finished_by: None,
+            app_finished_at: None,
+            quit_sent_at: None,
+            quit_reason: None,
+            proxy_exit_seen_at: None,
+            app_finished_to_quit: None,
+            errors: Vec::new(),
+            error_count: 0,
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! The per-pod rows of the `/status` document: phases, what the hold did, the row itself.
+
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+
+use super::reports::{DrainReport, JobReport};
+use super::time::rfc3339;
+
+/// Lifecycle phase of a tracked pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    /// Tracked, but no process of the pod exists yet (no network namespace to act in).
+    WaitingForNetns,
+    /// The app's new connections are held until the proxy is ready.
+    Holding,
+    /// The proxy is ready and nothing is held.
+    Ready,
+    /// The pod is being deleted; inbound is drained and the app watched.
+    Draining,
+    /// The agent asked the proxy to exit.
+    Quitting,
+    /// Nothing left to do for this pod.
+    Done,
+    /// The pod has the proxy container but holdfast leaves it alone (see `skipped_reason`).
+    Skipped,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::WaitingForNetns => "waiting-for-netns",
+            Phase::Holding => "holding",
+            Phase::Ready => "ready",
+            Phase::Draining => "draining",
+            Phase::Quitting => "quitting",
+            Phase::Done => "done",
+            Phase::Skipped => "skipped",
+        }
+    }
+}
+
+/// Why a hold ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HoldOutcome {
+    /// The proxy became ready.
+    Ready,
+    /// The hold deadline passed first (fail open).
+    Deadline,
+    /// The pod was deleted while held.
+    PodDeleted,
+    /// The agent stopped while holding; the rule stays for the next agent, which adopts it.
+    AgentStopped,
+    /// The hold could not be set up or released cleanly; traffic flows as without the agent.
+    Failed,
+}
+
+impl HoldOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HoldOutcome::Ready => "ready",
+            HoldOutcome::Deadline => "deadline",
+            HoldOutcome::PodDeleted => "pod-deleted",
+            HoldOutcome::AgentStopped => "agent-stopped",
+            HoldOutcome::Failed => "failed",
+        }
+    }
+}
+
+/// What the startup hold did for one pod.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HoldRecord {
+    /// When the hold rule went in (or was adopted from a previous agent).
+    #[serde(with = "rfc3339::option", default)]
+    pub started_at: Option<SystemTime>,
+    /// When the hold was released.
+    #[serde(with = "rfc3339::option", default)]
+    pub released_at: Option<SystemTime>,
+    /// Packets (SYNs, including retransmissions) held.
+    pub packets_held: u64,
+    /// Distinct connections held.
+    pub connections_held: u64,
+    /// Time from seeing the proxy ready to every held packet accepted, in milliseconds.
+    pub ready_to_release_ms: Option<f64>,
+    /// True when this agent took over a hold left by a previous agent.
+    pub adopted: bool,
+    /// True when an app container was already running when the hold went in: the agent was
+    /// late, and the app's earliest connections may have met the proxy unheld.
+    #[serde(default)]
+    pub late: bool,
+    /// Why the hold ended; `None` while holding.
+    pub outcome: Option<HoldOutcome>,
+}
+
+/// One row of the board.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PodStatus {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub phase: Phase,
+    /// When the agent first saw the pod.
+    #[serde(with = "rfc3339")]
+    pub tracked_since: SystemTime,
+    /// `None` when the proxy was already ready when the pod was first seen (no hold needed).
+    pub hold: Option<HoldRecord>,
+    /// What the drain did, once the pod was deleted.
+    #[serde(default)]
+    pub drain: Option<DrainReport>,
+    /// What the Job completion did, for a finished Job.
+    #[serde(default)]
+    pub job: Option<JobReport>,
+    /// Problems worth an operator's attention (invalid annotations, admin API errors...).
+    pub last_error: Option<String>,
+    /// Why a pod in phase `skipped` is left alone (gateway, native sidecar, TPROXY...).
+    #[serde(default)]
+    pub skipped_reason: Option<String>,
+}

@@ -1,0 +1,407 @@
+//! The thin driver of one pod's [`machine`]: turns the outside world into inputs (pod updates,
+//! netns lookups, readiness checks, the hold's and the executors' results, timers, the agent
+//! stopping) and performs the machine's effects. It decides nothing: what happens next is the
+//! machine's; how a drain or Job watch runs is `agent::drain`'s (the effect executors).
+//!
+//! Runs inside the pod's tracing span (`pod`, `uid`), so no line repeats the pod.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use super::machine::{self, Effect, Input, Now, PodFacts, Released, Seen, State, Timer};
+use super::record::Recorder;
+use crate::agent::drain::{self, DrainCtx, PodProcsSource};
+use crate::agent::pod_procs::NetnsLookup;
+use crate::agent::readiness::{Readiness, ReadinessProbe};
+use crate::agent::Shared;
+use crate::envoy_admin::AdminClient;
+use crate::hold::{HoldConfig, HoldQueue};
+use crate::netns::PodNetns;
+use crate::pod::{PodKey, PodView};
+
+/// How long a gone pod's row stays on the status board.
+const GONE_ROW_RETENTION: Duration = Duration::from_secs(300);
+/// How often the held counts are copied to the status board.
+const STATUS_EVERY: Duration = Duration::from_millis(250);
+
+type Executor = Pin<Box<dyn Future<Output = Input> + Send>>;
+
+/// Runs one pod's lifecycle until it is gone or the agent stops.
+pub(crate) async fn run(shared: Arc<Shared>, view: watch::Receiver<Option<PodView>>) {
+    let Some(first) = view.borrow().clone() else {
+        return;
+    };
+    let rec = Recorder {
+        key: first.key.clone(),
+        board: shared.board.clone(),
+        metrics: shared.metrics.clone(),
+        events: shared.events.clone(),
+    };
+    let problems = Some(first.overrides.problems.join("; ")).filter(|p| !p.is_empty());
+    rec.start(problems);
+    let (quit_tx, quit_rx) = mpsc::unbounded_channel();
+    let mut d = Driver {
+        key: first.key.clone(),
+        shared,
+        view,
+        rec,
+        netns: None,
+        probe: None,
+        queue: None,
+        timers: HashMap::new(),
+        executor: None,
+        quit_tx,
+        quit_rx,
+        pending: VecDeque::new(),
+        last_progress: Instant::now(),
+    };
+    let ready_poll = d.shared.config.hold.ready_poll;
+    let (state, fx) = State::new(PodFacts::of(&first), ready_poll, now());
+    let gone = d.drive(state, fx).await;
+    if gone {
+        // Keep the finished row a while, so `holdfast status` still shows how the pod's drain
+        // went after it is gone.
+        let board = d.shared.board.clone();
+        let key = d.key.clone();
+        tracing::info!("pod gone; no longer tracked");
+        tokio::spawn(async move {
+            tokio::time::sleep(GONE_ROW_RETENTION).await;
+            board.remove_if_uid(&key.namespace, &key.name, &key.uid);
+        });
+    }
+}
+
+fn now() -> Now {
+    Now {
+        mono: Instant::now().into_std(),
+        wall: std::time::SystemTime::now(),
+    }
+}
+
+struct Driver {
+    key: PodKey,
+    shared: Arc<Shared>,
+    view: watch::Receiver<Option<PodView>>,
+    rec: Recorder,
+    netns: Option<PodNetns>,
+    probe: Option<ReadinessProbe>,
+    queue: Option<HoldQueue>,
+    timers: HashMap<Timer, Instant>,
+    executor: Option<Executor>,
+    quit_tx: mpsc::UnboundedSender<()>,
+    quit_rx: mpsc::UnboundedReceiver<()>,
+    /// Answers of performed effects, fed to the machine in order.
+    pending: VecDeque<Input>,
+    last_progress: Instant,
+}
+
+impl Driver {
+    /// Steps the machine until it exits. Returns whether the pod is gone (not the agent
+    /// stopping).
+    async fn drive(&mut self, mut state: State, fx: Vec<Effect>) -> bool {
+        let mut exited = self.perform(fx).await;
+        let mut stop_sent = false;
+        let mut view_closed = false;
+        let stop = self.shared.stop.clone();
+        while !exited {
+            let input = match self.pending.pop_front() {
+                Some(input) => input,
+                None => {
+                    let next_timer = self
+                        .timers
+                        .iter()
+                        .min_by_key(|(_, at)| **at)
+                        .map(|(t, at)| (*t, *at));
+                    let has_executor = self.executor.is_some();
+                    let executor = self.executor.as_mut();
+                    let mut executor_done = false;
+                    let input = tokio::select! {
+                        biased;
+                        _ = stop.cancelled(), if !stop_sent => {
+                            stop_sent = true;
+                            Input::AgentStop
+                        }
+                        Some(()) = self.quit_rx.recv() => Input::QuitStarted,
+                        input = async { executor.expect("guarded").await }, if has_executor => {
+                            executor_done = true;
+                            input
+                        }
+                        changed = self.view.changed(), if !view_closed => {
+                            let facts = match changed {
+                                Ok(()) => self.view.borrow_and_update().as_ref().map(PodFacts::of),
+                                Err(_) => None,
+                            };
+                            view_closed = facts.is_none();
+                            Input::Pod(facts)
+                        }
+                        timer = async {
+                            match next_timer {
+                                Some((t, at)) => {
+                                    tokio::time::sleep_until(at).await;
+                                    t
+                                }
+                                None => std::future::pending().await,
+                            }
+                        } => {
+                            self.timers.remove(&timer);
+                            Input::Timer(timer)
+                        }
+                    };
+                    if executor_done {
+                        self.executor = None;
+                    }
+                    input
+                }
+            };
+            let fx;
+            (state, fx) = machine::step(state, input, now());
+            exited = self.perform(fx).await;
+        }
+        state.pod.is_none()
+    }
+
+    /// Performs effects in order; returns true on `Exit`.
+    async fn perform(&mut self, effects: Vec<Effect>) -> bool {
+        let mut exit = false;
+        for effect in effects {
+            match effect {
+                Effect::SetPhase(p) => self.rec.phase(p),
+                Effect::Record(o) => self.rec.outcome(&o),
+                Effect::Problem(m) => self.rec.problem(m),
+                Effect::Exit => exit = true,
+                Effect::Schedule(t, at) => {
+                    self.timers.insert(t, Instant::from_std(at));
+                }
+                Effect::LookForNetns => {
+                    let answer = self.look_for_netns().await;
+                    self.pending.push_back(answer);
+                }
+                Effect::CheckReadiness => {
+                    let seen = self.check_readiness().await;
+                    self.pending.push_back(Input::Readiness(seen));
+                }
+                Effect::RemoveLeftoverHold => self.remove_leftover().await,
+                Effect::InstallHold { fresh } => {
+                    let answer = self.install_hold(fresh).await;
+                    self.pending.push_back(answer);
+                }
+                Effect::SetPassThrough(on) => {
+                    if let Some(q) = &self.queue {
+                        q.set_pass_through(on);
+                    }
+                }
+                Effect::ReleaseHold { ready_at } => {
+                    let answer = self.release(ready_at).await;
+                    self.pending.push_back(answer);
+                }
+                Effect::LeaveHoldForSuccessor => {
+                    // Closing the queue leaves the rule: the next agent adopts it (see
+                    // `agent::run`).
+                    if let Some(q) = self.queue.take() {
+                        tracing::info!(
+                            held = q.held().connections,
+                            "leaving the hold for the next agent"
+                        );
+                    }
+                }
+                Effect::StartJobWatch => self.start_executor(false),
+                Effect::StartDrain => self.start_executor(true),
+            }
+        }
+        exit
+    }
+
+    async fn look_for_netns(&mut self) -> Input {
+        match self.shared.procs.find_netns(&self.key.uid).await {
+            NetnsLookup::NotYet => Input::NetnsNotYet,
+            NetnsLookup::Refused(why) => Input::NetnsRefused(why),
+            NetnsLookup::Found { pid, netns } => {
+                let id = netns.id();
+                if self.netns.as_ref().map(PodNetns::id) != Some(id) {
+                    tracing::info!(pid, netns = ?id, "found the pod's network namespace");
+                    self.probe = self.make_probe(&netns);
+                    self.netns = Some(netns);
+                }
+                Input::NetnsFound { netns: id }
+            }
+        }
+    }
+
+    fn make_probe(&self, netns: &PodNetns) -> Option<ReadinessProbe> {
+        let cfg = &self.shared.config;
+        let admin_addr = self.admin_addr();
+        match ReadinessProbe::new(
+            netns,
+            admin_addr,
+            &cfg.proxy,
+            &cfg.hold,
+            &self.shared.metrics,
+        ) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                self.rec
+                    .problem(format!("cannot reach the pod's network namespace: {e}"));
+                None
+            }
+        }
+    }
+
+    fn admin_addr(&self) -> std::net::SocketAddr {
+        let proxy = &self.shared.config.proxy;
+        self.view
+            .borrow()
+            .as_ref()
+            .map_or(proxy.admin, |v| v.admin_addr(proxy))
+    }
+
+    async fn check_readiness(&mut self) -> Seen {
+        if let Some(q) = &self.queue {
+            if self.last_progress.elapsed() >= STATUS_EVERY {
+                self.last_progress = Instant::now();
+                let held = q.held();
+                self.rec.hold_progress(held.packets, held.connections);
+            }
+        }
+        match &self.probe {
+            // No way to look: act as without the agent (no hold).
+            None => Seen::Ready,
+            Some(p) => match p.check().await {
+                Readiness::Ready => Seen::Ready,
+                Readiness::PortsClosed => Seen::Down,
+                Readiness::NotLive | Readiness::FilterNotLoaded => Seen::Up,
+            },
+        }
+    }
+
+    fn hold_config(&self) -> Option<HoldConfig> {
+        let view = self.view.borrow().clone()?;
+        Some(HoldConfig::for_pod(&self.shared.config, &view))
+    }
+
+    async fn remove_leftover(&mut self) {
+        let (Some(netns), Some(cfg)) = (&self.netns, self.hold_config()) else {
+            return;
+        };
+        match blocking(netns, cfg, |ns, c| HoldQueue::remove_leftover(&ns, &c)).await {
+            Ok(true) => tracing::info!("removed a hold rule left by a previous agent"),
+            Ok(false) => {}
+            Err(e) => self
+                .rec
+                .problem(format!("removing a leftover hold rule failed: {e}")),
+        }
+    }
+
+    async fn install_hold(&mut self, fresh: bool) -> Input {
+        let (Some(netns), Some(cfg)) = (&self.netns, self.hold_config()) else {
+            return Input::HoldFailed("the pod's network namespace is not known".into());
+        };
+        let result = blocking(netns, cfg, move |ns, c| {
+            if fresh {
+                HoldQueue::start_fresh(&ns, &c).map(|q| (q, false))
+            } else {
+                HoldQueue::start_or_adopt(&ns, &c)
+            }
+        })
+        .await;
+        match result {
+            Ok((queue, adopted)) => {
+                self.queue = Some(queue);
+                let late = !adopted && self.app_running().await;
+                Input::HoldSetUp { adopted, late }
+            }
+            Err(e) => Input::HoldFailed(e),
+        }
+    }
+
+    async fn release(&mut self, ready_at: Option<std::time::Instant>) -> Input {
+        let Some(queue) = self.queue.take() else {
+            return Input::ReleaseFailed("no hold to release".into());
+        };
+        let release_started = Instant::now().into_std();
+        match tokio::task::spawn_blocking(move || queue.release()).await {
+            Ok(Ok(report)) => Input::HoldReleased(Released {
+                connections: report.stats.connections,
+                packets: report.stats.packets,
+                // Held connections go at the accept verdict; the rule removal follows it.
+                ready_to_release: ready_at
+                    .map(|t| release_started.saturating_duration_since(t) + report.verdict_after),
+            }),
+            Ok(Err(e)) => Input::ReleaseFailed(e.to_string()),
+            Err(e) => Input::ReleaseFailed(format!("the release task failed: {e}")),
+        }
+    }
+
+    /// Whether a process of an app container (not the sandbox, not the proxy) exists now.
+    async fn app_running(&mut self) -> bool {
+        let Some(view) = self.view.borrow().clone() else {
+            return false;
+        };
+        let app_ids: Vec<String> = view.app_containers().filter_map(|c| c.id.clone()).collect();
+        let procs = self.shared.procs.of_pod(&self.key.uid).await;
+        procs.iter().any(|p| {
+            p.container_id
+                .as_ref()
+                .is_some_and(|id| app_ids.iter().any(|a| a == id))
+        })
+    }
+
+    /// Starts the drain (`drain`) or the Job watch as the running executor.
+    fn start_executor(&mut self, drain: bool) {
+        let admin = match self.netns.as_ref().map(PodNetns::try_clone) {
+            Some(Ok(ns)) => {
+                let t = self.shared.config.drain.admin_timeout;
+                AdminClient::in_netns(ns, self.admin_addr())
+                    .with_timeouts(t, t)
+                    .with_error_metric(self.shared.metrics.admin_errors.clone())
+            }
+            other => {
+                let why = match other {
+                    Some(Err(e)) => e.to_string(),
+                    _ => "the pod's network namespace is not known".into(),
+                };
+                self.rec.problem(format!(
+                    "cannot keep a handle on the pod's network namespace: {why}"
+                ));
+                return;
+            }
+        };
+        let key = self.key.clone();
+        let shared = self.shared.clone();
+        let view = self.view.clone();
+        let quit = self.quit_tx.clone();
+        self.executor = Some(Box::pin(async move {
+            let ctx = DrainCtx {
+                key: &key,
+                admin: &admin,
+                processes: PodProcsSource::new(shared.procs.clone(), key.uid.clone()),
+                view,
+                stop: shared.stop.clone(),
+                settings: &shared.config.drain,
+                quit_started: Some(quit),
+            };
+            if drain {
+                Input::DrainFinished(Box::new(drain::drain(ctx).await))
+            } else {
+                Input::JobFinished(Box::new(drain::finish_job(ctx).await))
+            }
+        }));
+    }
+}
+
+/// Runs blocking hold work (iptables, netlink) off the async runtime.
+async fn blocking<T: Send + 'static>(
+    netns: &PodNetns,
+    cfg: HoldConfig,
+    f: impl FnOnce(PodNetns, HoldConfig) -> crate::hold::Result<T> + Send + 'static,
+) -> Result<T, String> {
+    let ns = netns.try_clone().map_err(|e| e.to_string())?;
+    tokio::task::spawn_blocking(move || f(ns, cfg).map_err(|e| e.to_string()))
+        .await
+        .map_err(|e| e.to_string())?
+}

@@ -1,0 +1,99 @@
+//! What the lifecycle machine knows about a pod (from its latest `PodView`), and the pure rules
+//! read from it: Job or not, finished, pass-through while init containers run, the netns poll
+//! backoff.
+
+use std::time::Duration;
+
+use crate::pod::{ContainerState, Deletion, PodView};
+
+/// What the machine needs to know about the pod, from its latest [`PodView`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodFacts {
+    pub deletion: Option<Deletion>,
+    pub restart_policy: RestartPolicy,
+    /// The app (non-proxy) containers: runtime id and state.
+    pub apps: Vec<(Option<String>, ContainerState)>,
+    /// The proxy container: runtime id and state (`None`: not in the spec).
+    pub proxy: Option<(Option<String>, ContainerState)>,
+    /// Every init container has completed (`PodView::init_done`).
+    pub init_done: bool,
+    /// This pod's hold deadline (annotation or flag).
+    pub hold_timeout: Duration,
+}
+
+/// `spec.restartPolicy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartPolicy {
+    Always,
+    OnFailure,
+    Never,
+}
+
+impl PodFacts {
+    pub fn of(view: &PodView) -> PodFacts {
+        PodFacts {
+            deletion: view.deletion,
+            restart_policy: match view.restart_policy.as_str() {
+                "Never" => RestartPolicy::Never,
+                "OnFailure" => RestartPolicy::OnFailure,
+                _ => RestartPolicy::Always,
+            },
+            apps: view
+                .app_containers()
+                .map(|c| (c.id.clone(), c.state))
+                .collect(),
+            proxy: view.proxy_container().map(|c| (c.id.clone(), c.state)),
+            init_done: view.init_done(),
+            hold_timeout: view.overrides.hold_timeout,
+        }
+    }
+
+    /// A Job-like pod: the kubelet does not restart an app that finished (well).
+    pub fn is_job(&self) -> bool {
+        self.restart_policy != RestartPolicy::Always
+    }
+
+    /// Every container, the proxy included, has terminated: the pod is finished (phase
+    /// Succeeded/Failed) and there is nothing left to hold, drain or quit.
+    pub fn finished(&self) -> bool {
+        let terminated = |s: &ContainerState| matches!(s, ContainerState::Terminated { .. });
+        !self.apps.is_empty()
+            && self.apps.iter().all(|(_, s)| terminated(s))
+            && self.proxy.as_ref().is_none_or(|(_, s)| terminated(s))
+    }
+
+    /// The proxy's container id while it runs.
+    pub fn running_proxy(&self) -> Option<&str> {
+        match &self.proxy {
+            Some((Some(id), ContainerState::Running)) => Some(id),
+            _ => None,
+        }
+    }
+
+    /// Some app container runs or waits to run again: the app is not finished.
+    pub fn app_may_run(&self) -> bool {
+        self.apps
+            .iter()
+            .any(|(_, s)| !matches!(s, ContainerState::Terminated { .. }))
+    }
+}
+
+/// Held packets pass (are accepted at once) while the pod's init containers run: what they send
+/// is never held (issue 10 item 4). One function, so the init-container rules can grow here.
+pub fn pass_through(pod: &PodFacts) -> bool {
+    !pod.init_done
+}
+
+/// How long to wait before looking for the netns of a pod with no process yet: every 5 ms for
+/// the first second after the pod was (re)seen (a new sandbox appears within that), then backing
+/// off gently (20 ms to 5 s, 100 ms to 30 s) to 500 ms, so a pod whose sandbox does not come
+/// (CNI trouble, a stuck node) costs ~nothing while one that is merely slow on a loaded node is
+/// still found well before its init containers end. Any pod update resets it.
+pub fn netns_poll_after(waiting: Duration) -> Duration {
+    match waiting.as_millis() {
+        0..1_000 => Duration::from_millis(5),
+        1_000..5_000 => Duration::from_millis(20),
+        5_000..30_000 => Duration::from_millis(100),
+        _ => Duration::from_millis(500),
+    }
+}

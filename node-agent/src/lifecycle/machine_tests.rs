@@ -1,0 +1,604 @@
+//! The machine's transition table: each case is a script of inputs and the effects each one
+//! must produce (by kind), from a pod's first sighting to its end.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use k8s_openapi::jiff::Timestamp;
+
+use super::*;
+use crate::agent::drain::app_exit::{AppContainer, AppSnapshot};
+use crate::agent::drain::plan::DrainPlan;
+use crate::api::{DrainReport, FinishedBy, JobOutcome, JobReport};
+use crate::pod::{ContainerState, Deletion};
+
+const POLL: Duration = Duration::from_millis(5);
+const HOLD: Duration = Duration::from_secs(120);
+
+fn ns(ino: u64) -> NetnsId {
+    NetnsId { dev: 4, ino }
+}
+
+fn running(id: &str) -> (Option<String>, ContainerState) {
+    (Some(id.into()), ContainerState::Running)
+}
+
+fn waiting() -> (Option<String>, ContainerState) {
+    (None, ContainerState::Waiting)
+}
+
+fn terminated(id: &str, code: i32) -> (Option<String>, ContainerState) {
+    (
+        Some(id.into()),
+        ContainerState::Terminated { exit_code: code },
+    )
+}
+
+fn pod(policy: RestartPolicy) -> PodFacts {
+    PodFacts {
+        deletion: None,
+        restart_policy: policy,
+        apps: vec![running("app-1")],
+        proxy: Some(running("proxy-1")),
+        init_done: true,
+        hold_timeout: HOLD,
+    }
+}
+
+fn deleted(mut p: PodFacts) -> PodFacts {
+    p.deletion = Some(Deletion {
+        timestamp: Timestamp::from_second(1_795_327_237).expect("timestamp"),
+        grace: Duration::from_secs(30),
+    });
+    p
+}
+
+fn drain_report(outcome: DrainOutcome) -> Box<DrainReport> {
+    Box::new(DrainReport::new(outcome, SystemTime::UNIX_EPOCH))
+}
+
+fn job_report(outcome: JobOutcome) -> Box<JobReport> {
+    let mut r = JobReport::new(outcome);
+    r.finished_by = Some(FinishedBy::Procfs);
+    Box::new(r)
+}
+
+/// An effect as a short, comparable word.
+fn kind(e: &Effect) -> String {
+    match e {
+        Effect::SetPhase(p) => format!("phase:{}", p.as_str()),
+        Effect::LookForNetns => "look".into(),
+        Effect::Schedule(t, _) => format!("timer:{t:?}"),
+        Effect::CheckReadiness => "check".into(),
+        Effect::RemoveLeftoverHold => "remove-leftover".into(),
+        Effect::InstallHold { fresh } => format!("install(fresh={fresh})"),
+        Effect::SetPassThrough(on) => format!("pass-through:{on}"),
+        Effect::ReleaseHold { ready_at } => format!("release(ready={})", ready_at.is_some()),
+        Effect::LeaveHoldForSuccessor => "leave-hold".into(),
+        Effect::StartJobWatch => "job-watch".into(),
+        Effect::StartDrain => "drain".into(),
+        Effect::Record(Outcome::HoldStarted { adopted, late }) => {
+            format!("rec:hold-started(adopted={adopted},late={late})")
+        }
+        Effect::Record(Outcome::HoldEnded { outcome, .. }) => {
+            format!("rec:hold-{}", outcome.as_str())
+        }
+        Effect::Record(Outcome::Drain(r)) => format!("rec:drain-{}", r.outcome.as_str()),
+        Effect::Record(Outcome::Job(r)) => format!("rec:job-{}", r.outcome.as_str()),
+        Effect::Problem(_) => "problem".into(),
+        Effect::Exit => "exit".into(),
+    }
+}
+
+struct Run {
+    state: State,
+    now: Instant,
+}
+
+impl Run {
+    fn start(p: PodFacts, expect: &[&str]) -> Run {
+        let now = Instant::now();
+        let (state, fx) = State::new(
+            p,
+            POLL,
+            Now {
+                mono: now,
+                wall: SystemTime::now(),
+            },
+        );
+        assert_eq!(fx.iter().map(kind).collect::<Vec<_>>(), expect, "start");
+        Run { state, now }
+    }
+
+    fn feed(&mut self, input: Input) -> Vec<Effect> {
+        let (state, fx) = step(
+            self.state.clone(),
+            input,
+            Now {
+                mono: self.now,
+                wall: SystemTime::now(),
+            },
+        );
+        self.state = state;
+        fx
+    }
+
+    /// Feeds each input and checks the effects' kinds.
+    fn script(&mut self, name: &str, steps: Vec<(Input, &[&str])>) {
+        for (i, (input, expect)) in steps.into_iter().enumerate() {
+            let what = format!("{name}: step {i} ({input:?})");
+            let fx = self.feed(input);
+            assert_eq!(fx.iter().map(kind).collect::<Vec<_>>(), expect, "{what}");
+        }
+    }
+}
+
+const START: &[&str] = &["phase:waiting-for-netns", "look"];
+
+/// Up to a held pod (fresh netns, proxy not up yet).
+fn holding(p: PodFacts) -> Run {
+    let mut r = Run::start(p, START);
+    r.script(
+        "to holding",
+        vec![
+            (Input::NetnsNotYet, &["timer:NetnsPoll"]),
+            (Input::Timer(Timer::NetnsPoll), &["look"]),
+            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (Input::Readiness(Seen::Down), &["install(fresh=true)"]),
+            (
+                Input::HoldSetUp {
+                    adopted: false,
+                    late: false,
+                },
+                &[
+                    "rec:hold-started(adopted=false,late=false)",
+                    "phase:holding",
+                    "timer:HoldDeadline",
+                    "check",
+                ],
+            ),
+            (Input::Readiness(Seen::Up), &["timer:ReadinessPoll"]),
+            (Input::Timer(Timer::ReadinessPoll), &["check"]),
+        ],
+    );
+    r
+}
+
+#[test]
+fn hold_ready_drain_app_done() {
+    let mut r = holding(pod(RestartPolicy::Always));
+    r.script(
+        "normal life",
+        vec![
+            (Input::Readiness(Seen::Ready), &["release(ready=true)"]),
+            (
+                Input::HoldReleased(Released::default()),
+                &["rec:hold-ready", "phase:ready"],
+            ),
+            (Input::Pod(Some(pod(RestartPolicy::Always))), &[]),
+            (
+                Input::Pod(Some(deleted(pod(RestartPolicy::Always)))),
+                &["phase:draining", "drain"],
+            ),
+            (Input::QuitStarted, &["phase:quitting"]),
+            (
+                Input::DrainFinished(drain_report(DrainOutcome::AppDone)),
+                &["rec:drain-app-done", "phase:done"],
+            ),
+            (Input::Pod(None), &["phase:done", "exit"]),
+        ],
+    );
+}
+
+#[test]
+fn hold_deadline_releases_and_the_pod_runs_on() {
+    let mut r = holding(pod(RestartPolicy::Always));
+    r.script(
+        "deadline",
+        vec![
+            (Input::Timer(Timer::HoldDeadline), &["release(ready=false)"]),
+            // A late readiness answer changes nothing once releasing.
+            (Input::Readiness(Seen::Ready), &[]),
+            (
+                Input::HoldReleased(Released::default()),
+                &["rec:hold-deadline", "phase:ready"],
+            ),
+        ],
+    );
+}
+
+#[test]
+fn pod_deleted_or_gone_while_holding_releases_without_a_drain() {
+    let mut r = holding(pod(RestartPolicy::Always));
+    r.script(
+        "deleted",
+        vec![
+            (
+                Input::Pod(Some(deleted(pod(RestartPolicy::Always)))),
+                &["release(ready=false)"],
+            ),
+            (
+                Input::HoldReleased(Released::default()),
+                &["rec:hold-pod-deleted", "phase:done"],
+            ),
+            (Input::Pod(None), &["phase:done", "exit"]),
+        ],
+    );
+    let mut r = holding(pod(RestartPolicy::Always));
+    r.script(
+        "gone",
+        vec![
+            (Input::Pod(None), &["release(ready=false)"]),
+            (
+                Input::HoldReleased(Released::default()),
+                &["rec:hold-pod-deleted", "phase:done", "exit"],
+            ),
+        ],
+    );
+}
+
+#[test]
+fn agent_stop_while_holding_leaves_the_rule_for_the_successor() {
+    let mut r = holding(pod(RestartPolicy::Always));
+    r.script(
+        "stop",
+        vec![
+            (
+                Input::AgentStop,
+                &["leave-hold", "rec:hold-agent-stopped", "exit"],
+            ),
+            (Input::Readiness(Seen::Ready), &[]),
+        ],
+    );
+}
+
+#[test]
+fn an_agent_started_during_a_deletion_adopts_the_drain() {
+    for (seen, expect) in [
+        // Envoy answers but is not ready: it is draining (a previous agent failed its health
+        // check) — adopt the drain, never hold.
+        (
+            Seen::Up,
+            &["remove-leftover", "phase:draining", "drain"][..],
+        ),
+        (
+            Seen::Ready,
+            &["remove-leftover", "phase:draining", "drain"][..],
+        ),
+        // Envoy never came up: nothing to drain.
+        (Seen::Down, &["remove-leftover", "phase:done"][..]),
+    ] {
+        let mut r = Run::start(deleted(pod(RestartPolicy::Always)), START);
+        r.script(
+            "adopt",
+            vec![
+                // Not treated as gone: the netns is still looked for.
+                (Input::NetnsFound { netns: ns(1) }, &["check"]),
+                (Input::Readiness(seen), expect),
+            ],
+        );
+    }
+    // The deadline is the pod's (deletionTimestamp + grace), not "first seen + grace": two
+    // agents seeing the same deletion 3 s apart plan the same deadline.
+    let deletion = deleted(pod(RestartPolicy::Always))
+        .deletion
+        .expect("deletion");
+    let stamp = crate::agent::drain::plan::system_time(deletion.timestamp);
+    let first = DrainPlan::new(deletion, stamp + Duration::from_millis(10));
+    let successor = DrainPlan::new(deletion, stamp + Duration::from_secs(3));
+    assert_eq!(first.deadline, successor.deadline);
+    assert!(first.deadline.expect("deadline") < stamp + deletion.grace);
+}
+
+#[test]
+fn an_agent_started_during_a_job_adopts_the_wait() {
+    let mut r = Run::start(pod(RestartPolicy::Never), START);
+    r.script(
+        "job adopted",
+        vec![
+            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (
+                Input::Readiness(Seen::Ready),
+                &["remove-leftover", "phase:ready", "job-watch"],
+            ),
+            // Deleted during the wait: the Job executor hands over to the drain.
+            (
+                Input::JobFinished(job_report(JobOutcome::Deleting)),
+                &["phase:draining", "drain"],
+            ),
+        ],
+    );
+}
+
+#[test]
+fn proxy_already_ready_needs_no_hold() {
+    let mut r = Run::start(pod(RestartPolicy::Always), START);
+    r.script(
+        "ready",
+        vec![
+            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (
+                Input::Readiness(Seen::Ready),
+                &["remove-leftover", "phase:ready"],
+            ),
+            (Input::AgentStop, &["exit"]),
+        ],
+    );
+}
+
+#[test]
+fn jobs_by_restart_policy() {
+    for (policy, after_ready) in [
+        (
+            RestartPolicy::Always,
+            &["rec:hold-ready", "phase:ready"][..],
+        ),
+        (
+            RestartPolicy::Never,
+            &["rec:hold-ready", "phase:ready", "job-watch"][..],
+        ),
+        (
+            RestartPolicy::OnFailure,
+            &["rec:hold-ready", "phase:ready", "job-watch"][..],
+        ),
+    ] {
+        let mut r = holding(pod(policy));
+        r.script(
+            "job",
+            vec![
+                (Input::Readiness(Seen::Ready), &["release(ready=true)"]),
+                (Input::HoldReleased(Released::default()), after_ready),
+            ],
+        );
+        if policy != RestartPolicy::Always {
+            r.script(
+                "job completes",
+                vec![
+                    (Input::QuitStarted, &["phase:quitting"]),
+                    (
+                        Input::JobFinished(job_report(JobOutcome::Completed)),
+                        &["rec:job-completed", "phase:done"],
+                    ),
+                    // The proxy is gone: a later deletion is not drained.
+                    (Input::Pod(Some(deleted(pod(policy)))), &[]),
+                    (Input::Pod(None), &["phase:done", "exit"]),
+                ],
+            );
+        }
+    }
+}
+
+/// An app is finished only after it ran: a container still waiting (ContainerCreating, a slow
+/// image pull) is never "gone", for the Job quit or the drain's early quit.
+#[test]
+fn an_app_that_never_started_is_not_finished() {
+    let snapshot = |c: AppContainer| AppSnapshot {
+        live: 0,
+        containers: vec![("app".into(), c)],
+    };
+    for (c, done) in [
+        (AppContainer::NotStarted, false),
+        (AppContainer::Unseen, false),
+        (AppContainer::Live { pids: 1 }, false),
+        (AppContainer::Exited, true),
+        (AppContainer::Terminated { exit_code: 0 }, true),
+    ] {
+        let s = snapshot(c.clone());
+        assert_eq!(s.gone_for_drain(), done, "drain: {c:?}");
+        assert_eq!(s.all_exited(), done, "job: {c:?}");
+    }
+    // No app container at all is not "finished" either.
+    let none = AppSnapshot {
+        live: 0,
+        containers: vec![],
+    };
+    assert!(!none.gone_for_drain() && !none.all_exited());
+
+    // The machine itself never ends a waiting Job: only the executor's report does, and a pod
+    // whose app waits is not "finished".
+    let mut p = pod(RestartPolicy::Never);
+    p.apps = vec![waiting()];
+    assert!(!p.finished());
+    let mut r = holding(p.clone());
+    r.script(
+        "app waits",
+        vec![
+            (Input::Readiness(Seen::Ready), &["release(ready=true)"]),
+            (
+                Input::HoldReleased(Released::default()),
+                &["rec:hold-ready", "phase:ready", "job-watch"],
+            ),
+            (Input::Pod(Some(p.clone())), &[]),
+            // Deleted before the app ever started: the drain runs; its executor quits early
+            // only for an app that ran (above), so the deadline or the pod going ends it.
+            (
+                Input::JobFinished(job_report(JobOutcome::Deleting)),
+                &["phase:draining", "drain"],
+            ),
+            (
+                Input::DrainFinished(drain_report(DrainOutcome::PodGone)),
+                &["rec:drain-pod-gone", "phase:done", "exit"],
+            ),
+        ],
+    );
+}
+
+#[test]
+fn proxy_gone_early_is_recorded_as_such() {
+    let mut r = Run::start(deleted(pod(RestartPolicy::Always)), START);
+    r.script(
+        "proxy gone early",
+        vec![
+            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (
+                Input::Readiness(Seen::Ready),
+                &["remove-leftover", "phase:draining", "drain"],
+            ),
+            (Input::AgentStop, &[]),
+            (
+                Input::DrainFinished(drain_report(DrainOutcome::ProxyGoneEarly)),
+                &["rec:drain-proxy-gone-early", "phase:done", "exit"],
+            ),
+        ],
+    );
+}
+
+#[test]
+fn a_restarted_proxy_or_a_new_netns_is_held_again() {
+    let ready = |r: &mut Run| {
+        r.script(
+            "ready",
+            vec![
+                (Input::NetnsFound { netns: ns(1) }, &["check"]),
+                (
+                    Input::Readiness(Seen::Ready),
+                    &["remove-leftover", "phase:ready"],
+                ),
+            ],
+        )
+    };
+    // The proxy container restarted (new id) while the app runs.
+    let mut r = Run::start(pod(RestartPolicy::Always), START);
+    ready(&mut r);
+    let mut restarted = pod(RestartPolicy::Always);
+    restarted.proxy = Some(waiting());
+    r.script(
+        "proxy restart",
+        vec![
+            (
+                Input::Pod(Some(restarted)),
+                &["phase:waiting-for-netns", "look"],
+            ),
+            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (Input::Readiness(Seen::Down), &["install(fresh=false)"]),
+        ],
+    );
+    // The sandbox was recreated under the same uid: a new netns.
+    let mut r = Run::start(pod(RestartPolicy::Always), START);
+    ready(&mut r);
+    r.script(
+        "new netns",
+        vec![
+            (Input::NetnsFound { netns: ns(2) }, &["check"]),
+            (Input::Readiness(Seen::Down), &["install(fresh=true)"]),
+        ],
+    );
+}
+
+#[test]
+fn waiting_backs_off_and_a_pod_update_resets_it() {
+    assert_eq!(netns_poll_after(Duration::ZERO), Duration::from_millis(5));
+    assert_eq!(
+        netns_poll_after(Duration::from_millis(999)),
+        Duration::from_millis(5)
+    );
+    assert!(netns_poll_after(Duration::from_secs(2)) >= Duration::from_millis(20));
+    assert_eq!(
+        netns_poll_after(Duration::from_secs(60)),
+        Duration::from_millis(500)
+    );
+
+    let mut r = Run::start(pod(RestartPolicy::Always), START);
+    let scheduled = |fx: &[Effect], now: Instant| match fx {
+        [Effect::Schedule(Timer::NetnsPoll, at)] => *at - now,
+        other => panic!("expected one poll timer, got {other:?}"),
+    };
+    let fx = r.feed(Input::NetnsNotYet);
+    assert_eq!(scheduled(&fx, r.now), Duration::from_millis(5));
+    r.now += Duration::from_secs(30);
+    r.feed(Input::Timer(Timer::NetnsPoll));
+    let fx = r.feed(Input::NetnsNotYet);
+    assert_eq!(scheduled(&fx, r.now), Duration::from_millis(500));
+    // A pod update: look now, and poll fast again.
+    let fx = r.feed(Input::Pod(Some(pod(RestartPolicy::Always))));
+    assert_eq!(fx.iter().map(kind).collect::<Vec<_>>(), ["look"]);
+    let fx = r.feed(Input::NetnsNotYet);
+    assert_eq!(scheduled(&fx, r.now), Duration::from_millis(5));
+}
+
+#[test]
+fn a_finished_pod_is_not_waited_for() {
+    let mut r = Run::start(pod(RestartPolicy::Never), START);
+    let mut done = pod(RestartPolicy::Never);
+    done.apps = vec![terminated("app-1", 0)];
+    done.proxy = Some(terminated("proxy-1", 0));
+    r.script(
+        "finished",
+        vec![
+            (Input::NetnsNotYet, &["timer:NetnsPoll"]),
+            (Input::Pod(Some(done)), &["phase:done"]),
+            (Input::Timer(Timer::NetnsPoll), &[]),
+            (Input::Pod(None), &["phase:done", "exit"]),
+        ],
+    );
+    // An agent started after the pod completed: done at once, no netns search.
+    let mut done = pod(RestartPolicy::Never);
+    done.apps = vec![terminated("app-1", 0)];
+    done.proxy = Some(terminated("proxy-1", 0));
+    let mut r = Run::start(done, &["phase:done"]);
+    r.script("gone", vec![(Input::Pod(None), &["phase:done", "exit"])]);
+}
+
+#[test]
+fn held_packets_pass_while_init_containers_run() {
+    let mut p = pod(RestartPolicy::Always);
+    p.init_done = false;
+    let mut r = Run::start(p.clone(), START);
+    r.script(
+        "init",
+        vec![
+            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (Input::Readiness(Seen::Down), &["install(fresh=false)"]),
+            (
+                Input::HoldSetUp {
+                    adopted: false,
+                    late: true,
+                },
+                &[
+                    "rec:hold-started(adopted=false,late=true)",
+                    "phase:holding",
+                    "pass-through:true",
+                    "timer:HoldDeadline",
+                    "check",
+                ],
+            ),
+            (Input::Pod(Some(p.clone())), &[]),
+            (
+                Input::Pod(Some(pod(RestartPolicy::Always))),
+                &["pass-through:false"],
+            ),
+        ],
+    );
+}
+
+#[test]
+fn a_failed_hold_fails_open() {
+    let mut r = Run::start(pod(RestartPolicy::Always), START);
+    r.script(
+        "hold failed",
+        vec![
+            (Input::NetnsNotYet, &["timer:NetnsPoll"]),
+            (Input::Timer(Timer::NetnsPoll), &["look"]),
+            (
+                Input::NetnsRefused("host netns".into()),
+                &["problem", "timer:NetnsPoll"],
+            ),
+            (Input::Timer(Timer::NetnsPoll), &["look"]),
+            (
+                Input::NetnsRefused("host netns".into()),
+                &["timer:NetnsPoll"],
+            ),
+            (Input::Timer(Timer::NetnsPoll), &["look"]),
+            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (Input::Readiness(Seen::Down), &["install(fresh=true)"]),
+            (
+                Input::HoldFailed("no NFQUEUE".into()),
+                &[
+                    "remove-leftover",
+                    "rec:hold-failed",
+                    "problem",
+                    "phase:ready",
+                ],
+            ),
+        ],
+    );
+}

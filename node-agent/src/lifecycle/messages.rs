@@ -1,0 +1,118 @@
+//! The lifecycle machine's vocabulary: its inputs, effects, timers and the outcomes it hands to
+//! the recorder.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::api::{DrainReport, HoldOutcome, JobReport, Phase};
+use crate::netns::NetnsId;
+
+use super::facts::PodFacts;
+
+/// The clock, both ways: monotonic for timers, wall for reports.
+#[derive(Debug, Clone, Copy)]
+pub struct Now {
+    pub mono: Instant,
+    pub wall: SystemTime,
+}
+
+/// A readiness observation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    /// Ready: hold no longer needed.
+    Ready,
+    /// Envoy listens but is not ready (starting, or draining after a `/healthcheck/fail`).
+    Up,
+    /// Nothing listens on the proxy's ports.
+    Down,
+}
+
+/// What a release did, for the record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Released {
+    pub connections: u64,
+    pub packets: u64,
+    /// From the proxy seen ready to every held packet accepted.
+    pub ready_to_release: Option<Duration>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// The pod's latest view; `None`: gone from the source (or no longer tracked).
+    Pod(Option<PodFacts>),
+    NetnsNotYet,
+    NetnsFound {
+        netns: NetnsId,
+    },
+    NetnsRefused(String),
+    Readiness(Seen),
+    HoldSetUp {
+        adopted: bool,
+        late: bool,
+    },
+    HoldFailed(String),
+    HoldReleased(Released),
+    ReleaseFailed(String),
+    /// The drain or Job executor sent `/quitquitquit`.
+    QuitStarted,
+    JobFinished(Box<JobReport>),
+    DrainFinished(Box<DrainReport>),
+    Timer(Timer),
+    AgentStop,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Timer {
+    NetnsPoll,
+    ReadinessPoll,
+    HoldDeadline,
+}
+
+/// An outcome, for the recorder (board + metrics + Event + log, together).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    HoldStarted {
+        adopted: bool,
+        late: bool,
+    },
+    HoldEnded {
+        outcome: HoldOutcome,
+        released: Option<Released>,
+        held_for: Duration,
+        timeout: Duration,
+    },
+    Drain(Box<DrainReport>),
+    Job(Box<JobReport>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    SetPhase(Phase),
+    /// Look for the pod's netns once (answer: `NetnsNotYet`/`NetnsFound`/`NetnsRefused`).
+    LookForNetns,
+    Schedule(Timer, Instant),
+    /// One readiness observation (answer: `Readiness`).
+    CheckReadiness,
+    /// Remove a hold rule a previous agent may have left (the proxy is ready or the pod goes).
+    RemoveLeftoverHold,
+    /// Install the hold (`fresh`: the netns is new, nothing to adopt) (answer: `HoldSetUp` or
+    /// `HoldFailed`).
+    InstallHold {
+        fresh: bool,
+    },
+    SetPassThrough(bool),
+    /// Release every held connection (answer: `HoldReleased` or `ReleaseFailed`).
+    ReleaseHold {
+        ready_at: Option<Instant>,
+    },
+    /// Close the queue and leave the rule for the next agent (it adopts the hold).
+    LeaveHoldForSuccessor,
+    /// Watch a Job's app and quit its proxy once it finished (answer: `JobFinished`).
+    StartJobWatch,
+    /// Drain the deleted pod (answer: `QuitStarted`, then `DrainFinished`).
+    StartDrain,
+    Record(Outcome),
+    /// A problem for the row's `last_error` (and the log).
+    Problem(String),
+    /// Nothing left to do: the task ends.
+    Exit,
+}

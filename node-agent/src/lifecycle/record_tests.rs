@@ -1,0 +1,367 @@
+//! Every metric and every Event reason moves when its outcome happens: each test drives the
+//! machine through a pod's life, hands its effects to a [`Recorder`] with a real registry, board
+//! and a capturing event sink, and reads the rendered `/metrics` text.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use k8s_openapi::jiff::Timestamp;
+
+use super::*;
+use crate::api::{DrainOutcome, DrainReport, JobOutcome, JobReport};
+use crate::lifecycle::machine::{
+    step, Effect, Input, Now, PodFacts, Released, RestartPolicy, Seen, State, Timer,
+};
+use crate::metrics::MetricsHandle;
+use crate::netns::NetnsId;
+use crate::pod::{ContainerState, Deletion};
+
+struct Harness {
+    handle: MetricsHandle,
+    rec: Recorder,
+    events: tokio::sync::mpsc::UnboundedReceiver<(PodKey, Reason, String)>,
+    state: State,
+    now: Instant,
+}
+
+fn key() -> PodKey {
+    PodKey {
+        uid: "0b5c6d1e-1111-4222-8333-444455556666".into(),
+        namespace: "shop".into(),
+        name: "web-1".into(),
+    }
+}
+
+fn facts(policy: RestartPolicy, deleting: bool) -> PodFacts {
+    PodFacts {
+        deletion: deleting.then(|| Deletion {
+            timestamp: Timestamp::from_second(1_795_327_237).expect("timestamp"),
+            grace: Duration::from_secs(30),
+        }),
+        restart_policy: policy,
+        apps: vec![(Some("app".into()), ContainerState::Running)],
+        proxy: Some((Some("proxy".into()), ContainerState::Running)),
+        init_done: true,
+        hold_timeout: Duration::from_secs(120),
+    }
+}
+
+impl Harness {
+    fn new(pod: PodFacts) -> Harness {
+        let handle = MetricsHandle::new();
+        let (events, rx) = PodEvents::capturing();
+        let rec = Recorder {
+            key: key(),
+            board: StatusBoard::default(),
+            metrics: handle.metrics.clone(),
+            events,
+        };
+        rec.start(None);
+        let now = Instant::now();
+        let (state, fx) = State::new(
+            pod,
+            Duration::from_millis(5),
+            Now {
+                mono: now,
+                wall: SystemTime::now(),
+            },
+        );
+        let h = Harness {
+            handle,
+            rec,
+            events: rx,
+            state,
+            now,
+        };
+        h.apply(fx);
+        h
+    }
+
+    fn apply(&self, fx: Vec<Effect>) {
+        for e in fx {
+            match e {
+                Effect::Record(o) => self.rec.outcome(&o),
+                Effect::SetPhase(p) => self.rec.phase(p),
+                Effect::Problem(m) => self.rec.problem(m),
+                _ => {}
+            }
+        }
+    }
+
+    fn feed(&mut self, inputs: Vec<Input>) -> &mut Self {
+        for input in inputs {
+            self.now += Duration::from_millis(40);
+            let (state, fx) = step(
+                self.state.clone(),
+                input,
+                Now {
+                    mono: self.now,
+                    wall: SystemTime::now(),
+                },
+            );
+            self.state = state;
+            self.apply(fx);
+        }
+        self
+    }
+
+    /// Up to holding (netns found, proxy down, hold set up).
+    fn hold(&mut self) -> &mut Self {
+        self.feed(vec![
+            Input::NetnsFound {
+                netns: NetnsId { dev: 1, ino: 2 },
+            },
+            Input::Readiness(Seen::Down),
+            Input::HoldSetUp {
+                adopted: false,
+                late: false,
+            },
+        ])
+    }
+
+    fn metric(&self, series: &str) -> f64 {
+        let text = self.handle.encode(&self.rec.board);
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no series {series} in\n{text}"))
+    }
+
+    fn reasons(&mut self) -> Vec<Reason> {
+        let mut out = Vec::new();
+        while let Ok((pod, reason, _)) = self.events.try_recv() {
+            assert_eq!(pod, key());
+            out.push(reason);
+        }
+        out
+    }
+
+    fn row(&self) -> crate::api::PodStatus {
+        self.rec.board.snapshot().pop().expect("a row")
+    }
+}
+
+fn released(connections: u64) -> Input {
+    Input::HoldReleased(Released {
+        connections,
+        packets: connections + 1,
+        ready_to_release: Some(Duration::from_micros(700)),
+    })
+}
+
+#[test]
+fn hold_released_moves_hold_metrics_and_posts_hold_released() {
+    let mut h = Harness::new(facts(RestartPolicy::Always, false));
+    h.hold();
+    assert_eq!(h.metric("holdfast_holds_started_total"), 1.0);
+    assert_eq!(h.metric("holdfast_pods{phase=\"holding\"}"), 1.0);
+    h.feed(vec![Input::Readiness(Seen::Ready), released(3)]);
+    assert_eq!(
+        h.metric("holdfast_holds_released_total{outcome=\"ready\"}"),
+        1.0
+    );
+    assert_eq!(h.metric("holdfast_held_connections_total"), 3.0);
+    assert_eq!(h.metric("holdfast_hold_duration_seconds_count"), 1.0);
+    assert_eq!(h.metric("holdfast_hold_release_latency_seconds_count"), 1.0);
+    assert_eq!(h.metric("holdfast_pods{phase=\"ready\"}"), 1.0);
+    assert_eq!(h.reasons(), [Reason::HoldReleased]);
+    let hold = h.row().hold.expect("hold record");
+    assert_eq!(hold.connections_held, 3);
+    assert!(hold.released_at.is_some());
+}
+
+#[test]
+fn hold_deadline_posts_hold_deadline_and_sets_last_error() {
+    let mut h = Harness::new(facts(RestartPolicy::Always, false));
+    h.hold()
+        .feed(vec![Input::Timer(Timer::HoldDeadline), released(1)]);
+    assert_eq!(
+        h.metric("holdfast_holds_released_total{outcome=\"deadline\"}"),
+        1.0
+    );
+    assert_eq!(h.reasons(), [Reason::HoldDeadline]);
+    assert!(h
+        .row()
+        .last_error
+        .expect("last_error")
+        .contains("hold deadline"));
+}
+
+#[test]
+fn other_hold_ends_are_counted_by_outcome() {
+    let mut h = Harness::new(facts(RestartPolicy::Always, false));
+    h.hold().feed(vec![Input::AgentStop]);
+    assert_eq!(
+        h.metric("holdfast_holds_released_total{outcome=\"agent-stopped\"}"),
+        1.0
+    );
+    let mut h = Harness::new(facts(RestartPolicy::Always, false));
+    h.hold().feed(vec![
+        Input::Pod(Some(facts(RestartPolicy::Always, true))),
+        released(0),
+    ]);
+    assert_eq!(
+        h.metric("holdfast_holds_released_total{outcome=\"pod-deleted\"}"),
+        1.0
+    );
+    let mut h = Harness::new(facts(RestartPolicy::Always, false));
+    h.feed(vec![
+        Input::NetnsFound {
+            netns: NetnsId { dev: 1, ino: 2 },
+        },
+        Input::Readiness(Seen::Down),
+        Input::HoldFailed("no queue".into()),
+    ]);
+    assert_eq!(
+        h.metric("holdfast_holds_released_total{outcome=\"failed\"}"),
+        1.0
+    );
+    assert!(h.row().last_error.expect("last_error").contains("no queue"));
+    assert!(h.reasons().is_empty());
+}
+
+#[test]
+fn a_late_hold_is_on_the_row() {
+    let mut h = Harness::new(facts(RestartPolicy::Always, false));
+    h.feed(vec![
+        Input::NetnsFound {
+            netns: NetnsId { dev: 1, ino: 2 },
+        },
+        Input::Readiness(Seen::Down),
+        Input::HoldSetUp {
+            adopted: false,
+            late: true,
+        },
+    ]);
+    let row = h.row();
+    assert!(row.hold.expect("hold").late);
+    assert!(row
+        .last_error
+        .expect("last_error")
+        .contains("already running"));
+}
+
+/// Drives a drain to `report`'s outcome; returns the harness.
+fn drained(report: DrainReport) -> Harness {
+    let mut h = Harness::new(facts(RestartPolicy::Always, true));
+    h.feed(vec![
+        Input::NetnsFound {
+            netns: NetnsId { dev: 1, ino: 2 },
+        },
+        Input::Readiness(Seen::Up),
+    ]);
+    assert_eq!(h.metric("holdfast_pods{phase=\"draining\"}"), 1.0);
+    h.feed(vec![Input::QuitStarted]);
+    assert_eq!(h.metric("holdfast_pods{phase=\"quitting\"}"), 1.0);
+    h.feed(vec![Input::DrainFinished(Box::new(report))]);
+    h
+}
+
+#[test]
+fn drain_app_done_moves_every_drain_metric_and_posts_drain_completed() {
+    let mut r = DrainReport::new(DrainOutcome::AppDone, SystemTime::now());
+    r.elapsed = Duration::from_millis(1500);
+    r.app_gone_to_quit = Some(Duration::from_millis(3));
+    r.app_gone_to_proxy_exit = Some(Duration::from_millis(9));
+    r.error_count = 2;
+    r.errors = vec!["POST /healthcheck/fail failed".into()];
+    let mut h = drained(r);
+    assert_eq!(h.metric("holdfast_drains_total{outcome=\"app-done\"}"), 1.0);
+    assert_eq!(h.metric("holdfast_drain_duration_seconds_count"), 1.0);
+    assert_eq!(h.metric("holdfast_drain_duration_seconds_sum"), 1.5);
+    assert_eq!(h.metric("holdfast_drain_exit_lag_seconds_count"), 1.0);
+    assert_eq!(h.metric("holdfast_drain_errors_total"), 2.0);
+    assert_eq!(h.metric("holdfast_pods{phase=\"done\"}"), 1.0);
+    assert_eq!(h.reasons(), [Reason::DrainCompleted]);
+    let row = h.row();
+    assert_eq!(row.drain.expect("drain").outcome, DrainOutcome::AppDone);
+    assert!(row.last_error.expect("last_error").contains("healthcheck"));
+}
+
+#[test]
+fn drain_deadline_posts_drain_deadline() {
+    let mut h = drained(DrainReport::new(DrainOutcome::Deadline, SystemTime::now()));
+    assert_eq!(h.metric("holdfast_drains_total{outcome=\"deadline\"}"), 1.0);
+    assert_eq!(h.reasons(), [Reason::DrainDeadline]);
+}
+
+#[test]
+fn proxy_gone_early_posts_proxy_exited_before_app_with_advice() {
+    let mut r = DrainReport::new(DrainOutcome::ProxyGoneEarly, SystemTime::now());
+    r.advice = Some("Set terminationDrainDuration".into());
+    let mut h = drained(r);
+    assert_eq!(
+        h.metric("holdfast_drains_total{outcome=\"proxy-gone-early\"}"),
+        1.0
+    );
+    assert_eq!(h.reasons(), [Reason::ProxyExitedBeforeApp]);
+    assert_eq!(
+        h.row().last_error.as_deref(),
+        Some("Set terminationDrainDuration")
+    );
+}
+
+#[test]
+fn drain_pod_gone_and_agent_stopping_are_counted() {
+    for outcome in [DrainOutcome::PodGone, DrainOutcome::AgentStopping] {
+        let mut h = drained(DrainReport::new(outcome, SystemTime::now()));
+        let series = format!("holdfast_drains_total{{outcome=\"{}\"}}", outcome.as_str());
+        assert_eq!(h.metric(&series), 1.0);
+        assert!(h.reasons().is_empty());
+    }
+}
+
+#[test]
+fn a_completed_job_posts_job_proxy_stopped() {
+    let mut h = Harness::new(facts(RestartPolicy::Never, false));
+    h.feed(vec![
+        Input::NetnsFound {
+            netns: NetnsId { dev: 1, ino: 2 },
+        },
+        Input::Readiness(Seen::Ready),
+    ]);
+    let mut r = JobReport::new(JobOutcome::Completed);
+    r.error_count = 1;
+    h.feed(vec![Input::JobFinished(Box::new(r))]);
+    assert_eq!(h.metric("holdfast_jobs_total{outcome=\"completed\"}"), 1.0);
+    assert_eq!(h.metric("holdfast_drain_errors_total"), 1.0);
+    assert_eq!(h.reasons(), [Reason::JobProxyStopped]);
+    assert_eq!(h.row().job.expect("job").outcome, JobOutcome::Completed);
+}
+
+#[test]
+fn skipped_pods_get_a_row_and_a_phase_count() {
+    let handle = MetricsHandle::new();
+    let board = StatusBoard::default();
+    Recorder::skipped(&board, &key(), "gateway: no sidecar interception");
+    let row = board.snapshot().pop().expect("row");
+    assert_eq!(row.phase, crate::api::Phase::Skipped);
+    assert_eq!(
+        row.skipped_reason.as_deref(),
+        Some("gateway: no sidecar interception")
+    );
+    let v = serde_json::to_value(&row).expect("json");
+    assert_eq!(v["phase"], "skipped");
+    let text = handle.encode(&board);
+    assert!(
+        text.contains("holdfast_pods{phase=\"skipped\"} 1"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_job_whose_proxy_was_already_gone_is_counted_without_an_event() {
+    let mut h = Harness::new(facts(RestartPolicy::OnFailure, false));
+    assert_eq!(h.metric("holdfast_pods{phase=\"waiting_for_netns\"}"), 1.0);
+    h.feed(vec![
+        Input::NetnsFound {
+            netns: NetnsId { dev: 1, ino: 2 },
+        },
+        Input::Readiness(Seen::Ready),
+        Input::JobFinished(Box::new(JobReport::new(JobOutcome::ProxyAlreadyGone))),
+    ]);
+    assert_eq!(
+        h.metric("holdfast_jobs_total{outcome=\"proxy-already-gone\"}"),
+        1.0
+    );
+    assert!(h.reasons().is_empty());
+}
