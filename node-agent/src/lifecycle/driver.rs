@@ -236,13 +236,22 @@ impl Driver {
     fn make_probe(&self, netns: &PodNetns) -> Option<ReadinessProbe> {
         let cfg = &self.shared.config;
         let admin_addr = self.admin_addr();
-        match ReadinessProbe::new(
-            netns,
-            admin_addr,
-            &cfg.proxy,
-            &cfg.hold,
-            &self.shared.metrics,
-        ) {
+        let dns_port = self
+            .view
+            .borrow()
+            .as_ref()
+            .and_then(|v| crate::hold::HoldConfig::for_pod(cfg, v).rules.dns_port);
+        let errors = self.shared.metrics.admin_errors.clone();
+        let options = crate::agent::readiness::ProbeOptions {
+            stat_prefix: cfg.drain.stat_prefix.clone(),
+            dns_port,
+            on_admin_error: Some(std::sync::Arc::new(move |kind: &'static str| {
+                errors
+                    .get_or_create(&crate::metrics::KindLabel { kind: kind.into() })
+                    .inc();
+            })),
+        };
+        match ReadinessProbe::new(netns, admin_addr, &cfg.proxy, &cfg.hold, options) {
             Ok(p) => Some(p),
             Err(e) => {
                 self.rec

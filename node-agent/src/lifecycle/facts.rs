@@ -38,8 +38,9 @@ impl PodFacts {
                 "OnFailure" => RestartPolicy::OnFailure,
                 _ => RestartPolicy::Always,
             },
+            // Regular containers only: native sidecars end after the proxy (see app_exit.rs).
             apps: view
-                .app_containers()
+                .regular_app_containers()
                 .map(|c| (c.id.clone(), c.state))
                 .collect(),
             proxy: view.proxy_container().map(|c| (c.id.clone(), c.state)),
