@@ -16,7 +16,9 @@
 //! websocket.go` (WebSocket port-forward is on by default from Kubernetes 1.31, feature gate
 //! `PortForwardWebsockets`).
 //!
-//! The user needs RBAC to list pods and to create `pods/portforward` in the agent's namespace.
+//! The user needs RBAC to list pods and to get and create `pods/portforward` in the agent's
+//! namespace: manifests/agent/status-reader-role.yaml, checked against this file by
+//! tests/tests/manifests.rs.
 
 use std::future::Future;
 
@@ -43,7 +45,7 @@ pub enum RemoteError {
     NoAgent { node: String, namespace: String },
     #[error("the agent pod {namespace}/{pod} is gone (404 from the API server): it is probably being replaced; try again")]
     PodGone { pod: String, namespace: String },
-    #[error("the API server refused to let you {what} (403 Forbidden): ask for RBAC to list pods and create pods/portforward in namespace {namespace}")]
+    #[error("the API server refused to let you {what} (403 Forbidden): ask for RBAC to list pods, and get and create pods/portforward, in namespace {namespace} (Role holdfast-status-reader in manifests/)")]
     Forbidden { what: String, namespace: String },
     #[error("{what} failed: {why}")]
     Api { what: String, why: String },
@@ -125,7 +127,9 @@ pub async fn fetch_status_body(
     let forward = pods
         .portforward(&pod, &[STATUS_PORT])
         .await
-        .map_err(|e| classify(e, "create pods/portforward", namespace, Some(&pod)))?;
+        // The WebSocket upgrade is a GET: authorized as `get`, and from Kubernetes 1.35 also as
+        // `create` (AuthorizePodWebsocketUpgradeCreatePermission, kubernetes/kubernetes#134577).
+        .map_err(|e| classify(e, "get and create pods/portforward", namespace, Some(&pod)))?;
     let mut forward = ForwardGuard(forward);
     let forward_failed = |why: String| RemoteError::Api {
         what: format!("port-forward to {namespace}/{pod}:{STATUS_PORT}"),
@@ -290,7 +294,7 @@ mod tests {
 
         let (req, send) = next(&mut handle).await;
         // kubectl POSTs for SPDY; the WebSocket handshake is a GET (RFC 6455 4.1), which the
-        // API server authorizes as `create` on pods/portforward like the POST.
+        // API server authorizes as `get` on pods/portforward, plus `create` from 1.35.
         assert_eq!(req.method(), hyper::Method::GET);
         assert_eq!(
             req.uri().path(),
@@ -321,7 +325,7 @@ mod tests {
         let e = task.await.expect("task").expect_err("forbidden");
         assert!(matches!(e, RemoteError::Forbidden { .. }), "{e}");
         let text = e.to_string();
-        assert!(text.contains("create pods/portforward"), "{text}");
+        assert!(text.contains("get and create pods/portforward"), "{text}");
         assert!(text.contains("holdfast-system"), "{text}");
         assert!(!text.contains("pods/proxy"), "{text}");
     }
@@ -384,7 +388,8 @@ mod tests {
         let e = task.await.expect("task").expect_err("not upgraded");
         assert!(matches!(e, RemoteError::Api { .. }), "{e}");
         assert!(
-            e.to_string().contains("create pods/portforward failed"),
+            e.to_string()
+                .contains("get and create pods/portforward failed"),
             "{e}"
         );
     }
