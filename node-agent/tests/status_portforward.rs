@@ -33,6 +33,8 @@ enum Target {
     Listening(SocketAddr),
     /// Nothing listens: the kubelet reports the failed dial on the error channel.
     Refused,
+    /// The caller may list pods but not port-forward: 403 on the upgrade.
+    Forbidden,
 }
 
 /// Requests the fake API server saw, as `METHOD path?query`.
@@ -78,6 +80,17 @@ fn answer(
         .headers()
         .get("sec-websocket-key")
         .map(|k| k.as_bytes().to_vec());
+    if matches!(target, Target::Forbidden) && path.ends_with("/portforward") {
+        let status = serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden",
+            "code": 403,
+            "message": format!("pods \"{AGENT_POD}\" is forbidden: User \"dev\" cannot get resource \"pods/portforward\" in API group \"\" in the namespace \"holdfast-system\""),
+        });
+        return Response::builder()
+            .status(StatusCode::FORBIDDEN)
+            .body(Full::new(Bytes::from(status.to_string())))
+            .expect("response");
+    }
     let Some(key) = key.filter(|_| path.ends_with("/portforward")) else {
         return Response::builder()
             .status(StatusCode::NOT_FOUND)
@@ -126,6 +139,7 @@ where
     }
     let addr = match target {
         Target::Listening(addr) => addr,
+        Target::Forbidden => return,
         Target::Refused => {
             let why = format!("error forwarding port {STATUS_PORT} to pod 0123, uid : failed to execute portforward in network namespace \"/var/run/netns/cni-1\": failed to connect to localhost:{STATUS_PORT} inside namespace \"0123\", IPv4: dial tcp4 127.0.0.1:{STATUS_PORT}: connect: connection refused IPv6 dial tcp6: address localhost: no suitable address found ");
             let mut frame = vec![1u8];
@@ -263,4 +277,106 @@ async fn kubelet_error_on_the_port_is_reported() {
         "{text}"
     );
     assert!(text.contains("connection refused"), "{text}");
+}
+
+/// A kubeconfig for the fake API server, without credentials, in a directory removed on drop.
+struct Kubeconfig(std::path::PathBuf);
+
+impl Kubeconfig {
+    fn new(api: SocketAddr, name: &str) -> Kubeconfig {
+        let dir =
+            std::env::temp_dir().join(format!("hf-portforward-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let text = format!(
+            "apiVersion: v1\nkind: Config\n\
+             clusters:\n- name: fake\n  cluster:\n    server: http://{api}\n\
+             users:\n- name: dev\n  user: {{}}\n\
+             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: dev\n\
+             current-context: fake\n"
+        );
+        std::fs::write(dir.join("config"), text).expect("kubeconfig");
+        Kubeconfig(dir)
+    }
+
+    fn path(&self) -> std::path::PathBuf {
+        self.0.join("config")
+    }
+}
+
+impl Drop for Kubeconfig {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs the `holdfast` binary with `args` and the fake API server's kubeconfig: (exit code,
+/// stdout, stderr).
+async fn holdfast_cli(kubeconfig: &Kubeconfig, args: &[&str]) -> (i32, String, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_holdfast"));
+    cmd.args(args)
+        .env("KUBECONFIG", kubeconfig.path())
+        .env_remove("KUBERNETES_SERVICE_HOST");
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .expect("join")
+        .expect("run holdfast");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The CLI as a user runs it: `holdfast status --node` with a kubeconfig prints the agent's
+/// table; a 403 on the port-forward exits 6 and names the Role to ask for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holdfast_status_node_prints_the_table_and_exits_6_when_forbidden() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let agent_addr = listener.local_addr().expect("addr");
+    let agent = StatusApi {
+        board: holdfast::status::StatusBoard::default(),
+        config: Arc::new(Config {
+            node_name: "worker-1".into(),
+            source: SourceConfig::PodsDir(std::env::temp_dir().join("hf-portforward-unused")),
+            status_listen: agent_addr,
+            proc_root: "/proc".into(),
+            proxy: Default::default(),
+            hold: Default::default(),
+            drain: Default::default(),
+        }),
+        metrics: holdfast::metrics::MetricsHandle::new(),
+        source_problems: Default::default(),
+    };
+    let stop = CancellationToken::new();
+    let agent_task = tokio::spawn(agent.serve(listener, stop.clone().cancelled_owned()));
+    let (api_addr, _seen, api_task) = start_api(Target::Listening(agent_addr)).await;
+    let (forbidding_addr, _seen2, forbidding_task) = start_api(Target::Forbidden).await;
+    let ok_config = Kubeconfig::new(api_addr, "ok");
+    let forbidden_config = Kubeconfig::new(forbidding_addr, "forbidden");
+
+    let args = ["status", "--node", "worker-1", "--timeout", "10s"];
+    let ok = holdfast_cli(&ok_config, &args).await;
+    let forbidden = holdfast_cli(&forbidden_config, &args).await;
+    stop.cancel();
+    api_task.abort();
+    forbidding_task.abort();
+    let _ = agent_task.await;
+
+    let (code, stdout, stderr) = ok;
+    assert_eq!(code, 0, "stdout: {stdout}\nstderr: {stderr}");
+    assert!(
+        stdout.starts_with("node worker-1, holdfast "),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+    let (code, stdout, stderr) = forbidden;
+    assert_eq!(code, 6, "stdout: {stdout}\nstderr: {stderr}");
+    assert!(stderr.contains("--node worker-1"), "{stderr}");
+    assert!(
+        stderr.contains("get and create pods/portforward"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("holdfast-status-reader"), "{stderr}");
 }
