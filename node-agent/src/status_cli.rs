@@ -1209,5 +1209,23 @@ mod tests {
             .exit_code(),
             3
         );
+        // Through the port-forward the agent's own answers keep --agent's codes.
+        assert_eq!(
+            e(RemoteError::AgentStatus {
+                pod: "holdfast-abcde".into(),
+                status: "500 Internal Server Error".into(),
+                body: String::new(),
+            })
+            .exit_code(),
+            4
+        );
+        assert_eq!(
+            e(RemoteError::BadAnswer {
+                pod: "holdfast-abcde".into(),
+                why: "invalid HTTP version".into(),
+            })
+            .exit_code(),
+            5
+        );
     }
 }
