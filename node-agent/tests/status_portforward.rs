@@ -380,3 +380,55 @@ async fn holdfast_status_node_prints_the_table_and_exits_6_when_forbidden() {
     );
     assert!(stderr.contains("holdfast-status-reader"), "{stderr}");
 }
+
+/// A pod port that answers every connection with `answer` and closes.
+async fn canned_pod(answer: &'static [u8]) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let task = tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            let mut head = vec![0u8; 4096];
+            // The request head (a GET without a body) arrives in one read on loopback.
+            let _ = tcp.read(&mut head).await;
+            let _ = tcp.write_all(answer).await;
+            let _ = tcp.shutdown().await;
+        }
+    });
+    (addr, task)
+}
+
+/// The agent's own answers through the forward are sorted as `--agent` sorts them: an error
+/// status (exit 4) with its body, and bytes that are not HTTP (exit 5).
+#[tokio::test]
+async fn agent_error_status_and_garbage_through_the_forward_are_told_apart() {
+    let cases: [(&[u8], fn(&RemoteError) -> bool, &str); 2] = [
+        (
+            b"HTTP/1.1 403 Forbidden\r\nContent-Length: 31\r\n\r\n/status answers loopback only\r\n",
+            |e| matches!(e, RemoteError::AgentStatus { .. }),
+            "403 Forbidden to GET /status: /status answers loopback only",
+        ),
+        (
+            b"SSH-2.0-OpenSSH_9.6\r\n",
+            |e| matches!(e, RemoteError::BadAnswer { .. }),
+            "is not HTTP the agent serves",
+        ),
+    ];
+    for (answer, kind, text) in cases {
+        let (pod_addr, pod_task) = canned_pod(answer).await;
+        let (api_addr, _seen, api_task) = start_api(Target::Listening(pod_addr)).await;
+        let fetched = tokio::time::timeout(
+            Duration::from_secs(10),
+            fetch_status_body(client_for(api_addr), "worker-1", AGENT_NAMESPACE, 1 << 20),
+        )
+        .await;
+        api_task.abort();
+        pod_task.abort();
+        let e = fetched
+            .expect("an answer within 10 s")
+            .expect_err("not a status");
+        assert!(kind(&e), "{e:?}");
+        assert!(e.to_string().contains(text), "{e}");
+    }
+}
