@@ -403,7 +403,9 @@ async fn canned_pod(answer: &'static [u8]) -> (SocketAddr, tokio::task::JoinHand
 /// status (exit 4) with its body, and bytes that are not HTTP (exit 5).
 #[tokio::test]
 async fn agent_error_status_and_garbage_through_the_forward_are_told_apart() {
-    let cases: [(&[u8], fn(&RemoteError) -> bool, &str); 2] = [
+    /// What the pod port answers, whether the error is of the right kind, what it must say.
+    type Case = (&'static [u8], fn(&RemoteError) -> bool, &'static str);
+    let cases: [Case; 2] = [
         (
             b"HTTP/1.1 403 Forbidden\r\nContent-Length: 31\r\n\r\n/status answers loopback only\r\n",
             |e| matches!(e, RemoteError::AgentStatus { .. }),
