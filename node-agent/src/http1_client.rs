@@ -1,8 +1,9 @@
 //! The one HTTP/1.1 client of the agent and its CLI, on `hyper::client::conn::http1`: used for
 //! Envoy's admin API ([`crate::envoy_admin`], a kept-alive connection per pod over a socket made
-//! in the pod's netns) and by `holdfast status --agent` ([`crate::status_cli`]).
+//! in the pod's netns), by `holdfast status --agent` ([`crate::status_cli`]) and by
+//! `holdfast status --node` over a port-forward stream ([`crate::status_remote`]).
 //!
-//! The caller brings a connected `TcpStream` (so it decides the netns and the connect timeout);
+//! The caller brings a connected stream (so it decides the netns and the connect timeout);
 //! this module does the handshake, one request at a time, the body cap
 //! (`http_body_util::Limited`, plus a check of a declared `Content-Length` before reading) and
 //! sorts failures into the kinds the callers report. Timeouts are the caller's (it wraps the
@@ -59,7 +60,12 @@ impl std::fmt::Display for Failure {
 impl Connection {
     /// HTTP/1.1 over `stream`; the connection's driver runs as a tokio task that ends when the
     /// connection does (peer close, or this value dropped).
-    pub async fn handshake(stream: tokio::net::TcpStream) -> Result<Connection, Failure> {
+    /// `stream` is a `TcpStream` (admin client, `holdfast status --agent`) or a port-forward
+    /// stream through the API server (`holdfast status --node`).
+    pub async fn handshake<S>(stream: S) -> Result<Connection, Failure>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         let (sender, driver) = Builder::new()
             // Requests as curl writes them (`Content-Length`, not `content-length`).
             .title_case_headers(true)

@@ -52,8 +52,9 @@ struct StatusArgs {
     #[arg(long)]
     watch: bool,
 
-    /// Read NODE's agent through the API server's pod proxy with your kubeconfig (needs RBAC: list
-    /// pods and get pods/proxy in holdfast-system). Installed as `kubectl-holdfast`, this is
+    /// Read NODE's agent over a port-forward through the API server, with your kubeconfig (needs
+    /// RBAC: list pods, get and create pods/portforward in holdfast-system; Role
+    /// holdfast-status-reader). Installed as `kubectl-holdfast`, this is
     /// `kubectl holdfast status --node NODE`.
     #[arg(long, value_name = "NODE")]
     node: Option<String>,

@@ -7,7 +7,8 @@
 //! and `--json` are thin loops over the same pieces ([`run`]).
 //!
 //! Exit codes (see [`StatusCliError::exit_code`]): 0 ok, 1 stdout failed, 2 usage, 3 no agent
-//! answers, 4 the agent answered with an error status, 5 the answer was not a status document.
+//! answers, 4 the agent answered with an error status, 5 the answer was not a status document,
+//! 6 (`--node`) the API server refused (RBAC: list pods, create pods/portforward).
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -63,6 +64,8 @@ impl StatusCliError {
             StatusCliError::Remote { source, .. } => match source {
                 crate::status_remote::RemoteError::Config(_) => 2,
                 crate::status_remote::RemoteError::Forbidden { .. } => 6,
+                crate::status_remote::RemoteError::AgentStatus { .. } => 4,
+                crate::status_remote::RemoteError::BadAnswer { .. } => 5,
                 _ => 3,
             },
             StatusCliError::Unreachable { .. } => 3,
@@ -274,7 +277,8 @@ pub struct StatusOptions {
     pub json: bool,
     /// `--watch`: refresh in place every [`WATCH_PERIOD`] until interrupted.
     pub watch: bool,
-    /// `--node`: read that node's agent through the API server instead of `agent`.
+    /// `--node`: read that node's agent through the API server (a port-forward to its status
+    /// port) instead of `agent`.
     pub node: Option<String>,
     /// Bound of one request.
     pub timeout: Duration,
@@ -371,7 +375,7 @@ impl Source {
             .block_on(crate::status_remote::client())
             .map_err(remote)?;
         Ok(Source {
-            label: format!("node {node} (through the API server)"),
+            label: format!("node {node} (port-forward through the API server)"),
             kind: SourceKind::Node {
                 node: node.clone(),
                 rt,
@@ -388,6 +392,7 @@ impl Source {
                     client.clone(),
                     node,
                     crate::status_remote::AGENT_NAMESPACE,
+                    MAX_BODY,
                 );
                 rt.block_on(async { tokio::time::timeout(timeout, fetch).await })
                     .map_err(|_| crate::status_remote::RemoteError::Api {
@@ -1192,7 +1197,7 @@ mod tests {
             2
         );
         let forbidden = e(RemoteError::Forbidden {
-            what: "get pods/proxy".into(),
+            what: "create pods/portforward".into(),
             namespace: "holdfast-system".into(),
         });
         assert_eq!(forbidden.exit_code(), 6);
@@ -1204,6 +1209,24 @@ mod tests {
             })
             .exit_code(),
             3
+        );
+        // Through the port-forward the agent's own answers keep --agent's codes.
+        assert_eq!(
+            e(RemoteError::AgentStatus {
+                pod: "holdfast-abcde".into(),
+                status: "500 Internal Server Error".into(),
+                body: String::new(),
+            })
+            .exit_code(),
+            4
+        );
+        assert_eq!(
+            e(RemoteError::BadAnswer {
+                pod: "holdfast-abcde".into(),
+                why: "invalid HTTP version".into(),
+            })
+            .exit_code(),
+            5
         );
     }
 }

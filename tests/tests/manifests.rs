@@ -7,7 +7,8 @@
 //! which is all they use). The EnvoyFilter's Wasm config is also loaded by real Envoy
 //! (`--mode validate`, the module from disk); that one check skips without Envoy or the filter,
 //! unless CI is set. The ClusterRole is compared with the kube-rs calls found in
-//! node-agent/src (a small pattern table; see `calls_in`).
+//! node-agent/src (a small pattern table; see `calls_in`), except `holdfast status --node`'s
+//! (it runs with the user's credentials): those are compared with the status reader Role.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -16,7 +17,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, ensure, Context, Result};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -265,6 +266,7 @@ fn every_manifest_is_in_a_kustomization_and_every_listed_file_exists() {
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",
+        "Role",
         "DaemonSet",
     ] {
         assert_eq!(d.iter().filter(|x| *x == k).count(), 1, "default: {k}");
@@ -612,8 +614,12 @@ fn rbac_grants_exactly_pods_read_events_write_and_node_taint_removal() {
 type Rule = (String, String, String);
 
 fn granted_rules(role: &ClusterRole) -> BTreeSet<Rule> {
+    granted(role.rules.as_deref())
+}
+
+fn granted(rules: Option<&[PolicyRule]>) -> BTreeSet<Rule> {
     let mut out = BTreeSet::new();
-    for rule in role.rules.iter().flatten() {
+    for rule in rules.into_iter().flatten() {
         assert!(
             rule.resource_names.is_none() && rule.non_resource_urls.is_none(),
             "{rule:?}"
@@ -836,6 +842,33 @@ fn rust_files(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// Sources that run as the person at the keyboard, never in the agent: `holdfast status --node`
+/// reads a node's agent through the API server with the user's kubeconfig. Their calls are
+/// checked against the status reader Role, not the agent's ClusterRole.
+const CLI_SOURCES: [&str; 1] = ["node-agent/src/status_remote.rs"];
+/// The only agent sources that may use [`CLI_SOURCES`] (the module list and the status CLI).
+const CLI_USERS: [&str; 2] = ["node-agent/src/lib.rs", "node-agent/src/status_cli.rs"];
+
+/// The API calls of a CLI source: those of [`calls_in`], plus the port-forward, which the
+/// agent must never need. `Api::portforward` is a WebSocket upgrade, a GET: the API server
+/// authorizes it as `get` on pods/portforward, and from Kubernetes 1.35 also as `create`
+/// (AuthorizePodWebsocketUpgradeCreatePermission, kubernetes/kubernetes#134577).
+fn cli_calls_in(src: &str) -> Result<BTreeSet<Rule>> {
+    let compact: String = src.chars().filter(|c| !c.is_whitespace()).collect();
+    let forwards = awaited_calls(&compact, "portforward");
+    let mut out = calls_in(&src.replace(".portforward(", ".port_forward_seen("))?;
+    if forwards > 0 {
+        ensure!(
+            compact.contains("Api<Pod>") || compact.contains("Api::<Pod>"),
+            ".portforward(..).await without an Api<Pod>: which resource?"
+        );
+        for verb in ["get", "create"] {
+            out.insert(("".into(), "pods/portforward".into(), verb.into()));
+        }
+    }
+    Ok(out)
+}
+
 /// Grants made ahead of the code, each with the reason. Shown on every run; a grant that is
 /// neither called by the code nor listed here fails the test. Remove an entry once the code uses
 /// it (the test then says so).
@@ -851,6 +884,18 @@ fn rbac_matches_the_api_calls_the_agent_makes() {
         let src = std::fs::read_to_string(&file).expect("reading a source file");
         // Unit tests inside a file (mock API servers) do not run in the cluster.
         let src = src.split("#[cfg(test)]").next().unwrap_or("");
+        let rel = file
+            .strip_prefix(workspace())
+            .expect("under the workspace")
+            .to_string_lossy()
+            .to_string();
+        if CLI_SOURCES.contains(&rel.as_str()) {
+            continue;
+        }
+        assert!(
+            CLI_USERS.contains(&rel.as_str()) || !src.contains("status_remote::"),
+            "{rel} uses the CLI's remote status code: the agent would need the user's RBAC"
+        );
         let calls = calls_in(src).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         if uses_kube(src) {
             kube_files.push(file.clone());
@@ -888,6 +933,57 @@ fn rbac_matches_the_api_calls_the_agent_makes() {
     assert!(
         unused.is_empty(),
         "the ClusterRole grants what the code never calls (remove it): {unused:?}; kube-rs files: {kube_files:?}"
+    );
+}
+
+/// `holdfast status --node` needs exactly what the reader Role grants, in the agent's namespace.
+#[test]
+fn status_reader_role_grants_exactly_what_status_node_calls() {
+    let role: Role = one("", "Role");
+    assert_eq!(
+        role.metadata.name.as_deref(),
+        Some("holdfast-status-reader")
+    );
+    let r = rendered("");
+    let file = objects("")
+        .into_iter()
+        .find(|(_, v)| kind_of(v) == "Role")
+        .map(|(f, _)| f)
+        .expect("the Role's file");
+    let namespace = r
+        .namespace_of
+        .get(&file)
+        .cloned()
+        .or(role.metadata.namespace.clone());
+    assert_eq!(namespace.as_deref(), Some(NAMESPACE));
+    let granted = granted(role.rules.as_deref());
+    let mut needed = BTreeSet::new();
+    for rel in CLI_SOURCES {
+        let src = std::fs::read_to_string(workspace().join(rel)).expect("reading a CLI source");
+        let src = src.split("#[cfg(test)]").next().unwrap_or("");
+        needed.extend(cli_calls_in(src).unwrap_or_else(|e| panic!("{rel}: {e}")));
+    }
+    let expected: BTreeSet<Rule> = [
+        ("", "pods", "list"),
+        ("", "pods/portforward", "get"),
+        ("", "pods/portforward", "create"),
+    ]
+    .into_iter()
+    .map(|(g, r, v)| (g.to_string(), r.to_string(), v.to_string()))
+    .collect();
+    assert_eq!(
+        needed, expected,
+        "what the scanner finds in {CLI_SOURCES:?}"
+    );
+    assert_eq!(
+        granted, needed,
+        "the Role and `holdfast status --node` disagree"
+    );
+    // People are bound by the cluster's admin; the install binds nobody (least of all the
+    // agent's ServiceAccount) to it.
+    assert!(
+        objects("").iter().all(|(_, v)| kind_of(v) != "RoleBinding"),
+        "the install must not bind the reader Role"
     );
 }
 
@@ -934,6 +1030,19 @@ fn rbac_scanner_sees_watch_get_recorder_and_refuses_unknown_calls() {
         calls.contains(&("".into(), "pods".into(), "delete".into())),
         "{calls:?}"
     );
+
+    let forwards = src.replace(".get_opt(\"x\")", ".portforward(\"x\", &[15300])");
+    assert!(
+        calls_in(&forwards).is_err(),
+        "the agent must not port-forward"
+    );
+    let cli = cli_calls_in(&forwards).expect("the CLI may port-forward");
+    for verb in ["get", "create"] {
+        assert!(
+            cli.contains(&("".into(), "pods/portforward".into(), verb.into())),
+            "{cli:?}"
+        );
+    }
 
     let evicts = src.replace(".get_opt(\"x\")", ".evict(\"x\", &EvictParams::default())");
     assert!(calls_in(&evicts).is_err(), "eviction is not in the table");
