@@ -12,7 +12,7 @@
 //! panicked; each node removes its own sandboxes when it is dropped.
 
 pub mod image;
-// pub mod kubelet;
+pub mod kubelet;
 pub mod runtime;
 
 use std::sync::OnceLock;
@@ -65,4 +65,20 @@ pub fn runtime_for(test: &str) -> Option<&'static Containerd> {
             None
         }
     }
+}
+
+/// Holdfast's iptables rules in the host's network namespace (none may ever be there: the agent
+/// acts only in pods' namespaces), as leftover descriptions.
+pub fn host_netns_holdfast_rules() -> Vec<String> {
+    let mut left = Vec::new();
+    for table in ["filter", "mangle", "nat", "raw"] {
+        if let Ok(out) = image::run("iptables", &["-w", "-t", table, "-S"]) {
+            left.extend(
+                out.lines()
+                    .filter(|l| l.to_ascii_lowercase().contains("holdfast"))
+                    .map(|l| format!("host netns iptables -t {table}: {l}")),
+            );
+        }
+    }
+    left
 }

@@ -39,6 +39,15 @@ pub struct Containerd {
     child: std::sync::Mutex<Option<Child>>,
 }
 
+impl std::fmt::Debug for Containerd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Containerd")
+            .field("dir", &self.dir)
+            .field("bridge", &self.bridge)
+            .finish_non_exhaustive()
+    }
+}
+
 fn io(what: String) -> impl FnOnce(std::io::Error) -> SimError {
     move |source| SimError::Io { what, source }
 }
@@ -172,6 +181,17 @@ state = "{d}/state"
         };
         // From here on, Drop cleans up.
         me.wait_ready(Duration::from_secs(30))?;
+        // The bridge is made before CNI (which adopts it) so it can carry the remote services'
+        // address too: pods reach REMOTE_IP through their default route, as on the netns backend.
+        // The gateway address goes first: the bridge plugin's `ensureAddr` (containernetworking
+        // plugins, main/bridge/bridge.go) accepts a bridge whose addresses match its gateway
+        // before any other IPv4 address, and fails on the first one that differs.
+        run("ip", &["link", "add", &me.bridge, "type", "bridge"])?;
+        let gw = format!("{}/24", me.gateway);
+        run("ip", &["addr", "add", &gw, "dev", &me.bridge])?;
+        let remote = format!("{}/32", crate::sim::netns::REMOTE_IP);
+        run("ip", &["addr", "add", &remote, "dev", &me.bridge])?;
+        run("ip", &["link", "set", &me.bridge, "up"])?;
         let tar = build_busybox_image(&me.dir, BASE_IMAGE, &["/bin/sleep", "2147483647"])?;
         me.ctr(&["images", "import", &tar.to_string_lossy()])?;
         Ok(me)
@@ -257,6 +277,28 @@ state = "{d}/state"
             }
         }
         errors
+    }
+
+    /// The sandboxes (name and id) labelled `key=value`, as leftover descriptions.
+    pub fn sandboxes_labelled(&self, key: &str, value: &str) -> Vec<String> {
+        let filter = PodSandboxFilter {
+            label_selector: [(key.to_string(), value.to_string())].into(),
+            ..Default::default()
+        };
+        let mut c = self.client.clone();
+        match self.call(c.list_pod_sandbox(ListPodSandboxRequest {
+            filter: Some(filter),
+        })) {
+            Ok(l) => l
+                .items
+                .into_iter()
+                .map(|sb| {
+                    let name = sb.metadata.map(|m| m.name).unwrap_or_default();
+                    format!("sandbox {name} ({})", sb.id)
+                })
+                .collect(),
+            Err(e) => vec![format!("cannot list sandboxes: {e}")],
+        }
     }
 
     /// Tears everything down; returns what could not be removed.

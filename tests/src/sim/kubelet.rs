@@ -288,7 +288,7 @@ impl PodWorker {
         Ok(pid)
     }
 
-    fn container_args(&self, i: usize) -> Vec<String> {
+    pub(crate) fn container_args(&self, i: usize) -> Vec<String> {
         self.view(|v| {
             let spec = &v.spec;
             let remote = std::net::SocketAddr::from((REMOTE_IP, self.env.remote_port));
@@ -331,7 +331,7 @@ impl PodWorker {
         })
     }
 
-    fn write_sidecar_config(&self) -> Result<(), SimError> {
+    pub(crate) fn write_sidecar_config(&self) -> Result<(), SimError> {
         let cfg = self.view(|v| SidecarConfig {
             node_id: format!(
                 "sidecar~{}~{}.{}~{}.svc.cluster.local",
