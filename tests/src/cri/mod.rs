@@ -11,6 +11,7 @@
 //! binary exits (an `atexit` handler, because statics are never dropped), also after a test
 //! panicked; each node removes its own sandboxes when it is dropped.
 
+pub mod agent_pod;
 pub mod image;
 pub mod kubelet;
 pub mod runtime;

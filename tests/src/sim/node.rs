@@ -209,12 +209,15 @@ impl SimNode {
             Runtime::Netns => None,
             Runtime::Containerd => Some(crate::cri::shared().map_err(SimError::Setup)?),
         };
-        // Nodes on one containerd share the host netns for their remote services: one port each.
+        // Nodes on the containerd backend share the host netns for their remote services (on
+        // REMOTE_IP, an address of each runtime's bridge): one port per node, from a block per
+        // test process so two test binaries running at once do not collide.
         let remote_port = match cri {
             None => REMOTE_PORT,
             Some(_) => {
                 static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
-                REMOTE_PORT + 1 + NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst) % 999
+                let block = 7100 + (std::process::id() % 500) as u16 * 50;
+                block + NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst) % 50
             }
         };
         let cgroup_root = cgroup2_root()?;
@@ -284,6 +287,12 @@ impl SimNode {
             )));
         }
         Ok(node)
+    }
+
+    /// The node's test name (`hf-<it>-*` namespaces; the containerd backend labels its
+    /// sandboxes with it).
+    pub fn test_name(&self) -> &str {
+        &self.env.test_name
     }
 
     /// The node's name (`--node-name` for the agent).
