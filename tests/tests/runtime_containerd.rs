@@ -344,4 +344,14 @@ fn sandbox_and_container_on_the_private_containerd() {
     .expect("stop sb");
     rt.call(c.remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: sb }))
         .expect("rm sb");
+    // The pod-level cgroup is kubelet's to remove, not the runtime's.
+    let errors = holdfast_tests::cri::kubelet::remove_pod_cgroups(&uid);
+    assert!(errors.is_empty(), "{errors:?}");
+    let left: Vec<_> = std::fs::read_dir("/sys/fs/cgroup")
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    for root in left {
+        let pod = root.join(format!("kubepods/besteffort/pod{uid}"));
+        assert!(!pod.exists(), "{} left behind", pod.display());
+    }
 }
