@@ -38,12 +38,8 @@ pub fn shared() -> Result<&'static Containerd, String> {
             .filter(|t| !t.is_empty() && t.chars().all(|c| c.is_ascii_alphanumeric()))
             .unwrap_or_else(|| "t".into());
         let started = Containerd::start(&tag).map_err(|e| e.to_string());
-        if started.is_ok() {
-            // SAFETY: registering a plain `extern "C" fn()` with libc's atexit has no
-            // preconditions; the handler only reads the OnceLock, initialised by then.
-            unsafe {
-                libc::atexit(teardown_shared);
-            }
+        if started.is_ok() && !crate::sim::process::at_exit(teardown_shared) {
+            eprintln!("cri: cannot register the runtime's teardown at exit: containerd will outlive the tests");
         }
         started
     });
