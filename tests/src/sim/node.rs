@@ -315,9 +315,27 @@ impl SimNode {
         self.env.filter.as_deref()
     }
 
-    /// The network namespace name of pod `name` (`/run/netns/<it>`).
+    /// The network namespace name of pod `name` (`/run/netns/<it>`): `hf-<test>-<pod>`, or on
+    /// the containerd backend the name CNI gave it (`cni-<uuid>`, once the sandbox runs).
     pub fn netns_name(&self, pod: &str) -> String {
-        self.env.netns_name(pod)
+        let cni = self.shared.netns_path(pod).and_then(|p| {
+            let in_run_netns = p
+                .parent()
+                .is_some_and(|d| d == Path::new("/run/netns") || d == Path::new("/var/run/netns"));
+            in_run_netns
+                .then(|| p.file_name().map(|f| f.to_string_lossy().into_owned()))
+                .flatten()
+        });
+        cni.unwrap_or_else(|| self.env.netns_name(pod))
+    }
+
+    /// The backend running this node's pods.
+    pub fn runtime(&self) -> Runtime {
+        if self.env.cri.is_some() {
+            Runtime::Containerd
+        } else {
+            Runtime::Netns
+        }
     }
 
     /// Runs `f` inside pod `pod`'s network namespace (on a dedicated thread).
