@@ -128,8 +128,8 @@ fn agent_without_net_admin_names_the_capability_and_fails_open() {
             verbose: true,
         }))
         .expect("agent container status");
-    let info = holdfast_tests::cri::kubelet::parse_info(&st.info);
-    let pid = holdfast_tests::cri::kubelet::info_pid(&info).expect("agent pid");
+    let info = holdfast_tests::cri::status::parse_info(&st.info);
+    let pid = holdfast_tests::cri::status::info_pid(&info).expect("agent pid");
     let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("agent cgroup");
     eprintln!("the agent container's /proc/{pid}/cgroup:\n{cgroup}");
     let parsed = holdfast::procfs_pods::parse_pod_cgroup(&cgroup).expect("a pod cgroup");

@@ -255,12 +255,12 @@ fn sandbox_and_container_on_the_private_containerd() {
             verbose: true,
         }))
         .expect("status");
-    let info = holdfast_tests::cri::kubelet::parse_info(&st.info);
-    let netns = holdfast_tests::cri::kubelet::info_netns(&info).expect("netns path");
+    let info = holdfast_tests::cri::status::parse_info(&st.info);
+    let netns = holdfast_tests::cri::status::info_netns(&info).expect("netns path");
     let netns_s = netns.to_string_lossy();
     assert!(netns_s.starts_with("/var/run/netns/cni-"), "{netns_s}");
     assert!(netns.exists());
-    assert!(holdfast_tests::cri::kubelet::info_pid(&info).is_some());
+    assert!(holdfast_tests::cri::status::info_pid(&info).is_some());
     let ip = st
         .status
         .and_then(|s| s.network)

@@ -5,6 +5,8 @@
 //! - [`runtime`]: the private containerd (own root, state, socket, CNI config) and its teardown.
 //! - [`image`]: OCI layout images built without a registry (Debian's static busybox).
 //! - [`kubelet`]: the CRI pod worker (sandbox, istio-init, containers in order, stop, restarts).
+//! - [`status`]: containerd's verbose status (process ids, the sandbox's netns path).
+//! - [`agent_pod`]: the agent in its own pod, with the DaemonSet's privileges from `manifests/`.
 //!
 //! One containerd serves every test of a test binary ([`shared`]): starting it and importing the
 //! image takes about a second, and `just test` must stay fast. It is torn down when the test
@@ -15,6 +17,7 @@ pub mod agent_pod;
 pub mod image;
 pub mod kubelet;
 pub mod runtime;
+pub mod status;
 
 use std::sync::OnceLock;
 
