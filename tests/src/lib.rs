@@ -3,6 +3,7 @@
 pub mod agent;
 pub mod bench;
 pub mod bench_opts;
+pub mod cri;
 pub mod echo;
 pub mod envoy;
 pub mod sim;

@@ -317,7 +317,14 @@ fn check_pod_identity(node: &SimNode, view: &holdfast_tests::sim::PodView) {
     let id = app.id.clone().expect("app id");
     assert_eq!(id.len(), 64);
     let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
-    let want = format!("0::/kubepods/pod{}/{id}", view.uid);
+    // Where each backend puts a container: the netns backend directly under `kubepods`, the
+    // containerd one as a kubelet with the cgroupfs driver places a BestEffort pod.
+    let want = match node.runtime() {
+        holdfast_tests::sim::Runtime::Netns => format!("0::/kubepods/pod{}/{id}", view.uid),
+        holdfast_tests::sim::Runtime::Containerd => {
+            format!("0::/kubepods/besteffort/pod{}/{id}", view.uid)
+        }
+    };
     assert!(
         cgroup.lines().any(|l| l == want),
         "/proc/{pid}/cgroup = {cgroup:?}, want {want}"

@@ -272,7 +272,7 @@ impl NfQueue {
                     }
                     let errno = Errno::from_raw(errno);
                     let hint = match errno {
-                        Errno::EBUSY | Errno::EPERM => "another process has this queue bound in this netns: another agent, or pick another queue number",
+                        Errno::EBUSY | Errno::EPERM => "missing CAP_NET_ADMIN (nfnetlink refuses queue configuration without it: the DaemonSet must add NET_ADMIN), or another process has this queue bound in this netns (another agent, or pick another queue number)",
                         Errno::EINVAL | Errno::EOPNOTSUPP => "the kernel rejected the queue configuration",
                         _ => "is nfnetlink_queue available in this kernel?",
                     };

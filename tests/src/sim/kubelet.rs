@@ -419,7 +419,7 @@ impl PodWorker {
         Ok(pid)
     }
 
-    fn container_args(&self, i: usize) -> Vec<String> {
+    pub(crate) fn container_args(&self, i: usize) -> Vec<String> {
         self.view(|v| {
             let spec = &v.spec;
             let remote = if spec.ip_families.ipv6_first() {
@@ -481,7 +481,7 @@ impl PodWorker {
         })
     }
 
-    fn write_sidecar_config(&self) -> Result<(), SimError> {
+    pub(crate) fn write_sidecar_config(&self) -> Result<(), SimError> {
         let cfg = self.view(|v| SidecarConfig {
             node_id: format!(
                 "sidecar~{}~{}.{}~{}.svc.cluster.local",

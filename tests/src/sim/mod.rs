@@ -43,7 +43,7 @@ pub mod process;
 pub mod report;
 pub mod spec;
 
-pub use node::{sim_app_binary, NodeOptions, SimNode, REMOTE_PORT};
+pub use node::{sim_app_binary, NodeOptions, Runtime, SimNode, REMOTE_PORT};
 pub use pod_object::{PodPhase, PodView, PROXY_CONTAINER};
 pub use report::{AppReport, CallCounts, CallError, Phase};
 pub use spec::{AppScript, IpFamilies, PodSpec, RestartPolicy};

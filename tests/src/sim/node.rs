@@ -36,6 +36,8 @@ pub(crate) struct NodeEnv {
     pub remote_ns: String,
     pub remote_port: u16,
     pub restart_backoff: Duration,
+    /// The containerd backend's runtime (`None`: pods are hand-made namespaces).
+    pub cri: Option<&'static crate::cri::Containerd>,
 }
 
 impl NodeEnv {
@@ -49,6 +51,9 @@ impl NodeEnv {
 pub(crate) struct Shared {
     pods: Mutex<BTreeMap<String, PodView>>,
     pub changed: Condvar,
+    /// Pods whose netns is not `/run/netns/hf-<test>-<pod>` (the containerd backend's CNI
+    /// names them `cni-<uuid>`).
+    netns_paths: Mutex<BTreeMap<String, PathBuf>>,
 }
 
 impl Shared {
@@ -56,6 +61,28 @@ impl Shared {
         // A worker that panicked leaves consistent data (updates are single assignments).
         self.pods.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    pub(crate) fn set_netns_path(&self, pod: &str, path: PathBuf) {
+        let mut m = self.netns_paths.lock().unwrap_or_else(|p| p.into_inner());
+        m.insert(pod.to_string(), path);
+    }
+
+    fn netns_path(&self, pod: &str) -> Option<PathBuf> {
+        let m = self.netns_paths.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(pod).cloned()
+    }
+}
+
+/// What runs the simulated node's pods.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Runtime {
+    /// Network namespaces, cgroups and processes made by hand ([`super::kubelet`]).
+    #[default]
+    Netns,
+    /// Real containers: a private containerd over the CRI, runc, the CNI bridge plugin
+    /// ([`crate::cri`]). Remote services listen in the host's netns on [`REMOTE_IP`], an address
+    /// of the CNI bridge, one port per node.
+    Containerd,
 }
 
 /// Options of a simulated node; [`NodeOptions::default`] finds everything in the workspace.
@@ -71,6 +98,9 @@ pub struct NodeOptions {
     pub filter: Option<PathBuf>,
     /// kubelet's first restart back-off (default 10 s, doubling up to 5 min).
     pub restart_backoff: Option<Duration>,
+    /// The backend (default: hand-made namespaces; `HOLDFAST_SIM_RUNTIME=containerd` in the
+    /// environment overrides it for every node).
+    pub runtime: Runtime,
 }
 
 /// Finds `sim-app`: `$HOLDFAST_SIM_APP`, else next to the running binary, else one directory up
@@ -169,6 +199,27 @@ impl SimNode {
         if filter.is_none() {
             eprintln!("sim: no filter module (run `just filter`): sidecars run without the holdfast filter");
         }
+        // `HOLDFAST_SIM_RUNTIME=containerd` runs a whole test binary written for the default
+        // backend on the containerd one (`just test` runs the end-to-end files both ways).
+        let runtime = match std::env::var("HOLDFAST_SIM_RUNTIME").as_deref() {
+            Ok("containerd") => Runtime::Containerd,
+            _ => opts.runtime,
+        };
+        let cri = match runtime {
+            Runtime::Netns => None,
+            Runtime::Containerd => Some(crate::cri::shared().map_err(SimError::Setup)?),
+        };
+        // Nodes on the containerd backend share the host netns for their remote services (on
+        // REMOTE_IP, an address of each runtime's bridge): one port per node, from a block per
+        // test process so two test binaries running at once do not collide.
+        let remote_port = match cri {
+            None => REMOTE_PORT,
+            Some(_) => {
+                static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+                let block = 7100 + (std::process::id() % 500) as u16 * 50;
+                block + NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst) % 50
+            }
+        };
         let cgroup_root = cgroup2_root()?;
         let work_dir = std::env::temp_dir().join(format!("hf-{test_name}-{}", random_hex(4)));
         let pods_dir = work_dir.join("pods");
@@ -188,8 +239,9 @@ impl SimNode {
             work_dir,
             cgroup_root,
             remote_ns: remote_ns_name.clone(),
-            remote_port: REMOTE_PORT,
+            remote_port,
             restart_backoff: opts.restart_backoff.unwrap_or(Duration::from_secs(10)),
+            cri,
         });
         let mut node = SimNode {
             env,
@@ -205,15 +257,23 @@ impl SimNode {
             torn_down: false,
         };
         // From here on, Drop cleans up whatever was created.
-        let ns = NetNs::create(&remote_ns_name)?;
-        ns.add_bridge()?;
-        let file = ns.open()?;
-        node.remote_ns = Some(ns);
         let mut cmd = Command::new(&node.env.sim_app);
-        cmd.args(["remote", "--listen", &format!("{REMOTE_IP}:{REMOTE_PORT}")])
+        cmd.args(["remote", "--listen", &format!("{REMOTE_IP}:{remote_port}")])
             .stdin(Stdio::null())
             .stdout(Stdio::piped());
-        let mut child = spawn_in(&mut cmd, &file, None)?;
+        let mut child = if node.env.cri.is_some() {
+            // The host's netns, where the CNI bridge carries REMOTE_IP.
+            cmd.spawn().map_err(|source| SimError::Io {
+                what: "cannot start the remote services".into(),
+                source,
+            })?
+        } else {
+            let ns = NetNs::create(&remote_ns_name)?;
+            ns.add_bridge()?;
+            let file = ns.open()?;
+            node.remote_ns = Some(ns);
+            spawn_in(&mut cmd, &file, None)?
+        };
         let stdout = child.stdout.take();
         node.remote = Some(child);
         // The remote services print one line once they listen.
@@ -227,6 +287,12 @@ impl SimNode {
             )));
         }
         Ok(node)
+    }
+
+    /// The node's test name (`hf-<it>-*` namespaces; the containerd backend labels its
+    /// sandboxes with it).
+    pub fn test_name(&self) -> &str {
+        &self.env.test_name
     }
 
     /// The node's name (`--node-name` for the agent).
@@ -249,9 +315,27 @@ impl SimNode {
         self.env.filter.as_deref()
     }
 
-    /// The network namespace name of pod `name` (`/run/netns/<it>`).
+    /// The network namespace name of pod `name` (`/run/netns/<it>`): `hf-<test>-<pod>`, or on
+    /// the containerd backend the name CNI gave it (`cni-<uuid>`, once the sandbox runs).
     pub fn netns_name(&self, pod: &str) -> String {
-        self.env.netns_name(pod)
+        let cni = self.shared.netns_path(pod).and_then(|p| {
+            let in_run_netns = p
+                .parent()
+                .is_some_and(|d| d == Path::new("/run/netns") || d == Path::new("/var/run/netns"));
+            in_run_netns
+                .then(|| p.file_name().map(|f| f.to_string_lossy().into_owned()))
+                .flatten()
+        });
+        cni.unwrap_or_else(|| self.env.netns_name(pod))
+    }
+
+    /// The backend running this node's pods.
+    pub fn runtime(&self) -> Runtime {
+        if self.env.cri.is_some() {
+            Runtime::Containerd
+        } else {
+            Runtime::Netns
+        }
     }
 
     /// Runs `f` inside pod `pod`'s network namespace (on a dedicated thread).
@@ -260,11 +344,19 @@ impl SimNode {
         pod: &str,
         f: impl FnOnce() -> R + Send,
     ) -> Result<R, SimError> {
-        netns::run_in(&PathBuf::from("/run/netns").join(self.netns_name(pod)), f)
+        let path = self
+            .shared
+            .netns_path(pod)
+            .unwrap_or_else(|| PathBuf::from("/run/netns").join(self.netns_name(pod)));
+        netns::run_in(&path, f)
     }
 
     /// Runs `f` inside the remote services' namespace, where traffic INTO pods comes from.
     pub fn in_remote_netns<R: Send>(&self, f: impl FnOnce() -> R + Send) -> Result<R, SimError> {
+        if self.env.cri.is_some() {
+            // The containerd backend's remote services live in the host's netns.
+            return Ok(f());
+        }
         netns::run_in(&PathBuf::from("/run/netns").join(&self.env.remote_ns), f)
     }
 
@@ -353,17 +445,32 @@ impl SimNode {
         for name in names {
             let index = self.index_of(&name);
             let (tx, rx) = channel();
-            let worker = PodWorker::new(
-                name.clone(),
-                index,
-                self.env.clone(),
-                self.shared.clone(),
-                rx,
-                tx.clone(),
-            );
+            let run: Box<dyn FnOnce() + Send> = match self.env.cri {
+                Some(rt) => {
+                    let w = crate::cri::kubelet::CriPodWorker::new(
+                        name.clone(),
+                        self.env.clone(),
+                        self.shared.clone(),
+                        rx,
+                        rt,
+                    );
+                    Box::new(move || w.run())
+                }
+                None => {
+                    let w = PodWorker::new(
+                        name.clone(),
+                        index,
+                        self.env.clone(),
+                        self.shared.clone(),
+                        rx,
+                        tx.clone(),
+                    );
+                    Box::new(move || w.run())
+                }
+            };
             let join = std::thread::Builder::new()
                 .name(format!("kubelet-{name}"))
-                .spawn(move || worker.run())
+                .spawn(run)
                 .map_err(|source| SimError::Io {
                     what: "cannot start a pod worker thread".into(),
                     source,
@@ -568,14 +675,27 @@ impl SimNode {
             left.push(format!("netns {ns}"));
         }
         for uid in &self.uids {
-            let cg = self
-                .env
-                .cgroup_root
-                .join("kubepods")
-                .join(format!("pod{uid}"));
-            if cg.exists() {
-                left.push(format!("cgroup {}", cg.display()));
+            for qos in ["", "besteffort"] {
+                let cg = self
+                    .env
+                    .cgroup_root
+                    .join("kubepods")
+                    .join(qos)
+                    .join(format!("pod{uid}"));
+                if cg.exists() {
+                    left.push(format!("cgroup {}", cg.display()));
+                }
             }
+        }
+        if let Some(rt) = self.env.cri {
+            left.extend(
+                rt.sandboxes_labelled(crate::cri::kubelet::NODE_LABEL, &self.env.test_name),
+            );
+            // On a real runtime a pod's first process sits in the pod's cgroup before it joins
+            // the pod's netns (runc's `runc init` is placed in the cgroup, then does setns): an
+            // agent that takes that moment's netns would act on the node's own. Nothing of the
+            // agent may ever be in the host's netns.
+            left.extend(crate::cri::host_netns_holdfast_rules());
         }
         left.extend(processes_in_pods(&self.uids));
         let tracked = self.remote.iter().chain(self.host_processes.iter());
@@ -612,6 +732,14 @@ impl SimNode {
             let _ = c.wait();
         }
         self.remote_ns = None;
+        if let Some(rt) = self.env.cri {
+            // Sandboxes a worker could not remove (it panicked, or the runtime was slow).
+            for e in
+                rt.remove_sandboxes(Some((crate::cri::kubelet::NODE_LABEL, &self.env.test_name)))
+            {
+                eprintln!("sim: {e}");
+            }
+        }
         // Pods that were added but never started have no worker: their files never existed.
         if std::thread::panicking() || std::env::var_os("HOLDFAST_KEEP_SIM").is_some() {
             eprintln!(

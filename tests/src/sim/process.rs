@@ -132,3 +132,12 @@ pub fn alive(pid: u32) -> bool {
         Err(_) => false,
     }
 }
+
+/// Registers `f` to run when the process exits normally (`exit(3)`, also after the test harness
+/// caught a panic): how state held in statics — never dropped — is torn down (the containerd
+/// backend's shared runtime). Returns false if libc could not register it.
+pub fn at_exit(f: extern "C" fn()) -> bool {
+    // SAFETY: atexit(3) only stores the function pointer; `f` is a plain `extern "C" fn()`
+    // with no arguments, valid for the whole process lifetime.
+    unsafe { libc::atexit(f) == 0 }
+}

@@ -1,0 +1,547 @@
+//! The kubelet stand-in over the CRI: one worker thread per pod drives the private containerd in
+//! kubelet's order, the order the sidecar failures depend on (kubelet's `kuberuntime_manager.go`
+//! `SyncPod`: sandbox, init containers one at a time, then every regular container started in
+//! spec order without waiting for readiness; `killContainersWithSyncResult` stops them all in
+//! parallel with the grace period).
+//!
+//! 1. `RunPodSandbox` with `cgroup_parent = /kubepods/besteffort/pod<uid>` (the cgroupfs driver's
+//!    place for a BestEffort pod); the CNI bridge plugin makes the netns and gives the pod IP.
+//! 2. `istio-init` as a real init container: `drop: ALL`, `add: NET_ADMIN, NET_RAW`, root, as
+//!    Istio injects it; it runs `iptables` (the host's, from the read-only `/usr` bind mount)
+//!    inside the pod's netns.
+//! 3. The containers in spec order; the proxy container runs the pilot-agent stand-in, which
+//!    starts Envoy as uid 1337 in the container's own pid namespace.
+//! 4. Exits are seen by polling `ContainerStatus` (containerd 1.6 has no CRI event stream);
+//!    restarts create a new container (attempt + 1) after kubelet's back-off.
+//! 5. Deletion: `StopContainer(timeout = grace)` on every container at once (containerd sends
+//!    SIGTERM, SIGKILL after the timeout), then `StopPodSandbox` + `RemovePodSandbox`.
+//!
+//! What the pods see and the agent reads is the same as on the netns backend: the Pod objects in
+//! the pods directory (ids `containerd://<64 hex>` from the runtime), processes in
+//! `kubepods/besteffort/pod<uid>/<id>`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_cri::v1::{
+    Capability, ContainerConfig, ContainerMetadata, ContainerState, ContainerStatusRequest,
+    CreateContainerRequest, ImageSpec, LinuxContainerConfig, LinuxContainerSecurityContext,
+    LinuxPodSandboxConfig, Mount, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest,
+    RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopContainerRequest,
+    StopPodSandboxRequest,
+};
+use k8s_openapi::jiff::Timestamp;
+
+use super::runtime::{Containerd, BASE_IMAGE};
+use super::status::{info_netns, info_pid, parse_info};
+use crate::sim::kubelet::{PodEvent, PodWorker};
+use crate::sim::node::{NodeEnv, Shared};
+use crate::sim::pod_object::{now_ts, write_atomic, CState, ContainerView, PodView, Terminated};
+use crate::sim::pod_object::{INIT_CONTAINER, PROXY_CONTAINER, PROXY_IMAGE};
+use crate::sim::SimError;
+
+/// Label on every sandbox of a simulated node (leftover checks and teardown select by it).
+pub const NODE_LABEL: &str = "holdfast.sim/node";
+/// How often running containers' states are polled.
+const POLL: Duration = Duration::from_millis(50);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Init,
+    Container(usize),
+}
+
+/// One pod's worker on the containerd backend.
+pub(crate) struct CriPodWorker {
+    name: String,
+    env: Arc<NodeEnv>,
+    shared: Arc<Shared>,
+    rx: Receiver<PodEvent>,
+    rt: &'static Containerd,
+    /// The netns backend's worker, used only for what both share: the containers' command
+    /// lines and the sidecar's Envoy configuration.
+    argv: PodWorker,
+    sandbox: Option<(String, PodSandboxConfig)>,
+    running: HashMap<String, Slot>,
+    attempts: HashMap<usize, u32>,
+    restart_at: HashMap<usize, Instant>,
+    deleting: bool,
+    shutting_down: bool,
+    pod_dir: PathBuf,
+}
+
+fn ts(nanos: i64) -> Timestamp {
+    Timestamp::from_nanosecond(i128::from(nanos)).unwrap_or_else(|_| now_ts())
+}
+
+impl CriPodWorker {
+    pub(crate) fn new(
+        name: String,
+        env: Arc<NodeEnv>,
+        shared: Arc<Shared>,
+        rx: Receiver<PodEvent>,
+        rt: &'static Containerd,
+    ) -> CriPodWorker {
+        let (tx, unused_rx) = std::sync::mpsc::channel();
+        let argv = PodWorker::new(name.clone(), 0, env.clone(), shared.clone(), unused_rx, tx);
+        let pod_dir = env.work_dir.join(&name);
+        CriPodWorker {
+            name,
+            env,
+            shared,
+            rx,
+            rt,
+            argv,
+            sandbox: None,
+            running: HashMap::new(),
+            attempts: HashMap::new(),
+            restart_at: HashMap::new(),
+            deleting: false,
+            shutting_down: false,
+            pod_dir,
+        }
+    }
+
+    fn update<R>(&self, f: impl FnOnce(&mut PodView) -> R) -> R {
+        let mut pods = self.shared.lock();
+        let Some(view) = pods.get_mut(&self.name) else {
+            unreachable!("pod {} has no view", self.name);
+        };
+        let r = f(view);
+        if !view.gone {
+            if let Err(e) = write_atomic(&self.env.pods_dir, &view.file_name(), &view.to_pod()) {
+                eprintln!("sim: cannot write pod file for {}: {e}", self.name);
+            }
+        }
+        drop(pods);
+        self.shared.changed.notify_all();
+        r
+    }
+
+    fn view<R>(&self, f: impl FnOnce(&PodView) -> R) -> R {
+        let pods = self.shared.lock();
+        match pods.get(&self.name) {
+            Some(v) => f(v),
+            None => unreachable!("pod {} has no view", self.name),
+        }
+    }
+
+    /// Runs the pod until it is deleted (or the node shuts down), then removes its sandbox.
+    pub(crate) fn run(mut self) {
+        self.update(|_| ());
+        if let Err(e) = self.start_sandbox_and_init() {
+            eprintln!("sim: pod {}: {e}", self.name);
+            let reason = e.to_string();
+            self.update(|v| v.failed_reason = Some(reason));
+        }
+        loop {
+            if (self.deleting || self.shutting_down) && self.running.is_empty() {
+                break;
+            }
+            let next = self.restart_at.values().min().copied();
+            let wait = next.map_or(POLL, |t| {
+                t.saturating_duration_since(Instant::now()).min(POLL)
+            });
+            match self.rx.recv_timeout(wait) {
+                Ok(PodEvent::Delete) => self.on_delete(),
+                Ok(PodEvent::Shutdown) | Err(RecvTimeoutError::Disconnected) => self.on_shutdown(),
+                Ok(_) => {}
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            self.poll_exits();
+            self.restart_due();
+        }
+        self.remove_sandbox();
+        let pods_dir = self.env.pods_dir.clone();
+        self.update(|v| {
+            v.gone = true;
+            let _ = std::fs::remove_file(pods_dir.join(v.file_name()));
+        });
+    }
+
+    fn start_sandbox_and_init(&mut self) -> Result<(), SimError> {
+        let (uid, name, namespace) =
+            self.view(|v| (v.uid.clone(), v.spec.name.clone(), v.spec.namespace.clone()));
+        std::fs::create_dir_all(&self.pod_dir).map_err(|source| SimError::Io {
+            what: format!("cannot create {}", self.pod_dir.display()),
+            source,
+        })?;
+        let config = PodSandboxConfig {
+            metadata: Some(PodSandboxMetadata {
+                name,
+                uid: uid.clone(),
+                namespace,
+                attempt: 0,
+            }),
+            hostname: self.name.clone(),
+            log_directory: self.pod_dir.to_string_lossy().into_owned(),
+            labels: [(NODE_LABEL.to_string(), self.env.test_name.clone())].into(),
+            linux: Some(LinuxPodSandboxConfig {
+                cgroup_parent: format!("/kubepods/besteffort/pod{uid}"),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut c = self.rt.client.clone();
+        let id = self
+            .rt
+            .call(c.run_pod_sandbox(RunPodSandboxRequest {
+                config: Some(config.clone()),
+                runtime_handler: String::new(),
+            }))?
+            .pod_sandbox_id;
+        self.sandbox = Some((id.clone(), config));
+        let st = self.rt.call(c.pod_sandbox_status(PodSandboxStatusRequest {
+            pod_sandbox_id: id,
+            verbose: true,
+        }))?;
+        let ip = st.status.and_then(|s| s.network).map(|n| n.ip);
+        let info = parse_info(&st.info);
+        let pid = info_pid(&info);
+        if let Some(path) = info_netns(&info) {
+            self.shared.set_netns_path(&self.name, path);
+        }
+        let pod_ip = ip.as_deref().and_then(|s| s.parse().ok()).ok_or_else(|| {
+            SimError::Setup(format!("the sandbox has no IPv4 pod IP (CNI said {ip:?})"))
+        })?;
+        self.update(|v| {
+            v.pod_ip = pod_ip;
+            v.sandbox_ready = true;
+            v.sandbox_pid = pid;
+            v.start_time = Some(now_ts());
+        });
+
+        let min_ms = self.view(|v| v.spec.init_duration.as_millis().to_string());
+        let args = vec!["istio-init".to_string(), "--min-duration-ms".into(), min_ms];
+        // Istio's injected istio-init: root, drop ALL, add NET_ADMIN and NET_RAW.
+        let caps = Capability {
+            add_capabilities: vec!["NET_ADMIN".into(), "NET_RAW".into()],
+            drop_capabilities: vec!["ALL".into()],
+            ..Default::default()
+        };
+        let (cid, pid) = self.create_and_start(INIT_CONTAINER, 0, args, Some(caps))?;
+        self.running.insert(cid.clone(), Slot::Init);
+        self.update(|v| {
+            let mut c = ContainerView::new(INIT_CONTAINER, PROXY_IMAGE, "");
+            c.id = Some(cid);
+            c.pid = pid;
+            c.state = CState::Running {
+                started_at: now_ts(),
+            };
+            v.init = Some(c);
+        });
+        Ok(())
+    }
+
+    /// The read-only host paths every container gets at the same path: `/usr` (glibc, iptables,
+    /// everything the host binaries link), Debian's alternatives (`iptables` is a link through
+    /// `/etc/alternatives`), `sim-app`, Envoy, the filter; and the pod's directory read-write
+    /// (reports, Envoy config, logs).
+    fn mounts(&self) -> Vec<Mount> {
+        let mut ro: Vec<&Path> = vec![
+            Path::new("/usr"),
+            Path::new("/etc/alternatives"),
+            &self.env.sim_app,
+            &self.env.envoy,
+        ];
+        if let Some(f) = &self.env.filter {
+            ro.push(f);
+        }
+        let mount = |p: &Path, readonly: bool| Mount {
+            container_path: p.to_string_lossy().into_owned(),
+            host_path: p.to_string_lossy().into_owned(),
+            readonly,
+            ..Default::default()
+        };
+        let mut all: Vec<Mount> = ro.into_iter().map(|p| mount(p, true)).collect();
+        all.push(mount(&self.pod_dir, false));
+        all
+    }
+
+    /// CreateContainer + StartContainer; returns the container id and its pid (on the host).
+    fn create_and_start(
+        &self,
+        name: &str,
+        attempt: u32,
+        args: Vec<String>,
+        caps: Option<Capability>,
+    ) -> Result<(String, Option<u32>), SimError> {
+        let Some((sandbox_id, sandbox_config)) = self.sandbox.clone() else {
+            return Err(SimError::Setup("no sandbox".into()));
+        };
+        let config = ContainerConfig {
+            metadata: Some(ContainerMetadata {
+                name: name.to_string(),
+                attempt,
+            }),
+            image: Some(ImageSpec {
+                image: BASE_IMAGE.into(),
+                ..Default::default()
+            }),
+            command: vec![self.env.sim_app.to_string_lossy().into_owned()],
+            args,
+            working_dir: self.pod_dir.to_string_lossy().into_owned(),
+            mounts: self.mounts(),
+            // kubelet's layout under the sandbox's log directory: <container>/<attempt>.log.
+            log_path: format!("{name}/{attempt}.log"),
+            linux: Some(LinuxContainerConfig {
+                security_context: Some(LinuxContainerSecurityContext {
+                    capabilities: caps,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut c = self.rt.client.clone();
+        let cid = self
+            .rt
+            .call(c.create_container(CreateContainerRequest {
+                pod_sandbox_id: sandbox_id,
+                config: Some(config),
+                sandbox_config: Some(sandbox_config),
+            }))?
+            .container_id;
+        self.rt.call(c.start_container(StartContainerRequest {
+            container_id: cid.clone(),
+        }))?;
+        let st = self.rt.call(c.container_status(ContainerStatusRequest {
+            container_id: cid.clone(),
+            verbose: true,
+        }))?;
+        Ok((cid, info_pid(&parse_info(&st.info))))
+    }
+
+    fn start_container(&mut self, i: usize) {
+        let (name, restarting) = self.view(|v| {
+            let c = &v.containers[i];
+            (c.name.clone(), c.id.is_some())
+        });
+        if name == PROXY_CONTAINER && !restarting {
+            if let Err(e) = self.argv.write_sidecar_config() {
+                eprintln!("sim: pod {}: {e}", self.name);
+            }
+        }
+        let attempt = *self.attempts.entry(i).and_modify(|a| *a += 1).or_insert(0);
+        let args = self.argv.container_args(i);
+        match self.create_and_start(&name, attempt, args, None) {
+            Ok((cid, pid)) => {
+                self.running.insert(cid.clone(), Slot::Container(i));
+                self.update(|v| {
+                    let c = &mut v.containers[i];
+                    if restarting {
+                        c.restart_count += 1;
+                    }
+                    c.id = Some(cid);
+                    c.pid = pid;
+                    c.state = CState::Running {
+                        started_at: now_ts(),
+                    };
+                })
+            }
+            Err(e) => {
+                eprintln!("sim: pod {}: cannot start {name}: {e}", self.name);
+                let reason = format!("RunContainerError: {e}");
+                self.update(|v| v.containers[i].state = CState::Waiting { reason });
+            }
+        }
+    }
+
+    /// Reads the state of every running container; handles the ones that exited.
+    fn poll_exits(&mut self) {
+        let ids: Vec<(String, Slot)> = self.running.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        for (cid, slot) in ids {
+            let mut c = self.rt.client.clone();
+            let st = match self.rt.call(c.container_status(ContainerStatusRequest {
+                container_id: cid.clone(),
+                verbose: false,
+            })) {
+                Ok(r) => r.status,
+                Err(e) => {
+                    eprintln!("sim: pod {}: ContainerStatus {cid}: {e}", self.name);
+                    None
+                }
+            };
+            let Some(st) = st else { continue };
+            if st.state() != ContainerState::ContainerExited {
+                continue;
+            }
+            self.running.remove(&cid);
+            let t = Terminated {
+                container_id: cid,
+                exit_code: st.exit_code,
+                // The CRI reports no signal; kubelet leaves `signal` unset too.
+                signal: None,
+                reason: st.reason,
+                started_at: ts(st.started_at),
+                finished_at: ts(st.finished_at),
+            };
+            self.on_exit(slot, t);
+        }
+    }
+
+    fn on_exit(&mut self, slot: Slot, t: Terminated) {
+        match slot {
+            Slot::Init => {
+                let ok = t.exit_code == 0;
+                let code = t.exit_code;
+                self.update(|v| {
+                    if let Some(c) = v.init.as_mut() {
+                        c.state = CState::Terminated(t);
+                        c.pid = None;
+                    }
+                    if !ok {
+                        v.failed_reason = Some(format!("Init:Error (exit {code})"));
+                    }
+                });
+                if ok && !self.deleting && !self.shutting_down {
+                    if self.view(|v| v.spec.serial_start || v.spec.drop_until_ready) {
+                        eprintln!("sim: pod {}: serial_start/drop_until_ready are netns-backend baselines; started in kubelet's default order", self.name);
+                    }
+                    for i in 0..self.view(|v| v.containers.len()) {
+                        self.start_container(i);
+                    }
+                }
+            }
+            Slot::Container(i) => {
+                let deleting = self.deleting || self.shutting_down;
+                let base = self.env.restart_backoff;
+                let backoff = self.update(|v| {
+                    let policy = v.spec.restart_policy;
+                    let c = &mut v.containers[i];
+                    c.pid = None;
+                    if !deleting && policy.restarts(t.exit_code) {
+                        // kubelet's back-off: base, doubling, capped at 5 minutes.
+                        let b = base
+                            .saturating_mul(1u32 << c.restart_count.min(5))
+                            .min(Duration::from_secs(300));
+                        c.last = Some(t);
+                        c.state = CState::Waiting {
+                            reason: "CrashLoopBackOff".into(),
+                        };
+                        Some(b)
+                    } else {
+                        c.state = CState::Terminated(t);
+                        None
+                    }
+                });
+                if let Some(b) = backoff {
+                    self.restart_at.insert(i, Instant::now() + b);
+                }
+            }
+        }
+    }
+
+    fn restart_due(&mut self) {
+        let now = Instant::now();
+        let due: Vec<usize> = self
+            .restart_at
+            .iter()
+            .filter(|(_, t)| **t <= now)
+            .map(|(i, _)| *i)
+            .collect();
+        for i in due {
+            self.restart_at.remove(&i);
+            if !self.deleting && !self.shutting_down {
+                self.start_container(i);
+            }
+        }
+    }
+
+    /// `StopContainer` on every running container at once, each on its own thread (as kubelet
+    /// kills containers in parallel goroutines); the CRI timeout is whole seconds.
+    fn stop_all(&self, grace: Duration) {
+        let timeout = grace.as_secs() + u64::from(grace.subsec_nanos() > 0);
+        for cid in self.running.keys() {
+            let (rt, cid) = (self.rt, cid.clone());
+            let name = self.name.clone();
+            std::thread::spawn(move || {
+                let mut c = rt.client.clone();
+                if let Err(e) = rt.call(c.stop_container(StopContainerRequest {
+                    container_id: cid.clone(),
+                    timeout: timeout as i64,
+                })) {
+                    eprintln!("sim: pod {name}: StopContainer {cid}: {e}");
+                }
+            });
+        }
+    }
+
+    fn on_delete(&mut self) {
+        if self.deleting {
+            return;
+        }
+        self.deleting = true;
+        self.restart_at.clear();
+        let grace = self.view(|v| v.spec.grace);
+        self.update(|v| {
+            let due = now_ts().as_nanosecond() + grace.as_nanos() as i128;
+            v.deletion_at = Some(Timestamp::from_nanosecond(due).unwrap_or_else(|_| now_ts()));
+            for c in &mut v.containers {
+                if let (CState::Waiting { .. }, Some(last)) = (&c.state, &c.last) {
+                    c.state = CState::Terminated(last.clone());
+                }
+            }
+        });
+        self.stop_all(grace);
+    }
+
+    fn on_shutdown(&mut self) {
+        if self.shutting_down {
+            return;
+        }
+        self.shutting_down = true;
+        self.restart_at.clear();
+        self.stop_all(Duration::ZERO);
+    }
+
+    fn remove_sandbox(&mut self) {
+        if let Some((id, _)) = self.sandbox.take() {
+            let mut c = self.rt.client.clone();
+            if let Err(e) = self.rt.call(c.stop_pod_sandbox(StopPodSandboxRequest {
+                pod_sandbox_id: id.clone(),
+            })) {
+                eprintln!("sim: pod {}: StopPodSandbox: {e}", self.name);
+            }
+            if let Err(e) = self
+                .rt
+                .call(c.remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: id }))
+            {
+                eprintln!("sim: pod {}: RemovePodSandbox: {e}", self.name);
+            }
+        }
+        self.update(|v| v.sandbox_pid = None);
+        let uid = self.view(|v| v.uid.clone());
+        for e in remove_pod_cgroups(&uid) {
+            eprintln!("sim: pod {}: {e}", self.name);
+        }
+    }
+}
+
+/// Removes the pod-level cgroup `kubepods/besteffort/pod<uid>` from every hierarchy (the v1
+/// controllers and the unified one). runc removes only the containers' cgroups; the pod's is
+/// kubelet's to remove (kubelet `pod_container_manager_linux.go`, `Destroy`), so a stand-in
+/// that skipped this would leave one directory per pod and controller behind.
+pub fn remove_pod_cgroups(uid: &str) -> Vec<String> {
+    let base = Path::new("/sys/fs/cgroup");
+    let mut roots = vec![base.to_path_buf()];
+    if let Ok(dir) = std::fs::read_dir(base) {
+        roots.extend(dir.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
+    }
+    let mut errors = Vec::new();
+    for root in roots {
+        let pod = root.join("kubepods/besteffort").join(format!("pod{uid}"));
+        if pod.is_dir() {
+            if let Err(e) = std::fs::remove_dir(&pod) {
+                errors.push(format!("cannot remove {}: {e}", pod.display()));
+            }
+            // Shared with other pods and nodes: only if empty.
+            let _ = std::fs::remove_dir(root.join("kubepods/besteffort"));
+            let _ = std::fs::remove_dir(root.join("kubepods"));
+        }
+    }
+    errors
+}

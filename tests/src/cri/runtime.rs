@@ -1,0 +1,354 @@
+//! A private containerd (Debian's 1.6, CRI plugin built in) under a scratch directory: its own
+//! root, state, socket and CNI config, never the machine's `/run/containerd`. Checked by hand in
+//! `shared/reference/containerd-cri.md`: `restrict_oom_score_adj = true` is required here (the
+//! sandbox asks runc for oom_score_adj -998, which this machine refuses).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use k8s_cri::v1::{
+    ListPodSandboxRequest, PodSandboxFilter, RemovePodSandboxRequest, StopPodSandboxRequest,
+    VersionRequest,
+};
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use super::image::{build_busybox_image, run};
+use crate::sim::{random_hex, SimError};
+
+/// The one image every container runs (busybox; the pause process is its default command).
+pub const BASE_IMAGE: &str = "localhost/hf-base:local";
+/// The CRI plugin's Kubernetes namespace in containerd.
+const CTR_NAMESPACE: &str = "k8s.io";
+/// CNI plugins from Debian's containernetworking-plugins.
+const CNI_BIN: &str = "/usr/lib/cni";
+
+/// A running private containerd and a CRI client to it. Dropping it removes every pod sandbox
+/// (their containers and netns with them), stops containerd by its PID, unmounts what it left
+/// and deletes the scratch directory and the CNI bridge.
+pub struct Containerd {
+    pub dir: PathBuf,
+    pub socket: PathBuf,
+    /// The CNI bridge in the host netns (its address is the pods' gateway).
+    pub bridge: String,
+    /// The pods' gateway, on the bridge: where the remote services listen.
+    pub gateway: std::net::Ipv4Addr,
+    pub rt: tokio::runtime::Runtime,
+    pub client: RuntimeServiceClient<Channel>,
+    child: std::sync::Mutex<Option<Child>>,
+}
+
+impl std::fmt::Debug for Containerd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Containerd")
+            .field("dir", &self.dir)
+            .field("bridge", &self.bridge)
+            .finish_non_exhaustive()
+    }
+}
+
+fn io(what: String) -> impl FnOnce(std::io::Error) -> SimError {
+    move |source| SimError::Io { what, source }
+}
+
+/// Why the runtime cannot be used here, or `None` when it can.
+pub fn missing_pieces() -> Option<String> {
+    let mut missing = Vec::new();
+    for (bin, pkg) in [
+        ("/usr/bin/containerd", "containerd"),
+        ("/usr/bin/ctr", "containerd"),
+        ("/usr/sbin/runc", "runc"),
+        ("/usr/lib/cni/bridge", "containernetworking-plugins"),
+        (super::image::BUSYBOX, "busybox-static"),
+    ] {
+        if !Path::new(bin).exists() {
+            missing.push(format!("{bin} ({pkg})"));
+        }
+    }
+    let overlay = std::fs::read_to_string("/proc/filesystems")
+        .map(|f| f.lines().any(|l| l.trim_end().ends_with("overlay")))
+        .unwrap_or(false);
+    if !overlay {
+        missing.push("overlayfs in the kernel (modprobe overlay)".into());
+    }
+    (!missing.is_empty()).then(|| format!("missing {}: run `just setup`", missing.join(", ")))
+}
+
+impl Containerd {
+    /// Starts containerd under a new scratch directory and imports the base image.
+    pub fn start(tag: &str) -> Result<Containerd, SimError> {
+        if let Some(why) = missing_pieces() {
+            return Err(SimError::Setup(why));
+        }
+        let id = random_hex(3);
+        let dir = PathBuf::from(format!("/tmp/hf-cri-{tag}-{id}"));
+        let cni = dir.join("cni");
+        std::fs::create_dir_all(&cni).map_err(io(format!("cannot create {}", cni.display())))?;
+        let socket = dir.join("containerd.sock");
+        // A private /24 of 198.19.0.0/16 (benchmarking range, RFC 2544) per runtime, and a
+        // bridge name of our own, so two runtimes on one machine never share either.
+        let octet = 1 + (u8::from_str_radix(&id[..2], 16).unwrap_or(0) % 250);
+        let gateway = std::net::Ipv4Addr::new(198, 19, octet, 1);
+        let bridge = format!("hfcri{id}");
+        let config = format!(
+            r#"version = 2
+root = "{d}/root"
+state = "{d}/state"
+[grpc]
+  address = "{sock}"
+[ttrpc]
+  address = "{d}/containerd.sock.ttrpc"
+[debug]
+  level = "warn"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{BASE_IMAGE}"
+  restrict_oom_score_adj = true
+  enable_selinux = false
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{CNI_BIN}"
+    conf_dir = "{cni}"
+"#,
+            d = dir.display(),
+            sock = socket.display(),
+            cni = cni.display(),
+        );
+        let conflist = serde_json::json!({
+            "cniVersion": "0.4.0",
+            "name": format!("hf-cri-{id}"),
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": bridge,
+                    "isGateway": true,
+                    "ipMasq": false,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": format!("198.19.{octet}.0/24"), "gateway": gateway.to_string()}]],
+                        "routes": [{"dst": "0.0.0.0/0"}],
+                        "dataDir": dir.join("cni-ipam").to_string_lossy(),
+                    },
+                },
+                {"type": "loopback"},
+            ],
+        });
+        let cfg_path = dir.join("config.toml");
+        std::fs::write(&cfg_path, config).map_err(io("cannot write config.toml".into()))?;
+        std::fs::write(cni.join("10-hf.conflist"), conflist.to_string())
+            .map_err(io("cannot write the CNI config".into()))?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(io("cannot build a tokio runtime".into()))?;
+        let sock = socket.clone();
+        // tonic spawns the connection's task on the current runtime.
+        let entered = rt.enter();
+        let channel = Endpoint::try_from("http://[::]:50051")
+            .map_err(|e| SimError::Setup(format!("endpoint: {e}")))?
+            .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
+                let sock = sock.clone();
+                async move {
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                        tokio::net::UnixStream::connect(sock).await?,
+                    ))
+                }
+            }));
+        let client = RuntimeServiceClient::new(channel);
+        drop(entered);
+        // Spawned last, right before the guard that stops it exists: nothing can fail between.
+        let log = std::fs::File::create(dir.join("containerd.log"))
+            .map_err(io("cannot create containerd.log".into()))?;
+        let log2 = log.try_clone().map_err(io("containerd.log".into()))?;
+        let child = Command::new("/usr/bin/containerd")
+            .arg("--config")
+            .arg(&cfg_path)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .spawn()
+            .map_err(io("cannot start containerd".into()))?;
+        let me = Containerd {
+            dir,
+            socket,
+            bridge,
+            gateway,
+            rt,
+            client,
+            child: std::sync::Mutex::new(Some(child)),
+        };
+        // From here on, Drop cleans up.
+        me.wait_ready(Duration::from_secs(30))?;
+        // The bridge is made before CNI (which adopts it) so it can carry the remote services'
+        // address too: pods reach REMOTE_IP through their default route, as on the netns backend.
+        // The gateway address goes first: the bridge plugin's `ensureAddr` (containernetworking
+        // plugins, main/bridge/bridge.go) accepts a bridge whose addresses match its gateway
+        // before any other IPv4 address, and fails on the first one that differs.
+        run("ip", &["link", "add", &me.bridge, "type", "bridge"])?;
+        let gw = format!("{}/24", me.gateway);
+        run("ip", &["addr", "add", &gw, "dev", &me.bridge])?;
+        let remote = format!("{}/32", crate::sim::netns::REMOTE_IP);
+        run("ip", &["addr", "add", &remote, "dev", &me.bridge])?;
+        run("ip", &["link", "set", &me.bridge, "up"])?;
+        let tar = build_busybox_image(&me.dir, BASE_IMAGE, &["/bin/sleep", "2147483647"])?;
+        me.ctr(&["images", "import", &tar.to_string_lossy()])?;
+        Ok(me)
+    }
+
+    /// `ctr` against this containerd, in the CRI plugin's namespace.
+    pub fn ctr(&self, args: &[&str]) -> Result<String, SimError> {
+        let sock = self.socket.to_string_lossy().into_owned();
+        let mut all = vec!["--address", &sock, "--namespace", CTR_NAMESPACE];
+        all.extend_from_slice(args);
+        run("/usr/bin/ctr", &all)
+    }
+
+    fn wait_ready(&self, timeout: Duration) -> Result<(), SimError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let exited = self
+                .child
+                .lock()
+                .ok()
+                .and_then(|mut c| c.as_mut().and_then(|c| c.try_wait().ok().flatten()));
+            if let Some(st) = exited {
+                return Err(SimError::Setup(format!(
+                    "containerd exited ({st}); see {}",
+                    self.dir.join("containerd.log").display()
+                )));
+            }
+            let mut c = self.client.clone();
+            let v = self.rt.block_on(async {
+                tokio::time::timeout(Duration::from_secs(2), c.version(VersionRequest::default()))
+                    .await
+            });
+            match v {
+                Ok(Ok(_)) => return Ok(()),
+                _ if Instant::now() >= deadline => {
+                    return Err(SimError::Timeout {
+                        what: "containerd's CRI socket".into(),
+                        waited: timeout,
+                        last: format!("see {}", self.dir.join("containerd.log").display()),
+                    })
+                }
+                _ => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+
+    /// Runs a CRI call on the runtime's executor (from any thread).
+    pub fn call<T>(
+        &self,
+        f: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, SimError> {
+        self.rt
+            .block_on(f)
+            .map(tonic::Response::into_inner)
+            .map_err(|s| SimError::Setup(format!("CRI: {:?}: {}", s.code(), s.message())))
+    }
+
+    /// Stops and removes every pod sandbox whose labels include `key=value` (or all when `None`).
+    pub fn remove_sandboxes(&self, label: Option<(&str, &str)>) -> Vec<String> {
+        let mut errors = Vec::new();
+        let filter = label.map(|(k, v)| PodSandboxFilter {
+            label_selector: [(k.to_string(), v.to_string())].into(),
+            ..Default::default()
+        });
+        let mut c = self.client.clone();
+        let list = match self.call(c.list_pod_sandbox(ListPodSandboxRequest { filter })) {
+            Ok(l) => l.items,
+            Err(e) => return vec![e.to_string()],
+        };
+        for sb in list {
+            let mut c = self.client.clone();
+            let id = sb.id.clone();
+            if let Err(e) = self.call(c.stop_pod_sandbox(StopPodSandboxRequest {
+                pod_sandbox_id: id.clone(),
+            })) {
+                errors.push(format!("stop sandbox {id}: {e}"));
+            }
+            let mut c = self.client.clone();
+            if let Err(e) = self.call(c.remove_pod_sandbox(RemovePodSandboxRequest {
+                pod_sandbox_id: id.clone(),
+            })) {
+                errors.push(format!("remove sandbox {id}: {e}"));
+            }
+        }
+        errors
+    }
+
+    /// The sandboxes (name and id) labelled `key=value`, as leftover descriptions.
+    pub fn sandboxes_labelled(&self, key: &str, value: &str) -> Vec<String> {
+        let filter = PodSandboxFilter {
+            label_selector: [(key.to_string(), value.to_string())].into(),
+            ..Default::default()
+        };
+        let mut c = self.client.clone();
+        match self.call(c.list_pod_sandbox(ListPodSandboxRequest {
+            filter: Some(filter),
+        })) {
+            Ok(l) => l
+                .items
+                .into_iter()
+                .map(|sb| {
+                    let name = sb.metadata.map(|m| m.name).unwrap_or_default();
+                    format!("sandbox {name} ({})", sb.id)
+                })
+                .collect(),
+            Err(e) => vec![format!("cannot list sandboxes: {e}")],
+        }
+    }
+
+    /// Tears everything down; returns what could not be removed.
+    pub fn teardown(&self) -> Vec<String> {
+        let taken = self.child.lock().ok().and_then(|mut c| c.take());
+        let Some(mut child) = taken else {
+            return Vec::new();
+        };
+        let mut left = self.remove_sandboxes(None);
+        let _ = self.ctr(&["images", "rm", BASE_IMAGE]);
+        // Our child, not reaped yet: its PID cannot have been reused.
+        crate::sim::process::signal(child.id(), nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        // Mounts containerd leaves under its root/state (snapshots, sandbox shm) if a shim died.
+        if let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") {
+            let prefix = self.dir.to_string_lossy().into_owned();
+            let mut points: Vec<&str> = mounts
+                .lines()
+                .filter_map(|l| l.split(' ').nth(4))
+                .filter(|m| m.starts_with(&prefix))
+                .collect();
+            points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+            for p in points {
+                if let Err(e) = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH) {
+                    left.push(format!("mount {p}: {e}"));
+                }
+            }
+        }
+        let _ = run("ip", &["link", "del", &self.bridge]);
+        if Path::new("/sys/class/net").join(&self.bridge).exists() {
+            left.push(format!("bridge {}", self.bridge));
+        }
+        if std::env::var_os("HOLDFAST_KEEP_SIM").is_none() {
+            if let Err(e) = std::fs::remove_dir_all(&self.dir) {
+                left.push(format!("{}: {e}", self.dir.display()));
+            }
+        }
+        left
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        for l in self.teardown() {
+            eprintln!("cri: left after teardown: {l}");
+        }
+    }
+}

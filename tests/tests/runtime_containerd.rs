@@ -1,0 +1,357 @@
+//! The simulated node's containerd backend: a private containerd (Debian's 1.6, CRI plugin), runc
+//! and the CNI bridge plugin, driven over the CRI. The runtime itself, then a representative
+//! subset of the end-to-end scenarios on real containers (every e2e file also runs whole on this
+//! backend with `HOLDFAST_SIM_RUNTIME=containerd`): the startup failure without holdfast, the
+//! hold with it, calls through shutdown with the drain, a Job that completes.
+
+use std::time::{Duration, Instant};
+
+use holdfast::status::{HoldOutcome, Phase as AgentPhase};
+use holdfast_tests::agent::AgentProcess;
+use holdfast_tests::cri::runtime_for;
+use holdfast_tests::sim::{
+    AppScript, CallError, NodeOptions, Phase, PodPhase, PodSpec, Runtime, SimNode,
+};
+use k8s_cri::v1::*;
+
+fn node(test: &str) -> SimNode {
+    let opts = NodeOptions {
+        sim_app: Some(env!("CARGO_BIN_EXE_sim-app").into()),
+        runtime: Runtime::Containerd,
+        ..NodeOptions::default()
+    };
+    SimNode::with_options(test, opts)
+        .unwrap_or_else(|e| panic!("{test}: cannot build the simulated node: {e}"))
+}
+
+fn agent(node: &SimNode) -> AgentProcess {
+    AgentProcess::start(
+        node.node_name(),
+        node.pods_dir(),
+        &node.work_dir().join("agent.log"),
+        &[],
+    )
+    .expect("start the holdfast agent")
+}
+
+fn assert_clean(node: SimNode) {
+    let left = node.finish();
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+/// Failure 1 on real containers: the app's boot call goes out while Envoy is 2 s away; the
+/// istio-init container's REDIRECT sends it to 15001 where nothing listens: refused, exit 1.
+#[test]
+fn containerd_startup_call_before_proxy_is_refused() {
+    if runtime_for("containerd_startup_call_before_proxy_is_refused").is_none() {
+        return;
+    }
+    let mut node = node("crstartup");
+    node.add_pod(
+        PodSpec::new("fetch-config")
+            .app(AppScript::CallAtStart { calls: 1 })
+            .proxy_delay(Duration::from_secs(2)),
+    )
+    .expect("add pod");
+    node.start_pods().expect("start");
+    let view = node
+        .wait_app_exited("fetch-config", Duration::from_secs(30))
+        .expect("app exits");
+    let report = node.report("fetch-config").expect("report");
+    let startup = report.calls(Phase::Startup);
+    assert!(
+        startup.errors(CallError::ConnectionRefused) > 0,
+        "expected refused startup calls, got {startup:?}"
+    );
+    assert_eq!(startup.ok, 0, "{startup:?}");
+    assert_eq!(view.app().and_then(|c| c.exit_code()), Some(1));
+    let init = view.init.as_ref().expect("init container");
+    assert_eq!(
+        init.exit_code(),
+        Some(0),
+        "istio-init ran iptables in the pod"
+    );
+    assert!(view.proxy().is_some_and(|c| c.is_running()));
+    // Ids are the runtime's: 64 hex, as `containerd://<id>` in the Pod object.
+    let id = view.app().and_then(|c| c.id.clone()).expect("id");
+    assert!(id.len() == 64 && id.chars().all(|c| c.is_ascii_hexdigit()));
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_slice(
+        &std::fs::read(node.pods_dir().join("default_fetch-config.json")).expect("pod file"),
+    )
+    .expect("pod json");
+    let statuses = pod
+        .status
+        .and_then(|s| s.container_statuses)
+        .unwrap_or_default();
+    assert!(statuses
+        .iter()
+        .any(|s| s.container_id.as_deref() == Some(&format!("containerd://{id}"))));
+    assert_clean(node);
+}
+
+/// The hold on real containers: with the agent, the same boot calls are held until Envoy is
+/// ready and none is refused.
+#[test]
+#[ignore = "needs the agent to refuse a pod process seen in the host's netns (runc puts `runc init` in the pod's cgroup before it joins the pod's netns; the agent then installs its hold rules in the host's netns): see the issue 13 report"]
+fn containerd_startup_hold_proxy_two_seconds_late() {
+    if runtime_for("containerd_startup_hold_proxy_two_seconds_late").is_none() {
+        return;
+    }
+    let mut node = node("crhold");
+    let agent = agent(&node);
+    let late = Duration::from_secs(2);
+    node.add_pod(
+        PodSpec::new("boot")
+            .app(AppScript::CallAtStart { calls: 3 })
+            .proxy_delay(late)
+            .call_timeout(late + Duration::from_secs(20)),
+    )
+    .expect("add pod");
+    node.start_pods().expect("start");
+    let report = node
+        .wait_report("boot", Duration::from_secs(40), "3 boot calls", |r| {
+            r.calls(Phase::Startup).ok + r.calls(Phase::Startup).failed >= 3
+        })
+        .expect("the app makes its boot calls");
+    let startup = report.calls(Phase::Startup);
+    assert_eq!(startup.failed, 0, "boot calls failed: {startup:?}");
+    assert_eq!(startup.ok, 3);
+    assert_eq!(report.starts(), 1, "no restart needed");
+    let row = agent
+        .wait_pod(
+            "default",
+            "boot",
+            Duration::from_secs(10),
+            "hold released",
+            |r| r.hold.as_ref().is_some_and(|h| h.outcome.is_some()),
+        )
+        .expect("agent status");
+    let hold = row.hold.expect("a hold");
+    assert_eq!(hold.outcome, Some(HoldOutcome::Ready), "{hold:?}");
+    assert!(hold.connections_held >= 1, "{hold:?}");
+    assert_eq!(row.phase, AgentPhase::Ready);
+    drop(agent);
+    assert_clean(node);
+}
+
+/// The drain on real containers: `StopContainer` on both containers at once; the app calls out
+/// for 4 s after SIGTERM and every call works, because the agent keeps Envoy until the app is
+/// done; the pod ends with the app, long before the 20 s drain duration.
+#[test]
+#[ignore = "needs the agent to refuse a pod process seen in the host's netns (runc puts `runc init` in the pod's cgroup before it joins the pod's netns; the agent then installs its hold rules in the host's netns): see the issue 13 report"]
+fn containerd_drain_waits_for_an_app_calling_through_shutdown() {
+    if runtime_for("containerd_drain_waits_for_an_app_calling_through_shutdown").is_none() {
+        return;
+    }
+    let mut node = node("crdrain");
+    let agent = agent(&node);
+    let grace = Duration::from_secs(20);
+    node.add_pod(
+        PodSpec::new("flusher")
+            .app(AppScript::CallThroughShutdown {
+                every: Duration::from_millis(200),
+                pool: 2,
+                after_sigterm: Duration::from_secs(4),
+            })
+            // A held connect() must not time out in the app (containers start slower).
+            .call_timeout(Duration::from_secs(20))
+            .grace(grace)
+            .drain(grace),
+    )
+    .expect("add pod");
+    node.start_pods().expect("start");
+    node.wait_report("flusher", Duration::from_secs(30), "calls", |r| {
+        r.calls(Phase::Running).ok >= 3
+    })
+    .expect("the app reaches the remote service through Envoy");
+    let t = Instant::now();
+    node.delete_pod("flusher").expect("delete");
+    node.wait_gone("flusher", Duration::from_secs(30))
+        .expect("pod terminates");
+    let took = t.elapsed();
+    let report = node.report("flusher").expect("report");
+    let after = report.calls(Phase::AfterSigterm);
+    assert_eq!(after.failed, 0, "calls after SIGTERM failed: {after:?}");
+    assert!(after.ok >= 10, "the app called for 4 s: {after:?}");
+    assert_eq!(report.exit_codes(), vec![0]);
+    eprintln!("containerd drain: pod gone {took:?} after delete");
+    assert!(
+        took >= Duration::from_secs(4) && took < Duration::from_secs(12),
+        "the pod ends with the app, not after the 20 s drain: {took:?}"
+    );
+    drop(agent);
+    assert_clean(node);
+}
+
+/// A Job on real containers: the app exits 0, the agent quits its proxy, the pod Succeeds.
+#[test]
+#[ignore = "needs the agent to refuse a pod process seen in the host's netns (runc puts `runc init` in the pod's cgroup before it joins the pod's netns; the agent then installs its hold rules in the host's netns): see the issue 13 report"]
+fn containerd_job_completes_when_its_app_exits() {
+    if runtime_for("containerd_job_completes_when_its_app_exits").is_none() {
+        return;
+    }
+    let mut node = node("crjob");
+    let agent = agent(&node);
+    node.add_pod(
+        PodSpec::new("batch")
+            .app(AppScript::Batch {
+                calls: 3,
+                exit_code: 0,
+            })
+            .call_timeout(Duration::from_secs(20))
+            .job(),
+    )
+    .expect("add pod");
+    node.start_pods().expect("start");
+    let view = node
+        .wait_phase("batch", PodPhase::Succeeded, Duration::from_secs(40))
+        .expect("the Job's pod completes");
+    assert_eq!(view.app().and_then(|c| c.exit_code()), Some(0));
+    assert_eq!(view.proxy().and_then(|c| c.exit_code()), Some(0));
+    let report = node.report("batch").expect("report");
+    assert_eq!(report.all_calls().failed, 0, "{:?}", report.all_calls());
+    node.delete_pod("batch").expect("delete");
+    node.wait_gone("batch", Duration::from_secs(20))
+        .expect("completed pod goes away");
+    drop(agent);
+    assert_clean(node);
+}
+
+/// The runtime itself: a sandbox with a pod IP and a netns, a container placed in the pod's
+/// cgroup as a kubelet with the cgroupfs driver places it, stopped with SIGTERM.
+#[test]
+fn sandbox_and_container_on_the_private_containerd() {
+    let Some(rt) = runtime_for("sandbox_and_container_on_the_private_containerd") else {
+        return;
+    };
+    let uid = holdfast_tests::sim::random_uuid();
+    let logs = rt.dir.join(format!("smoke-{uid}"));
+    std::fs::create_dir_all(&logs).expect("log dir");
+    let sandbox = PodSandboxConfig {
+        metadata: Some(PodSandboxMetadata {
+            name: "smoke".into(),
+            uid: uid.clone(),
+            namespace: "default".into(),
+            attempt: 0,
+        }),
+        linux: Some(LinuxPodSandboxConfig {
+            cgroup_parent: format!("/kubepods/besteffort/pod{uid}"),
+            ..Default::default()
+        }),
+        log_directory: logs.to_string_lossy().into_owned(),
+        ..Default::default()
+    };
+    let mut c = rt.client.clone();
+    let sb = rt
+        .call(c.run_pod_sandbox(RunPodSandboxRequest {
+            config: Some(sandbox.clone()),
+            runtime_handler: String::new(),
+        }))
+        .expect("sandbox")
+        .pod_sandbox_id;
+    let st = rt
+        .call(c.pod_sandbox_status(PodSandboxStatusRequest {
+            pod_sandbox_id: sb.clone(),
+            verbose: true,
+        }))
+        .expect("status");
+    let info = holdfast_tests::cri::status::parse_info(&st.info);
+    let netns = holdfast_tests::cri::status::info_netns(&info).expect("netns path");
+    let netns_s = netns.to_string_lossy();
+    assert!(netns_s.starts_with("/var/run/netns/cni-"), "{netns_s}");
+    assert!(netns.exists());
+    assert!(holdfast_tests::cri::status::info_pid(&info).is_some());
+    let ip = st
+        .status
+        .and_then(|s| s.network)
+        .map(|n| n.ip)
+        .unwrap_or_default();
+    let ip: std::net::Ipv4Addr = ip.parse().expect("the sandbox has an IPv4 pod IP from CNI");
+    assert_eq!(
+        ip.octets()[..3],
+        rt.gateway.octets()[..3],
+        "pod IP on the CNI bridge's /24"
+    );
+    let cid = rt
+        .call(c.create_container(CreateContainerRequest {
+            pod_sandbox_id: sb.clone(),
+            config: Some(ContainerConfig {
+                metadata: Some(ContainerMetadata {
+                    name: "app".into(),
+                    attempt: 0,
+                }),
+                image: Some(ImageSpec {
+                    image: holdfast_tests::cri::runtime::BASE_IMAGE.into(),
+                    ..Default::default()
+                }),
+                command: vec![
+                    "/bin/sh".into(),
+                    "-c".into(),
+                    "cat /proc/self/cgroup; sleep 100".into(),
+                ],
+                log_path: "app.log".into(),
+                ..Default::default()
+            }),
+            sandbox_config: Some(sandbox),
+        }))
+        .expect("create")
+        .container_id;
+    rt.call(c.start_container(StartContainerRequest {
+        container_id: cid.clone(),
+    }))
+    .expect("start");
+    let log = logs.join("app.log");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut text = String::new();
+    while !text.contains("0::") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        text = std::fs::read_to_string(&log).unwrap_or_default();
+    }
+    // CRI log format: `<RFC 3339> stdout F <line>`.
+    eprintln!("the container's /proc/self/cgroup, as its CRI log has it:\n{text}");
+    let want = format!("/kubepods/besteffort/pod{uid}/{cid}");
+    assert!(
+        text.lines()
+            .any(|l| l.contains(" stdout F ") && l.ends_with(&want)),
+        "cgroup lines name {want}"
+    );
+    let t = Instant::now();
+    rt.call(c.stop_container(StopContainerRequest {
+        container_id: cid.clone(),
+        timeout: 2,
+    }))
+    .expect("stop");
+    let st = rt
+        .call(c.container_status(ContainerStatusRequest {
+            container_id: cid.clone(),
+            verbose: true,
+        }))
+        .expect("status");
+    eprintln!("stopped in {:?}", t.elapsed());
+    let st = st.status.expect("status");
+    // StopContainer: SIGTERM, SIGKILL after the timeout (143 or 137 depending on whether the
+    // shell, pid 1 of its own pid namespace, let SIGTERM end it); reason `Error` either way.
+    assert_eq!(st.state(), ContainerState::ContainerExited);
+    assert!(
+        st.exit_code == 143 || st.exit_code == 137,
+        "exit code {}",
+        st.exit_code
+    );
+    assert_eq!(st.reason, "Error");
+    rt.call(c.stop_pod_sandbox(StopPodSandboxRequest {
+        pod_sandbox_id: sb.clone(),
+    }))
+    .expect("stop sb");
+    rt.call(c.remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: sb }))
+        .expect("rm sb");
+    // The pod-level cgroup is kubelet's to remove, not the runtime's.
+    let errors = holdfast_tests::cri::kubelet::remove_pod_cgroups(&uid);
+    assert!(errors.is_empty(), "{errors:?}");
+    let left: Vec<_> = std::fs::read_dir("/sys/fs/cgroup")
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    for root in left {
+        let pod = root.join(format!("kubepods/besteffort/pod{uid}"));
+        assert!(!pod.exists(), "{} left behind", pod.display());
+    }
+}
