@@ -78,7 +78,6 @@ fn manifest_privileges_are_parsed() {
 /// The DaemonSet's privileges suffice: the agent, in its container, holds the boot calls of a
 /// pod whose Envoy is 2 s late; none is refused.
 #[test]
-#[ignore = "needs the agent to refuse a pod process seen in the host's netns (see runtime_containerd.rs and the issue 13 report)"]
 fn agent_in_its_daemonset_container_holds_the_startup() {
     if runtime_for("agent_in_its_daemonset_container_holds_the_startup").is_none() {
         return;

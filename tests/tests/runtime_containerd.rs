@@ -92,7 +92,6 @@ fn containerd_startup_call_before_proxy_is_refused() {
 /// The hold on real containers: with the agent, the same boot calls are held until Envoy is
 /// ready and none is refused.
 #[test]
-#[ignore = "needs the agent to refuse a pod process seen in the host's netns (runc puts `runc init` in the pod's cgroup before it joins the pod's netns; the agent then installs its hold rules in the host's netns): see the issue 13 report"]
 fn containerd_startup_hold_proxy_two_seconds_late() {
     if runtime_for("containerd_startup_hold_proxy_two_seconds_late").is_none() {
         return;
@@ -138,7 +137,6 @@ fn containerd_startup_hold_proxy_two_seconds_late() {
 /// for 4 s after SIGTERM and every call works, because the agent keeps Envoy until the app is
 /// done; the pod ends with the app, long before the 20 s drain duration.
 #[test]
-#[ignore = "needs the agent to refuse a pod process seen in the host's netns (runc puts `runc init` in the pod's cgroup before it joins the pod's netns; the agent then installs its hold rules in the host's netns): see the issue 13 report"]
 fn containerd_drain_waits_for_an_app_calling_through_shutdown() {
     if runtime_for("containerd_drain_waits_for_an_app_calling_through_shutdown").is_none() {
         return;
@@ -185,7 +183,6 @@ fn containerd_drain_waits_for_an_app_calling_through_shutdown() {
 
 /// A Job on real containers: the app exits 0, the agent quits its proxy, the pod Succeeds.
 #[test]
-#[ignore = "needs the agent to refuse a pod process seen in the host's netns (runc puts `runc init` in the pod's cgroup before it joins the pod's netns; the agent then installs its hold rules in the host's netns): see the issue 13 report"]
 fn containerd_job_completes_when_its_app_exits() {
     if runtime_for("containerd_job_completes_when_its_app_exits").is_none() {
         return;
