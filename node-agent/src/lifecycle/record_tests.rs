@@ -41,6 +41,7 @@ fn facts(policy: RestartPolicy, deleting: bool) -> PodFacts {
         apps: vec![(Some("app".into()), ContainerState::Running)],
         proxy: Some((Some("proxy".into()), ContainerState::Running)),
         init_done: true,
+        user_init_running: false,
         hold_timeout: Duration::from_secs(120),
     }
 }

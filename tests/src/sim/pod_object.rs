@@ -283,15 +283,23 @@ impl PodView {
     }
 
     /// `ProxyConfig.ProxyMetadata` as the injection template sets it on istio-init and
-    /// istio-proxy (`ISTIO_META_DNS_CAPTURE` with DNS capture).
+    /// istio-proxy: `ISTIO_META_DNS_CAPTURE` with DNS capture, and `ISTIO_DUAL_STACK` for an
+    /// IPv6-first dual-stack pod (what makes Istio bind Envoy's admin on `::1` there,
+    /// pkg/bootstrap/config.go; the sim's Envoy does).
     fn proxy_metadata_env(&self) -> Option<Vec<EnvVar>> {
-        self.spec.dns_capture.map(|_| {
-            vec![EnvVar {
-                name: "ISTIO_META_DNS_CAPTURE".into(),
-                value: Some("true".into()),
-                ..EnvVar::default()
-            }]
-        })
+        let var = |name: &str| EnvVar {
+            name: name.into(),
+            value: Some("true".into()),
+            ..EnvVar::default()
+        };
+        let mut env = Vec::new();
+        if self.spec.dns_capture.is_some() {
+            env.push(var("ISTIO_META_DNS_CAPTURE"));
+        }
+        if self.spec.ip_families == super::spec::IpFamilies::DualV6First {
+            env.push(var("ISTIO_DUAL_STACK"));
+        }
+        (!env.is_empty()).then_some(env)
     }
 
     /// Whether kubelet would start this exited container again.
