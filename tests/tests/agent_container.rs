@@ -12,14 +12,21 @@ use holdfast_tests::cri::kubelet::remove_pod_cgroups;
 use holdfast_tests::cri::runtime_for;
 use holdfast_tests::sim::{AppScript, CallError, NodeOptions, Phase, PodSpec, Runtime, SimNode};
 
-fn node(test: &str) -> SimNode {
+/// On the containerd backend the remote services (echo, cluster DNS on port 53) listen in the
+/// host's netns on the CNI bridge: two nodes at once would fight over the same address, so the
+/// tests of this binary run one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn node(test: &str) -> (std::sync::MutexGuard<'static, ()>, SimNode) {
+    let serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let opts = NodeOptions {
         sim_app: Some(env!("CARGO_BIN_EXE_sim-app").into()),
         runtime: Runtime::Containerd,
         ..NodeOptions::default()
     };
-    SimNode::with_options(test, opts)
-        .unwrap_or_else(|e| panic!("{test}: cannot build the simulated node: {e}"))
+    let node = SimNode::with_options(test, opts)
+        .unwrap_or_else(|e| panic!("{test}: cannot build the simulated node: {e}"));
+    (serial, node)
 }
 
 fn boot_caller(late: Duration) -> PodSpec {
@@ -82,7 +89,7 @@ fn agent_in_its_daemonset_container_holds_the_startup() {
     if runtime_for("agent_in_its_daemonset_container_holds_the_startup").is_none() {
         return;
     }
-    let mut node = node("cragent");
+    let (_serial, mut node) = node("cragent");
     let privs = AgentPrivileges::shipped().expect("parse the DaemonSet");
     let agent = start_agent(&node, &privs);
     wait_log(&agent, "status API listening", Duration::from_secs(20));
@@ -112,7 +119,7 @@ fn agent_without_net_admin_names_the_capability_and_fails_open() {
     if runtime_for("agent_without_net_admin_names_the_capability_and_fails_open").is_none() {
         return;
     }
-    let mut node = node("crnoadmin");
+    let (_serial, mut node) = node("crnoadmin");
     let mut privs = AgentPrivileges::shipped().expect("parse the DaemonSet");
     privs.cap_add.retain(|c| c != "NET_ADMIN");
     let agent = start_agent(&node, &privs);

@@ -510,7 +510,9 @@ fn skipped_pods_are_shown_with_the_reason() {
             )
             .expect("skipped row");
         assert!(
-            row.skipped_reason.as_deref().is_some_and(|r| r.starts_with(reason)),
+            row.skipped_reason
+                .as_deref()
+                .is_some_and(|r| r.starts_with(reason)),
             "{row:?}"
         );
         assert!(row.hold.is_none(), "{row:?}");
