@@ -75,6 +75,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let (tx, mut rx) = mpsc::channel(1024);
     // Entries the source rejected or ignored; the pods-dir source fills it (issue 11).
     let source_problems = crate::source::SourceProblems::default();
+    // The API client, when pods come from the API server: the startup taint is removed with it.
+    let mut kube_client: Option<kube::Client> = None;
     let (source_task, events) = match &config.source {
         SourceConfig::PodsDir(dir) => {
             let src = PodsDir::new(dir.clone())?.with_problems(source_problems.clone());
@@ -86,6 +88,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         SourceConfig::Kube => {
             let src = crate::source::kube::KubePods::connect(&config.node_name).await?;
             let events = PodEvents::start(src.client(), &config.node_name);
+            kube_client = Some(src.client());
             (tokio::spawn(src.run(tx)), events)
         }
     };
@@ -127,6 +130,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
                 Some(PodEvent::Synced) => {
                     if !synced.swap(true, std::sync::atomic::Ordering::Relaxed) {
                         tracing::info!("first pod list loaded; ready");
+                        // Every pod already on the node is now followed: new pods may come.
+                        if let Some(client) = kube_client.take() {
+                            tokio::spawn(remove_startup_taint(client, config.node_name.clone()));
+                        }
                     }
                 }
                 Some(event) => pods.apply(event, &shared),
@@ -304,4 +311,25 @@ mod tests {
         assert!(shared.board.snapshot().is_empty());
         assert!(pods.tasks.is_empty());
     }
+}
+
+/// Removes the agent's startup taint from its node (docs/install.md, "New nodes"), retrying with
+/// a growing pause while the API server says no; never stops the agent.
+async fn remove_startup_taint(client: kube::Client, node: String) {
+    let mut pause = Duration::from_secs(1);
+    for attempt in 1..=8 {
+        match crate::node_taint::remove_startup_taint(client.clone(), &node).await {
+            Ok(true) => {
+                tracing::info!(node = %node, taint = crate::node_taint::STARTUP_TAINT_KEY, "removed the startup taint: pods may be scheduled here");
+                return;
+            }
+            Ok(false) => return,
+            Err(e) => {
+                tracing::warn!(node = %node, attempt, error = %e, "cannot remove the startup taint yet; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(60));
+            }
+        }
+    }
+    tracing::error!(node = %node, taint = crate::node_taint::STARTUP_TAINT_KEY, "gave up removing the startup taint: remove it by hand (kubectl taint nodes NODE holdfast.io/agent-not-ready-)");
 }
