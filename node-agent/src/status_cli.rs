@@ -14,7 +14,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::agent::drain::{DrainReport, JobReport};
+use crate::api::{DrainReport, JobReport};
 use crate::http1_client::{Connection, Failure};
 use crate::status::{HoldOutcome, HoldRecord, NodeStatus, Phase, PodStatus};
 
@@ -573,6 +573,13 @@ fn details(pod: &PodStatus) -> Vec<String> {
             ));
         }
     }
+    if let Some(why) = &pod.skipped_reason {
+        lines.extend(wrap_limited(
+            &format!("left alone: {why}"),
+            room,
+            MESSAGE_LINES,
+        ));
+    }
     if let Some(e) = &pod.last_error {
         lines.extend(wrap_limited(&format!("error: {e}"), room, MESSAGE_LINES));
     }
@@ -1126,6 +1133,29 @@ mod tests {
         assert_eq!(short_ms(1e300), "?");
         assert_eq!(short_ms(f64::INFINITY), "?");
         assert_eq!(short_ms(-0.5), "?");
+    }
+
+    #[test]
+    fn skipped_pods_show_why() {
+        let mut s = fixture();
+        let mut gw = pod("gw-7d9", Phase::Skipped);
+        gw.skipped_reason = Some(
+            "not a sidecar pod: the proxy is the only container (a gateway, waypoint or ztunnel)"
+                .into(),
+        );
+        s.pods.push(gw);
+        let table = render_table(&s, t(3));
+        println!("{table}");
+        let row = table
+            .lines()
+            .position(|l| l.contains("gw-7d9"))
+            .expect("the skipped pod has a row");
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[row].contains("skipped"), "{table}");
+        assert!(
+            lines[row + 1].contains("left alone: not a sidecar pod"),
+            "{table}"
+        );
     }
 
     #[test]
