@@ -262,7 +262,7 @@ async fn run_sends_synced_once_and_follows_changes_without_polling() {
 /// every 20 ms, what the agent did: a listing plus a stat per file) and inotify with a 10 s safety rescan. Prints; run with
 /// `cargo test -p holdfast --test pods_dir idle_cpu -- --ignored --nocapture`.
 #[test]
-#[ignore]
+#[ignore = "timing figure for docs/benchmarks.md: prints, asserts nothing about speed"]
 fn idle_cpu() {
     /// CPU time of this process (user + system), at getrusage's microsecond resolution.
     fn cpu_time() -> Duration {
