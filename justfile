@@ -35,7 +35,8 @@ test-containerd: setup filter
     HOLDFAST_SIM_RUNTIME=containerd cargo test -p holdfast-tests --test failures --test hold --test drain
     cargo test -p holdfast-tests --test runtime_containerd --test agent_container -- --include-ignored
 
-# Benchmarks against side-by-side baselines (`just bench filter`, `just bench hold`; none = all).
+# Benchmarks against side-by-side baselines (`just bench filter|hold|drain|scale`; none = all). `scale` takes
+# --baseline-agent PATH through `holdfast-bench` directly (see docs/benchmarks.md).
 # Figures go to docs/benchmarks.md.
 bench *sections: setup filter
     cargo build -p holdfast-filter --example noop_filter --target wasm32-wasip1 --profile wasm-release
