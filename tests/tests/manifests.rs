@@ -21,7 +21,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Ro
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
-use serde_yaml::Value;
+use serde_json::Value;
 
 const NAMESPACE: &str = "holdfast-system";
 /// Capabilities the agent needs (docs/install.md, "Privileges"), spelled as the API expects.
@@ -49,15 +49,9 @@ fn manifests() -> PathBuf {
 fn documents(path: &Path) -> Result<Vec<Value>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let mut out = Vec::new();
-    for (i, doc) in serde_yaml::Deserializer::from_str(&text).enumerate() {
-        let value = Value::deserialize(doc)
-            .with_context(|| format!("{}: document {} is not valid YAML", path.display(), i))?;
-        if !value.is_null() {
-            out.push(value);
-        }
-    }
-    Ok(out)
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
+        .with_context(|| format!("{}: not valid YAML", path.display()))?;
+    Ok(docs.into_iter().filter(|v| !v.is_null()).collect())
 }
 
 /// Every `*.yaml`/`*.yml` under `dir`, relative to it, sorted.
@@ -109,7 +103,7 @@ fn render(root: &Path, dir_rel: &Path, out: &mut Rendered) -> Result<()> {
         "{} is referenced as a kustomize resource directory but has no kustomization.yaml",
         root.join(dir_rel).display()
     );
-    let k: Kustomization = serde_yaml::from_str(&std::fs::read_to_string(&k_path)?)
+    let k: Kustomization = serde_saphyr::from_str(&std::fs::read_to_string(&k_path)?)
         .with_context(|| format!("{}: not a kustomization", k_path.display()))?;
     ensure!(k.api_version == "kustomize.config.k8s.io/v1beta1" && k.kind == "Kustomization");
     out.kustomizations.push(normalize(&k_rel));
@@ -188,7 +182,7 @@ fn one<T: DeserializeOwned>(dir: &str, kind: &str) -> T {
         found.len()
     );
     let (file, v) = found.into_iter().next().expect("one");
-    serde_yaml::from_value(v)
+    serde_json::from_value(v)
         .unwrap_or_else(|e| panic!("manifests/{}: not a valid {kind}: {e}", file.display()))
 }
 
@@ -1097,7 +1091,7 @@ fn all_of<T: DeserializeOwned>(dir: &str, kind: &str) -> Vec<T> {
         .into_iter()
         .filter(|(_, v)| kind_of(v) == kind)
         .map(|(file, v)| {
-            serde_yaml::from_value(v)
+            serde_json::from_value(v)
                 .unwrap_or_else(|e| panic!("manifests/{}: not a valid {kind}: {e}", file.display()))
         })
         .collect()
@@ -1145,14 +1139,14 @@ fn wasmplugins_are_fail_open_network_filters_one_per_direction_for_the_whole_mes
         let modes: Vec<&str> = s
             .match_
             .as_ref()
-            .and_then(Value::as_sequence)
+            .and_then(Value::as_array)
             .map(|m| m.iter().filter_map(|t| str_at(t, &["mode"])).collect())
             .unwrap_or_default();
         let mode = match modes.as_slice() {
             [m] => *m,
             other => panic!("{}: match must be one mode, got {other:?}", p.metadata.name),
         };
-        let selectors = s.match_.as_ref().and_then(Value::as_sequence);
+        let selectors = s.match_.as_ref().and_then(Value::as_array);
         assert!(
             selectors.is_some_and(|m| m.iter().all(|t| t.get("ports").is_none())),
             "{}: no port selector (every listener of that side)",
@@ -1373,7 +1367,7 @@ fn mesh_config_keeps_envoy_for_the_whole_grace_period() {
             "{what}: drain as long as the default grace period"
         );
         let prefixes: Vec<&str> = at(dc, &["proxyStatsMatcher", "inclusionPrefixes"])
-            .and_then(Value::as_sequence)
+            .and_then(Value::as_array)
             .map(|s| s.iter().filter_map(Value::as_str).collect())
             .unwrap_or_default();
         assert!(

@@ -53,7 +53,7 @@ impl AgentPrivileges {
             what: format!("cannot read {}", path.display()),
             source,
         })?;
-        let ds: DaemonSet = serde_yaml::from_str(&text)
+        let ds: DaemonSet = serde_saphyr::from_str(&text)
             .map_err(|e| setup(format!("{} is not a DaemonSet: {e}", path.display())))?;
         let pod = ds
             .spec
