@@ -1,0 +1,524 @@
+//! Tests of `holdfast status`: rendering, 80 columns, escaping, remote errors.
+use super::*;
+use crate::agent::drain::{
+    DrainOutcome, FilterCounts, IdleReason, JobOutcome, QuitReason, TimestampMeaning,
+};
+use std::io::Read;
+use std::net::TcpListener;
+
+fn t(secs: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + secs)
+}
+
+fn pod(name: &str, phase: Phase) -> PodStatus {
+    PodStatus {
+        namespace: "default".into(),
+        name: name.into(),
+        uid: "5a7e2c1b-0000-4000-8000-000000000001".into(),
+        phase,
+        tracked_since: t(0),
+        hold: None,
+        drain: None,
+        job: None,
+        last_error: None,
+        skipped_reason: None,
+    }
+}
+
+fn hold(n: u64, secs: u64, outcome: Option<HoldOutcome>) -> HoldRecord {
+    HoldRecord {
+        started_at: Some(t(1)),
+        released_at: outcome.map(|_| t(1 + secs)),
+        packets_held: n + 1,
+        connections_held: n,
+        ready_to_release_ms: outcome.map(|_| 0.412),
+        outcome,
+        ..HoldRecord::default()
+    }
+}
+
+fn drain(outcome: DrainOutcome, elapsed_ms: u64) -> DrainReport {
+    DrainReport {
+        outcome,
+        started_at: t(10),
+        deadline_at: Some(t(40)),
+        deadline_meaning: TimestampMeaning::KillTime,
+        inbound_drained: true,
+        health_failed: true,
+        app_gone_at: Some(t(18)),
+        quit_sent_at: Some(t(18)),
+        quit_reason: Some(QuitReason::Idle(IdleReason::NoOutboundConnections)),
+        proxy_exit_seen_at: Some(t(18)),
+        app_gone_to_quit: Some(Duration::from_millis(12)),
+        app_gone_to_proxy_exit: Some(Duration::from_millis(35)),
+        elapsed: Duration::from_millis(elapsed_ms),
+        app_processes_seen: 1,
+        app_processes_left: 0,
+        filter_present: Some(true),
+        last_counts: Some(FilterCounts::default()),
+        errors: vec![],
+        error_count: 0,
+        advice: None,
+    }
+}
+
+fn job(outcome: JobOutcome) -> JobReport {
+    JobReport {
+        outcome,
+        finished_by: None,
+        app_finished_at: Some(t(5)),
+        quit_sent_at: Some(t(5)),
+        quit_reason: Some(QuitReason::NoFilter),
+        proxy_exit_seen_at: Some(t(5)),
+        app_finished_to_quit: Some(Duration::from_millis(14)),
+        errors: vec![],
+        error_count: 0,
+    }
+}
+
+/// A node with one pod in every interesting state.
+fn fixture() -> NodeStatus {
+    let mut held = pod("fetch-config", Phase::Ready);
+    held.hold = Some(hold(3, 2, Some(HoldOutcome::Ready)));
+    let mut holding = pod("slow-starter", Phase::Holding);
+    holding.hold = Some(HoldRecord {
+        late: true,
+        ..hold(1, 0, None)
+    });
+    let mut drained = pod("flusher", Phase::Done);
+    drained.drain = Some(drain(DrainOutcome::AppDone, 8_123));
+    let mut job_done = pod("batch-x7k2p", Phase::Done);
+    job_done.job = Some(job(JobOutcome::Completed));
+    let mut early = pod(
+        "a-deployment-with-a-very-long-name-7d9f8c6b5-x2x9z",
+        Phase::Done,
+    );
+    let mut d = drain(DrainOutcome::ProxyGoneEarly, 5_004);
+    d.advice = Some("Envoy exited 3.0 s before the app: set the mesh's terminationDrainDuration to at least the pod's terminationGracePeriodSeconds (30 s) so the agent can end the drain".into());
+    early.drain = Some(d);
+    early.last_error = Some("admin API at 127.0.0.1:15000 in the pod's netns: connection refused\n(after /quitquitquit)".into());
+    let mut deadline = pod("never-ready", Phase::Ready);
+    deadline.hold = Some(hold(2, 120, Some(HoldOutcome::Deadline)));
+    deadline.last_error = Some(
+        "hold deadline (120 s) passed before the proxy was ready; released (fail open)".into(),
+    );
+    NodeStatus {
+        node: "worker-1".into(),
+        agent_version: "0.1.0".into(),
+        pods: vec![
+            held,
+            holding,
+            drained,
+            job_done,
+            early,
+            deadline,
+            pod("new", Phase::WaitingForNetns),
+        ],
+        source_problems: vec![],
+    }
+}
+
+#[test]
+fn table_shows_every_pod_state() {
+    let table = render_table(&fixture(), t(3));
+    println!("{table}");
+    let row = |name: &str| {
+        table
+            .lines()
+            .find(|l| l.contains(name))
+            .unwrap_or_else(|| panic!("no row for {name}:\n{table}"))
+            .to_string()
+    };
+    assert!(table.starts_with("node worker-1, holdfast 0.1.0, 7 pods\n"));
+    let r = row("default/fetch-config");
+    assert!(
+        r.contains("ready") && r.contains("3 (2.0s)") && r.contains("0.41ms"),
+        "{r}"
+    );
+    // Still holding: the duration runs up to now (t(3) - t(1)).
+    assert!(row("slow-starter").contains("1 (2.0s)"), "{table}");
+    assert!(row("flusher").contains("drain app-done 8.1s"), "{table}");
+    assert!(
+        row("default/batch-x7k2p").contains("job completed 14ms"),
+        "{table}"
+    );
+    assert!(row("default/new").contains("waiting"), "{table}");
+    // Long name: middle dropped, both ends kept.
+    let long = row("x2x9z");
+    assert!(long.starts_with("default/a-..c6b5-x2x9z "), "{long}");
+    assert!(long.contains("drain proxy-gone-early 5.0s"), "{long}");
+    // Advice and errors go on indented lines below their row, one line each.
+    assert!(
+        table.contains("\n    advice: Envoy exited 3.0 s before the app"),
+        "{table}"
+    );
+    assert!(table.contains("\n    error: admin API at 127.0.0.1:15000 in the pod's netns: connection refused\n    (after /quitquitquit)\n"), "{table}");
+    assert!(table.contains("\n    hold ended: deadline\n"), "{table}");
+    assert!(
+        table.contains("slow-starter   holding  1 (2.0s)    -       -\n    hold went in late"),
+        "{table}"
+    );
+}
+
+#[test]
+fn table_fits_80_columns() {
+    let table = render_table(&fixture(), t(3));
+    for line in table.lines() {
+        assert!(
+            line.chars().count() <= TABLE_WIDTH,
+            "{} chars: {line:?}",
+            line.chars().count()
+        );
+    }
+    // And with extreme values everywhere.
+    let mut s = fixture();
+    s.node = "n".repeat(200);
+    for p in &mut s.pods {
+        p.namespace = "ns".repeat(40);
+        p.last_error = Some("e ".repeat(300));
+        if let Some(h) = &mut p.hold {
+            h.connections_held = u64::MAX;
+            h.ready_to_release_ms = Some(1e12);
+        }
+        if let Some(d) = &mut p.drain {
+            d.elapsed = Duration::from_secs(1 << 40);
+        }
+    }
+    let table = render_table(&s, t(3));
+    for line in table.lines() {
+        assert!(
+            line.chars().count() <= TABLE_WIDTH,
+            "{} chars: {line:?}",
+            line.chars().count()
+        );
+    }
+}
+
+#[test]
+fn empty_node_says_so() {
+    let s = NodeStatus {
+        node: "worker-1".into(),
+        agent_version: "0.1.0".into(),
+        pods: vec![],
+        source_problems: vec![],
+    };
+    assert_eq!(
+        render_table(&s, t(0)),
+        "node worker-1, holdfast 0.1.0, no meshed pods tracked\n"
+    );
+}
+
+#[test]
+fn json_round_trips_through_the_served_format() {
+    let s = fixture();
+    let body = serde_json::to_string_pretty(&s).expect("serialize");
+    let agent = AgentUrl::parse(DEFAULT_AGENT_URL).expect("url");
+    let back = parse_status(&agent, &body).expect("parse");
+    assert_eq!(back.pods, s.pods);
+    let err = parse_status(&agent, "{\"pods\": 3}").expect_err("not a status");
+    assert_eq!(err.exit_code(), 5);
+    assert!(
+        err.to_string().contains("not a holdfast status document"),
+        "{err}"
+    );
+}
+
+#[test]
+fn truncation() {
+    assert_eq!(fit_end("abcdef", 6), "abcdef");
+    assert_eq!(fit_end("abcdefg", 6), "abc...");
+    assert_eq!(fit_end("abcdefg", 2), "ab");
+    assert_eq!(
+        fit_middle("default/web-7d9f8c6b5-x2x9z", 16),
+        "default..5-x2x9z"
+    );
+    assert_eq!(
+        fit_middle("default/web-7d9f8c6b5-x2x9z", 16)
+            .chars()
+            .count(),
+        16
+    );
+    assert_eq!(fit_middle("short", 16), "short");
+    assert_eq!(fit_middle("ééééééééé", 5), "éé..é");
+    assert_eq!(short_duration(Duration::from_millis(340)), "340ms");
+    assert_eq!(short_duration(Duration::from_millis(2_140)), "2.1s");
+    assert_eq!(short_duration(Duration::from_secs(75)), "75s");
+    assert_eq!(short_duration(Duration::from_secs(720)), "12m");
+    assert_eq!(short_ms(0.412), "0.41ms");
+    assert_eq!(short_ms(12.34), "12.3ms");
+    assert_eq!(short_ms(340.0), "340ms");
+    assert_eq!(short_ms(2_140.0), "2.1s");
+    assert_eq!(short_ms(f64::NAN), "?");
+    assert_eq!(wrap("aaa bbb ccc", 7), "aaa bbb\nccc\n");
+    assert_eq!(
+        wrap_limited("aaa bbb ccc ddd eee", 7, 2),
+        vec!["aaa bbb", "ccc ..."]
+    );
+    assert_eq!(wrap_limited("aaa bbb ccc", 7, 2), vec!["aaa bbb", "ccc"]);
+}
+
+#[test]
+fn agent_urls() {
+    let u = AgentUrl::parse("http://127.0.0.1:15300").expect("plain");
+    assert_eq!(
+        (u.authority.as_str(), u.path("/status")),
+        ("127.0.0.1:15300", "/status".to_string())
+    );
+    let u = AgentUrl::parse("127.0.0.1:15300/").expect("no scheme");
+    assert_eq!(u.path("/status"), "/status");
+    let u = AgentUrl::parse("http://[::1]:15300").expect("v6");
+    assert_eq!(u.authority, "[::1]:15300");
+    let u = AgentUrl::parse(
+        "http://localhost:8001/api/v1/namespaces/holdfast/pods/holdfast-x:15300/proxy/",
+    )
+    .expect("base path");
+    assert_eq!(
+        u.path("/status"),
+        "/api/v1/namespaces/holdfast/pods/holdfast-x:15300/proxy/status"
+    );
+    assert_eq!(
+        AgentUrl::parse("http://agent").expect("no port").authority,
+        "agent:80"
+    );
+    for bad in [
+        "https://127.0.0.1:15300",
+        "ftp://x:1",
+        "http://:15300",
+        "http://h:99999",
+        "::1:15300",
+        "http://h:1/s?x",
+    ] {
+        let e = AgentUrl::parse(bad).expect_err(bad);
+        assert_eq!(e.exit_code(), 2, "{bad}");
+        assert!(e.to_string().contains("--status-listen"), "{e}");
+    }
+}
+
+/// Serves one canned answer on a local port; returns the agent URL.
+fn serve_once(answer: &'static [u8]) -> AgentUrl {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        if let Ok((mut s, _)) = l.accept() {
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(answer);
+        }
+    });
+    AgentUrl::parse(&format!("http://{addr}")).expect("url")
+}
+
+#[test]
+fn fetch_reports_each_failure_with_its_fix() {
+    let t = Duration::from_secs(2);
+    // Nothing listens: a port just freed.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let url = AgentUrl::parse(&format!("http://127.0.0.1:{port}")).expect("url");
+    let e = fetch_status_body(&url, t).expect_err("nothing listens");
+    assert_eq!(e.exit_code(), 3);
+    assert!(e.to_string().starts_with(&format!("no holdfast agent answers at http://127.0.0.1:{port}: is the agent running on this node, and is --agent its --status-listen address?")), "{e}");
+
+    let e = fetch_status_body(
+        &serve_once(b"HTTP/1.1 404 Not Found\r\ncontent-length: 10\r\n\r\nnot found\n"),
+        t,
+    )
+    .expect_err("404");
+    assert_eq!(e.exit_code(), 4);
+    assert!(
+        e.to_string().contains("404 Not Found") && e.to_string().contains("not found"),
+        "{e}"
+    );
+
+    let e = fetch_status(
+        &serve_once(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi"),
+        t,
+    )
+    .expect_err("not JSON");
+    assert_eq!(e.exit_code(), 5);
+
+    let body = serde_json::to_string(&fixture()).expect("json");
+    let answer: &'static [u8] = Box::leak(
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes()
+        .into_boxed_slice(),
+    );
+    let s = fetch_status(&serve_once(answer), t).expect("a status");
+    assert_eq!(s.pods.len(), 7);
+
+    // Accepts but never answers: bounded by the timeout.
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = AgentUrl::parse(&format!("http://{}", l.local_addr().expect("addr"))).expect("url");
+    let started = Instant::now();
+    let e = fetch_status_body(&url, Duration::from_millis(300)).expect_err("silent");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert!(e.to_string().contains("no answer within"), "{e}");
+    drop(l);
+}
+
+#[test]
+fn huge_or_negative_release_times_from_the_wire_do_not_panic() {
+    // 1e300 ms overflows Duration: `Duration::from_secs_f64` panicked here.
+    let mut s = fixture();
+    if let Some(h) = &mut s.pods[0].hold {
+        h.ready_to_release_ms = Some(1e300);
+    }
+    if let Some(h) = &mut s.pods[1].hold {
+        h.ready_to_release_ms = Some(-5.0);
+    }
+    let body = serde_json::to_string(&s).expect("json");
+    assert!(body.contains("1e+300"), "{body}");
+    let answer: &'static [u8] = Box::leak(
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes()
+        .into_boxed_slice(),
+    );
+    let served = fetch_status(&serve_once(answer), Duration::from_secs(2)).expect("a status");
+    let table = render_table(&served, t(3));
+    let row = |name: &str| {
+        table
+            .lines()
+            .find(|l| l.contains(name))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(row("fetch-config").contains(" ? "), "{table}");
+    assert!(row("slow-starter").contains(" ? "), "{table}");
+    assert_eq!(short_ms(1e300), "?");
+    assert_eq!(short_ms(f64::INFINITY), "?");
+    assert_eq!(short_ms(-0.5), "?");
+}
+
+#[test]
+fn skipped_pods_show_why() {
+    let mut s = fixture();
+    let mut gw = pod("gw-7d9", Phase::Skipped);
+    gw.skipped_reason = Some(
+        "not a sidecar pod: the proxy is the only container (a gateway, waypoint or ztunnel)"
+            .into(),
+    );
+    s.pods.push(gw);
+    let table = render_table(&s, t(3));
+    println!("{table}");
+    let row = table
+        .lines()
+        .position(|l| l.contains("gw-7d9"))
+        .expect("the skipped pod has a row");
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(lines[row].contains("skipped"), "{table}");
+    assert!(
+        lines[row + 1].contains("left alone: not a sidecar pod"),
+        "{table}"
+    );
+}
+
+#[test]
+fn terminal_control_characters_are_escaped() {
+    let mut s = fixture();
+    s.node = "worker\x07-1".into();
+    // OSC (set the window title), CSI via ESC and via C1, and a bidi override.
+    s.pods[0].name = "w\x1b]0;o\x07".into();
+    s.pods[1].last_error = Some("boom \x1b[2J\u{9b}31m red \u{202e}txt \x00 \x7f".into());
+    if let Some(d) = &mut s.pods[4].drain {
+        d.advice = Some("advice with \x1b[1m bold".into());
+    }
+    let table = render_table(&s, t(3));
+    println!("{table}");
+    assert!(
+        table.chars().all(|c| c == '\n' || !needs_escape(c)),
+        "a control character reached the table: {table:?}"
+    );
+    assert!(table.contains("worker\\x07-1"), "{table}");
+    assert!(table.contains("default/w\\x1b]0;o\\x07 "), "{table}");
+    assert!(table.contains("\\x1b[2J\\x9b31m"), "{table}");
+    assert!(table.contains("\\u{202e}txt"), "{table}");
+    assert!(table.contains("\\x1b[1m"), "{table}");
+    assert_eq!(escape_controls("plain ünïcode"), "plain ünïcode");
+    // Through --agent too: an error body from a wrong service is escaped.
+    let e = fetch_status_body(
+        &serve_once(b"HTTP/1.1 500 Oops\r\ncontent-length: 6\r\n\r\n\x1b]0;x"),
+        Duration::from_secs(2),
+    )
+    .expect_err("500");
+    assert!(!e.to_string().contains('\x1b'), "{e}");
+}
+
+#[test]
+fn chunked_and_malformed_answers() {
+    let body = serde_json::to_string(&fixture()).expect("json");
+    let (a, b) = body.split_at(body.len() / 2);
+    let answer: &'static [u8] = Box::leak(
+        format!(
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{a}\r\n{:x}\r\n{b}\r\n0\r\n\r\n",
+            a.len(),
+            b.len()
+        )
+        .into_bytes()
+        .into_boxed_slice(),
+    );
+    let s = fetch_status(&serve_once(answer), Duration::from_secs(2)).expect("chunked");
+    assert_eq!(s.pods.len(), 7);
+    for garbage in [
+        &b"SSH-2.0-OpenSSH\r\n\r\n"[..],
+        b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{}",
+        b"",
+    ] {
+        let e =
+            fetch_status_body(&serve_once(garbage), Duration::from_secs(2)).expect_err("garbage");
+        assert_eq!(e.exit_code(), 5, "{e}");
+    }
+}
+
+#[test]
+fn remote_errors_have_distinct_exit_codes() {
+    use crate::status_remote::RemoteError;
+    let e = |source| StatusCliError::Remote {
+        node: "worker-2".into(),
+        source,
+    };
+    assert_eq!(
+        e(RemoteError::Config("no kubeconfig".into())).exit_code(),
+        2
+    );
+    let forbidden = e(RemoteError::Forbidden {
+        what: "create pods/portforward".into(),
+        namespace: "holdfast-system".into(),
+    });
+    assert_eq!(forbidden.exit_code(), 6);
+    assert!(forbidden.to_string().contains("--node worker-2"));
+    assert_eq!(
+        e(RemoteError::NoAgent {
+            node: "worker-2".into(),
+            namespace: "holdfast-system".into()
+        })
+        .exit_code(),
+        3
+    );
+    // Through the port-forward the agent's own answers keep --agent's codes.
+    assert_eq!(
+        e(RemoteError::AgentStatus {
+            pod: "holdfast-abcde".into(),
+            status: "500 Internal Server Error".into(),
+            body: String::new(),
+        })
+        .exit_code(),
+        4
+    );
+    assert_eq!(
+        e(RemoteError::BadAnswer {
+            pod: "holdfast-abcde".into(),
+            why: "invalid HTTP version".into(),
+        })
+        .exit_code(),
+        5
+    );
+}
