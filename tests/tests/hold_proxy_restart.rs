@@ -12,6 +12,9 @@ use holdfast_tests::sim::{privileged, AppScript, CallError, NodeOptions, Phase, 
 
 /// The kubelet's first restart back-off, shortened from 10 s.
 const BACKOFF: Duration = Duration::from_secs(1);
+/// A real kubelet learns of the exit at its PLEG relist (every second) before the Pod status
+/// says so; the agent must not wait for the status.
+const STATUS_LAG: Duration = Duration::from_millis(800);
 
 /// The direct children of `pid` (procfs `stat`, field 4 is the parent's pid).
 fn children(pid: u32) -> Vec<u32> {
@@ -41,6 +44,7 @@ fn kill_envoy_while_calling(
     let opts = NodeOptions {
         sim_app: Some(env!("CARGO_BIN_EXE_sim-app").into()),
         restart_backoff: Some(BACKOFF),
+        status_lag: Some(STATUS_LAG),
         ..NodeOptions::default()
     };
     let mut node = SimNode::with_options(test, opts)
