@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 use super::machine::{self, Effect, Input, Now, PodFacts, Released, Seen, State, Timer};
 use super::record::Recorder;
+use crate::agent::drain::app_exit::ExitWatcher;
 use crate::agent::drain::{self, DrainCtx, PodProcsSource};
 use crate::agent::pod_procs::NetnsLookup;
 use crate::agent::readiness::{Readiness, ReadinessProbe};
@@ -60,6 +61,8 @@ pub(crate) async fn run(shared: Arc<Shared>, view: watch::Receiver<Option<PodVie
         quit_rx,
         pending: VecDeque::new(),
         last_progress: Instant::now(),
+        proxy_watch: None,
+        proxy_watch_for: None,
     };
     let ready_poll = d.shared.config.hold.ready_poll;
     let (state, fx) = State::new(PodFacts::of(&first), ready_poll, now());
@@ -99,6 +102,11 @@ struct Driver {
     /// Answers of performed effects, fed to the machine in order.
     pending: VecDeque<Input>,
     last_progress: Instant,
+    /// Pidfds of the ready proxy container's processes (while the machine `watches_proxy`):
+    /// the first exit is `ProxyGone`. No polling: a pidfd turns readable on exit.
+    proxy_watch: Option<ExitWatcher>,
+    /// The proxy container id the watch was armed for (armed once per id).
+    proxy_watch_for: Option<String>,
 }
 
 impl Driver {
@@ -121,6 +129,9 @@ impl Driver {
                     let has_executor = self.executor.is_some();
                     let executor = self.executor.as_mut();
                     let mut executor_done = false;
+                    let has_proxy_watch = self.proxy_watch.is_some();
+                    let proxy_watch = self.proxy_watch.as_mut();
+                    let mut proxy_gone = false;
                     let input = tokio::select! {
                         biased;
                         _ = stop.cancelled(), if !stop_sent => {
@@ -131,6 +142,11 @@ impl Driver {
                         input = async { executor.expect("guarded").await }, if has_executor => {
                             executor_done = true;
                             input
+                        }
+                        (pid, _) = async { proxy_watch.expect("guarded").next_exit().await }, if has_proxy_watch => {
+                            tracing::info!(pid, "a process of the proxy container exited");
+                            proxy_gone = true;
+                            Input::ProxyGone
                         }
                         changed = self.view.changed(), if !view_closed => {
                             let facts = match changed {
@@ -156,12 +172,20 @@ impl Driver {
                     if executor_done {
                         self.executor = None;
                     }
+                    if proxy_gone {
+                        // One-shot: re-armed when the machine is back in `Running`.
+                        self.proxy_watch = None;
+                        self.proxy_watch_for = None;
+                    }
                     input
                 }
             };
             let fx;
             (state, fx) = machine::step(state, input, now());
             exited = self.perform(fx).await;
+            if !exited && self.pending.is_empty() {
+                self.sync_proxy_watch(&state).await;
+            }
         }
         state.pod.is_none()
     }
@@ -343,6 +367,44 @@ impl Driver {
             }),
             Ok(Err(e)) => Input::ReleaseFailed(e.to_string()),
             Err(e) => Input::ReleaseFailed(format!("the release task failed: {e}")),
+        }
+    }
+
+    /// Arms the proxy watch while the machine wants it (once per proxy container id), drops it
+    /// otherwise. The container's processes are found by container id in the pod's cgroup
+    /// (Envoy runs under pilot-agent in the `istio-proxy` container); an OOM-kill of either ends
+    /// the container.
+    async fn sync_proxy_watch(&mut self, state: &State) {
+        if !state.watches_proxy() {
+            self.proxy_watch = None;
+            self.proxy_watch_for = None;
+            return;
+        }
+        let proxy_id = self
+            .view
+            .borrow()
+            .as_ref()
+            .and_then(|v| v.proxy_container().and_then(|c| c.id.clone()));
+        let Some(proxy_id) = proxy_id else {
+            return;
+        };
+        if self.proxy_watch_for.as_deref() == Some(proxy_id.as_str()) {
+            return;
+        }
+        self.proxy_watch_for = Some(proxy_id.clone());
+        let procs = self.shared.procs.of_pod(&self.key.uid).await;
+        let mut watcher = ExitWatcher::for_pod(&self.key);
+        // A pid already gone is skipped, not taken as an exit: the process list can lag, and
+        // the Pod status path (a new or no running proxy id) covers a container already down.
+        for p in procs
+            .iter()
+            .filter(|p| p.container_id.as_deref() == Some(proxy_id.as_str()))
+        {
+            let _ = watcher.watch(p.pid);
+        }
+        if watcher.live() > 0 {
+            tracing::debug!(processes = watcher.live(), "watching the proxy's processes");
+            self.proxy_watch = Some(watcher);
         }
     }
 

@@ -109,6 +109,14 @@ impl State {
     fn deleting(&self) -> bool {
         self.pod.as_ref().is_none_or(|p| p.deletion.is_some())
     }
+
+    /// Whether the driver should watch the proxy container's processes for an exit (answer:
+    /// `ProxyGone`): only while the proxy is ready and the pod runs on (`Running`), never during
+    /// a drain or a Job watch, where the agent itself ends Envoy. A watch costs one pidfd per
+    /// process and no polling.
+    pub fn watches_proxy(&self) -> bool {
+        matches!(self.stage, Stage::Running { .. }) && !self.stopping && !self.deleting()
+    }
 }
 
 /// One transition.
@@ -423,6 +431,22 @@ pub fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>) {
                     }
                 }
             }
+        },
+        // A proxy process exited while the app runs (OOM-kill): the kubelet restarts the proxy
+        // container after its back-off, and the Pod status says so only with the kubelet's
+        // lag (PLEG relist, status sync). Check at once; Envoy gone (`Down`) re-installs the
+        // hold in the same netns, released by the normal path when the new Envoy is ready.
+        // Envoy still ready (some other process of the container exited): back to `Running`.
+        (Stage::Running { netns, proxy_id }, Input::ProxyGone) => match &s.pod {
+            Some(p) if p.deletion.is_none() && p.app_may_run() && !s.stopping => {
+                s.fresh = Some(false);
+                fx.push(Effect::CheckReadiness);
+                Stage::Checking {
+                    netns,
+                    fresh: false,
+                }
+            }
+            _ => Stage::Running { netns, proxy_id },
         },
         // The netns changed under the same uid (sandbox recreated): start over in the new one.
         (Stage::Running { netns, .. }, Input::NetnsFound { netns: new }) if new != netns => {

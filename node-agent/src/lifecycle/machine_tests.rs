@@ -604,3 +604,131 @@ fn a_failed_hold_fails_open() {
         ],
     );
 }
+
+#[test]
+fn a_proxy_exit_while_ready_holds_again_until_the_new_envoy_is_ready() {
+    let mut r = holding(pod(RestartPolicy::Always));
+    r.script(
+        "first hold",
+        vec![
+            (Input::Readiness(Seen::Ready), &["release(ready=true)"]),
+            (
+                Input::HoldReleased(Released::default()),
+                &["rec:hold-ready", "phase:ready"],
+            ),
+        ],
+    );
+    assert!(r.state.watches_proxy(), "a ready pod's proxy is watched");
+    r.script(
+        "proxy OOM-killed",
+        vec![
+            // Envoy's exit, seen on its pidfd before the Pod status says anything.
+            (Input::ProxyGone, &["check"]),
+            (Input::Readiness(Seen::Down), &["install(fresh=false)"]),
+            (
+                Input::HoldSetUp {
+                    adopted: false,
+                    late: true,
+                },
+                &[
+                    "rec:hold-started(adopted=false,late=true)",
+                    "phase:holding",
+                    "timer:HoldDeadline",
+                    "check",
+                ],
+            ),
+            // The status catches up (back-off) while holding: nothing changes.
+            (
+                Input::Pod(Some(PodFacts {
+                    proxy: Some(waiting()),
+                    ..pod(RestartPolicy::Always)
+                })),
+                &[],
+            ),
+            (Input::Readiness(Seen::Down), &["timer:ReadinessPoll"]),
+            (Input::Timer(Timer::ReadinessPoll), &["check"]),
+            // The restarted Envoy is ready: the normal release.
+            (Input::Readiness(Seen::Ready), &["release(ready=true)"]),
+            (
+                Input::HoldReleased(Released::default()),
+                &["rec:hold-ready", "phase:ready"],
+            ),
+        ],
+    );
+    assert!(r.state.watches_proxy(), "the new proxy is watched again");
+
+    // Some other process of the proxy container exited, Envoy still ready: no hold.
+    let mut r = holding(pod(RestartPolicy::Always));
+    r.script(
+        "helper exit",
+        vec![
+            (Input::Readiness(Seen::Ready), &["release(ready=true)"]),
+            (
+                Input::HoldReleased(Released::default()),
+                &["rec:hold-ready", "phase:ready"],
+            ),
+            (Input::ProxyGone, &["check"]),
+            (
+                Input::Readiness(Seen::Ready),
+                &["remove-leftover", "phase:ready"],
+            ),
+        ],
+    );
+}
+
+#[test]
+fn a_proxy_exit_the_agent_caused_or_after_the_app_is_not_held() {
+    // During a drain the agent itself ends Envoy: no hold, no watch.
+    let mut r = holding(pod(RestartPolicy::Always));
+    r.script(
+        "drain",
+        vec![
+            (Input::Readiness(Seen::Ready), &["release(ready=true)"]),
+            (
+                Input::HoldReleased(Released::default()),
+                &["rec:hold-ready", "phase:ready"],
+            ),
+            (
+                Input::Pod(Some(deleted(pod(RestartPolicy::Always)))),
+                &["phase:draining", "drain"],
+            ),
+            (Input::QuitStarted, &["phase:quitting"]),
+            (Input::ProxyGone, &[]),
+        ],
+    );
+    assert!(!r.state.watches_proxy(), "no watch while draining");
+
+    // A Job's proxy, ended by the agent once the app finished: no hold, no watch.
+    let mut r = holding(pod(RestartPolicy::Never));
+    r.script(
+        "job",
+        vec![
+            (Input::Readiness(Seen::Ready), &["release(ready=true)"]),
+            (
+                Input::HoldReleased(Released::default()),
+                &["rec:hold-ready", "phase:ready", "job-watch"],
+            ),
+            (Input::QuitStarted, &["phase:quitting"]),
+            (Input::ProxyGone, &[]),
+        ],
+    );
+    assert!(!r.state.watches_proxy(), "no watch during a Job watch");
+
+    // The app has ended for good: nothing to hold for.
+    let mut r = holding(pod(RestartPolicy::Always));
+    r.script(
+        "app ended",
+        vec![
+            (Input::Readiness(Seen::Ready), &["release(ready=true)"]),
+            (
+                Input::HoldReleased(Released::default()),
+                &["rec:hold-ready", "phase:ready"],
+            ),
+        ],
+    );
+    r.state.pod = Some(PodFacts {
+        apps: vec![terminated("app-1", 0)],
+        ..pod(RestartPolicy::Always)
+    });
+    r.script("app ended", vec![(Input::ProxyGone, &[])]);
+}

@@ -57,6 +57,10 @@ pub enum Input {
     JobFinished(Box<JobReport>),
     DrainFinished(Box<DrainReport>),
     Timer(Timer),
+    /// A process of the running proxy container exited (seen on its pidfd, within microseconds
+    /// of an OOM-kill): Envoy may be gone, and the app's new connections would be refused until
+    /// the kubelet's restart back-off ends and the new Envoy is ready.
+    ProxyGone,
     AgentStop,
 }
 

@@ -594,6 +594,10 @@ impl PodWorker {
             }
             Slot::Container(i) => {
                 let deleting = self.deleting || self.shutting_down;
+                if !deleting && !self.env.status_lag.is_zero() {
+                    // The kubelet sees the exit only at its next PLEG relist (NodeOptions).
+                    std::thread::sleep(self.env.status_lag);
+                }
                 let base = self.env.restart_backoff;
                 let backoff = self.update(|v| {
                     let policy = v.spec.restart_policy;

@@ -36,6 +36,8 @@ pub(crate) struct NodeEnv {
     pub remote_ns: String,
     pub remote_port: u16,
     pub restart_backoff: Duration,
+    /// How long after a container's exit the kubelet stand-in updates the Pod status.
+    pub status_lag: Duration,
     /// The containerd backend's runtime (`None`: pods are hand-made namespaces).
     pub cri: Option<&'static crate::cri::Containerd>,
 }
@@ -98,6 +100,11 @@ pub struct NodeOptions {
     pub filter: Option<PathBuf>,
     /// kubelet's first restart back-off (default 10 s, doubling up to 5 min).
     pub restart_backoff: Option<Duration>,
+    /// How late a container's exit reaches the Pod status (default: at once). The real kubelet
+    /// learns of a container's exit from its PLEG relist, every second
+    /// (`genericPlegRelistPeriod = time.Second * 1`, kubernetes pkg/kubelet/kubelet.go), and
+    /// the status then goes through the status manager and the API server's watch.
+    pub status_lag: Option<Duration>,
     /// The backend (default: hand-made namespaces; `HOLDFAST_SIM_RUNTIME=containerd` in the
     /// environment overrides it for every node).
     pub runtime: Runtime,
@@ -241,6 +248,7 @@ impl SimNode {
             remote_ns: remote_ns_name.clone(),
             remote_port,
             restart_backoff: opts.restart_backoff.unwrap_or(Duration::from_secs(10)),
+            status_lag: opts.status_lag.unwrap_or_default(),
             cri,
         });
         let mut node = SimNode {

@@ -1,0 +1,158 @@
+//! The proxy container restarting while the app runs (issue 10 §2): Envoy is OOM-killed
+//! (SIGKILL), pilot-agent exits with it, the kubelet stand-in restarts the `istio-proxy`
+//! container after its back-off. Without the agent the app's new connections in that window go
+//! to 15001 where nothing listens: refused. With the agent, the proxy's exit is seen on a pidfd,
+//! the hold is installed again, and those calls wait until the new Envoy is ready.
+
+use std::time::{Duration, SystemTime};
+
+use holdfast::status::{HoldOutcome, Phase as AgentPhase};
+use holdfast_tests::agent::AgentProcess;
+use holdfast_tests::sim::{privileged, AppScript, CallError, NodeOptions, Phase, PodSpec, SimNode};
+
+/// The kubelet's first restart back-off, shortened from 10 s.
+const BACKOFF: Duration = Duration::from_secs(1);
+/// A real kubelet learns of the exit at its PLEG relist (every second) before the Pod status
+/// says so; the agent must not wait for the status.
+const STATUS_LAG: Duration = Duration::from_millis(800);
+
+/// The direct children of `pid` (procfs `stat`, field 4 is the parent's pid).
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|child| {
+            std::fs::read_to_string(format!("/proc/{child}/stat"))
+                .ok()
+                .and_then(|s| {
+                    // After the `(comm)` field, which may hold spaces.
+                    let rest = &s[s.rfind(')')? + 2..];
+                    rest.split(' ').nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
+}
+
+/// Runs the app, kills its Envoy, waits for the restarted proxy, and returns the refused and
+/// succeeded calls made from the kill on (and the agent, to read its row).
+fn kill_envoy_while_calling(
+    test: &str,
+    with_agent: bool,
+) -> (u32, u32, SimNode, Option<AgentProcess>, SystemTime) {
+    let opts = NodeOptions {
+        sim_app: Some(env!("CARGO_BIN_EXE_sim-app").into()),
+        restart_backoff: Some(BACKOFF),
+        status_lag: Some(STATUS_LAG),
+        ..NodeOptions::default()
+    };
+    let mut node = SimNode::with_options(test, opts)
+        .unwrap_or_else(|e| panic!("{test}: cannot build the simulated node: {e}"));
+    let agent = with_agent.then(|| {
+        AgentProcess::start(
+            node.node_name(),
+            node.pods_dir(),
+            &node.work_dir().join("agent.log"),
+            &[],
+        )
+        .expect("start the holdfast agent")
+    });
+    // One pooled connection, called every 100 ms: Envoy's death breaks it, and every call after
+    // that opens a new connection through the redirect to 15001.
+    node.add_pod(
+        PodSpec::new("oom")
+            .app(AppScript::CallThroughShutdown {
+                every: Duration::from_millis(100),
+                pool: 1,
+                after_sigterm: Duration::ZERO,
+            })
+            .call_timeout(Duration::from_secs(20)),
+    )
+    .expect("add pod");
+    node.start_pods().expect("start");
+    node.wait_report("oom", Duration::from_secs(30), "5 running calls", |r| {
+        r.calls(Phase::Running).ok >= 5
+    })
+    .expect("the app calls out");
+    if let Some(agent) = &agent {
+        agent
+            .wait_pod("default", "oom", Duration::from_secs(10), "ready", |row| {
+                row.phase == AgentPhase::Ready
+            })
+            .expect("the agent follows the ready pod");
+    }
+    let view = node.pod("oom").expect("pod view");
+    let proxy = view.proxy().expect("proxy container");
+    let pilot = proxy.pid.expect("pilot-agent runs");
+    let envoy = *children(pilot)
+        .first()
+        .expect("Envoy runs under pilot-agent");
+    let before = node.report("oom").expect("report").calls(Phase::Running);
+
+    let killed_at = SystemTime::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(envoy as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill Envoy");
+    node.wait_for("oom", Duration::from_secs(20), "proxy restarted", |p| {
+        p.proxy()
+            .is_some_and(|c| c.restart_count >= 1 && c.is_running())
+    })
+    .expect("the kubelet restarts the proxy");
+    // Calls made in the window finish (held ones once the new Envoy is ready), and a few more.
+    std::thread::sleep(Duration::from_secs(3));
+    let after = node.report("oom").expect("report").calls(Phase::Running);
+    let refused =
+        after.errors(CallError::ConnectionRefused) - before.errors(CallError::ConnectionRefused);
+    let ok = after.ok - before.ok;
+    eprintln!(
+        "{test}: agent={with_agent}: after the kill: {ok} ok, {refused} refused, {} failed in all",
+        after.failed - before.failed
+    );
+    (refused, ok, node, agent, killed_at)
+}
+
+#[test]
+fn a_restarted_proxy_holds_the_apps_calls_again() {
+    if !privileged("a_restarted_proxy_holds_the_apps_calls_again") {
+        return;
+    }
+    // Baseline: without the agent the back-off window refuses the app's new connections.
+    let (refused, _, node, _, _) = kill_envoy_while_calling("oombase", false);
+    assert!(
+        refused >= 3,
+        "without the agent the restart window refuses calls ({refused} refused)"
+    );
+    let left = node.finish();
+    assert!(left.is_empty(), "left behind: {left:#?}");
+
+    let (refused, ok, node, agent, killed_at) = kill_envoy_while_calling("oomheld", true);
+    let agent = agent.expect("agent");
+    assert_eq!(refused, 0, "calls in the restart window were refused");
+    assert!(
+        ok >= 10,
+        "the app's calls went on after the restart ({ok} ok)"
+    );
+    let row = agent
+        .wait_pod(
+            "default",
+            "oom",
+            Duration::from_secs(10),
+            "second hold released",
+            |row| {
+                row.hold.as_ref().is_some_and(|h| {
+                    h.outcome.is_some() && h.started_at.is_some_and(|t| t >= killed_at)
+                })
+            },
+        )
+        .expect("the agent held again after the kill");
+    let hold = row.hold.expect("a hold");
+    assert_eq!(hold.outcome, Some(HoldOutcome::Ready), "{hold:?}");
+    assert!(hold.connections_held >= 1, "calls were held: {hold:?}");
+    assert_eq!(row.phase, AgentPhase::Ready);
+    drop(agent);
+    let left = node.finish();
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
