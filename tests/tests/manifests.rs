@@ -841,7 +841,11 @@ fn rust_files(dir: &Path) -> Vec<PathBuf> {
 /// checked against the status reader Role, not the agent's ClusterRole.
 const CLI_SOURCES: [&str; 1] = ["node-agent/src/status_remote.rs"];
 /// The only agent sources that may use [`CLI_SOURCES`] (the module list and the status CLI).
-const CLI_USERS: [&str; 2] = ["node-agent/src/lib.rs", "node-agent/src/status_cli.rs"];
+const CLI_USERS: [&str; 3] = [
+    "node-agent/src/lib.rs",
+    "node-agent/src/status_cli.rs",
+    "node-agent/src/status_cli/tests.rs",
+];
 
 /// The API calls of a CLI source: those of [`calls_in`], plus the port-forward, which the
 /// agent must never need. `Api::portforward` is a WebSocket upgrade, a GET: the API server
