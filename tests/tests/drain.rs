@@ -794,15 +794,27 @@ fn drain_adopted_after_sigterm_successor_3s_later() {
     drain_adopted_after_agent_restart("dradt3", AgentEnd::Sigterm, Duration::from_secs(3));
 }
 
-/// A Job whose app container starts 1 s after the proxy (a slow image pull): "no app process"
-/// is not "app finished", so the proxy is not quit before the app ran, and the app's call
-/// succeeds; the Job completes once the app exits (issue 10 item 1).
+/// A Job whose app container starts 1 s, and 5 s, after the proxy (a slow image pull): "no app
+/// process" is not "app finished", so the proxy is not quit before the app ran, and the app's
+/// call succeeds; the Job completes once the app exits (issue 10 item 1).
 #[test]
 fn job_whose_app_starts_late_completes_with_its_call() {
     if !privileged("job_whose_app_starts_late_completes_with_its_call") {
         return;
     }
-    let mut node = node("drjoblate");
+    job_with_late_app("drjoblate", Duration::from_secs(1));
+}
+
+#[test]
+fn job_whose_app_starts_5s_late_completes_with_its_call() {
+    if !privileged("job_whose_app_starts_5s_late_completes_with_its_call") {
+        return;
+    }
+    job_with_late_app("drjoblate5", Duration::from_secs(5));
+}
+
+fn job_with_late_app(test: &str, delay: Duration) {
+    let mut node = node(test);
     let agent = agent(&node);
     node.add_pod(
         PodSpec::new("late-batch")
@@ -810,7 +822,7 @@ fn job_whose_app_starts_late_completes_with_its_call() {
                 calls: 1,
                 exit_code: 0,
             })
-            .app_start_delay(Duration::from_secs(1))
+            .app_start_delay(delay)
             .job(),
     )
     .expect("add pod");
