@@ -62,6 +62,7 @@ pub(crate) async fn run(shared: Arc<Shared>, view: watch::Receiver<Option<PodVie
         pending: VecDeque::new(),
         last_progress: Instant::now(),
         proxy_watch: None,
+        proxy_restarting: false,
         proxy_watch_for: None,
     };
     let ready_poll = d.shared.config.hold.ready_poll;
@@ -107,6 +108,9 @@ struct Driver {
     proxy_watch: Option<ExitWatcher>,
     /// The proxy container id the watch was armed for (armed once per id).
     proxy_watch_for: Option<String>,
+    /// The proxy exited while the app ran: the next hold is a re-hold, and the app running
+    /// then is expected (not a hold that went in late).
+    proxy_restarting: bool,
 }
 
 impl Driver {
@@ -146,6 +150,7 @@ impl Driver {
                         (pid, _) = async { proxy_watch.expect("guarded").next_exit().await }, if has_proxy_watch => {
                             tracing::info!(pid, "a process of the proxy container exited");
                             proxy_gone = true;
+                            self.proxy_restarting = true;
                             Input::ProxyGone
                         }
                         changed = self.view.changed(), if !view_closed => {
@@ -345,7 +350,8 @@ impl Driver {
         match result {
             Ok((queue, adopted)) => {
                 self.queue = Some(queue);
-                let late = !adopted && self.app_running().await;
+                let rehold = std::mem::take(&mut self.proxy_restarting);
+                let late = !adopted && !rehold && self.app_running().await;
                 Input::HoldSetUp { adopted, late }
             }
             Err(e) => Input::HoldFailed(e),
