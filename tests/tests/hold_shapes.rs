@@ -81,6 +81,11 @@ fn wait_boot_calls(node: &SimNode, pod: &str, calls: u32, within: Duration) -> A
 /// An IPv6-first pod calling the remote services over IPv6 at boot, with Envoy `late`.
 fn ipv6_caller(late: Duration) -> PodSpec {
     PodSpec::new("v6")
+        // A dual-stack hold writes rules for both families (iptables-restore and
+        // ip6tables-restore): with the other tests of this file starting Envoys at the same
+        // time on 2 cores, 150 ms of istio-init was sometimes shorter than that (a late hold,
+        // calls refused). Real istio-init runs take longer than this anyway.
+        .init_duration(Duration::from_millis(400))
         .ip_families(IpFamilies::DualV6First)
         .app(AppScript::CallAtStart { calls: 3 })
         .proxy_delay(late)
@@ -163,7 +168,13 @@ fn ipv6_first_pod_is_held_and_released() {
     node.start_pods().expect("start");
     let report = wait_boot_calls(&node, "v6", 3, late + Duration::from_secs(30));
     let startup = report.calls(Phase::Startup);
-    assert_eq!(startup.failed, 0, "IPv6 boot calls failed: {startup:?}");
+    assert_eq!(
+        startup.failed,
+        0,
+        "IPv6 boot calls failed: {startup:?}; agent row: {:?}; agent log:\n{}",
+        agent.pod("default", "v6"),
+        agent.log_tail()
+    );
     assert_eq!(startup.ok, 3);
     assert!(report.exit_codes().is_empty(), "the app did not crash");
     let row = agent

@@ -102,7 +102,11 @@ impl HoldConfig {
                 outbound_port: config.proxy.outbound_port,
                 inbound_port: Some(config.proxy.inbound_port),
                 proxy_uid: config.proxy.uid,
-                ipv6: view.has_ipv6(),
+                // The pod's IPs are often not in its status yet when its netns appears (the
+                // CNI plugin assigns them while the sandbox is set up, and the status follows):
+                // hold IPv6 too unless the pod is known to be IPv4-only. In a netns without
+                // IPv6 the rules never match; ip6tables failing fails open for IPv6 alone.
+                ipv6: view.has_ipv6() || view.pod_ips.is_empty(),
                 // pilot-agent's DNS proxy listens on localhost:15053 (DefaultDNSProxyAddr in
                 // istio/istio pkg/config/constants/constants.go), where Istio redirects DNS.
                 dns_port: view.dns_capture().then_some(ISTIO_DNS_PORT),

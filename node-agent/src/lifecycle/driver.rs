@@ -306,6 +306,19 @@ impl Driver {
                 self.rec.hold_progress(held.packets, held.connections);
             }
         }
+        // The admin address depends on the pod's IPs (`[::1]` for IPv6-first pods), which the
+        // Pod status often shows only after the netns exists: follow it.
+        let want = self.admin_addr();
+        if self
+            .probe
+            .as_ref()
+            .is_some_and(|p| p.admin().addr() != want)
+        {
+            if let Some(netns) = self.netns.as_ref().and_then(|n| n.try_clone().ok()) {
+                tracing::info!(admin = %want, "the pod's IPs are known: asking Envoy's admin there");
+                self.probe = self.make_probe(&netns);
+            }
+        }
         match &self.probe {
             // No way to look: act as without the agent (no hold).
             None => Seen::Ready,
