@@ -69,43 +69,27 @@ pub struct ProbeOptions {
     pub on_admin_error: Option<ErrorCallback>,
 }
 
+/// The one admin-error callback: counts each failed request's kind in
+/// `holdfast_admin_errors_total{kind}` (readiness probes and the drain's client share it).
+pub fn count_admin_errors(metrics: &crate::metrics::Metrics) -> ErrorCallback {
+    let errors = metrics.admin_errors.clone();
+    Arc::new(move |kind: &'static str| {
+        errors
+            .get_or_create(&crate::metrics::KindLabel {
+                kind: kind.to_string(),
+            })
+            .inc();
+    })
+}
+
 impl From<&crate::metrics::Metrics> for ProbeOptions {
-    /// Default prefix, no DNS port, admin errors counted in `holdfast_admin_errors_total`
-    /// (the call `agent/pod_task.rs` makes today).
+    /// Default prefix, no DNS port, admin errors counted in `holdfast_admin_errors_total`.
     fn from(metrics: &crate::metrics::Metrics) -> Self {
-        let errors = metrics.admin_errors.clone();
         ProbeOptions {
             stat_prefix: DEFAULT_STAT_PREFIX.to_string(),
             dns_port: None,
-            on_admin_error: Some(Arc::new(move |kind: &'static str| {
-                errors
-                    .get_or_create(&crate::metrics::KindLabel {
-                        kind: kind.to_string(),
-                    })
-                    .inc();
-            })),
+            on_admin_error: Some(count_admin_errors(metrics)),
         }
-    }
-}
-
-impl AdminClient {
-    /// Counts failed requests in `holdfast_admin_errors_total{kind}`. A bridge for the callers
-    /// that still pass the Prometheus family; new code passes a closure to
-    /// [`AdminClient::with_error_callback`].
-    pub fn with_error_metric(
-        self,
-        errors: prometheus_client::metrics::family::Family<
-            crate::metrics::KindLabel,
-            prometheus_client::metrics::counter::Counter,
-        >,
-    ) -> AdminClient {
-        self.with_error_callback(move |kind| {
-            errors
-                .get_or_create(&crate::metrics::KindLabel {
-                    kind: kind.to_string(),
-                })
-                .inc();
-        })
     }
 }
 

@@ -270,15 +270,12 @@ impl Driver {
             .borrow()
             .as_ref()
             .and_then(|v| crate::hold::HoldConfig::for_pod(cfg, v).rules.dns_port);
-        let errors = self.shared.metrics.admin_errors.clone();
         let options = crate::agent::readiness::ProbeOptions {
             stat_prefix: cfg.drain.stat_prefix.clone(),
             dns_port,
-            on_admin_error: Some(std::sync::Arc::new(move |kind: &'static str| {
-                errors
-                    .get_or_create(&crate::metrics::KindLabel { kind: kind.into() })
-                    .inc();
-            })),
+            on_admin_error: Some(crate::agent::readiness::count_admin_errors(
+                &self.shared.metrics,
+            )),
         };
         match ReadinessProbe::new(netns, admin_addr, &cfg.proxy, &cfg.hold, options) {
             Ok(p) => Some(p),
@@ -448,7 +445,11 @@ impl Driver {
                 let t = self.shared.config.drain.admin_timeout;
                 AdminClient::in_netns(ns, self.admin_addr())
                     .with_timeouts(t, t)
-                    .with_error_metric(self.shared.metrics.admin_errors.clone())
+                    .with_error_callback({
+                        let count =
+                            crate::agent::readiness::count_admin_errors(&self.shared.metrics);
+                        move |kind| count(kind)
+                    })
             }
             other => {
                 let why = match other {
