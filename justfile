@@ -54,4 +54,5 @@ presubmit: filter
     cargo clippy --workspace --exclude holdfast-filter --all-targets -- -D warnings
     cargo clippy -p holdfast-filter --target wasm32-wasip1 -- -D warnings
     cargo clippy -p holdfast-filter --all-targets -- -D warnings
+    RUSTDOCFLAGS="-D warnings" cargo doc -p holdfast --no-deps
     just test

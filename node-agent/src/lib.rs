@@ -1,42 +1,32 @@
 //! holdfast node agent: startup and shutdown ordering for Envoy sidecars, run from the node.
 //!
-//! # Layout
+//! # Layout (imports point down this list, never up)
 //!
-//! - [`agent`]: the agent itself — follows the pods and runs one task per meshed pod; the drain
-//!   and Job executors ([`agent::drain`]), readiness, a pod's processes.
-//! - [`lifecycle`]: one pod's lifecycle — a pure machine (every decision: hold, release, drain,
-//!   Job, outcomes, phases), its driver, and the one recorder of outcomes (board, metrics,
-//!   Events, log together).
-//! - [`api`]: the wire types of the `/status` document (a leaf: imports nothing of the agent).
-//! - [`hold`]: the startup hold mechanism in a pod's netns (iptables rules + NFQUEUE).
-//! - [`netns`]: entering a pod's network namespace (the one place that does).
-//! - [`procfs_pods`]: which processes and sockets belong to a pod (cgroup parsing).
-//! - [`envoy_admin`]: the Envoy admin API client.
+//! - [`agent`]: the agent itself — follows the pods, runs one [`lifecycle`] driver per meshed
+//!   pod, serves the status API, removes the node's startup taint.
+//! - [`lifecycle`]: one pod's life — the pure [`lifecycle::machine`] (every decision: hold,
+//!   release, drain, Job, outcomes, phases), its [`lifecycle::driver`], the proxy's
+//!   [`lifecycle::readiness`], the [`lifecycle::drain`] and Job executors, and the one
+//!   [`lifecycle::record`]er of outcomes (board, metrics, Events, log together).
+//! - [`report`]: where outcomes go — the status [`report::board`], Prometheus
+//!   [`report::metrics`], Kubernetes [`report::events`], the read-only status API
+//!   ([`report::server`]) and the agent's own resources ([`report::process_metrics`]).
+//! - [`effects`]: what touches the node — entering a pod's netns ([`effects::netns`]), the
+//!   startup hold's iptables rules and NFQUEUE ([`effects::hold`]), the Envoy admin client
+//!   ([`effects::envoy_admin`] on [`effects::http1_client`]), procfs and sock_diag
+//!   ([`effects::procfs`]), the node taint ([`effects::node_taint`]).
+//! - [`source`]: where Pod objects come from (a pods directory, or the API server); [`pod`]:
+//!   what the agent reads from a Pod object, and which pods it acts on.
 //! - [`config`]: flags, defaults (Istio conventions), per-pod annotations, durations.
-//! - [`pod`]: what the agent reads from a Kubernetes Pod object, and which pods it acts on.
-//! - [`node_taint`]: removing the agent's startup taint from its node once it is ready.
-//! - [`source`]: where Pod objects come from (a pods directory, or the API server).
-//! - [`events`]: Kubernetes Events on pods (what holdfast did, what needs the operator).
-//! - [`status`], [`status_api`]: the per-pod status board and the read-only API serving it.
-//! - [`process_metrics`]: the agent's own fds, memory and threads as metrics; its fd budget.
-//! - [`status_cli`]: `holdfast status`, the node's table read from that API.
-
+//! - [`api`]: the wire types of the `/status` document (a leaf: imports nothing of the agent).
+//! - [`cli`]: `holdfast status`, the node's table read from the status API (imports [`api`] and
+//!   the HTTP client only).
 pub mod agent;
 pub mod api;
+pub mod cli;
 pub mod config;
-pub mod envoy_admin;
-pub mod events;
-pub mod hold;
-pub mod http1_client;
+pub mod effects;
 pub mod lifecycle;
-pub mod metrics;
-pub mod netns;
-pub mod node_taint;
 pub mod pod;
-pub mod process_metrics;
-pub mod procfs_pods;
+pub mod report;
 pub mod source;
-pub mod status;
-pub mod status_api;
-pub mod status_cli;
-pub mod status_remote;

@@ -39,7 +39,7 @@ struct StatusArgs {
     #[arg(
         long,
         env = "HOLDFAST_AGENT",
-        default_value = holdfast::status_cli::DEFAULT_AGENT_URL,
+        default_value = holdfast::cli::status::DEFAULT_AGENT_URL,
         value_name = "URL"
     )]
     agent: String,
@@ -209,7 +209,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Status(args) => {
-            let opts = holdfast::status_cli::StatusOptions {
+            let opts = holdfast::cli::status::StatusOptions {
                 agent: args.agent,
                 json: args.json,
                 watch: args.watch,
@@ -217,7 +217,7 @@ fn main() -> anyhow::Result<()> {
                 timeout: args.timeout,
             };
             let stdout = std::io::stdout();
-            if let Err(e) = holdfast::status_cli::run(&opts, &mut stdout.lock()) {
+            if let Err(e) = holdfast::cli::status::run(&opts, &mut stdout.lock()) {
                 eprintln!("holdfast status: {e}");
                 std::process::exit(e.exit_code());
             }

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use holdfast::envoy_admin::{AdminClient, Error, ServerState};
+use holdfast::effects::envoy_admin::{AdminClient, Error, ServerState};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -195,7 +195,7 @@ async fn one_kept_alive_connection_and_a_new_one_when_it_closes() -> Result<()> 
 #[tokio::test]
 async fn quit_answered_by_a_close_is_success_and_not_an_error() -> Result<()> {
     let kinds = Arc::new(Mutex::new(Vec::<&'static str>::new()));
-    let counted = |admin: holdfast::envoy_admin::AdminClient| {
+    let counted = |admin: holdfast::effects::envoy_admin::AdminClient| {
         let kinds = kinds.clone();
         admin.with_error_callback(move |kind| kinds.lock().expect("lock").push(kind))
     };
@@ -652,8 +652,9 @@ async fn real_envoy_inside_a_netns() -> Result<()> {
     // Port 15000 inside the netns: the host's 127.0.0.1:15000 is a different socket.
     let (mut envoy, addr) = Envoy::start(&binary, "netns", Some(name), 15000)?;
     ensure!(addr.port() == 15000);
-    let netns = holdfast::netns::PodNetns::open_path(&PathBuf::from("/run/netns").join(name))?;
-    let admin = AdminClient::in_netns(netns, holdfast::envoy_admin::DEFAULT_ADMIN_ADDR);
+    let netns =
+        holdfast::effects::netns::PodNetns::open_path(&PathBuf::from("/run/netns").join(name))?;
+    let admin = AdminClient::in_netns(netns, holdfast::effects::envoy_admin::DEFAULT_ADMIN_ADDR);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         match admin.ready().await {

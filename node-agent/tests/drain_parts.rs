@@ -15,13 +15,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, ensure, Context, Result};
-use holdfast::agent::drain::{
+use holdfast::config::{HoldSettings, PodOverrides};
+use holdfast::effects::envoy_admin::{AdminClient, ServerState};
+use holdfast::effects::procfs::pod_procs::{PodProcess, PodProcs};
+use holdfast::lifecycle::drain::{
     self, AppContainer, AppTracker, DrainCtx, DrainOutcome, DrainSettings, ExitWatcher, IdleReason,
     PodProcessSource, PodProcsSource, QuitReason, Watch,
 };
-use holdfast::agent::pod_procs::{PodProcess, PodProcs};
-use holdfast::config::{HoldSettings, PodOverrides};
-use holdfast::envoy_admin::{AdminClient, ServerState};
 use holdfast::pod::{ContainerState, ContainerView, Deletion, PodKey, PodView};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -454,7 +454,7 @@ fn pod_view(grace: Duration) -> PodView {
         ],
         restart_policy: "Always".into(),
         deletion: Some(Deletion {
-            timestamp: holdfast::agent::drain::plan::timestamp(SystemTime::now()),
+            timestamp: holdfast::lifecycle::drain::plan::timestamp(SystemTime::now()),
             grace,
         }),
         ..PodView::default()

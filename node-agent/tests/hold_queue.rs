@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use holdfast::hold::{HoldConfig, HoldQueue};
+use holdfast::effects::hold::{HoldConfig, HoldQueue};
 
 mod support;
 use support::{privileged, run, TestNetns};
@@ -75,17 +75,17 @@ fn hold_then_release_connects() -> Result<()> {
 
     // The kernel agrees: one packet waits in this netns's queue.
     let waiting =
-        t.ns.run(|| holdfast::hold::queue::kernel_queue_waiting(15015))?;
+        t.ns.run(|| holdfast::effects::hold::nfqueue::kernel_queue_waiting(15015))?;
     ensure!(waiting == Some(1), "kernel queue shows {waiting:?} waiting");
 
     // Envoy's listener comes up late (seen through the netns's TCP table); then release.
-    let listening = holdfast::procfs_pods::sockets::listening_ports_in_netns(&t.ns)?;
+    let listening = holdfast::effects::procfs::sockets::listening_ports_in_netns(&t.ns)?;
     ensure!(
         !listening.contains(&15001),
         "15001 listening early: {listening:?}"
     );
     let _stop = accept_all(t.listen(envoy_outbound())?);
-    let listening = holdfast::procfs_pods::sockets::listening_ports_in_netns(&t.ns)?;
+    let listening = holdfast::effects::procfs::sockets::listening_ports_in_netns(&t.ns)?;
     ensure!(
         listening.contains(&15001),
         "15001 not listening: {listening:?}"
@@ -248,7 +248,7 @@ fn adopt_after_agent_restart() -> Result<()> {
     }
     let t = TestNetns::new("hf-hold-adopt")?;
     let cfg = HoldConfig {
-        rules: holdfast::hold::RuleSpec {
+        rules: holdfast::effects::hold::RuleSpec {
             queue_num: 4242,
             ..Default::default()
         },
@@ -433,7 +433,7 @@ fn ipv6_hold_then_release() -> Result<()> {
     }
     let t = TestNetns::new("hf-hold-v6")?;
     let cfg = HoldConfig {
-        rules: holdfast::hold::RuleSpec {
+        rules: holdfast::effects::hold::RuleSpec {
             ipv6: true,
             ..Default::default()
         },
@@ -528,7 +528,7 @@ fn start_fails_cleanly_without_iptables() -> Result<()> {
     }
     let t = TestNetns::new("hf-hold-bad")?;
     let cfg = HoldConfig {
-        rules: holdfast::hold::RuleSpec {
+        rules: holdfast::effects::hold::RuleSpec {
             iptables: "/nonexistent/iptables".to_string(),
             ..Default::default()
         },
@@ -634,7 +634,7 @@ fn dns_query_is_held_until_released_udp_and_tcp() -> Result<()> {
     );
 
     let cfg = HoldConfig {
-        rules: holdfast::hold::RuleSpec {
+        rules: holdfast::effects::hold::RuleSpec {
             dns_port: Some(15053),
             ..Default::default()
         },
@@ -772,7 +772,7 @@ fn ipv6_fails_open_without_ip6tables() -> Result<()> {
     }
     let t = TestNetns::new("hf-hold-no6")?;
     let cfg = HoldConfig {
-        rules: holdfast::hold::RuleSpec {
+        rules: holdfast::effects::hold::RuleSpec {
             ipv6: true,
             ip6tables: "/nonexistent/ip6tables".to_string(),
             ip6tables_restore: "/nonexistent/ip6tables-restore".to_string(),
@@ -825,7 +825,7 @@ fn adopt_brings_rules_up_to_the_pods_shape() -> Result<()> {
     // An earlier agent held IPv4 TCP only, then died.
     drop(HoldQueue::start(&t.ns, &HoldConfig::default())?);
     let cfg = HoldConfig {
-        rules: holdfast::hold::RuleSpec {
+        rules: holdfast::effects::hold::RuleSpec {
             ipv6: true,
             dns_port: Some(15053),
             ..Default::default()
@@ -870,7 +870,7 @@ fn proxy_uid_dns_is_not_held() -> Result<()> {
     }
     let t = TestNetns::new("hf-hold-dnsown")?;
     let cfg = HoldConfig {
-        rules: holdfast::hold::RuleSpec {
+        rules: holdfast::effects::hold::RuleSpec {
             dns_port: Some(15053),
             ..Default::default()
         },
@@ -924,7 +924,7 @@ fn ipv6_disabled_in_the_netns_still_holds_ipv4() -> Result<()> {
         ],
     )?;
     let cfg = HoldConfig {
-        rules: holdfast::hold::RuleSpec {
+        rules: holdfast::effects::hold::RuleSpec {
             ipv6: true,
             dns_port: Some(15053),
             ..Default::default()
@@ -984,7 +984,7 @@ fn ipv6_dns_query_is_held_until_released() -> Result<()> {
     let out = t.ns.run_command("ip6tables", &redirect, None)?;
     ensure!(out.status.success(), "ip6tables: {}", out.stderr);
     let cfg = HoldConfig {
-        rules: holdfast::hold::RuleSpec {
+        rules: holdfast::effects::hold::RuleSpec {
             ipv6: true,
             dns_port: Some(15053),
             ..Default::default()

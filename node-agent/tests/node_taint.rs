@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use holdfast::node_taint::{remove_startup_taint, Error, STARTUP_TAINT_KEY};
+use holdfast::effects::node_taint::{remove_startup_taint, Error, STARTUP_TAINT_KEY};
 use http_body_util::BodyExt;
 use hyper::{Method, Request, Response, StatusCode};
 use kube::client::Body;

@@ -9,10 +9,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use holdfast::config::{HoldSettings, PodOverrides, ProxyConfig};
-use holdfast::envoy_admin::Stats;
-use holdfast::hold::queue::{parse_flow, parse_queue_waiting};
+use holdfast::effects::envoy_admin::Stats;
+use holdfast::effects::hold::nfqueue::{parse_flow, parse_queue_waiting};
+use holdfast::effects::procfs::cgroup::parse_pod_cgroup;
 use holdfast::pod::PodView;
-use holdfast::procfs_pods::cgroup::parse_pod_cgroup;
 use proptest::prelude::*;
 
 const CASES: u32 = 256;
@@ -28,7 +28,7 @@ fn corpus(name: &str) -> String {
 
 /// `tests/corpus/cgroup.txt`: `uid<TAB>container id or -<TAB>/proc/<pid>/cgroup line`, from the
 /// kubelet naming forms (cgroupfs and systemd drivers, v1 and v2, containerd, CRI-O, docker,
-/// kind's nesting) that `procfs_pods::cgroup` documents.
+/// kind's nesting) that `effects::procfs::cgroup` documents.
 #[test]
 fn corpus_cgroup_lines() {
     for row in corpus("cgroup.txt")

@@ -12,9 +12,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use holdfast::agent::readiness::{ProbeOptions, Readiness, ReadinessProbe, DEFAULT_STAT_PREFIX};
 use holdfast::config::{HoldSettings, ProxyConfig};
-use holdfast::envoy_admin::DEFAULT_ADMIN_ADDR;
+use holdfast::effects::envoy_admin::DEFAULT_ADMIN_ADDR;
+use holdfast::lifecycle::readiness::{
+    ProbeOptions, Readiness, ReadinessProbe, DEFAULT_STAT_PREFIX,
+};
 use support::{privileged, TestNetns};
 
 fn workspace_file(rel: &str) -> PathBuf {
@@ -162,7 +164,7 @@ async fn real_envoy_with_the_filter_in_a_netns() -> Result<()> {
     // The one request's answer: Envoy's own gauges and the filter's, under the prefix.
     let stats = probe
         .admin()
-        .stats(Some(&holdfast::agent::readiness::stats_filter(
+        .stats(Some(&holdfast::lifecycle::readiness::stats_filter(
             DEFAULT_STAT_PREFIX,
         )))
         .await?;
@@ -176,7 +178,7 @@ async fn real_envoy_with_the_filter_in_a_netns() -> Result<()> {
     );
 
     // Kept alive: many checks, (almost) no new admin connections.
-    let cx = |s: &holdfast::envoy_admin::Stats| s.get("http.admin.downstream_cx_total");
+    let cx = |s: &holdfast::effects::envoy_admin::Stats| s.get("http.admin.downstream_cx_total");
     let before = cx(&probe
         .admin()
         .stats(Some("^http\\.admin\\.downstream_cx_total$"))
@@ -197,7 +199,7 @@ async fn real_envoy_with_the_filter_in_a_netns() -> Result<()> {
         "GET /ready on the kept-alive connection: {:?} on average",
         started.elapsed() / 50
     );
-    let filter = holdfast::agent::readiness::stats_filter(DEFAULT_STAT_PREFIX);
+    let filter = holdfast::lifecycle::readiness::stats_filter(DEFAULT_STAT_PREFIX);
     let started = Instant::now();
     for _ in 0..50 {
         probe.admin().stats(Some(&filter)).await?;
@@ -206,7 +208,7 @@ async fn real_envoy_with_the_filter_in_a_netns() -> Result<()> {
         "GET /stats?filter= on the kept-alive connection: {:?} on average",
         started.elapsed() / 50
     );
-    let diag = holdfast::procfs_pods::sock_diag::SockDiag::open_in(&t.ns)?;
+    let diag = holdfast::effects::procfs::sock_diag::SockDiag::open_in(&t.ns)?;
     let started = Instant::now();
     for _ in 0..50 {
         diag.tcp_listening_ports()?;

@@ -9,7 +9,7 @@ use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::time::Instant;
 
 use anyhow::{ensure, Result};
-use holdfast::procfs_pods::sock_diag::SockDiag;
+use holdfast::effects::procfs::sock_diag::SockDiag;
 use support::{privileged, TestNetns};
 
 /// Binds inside the netns (sockets keep the namespace they were made in).
@@ -59,7 +59,7 @@ fn listeners_in_a_netns_are_seen_and_closed_ones_are_not() -> Result<()> {
     let udp = diag.udp_bound_ports()?;
     ensure!(udp.contains(&15053) && udp.contains(&15054), "udp {udp:?}");
     ensure!(!udp.contains(&15001), "udp {udp:?}");
-    let sockets = diag.sockets(holdfast::procfs_pods::sock_diag::Kind::TcpListen)?;
+    let sockets = diag.sockets(holdfast::effects::procfs::sock_diag::Kind::TcpListen)?;
     ensure!(
         sockets
             .iter()

@@ -133,7 +133,7 @@ fn open_fds(pid: u32) -> usize {
 
 fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    holdfast::process_metrics::parse_status(&status)
+    holdfast::report::process_metrics::parse_status(&status)
         .0
         .unwrap_or(0)
 }
@@ -194,7 +194,7 @@ fn a_connection_flood_cannot_take_the_agents_fds() {
         "flood: 2000 connections opened in {open_time:?}; agent fds {fds_start} at start, at most {max_fds} during; RSS {rss_start} KiB at start, {rss_peak} KiB in the flood"
     );
     assert!(
-        max_fds < fds_start + holdfast::status_api::MAX_CONNECTIONS + 16,
+        max_fds < fds_start + holdfast::report::server::MAX_CONNECTIONS + 16,
         "the API took more fds than its cap: {max_fds} (start {fds_start})"
     );
 
@@ -245,8 +245,10 @@ fn a_connection_flood_cannot_take_the_agents_fds() {
         .unwrap_or(0);
     // Every connection the API did not serve was closed at accept and counted. It serves at most
     // MAX_CONNECTIONS per header timeout (idle ones are closed then and free their slots).
-    let rounds = open_time.as_secs_f64() / holdfast::status_api::HEADER_READ_TIMEOUT.as_secs_f64();
-    let served_at_most = holdfast::status_api::MAX_CONNECTIONS as u64 * (rounds.ceil() as u64 + 1);
+    let rounds =
+        open_time.as_secs_f64() / holdfast::report::server::HEADER_READ_TIMEOUT.as_secs_f64();
+    let served_at_most =
+        holdfast::report::server::MAX_CONNECTIONS as u64 * (rounds.ceil() as u64 + 1);
     println!("rejected at accept: {rejected} of 2000 (opened in {open_time:?})");
     assert!(
         rejected >= 2000 - served_at_most,
@@ -271,7 +273,7 @@ fn a_connection_flood_cannot_take_the_agents_fds() {
 #[test]
 fn idle_slow_and_oversized_requests_are_cut_off() {
     let agent = Agent::start("limits", 1024);
-    let timeout = holdfast::status_api::HEADER_READ_TIMEOUT;
+    let timeout = holdfast::report::server::HEADER_READ_TIMEOUT;
 
     let mut silent = TcpStream::connect(agent.addr).unwrap();
     silent.set_read_timeout(Some(timeout * 3)).unwrap();
@@ -301,7 +303,7 @@ fn idle_slow_and_oversized_requests_are_cut_off() {
 
     let mut big = TcpStream::connect(agent.addr).unwrap();
     big.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-    let long = "x".repeat(holdfast::status_api::MAX_HEADER_BYTES * 2);
+    let long = "x".repeat(holdfast::report::server::MAX_HEADER_BYTES * 2);
     let _ = write!(
         big,
         "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Long: {long}\r\n\r\n"
@@ -378,8 +380,8 @@ async fn source_problems_are_served_on_status_and_counted() {
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let api = holdfast::status_api::StatusApi {
-        board: holdfast::status::StatusBoard::default(),
+    let api = holdfast::report::server::StatusApi {
+        board: holdfast::report::board::StatusBoard::default(),
         config: std::sync::Arc::new(Config {
             node_name: "node-a".into(),
             source: SourceConfig::PodsDir(dir.clone()),
@@ -389,7 +391,7 @@ async fn source_problems_are_served_on_status_and_counted() {
             hold: Default::default(),
             drain: Default::default(),
         }),
-        metrics: holdfast::metrics::MetricsHandle::new(),
+        metrics: holdfast::report::metrics::MetricsHandle::new(),
         source_problems: problems,
         synced: Default::default(),
     };

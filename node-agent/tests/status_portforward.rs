@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
+use holdfast::cli::remote::{fetch_status_body, RemoteError, AGENT_NAMESPACE, STATUS_PORT};
 use holdfast::config::{Config, SourceConfig};
-use holdfast::status_api::StatusApi;
-use holdfast::status_remote::{fetch_status_body, RemoteError, AGENT_NAMESPACE, STATUS_PORT};
+use holdfast::report::server::StatusApi;
 use http_body_util::Full;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
@@ -203,7 +203,7 @@ async fn status_is_read_through_a_portforward_from_the_real_status_api() {
         .expect("bind");
     let agent_addr = listener.local_addr().expect("addr");
     let agent = StatusApi {
-        board: holdfast::status::StatusBoard::default(),
+        board: holdfast::report::board::StatusBoard::default(),
         config: Arc::new(Config {
             node_name: "worker-1".into(),
             source: SourceConfig::PodsDir(std::env::temp_dir().join("hf-portforward-unused")),
@@ -213,7 +213,7 @@ async fn status_is_read_through_a_portforward_from_the_real_status_api() {
             hold: Default::default(),
             drain: Default::default(),
         }),
-        metrics: holdfast::metrics::MetricsHandle::new(),
+        metrics: holdfast::report::metrics::MetricsHandle::new(),
         source_problems: Default::default(),
         synced: Default::default(),
     };
@@ -233,8 +233,7 @@ async fn status_is_read_through_a_portforward_from_the_real_status_api() {
     let body = fetched
         .expect("an answer within 10 s")
         .expect("status body");
-    let status: holdfast::status::NodeStatus =
-        serde_json::from_str(&body).expect("a status document");
+    let status: holdfast::api::NodeStatus = serde_json::from_str(&body).expect("a status document");
     assert_eq!(status.node, "worker-1");
     let seen = seen.lock().expect("lock").clone();
     assert_eq!(seen.len(), 2, "{seen:?}");
@@ -338,7 +337,7 @@ async fn holdfast_status_node_prints_the_table_and_exits_6_when_forbidden() {
         .expect("bind");
     let agent_addr = listener.local_addr().expect("addr");
     let agent = StatusApi {
-        board: holdfast::status::StatusBoard::default(),
+        board: holdfast::report::board::StatusBoard::default(),
         config: Arc::new(Config {
             node_name: "worker-1".into(),
             source: SourceConfig::PodsDir(std::env::temp_dir().join("hf-portforward-unused")),
@@ -348,7 +347,7 @@ async fn holdfast_status_node_prints_the_table_and_exits_6_when_forbidden() {
             hold: Default::default(),
             drain: Default::default(),
         }),
-        metrics: holdfast::metrics::MetricsHandle::new(),
+        metrics: holdfast::report::metrics::MetricsHandle::new(),
         source_problems: Default::default(),
         synced: Default::default(),
     };

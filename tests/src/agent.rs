@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use holdfast::status::{NodeStatus, PodStatus};
+use holdfast::api::{NodeStatus, PodStatus};
 
 /// The `holdfast` binary cargo built next to this test executable (`target/<profile>/holdfast`),
 /// or `$HOLDFAST_BIN`.

@@ -138,7 +138,7 @@ fn agent_without_net_admin_names_the_capability_and_fails_open() {
     let pid = holdfast_tests::cri::status::info_pid(&info).expect("agent pid");
     let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("agent cgroup");
     eprintln!("the agent container's /proc/{pid}/cgroup:\n{cgroup}");
-    let parsed = holdfast::procfs_pods::parse_pod_cgroup(&cgroup).expect("a pod cgroup");
+    let parsed = holdfast::effects::procfs::parse_pod_cgroup(&cgroup).expect("a pod cgroup");
     assert_eq!(parsed.pod_uid, agent.uid);
     assert_eq!(
         parsed.container_id.as_deref(),

@@ -11,7 +11,7 @@
 //! included; the container segment is the bare 64-hex id (no `cri-containerd-` prefix: that
 //! comes with the systemd driver).
 
-use holdfast::procfs_pods::parse_pod_cgroup;
+use holdfast::effects::procfs::parse_pod_cgroup;
 
 /// An app container (uid 0) of a pod, as it printed its own /proc/self/cgroup.
 const APP_CONTAINER: &str = "\

@@ -19,10 +19,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
-use holdfast::agent::drain::{
+use holdfast::lifecycle::drain::{
     DrainOutcome, DrainReport, FinishedBy, JobOutcome, JobReport, QuitReason,
 };
-use holdfast::status::{Phase as AgentPhase, PodStatus};
+use holdfast::report::board::{Phase as AgentPhase, PodStatus};
 use holdfast_tests::agent::AgentProcess;
 use holdfast_tests::sim::pod_object::{CState, ContainerView};
 use holdfast_tests::sim::{

@@ -9,7 +9,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use holdfast::status::{HoldOutcome, Phase as AgentPhase, PodStatus};
+use holdfast::report::board::{HoldOutcome, Phase as AgentPhase, PodStatus};
 use holdfast_tests::agent::AgentProcess;
 use holdfast_tests::sim::{privileged, AppScript, CallError, NodeOptions, Phase, PodSpec, SimNode};
 

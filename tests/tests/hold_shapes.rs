@@ -21,7 +21,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use holdfast::status::{HoldOutcome, PodStatus};
+use holdfast::report::board::{HoldOutcome, PodStatus};
 use holdfast_tests::agent::AgentProcess;
 use holdfast_tests::sim::report::AppReport;
 use holdfast_tests::sim::{

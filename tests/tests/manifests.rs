@@ -328,10 +328,10 @@ fn daemonset_pod_shares_host_pids_not_host_network() {
         "a toleration with operator Exists and no key/effect: every node"
     );
     // That includes the agent's own startup taint, which it removes once ready
-    // (node-agent/src/node_taint.rs): an agent that did not tolerate it could never start.
+    // (node-agent/src/effects/node_taint.rs): an agent that did not tolerate it could never start.
     let startup_taint = k8s_openapi::api::core::v1::Taint {
-        key: holdfast::node_taint::STARTUP_TAINT_KEY.into(),
-        effect: holdfast::node_taint::STARTUP_TAINT_EFFECT.into(),
+        key: holdfast::effects::node_taint::STARTUP_TAINT_KEY.into(),
+        effect: holdfast::effects::node_taint::STARTUP_TAINT_EFFECT.into(),
         ..Default::default()
     };
     assert!(
@@ -582,7 +582,7 @@ fn rbac_grants_exactly_pods_read_events_write_and_node_taint_removal() {
     let expected: BTreeSet<Rule> = [
         ("", "pods", "list"),
         ("", "pods", "watch"),
-        // The startup taint: read the node, patch its taints (node-agent/src/node_taint.rs).
+        // The startup taint: read the node, patch its taints (node-agent/src/effects/node_taint.rs).
         ("", "nodes", "get"),
         ("", "nodes", "patch"),
         ("events.k8s.io", "events", "create"),
@@ -839,12 +839,12 @@ fn rust_files(dir: &Path) -> Vec<PathBuf> {
 /// Sources that run as the person at the keyboard, never in the agent: `holdfast status --node`
 /// reads a node's agent through the API server with the user's kubeconfig. Their calls are
 /// checked against the status reader Role, not the agent's ClusterRole.
-const CLI_SOURCES: [&str; 1] = ["node-agent/src/status_remote.rs"];
+const CLI_SOURCES: [&str; 1] = ["node-agent/src/cli/remote.rs"];
 /// The only agent sources that may use [`CLI_SOURCES`] (the module list and the status CLI).
 const CLI_USERS: [&str; 3] = [
-    "node-agent/src/lib.rs",
-    "node-agent/src/status_cli.rs",
-    "node-agent/src/status_cli/tests.rs",
+    "node-agent/src/cli/mod.rs",
+    "node-agent/src/cli/status.rs",
+    "node-agent/src/cli/status/tests.rs",
 ];
 
 /// The API calls of a CLI source: those of [`calls_in`], plus the port-forward, which the
@@ -891,7 +891,7 @@ fn rbac_matches_the_api_calls_the_agent_makes() {
             continue;
         }
         assert!(
-            CLI_USERS.contains(&rel.as_str()) || !src.contains("status_remote::"),
+            CLI_USERS.contains(&rel.as_str()) || !src.contains("cli::remote::"),
             "{rel} uses the CLI's remote status code: the agent would need the user's RBAC"
         );
         let calls = calls_in(src).unwrap_or_else(|e| panic!("{}: {e}", file.display()));

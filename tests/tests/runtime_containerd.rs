@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use holdfast::status::{HoldOutcome, Phase as AgentPhase};
+use holdfast::report::board::{HoldOutcome, Phase as AgentPhase};
 use holdfast_tests::agent::AgentProcess;
 use holdfast_tests::cri::runtime_for;
 use holdfast_tests::sim::{

@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use holdfast::status::Phase as AgentPhase;
+use holdfast::report::board::Phase as AgentPhase;
 use holdfast_tests::agent::AgentProcess;
 use holdfast_tests::sim::{privileged, NodeOptions, SimNode};
 use serde_json::{json, Value};

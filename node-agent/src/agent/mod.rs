@@ -1,15 +1,10 @@
 //! The agent: follows the pods on this node and runs one task per meshed pod.
 //!
 //! - [`run`]: wires the pod source, the per-pod tasks, and the status API.
-//! - one pod's lifecycle is [`crate::lifecycle`] (the machine, its driver, the recorder).
-//! - [`readiness`]: how "the proxy is ready" is decided.
-//! - [`drain`]: the drain on deletion, and ending the proxy of a finished Job (the executors
-//!   of the lifecycle machine's `StartDrain` and `StartJobWatch`).
-//! - [`pod_procs`]: which processes (and so which network namespace) belong to a pod.
-
-pub mod drain;
-pub mod pod_procs;
-pub mod readiness;
+//! - one pod's lifecycle is [`crate::lifecycle`] (the machine, its driver, the recorder, the
+//!   proxy's readiness, the drain and Job executors).
+//! - which processes (and so which network namespace) belong to a pod is
+//!   [`crate::effects::procfs::pod_procs`], one index shared by every pod's driver.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -22,11 +17,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::config::{Config, SourceConfig};
-use crate::events::PodEvents;
+use crate::lifecycle::driver::Shared;
 use crate::pod::{NotTracked, PodKey, PodView};
+use crate::report::board::StatusBoard;
+use crate::report::events::PodEvents;
+use crate::report::server::StatusApi;
 use crate::source::{dir::PodsDir, PodEvent};
-use crate::status::StatusBoard;
-use crate::status_api::StatusApi;
 
 /// Errors that stop the agent at startup. Once running, per-pod problems never stop it.
 #[derive(Debug, thiserror::Error)]
@@ -51,16 +47,6 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 const PODS_DIR_RESCAN: Duration = Duration::from_secs(10);
 /// How long the agent waits for pod tasks to finish on shutdown.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
-
-/// What every pod task shares.
-pub(crate) struct Shared {
-    pub config: Arc<Config>,
-    pub board: StatusBoard,
-    pub procs: pod_procs::PodProcs,
-    pub stop: CancellationToken,
-    pub metrics: crate::metrics::Metrics,
-    pub events: PodEvents,
-}
 
 /// Runs the agent until `shutdown` completes.
 ///
@@ -102,13 +88,13 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     tracing::info!(addr = %config.status_listen, "status API listening");
 
     let stop = CancellationToken::new();
-    let metrics = crate::metrics::MetricsHandle::new();
+    let metrics = crate::report::metrics::MetricsHandle::new();
     let shared = Arc::new(Shared {
         metrics: metrics.metrics.clone(),
         events,
         config: config.clone(),
         board: StatusBoard::default(),
-        procs: pod_procs::PodProcs::new(config.proc_root.clone()),
+        procs: crate::effects::procfs::pod_procs::PodProcs::new(config.proc_root.clone()),
         stop: stop.clone(),
     });
     let synced = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -247,9 +233,9 @@ impl Pods {
 async fn remove_startup_taint(client: kube::Client, node: String) {
     let mut pause = Duration::from_secs(1);
     for attempt in 1..=8 {
-        match crate::node_taint::remove_startup_taint(client.clone(), &node).await {
+        match crate::effects::node_taint::remove_startup_taint(client.clone(), &node).await {
             Ok(true) => {
-                tracing::info!(node = %node, taint = crate::node_taint::STARTUP_TAINT_KEY, "removed the startup taint: pods may be scheduled here");
+                tracing::info!(node = %node, taint = crate::effects::node_taint::STARTUP_TAINT_KEY, "removed the startup taint: pods may be scheduled here");
                 return;
             }
             Ok(false) => return,
@@ -260,7 +246,7 @@ async fn remove_startup_taint(client: kube::Client, node: String) {
             }
         }
     }
-    tracing::error!(node = %node, taint = crate::node_taint::STARTUP_TAINT_KEY, "gave up removing the startup taint: remove it by hand (kubectl taint nodes NODE holdfast.io/agent-not-ready-)");
+    tracing::error!(node = %node, taint = crate::effects::node_taint::STARTUP_TAINT_KEY, "gave up removing the startup taint: remove it by hand (kubectl taint nodes NODE holdfast.io/agent-not-ready-)");
 }
 
 #[cfg(test)]
@@ -282,11 +268,11 @@ mod tests {
             drain: DrainSettings::default(),
         });
         Arc::new(Shared {
-            procs: pod_procs::PodProcs::new(config.proc_root.clone()),
+            procs: crate::effects::procfs::pod_procs::PodProcs::new(config.proc_root.clone()),
             config,
             board: StatusBoard::default(),
             stop: CancellationToken::new(),
-            metrics: crate::metrics::MetricsHandle::new().metrics,
+            metrics: crate::report::metrics::MetricsHandle::new().metrics,
             events: PodEvents::log_only(),
         })
     }

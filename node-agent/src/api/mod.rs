@@ -10,4 +10,4 @@ pub use reports::{
     DirectionCounts, DrainOutcome, DrainReport, FilterCounts, FinishedBy, IdleReason, JobOutcome,
     JobReport, QuitReason, TimestampMeaning, DEFAULT_STAT_PREFIX,
 };
-pub use status::{HoldOutcome, HoldRecord, Phase, PodStatus};
+pub use status::{HoldOutcome, HoldRecord, NodeStatus, Phase, PodStatus, SourceProblem};

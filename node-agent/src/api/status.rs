@@ -118,3 +118,24 @@ pub struct PodStatus {
     #[serde(default)]
     pub skipped_reason: Option<String>,
 }
+
+/// The JSON document served at `/status`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeStatus {
+    pub node: String,
+    pub agent_version: String,
+    pub pods: Vec<PodStatus>,
+    /// Pod source entries that were rejected or ignored (bad files, duplicate uids...).
+    #[serde(default)]
+    pub source_problems: Vec<SourceProblem>,
+}
+
+/// A pod source entry that was rejected or ignored (a bad file, a duplicate uid...): served on
+/// `/status` and counted, not only logged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceProblem {
+    /// What the problem is about (a file path, an object's namespace/name).
+    pub entry: String,
+    /// What is wrong, and the fix.
+    pub problem: String,
+}

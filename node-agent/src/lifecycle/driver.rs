@@ -16,14 +16,13 @@ use tokio::time::Instant;
 
 use super::machine::{self, Effect, Input, Now, PodFacts, Released, Seen, State, Timer};
 use super::record::Recorder;
-use crate::agent::drain::app_exit::ExitWatcher;
-use crate::agent::drain::{self, DrainCtx, PodProcsSource};
-use crate::agent::pod_procs::NetnsLookup;
-use crate::agent::readiness::{Readiness, ReadinessProbe};
-use crate::agent::Shared;
-use crate::envoy_admin::AdminClient;
-use crate::hold::{HoldConfig, HoldQueue};
-use crate::netns::PodNetns;
+use crate::effects::envoy_admin::AdminClient;
+use crate::effects::hold::{HoldConfig, HoldQueue};
+use crate::effects::netns::PodNetns;
+use crate::effects::procfs::pod_procs::NetnsLookup;
+use crate::lifecycle::drain::app_exit::ExitWatcher;
+use crate::lifecycle::drain::{self, DrainCtx, PodProcsSource};
+use crate::lifecycle::readiness::{Readiness, ReadinessProbe};
 use crate::pod::{PodKey, PodView};
 
 /// How long a gone pod's row stays on the status board.
@@ -32,6 +31,16 @@ const GONE_ROW_RETENTION: Duration = Duration::from_secs(300);
 const STATUS_EVERY: Duration = Duration::from_millis(250);
 
 type Executor = Pin<Box<dyn Future<Output = Input> + Send>>;
+
+/// What every pod's driver shares (made once by [`crate::agent::run`]).
+pub(crate) struct Shared {
+    pub config: Arc<crate::config::Config>,
+    pub board: crate::report::board::StatusBoard,
+    pub procs: crate::effects::procfs::pod_procs::PodProcs,
+    pub stop: tokio_util::sync::CancellationToken,
+    pub metrics: crate::report::metrics::Metrics,
+    pub events: crate::report::events::PodEvents,
+}
 
 /// Runs one pod's lifecycle until it is gone or the agent stops.
 pub(crate) async fn run(shared: Arc<Shared>, view: watch::Receiver<Option<PodView>>) {
@@ -265,15 +274,15 @@ impl Driver {
     fn make_probe(&self, netns: &PodNetns) -> Option<ReadinessProbe> {
         let cfg = &self.shared.config;
         let admin_addr = self.admin_addr();
-        let dns_port = self
-            .view
-            .borrow()
-            .as_ref()
-            .and_then(|v| crate::hold::HoldConfig::for_pod(cfg, v).rules.dns_port);
-        let options = crate::agent::readiness::ProbeOptions {
+        let dns_port = self.view.borrow().as_ref().and_then(|v| {
+            crate::effects::hold::HoldConfig::for_pod(cfg, v)
+                .rules
+                .dns_port
+        });
+        let options = crate::lifecycle::readiness::ProbeOptions {
             stat_prefix: cfg.drain.stat_prefix.clone(),
             dns_port,
-            on_admin_error: Some(crate::agent::readiness::count_admin_errors(
+            on_admin_error: Some(crate::lifecycle::readiness::count_admin_errors(
                 &self.shared.metrics,
             )),
         };
@@ -447,7 +456,7 @@ impl Driver {
                     .with_timeouts(t, t)
                     .with_error_callback({
                         let count =
-                            crate::agent::readiness::count_admin_errors(&self.shared.metrics);
+                            crate::lifecycle::readiness::count_admin_errors(&self.shared.metrics);
                         move |kind| count(kind)
                     })
             }
@@ -489,7 +498,7 @@ impl Driver {
 async fn blocking<T: Send + 'static>(
     netns: &PodNetns,
     cfg: HoldConfig,
-    f: impl FnOnce(PodNetns, HoldConfig) -> crate::hold::Result<T> + Send + 'static,
+    f: impl FnOnce(PodNetns, HoldConfig) -> crate::effects::hold::Result<T> + Send + 'static,
 ) -> Result<T, String> {
     let ns = netns.try_clone().map_err(|e| e.to_string())?;
     tokio::task::spawn_blocking(move || f(ns, cfg).map_err(|e| e.to_string()))

@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use crate::api::{DrainOutcome, HoldOutcome, JobOutcome, Phase};
-use crate::netns::NetnsId;
+use crate::effects::netns::NetnsId;
 
 pub use super::facts::{netns_poll_after, pass_through, PodFacts, RestartPolicy};
 pub use super::messages::{Effect, Input, Now, Outcome, Released, Seen, Timer};

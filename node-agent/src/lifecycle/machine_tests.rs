@@ -6,9 +6,9 @@ use std::time::{Duration, Instant, SystemTime};
 use k8s_openapi::jiff::Timestamp;
 
 use super::*;
-use crate::agent::drain::app_exit::{AppContainer, AppSnapshot};
-use crate::agent::drain::plan::DrainPlan;
 use crate::api::{DrainReport, FinishedBy, JobOutcome, JobReport};
+use crate::lifecycle::drain::app_exit::{AppContainer, AppSnapshot};
+use crate::lifecycle::drain::plan::DrainPlan;
 use crate::pod::{ContainerState, Deletion};
 
 const POLL: Duration = Duration::from_millis(5);
@@ -283,7 +283,7 @@ fn an_agent_started_during_a_deletion_adopts_the_drain() {
     let deletion = deleted(pod(RestartPolicy::Always))
         .deletion
         .expect("deletion");
-    let stamp = crate::agent::drain::plan::system_time(deletion.timestamp);
+    let stamp = crate::lifecycle::drain::plan::system_time(deletion.timestamp);
     let first = DrainPlan::new(deletion, stamp + Duration::from_millis(10));
     let successor = DrainPlan::new(deletion, stamp + Duration::from_secs(3));
     assert_eq!(first.deadline, successor.deadline);

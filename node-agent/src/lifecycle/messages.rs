@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::api::{DrainReport, HoldOutcome, JobReport, Phase};
-use crate::netns::NetnsId;
+use crate::effects::netns::NetnsId;
 
 use super::facts::PodFacts;
 

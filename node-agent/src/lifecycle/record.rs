@@ -8,11 +8,11 @@ use crate::api::{
     DrainOutcome, DrainReport, HoldOutcome, HoldRecord, JobOutcome, JobReport, Phase, PodStatus,
 };
 use crate::config::format_duration;
-use crate::events::{PodEvents, Reason};
 use crate::lifecycle::machine::Outcome;
-use crate::metrics::Metrics;
 use crate::pod::PodKey;
-use crate::status::StatusBoard;
+use crate::report::board::StatusBoard;
+use crate::report::events::{PodEvents, Reason};
+use crate::report::metrics::Metrics;
 
 /// Records one pod's outcomes. Cheap to clone.
 #[derive(Clone)]

@@ -8,12 +8,12 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::*;
 use crate::api::{DrainOutcome, DrainReport, JobOutcome, JobReport};
+use crate::effects::netns::NetnsId;
 use crate::lifecycle::machine::{
     step, Effect, Input, Now, PodFacts, Released, RestartPolicy, Seen, State, Timer,
 };
-use crate::metrics::MetricsHandle;
-use crate::netns::NetnsId;
 use crate::pod::{ContainerState, Deletion};
+use crate::report::metrics::MetricsHandle;
 
 struct Harness {
     handle: MetricsHandle,

@@ -34,7 +34,7 @@ pub enum NotTracked {
     Interception { mode: String },
     /// Not injected by Istio's sidecar template (no status annotation naming its init step).
     NotInjected { why: String },
-    /// `hostUsers: false`: the pod has its own user namespace (see [`check`] for why holdfast
+    /// `hostUsers: false`: the pod has its own user namespace (see `check` for why holdfast
     /// stays out).
     HostUsers,
 }

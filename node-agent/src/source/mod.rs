@@ -23,14 +23,15 @@ pub enum PodEvent {
     Synced,
 }
 
-/// A source entry that was rejected or ignored (a bad file, a duplicate uid...): served on
-/// `/status` and counted, not only logged.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct SourceProblem {
-    /// What the problem is about (a file path, an object's namespace/name).
-    pub entry: String,
-    /// What is wrong, and the fix.
-    pub problem: String,
+pub use crate::api::status::SourceProblem;
+
+/// The number of problems the pod source reports now ([`SourceProblems::set`] writes it; the
+/// `holdfast_source_problems` gauge reads it). One per process: an agent has one pod source.
+static PROBLEM_COUNT: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+/// How many problems the pod source reports now.
+pub fn problem_count() -> i64 {
+    PROBLEM_COUNT.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The source's current problems, shared with the status API. Cheap to clone.
@@ -41,9 +42,9 @@ pub struct SourceProblems {
 
 impl SourceProblems {
     /// Replaces the current list (a source reports its whole picture each time it looks).
-    /// Also sets `holdfast_source_problems` ([`crate::process_metrics::register`]).
+    /// Also sets the count behind `holdfast_source_problems` ([`problem_count`]).
     pub fn set(&self, problems: Vec<SourceProblem>) {
-        crate::process_metrics::SOURCE_PROBLEMS.store(
+        PROBLEM_COUNT.store(
             i64::try_from(problems.len()).unwrap_or(i64::MAX),
             std::sync::atomic::Ordering::Relaxed,
         );

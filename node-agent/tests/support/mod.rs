@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use holdfast::netns::PodNetns;
+use holdfast::effects::netns::PodNetns;
 
 /// True when the test may run; panics under CI when it cannot.
 pub fn privileged(test: &str) -> bool {

@@ -26,7 +26,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{ensure, Context as _, Result};
-use holdfast::agent::drain::{DrainOutcome, DrainReport};
+use holdfast::lifecycle::drain::{DrainOutcome, DrainReport};
 
 use crate::agent::AgentProcess;
 pub use crate::bench_opts::SimBenchOpts;

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context as _, Result};
-use holdfast::status::{HoldOutcome, PodStatus};
+use holdfast::report::board::{HoldOutcome, PodStatus};
 
 pub use crate::bench_opts::SimBenchOpts;
 

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context as _, Result};
-use holdfast::status::HoldOutcome;
+use holdfast::report::board::HoldOutcome;
 
 use super::{load_average, percentile};
 use crate::agent::AgentProcess;

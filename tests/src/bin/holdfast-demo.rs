@@ -17,8 +17,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context};
-use holdfast::status::{NodeStatus, PodStatus};
-use holdfast::status_cli::{self, AgentUrl};
+use holdfast::api::{NodeStatus, PodStatus};
+use holdfast::cli::status::{self as status_cli, AgentUrl};
 use holdfast_tests::agent::holdfast_binary;
 use holdfast_tests::sim::report::now_ms;
 use holdfast_tests::sim::{

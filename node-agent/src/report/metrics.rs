@@ -11,7 +11,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::status::{Phase, StatusBoard};
+use crate::report::board::{Phase, StatusBoard};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
@@ -226,7 +226,7 @@ impl MetricsHandle {
     pub fn new() -> Self {
         let mut registry = Registry::default();
         let metrics = Metrics::new(&mut registry);
-        crate::process_metrics::register(&mut registry);
+        crate::report::process_metrics::register(&mut registry);
         Self {
             registry: Arc::new(registry),
             metrics,

@@ -3,7 +3,7 @@
 //! Owns the wire protocol: bind and configure a queue in ONE config message (so no packet can
 //! arrive before the queue is configured), receive queued packets, and give batch verdicts. The
 //! socket must be created inside the pod's network namespace (netlink sockets are per netns; see
-//! [`crate::netns::PodNetns::run`]); after that any thread may use it.
+//! [`crate::effects::netns::PodNetns::run`]); after that any thread may use it.
 //!
 //! Configuration: copy 128 bytes of each packet (enough for the IP and TCP headers, from which the
 //! flow is read), a large kernel queue, and `NFQA_CFG_F_FAIL_OPEN` so that a full queue or a full
@@ -94,7 +94,7 @@ pub struct QueuedPacket {
 }
 
 /// A bound NFQUEUE. Closing it (drop) unbinds the queue, and the kernel then DROPS every packet
-/// still waiting for a verdict: accept them first (see [`crate::hold::HoldQueue::release`]).
+/// still waiting for a verdict: accept them first (see [`crate::effects::hold::HoldQueue::release`]).
 #[derive(Debug)]
 pub struct NfQueue {
     fd: OwnedFd,

@@ -21,7 +21,7 @@
 //! starts that timer whenever it waits for a head, so it also ends an idle keep-alive connection —
 //! and lives at most [`CONNECTION_LIFETIME`]; request heads are capped at [`MAX_HEADER_BYTES`].
 //! At start the open-files limit is raised to its hard limit
-//! ([`crate::process_metrics::raise_fd_limit`]); the API's share stays [`MAX_CONNECTIONS`] + 1.
+//! ([`crate::report::process_metrics::raise_fd_limit`]); the API's share stays [`MAX_CONNECTIONS`] + 1.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -37,7 +37,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
 use crate::config::Config;
-use crate::status::{NodeStatus, StatusBoard};
+use crate::report::board::{NodeStatus, StatusBoard};
 
 /// Connections served at once; far below any open-files limit (the soft default is 1024).
 pub const MAX_CONNECTIONS: usize = 64;
@@ -62,7 +62,7 @@ pub(crate) static REJECTED_CONNECTIONS: AtomicU64 = AtomicU64::new(0);
 pub struct StatusApi {
     pub board: StatusBoard,
     pub config: Arc<Config>,
-    pub metrics: crate::metrics::MetricsHandle,
+    pub metrics: crate::report::metrics::MetricsHandle,
     /// Entries the pod source rejected or ignored.
     pub source_problems: crate::source::SourceProblems,
     /// Set once the pod source delivered its first full list (`PodEvent::Synced`).
@@ -72,7 +72,7 @@ pub struct StatusApi {
 impl StatusApi {
     /// Serves on `listener` until `shutdown` completes.
     pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()>) {
-        if let Some((soft, hard)) = crate::process_metrics::raise_fd_limit() {
+        if let Some((soft, hard)) = crate::report::process_metrics::raise_fd_limit() {
             tracing::info!(
                 open_files_limit = soft,
                 hard_limit = hard,

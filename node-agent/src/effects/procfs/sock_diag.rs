@@ -41,7 +41,7 @@ use std::time::Duration;
 
 use rustix::net::{netlink, AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType};
 
-use crate::netns::{NetnsId, PodNetns};
+use crate::effects::netns::{NetnsId, PodNetns};
 
 const NLMSG_HDRLEN: usize = 16;
 const NLMSG_ERROR: u16 = 2;

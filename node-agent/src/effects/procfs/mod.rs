@@ -4,15 +4,16 @@
 //! kernel has no sock_diag: it walks the whole established table, ~4 ms per read).
 //!
 //! The cached index of every pod's processes, which the agent polls, is
-//! [`crate::agent::pod_procs`]; it classifies processes with [`cgroup::parse_pod_cgroup`].
+//! [`crate::effects::procfs::pod_procs`]; it classifies processes with [`cgroup::parse_pod_cgroup`].
 
 #![forbid(unsafe_code)]
 
 pub mod cgroup;
+pub mod pod_procs;
 pub mod sock_diag;
 pub mod sockets;
 
-pub use crate::netns::NetnsId;
+pub use crate::effects::netns::NetnsId;
 pub use cgroup::{parse_pod_cgroup, PodCgroup};
 
 /// Errors of this module.

@@ -7,17 +7,13 @@
 //! and `holdfast_status_api_rejected_connections` are registered here too, so one call wires
 //! them all.
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::Ordering;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
-
-/// The number of problems the pod source reports now ([`crate::source::SourceProblems::set`]
-/// writes it). One per process: an agent has one pod source.
-pub(crate) static SOURCE_PROBLEMS: AtomicI64 = AtomicI64::new(0);
 
 /// Registers the process metrics and `holdfast_source_problems` (call once per registry).
 pub fn register(registry: &mut Registry) {
@@ -74,7 +70,7 @@ pub fn parse_status(status: &str) -> (Option<u64>, Option<u64>) {
 /// Why: the agent's fds are its ability to work — the pods directory, `/proc`, one netns fd and
 /// NFQUEUE socket per holding pod, the admin connections of a drain. The defaults (soft 1024)
 /// are far below what the kernel allows the container (hard, often 1048576), and the status API
-/// is capped at [`crate::status_api::MAX_CONNECTIONS`], far below either: a flood of clients can
+/// is capped at [`crate::report::server::MAX_CONNECTIONS`], far below either: a flood of clients can
 /// take at most that many fds, never the rest.
 pub fn raise_fd_limit() -> Option<(u64, u64)> {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
@@ -121,7 +117,7 @@ impl Collector for ProcessCollector {
             let gauge = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
             gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
         }
-        let problems = ConstGauge::new(SOURCE_PROBLEMS.load(Ordering::Relaxed));
+        let problems = ConstGauge::new(crate::source::problem_count());
         problems.encode(encoder.encode_descriptor(
             "holdfast_source_problems",
             "Pod source entries rejected or ignored now (bad files, symlink loops, duplicate uids); listed on /status",
@@ -129,7 +125,7 @@ impl Collector for ProcessCollector {
             problems.metric_type(),
         )?)?;
         let rejected =
-            ConstCounter::new(crate::status_api::REJECTED_CONNECTIONS.load(Ordering::Relaxed));
+            ConstCounter::new(crate::report::server::REJECTED_CONNECTIONS.load(Ordering::Relaxed));
         rejected.encode(encoder.encode_descriptor(
             "holdfast_status_api_rejected_connections",
             "Status API connections closed at accept because the connection limit was reached",

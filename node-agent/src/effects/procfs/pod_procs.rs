@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::netns::{NetnsId, PodNetns};
-use crate::procfs_pods::cgroup::{parse_pod_cgroup, PodCgroup};
+use crate::effects::netns::{NetnsId, PodNetns};
+use crate::effects::procfs::cgroup::{parse_pod_cgroup, PodCgroup};
 
 /// How long an unclassified process keeps being re-read (runtimes move a new process into its
 /// container's cgroup between fork and exec: microseconds to a few milliseconds).
@@ -174,7 +174,7 @@ impl PodProcs {
                 )),
                 Ok(netns) => return NetnsLookup::Found { pid: p.pid, netns },
                 // Exited between the listing and the open: look at the next one.
-                Err(crate::netns::Error::Open { source, .. })
+                Err(crate::effects::netns::Error::Open { source, .. })
                     if source.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => refused.push(format!("pid {} (container {container}): {e}", p.pid)),
             }

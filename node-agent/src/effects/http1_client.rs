@@ -1,7 +1,7 @@
 //! The one HTTP/1.1 client of the agent and its CLI, on `hyper::client::conn::http1`: used for
-//! Envoy's admin API ([`crate::envoy_admin`], a kept-alive connection per pod over a socket made
-//! in the pod's netns), by `holdfast status --agent` ([`crate::status_cli`]) and by
-//! `holdfast status --node` over a port-forward stream ([`crate::status_remote`]).
+//! Envoy's admin API ([`crate::effects::envoy_admin`], a kept-alive connection per pod over a socket made
+//! in the pod's netns), by `holdfast status --agent` ([`crate::cli::status`]) and by
+//! `holdfast status --node` over a port-forward stream ([`crate::cli::remote`]).
 //!
 //! The caller brings a connected stream (so it decides the netns and the connect timeout);
 //! this module does the handshake, one request at a time, the body cap

@@ -11,7 +11,7 @@ use procfs::process::Process;
 use procfs::FromReadSI;
 
 use super::{Error, Result};
-use crate::netns::PodNetns;
+use crate::effects::netns::PodNetns;
 
 /// Ports with a TCP socket in LISTEN state (IPv4 or IPv6) in the netns of `pid`.
 pub fn listening_ports(pid: i32) -> Result<HashSet<u16>> {

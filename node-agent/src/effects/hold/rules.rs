@@ -37,7 +37,7 @@
 //! disappear together. `find` parses `iptables -S`, so an agent restarted mid-hold can find and
 //! adopt its hold.
 
-use crate::netns::PodNetns;
+use crate::effects::netns::PodNetns;
 
 /// Chain holding the outbound rule, jumped to from `OUTPUT`.
 pub const OUT_CHAIN: &str = "HOLDFAST_OUT";
@@ -50,10 +50,10 @@ pub const COMMENT: &str = "holdfast";
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
-    Netns(#[from] crate::netns::Error),
+    Netns(#[from] crate::effects::netns::Error),
     #[error("`{program} {args}` failed in netns {netns:?} ({status}): {stderr}")]
     Failed {
-        netns: crate::netns::NetnsId,
+        netns: crate::effects::netns::NetnsId,
         program: String,
         args: String,
         status: String,

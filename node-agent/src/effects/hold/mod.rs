@@ -1,7 +1,7 @@
 //! The startup hold: an app's new connections to Envoy wait in an NFQUEUE until Envoy is ready.
 //!
 //! Owns the hold's lifecycle in one pod's network namespace: [`rules`] (the iptables rules that
-//! queue SYNs to Envoy's capture ports) and [`queue`] (the NFQUEUE netlink client). A
+//! queue SYNs to Envoy's capture ports) and [`nfqueue`] (the NFQUEUE netlink client). A
 //! [`HoldQueue`] binds the queue first and then installs the rules (with `--queue-bypass` an
 //! unbound queue accepts, and the SYN would meet a closed port). A dedicated OS thread reads
 //! queued packets and counts them, never giving a verdict. [`HoldQueue::release`] removes the
@@ -22,7 +22,7 @@
 
 #![forbid(unsafe_code)]
 
-pub mod queue;
+pub mod nfqueue;
 pub mod rules;
 
 use std::collections::HashSet;
@@ -34,19 +34,19 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use std::os::fd::AsFd;
 
-use crate::netns::{NetnsId, PodNetns};
-use queue::{Flow, NfQueue, QueuedPacket};
+use crate::effects::netns::{NetnsId, PodNetns};
+use nfqueue::{Flow, NfQueue, QueuedPacket};
 pub use rules::{FoundHold, RuleSpec};
 
 /// Errors of this module.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
-    Netns(#[from] crate::netns::Error),
+    Netns(#[from] crate::effects::netns::Error),
     #[error(transparent)]
     Rules(#[from] rules::Error),
     #[error(transparent)]
-    Queue(#[from] queue::Error),
+    Queue(#[from] nfqueue::Error),
     #[error("cannot start the holder thread for netns {0:?}: {1}")]
     Thread(NetnsId, std::io::Error),
     #[error("the holder thread for netns {0:?} failed: {1}")]
@@ -214,7 +214,7 @@ pub struct HoldQueue {
     stop: Arc<EventFd>,
     /// Wakes the holder thread to look at `Shared::pass_through` again.
     wake: Arc<EventFd>,
-    holder: Option<JoinHandle<Result<NfQueue, queue::Error>>>,
+    holder: Option<JoinHandle<Result<NfQueue, nfqueue::Error>>>,
     /// Why IPv6 is not held although the spec asked for it.
     ipv6_error: Option<String>,
 }
@@ -479,7 +479,7 @@ impl HoldQueue {
             }
             let waiting = self
                 .netns
-                .run(move || queue::kernel_queue_waiting(queue_num))?
+                .run(move || nfqueue::kernel_queue_waiting(queue_num))?
                 .unwrap_or(0);
             if waiting == 0 {
                 break 0;
@@ -549,7 +549,7 @@ fn hold_loop(
     shared: &Mutex<Shared>,
     stop: &EventFd,
     wake: &EventFd,
-) -> Result<NfQueue, queue::Error> {
+) -> Result<NfQueue, nfqueue::Error> {
     let mut batch = Vec::new();
     loop {
         batch.clear();
@@ -568,7 +568,7 @@ fn hold_loop(
         match poll(&mut fds, PollTimeout::NONE) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(errno) => {
-                return Err(queue::Error::Io {
+                return Err(nfqueue::Error::Io {
                     queue: nfq.queue_num(),
                     errno,
                 })

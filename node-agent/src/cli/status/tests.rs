@@ -1,6 +1,6 @@
 //! Tests of `holdfast status`: rendering, 80 columns, escaping, remote errors.
 use super::*;
-use crate::agent::drain::{
+use crate::lifecycle::drain::{
     DrainOutcome, FilterCounts, IdleReason, JobOutcome, QuitReason, TimestampMeaning,
 };
 use std::io::Read;
@@ -480,7 +480,7 @@ fn chunked_and_malformed_answers() {
 
 #[test]
 fn remote_errors_have_distinct_exit_codes() {
-    use crate::status_remote::RemoteError;
+    use crate::cli::remote::RemoteError;
     let e = |source| StatusCliError::Remote {
         node: "worker-2".into(),
         source,

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use super::in_flight::DirectionCounts;
 use super::*;
-use crate::agent::pod_procs::PodProcess;
 use crate::config::{HoldSettings, PodOverrides};
+use crate::effects::procfs::pod_procs::PodProcess;
 use crate::pod::{ContainerState, ContainerView};
 
 const APP_ID: &str = "aaaa";

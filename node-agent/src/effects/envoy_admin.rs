@@ -6,7 +6,7 @@
 //! handed to tokio, so the runtime stays in the host's netns. Tests plug in another connector to
 //! reach a fake server on 127.0.0.1 without a netns.
 //!
-//! HTTP/1.1 on hyper ([`crate::http1_client`]; Envoy's admin answers HTTP/1.0 with 426) over one
+//! HTTP/1.1 on hyper ([`crate::effects::http1_client`]; Envoy's admin answers HTTP/1.0 with 426) over one
 //! kept-alive connection per client: a readiness poll every few milliseconds costs one request,
 //! not a connection (and a thread to enter the netns) each time. A closed connection is
 //! replaced on the next request. Bodies are capped (4 MiB by default) and every exchange has a
@@ -22,8 +22,8 @@ use std::time::Duration;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::http1_client::{Connection, Failure};
-use crate::netns::PodNetns;
+use crate::effects::http1_client::{Connection, Failure};
+use crate::effects::netns::PodNetns;
 
 /// Envoy's admin address in Istio sidecars.
 pub const DEFAULT_ADMIN_ADDR: SocketAddr =
@@ -252,7 +252,7 @@ impl AdminClient {
             Arc::new(move |addr, timeout| {
                 netns.connect_tcp(addr, timeout).map_err(|e| match e {
                     // Keep the kind (TimedOut, ConnectionRefused) for the error mapping.
-                    crate::netns::Error::Connect { source, .. } => source,
+                    crate::effects::netns::Error::Connect { source, .. } => source,
                     other => std::io::Error::other(other.to_string()),
                 })
             }),

@@ -9,7 +9,7 @@
 //!   as new processes can appear (an app forking a helper), and what that says about each app
 //!   container: still running, exited, never started, or not visible.
 //!
-//! One `unsafe` call, in [`register`]: handing the pidfd to tokio's reactor (tokio made that
+//! One `unsafe` call, in `register`: handing the pidfd to tokio's reactor (tokio made that
 //! registration `unsafe` because it cannot check the fd's ownership; an `OwnedFd` satisfies it).
 //! `pidfd_open` itself is rustix's safe wrapper returning an `OwnedFd`.
 
@@ -30,7 +30,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::task::{Id, JoinSet};
 
-use crate::agent::pod_procs::{PodProcess, PodProcs};
+use crate::effects::procfs::pod_procs::{PodProcess, PodProcs};
 use crate::pod::{ContainerState, PodKey, PodView};
 
 /// Poll interval of the fallback for kernels without pidfds.

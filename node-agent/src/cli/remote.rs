@@ -1,10 +1,10 @@
 //! `holdfast status --node NODE`: read a node's status through the API server, as
 //! `kubectl port-forward` does, so no port needs opening: find the node's agent pod, open the
 //! `pods/portforward` subresource to its status port, and `GET /status` over that stream with the
-//! agent's one HTTP/1.1 client ([`crate::http1_client`]).
+//! agent's one HTTP/1.1 client ([`crate::effects::http1_client`]).
 //!
 //! Why port-forward and not the API server's pod proxy (`pods/<name>:15300/proxy`): the agent's
-//! `/status` answers loopback clients only ([`crate::status_api`]). The pod proxy connects from
+//! `/status` answers loopback clients only ([`crate::report::server`]). The pod proxy connects from
 //! the API server to the pod IP without the user's credentials, so anyone who reaches the pod IP
 //! could do the same; a port-forward is authorized by the API server's RBAC (`create
 //! pods/portforward`) and the kubelet connects to the port inside the pod's network namespace,
@@ -26,7 +26,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::Api;
 
-use crate::http1_client::{Connection, Failure};
+use crate::effects::http1_client::{Connection, Failure};
 
 /// Namespace the manifests install the agent into.
 pub const AGENT_NAMESPACE: &str = "holdfast-system";
@@ -196,7 +196,7 @@ async fn with_forward_error<T>(
 async fn get_status(
     stream: tokio::io::DuplexStream,
     max_body: usize,
-) -> Result<crate::http1_client::Answer, Failure> {
+) -> Result<crate::effects::http1_client::Answer, Failure> {
     let mut connection = Connection::handshake(stream).await?;
     let user_agent = format!("holdfast-status/{}", env!("CARGO_PKG_VERSION"));
     connection

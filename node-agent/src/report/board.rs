@@ -7,10 +7,8 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use serde::{Deserialize, Serialize};
-
 pub use crate::api::time::rfc3339;
-pub use crate::api::{HoldOutcome, HoldRecord, Phase, PodStatus};
+pub use crate::api::{HoldOutcome, HoldRecord, NodeStatus, Phase, PodStatus};
 
 /// The node's status: every tracked pod, by `namespace/name`.
 #[derive(Debug, Clone, Default)]
@@ -57,17 +55,6 @@ impl StatusBoard {
         // mutated field by field with plain values), so the data is still usable.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
-}
-
-/// The JSON document served at `/status`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct NodeStatus {
-    pub node: String,
-    pub agent_version: String,
-    pub pods: Vec<PodStatus>,
-    /// Pod source entries that were rejected or ignored (bad files, duplicate uids...).
-    #[serde(default)]
-    pub source_problems: Vec<crate::source::SourceProblem>,
 }
 
 #[cfg(test)]

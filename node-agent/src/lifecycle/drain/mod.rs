@@ -45,7 +45,7 @@ pub use crate::api::{
 };
 pub use crate::config::DrainSettings;
 
-use crate::envoy_admin::AdminClient;
+use crate::effects::envoy_admin::AdminClient;
 use crate::pod::{Deletion, PodKey, PodView, DEFAULT_GRACE};
 
 /// Envoy admin paths the drain uses.
@@ -74,14 +74,14 @@ impl std::fmt::Display for AdminFailure {
     }
 }
 
-impl From<crate::envoy_admin::Error> for AdminFailure {
-    fn from(e: crate::envoy_admin::Error) -> Self {
+impl From<crate::effects::envoy_admin::Error> for AdminFailure {
+    fn from(e: crate::effects::envoy_admin::Error) -> Self {
         // Only a refused connection means "nothing listens". Other connect failures (entering
         // the netns failed, no thread could be spawned) say nothing about Envoy. The client
         // keeps the cause as text only (the netns connector turns it into a string), so look
         // for ECONNREFUSED's rendering.
         let refused = match &e {
-            crate::envoy_admin::Error::Connect { reason, .. } => is_refusal(reason),
+            crate::effects::envoy_admin::Error::Connect { reason, .. } => is_refusal(reason),
             _ => false,
         };
         AdminFailure {

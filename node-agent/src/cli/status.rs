@@ -1,7 +1,7 @@
 //! `holdfast status`: the node's table, read from the agent's status API (`GET /status`).
 //!
 //! This module owns the client side of the status API: parsing `--agent`, one bounded HTTP/1.1
-//! `GET` on the agent's one HTTP client ([`crate::http1_client`], hyper), decoding the
+//! `GET` on the agent's one HTTP client ([`crate::effects::http1_client`], hyper), decoding the
 //! [`NodeStatus`] JSON, and rendering it as a table that fits an 80-column terminal. Rendering is
 //! pure ([`render_table`], with the clock passed in) so it is tested without an agent; `--watch`
 //! and `--json` are thin loops over the same pieces ([`run`]).
@@ -15,8 +15,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::api::{DrainReport, JobReport};
-use crate::http1_client::{Connection, Failure};
-use crate::status::{HoldOutcome, HoldRecord, NodeStatus, Phase, PodStatus};
+use crate::api::{HoldOutcome, HoldRecord, NodeStatus, Phase, PodStatus};
+use crate::effects::http1_client::{Connection, Failure};
 
 /// The agent's default `--status-listen`, as a URL.
 pub const DEFAULT_AGENT_URL: &str = "http://127.0.0.1:15300";
@@ -39,7 +39,7 @@ pub enum StatusCliError {
     Remote {
         node: String,
         #[source]
-        source: crate::status_remote::RemoteError,
+        source: crate::cli::remote::RemoteError,
     },
     #[error("no holdfast agent answers at {url}: is the agent running on this node, and is --agent its --status-listen address? ({why})")]
     Unreachable { url: String, why: String },
@@ -62,10 +62,10 @@ impl StatusCliError {
         match self {
             StatusCliError::BadUrl { .. } => 2,
             StatusCliError::Remote { source, .. } => match source {
-                crate::status_remote::RemoteError::Config(_) => 2,
-                crate::status_remote::RemoteError::Forbidden { .. } => 6,
-                crate::status_remote::RemoteError::AgentStatus { .. } => 4,
-                crate::status_remote::RemoteError::BadAnswer { .. } => 5,
+                crate::cli::remote::RemoteError::Config(_) => 2,
+                crate::cli::remote::RemoteError::Forbidden { .. } => 6,
+                crate::cli::remote::RemoteError::AgentStatus { .. } => 4,
+                crate::cli::remote::RemoteError::BadAnswer { .. } => 5,
                 _ => 3,
             },
             StatusCliError::Unreachable { .. } => 3,
@@ -170,7 +170,7 @@ impl std::fmt::Display for AgentUrl {
 
 /// `GET /status` from the agent: the body as served, once the status is 200. `timeout` bounds
 /// the whole exchange (connect, send, read). HTTP on hyper, as the agent's admin client
-/// ([`crate::http1_client`]), on a small runtime of its own (the CLI is synchronous).
+/// ([`crate::effects::http1_client`]), on a small runtime of its own (the CLI is synchronous).
 pub fn fetch_status_body(agent: &AgentUrl, timeout: Duration) -> Result<String> {
     let unreachable = |why: String| StatusCliError::Unreachable {
         url: agent.to_string(),
@@ -370,10 +370,8 @@ impl Source {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| remote(crate::status_remote::RemoteError::Config(e.to_string())))?;
-        let client = rt
-            .block_on(crate::status_remote::client())
-            .map_err(remote)?;
+            .map_err(|e| remote(crate::cli::remote::RemoteError::Config(e.to_string())))?;
+        let client = rt.block_on(crate::cli::remote::client()).map_err(remote)?;
         Ok(Source {
             label: format!("node {node} (port-forward through the API server)"),
             kind: SourceKind::Node {
@@ -388,14 +386,14 @@ impl Source {
         match &self.kind {
             SourceKind::Local(agent) => fetch_status_body(agent, timeout),
             SourceKind::Node { node, rt, client } => {
-                let fetch = crate::status_remote::fetch_status_body(
+                let fetch = crate::cli::remote::fetch_status_body(
                     client.clone(),
                     node,
-                    crate::status_remote::AGENT_NAMESPACE,
+                    crate::cli::remote::AGENT_NAMESPACE,
                     MAX_BODY,
                 );
                 rt.block_on(async { tokio::time::timeout(timeout, fetch).await })
-                    .map_err(|_| crate::status_remote::RemoteError::Api {
+                    .map_err(|_| crate::cli::remote::RemoteError::Api {
                         what: "reading the status through the API server".into(),
                         why: format!("no answer within {timeout:?}"),
                     })

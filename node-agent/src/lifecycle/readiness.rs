@@ -18,14 +18,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{HoldSettings, ProxyConfig};
-use crate::envoy_admin::{AdminClient, ErrorCallback, Stats};
-use crate::netns::PodNetns;
-use crate::procfs_pods::sock_diag::SockDiag;
-use crate::procfs_pods::sockets::listening_ports_in_netns;
+use crate::effects::envoy_admin::{AdminClient, ErrorCallback, Stats};
+use crate::effects::netns::PodNetns;
+use crate::effects::procfs::sock_diag::SockDiag;
+use crate::effects::procfs::sockets::listening_ports_in_netns;
 
 /// The filter's stat prefix as `/stats` shows it by default (the filter's `holdfast` inside
 /// Envoy's `wasmcustom.` namespace; `DrainSettings.stat_prefix` has the configured one).
-pub const DEFAULT_STAT_PREFIX: &str = crate::agent::drain::DEFAULT_STAT_PREFIX;
+pub const DEFAULT_STAT_PREFIX: &str = crate::lifecycle::drain::DEFAULT_STAT_PREFIX;
 
 /// Stat the filter sets to 1 once configured, with the default prefix (older filters' only
 /// readiness signal; one gauge shared by every VM, so set by the main thread's canary too).
@@ -71,20 +71,20 @@ pub struct ProbeOptions {
 
 /// The one admin-error callback: counts each failed request's kind in
 /// `holdfast_admin_errors_total{kind}` (readiness probes and the drain's client share it).
-pub fn count_admin_errors(metrics: &crate::metrics::Metrics) -> ErrorCallback {
+pub fn count_admin_errors(metrics: &crate::report::metrics::Metrics) -> ErrorCallback {
     let errors = metrics.admin_errors.clone();
     Arc::new(move |kind: &'static str| {
         errors
-            .get_or_create(&crate::metrics::KindLabel {
+            .get_or_create(&crate::report::metrics::KindLabel {
                 kind: kind.to_string(),
             })
             .inc();
     })
 }
 
-impl From<&crate::metrics::Metrics> for ProbeOptions {
+impl From<&crate::report::metrics::Metrics> for ProbeOptions {
     /// Default prefix, no DNS port, admin errors counted in `holdfast_admin_errors_total`.
-    fn from(metrics: &crate::metrics::Metrics) -> Self {
+    fn from(metrics: &crate::report::metrics::Metrics) -> Self {
         ProbeOptions {
             stat_prefix: DEFAULT_STAT_PREFIX.to_string(),
             dns_port: None,
@@ -122,7 +122,7 @@ impl ReadinessProbe {
         proxy: &ProxyConfig,
         hold: &HoldSettings,
         options: impl Into<ProbeOptions>,
-    ) -> crate::netns::Result<Self> {
+    ) -> crate::effects::netns::Result<Self> {
         let options = options.into();
         let mut admin =
             AdminClient::in_netns(netns.try_clone()?, admin_addr).with_timeout(ADMIN_TIMEOUT);

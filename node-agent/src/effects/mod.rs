@@ -1,0 +1,8 @@
+//! What touches the node: each module here performs one kind of side effect and decides nothing
+//! (the decisions are [`crate::lifecycle`]'s).
+pub mod envoy_admin;
+pub mod hold;
+pub mod http1_client;
+pub mod netns;
+pub mod node_taint;
+pub mod procfs;
