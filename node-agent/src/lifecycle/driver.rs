@@ -56,6 +56,8 @@ pub(crate) async fn run(shared: Arc<Shared>, view: watch::Receiver<Option<PodVie
     let problems = Some(first.overrides.problems.join("; ")).filter(|p| !p.is_empty());
     rec.start(problems);
     let (quit_tx, quit_rx) = mpsc::unbounded_channel();
+    let hold_cfg = Some(HoldConfig::for_pod(&shared.config, &first));
+    let admin = first.admin_addr(&shared.config.proxy);
     let mut d = Driver {
         key: first.key.clone(),
         shared,
@@ -71,8 +73,9 @@ pub(crate) async fn run(shared: Arc<Shared>, view: watch::Receiver<Option<PodVie
         pending: VecDeque::new(),
         last_progress: Instant::now(),
         proxy_watch: None,
-        proxy_restarting: false,
         proxy_watch_for: None,
+        hold_cfg,
+        admin,
     };
     let ready_poll = d.shared.config.hold.ready_poll;
     let (state, fx) = State::new(PodFacts::of(&first), ready_poll, now());
@@ -117,9 +120,10 @@ struct Driver {
     proxy_watch: Option<ExitWatcher>,
     /// The proxy container id the watch was armed for (armed once per id).
     proxy_watch_for: Option<String>,
-    /// The proxy exited while the app ran: the next hold is a re-hold, and the app running
-    /// then is expected (not a hold that went in late).
-    proxy_restarting: bool,
+    /// What the pod's current object asks for, computed once per pod update: the hold's rules
+    /// and queue, and Envoy's admin address (`[::1]` for IPv6-first pods).
+    hold_cfg: Option<HoldConfig>,
+    admin: std::net::SocketAddr,
 }
 
 impl Driver {
@@ -145,6 +149,7 @@ impl Driver {
                     let has_proxy_watch = self.proxy_watch.is_some();
                     let proxy_watch = self.proxy_watch.as_mut();
                     let mut proxy_gone = false;
+                    let mut view_changed = false;
                     let input = tokio::select! {
                         biased;
                         _ = stop.cancelled(), if !stop_sent => {
@@ -159,7 +164,6 @@ impl Driver {
                         (pid, _) = async { proxy_watch.expect("guarded").next_exit().await }, if has_proxy_watch => {
                             tracing::info!(pid, "a process of the proxy container exited");
                             proxy_gone = true;
-                            self.proxy_restarting = true;
                             Input::ProxyGone
                         }
                         changed = self.view.changed(), if !view_closed => {
@@ -168,6 +172,7 @@ impl Driver {
                                 Err(_) => None,
                             };
                             view_closed = facts.is_none();
+                            view_changed = true;
                             Input::Pod(facts)
                         }
                         timer = async {
@@ -185,6 +190,9 @@ impl Driver {
                     };
                     if executor_done {
                         self.executor = None;
+                    }
+                    if view_changed {
+                        self.follow_view();
                     }
                     if proxy_gone {
                         // One-shot: re-armed when the machine is back in `Running`.
@@ -225,8 +233,8 @@ impl Driver {
                     self.pending.push_back(Input::Readiness(seen));
                 }
                 Effect::RemoveLeftoverHold => self.remove_leftover().await,
-                Effect::InstallHold { fresh } => {
-                    let answer = self.install_hold(fresh).await;
+                Effect::InstallHold { fresh, rehold } => {
+                    let answer = self.install_hold(fresh, rehold).await;
                     self.pending.push_back(answer);
                 }
                 Effect::SetPassThrough(on) => {
@@ -273,12 +281,8 @@ impl Driver {
 
     fn make_probe(&self, netns: &PodNetns) -> Option<ReadinessProbe> {
         let cfg = &self.shared.config;
-        let admin_addr = self.admin_addr();
-        let dns_port = self.view.borrow().as_ref().and_then(|v| {
-            crate::effects::hold::HoldConfig::for_pod(cfg, v)
-                .rules
-                .dns_port
-        });
+        let admin_addr = self.admin;
+        let dns_port = self.hold_cfg.as_ref().and_then(|c| c.rules.dns_port);
         let options = crate::lifecycle::readiness::ProbeOptions {
             stat_prefix: cfg.drain.stat_prefix.clone(),
             dns_port,
@@ -296,12 +300,23 @@ impl Driver {
         }
     }
 
-    fn admin_addr(&self) -> std::net::SocketAddr {
-        let proxy = &self.shared.config.proxy;
-        self.view
-            .borrow()
-            .as_ref()
-            .map_or(proxy.admin, |v| v.admin_addr(proxy))
+    /// Recomputes what depends on the pod's object (once per update, not per check). The admin
+    /// address depends on the pod's IPs (`[::1]` for IPv6-first pods), which the Pod status
+    /// often shows only after the netns exists: a probe made before follows it.
+    fn follow_view(&mut self) {
+        let view = self.view.borrow().clone();
+        let Some(view) = view else { return };
+        self.hold_cfg = Some(HoldConfig::for_pod(&self.shared.config, &view));
+        let admin = view.admin_addr(&self.shared.config.proxy);
+        if admin != self.admin {
+            self.admin = admin;
+            if self.probe.is_some() {
+                if let Some(netns) = self.netns.as_ref().and_then(|n| n.try_clone().ok()) {
+                    tracing::info!(admin = %admin, "the pod's IPs are known: asking Envoy's admin there");
+                    self.probe = self.make_probe(&netns);
+                }
+            }
+        }
     }
 
     async fn check_readiness(&mut self) -> Seen {
@@ -310,19 +325,6 @@ impl Driver {
                 self.last_progress = Instant::now();
                 let held = q.held();
                 self.rec.hold_progress(held.packets, held.connections);
-            }
-        }
-        // The admin address depends on the pod's IPs (`[::1]` for IPv6-first pods), which the
-        // Pod status often shows only after the netns exists: follow it.
-        let want = self.admin_addr();
-        if self
-            .probe
-            .as_ref()
-            .is_some_and(|p| p.admin().addr() != want)
-        {
-            if let Some(netns) = self.netns.as_ref().and_then(|n| n.try_clone().ok()) {
-                tracing::info!(admin = %want, "the pod's IPs are known: asking Envoy's admin there");
-                self.probe = self.make_probe(&netns);
             }
         }
         match &self.probe {
@@ -337,8 +339,7 @@ impl Driver {
     }
 
     fn hold_config(&self) -> Option<HoldConfig> {
-        let view = self.view.borrow().clone()?;
-        Some(HoldConfig::for_pod(&self.shared.config, &view))
+        self.hold_cfg.clone()
     }
 
     async fn remove_leftover(&mut self) {
@@ -354,7 +355,7 @@ impl Driver {
         }
     }
 
-    async fn install_hold(&mut self, fresh: bool) -> Input {
+    async fn install_hold(&mut self, fresh: bool, rehold: bool) -> Input {
         let (Some(netns), Some(cfg)) = (&self.netns, self.hold_config()) else {
             return Input::HoldFailed("the pod's network namespace is not known".into());
         };
@@ -369,7 +370,6 @@ impl Driver {
         match result {
             Ok((queue, adopted)) => {
                 self.queue = Some(queue);
-                let rehold = std::mem::take(&mut self.proxy_restarting);
                 let late = !adopted && !rehold && self.app_running().await;
                 Input::HoldSetUp { adopted, late }
             }
@@ -452,7 +452,7 @@ impl Driver {
         let admin = match self.netns.as_ref().map(PodNetns::try_clone) {
             Some(Ok(ns)) => {
                 let t = self.shared.config.drain.admin_timeout;
-                AdminClient::in_netns(ns, self.admin_addr())
+                AdminClient::in_netns(ns, self.admin)
                     .with_timeouts(t, t)
                     .with_error_callback({
                         let count =

@@ -24,10 +24,13 @@ pub enum Stage {
         looked: bool,
         refused_noted: bool,
     },
-    /// The netns is known; one readiness observation decides whether to hold.
+    /// The netns is known; one readiness observation decides whether to hold. `rehold`: the
+    /// check follows the proxy's exit while the app ran, so a hold now is a re-hold (the app
+    /// running is expected, not a hold that went in late).
     Checking {
         netns: NetnsId,
         fresh: bool,
+        rehold: bool,
     },
     SettingUpHold {
         netns: NetnsId,
@@ -240,11 +243,22 @@ pub fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>) {
         (Stage::WaitingForNetns { .. }, Input::NetnsFound { netns }) => {
             let fresh = *s.fresh.get_or_insert(false);
             fx.push(Effect::CheckReadiness);
-            Stage::Checking { netns, fresh }
+            Stage::Checking {
+                netns,
+                fresh,
+                rehold: false,
+            }
         }
 
         // --- deciding whether to hold ------------------------------------------------------
-        (Stage::Checking { netns, fresh }, Input::Readiness(seen)) => {
+        (
+            Stage::Checking {
+                netns,
+                fresh,
+                rehold,
+            },
+            Input::Readiness(seen),
+        ) => {
             let pod = s.pod.clone();
             match (seen, pod) {
                 (_, None) => done_and_exit(&mut fx),
@@ -271,7 +285,7 @@ pub fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>) {
                     Stage::Finished
                 }
                 (_, Some(_)) => {
-                    fx.push(Effect::InstallHold { fresh });
+                    fx.push(Effect::InstallHold { fresh, rehold });
                     Stage::SettingUpHold { netns }
                 }
             }
@@ -444,6 +458,7 @@ pub fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>) {
                 Stage::Checking {
                     netns,
                     fresh: false,
+                    rehold: true,
                 }
             }
             _ => Stage::Running { netns, proxy_id },
@@ -455,6 +470,7 @@ pub fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>) {
             Stage::Checking {
                 netns: new,
                 fresh: true,
+                rehold: false,
             }
         }
 

@@ -71,7 +71,12 @@ fn kind(e: &Effect) -> String {
         Effect::Schedule(t, _) => format!("timer:{t:?}"),
         Effect::CheckReadiness => "check".into(),
         Effect::RemoveLeftoverHold => "remove-leftover".into(),
-        Effect::InstallHold { fresh } => format!("install(fresh={fresh})"),
+        Effect::InstallHold { fresh, rehold } => {
+            format!(
+                "install(fresh={fresh}{})",
+                if *rehold { ",rehold" } else { "" }
+            )
+        }
         Effect::SetPassThrough(on) => format!("pass-through:{on}"),
         Effect::ReleaseHold { ready_at } => format!("release(ready={})", ready_at.is_some()),
         Effect::LeaveHoldForSuccessor => "leave-hold".into(),
@@ -624,7 +629,10 @@ fn a_proxy_exit_while_ready_holds_again_until_the_new_envoy_is_ready() {
         vec![
             // Envoy's exit, seen on its pidfd before the Pod status says anything.
             (Input::ProxyGone, &["check"]),
-            (Input::Readiness(Seen::Down), &["install(fresh=false)"]),
+            (
+                Input::Readiness(Seen::Down),
+                &["install(fresh=false,rehold)"],
+            ),
             (
                 Input::HoldSetUp {
                     adopted: false,
@@ -672,6 +680,10 @@ fn a_proxy_exit_while_ready_holds_again_until_the_new_envoy_is_ready() {
                 Input::Readiness(Seen::Ready),
                 &["remove-leftover", "phase:ready"],
             ),
+            // Later a new sandbox (new netns) with Envoy not ready: a fresh hold, not a re-hold
+            // (the proxy exit that needed no hold is forgotten).
+            (Input::NetnsFound { netns: ns(99) }, &["check"]),
+            (Input::Readiness(Seen::Down), &["install(fresh=true)"]),
         ],
     );
 }

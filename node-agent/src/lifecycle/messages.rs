@@ -98,10 +98,12 @@ pub enum Effect {
     CheckReadiness,
     /// Remove a hold rule a previous agent may have left (the proxy is ready or the pod goes).
     RemoveLeftoverHold,
-    /// Install the hold (`fresh`: the netns is new, nothing to adopt) (answer: `HoldSetUp` or
-    /// `HoldFailed`).
+    /// Install the hold (`fresh`: the netns is new, nothing to adopt; `rehold`: after the
+    /// proxy's exit, so an app already running is expected — not a late hold) (answer:
+    /// `HoldSetUp` or `HoldFailed`).
     InstallHold {
         fresh: bool,
+        rehold: bool,
     },
     SetPassThrough(bool),
     /// Release every held connection (answer: `HoldReleased` or `ReleaseFailed`).
