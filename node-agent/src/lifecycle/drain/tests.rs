@@ -206,6 +206,15 @@ fn view(restart_policy: &str, app: ContainerState, deletion_grace: Option<Durati
     }
 }
 
+/// A Deployment's pod deleted with a 30 s grace period, its app still running.
+fn deleted_running_app() -> PodView {
+    view(
+        "Always",
+        ContainerState::Running,
+        Some(Duration::from_secs(30)),
+    )
+}
+
 fn fast_settings() -> DrainSettings {
     DrainSettings {
         quit_confirm: Duration::from_millis(200),
@@ -238,6 +247,26 @@ impl Pod {
     }
 }
 
+static KEY: std::sync::LazyLock<PodKey> = std::sync::LazyLock::new(key);
+
+fn ctx<'a>(
+    admin: &'a FakeAdmin,
+    procs: FakeProcs,
+    rx: watch::Receiver<Option<PodView>>,
+    stop: CancellationToken,
+    settings: &'a DrainSettings,
+) -> DrainCtx<'a, FakeAdmin, FakeProcs> {
+    DrainCtx {
+        key: &KEY,
+        admin,
+        processes: procs,
+        view: rx,
+        stop,
+        settings,
+        quit_started: None,
+    }
+}
+
 async fn run_drain(
     admin: &FakeAdmin,
     procs: FakeProcs,
@@ -245,45 +274,56 @@ async fn run_drain(
     stop: CancellationToken,
     settings: &DrainSettings,
 ) -> DrainReport {
-    let key = key();
-    drain(DrainCtx {
-        key: &key,
-        admin,
-        processes: procs,
-        view: rx,
-        stop,
-        settings,
-        quit_started: None,
-    })
-    .await
+    drain(ctx(admin, procs, rx, stop, settings)).await
+}
+
+async fn run_job(
+    admin: &FakeAdmin,
+    procs: FakeProcs,
+    rx: watch::Receiver<Option<PodView>>,
+    stop: CancellationToken,
+    settings: &DrainSettings,
+) -> JobReport {
+    finish_job(ctx(admin, procs, rx, stop, settings)).await
+}
+
+/// The drain or the Job wait with a stop token nobody cancels, while `meanwhile` plays the
+/// pod's side.
+async fn drain_during(
+    admin: &FakeAdmin,
+    procs: FakeProcs,
+    rx: watch::Receiver<Option<PodView>>,
+    settings: &DrainSettings,
+    meanwhile: impl Future<Output = ()>,
+) -> DrainReport {
+    let run = run_drain(admin, procs, rx, CancellationToken::new(), settings);
+    tokio::join!(run, meanwhile).0
+}
+
+async fn job_during(
+    admin: &FakeAdmin,
+    procs: FakeProcs,
+    rx: watch::Receiver<Option<PodView>>,
+    settings: &DrainSettings,
+    meanwhile: impl Future<Output = ()>,
+) -> JobReport {
+    let run = run_job(admin, procs, rx, CancellationToken::new(), settings);
+    tokio::join!(run, meanwhile).0
 }
 
 #[tokio::test]
 async fn quits_as_soon_as_the_app_exits() {
     let mut pod = Pod::new();
     let admin = FakeAdmin::new(Some(counts(0)));
-    let (_tx, rx) = watch::channel(Some(view(
-        "Always",
-        ContainerState::Running,
-        Some(Duration::from_secs(30)),
-    )));
+    let (_tx, rx) = watch::channel(Some(deleted_running_app()));
     let settings = fast_settings();
     let killed = Arc::new(Mutex::new(None));
-    let report = tokio::join!(
-        run_drain(
-            &admin,
-            pod.procs.clone(),
-            rx,
-            CancellationToken::new(),
-            &settings
-        ),
-        async {
-            tokio::time::sleep(Duration::from_millis(150)).await;
-            *killed.lock().unwrap() = Some(Instant::now());
-            pod.app.kill();
-        }
-    )
-    .0;
+    let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        *killed.lock().unwrap() = Some(Instant::now());
+        pod.app.kill();
+    })
+    .await;
     assert_eq!(report.outcome, DrainOutcome::AppDone, "{report:?}");
     assert_eq!(
         admin.paths(),
@@ -310,73 +350,49 @@ async fn a_forked_helper_keeps_the_app_alive() {
     let mut helper = Proc::sleep();
     pod.procs.add(helper.pid(), Some(APP_ID));
     let admin = FakeAdmin::new(None);
-    let (_tx, rx) = watch::channel(Some(view(
-        "Always",
-        ContainerState::Running,
-        Some(Duration::from_secs(30)),
-    )));
+    let (_tx, rx) = watch::channel(Some(deleted_running_app()));
     let settings = fast_settings();
-    let report = tokio::join!(
-        run_drain(
-            &admin,
-            pod.procs.clone(),
-            rx,
-            CancellationToken::new(),
-            &settings
-        ),
-        async {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            pod.app.kill();
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            assert!(admin.quit_at().is_none(), "quit while the helper still ran");
-            // A helper forked late is found by the re-scan, and keeps the app alive too.
-            let late = Proc::sleep();
-            pod.procs.add(late.pid(), Some(APP_ID));
-            helper.kill();
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            assert!(
-                admin.quit_at().is_none(),
-                "quit while the late helper still ran"
-            );
-            drop(late);
-        }
-    )
-    .0;
+    let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        pod.app.kill();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(admin.quit_at().is_none(), "quit while the helper still ran");
+        // A helper forked late is found by the re-scan, and keeps the app alive too.
+        let late = Proc::sleep();
+        pod.procs.add(late.pid(), Some(APP_ID));
+        helper.kill();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            admin.quit_at().is_none(),
+            "quit while the late helper still ran"
+        );
+        drop(late);
+    })
+    .await;
     assert_eq!(report.outcome, DrainOutcome::AppDone);
     assert_eq!(report.quit_reason, Some(QuitReason::NoFilter));
     assert_eq!(report.app_processes_seen, 3);
 }
 
+// Real time: the app's exit is a real pidfd event, and with paused time tokio's clock runs
+// ahead while the test waits for it (tried: the quit then reads seconds "late").
 #[tokio::test]
 async fn idle_keepalives_do_not_hold_the_drain_but_moving_bytes_do() {
     let mut pod = Pod::new();
     let admin = FakeAdmin::new(Some(counts(2)));
     admin.with(|s| s.bytes_per_sample = 10);
-    let (_tx, rx) = watch::channel(Some(view(
-        "Always",
-        ContainerState::Running,
-        Some(Duration::from_secs(30)),
-    )));
+    let (_tx, rx) = watch::channel(Some(deleted_running_app()));
     let settings = fast_settings();
     let stopped_moving = Arc::new(Mutex::new(None));
-    let report = tokio::join!(
-        run_drain(
-            &admin,
-            pod.procs.clone(),
-            rx,
-            CancellationToken::new(),
-            &settings
-        ),
-        async {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            pod.app.kill();
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            assert!(admin.quit_at().is_none(), "quit while bytes were moving");
-            admin.with(|s| s.bytes_per_sample = 0);
-            *stopped_moving.lock().unwrap() = Some(Instant::now());
-        }
-    )
-    .0;
+    let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        pod.app.kill();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(admin.quit_at().is_none(), "quit while bytes were moving");
+        admin.with(|s| s.bytes_per_sample = 0);
+        *stopped_moving.lock().unwrap() = Some(Instant::now());
+    })
+    .await;
     assert_eq!(report.outcome, DrainOutcome::AppDone);
     assert!(
         matches!(
@@ -436,27 +452,14 @@ async fn deadline_quits_with_the_app_still_running() {
 async fn proxy_gone_before_the_app_is_reported_with_advice() {
     let pod = Pod::new();
     let admin = FakeAdmin::new(Some(counts(0)));
-    let (_tx, rx) = watch::channel(Some(view(
-        "Always",
-        ContainerState::Running,
-        Some(Duration::from_secs(30)),
-    )));
+    let (_tx, rx) = watch::channel(Some(deleted_running_app()));
     let settings = fast_settings();
     let t = Instant::now();
-    let report = tokio::join!(
-        run_drain(
-            &admin,
-            pod.procs.clone(),
-            rx,
-            CancellationToken::new(),
-            &settings
-        ),
-        async {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            admin.with(|s| s.gone = true); // pilot-agent's drain duration ran out
-        }
-    )
-    .0;
+    let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        admin.with(|s| s.gone = true); // pilot-agent's drain duration ran out
+    })
+    .await;
     assert_eq!(report.outcome, DrainOutcome::ProxyGoneEarly);
     assert!(
         t.elapsed() < Duration::from_millis(500),
@@ -531,28 +534,21 @@ async fn invisible_app_waits_for_status_not_procfs() {
     // cannot be seen, so the drain must not take "no processes" for "app gone".
     let procs = FakeProcs::default();
     let admin = FakeAdmin::new(Some(counts(0)));
-    let (tx, rx) = watch::channel(Some(view(
-        "Always",
-        ContainerState::Running,
-        Some(Duration::from_secs(30)),
-    )));
+    let (tx, rx) = watch::channel(Some(deleted_running_app()));
     let settings = fast_settings();
-    let report = tokio::join!(
-        run_drain(&admin, procs, rx, CancellationToken::new(), &settings),
-        async {
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            assert!(
-                admin.quit_at().is_none(),
-                "quit without seeing the app exit"
-            );
-            tx.send_replace(Some(view(
-                "Always",
-                ContainerState::Terminated { exit_code: 0 },
-                Some(Duration::from_secs(30)),
-            )));
-        }
-    )
-    .0;
+    let report = drain_during(&admin, procs, rx, &settings, async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            admin.quit_at().is_none(),
+            "quit without seeing the app exit"
+        );
+        tx.send_replace(Some(view(
+            "Always",
+            ContainerState::Terminated { exit_code: 0 },
+            Some(Duration::from_secs(30)),
+        )));
+    })
+    .await;
     assert_eq!(report.outcome, DrainOutcome::AppDone);
     assert!(
         report.errors.iter().any(|e| e.contains("hostPID")),
@@ -569,11 +565,7 @@ async fn app_that_exited_before_the_first_scan_counts_as_gone() {
     let proxy = Proc::sleep();
     procs.add(proxy.pid(), Some(PROXY_ID));
     let admin = FakeAdmin::new(Some(counts(0)));
-    let (_tx, rx) = watch::channel(Some(view(
-        "Always",
-        ContainerState::Running,
-        Some(Duration::from_secs(30)),
-    )));
+    let (_tx, rx) = watch::channel(Some(deleted_running_app()));
     let t = Instant::now();
     let report = run_drain(
         &admin,
@@ -593,35 +585,18 @@ async fn app_that_exited_before_the_first_scan_counts_as_gone() {
 async fn pod_gone_and_agent_stopping_end_the_drain_promptly() {
     let pod = Pod::new();
     let admin = FakeAdmin::new(Some(counts(1)));
-    let (tx, rx) = watch::channel(Some(view(
-        "Always",
-        ContainerState::Running,
-        Some(Duration::from_secs(30)),
-    )));
+    let (tx, rx) = watch::channel(Some(deleted_running_app()));
     let settings = fast_settings();
     let t = Instant::now();
-    let report = tokio::join!(
-        run_drain(
-            &admin,
-            pod.procs.clone(),
-            rx,
-            CancellationToken::new(),
-            &settings
-        ),
-        async {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            tx.send_replace(None);
-        }
-    )
-    .0;
+    let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        tx.send_replace(None);
+    })
+    .await;
     assert_eq!(report.outcome, DrainOutcome::PodGone);
     assert!(t.elapsed() < Duration::from_millis(150));
 
-    let (_tx, rx) = watch::channel(Some(view(
-        "Always",
-        ContainerState::Running,
-        Some(Duration::from_secs(30)),
-    )));
+    let (_tx, rx) = watch::channel(Some(deleted_running_app()));
     let stop = CancellationToken::new();
     let t = Instant::now();
     let report = tokio::join!(
@@ -637,26 +612,6 @@ async fn pod_gone_and_agent_stopping_end_the_drain_promptly() {
     assert!(admin.quit_at().is_none());
 }
 
-async fn run_job(
-    admin: &FakeAdmin,
-    procs: FakeProcs,
-    rx: watch::Receiver<Option<PodView>>,
-    stop: CancellationToken,
-    settings: &DrainSettings,
-) -> JobReport {
-    let key = key();
-    finish_job(DrainCtx {
-        key: &key,
-        admin,
-        processes: procs,
-        view: rx,
-        stop,
-        settings,
-        quit_started: None,
-    })
-    .await
-}
-
 #[tokio::test]
 async fn job_never_completes_from_procfs_before_the_status() {
     let mut pod = Pod::new();
@@ -664,21 +619,12 @@ async fn job_never_completes_from_procfs_before_the_status() {
     let (_tx, rx) = watch::channel(Some(view("Never", ContainerState::Running, None)));
     let settings = fast_settings();
     let killed = Arc::new(Mutex::new(None));
-    let report = tokio::join!(
-        run_job(
-            &admin,
-            pod.procs.clone(),
-            rx,
-            CancellationToken::new(),
-            &settings
-        ),
-        async {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            *killed.lock().unwrap() = Some(Instant::now());
-            pod.app.kill();
-        }
-    )
-    .0;
+    let report = job_during(&admin, pod.procs.clone(), rx, &settings, async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        *killed.lock().unwrap() = Some(Instant::now());
+        pod.app.kill();
+    })
+    .await;
     assert_eq!(report.outcome, JobOutcome::Completed, "{report:?}");
     assert_eq!(report.finished_by, Some(FinishedBy::Procfs));
     assert_eq!(admin.paths(), vec![QUIT_PATH]);
@@ -695,38 +641,29 @@ async fn job_on_failure_waits_for_exit_code_zero() {
     let admin = FakeAdmin::new(Some(counts(0)));
     let (tx, rx) = watch::channel(Some(view("OnFailure", ContainerState::Running, None)));
     let settings = fast_settings();
-    let report = tokio::join!(
-        run_job(
-            &admin,
-            pod.procs.clone(),
-            rx,
-            CancellationToken::new(),
-            &settings
-        ),
-        async {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            pod.app.kill();
-            tokio::time::sleep(Duration::from_millis(150)).await;
-            // procfs alone must not end an OnFailure job: the exit code decides.
-            assert!(admin.quit_at().is_none(), "quit without the exit code");
-            tx.send_replace(Some(view(
-                "OnFailure",
-                ContainerState::Terminated { exit_code: 1 },
-                None,
-            )));
-            tokio::time::sleep(Duration::from_millis(150)).await;
-            assert!(
-                admin.quit_at().is_none(),
-                "quit although the kubelet restarts it"
-            );
-            tx.send_replace(Some(view(
-                "OnFailure",
-                ContainerState::Terminated { exit_code: 0 },
-                None,
-            )));
-        }
-    )
-    .0;
+    let report = job_during(&admin, pod.procs.clone(), rx, &settings, async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        pod.app.kill();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        // procfs alone must not end an OnFailure job: the exit code decides.
+        assert!(admin.quit_at().is_none(), "quit without the exit code");
+        tx.send_replace(Some(view(
+            "OnFailure",
+            ContainerState::Terminated { exit_code: 1 },
+            None,
+        )));
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(
+            admin.quit_at().is_none(),
+            "quit although the kubelet restarts it"
+        );
+        tx.send_replace(Some(view(
+            "OnFailure",
+            ContainerState::Terminated { exit_code: 0 },
+            None,
+        )));
+    })
+    .await;
     assert_eq!(report.outcome, JobOutcome::Completed);
     assert_eq!(report.finished_by, Some(FinishedBy::Status));
 }
@@ -742,15 +679,12 @@ async fn job_waits_for_in_flight_then_quits() {
         None,
     )));
     let settings = fast_settings();
-    let report = tokio::join!(
-        run_job(&admin, procs, rx, CancellationToken::new(), &settings),
-        async {
-            tokio::time::sleep(Duration::from_millis(150)).await;
-            assert!(admin.quit_at().is_none(), "quit while bytes were moving");
-            admin.with(|s| s.counts = Some(counts(0)));
-        }
-    )
-    .0;
+    let report = job_during(&admin, procs, rx, &settings, async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(admin.quit_at().is_none(), "quit while bytes were moving");
+        admin.with(|s| s.counts = Some(counts(0)));
+    })
+    .await;
     assert_eq!(report.outcome, JobOutcome::Completed);
     assert_eq!(
         report.quit_reason,
@@ -758,21 +692,27 @@ async fn job_waits_for_in_flight_then_quits() {
     );
 }
 
+/// The Job wait of a pod with no processes, as `view` shows it (the view stays open).
+async fn job_of(admin: &FakeAdmin, view: PodView, settings: &DrainSettings) -> JobReport {
+    let (_tx, rx) = watch::channel(Some(view));
+    run_job(
+        admin,
+        FakeProcs::default(),
+        rx,
+        CancellationToken::new(),
+        settings,
+    )
+    .await
+}
+
 #[tokio::test]
 async fn job_edge_cases() {
     let settings = fast_settings();
     // restartPolicy Always: not a job.
     let admin = FakeAdmin::new(None);
-    let (_tx, rx) = watch::channel(Some(view(
-        "Always",
-        ContainerState::Terminated { exit_code: 0 },
-        None,
-    )));
-    let r = run_job(
+    let r = job_of(
         &admin,
-        FakeProcs::default(),
-        rx,
-        CancellationToken::new(),
+        view("Always", ContainerState::Terminated { exit_code: 0 }, None),
         &settings,
     )
     .await;
@@ -780,16 +720,13 @@ async fn job_edge_cases() {
     assert!(admin.paths().is_empty());
 
     // Deletion hands over to the drain.
-    let (_tx, rx) = watch::channel(Some(view(
-        "Never",
-        ContainerState::Running,
-        Some(Duration::from_secs(5)),
-    )));
-    let r = run_job(
+    let r = job_of(
         &admin,
-        FakeProcs::default(),
-        rx,
-        CancellationToken::new(),
+        view(
+            "Never",
+            ContainerState::Running,
+            Some(Duration::from_secs(5)),
+        ),
         &settings,
     )
     .await;
@@ -797,16 +734,9 @@ async fn job_edge_cases() {
 
     // The proxy exited on its own already.
     admin.with(|s| s.gone = true);
-    let (_tx, rx) = watch::channel(Some(view(
-        "Never",
-        ContainerState::Terminated { exit_code: 3 },
-        None,
-    )));
-    let r = run_job(
+    let r = job_of(
         &admin,
-        FakeProcs::default(),
-        rx,
-        CancellationToken::new(),
+        view("Never", ContainerState::Terminated { exit_code: 3 }, None),
         &settings,
     )
     .await;
