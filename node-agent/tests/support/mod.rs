@@ -88,7 +88,9 @@ impl TestNetns {
         Ok(out.stdout)
     }
 
-    /// Asserts no holdfast chain or jump is left in the netns.
+    /// Asserts no holdfast chain or jump is left in the netns, IPv4 and IPv6 (ip6tables is in
+    /// the same Debian package as iptables; a netns where it cannot list counts as clean only
+    /// if it says why).
     pub fn assert_no_hold(&self) -> Result<()> {
         let listing = self.iptables(&["-t", "filter", "-S"])?;
         ensure!(
@@ -96,6 +98,25 @@ impl TestNetns {
             "hold rules left in {}:\n{listing}",
             self.name
         );
+        let out = self.ns.run_command(
+            "ip6tables",
+            &["-t".into(), "filter".into(), "-S".into()],
+            None,
+        )?;
+        if out.status.success() {
+            ensure!(
+                !out.stdout.contains("HOLDFAST") && !out.stdout.contains("NFQUEUE"),
+                "IPv6 hold rules left in {}:\n{}",
+                self.name,
+                out.stdout
+            );
+        } else {
+            eprintln!(
+                "{}: ip6tables cannot list: {}",
+                self.name,
+                out.stderr.trim()
+            );
+        }
         Ok(())
     }
 
@@ -148,6 +169,13 @@ impl TestNetns {
             }
         }))
     }
+}
+
+/// The result of a background thread (a connect, a query), or an error if it panicked.
+pub fn joined<T>(thread: JoinHandle<T>) -> Result<T> {
+    thread
+        .join()
+        .map_err(|_| anyhow::anyhow!("a background thread of the test panicked"))
 }
 
 impl Drop for TestNetns {
