@@ -196,8 +196,9 @@ async fn start_api(target: Target) -> (SocketAddr, Seen, tokio::task::JoinHandle
     (addr, seen, server)
 }
 
-#[tokio::test]
-async fn status_is_read_through_a_portforward_from_the_real_status_api() {
+/// The agent's real status API (node `worker-1`, an empty board) on a loopback port: its
+/// address, the token that stops it, and its task.
+async fn start_agent_status_api() -> (SocketAddr, CancellationToken, tokio::task::JoinHandle<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -219,6 +220,12 @@ async fn status_is_read_through_a_portforward_from_the_real_status_api() {
     };
     let stop = CancellationToken::new();
     let agent_task = tokio::spawn(agent.serve(listener, stop.clone().cancelled_owned()));
+    (agent_addr, stop, agent_task)
+}
+
+#[tokio::test]
+async fn status_is_read_through_a_portforward_from_the_real_status_api() {
+    let (agent_addr, stop, agent_task) = start_agent_status_api().await;
     let (api_addr, seen, api_task) = start_api(Target::Listening(agent_addr)).await;
 
     let fetched = tokio::time::timeout(
@@ -332,27 +339,7 @@ async fn holdfast_cli(kubeconfig: &Kubeconfig, args: &[&str]) -> (i32, String, S
 /// table; a 403 on the port-forward exits 6 and names the Role to ask for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holdfast_status_node_prints_the_table_and_exits_6_when_forbidden() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let agent_addr = listener.local_addr().expect("addr");
-    let agent = StatusApi {
-        board: holdfast::report::board::StatusBoard::default(),
-        config: Arc::new(Config {
-            node_name: "worker-1".into(),
-            source: SourceConfig::PodsDir(std::env::temp_dir().join("hf-portforward-unused")),
-            status_listen: agent_addr,
-            proc_root: "/proc".into(),
-            proxy: Default::default(),
-            hold: Default::default(),
-            drain: Default::default(),
-        }),
-        metrics: holdfast::report::metrics::MetricsHandle::new(),
-        source_problems: Default::default(),
-        synced: Default::default(),
-    };
-    let stop = CancellationToken::new();
-    let agent_task = tokio::spawn(agent.serve(listener, stop.clone().cancelled_owned()));
+    let (agent_addr, stop, agent_task) = start_agent_status_api().await;
     let (api_addr, _seen, api_task) = start_api(Target::Listening(agent_addr)).await;
     let (forbidding_addr, _seen2, forbidding_task) = start_api(Target::Forbidden).await;
     let ok_config = Kubeconfig::new(api_addr, "ok");
