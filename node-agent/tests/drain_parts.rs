@@ -631,6 +631,26 @@ impl RealPod {
     }
 }
 
+/// The drain's (or Job wait's) context for a [`RealPod`]'s processes and admin.
+fn ctx<'a>(
+    key: &'a PodKey,
+    admin: &'a AdminClient,
+    settings: &'a DrainSettings,
+    procs: Procs,
+    rx: watch::Receiver<Option<PodView>>,
+    stop: CancellationToken,
+) -> DrainCtx<'a, AdminClient, Procs> {
+    DrainCtx {
+        key,
+        admin,
+        processes: procs,
+        view: rx,
+        stop,
+        settings,
+        quit_started: None,
+    }
+}
+
 /// One full drain: deletion, checks during the drain, app killed, Envoy's exit timed.
 /// Returns (app kill → Envoy exit, the report).
 async fn one_drain(name: &str, check_during: bool) -> Result<(Duration, drain::DrainReport)> {
@@ -643,18 +663,9 @@ async fn one_drain(name: &str, check_during: bool) -> Result<(Duration, drain::D
     let stop = CancellationToken::new();
     let drain_task = {
         let settings = settings.clone();
-        tokio::spawn(async move {
-            drain::drain(DrainCtx {
-                key: &key,
-                admin: &admin,
-                processes: procs,
-                view: rx,
-                stop,
-                settings: &settings,
-                quit_started: None,
-            })
-            .await
-        })
+        tokio::spawn(
+            async move { drain::drain(ctx(&key, &admin, &settings, procs, rx, stop)).await },
+        )
     };
 
     tokio::time::sleep(Duration::from_millis(150)).await;
@@ -741,15 +752,14 @@ async fn proxy_gone_early_against_real_envoy() -> Result<()> {
     let procs = pod.procs();
     let admin = pod.admin.clone();
     let drain_task = tokio::spawn(async move {
-        drain::drain(DrainCtx {
-            key: &key,
-            admin: &admin,
-            processes: procs,
-            view: rx,
-            stop: CancellationToken::new(),
-            settings: &settings,
-            quit_started: None,
-        })
+        drain::drain(ctx(
+            &key,
+            &admin,
+            &settings,
+            procs,
+            rx,
+            CancellationToken::new(),
+        ))
         .await
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -790,15 +800,14 @@ async fn job_completes_against_real_envoy() -> Result<()> {
     let procs = pod.procs();
     let admin = pod.admin.clone();
     let job_task = tokio::spawn(async move {
-        drain::finish_job(DrainCtx {
-            key: &key,
-            admin: &admin,
-            processes: procs,
-            view: rx,
-            stop: CancellationToken::new(),
-            settings: &settings,
-            quit_started: None,
-        })
+        drain::finish_job(ctx(
+            &key,
+            &admin,
+            &settings,
+            procs,
+            rx,
+            CancellationToken::new(),
+        ))
         .await
     });
     tokio::time::sleep(Duration::from_millis(150)).await;
