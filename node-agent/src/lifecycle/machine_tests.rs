@@ -169,17 +169,27 @@ fn holding(p: PodFacts) -> Run {
     r
 }
 
-#[test]
-fn hold_ready_drain_app_done() {
-    let mut r = holding(pod(RestartPolicy::Always));
+/// A held pod whose proxy turns ready: the hold released, the pod `Ready`.
+fn ready(mut r: Run) -> Run {
     r.script(
-        "normal life",
+        "to ready",
         vec![
             (Input::Readiness(Seen::Ready), &["release(ready=true)"]),
             (
                 Input::HoldReleased(Released::default()),
                 &["rec:hold-ready", "phase:ready"],
             ),
+        ],
+    );
+    r
+}
+
+#[test]
+fn hold_ready_drain_app_done() {
+    let mut r = ready(holding(pod(RestartPolicy::Always)));
+    r.script(
+        "normal life",
+        vec![
             (Input::Pod(Some(pod(RestartPolicy::Always))), &[]),
             (
                 Input::Pod(Some(deleted(pod(RestartPolicy::Always)))),
@@ -612,17 +622,8 @@ fn a_failed_hold_fails_open() {
 
 #[test]
 fn a_proxy_exit_while_ready_holds_again_until_the_new_envoy_is_ready() {
-    let mut r = holding(pod(RestartPolicy::Always));
-    r.script(
-        "first hold",
-        vec![
-            (Input::Readiness(Seen::Ready), &["release(ready=true)"]),
-            (
-                Input::HoldReleased(Released::default()),
-                &["rec:hold-ready", "phase:ready"],
-            ),
-        ],
-    );
+    let mut r = ready(holding(pod(RestartPolicy::Always)));
+    r.script("first hold", vec![]);
     assert!(r.state.watches_proxy(), "a ready pod's proxy is watched");
     r.script(
         "proxy OOM-killed",
@@ -666,15 +667,10 @@ fn a_proxy_exit_while_ready_holds_again_until_the_new_envoy_is_ready() {
     assert!(r.state.watches_proxy(), "the new proxy is watched again");
 
     // Some other process of the proxy container exited, Envoy still ready: no hold.
-    let mut r = holding(pod(RestartPolicy::Always));
+    let mut r = ready(holding(pod(RestartPolicy::Always)));
     r.script(
         "helper exit",
         vec![
-            (Input::Readiness(Seen::Ready), &["release(ready=true)"]),
-            (
-                Input::HoldReleased(Released::default()),
-                &["rec:hold-ready", "phase:ready"],
-            ),
             (Input::ProxyGone, &["check"]),
             (
                 Input::Readiness(Seen::Ready),
@@ -691,15 +687,10 @@ fn a_proxy_exit_while_ready_holds_again_until_the_new_envoy_is_ready() {
 #[test]
 fn a_proxy_exit_the_agent_caused_or_after_the_app_is_not_held() {
     // During a drain the agent itself ends Envoy: no hold, no watch.
-    let mut r = holding(pod(RestartPolicy::Always));
+    let mut r = ready(holding(pod(RestartPolicy::Always)));
     r.script(
         "drain",
         vec![
-            (Input::Readiness(Seen::Ready), &["release(ready=true)"]),
-            (
-                Input::HoldReleased(Released::default()),
-                &["rec:hold-ready", "phase:ready"],
-            ),
             (
                 Input::Pod(Some(deleted(pod(RestartPolicy::Always)))),
                 &["phase:draining", "drain"],
@@ -727,17 +718,8 @@ fn a_proxy_exit_the_agent_caused_or_after_the_app_is_not_held() {
     assert!(!r.state.watches_proxy(), "no watch during a Job watch");
 
     // The app has ended for good: nothing to hold for.
-    let mut r = holding(pod(RestartPolicy::Always));
-    r.script(
-        "app ended",
-        vec![
-            (Input::Readiness(Seen::Ready), &["release(ready=true)"]),
-            (
-                Input::HoldReleased(Released::default()),
-                &["rec:hold-ready", "phase:ready"],
-            ),
-        ],
-    );
+    let mut r = ready(holding(pod(RestartPolicy::Always)));
+    r.script("app ended", vec![]);
     r.state.pod = Some(PodFacts {
         apps: vec![terminated("app-1", 0)],
         ..pod(RestartPolicy::Always)
