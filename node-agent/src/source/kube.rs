@@ -337,15 +337,7 @@ mod tests {
     #[test]
     fn initial_list_applies_every_pod_and_deletes_nothing() {
         let mut m = EventMapper::default();
-        let out = feed(
-            &mut m,
-            vec![
-                watcher::Event::Init,
-                watcher::Event::InitApply(pod("a")),
-                watcher::Event::InitApply(pod("b")),
-                watcher::Event::InitDone,
-            ],
-        );
+        let out = feed(&mut m, listed(&["a", "b"]));
         assert_eq!(out, ["A:a", "A:b", "S"]);
         assert_eq!(known(&m), ["a", "b"]);
     }
@@ -368,6 +360,14 @@ mod tests {
         assert_eq!(known(&m), ["b"]);
     }
 
+    /// A complete (re-)list of these pods, as the watcher delivers it.
+    fn listed(names: &[&str]) -> Vec<watcher::Event<Pod>> {
+        let mut events = vec![watcher::Event::Init];
+        events.extend(names.iter().map(|n| watcher::Event::InitApply(pod(n))));
+        events.push(watcher::Event::InitDone);
+        events
+    }
+
     #[test]
     fn relist_reports_pods_gone_while_disconnected() {
         let mut m = EventMapper::default();
@@ -382,15 +382,7 @@ mod tests {
             ],
         );
         // 410 Gone: the watcher re-lists; b and c were deleted meanwhile, d is new.
-        let out = feed(
-            &mut m,
-            vec![
-                watcher::Event::Init,
-                watcher::Event::InitApply(pod("a")),
-                watcher::Event::InitApply(pod("d")),
-                watcher::Event::InitDone,
-            ],
-        );
+        let out = feed(&mut m, listed(&["a", "d"]));
         assert_eq!(out, ["A:a", "A:d", "D:b", "D:c"]);
         assert_eq!(known(&m), ["a", "d"]);
     }
@@ -398,15 +390,7 @@ mod tests {
     #[test]
     fn relist_that_restarts_halfway_uses_only_the_complete_list() {
         let mut m = EventMapper::default();
-        feed(
-            &mut m,
-            vec![
-                watcher::Event::Init,
-                watcher::Event::InitApply(pod("a")),
-                watcher::Event::InitApply(pod("b")),
-                watcher::Event::InitDone,
-            ],
-        );
+        feed(&mut m, listed(&["a", "b"]));
         // A paged list fails after its first page and starts over (a second Init): b was in the
         // aborted page only, so it is gone; a is in the complete list.
         let out = feed(
@@ -426,15 +410,7 @@ mod tests {
     #[test]
     fn empty_relist_deletes_everything() {
         let mut m = EventMapper::default();
-        feed(
-            &mut m,
-            vec![
-                watcher::Event::Init,
-                watcher::Event::InitApply(pod("b")),
-                watcher::Event::InitApply(pod("a")),
-                watcher::Event::InitDone,
-            ],
-        );
+        feed(&mut m, listed(&["b", "a"]));
         let out = feed(&mut m, vec![watcher::Event::Init, watcher::Event::InitDone]);
         assert_eq!(out, ["D:a", "D:b"]);
         assert!(known(&m).is_empty());
