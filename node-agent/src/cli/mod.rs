@@ -2,3 +2,4 @@
 //! and [`remote`] (reaching another node's agent through the API server's port-forward).
 pub mod remote;
 pub mod status;
+pub mod table;

@@ -1,8 +1,10 @@
 //! Tests of `holdfast status`: rendering, 80 columns, escaping, remote errors.
 use super::*;
-use crate::lifecycle::drain::{
-    DrainOutcome, FilterCounts, IdleReason, JobOutcome, QuitReason, TimestampMeaning,
+use crate::api::{
+    DrainOutcome, DrainReport, FilterCounts, HoldOutcome, HoldRecord, IdleReason, JobOutcome,
+    JobReport, Phase, PodStatus, QuitReason, TimestampMeaning,
 };
+use crate::cli::table::{needs_escape, wrap_limited};
 use std::io::Read;
 use std::net::TcpListener;
 
