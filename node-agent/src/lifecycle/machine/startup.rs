@@ -1,0 +1,153 @@
+//! The pod's start, before any hold: waiting for its network namespace (backing off while
+//! none of its processes is there), then one readiness look that decides whether to hold.
+
+use super::*;
+
+pub(super) fn step(
+    s: &mut State,
+    stage: Stage,
+    input: Input,
+    now: Now,
+    fx: &mut Vec<Effect>,
+) -> Stage {
+    match (stage, input) {
+        // --- waiting for the netns ---------------------------------------------------------
+        (
+            Stage::WaitingForNetns {
+                refused_noted,
+                looked,
+                ..
+            },
+            Input::Pod(Some(p)),
+        ) => {
+            if p.finished() {
+                // A completed pod (its sandbox may be gone): nothing to wait for.
+                fx.push(Effect::SetPhase(Phase::Done));
+                Stage::Finished
+            } else {
+                if looked {
+                    fx.push(Effect::LookForNetns);
+                }
+                Stage::WaitingForNetns {
+                    waiting_since: now.mono,
+                    looked: false,
+                    refused_noted,
+                }
+            }
+        }
+        (Stage::WaitingForNetns { .. } | Stage::Checking { .. }, Input::Pod(None)) => {
+            done_and_exit(fx)
+        }
+        (
+            Stage::WaitingForNetns {
+                waiting_since,
+                refused_noted,
+                ..
+            },
+            Input::NetnsNotYet,
+        ) => {
+            s.fresh.get_or_insert(true);
+            fx.push(Effect::Schedule(
+                Timer::NetnsPoll,
+                now.mono + netns_poll_after(now.mono.saturating_duration_since(waiting_since)),
+            ));
+            Stage::WaitingForNetns {
+                waiting_since,
+                looked: true,
+                refused_noted,
+            }
+        }
+        (
+            Stage::WaitingForNetns {
+                waiting_since,
+                refused_noted,
+                ..
+            },
+            Input::NetnsRefused(why),
+        ) => {
+            s.fresh.get_or_insert(false);
+            if !refused_noted {
+                fx.push(Effect::Problem(format!(
+                    "cannot use the pod's network namespace yet: {why}"
+                )));
+            }
+            fx.push(Effect::Schedule(
+                Timer::NetnsPoll,
+                now.mono + netns_poll_after(now.mono.saturating_duration_since(waiting_since)),
+            ));
+            Stage::WaitingForNetns {
+                waiting_since,
+                looked: true,
+                refused_noted: true,
+            }
+        }
+        (st @ Stage::WaitingForNetns { looked: true, .. }, Input::Timer(Timer::NetnsPoll)) => {
+            fx.push(Effect::LookForNetns);
+            match st {
+                Stage::WaitingForNetns {
+                    waiting_since,
+                    refused_noted,
+                    ..
+                } => Stage::WaitingForNetns {
+                    waiting_since,
+                    looked: false,
+                    refused_noted,
+                },
+                other => other,
+            }
+        }
+        (Stage::WaitingForNetns { .. }, Input::NetnsFound { netns }) => {
+            let fresh = *s.fresh.get_or_insert(false);
+            fx.push(Effect::CheckReadiness);
+            Stage::Checking {
+                netns,
+                fresh,
+                rehold: false,
+            }
+        }
+
+        // --- deciding whether to hold ------------------------------------------------------
+        (
+            Stage::Checking {
+                netns,
+                fresh,
+                rehold,
+            },
+            Input::Readiness(seen),
+        ) => {
+            let pod = s.pod.clone();
+            match (seen, pod) {
+                (_, None) => done_and_exit(fx),
+                (Seen::Ready, Some(p)) => {
+                    // Agent restart, or a pod found late: a ready proxy needs no hold.
+                    fx.push(Effect::RemoveLeftoverHold);
+                    enter_running(fx, netns, &p)
+                }
+                (_, Some(p)) if p.finished() => {
+                    fx.push(Effect::RemoveLeftoverHold);
+                    fx.push(Effect::SetPhase(Phase::Done));
+                    Stage::Finished
+                }
+                // Deleted, and Envoy up but not ready: it is draining (a previous agent began
+                // the drain, or pilot-agent did) — adopt the drain. Envoy down: it never came
+                // up, nothing to drain.
+                (Seen::Up, Some(p)) if p.deletion.is_some() => {
+                    fx.push(Effect::RemoveLeftoverHold);
+                    start_drain(fx, netns)
+                }
+                (Seen::Down, Some(p)) if p.deletion.is_some() => {
+                    fx.push(Effect::RemoveLeftoverHold);
+                    fx.push(Effect::SetPhase(Phase::Done));
+                    Stage::Finished
+                }
+                (_, Some(_)) => {
+                    fx.push(Effect::InstallHold { fresh, rehold });
+                    Stage::SettingUpHold { netns }
+                }
+            }
+        }
+        // A pod update while checking: keep the check going.
+        (st @ Stage::Checking { .. }, Input::Pod(Some(_))) => st,
+        (st, _) => st,
+    }
+}
