@@ -141,7 +141,11 @@ fn main() -> anyhow::Result<()> {
                 }
                 Err(e) => eprintln!("remote: not listening on {listen6}: {e}"),
             }
-            let table = Arc::new(NameTable::sim_cluster());
+            let v4 = match listen.ip() {
+                std::net::IpAddr::V4(ip) => ip,
+                std::net::IpAddr::V6(_) => anyhow::bail!("--listen takes the IPv4 address"),
+            };
+            let table = Arc::new(NameTable::sim_cluster_at(v4));
             dns::serve(SocketAddr::from((listen.ip(), 53)), table.clone()).map_err(|e| {
                 anyhow::anyhow!("cluster DNS cannot listen on {}:53: {e}", listen.ip())
             })?;

@@ -37,6 +37,37 @@ pub struct Containerd {
     pub rt: tokio::runtime::Runtime,
     pub client: RuntimeServiceClient<Channel>,
     child: std::sync::Mutex<Option<Child>>,
+    /// Last octets of the remote-service addresses leased to nodes ([`Containerd::lease_remote_ip`]).
+    remote_leases: std::sync::Mutex<std::collections::BTreeSet<u8>>,
+}
+
+/// The host-local IPAM range of the pods: `.2`–`.199` of the runtime's /24 (`.1` is the gateway).
+const POD_RANGE: (u8, u8) = (2, 199);
+/// The nodes' remote-service addresses: `.200`–`.254` of the runtime's /24, outside the pods'
+/// range, one per node (so each node's cluster DNS can have port 53 of its own address).
+const REMOTE_RANGE: (u8, u8) = (200, 254);
+
+/// A remote-service address on the runtime's bridge, held by one simulated node; the address is
+/// removed from the bridge when the lease is dropped.
+#[derive(Debug)]
+pub struct RemoteIpLease {
+    pub ip: std::net::Ipv4Addr,
+    rt: &'static Containerd,
+}
+
+impl Drop for RemoteIpLease {
+    fn drop(&mut self) {
+        let addr = format!("{}/32", self.ip);
+        if let Err(e) = run("ip", &["addr", "del", &addr, "dev", &self.rt.bridge]) {
+            eprintln!("cri: cannot remove {addr} from {}: {e}", self.rt.bridge);
+        }
+        let last = self.ip.octets()[3];
+        self.rt
+            .remote_leases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&last);
+    }
 }
 
 impl std::fmt::Debug for Containerd {
@@ -126,7 +157,12 @@ state = "{d}/state"
                     "ipMasq": false,
                     "ipam": {
                         "type": "host-local",
-                        "ranges": [[{"subnet": format!("198.19.{octet}.0/24"), "gateway": gateway.to_string()}]],
+                        "ranges": [[{
+                            "subnet": format!("198.19.{octet}.0/24"),
+                            "rangeStart": format!("198.19.{octet}.{}", POD_RANGE.0),
+                            "rangeEnd": format!("198.19.{octet}.{}", POD_RANGE.1),
+                            "gateway": gateway.to_string(),
+                        }]],
                         "routes": [{"dst": "0.0.0.0/0"}],
                         "dataDir": dir.join("cni-ipam").to_string_lossy(),
                     },
@@ -178,23 +214,60 @@ state = "{d}/state"
             rt,
             client,
             child: std::sync::Mutex::new(Some(child)),
+            remote_leases: std::sync::Mutex::new(Default::default()),
         };
         // From here on, Drop cleans up.
         me.wait_ready(Duration::from_secs(30))?;
-        // The bridge is made before CNI (which adopts it) so it can carry the remote services'
-        // address too: pods reach REMOTE_IP through their default route, as on the netns backend.
-        // The gateway address goes first: the bridge plugin's `ensureAddr` (containernetworking
-        // plugins, main/bridge/bridge.go) accepts a bridge whose addresses match its gateway
-        // before any other IPv4 address, and fails on the first one that differs.
-        run("ip", &["link", "add", &me.bridge, "type", "bridge"])?;
+        // The bridge is made before CNI (which adopts it) so it can carry the nodes' remote
+        // service addresses too ([`Containerd::lease_remote_ip`]). The gateway address goes
+        // first: the bridge plugin's `ensureAddr` (containernetworking plugins,
+        // main/bridge/bridge.go) accepts a bridge whose addresses match its gateway before any
+        // other IPv4 address, and fails on the first one that differs.
+        // A fixed (locally administered) MAC, as on the netns backend's bridge: a bridge without
+        // one takes the lowest of its ports' and changes it as pods' veths come and go, which
+        // left the other pods' neighbour entries for the gateway and the remote services stale
+        // and stalled their open connections for seconds (seen here: a pooled call timing out
+        // at 2 s while another test's pod was removed; kubernetes/kubernetes#30783,
+        // containernetworking/cni#285).
+        let mac = format!("02:00:c6:13:{octet:02x}:01");
+        run(
+            "ip",
+            &["link", "add", &me.bridge, "address", &mac, "type", "bridge"],
+        )?;
         let gw = format!("{}/24", me.gateway);
         run("ip", &["addr", "add", &gw, "dev", &me.bridge])?;
-        let remote = format!("{}/32", crate::sim::netns::REMOTE_IP);
-        run("ip", &["addr", "add", &remote, "dev", &me.bridge])?;
         run("ip", &["link", "set", &me.bridge, "up"])?;
         let tar = build_busybox_image(&me.dir, BASE_IMAGE, &["/bin/sleep", "2147483647"])?;
         me.ctr(&["images", "import", &tar.to_string_lossy()])?;
         Ok(me)
+    }
+
+    /// A remote-service address of its own for one simulated node: an address of the runtime's
+    /// /24 outside the pods' IPAM range, added to the CNI bridge in the host's netns, so pods
+    /// reach it on-link and every node's services (echo, and the cluster DNS, which must be on
+    /// port 53) listen on an address no other node of this runtime uses.
+    pub fn lease_remote_ip(&'static self) -> Result<RemoteIpLease, SimError> {
+        let last = {
+            let mut leases = self.remote_leases.lock().unwrap_or_else(|p| p.into_inner());
+            let free = (REMOTE_RANGE.0..=REMOTE_RANGE.1).find(|o| !leases.contains(o));
+            let Some(o) = free else {
+                return Err(SimError::Setup(format!(
+                    "more than {} simulated nodes at once on one containerd",
+                    REMOTE_RANGE.1 - REMOTE_RANGE.0 + 1
+                )));
+            };
+            leases.insert(o);
+            o
+        };
+        let g = self.gateway.octets();
+        let ip = std::net::Ipv4Addr::new(g[0], g[1], g[2], last);
+        let addr = format!("{ip}/32");
+        if let Err(e) = run("ip", &["addr", "add", &addr, "dev", &self.bridge]) {
+            let mut leases = self.remote_leases.lock().unwrap_or_else(|p| p.into_inner());
+            leases.remove(&last);
+            return Err(e);
+        }
+        Ok(RemoteIpLease { ip, rt: self })
     }
 
     /// `ctr` against this containerd, in the CRI plugin's namespace.
