@@ -221,6 +221,11 @@ impl SimNode {
             Runtime::Netns => None,
             Runtime::Containerd => Some(crate::cri::shared().map_err(SimError::Setup)?),
         };
+        if cri.is_some() && opts.status_lag.is_some_and(|l| !l.is_zero()) {
+            return Err(SimError::Setup(
+                "status_lag is not implemented on the containerd backend (see docs/containerd-backend.md)".into(),
+            ));
+        }
         // Nodes on the containerd backend have their remote services in the host's netns, each
         // on an address of its own on the runtime's bridge (the cluster DNS needs port 53 of it).
         let remote_lease = match cri {
@@ -421,6 +426,14 @@ impl SimNode {
             if !dns_label(value) {
                 return Err(SimError::Setup(format!(
                     "pod {what} {value:?}: use a DNS label (a-z, 0-9, '-', at most 63), as Kubernetes requires"
+                )));
+            }
+        }
+        if self.env.cri.is_some() {
+            if let Some(why) = crate::cri::kubelet::unsupported(&spec) {
+                return Err(SimError::Setup(format!(
+                    "pod {}: {why} is not implemented on the containerd backend (see docs/containerd-backend.md)",
+                    spec.name
                 )));
             }
         }
