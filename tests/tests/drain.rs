@@ -60,9 +60,22 @@ fn assert_clean(node: SimNode, agent: AgentProcess) {
     assert!(left.is_empty(), "left behind: {left:#?}");
 }
 
+/// The apps' call timeout. Their first call goes out while Envoy starts and is held by the
+/// agent until Envoy is ready; these tests are about what follows, so the app waits longer than
+/// Envoy can take to start. On the netns backend Envoy is ready 0.3 s after its exec; in a
+/// container under load it took 0.5–2.0 s (docs/containerd-backend.md), and with the default
+/// 2 s a held call timed out before the drain began. Every call still counts: a refused or
+/// reset call fails at once, whatever the timeout.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A pod of these tests (see [`CALL_TIMEOUT`]).
+fn pod(name: &str) -> PodSpec {
+    PodSpec::new(name).call_timeout(CALL_TIMEOUT)
+}
+
 /// A pod as the shipped mesh config runs it: drain duration = grace period.
 fn meshed(name: &str, app: AppScript, grace: Duration) -> PodSpec {
-    PodSpec::new(name).app(app).grace(grace).drain(grace)
+    pod(name).app(app).grace(grace).drain(grace)
 }
 
 /// An app that calls out every 200 ms over a pool of 2 and keeps calling `after` past SIGTERM.
@@ -533,7 +546,7 @@ fn job_completes_when_its_app_exits() {
     let mut node = node("drjob");
     let agent = agent(&node);
     node.add_pod(
-        PodSpec::new("batch")
+        pod("batch")
             .app(AppScript::Batch {
                 calls: 3,
                 exit_code: 0,
@@ -587,7 +600,7 @@ fn failing_job_with_on_failure_keeps_its_proxy() {
     );
     let agent = agent(&node);
     node.add_pod(
-        PodSpec::new("flaky")
+        pod("flaky")
             .app(AppScript::Batch {
                 calls: 1,
                 exit_code: 1,
@@ -691,7 +704,7 @@ fn proxy_gone_early_is_reported_with_advice() {
     let mut node = node("drearly");
     let agent = agent(&node);
     node.add_pod(
-        PodSpec::new("early")
+        pod("early")
             .app(caller(Duration::from_secs(5)))
             .grace(Duration::from_secs(10))
             .drain(Duration::from_secs(1)),
@@ -840,7 +853,7 @@ fn job_with_late_app(test: &str, delay: Duration) {
     let mut node = node(test);
     let agent = agent(&node);
     node.add_pod(
-        PodSpec::new("late-batch")
+        pod("late-batch")
             .app(AppScript::Batch {
                 calls: 1,
                 exit_code: 0,
@@ -880,7 +893,7 @@ fn job_wait_adopted_after_sigkill_successor_3s_later() {
     let mut node = node("drjobadopt");
     let mut agent = agent(&node);
     node.add_pod(
-        PodSpec::new("adopted-batch")
+        pod("adopted-batch")
             .app(AppScript::Batch {
                 calls: 1,
                 exit_code: 0,

@@ -230,6 +230,7 @@ impl CriPodWorker {
             }))?
             .pod_sandbox_id;
         trace(&self.name, "RunPodSandbox", Some(t.elapsed()));
+        set_node_allocatable_cpu();
         self.sandbox = Some((id.clone(), config));
         let st = self.rt.call(c.pod_sandbox_status(PodSandboxStatusRequest {
             pod_sandbox_id: id,
@@ -605,6 +606,30 @@ impl CriPodWorker {
         let uid = self.view(|v| v.uid.clone());
         for e in remove_pod_cgroups(&uid) {
             eprintln!("sim: pod {}: {e}", self.name);
+        }
+    }
+}
+
+/// Gives the `kubepods` cgroup the CPU weight kubelet gives it: the node's allocatable CPU as
+/// shares (kubelet `pkg/kubelet/cm/node_container_manager_linux.go`, `getCgroupConfig`:
+/// `MilliCPUToShares(allocatable)`, 1024 per core; "the default limits for cpu shares can be very
+/// low which can lead to CPU starvation for pods"). runc creates `kubepods` with the default
+/// 1024, one core's weight for every pod of the node together against each busy process outside
+/// it; on this shared machine that slowed the containers' Envoys (docs/containerd-backend.md).
+/// Set after every sandbox because `kubepods` goes when its last pod does. Best effort: v1
+/// `cpu.shares`, or v2 `cpu.weight` converted as kubelet converts it.
+fn set_node_allocatable_cpu() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let shares = (cores * 1024).clamp(2, 262_144);
+    let weight = 1 + ((shares - 2) * 9999) / 262_142;
+    for (file, value) in [
+        ("/sys/fs/cgroup/cpu/kubepods/cpu.shares", shares),
+        ("/sys/fs/cgroup/kubepods/cpu.weight", weight),
+    ] {
+        if Path::new(file).exists() {
+            if let Err(e) = std::fs::write(file, value.to_string()) {
+                eprintln!("sim: cannot set {file} to {value}: {e}");
+            }
         }
     }
 }
