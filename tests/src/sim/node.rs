@@ -280,6 +280,7 @@ impl SimNode {
             .stdout(Stdio::piped());
         let mut child = if node.env.cri.is_some() {
             // The host's netns, where the CNI bridge carries the node's address.
+            cmd.arg("--ipv4-only");
             cmd.spawn().map_err(|source| SimError::Io {
                 what: "cannot start the remote services".into(),
                 source,
