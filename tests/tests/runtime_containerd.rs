@@ -359,3 +359,202 @@ fn sandbox_and_container_on_the_private_containerd() {
         assert!(!pod.exists(), "{} left behind", pod.display());
     }
 }
+
+/// Run in a child process by [`a_killed_test_binarys_runtime_is_cleaned_up_by_the_next`]: a
+/// runtime of its own with a pod sandbox and a running container, its directory printed, then
+/// waits to be SIGKILLed (so no teardown runs).
+#[test]
+#[ignore = "a child process of a_killed_test_binarys_runtime_is_cleaned_up_by_the_next"]
+fn stale_runtime_child() {
+    if std::env::var_os("HOLDFAST_STALE_CHILD").is_none() {
+        return;
+    }
+    let rt = holdfast_tests::cri::Containerd::start("stalechild").expect("start a runtime");
+    let uid = holdfast_tests::sim::random_uuid();
+    let logs = rt.dir.join("logs");
+    std::fs::create_dir_all(&logs).expect("log dir");
+    let sandbox = PodSandboxConfig {
+        metadata: Some(PodSandboxMetadata {
+            name: "orphan".into(),
+            uid: uid.clone(),
+            namespace: "default".into(),
+            attempt: 0,
+        }),
+        linux: Some(LinuxPodSandboxConfig {
+            cgroup_parent: format!("/kubepods/besteffort/pod{uid}"),
+            ..Default::default()
+        }),
+        log_directory: logs.to_string_lossy().into_owned(),
+        ..Default::default()
+    };
+    let mut c = rt.client.clone();
+    let sb = rt
+        .call(c.run_pod_sandbox(RunPodSandboxRequest {
+            config: Some(sandbox.clone()),
+            runtime_handler: String::new(),
+        }))
+        .expect("sandbox")
+        .pod_sandbox_id;
+    let cid = rt
+        .call(c.create_container(CreateContainerRequest {
+            pod_sandbox_id: sb.clone(),
+            config: Some(ContainerConfig {
+                metadata: Some(ContainerMetadata {
+                    name: "app".into(),
+                    attempt: 0,
+                }),
+                image: Some(ImageSpec {
+                    image: holdfast_tests::cri::runtime::BASE_IMAGE.into(),
+                    ..Default::default()
+                }),
+                command: vec!["/bin/sleep".into(), "1000".into()],
+                log_path: "app.log".into(),
+                ..Default::default()
+            }),
+            sandbox_config: Some(sandbox),
+        }))
+        .expect("create")
+        .container_id;
+    rt.call(c.start_container(StartContainerRequest {
+        container_id: cid.clone(),
+    }))
+    .expect("start");
+    let st = rt
+        .call(c.pod_sandbox_status(PodSandboxStatusRequest {
+            pod_sandbox_id: sb,
+            verbose: true,
+        }))
+        .expect("status");
+    let info = holdfast_tests::cri::status::parse_info(&st.info);
+    let netns = holdfast_tests::cri::status::info_netns(&info).expect("netns");
+    println!(
+        "STALE {} {} {} {}",
+        rt.dir.display(),
+        netns.display(),
+        rt.bridge,
+        uid
+    );
+    use std::io::Write;
+    std::io::stdout().flush().expect("flush");
+    // Never torn down: the parent SIGKILLs this process.
+    std::mem::forget(rt);
+    std::thread::sleep(Duration::from_secs(600));
+}
+
+/// A test binary killed with SIGKILL leaves its runtime (containerd, shim, containers, netns,
+/// mounts, bridge, directory); the next runtime to start finds it by its dead owner and
+/// removes it all, and leaves a live test binary's runtime (this one's) alone.
+#[test]
+fn a_killed_test_binarys_runtime_is_cleaned_up_by_the_next() {
+    let Some(live) = runtime_for("a_killed_test_binarys_runtime_is_cleaned_up_by_the_next") else {
+        return;
+    };
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe().expect("own path"))
+        .args([
+            "stale_runtime_child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("HOLDFAST_STALE_CHILD", "1")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the child test binary");
+    let stdout = child.stdout.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            // libtest's "test stale_runtime_child ... " precedes it on the same line.
+            if let Some((_, rest)) = line.split_once("STALE ") {
+                let _ = tx.send(rest.to_string());
+            }
+        }
+    });
+    let line = rx.recv_timeout(Duration::from_secs(90));
+    // Our child, not reaped yet: its pid cannot have been reused.
+    let _ = child.kill();
+    let _ = child.wait();
+    let line = line.expect("the child started its runtime");
+    let parts: Vec<&str> = line.split(' ').collect();
+    let (dir, netns, bridge, uid) = (
+        std::path::PathBuf::from(parts[0]),
+        std::path::PathBuf::from(parts[1]),
+        parts[2].to_string(),
+        parts[3].to_string(),
+    );
+    let net = std::path::Path::new("/sys/class/net").join(&bridge);
+    // What the killed binary left.
+    assert!(dir.is_dir() && netns.exists() && net.exists(), "{line}");
+    let owner = holdfast_tests::cri::stale::owner(&dir).expect("owner file");
+    assert!(!owner.alive(), "the owner was killed");
+    let in_dir = |d: &std::path::Path| processes_naming(&d.to_string_lossy());
+    assert!(
+        !in_dir(&dir).is_empty(),
+        "containerd and its shim still run"
+    );
+
+    let report = holdfast_tests::cri::stale::clean_stale_runtimes();
+    eprintln!("cleanup: {report:#?}");
+    // Another runtime starting on this machine may have claimed it first: wait for it to go.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while dir.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(!dir.exists(), "{} is left", dir.display());
+    assert!(
+        !netns.exists(),
+        "the sandbox's netns {} is left",
+        netns.display()
+    );
+    assert!(!net.exists(), "the bridge {bridge} is left");
+    assert!(
+        in_dir(&dir).is_empty(),
+        "processes of the dead runtime: {:?}",
+        in_dir(&dir)
+    );
+    for root in [
+        "/sys/fs/cgroup/cpu",
+        "/sys/fs/cgroup/unified",
+        "/sys/fs/cgroup",
+    ] {
+        let pod = std::path::Path::new(root).join(format!("kubepods/besteffort/pod{uid}"));
+        assert!(!pod.exists(), "{} is left", pod.display());
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    assert!(
+        !mounts.contains(&*dir.to_string_lossy()),
+        "mounts under {} are left",
+        dir.display()
+    );
+    // The live runtime (this binary's) is untouched.
+    assert!(live.dir.join("containerd.sock").exists());
+    let mut c = live.client.clone();
+    live.call(c.list_pod_sandbox(ListPodSandboxRequest::default()))
+        .expect("the live runtime still answers");
+}
+
+/// Pids whose command line contains `needle`.
+fn processes_naming(needle: &str) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| {
+                    String::from_utf8_lossy(&c)
+                        .replace('\0', " ")
+                        .contains(needle)
+                })
+                .unwrap_or(false)
+                && holdfast_tests::sim::process::alive(*pid)
+        })
+        .collect()
+}

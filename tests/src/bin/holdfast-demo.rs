@@ -4,7 +4,8 @@
 //! (`holdfast status`).
 //!
 //! Each run is a fresh node (real netns, iptables, Envoy, apps; kubelet and pilot-agent
-//! stand-ins). In the run with holdfast every sidecar gets `terminationDrainDuration` = the pod's
+//! stand-ins); with `--runtime containerd` every pod is a real container of a private
+//! containerd (CRI, runc, the CNI bridge plugin). In the run with holdfast every sidecar gets `terminationDrainDuration` = the pod's
 //! grace period, as holdfast's mesh config sets it, so Envoy outlives the app and the agent ends
 //! it once the app is done. Each scenario is measured on its own thread, so every time shown is
 //! taken when the event happened, not when the demo got round to looking.
@@ -22,7 +23,8 @@ use holdfast::cli::status::{self as status_cli, AgentUrl};
 use holdfast_tests::agent::holdfast_binary;
 use holdfast_tests::sim::report::now_ms;
 use holdfast_tests::sim::{
-    privileged, AppReport, AppScript, CallError, Phase, PodPhase, PodSpec, SimNode,
+    privileged, AppReport, AppScript, CallError, NodeOptions, Phase, PodPhase, PodSpec, Runtime,
+    SimNode,
 };
 
 /// Upper bound of one run; the demo as a whole stays well under 90 s.
@@ -97,6 +99,27 @@ impl Outcome {
     }
 }
 
+/// `just demo [--runtime containerd]`.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "holdfast-demo",
+    about = "The three sidecar failures (startup, shutdown, Job) on a simulated node of 3 pods, \
+             without and with the holdfast agent, side by side (needs root)"
+)]
+struct Cli {
+    /// What runs the pods: `netns` (network namespaces, cgroups and processes made by hand) or
+    /// `containerd` (real containers of a private containerd over the CRI, runc and the CNI
+    /// bridge plugin; `just setup` installs them).
+    #[arg(long, value_enum, default_value_t = RuntimeArg::Netns)]
+    runtime: RuntimeArg,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum RuntimeArg {
+    Netns,
+    Containerd,
+}
+
 /// One run of all scenarios on a fresh node.
 #[derive(Debug, Clone, Copy)]
 struct Run {
@@ -107,6 +130,7 @@ struct Run {
     /// Run `holdfast agent` on the node from before the pods start, with the mesh's drain
     /// duration set to each pod's grace period.
     holdfast: bool,
+    runtime: Runtime,
 }
 
 /// What a run produced.
@@ -312,8 +336,15 @@ impl StatusSamples {
 
 fn run(r: Run) -> anyhow::Result<RunResult> {
     let started = Instant::now();
-    let mut node = SimNode::new(&format!("demo{}{}", r.tag, std::process::id() % 10000))
-        .context("building the simulated node")?;
+    let opts = NodeOptions {
+        runtime: r.runtime,
+        ..NodeOptions::default()
+    };
+    let mut node = SimNode::with_options(
+        &format!("demo{}{}", r.tag, std::process::id() % 10000),
+        opts,
+    )
+    .context("building the simulated node")?;
     for s in Scenario::ALL {
         let mut spec = s.spec();
         if r.holdfast {
@@ -435,6 +466,7 @@ fn render(runs: &[(&str, &[(Scenario, Outcome)])]) -> String {
 }
 
 fn main() -> anyhow::Result<()> {
+    let cli = <Cli as clap::Parser>::parse();
     if !privileged("holdfast-demo") {
         std::process::exit(1);
     }
@@ -442,20 +474,29 @@ fn main() -> anyhow::Result<()> {
     holdfast_binary()?;
     holdfast_tests::sim::sim_app_binary()?;
     let started = Instant::now();
+    let (runtime, pods) = match cli.runtime {
+        RuntimeArg::Netns => (Runtime::Netns, "real Envoy, iptables, netns"),
+        RuntimeArg::Containerd => (
+            Runtime::Containerd,
+            "real Envoy, iptables; pods are containerd containers",
+        ),
+    };
     let runs = [
         Run {
             name: "without holdfast",
             tag: "a",
             holdfast: false,
+            runtime,
         },
         Run {
             name: "with holdfast",
             tag: "b",
             holdfast: true,
+            runtime,
         },
     ];
     println!(
-        "A simulated node (real Envoy, iptables, netns), 3 pods started at once, twice:\n\
+        "A simulated node ({pods}), 3 pods started at once, twice:\n\
          without holdfast (Istio defaults: drain 5 s), then with `holdfast agent` on the\n\
          node (drain duration = grace period; the agent ends Envoy when the app is done).\n"
     );

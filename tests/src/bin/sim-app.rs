@@ -71,6 +71,9 @@ enum Cmd {
     Remote {
         #[arg(long)]
         listen: SocketAddr,
+        /// No services on the node's IPv6 address (the containerd backend's CNI is IPv4 only).
+        #[arg(long)]
+        ipv4_only: bool,
     },
 }
 
@@ -126,27 +129,34 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::PilotAgent(args) => std::process::exit(pilot_agent::run(&args, &term)?),
         Cmd::App(args) => std::process::exit(apps::run_app(&args, &term)?),
-        Cmd::Remote { listen } => {
+        Cmd::Remote { listen, ipv4_only } => {
             let l = TcpListener::bind(listen)
                 .map_err(|e| anyhow::anyhow!("remote services cannot listen on {listen}: {e}"))?;
             // The same services on the node's IPv6 address, and the cluster DNS on port 53 of
             // both (what the pods' resolv.conf names).
             // IPv6 is best effort: a host without it runs the IPv4 shapes only.
             let listen6 = SocketAddr::from((REMOTE_IP6, listen.port()));
-            match TcpListener::bind(listen6) {
-                Ok(l6) => {
+            match (!ipv4_only).then(|| TcpListener::bind(listen6)) {
+                None => {}
+                Some(Ok(l6)) => {
                     std::thread::Builder::new()
                         .name("serve6".into())
                         .spawn(move || apps::serve(l6, None))?;
                 }
-                Err(e) => eprintln!("remote: not listening on {listen6}: {e}"),
+                Some(Err(e)) => eprintln!("remote: not listening on {listen6}: {e}"),
             }
-            let table = Arc::new(NameTable::sim_cluster());
+            let v4 = match listen.ip() {
+                std::net::IpAddr::V4(ip) => ip,
+                std::net::IpAddr::V6(_) => anyhow::bail!("--listen takes the IPv4 address"),
+            };
+            let table = Arc::new(NameTable::sim_cluster_at(v4));
             dns::serve(SocketAddr::from((listen.ip(), 53)), table.clone()).map_err(|e| {
                 anyhow::anyhow!("cluster DNS cannot listen on {}:53: {e}", listen.ip())
             })?;
-            if let Err(e) = dns::serve(SocketAddr::from((REMOTE_IP6, 53)), table) {
-                eprintln!("remote: no cluster DNS on [{REMOTE_IP6}]:53: {e}");
+            if !ipv4_only {
+                if let Err(e) = dns::serve(SocketAddr::from((REMOTE_IP6, 53)), table) {
+                    eprintln!("remote: no cluster DNS on [{REMOTE_IP6}]:53: {e}");
+                }
             }
             println!("ready");
             std::io::stdout().flush()?;

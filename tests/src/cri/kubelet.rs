@@ -28,13 +28,14 @@ use std::time::{Duration, Instant};
 
 use k8s_cri::v1::{
     Capability, ContainerConfig, ContainerMetadata, ContainerState, ContainerStatusRequest,
-    CreateContainerRequest, ImageSpec, LinuxContainerConfig, LinuxContainerSecurityContext,
-    LinuxPodSandboxConfig, Mount, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest,
-    RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopContainerRequest,
-    StopPodSandboxRequest,
+    CreateContainerRequest, DnsConfig, ImageSpec, LinuxContainerConfig,
+    LinuxContainerSecurityContext, LinuxPodSandboxConfig, Mount, PodSandboxConfig,
+    PodSandboxMetadata, PodSandboxStatusRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
+    StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
 };
 use k8s_openapi::jiff::Timestamp;
 
+use super::exit_watch::ExitTimes;
 use super::runtime::{Containerd, BASE_IMAGE};
 use super::status::{info_netns, info_pid, parse_info};
 use crate::sim::kubelet::{PodEvent, PodWorker};
@@ -71,6 +72,25 @@ pub(crate) struct CriPodWorker {
     deleting: bool,
     shutting_down: bool,
     pod_dir: PathBuf,
+    /// When each container's init process exited (pidfd), more exact than the runtime's time.
+    exits: ExitTimes,
+}
+
+/// With `HOLDFAST_SIM_TRACE` set, prints one line per runtime step (wall clock in ms, the pod,
+/// the step, how long the CRI call took): where a pod's time goes on this backend.
+fn trace(pod: &str, step: &str, took: Option<Duration>) {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !*ON.get_or_init(|| std::env::var_os("HOLDFAST_SIM_TRACE").is_some()) {
+        return;
+    }
+    let now = crate::sim::report::now_ms();
+    match took {
+        Some(d) => eprintln!(
+            "cri-trace {now} {pod} {step} took {:.1} ms",
+            d.as_secs_f64() * 1e3
+        ),
+        None => eprintln!("cri-trace {now} {pod} {step}"),
+    }
 }
 
 fn ts(nanos: i64) -> Timestamp {
@@ -102,6 +122,7 @@ impl CriPodWorker {
             deleting: false,
             shutting_down: false,
             pod_dir,
+            exits: ExitTimes::default(),
         }
     }
 
@@ -155,6 +176,7 @@ impl CriPodWorker {
             self.restart_due();
         }
         self.remove_sandbox();
+        trace(&self.name, "gone", None);
         let pods_dir = self.env.pods_dir.clone();
         self.update(|v| {
             v.gone = true;
@@ -169,6 +191,7 @@ impl CriPodWorker {
             what: format!("cannot create {}", self.pod_dir.display()),
             source,
         })?;
+        let config_namespace = namespace.clone();
         let config = PodSandboxConfig {
             metadata: Some(PodSandboxMetadata {
                 name,
@@ -179,6 +202,18 @@ impl CriPodWorker {
             hostname: self.name.clone(),
             log_directory: self.pod_dir.to_string_lossy().into_owned(),
             labels: [(NODE_LABEL.to_string(), self.env.test_name.clone())].into(),
+            // The resolv.conf kubelet asks for with `dnsPolicy: ClusterFirst` (kubelet
+            // `pkg/kubelet/network/dns/dns.go`, `GetPodDNS`): the cluster DNS (here the node's
+            // remote-services address), the namespace's search list, ndots:5.
+            dns_config: Some(DnsConfig {
+                servers: vec![self.env.remote_ip.to_string()],
+                searches: vec![
+                    format!("{}.svc.cluster.local", config_namespace),
+                    "svc.cluster.local".into(),
+                    "cluster.local".into(),
+                ],
+                options: vec!["ndots:5".into()],
+            }),
             linux: Some(LinuxPodSandboxConfig {
                 cgroup_parent: format!("/kubepods/besteffort/pod{uid}"),
                 ..Default::default()
@@ -186,6 +221,7 @@ impl CriPodWorker {
             ..Default::default()
         };
         let mut c = self.rt.client.clone();
+        let t = Instant::now();
         let id = self
             .rt
             .call(c.run_pod_sandbox(RunPodSandboxRequest {
@@ -193,6 +229,8 @@ impl CriPodWorker {
                 runtime_handler: String::new(),
             }))?
             .pod_sandbox_id;
+        trace(&self.name, "RunPodSandbox", Some(t.elapsed()));
+        set_node_allocatable_cpu();
         self.sandbox = Some((id.clone(), config));
         let st = self.rt.call(c.pod_sandbox_status(PodSandboxStatusRequest {
             pod_sandbox_id: id,
@@ -297,6 +335,7 @@ impl CriPodWorker {
             ..Default::default()
         };
         let mut c = self.rt.client.clone();
+        let t = Instant::now();
         let cid = self
             .rt
             .call(c.create_container(CreateContainerRequest {
@@ -305,14 +344,29 @@ impl CriPodWorker {
                 sandbox_config: Some(sandbox_config),
             }))?
             .container_id;
+        trace(
+            &self.name,
+            &format!("CreateContainer {name}"),
+            Some(t.elapsed()),
+        );
+        let t = Instant::now();
         self.rt.call(c.start_container(StartContainerRequest {
             container_id: cid.clone(),
         }))?;
+        trace(
+            &self.name,
+            &format!("StartContainer {name}"),
+            Some(t.elapsed()),
+        );
         let st = self.rt.call(c.container_status(ContainerStatusRequest {
             container_id: cid.clone(),
             verbose: true,
         }))?;
-        Ok((cid, info_pid(&parse_info(&st.info))))
+        let pid = info_pid(&parse_info(&st.info));
+        if let Some(pid) = pid {
+            self.exits.watch(&cid, pid);
+        }
+        Ok((cid, pid))
     }
 
     fn start_container(&mut self, i: usize) {
@@ -370,6 +424,25 @@ impl CriPodWorker {
                 continue;
             }
             self.running.remove(&cid);
+            let runtime_at = ts(st.finished_at);
+            // Both the shim's stamp and the pidfd watcher's are taken after the exit, each
+            // once its observer got the CPU: the earlier one is the closer (see `exit_watch`).
+            let exited_at = self
+                .exits
+                .take(&cid)
+                .and_then(|t| Timestamp::try_from(t).ok())
+                .map_or(runtime_at, |t| t.min(runtime_at));
+            let ms =
+                |a: Timestamp, b: Timestamp| (a.as_nanosecond() - b.as_nanosecond()) as f64 / 1e6;
+            trace(
+                &self.name,
+                &format!(
+                    "exit of {slot:?} seen {:.1} ms after the process exited; finishedAt {:.1} ms after",
+                    ms(now_ts(), exited_at),
+                    ms(runtime_at, exited_at)
+                ),
+                None,
+            );
             let t = Terminated {
                 container_id: cid,
                 exit_code: st.exit_code,
@@ -377,7 +450,7 @@ impl CriPodWorker {
                 signal: None,
                 reason: st.reason,
                 started_at: ts(st.started_at),
-                finished_at: ts(st.finished_at),
+                finished_at: exited_at,
             };
             self.on_exit(slot, t);
         }
@@ -398,11 +471,16 @@ impl CriPodWorker {
                     }
                 });
                 if ok && !self.deleting && !self.shutting_down {
-                    if self.view(|v| v.spec.serial_start || v.spec.drop_until_ready) {
-                        eprintln!("sim: pod {}: serial_start/drop_until_ready are netns-backend baselines; started in kubelet's default order", self.name);
-                    }
+                    let delay = self.view(|v| v.spec.app_start_delay);
                     for i in 0..self.view(|v| v.containers.len()) {
-                        self.start_container(i);
+                        let is_proxy = self.view(|v| v.containers[i].name == PROXY_CONTAINER);
+                        if !is_proxy && !delay.is_zero() {
+                            // A slow image pull: the app container starts later (the restart
+                            // timer starts it), as on the netns backend.
+                            self.restart_at.insert(i, Instant::now() + delay);
+                        } else {
+                            self.start_container(i);
+                        }
                     }
                 }
             }
@@ -460,12 +538,18 @@ impl CriPodWorker {
             let name = self.name.clone();
             std::thread::spawn(move || {
                 let mut c = rt.client.clone();
+                let t = Instant::now();
                 if let Err(e) = rt.call(c.stop_container(StopContainerRequest {
                     container_id: cid.clone(),
                     timeout: timeout as i64,
                 })) {
                     eprintln!("sim: pod {name}: StopContainer {cid}: {e}");
                 }
+                trace(
+                    &name,
+                    &format!("StopContainer {}", &cid[..12.min(cid.len())]),
+                    Some(t.elapsed()),
+                );
             });
         }
     }
@@ -475,6 +559,7 @@ impl CriPodWorker {
             return;
         }
         self.deleting = true;
+        trace(&self.name, "deleted", None);
         self.restart_at.clear();
         let grace = self.view(|v| v.spec.grace);
         self.update(|v| {
@@ -501,17 +586,21 @@ impl CriPodWorker {
     fn remove_sandbox(&mut self) {
         if let Some((id, _)) = self.sandbox.take() {
             let mut c = self.rt.client.clone();
+            let t = Instant::now();
             if let Err(e) = self.rt.call(c.stop_pod_sandbox(StopPodSandboxRequest {
                 pod_sandbox_id: id.clone(),
             })) {
                 eprintln!("sim: pod {}: StopPodSandbox: {e}", self.name);
             }
+            trace(&self.name, "StopPodSandbox", Some(t.elapsed()));
+            let t = Instant::now();
             if let Err(e) = self
                 .rt
                 .call(c.remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: id }))
             {
                 eprintln!("sim: pod {}: RemovePodSandbox: {e}", self.name);
             }
+            trace(&self.name, "RemovePodSandbox", Some(t.elapsed()));
         }
         self.update(|v| v.sandbox_pid = None);
         let uid = self.view(|v| v.uid.clone());
@@ -519,6 +608,51 @@ impl CriPodWorker {
             eprintln!("sim: pod {}: {e}", self.name);
         }
     }
+}
+
+/// Gives the `kubepods` cgroup the CPU weight kubelet gives it: the node's allocatable CPU as
+/// shares (kubelet `pkg/kubelet/cm/node_container_manager_linux.go`, `getCgroupConfig`:
+/// `MilliCPUToShares(allocatable)`, 1024 per core; "the default limits for cpu shares can be very
+/// low which can lead to CPU starvation for pods"). runc creates `kubepods` with the default
+/// 1024, one core's weight for every pod of the node together against each busy process outside
+/// it; on this shared machine that slowed the containers' Envoys (docs/containerd-backend.md).
+/// Set after every sandbox because `kubepods` goes when its last pod does. Best effort: v1
+/// `cpu.shares`, or v2 `cpu.weight` converted as kubelet converts it.
+fn set_node_allocatable_cpu() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let shares = (cores * 1024).clamp(2, 262_144);
+    let weight = 1 + ((shares - 2) * 9999) / 262_142;
+    for (file, value) in [
+        ("/sys/fs/cgroup/cpu/kubepods/cpu.shares", shares),
+        ("/sys/fs/cgroup/kubepods/cpu.weight", weight),
+    ] {
+        if Path::new(file).exists() {
+            if let Err(e) = std::fs::write(file, value.to_string()) {
+                eprintln!("sim: cannot set {file} to {value}: {e}");
+            }
+        }
+    }
+}
+
+/// What a pod spec asks for that this backend does not do (the netns backend does), or `None`.
+/// A test that needs it fails with this reason rather than passing without it.
+pub(crate) fn unsupported(spec: &crate::sim::PodSpec) -> Option<&'static str> {
+    use crate::sim::IpFamilies;
+    let checks = [
+        (
+            spec.ip_families != IpFamilies::V4,
+            "IPv6 (the CNI config is IPv4 only)",
+        ),
+        (spec.dns_capture.is_some(), "DNS capture"),
+        (spec.user_init.is_some(), "a user init container"),
+        (spec.cni, "Istio CNI mode"),
+        (
+            spec.serial_start,
+            "serial_start (holdApplicationUntilProxyStarts baseline)",
+        ),
+        (spec.drop_until_ready, "drop_until_ready (DROP baseline)"),
+    ];
+    checks.into_iter().find(|(on, _)| *on).map(|(_, what)| what)
 }
 
 /// Removes the pod-level cgroup `kubepods/besteffort/pod<uid>` from every hierarchy (the v1

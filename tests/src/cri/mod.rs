@@ -6,6 +6,8 @@
 //! - [`image`]: OCI layout images built without a registry (Debian's static busybox).
 //! - [`kubelet`]: the CRI pod worker (sandbox, istio-init, containers in order, stop, restarts).
 //! - [`status`]: containerd's verbose status (process ids, the sandbox's netns path).
+//! - [`exit_watch`]: the exact moment a container's init process exits (pidfd).
+//! - [`stale`]: runtimes left by killed test binaries, cleaned up by the next one to start.
 //! - [`agent_pod`]: the agent in its own pod, with the DaemonSet's privileges from `manifests/`.
 //!
 //! One containerd serves every test of a test binary ([`shared`]): starting it and importing the
@@ -14,9 +16,11 @@
 //! panicked; each node removes its own sandboxes when it is dropped.
 
 pub mod agent_pod;
+pub mod exit_watch;
 pub mod image;
 pub mod kubelet;
 pub mod runtime;
+pub mod stale;
 pub mod status;
 
 use std::sync::OnceLock;

@@ -36,7 +36,39 @@ pub struct Containerd {
     pub gateway: std::net::Ipv4Addr,
     pub rt: tokio::runtime::Runtime,
     pub client: RuntimeServiceClient<Channel>,
-    child: std::sync::Mutex<Option<Child>>,
+    child: std::sync::Mutex<Option<Daemon>>,
+    torn_down: std::sync::atomic::AtomicBool,
+    /// Last octets of the remote-service addresses leased to nodes ([`Containerd::lease_remote_ip`]).
+    remote_leases: std::sync::Mutex<std::collections::BTreeSet<u8>>,
+}
+
+/// The host-local IPAM range of the pods: `.2`–`.199` of the runtime's /24 (`.1` is the gateway).
+const POD_RANGE: (u8, u8) = (2, 199);
+/// The nodes' remote-service addresses: `.200`–`.254` of the runtime's /24, outside the pods'
+/// range, one per node (so each node's cluster DNS can have port 53 of its own address).
+const REMOTE_RANGE: (u8, u8) = (200, 254);
+
+/// A remote-service address on the runtime's bridge, held by one simulated node; the address is
+/// removed from the bridge when the lease is dropped.
+#[derive(Debug)]
+pub struct RemoteIpLease {
+    pub ip: std::net::Ipv4Addr,
+    rt: &'static Containerd,
+}
+
+impl Drop for RemoteIpLease {
+    fn drop(&mut self) {
+        let addr = format!("{}/32", self.ip);
+        if let Err(e) = run("ip", &["addr", "del", &addr, "dev", &self.rt.bridge]) {
+            eprintln!("cri: cannot remove {addr} from {}: {e}", self.rt.bridge);
+        }
+        let last = self.ip.octets()[3];
+        self.rt
+            .remote_leases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&last);
+    }
 }
 
 impl std::fmt::Debug for Containerd {
@@ -75,16 +107,141 @@ pub fn missing_pieces() -> Option<String> {
     (!missing.is_empty()).then(|| format!("missing {}: run `just setup`", missing.join(", ")))
 }
 
+/// The containerd process of a runtime: started by this process, or adopted from a dead test
+/// binary ([`Containerd::adopt`]; not our child, so it is watched through `/proc`).
+#[derive(Debug)]
+enum Daemon {
+    Child(Child),
+    Adopted(u32),
+}
+
+/// A tokio runtime and a CRI client connecting (lazily) to `socket`.
+fn cri_client(
+    socket: &Path,
+) -> Result<(tokio::runtime::Runtime, RuntimeServiceClient<Channel>), SimError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(io("cannot build a tokio runtime".into()))?;
+    let sock = socket.to_path_buf();
+    // tonic spawns the connection's task on the current runtime.
+    let entered = rt.enter();
+    let channel = Endpoint::try_from("http://[::]:50051")
+        .map_err(|e| SimError::Setup(format!("endpoint: {e}")))?
+        .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
+            let sock = sock.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(sock).await?,
+                ))
+            }
+        }));
+    let client = RuntimeServiceClient::new(channel);
+    drop(entered);
+    Ok((rt, client))
+}
+
+/// Starts containerd with `config`, logging to `dir/containerd.log`; its pid goes to
+/// `dir/containerd.pid` (for [`Containerd::adopt`]).
+fn spawn_containerd(dir: &Path, config: &Path) -> Result<Child, SimError> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("containerd.log"))
+        .map_err(io("cannot open containerd.log".into()))?;
+    let log2 = log.try_clone().map_err(io("containerd.log".into()))?;
+    let child = Command::new("/usr/bin/containerd")
+        .arg("--config")
+        .arg(config)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log2)
+        .spawn()
+        .map_err(io("cannot start containerd".into()))?;
+    if let Err(e) = std::fs::write(dir.join("containerd.pid"), format!("{}\n", child.id())) {
+        eprintln!("cri: cannot write containerd.pid: {e}");
+    }
+    Ok(child)
+}
+
+/// Whether `pid` is the containerd serving `config` (its command line names it).
+fn is_containerd_of(pid: u32, config: &Path) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    let want = config.as_os_str().as_encoded_bytes();
+    args.first().is_some_and(|a| a.ends_with(b"containerd"))
+        && args.iter().any(|a| *a == want)
+        && crate::sim::process::alive(pid)
+}
+
 impl Containerd {
+    /// Takes over the runtime in `dir` left by a test binary that died (see [`super::stale`]):
+    /// its containerd if it still runs, else a new one on the same config and state (containerd
+    /// reconnects to the shims that still run), so [`Containerd::teardown`] can remove its
+    /// sandboxes, containers, mounts and bridge as if its owner had.
+    pub fn adopt(dir: &Path) -> Result<Containerd, SimError> {
+        let socket = dir.join("containerd.sock");
+        let cfg_path = dir.join("config.toml");
+        let conflist: serde_json::Value = std::fs::read(dir.join("cni/10-hf.conflist"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(serde_json::Value::Null);
+        let bridge = conflist
+            .pointer("/plugins/0/bridge")
+            .and_then(|b| b.as_str())
+            .filter(|b| b.starts_with("hfcri"))
+            .unwrap_or_default()
+            .to_string();
+        let gateway = conflist
+            .pointer("/plugins/0/ipam/ranges/0/0/gateway")
+            .and_then(|g| g.as_str())
+            .and_then(|g| g.parse().ok())
+            .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED);
+        let (rt, client) = cri_client(&socket)?;
+        let running = std::fs::read_to_string(dir.join("containerd.pid"))
+            .ok()
+            .and_then(|p| p.trim().parse::<u32>().ok())
+            .filter(|pid| is_containerd_of(*pid, &cfg_path));
+        let daemon = match running {
+            Some(pid) => Some(Daemon::Adopted(pid)),
+            // Its owner died before it started containerd: nothing but files to remove.
+            None if !cfg_path.exists() => None,
+            None => Some(Daemon::Child(spawn_containerd(dir, &cfg_path)?)),
+        };
+        let me = Containerd {
+            dir: dir.to_path_buf(),
+            socket,
+            bridge,
+            gateway,
+            rt,
+            client,
+            child: std::sync::Mutex::new(daemon),
+            torn_down: Default::default(),
+            remote_leases: std::sync::Mutex::new(Default::default()),
+        };
+        if me.child.lock().map(|d| d.is_some()).unwrap_or(false) {
+            me.wait_ready(Duration::from_secs(30))?;
+        }
+        Ok(me)
+    }
+
     /// Starts containerd under a new scratch directory and imports the base image.
     pub fn start(tag: &str) -> Result<Containerd, SimError> {
         if let Some(why) = missing_pieces() {
             return Err(SimError::Setup(why));
         }
+        // What killed test binaries left behind (see `stale`), before we add to it.
+        for line in super::stale::clean_stale_runtimes() {
+            eprintln!("cri: {line}");
+        }
         let id = random_hex(3);
         let dir = PathBuf::from(format!("/tmp/hf-cri-{tag}-{id}"));
         let cni = dir.join("cni");
         std::fs::create_dir_all(&cni).map_err(io(format!("cannot create {}", cni.display())))?;
+        super::stale::write_owner(&dir).map_err(io(format!("cannot mark {}", dir.display())))?;
         let socket = dir.join("containerd.sock");
         // A private /24 of 198.19.0.0/16 (benchmarking range, RFC 2544) per runtime, and a
         // bridge name of our own, so two runtimes on one machine never share either.
@@ -126,7 +283,12 @@ state = "{d}/state"
                     "ipMasq": false,
                     "ipam": {
                         "type": "host-local",
-                        "ranges": [[{"subnet": format!("198.19.{octet}.0/24"), "gateway": gateway.to_string()}]],
+                        "ranges": [[{
+                            "subnet": format!("198.19.{octet}.0/24"),
+                            "rangeStart": format!("198.19.{octet}.{}", POD_RANGE.0),
+                            "rangeEnd": format!("198.19.{octet}.{}", POD_RANGE.1),
+                            "gateway": gateway.to_string(),
+                        }]],
                         "routes": [{"dst": "0.0.0.0/0"}],
                         "dataDir": dir.join("cni-ipam").to_string_lossy(),
                     },
@@ -138,38 +300,9 @@ state = "{d}/state"
         std::fs::write(&cfg_path, config).map_err(io("cannot write config.toml".into()))?;
         std::fs::write(cni.join("10-hf.conflist"), conflist.to_string())
             .map_err(io("cannot write the CNI config".into()))?;
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .map_err(io("cannot build a tokio runtime".into()))?;
-        let sock = socket.clone();
-        // tonic spawns the connection's task on the current runtime.
-        let entered = rt.enter();
-        let channel = Endpoint::try_from("http://[::]:50051")
-            .map_err(|e| SimError::Setup(format!("endpoint: {e}")))?
-            .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
-                let sock = sock.clone();
-                async move {
-                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                        tokio::net::UnixStream::connect(sock).await?,
-                    ))
-                }
-            }));
-        let client = RuntimeServiceClient::new(channel);
-        drop(entered);
+        let (rt, client) = cri_client(&socket)?;
         // Spawned last, right before the guard that stops it exists: nothing can fail between.
-        let log = std::fs::File::create(dir.join("containerd.log"))
-            .map_err(io("cannot create containerd.log".into()))?;
-        let log2 = log.try_clone().map_err(io("containerd.log".into()))?;
-        let child = Command::new("/usr/bin/containerd")
-            .arg("--config")
-            .arg(&cfg_path)
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log2)
-            .spawn()
-            .map_err(io("cannot start containerd".into()))?;
+        let child = spawn_containerd(&dir, &cfg_path)?;
         let me = Containerd {
             dir,
             socket,
@@ -177,24 +310,62 @@ state = "{d}/state"
             gateway,
             rt,
             client,
-            child: std::sync::Mutex::new(Some(child)),
+            child: std::sync::Mutex::new(Some(Daemon::Child(child))),
+            torn_down: Default::default(),
+            remote_leases: std::sync::Mutex::new(Default::default()),
         };
         // From here on, Drop cleans up.
         me.wait_ready(Duration::from_secs(30))?;
-        // The bridge is made before CNI (which adopts it) so it can carry the remote services'
-        // address too: pods reach REMOTE_IP through their default route, as on the netns backend.
-        // The gateway address goes first: the bridge plugin's `ensureAddr` (containernetworking
-        // plugins, main/bridge/bridge.go) accepts a bridge whose addresses match its gateway
-        // before any other IPv4 address, and fails on the first one that differs.
-        run("ip", &["link", "add", &me.bridge, "type", "bridge"])?;
+        // The bridge is made before CNI (which adopts it) so it can carry the nodes' remote
+        // service addresses too ([`Containerd::lease_remote_ip`]). The gateway address goes
+        // first: the bridge plugin's `ensureAddr` (containernetworking plugins,
+        // main/bridge/bridge.go) accepts a bridge whose addresses match its gateway before any
+        // other IPv4 address, and fails on the first one that differs.
+        // A fixed (locally administered) MAC, as on the netns backend's bridge: a bridge without
+        // one takes the lowest of its ports' and changes it as pods' veths come and go, which
+        // left the other pods' neighbour entries for the gateway and the remote services stale
+        // and stalled their open connections for seconds (seen here: a pooled call timing out
+        // at 2 s while another test's pod was removed; kubernetes/kubernetes#30783,
+        // containernetworking/cni#285).
+        let mac = format!("02:00:c6:13:{octet:02x}:01");
+        run(
+            "ip",
+            &["link", "add", &me.bridge, "address", &mac, "type", "bridge"],
+        )?;
         let gw = format!("{}/24", me.gateway);
         run("ip", &["addr", "add", &gw, "dev", &me.bridge])?;
-        let remote = format!("{}/32", crate::sim::netns::REMOTE_IP);
-        run("ip", &["addr", "add", &remote, "dev", &me.bridge])?;
         run("ip", &["link", "set", &me.bridge, "up"])?;
         let tar = build_busybox_image(&me.dir, BASE_IMAGE, &["/bin/sleep", "2147483647"])?;
         me.ctr(&["images", "import", &tar.to_string_lossy()])?;
         Ok(me)
+    }
+
+    /// A remote-service address of its own for one simulated node: an address of the runtime's
+    /// /24 outside the pods' IPAM range, added to the CNI bridge in the host's netns, so pods
+    /// reach it on-link and every node's services (echo, and the cluster DNS, which must be on
+    /// port 53) listen on an address no other node of this runtime uses.
+    pub fn lease_remote_ip(&'static self) -> Result<RemoteIpLease, SimError> {
+        let last = {
+            let mut leases = self.remote_leases.lock().unwrap_or_else(|p| p.into_inner());
+            let free = (REMOTE_RANGE.0..=REMOTE_RANGE.1).find(|o| !leases.contains(o));
+            let Some(o) = free else {
+                return Err(SimError::Setup(format!(
+                    "more than {} simulated nodes at once on one containerd",
+                    REMOTE_RANGE.1 - REMOTE_RANGE.0 + 1
+                )));
+            };
+            leases.insert(o);
+            o
+        };
+        let g = self.gateway.octets();
+        let ip = std::net::Ipv4Addr::new(g[0], g[1], g[2], last);
+        let addr = format!("{ip}/32");
+        if let Err(e) = run("ip", &["addr", "add", &addr, "dev", &self.bridge]) {
+            let mut leases = self.remote_leases.lock().unwrap_or_else(|p| p.into_inner());
+            leases.remove(&last);
+            return Err(e);
+        }
+        Ok(RemoteIpLease { ip, rt: self })
     }
 
     /// `ctr` against this containerd, in the CRI plugin's namespace.
@@ -208,11 +379,13 @@ state = "{d}/state"
     fn wait_ready(&self, timeout: Duration) -> Result<(), SimError> {
         let deadline = Instant::now() + timeout;
         loop {
-            let exited = self
-                .child
-                .lock()
-                .ok()
-                .and_then(|mut c| c.as_mut().and_then(|c| c.try_wait().ok().flatten()));
+            let exited = self.child.lock().ok().and_then(|mut c| match c.as_mut() {
+                Some(Daemon::Child(c)) => c.try_wait().ok().flatten().map(|st| st.to_string()),
+                Some(Daemon::Adopted(pid)) => {
+                    (!crate::sim::process::alive(*pid)).then(|| "gone".to_string())
+                }
+                None => None,
+            });
             if let Some(st) = exited {
                 return Err(SimError::Setup(format!(
                     "containerd exited ({st}); see {}",
@@ -275,6 +448,10 @@ state = "{d}/state"
             })) {
                 errors.push(format!("remove sandbox {id}: {e}"));
             }
+            // The pod-level cgroup is the kubelet's to remove (see `remove_pod_cgroups`).
+            if let Some(uid) = sb.metadata.as_ref().map(|m| m.uid.as_str()) {
+                errors.extend(super::kubelet::remove_pod_cgroups(uid));
+            }
         }
         errors
     }
@@ -301,29 +478,58 @@ state = "{d}/state"
         }
     }
 
-    /// Tears everything down; returns what could not be removed.
+    /// Tears everything down; returns what could not be removed. Runs once.
     pub fn teardown(&self) -> Vec<String> {
-        let taken = self.child.lock().ok().and_then(|mut c| c.take());
-        let Some(mut child) = taken else {
+        if self
+            .torn_down
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
             return Vec::new();
-        };
-        let mut left = self.remove_sandboxes(None);
-        let _ = self.ctr(&["images", "rm", BASE_IMAGE]);
-        // Our child, not reaped yet: its PID cannot have been reused.
-        crate::sim::process::signal(child.id(), nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
         }
-        let _ = child.kill();
-        let _ = child.wait();
+        let daemon = self.child.lock().ok().and_then(|mut c| c.take());
+        let mut left = Vec::new();
+        if daemon.is_some() {
+            left.extend(self.remove_sandboxes(None));
+            let _ = self.ctr(&["images", "rm", BASE_IMAGE]);
+        }
+        let cfg_path = self.dir.join("config.toml");
+        match daemon {
+            Some(Daemon::Child(mut child)) => {
+                // Our child, not reaped yet: its PID cannot have been reused.
+                crate::sim::process::signal(child.id(), nix::sys::signal::Signal::SIGTERM);
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            Some(Daemon::Adopted(pid)) => {
+                // Not our child: checked to still be that containerd before each signal.
+                let deadline = Instant::now() + Duration::from_secs(10);
+                let mut sig = nix::sys::signal::Signal::SIGTERM;
+                while is_containerd_of(pid, &cfg_path) {
+                    crate::sim::process::signal(pid, sig);
+                    if Instant::now() >= deadline {
+                        sig = nix::sys::signal::Signal::SIGKILL;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                    if Instant::now() >= deadline + Duration::from_secs(5) {
+                        left.push(format!("containerd {pid}"));
+                        break;
+                    }
+                }
+            }
+            None => {}
+        }
         // Mounts containerd leaves under its root/state (snapshots, sandbox shm) if a shim died.
         if let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") {
-            let prefix = self.dir.to_string_lossy().into_owned();
+            let dir = self.dir.to_string_lossy().into_owned();
+            let under = format!("{dir}/");
             let mut points: Vec<&str> = mounts
                 .lines()
                 .filter_map(|l| l.split(' ').nth(4))
-                .filter(|m| m.starts_with(&prefix))
+                .filter(|m| *m == dir || m.starts_with(&under))
                 .collect();
             points.sort_by_key(|p| std::cmp::Reverse(p.len()));
             for p in points {
@@ -332,9 +538,11 @@ state = "{d}/state"
                 }
             }
         }
-        let _ = run("ip", &["link", "del", &self.bridge]);
-        if Path::new("/sys/class/net").join(&self.bridge).exists() {
-            left.push(format!("bridge {}", self.bridge));
+        if !self.bridge.is_empty() {
+            let _ = run("ip", &["link", "del", &self.bridge]);
+            if Path::new("/sys/class/net").join(&self.bridge).exists() {
+                left.push(format!("bridge {}", self.bridge));
+            }
         }
         if std::env::var_os("HOLDFAST_KEEP_SIM").is_none() {
             if let Err(e) = std::fs::remove_dir_all(&self.dir) {

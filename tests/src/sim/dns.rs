@@ -38,10 +38,16 @@ pub struct NameTable {
 impl NameTable {
     /// The simulated cluster's names: the remote services, on both families.
     pub fn sim_cluster() -> NameTable {
+        NameTable::sim_cluster_at(REMOTE_IP)
+    }
+
+    /// The simulated cluster's names with the remote services' IPv4 address `v4` (on the
+    /// containerd backend each node has its own).
+    pub fn sim_cluster_at(v4: Ipv4Addr) -> NameTable {
         NameTable {
             entries: vec![(
                 REMOTE_SERVICE.to_string(),
-                vec![IpAddr::V4(REMOTE_IP), IpAddr::V6(REMOTE_IP6)],
+                vec![IpAddr::V4(v4), IpAddr::V6(REMOTE_IP6)],
             )],
         }
     }

@@ -34,7 +34,7 @@ use nix::sys::signal::Signal;
 use super::bootstrap::SidecarConfig;
 use super::cgroup::Cgroup;
 use super::istio_init::{INBOUND_PORT, OUTBOUND_PORT, PROXY_UID};
-use super::netns::{NetNs, REMOTE_IP, REMOTE_IP6};
+use super::netns::{NetNs, REMOTE_IP6};
 use super::node::{NodeEnv, Shared};
 use super::pod_object::{
     now_ts, write_atomic, CState, ContainerView, PodView, Terminated, PROXY_CONTAINER, PROXY_IMAGE,
@@ -216,7 +216,7 @@ impl PodWorker {
         let nameserver = if v6_first {
             std::net::IpAddr::V6(REMOTE_IP6)
         } else {
-            std::net::IpAddr::V4(REMOTE_IP)
+            std::net::IpAddr::V4(self.env.remote_ip)
         };
         let resolv = self.pod_dir.join("resolv.conf");
         std::fs::write(&resolv, super::dns::pod_resolv_conf(&namespace, nameserver)).map_err(
@@ -365,7 +365,7 @@ impl PodWorker {
         if self.view(|v| v.spec.ip_families.ipv6_first()) {
             std::net::SocketAddr::from((REMOTE_IP6, port))
         } else {
-            std::net::SocketAddr::from((REMOTE_IP, port))
+            std::net::SocketAddr::from((self.env.remote_ip, port))
         }
     }
 
@@ -425,7 +425,7 @@ impl PodWorker {
             let remote = if spec.ip_families.ipv6_first() {
                 std::net::SocketAddr::from((REMOTE_IP6, self.env.remote_port))
             } else {
-                std::net::SocketAddr::from((REMOTE_IP, self.env.remote_port))
+                std::net::SocketAddr::from((self.env.remote_ip, self.env.remote_port))
             };
             if i == 0 {
                 let mut a =

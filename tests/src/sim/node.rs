@@ -34,6 +34,9 @@ pub(crate) struct NodeEnv {
     pub work_dir: PathBuf,
     pub cgroup_root: PathBuf,
     pub remote_ns: String,
+    /// The remote services' IPv4 address: [`REMOTE_IP`] in the node's remote netns, or on the
+    /// containerd backend an address of the runtime's bridge leased to this node.
+    pub remote_ip: Ipv4Addr,
     pub remote_port: u16,
     pub restart_backoff: Duration,
     /// How long after a container's exit the kubelet stand-in updates the Pod status.
@@ -82,8 +85,8 @@ pub enum Runtime {
     #[default]
     Netns,
     /// Real containers: a private containerd over the CRI, runc, the CNI bridge plugin
-    /// ([`crate::cri`]). Remote services listen in the host's netns on [`REMOTE_IP`], an address
-    /// of the CNI bridge, one port per node.
+    /// ([`crate::cri`]). Remote services listen in the host's netns on an address of the CNI
+    /// bridge of their own per node ([`crate::cri::Containerd::lease_remote_ip`]).
     Containerd,
 }
 
@@ -159,6 +162,8 @@ pub struct SimNode {
     node_name: String,
     remote_ns: Option<NetNs>,
     remote: Option<Child>,
+    /// The containerd backend's remote-service address (removed after the services stop).
+    remote_lease: Option<crate::cri::runtime::RemoteIpLease>,
     workers: Vec<Worker>,
     added: usize,
     indices: BTreeMap<String, usize>,
@@ -216,17 +221,19 @@ impl SimNode {
             Runtime::Netns => None,
             Runtime::Containerd => Some(crate::cri::shared().map_err(SimError::Setup)?),
         };
-        // Nodes on the containerd backend share the host netns for their remote services (on
-        // REMOTE_IP, an address of each runtime's bridge): one port per node, from a block per
-        // test process so two test binaries running at once do not collide.
-        let remote_port = match cri {
-            None => REMOTE_PORT,
-            Some(_) => {
-                static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
-                let block = 7100 + (std::process::id() % 500) as u16 * 50;
-                block + NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst) % 50
-            }
+        if cri.is_some() && opts.status_lag.is_some_and(|l| !l.is_zero()) {
+            return Err(SimError::Setup(
+                "status_lag is not implemented on the containerd backend (see docs/containerd-backend.md)".into(),
+            ));
+        }
+        // Nodes on the containerd backend have their remote services in the host's netns, each
+        // on an address of its own on the runtime's bridge (the cluster DNS needs port 53 of it).
+        let remote_lease = match cri {
+            None => None,
+            Some(rt) => Some(rt.lease_remote_ip()?),
         };
+        let remote_ip = remote_lease.as_ref().map_or(REMOTE_IP, |l| l.ip);
+        let remote_port = REMOTE_PORT;
         let cgroup_root = cgroup2_root()?;
         let work_dir = std::env::temp_dir().join(format!("hf-{test_name}-{}", random_hex(4)));
         let pods_dir = work_dir.join("pods");
@@ -246,6 +253,7 @@ impl SimNode {
             work_dir,
             cgroup_root,
             remote_ns: remote_ns_name.clone(),
+            remote_ip,
             remote_port,
             restart_backoff: opts.restart_backoff.unwrap_or(Duration::from_secs(10)),
             status_lag: opts.status_lag.unwrap_or_default(),
@@ -257,6 +265,7 @@ impl SimNode {
             node_name: format!("sim-{test_name}"),
             remote_ns: None,
             remote: None,
+            remote_lease,
             workers: Vec::new(),
             added: 0,
             indices: BTreeMap::new(),
@@ -266,11 +275,12 @@ impl SimNode {
         };
         // From here on, Drop cleans up whatever was created.
         let mut cmd = Command::new(&node.env.sim_app);
-        cmd.args(["remote", "--listen", &format!("{REMOTE_IP}:{remote_port}")])
+        cmd.args(["remote", "--listen", &format!("{remote_ip}:{remote_port}")])
             .stdin(Stdio::null())
             .stdout(Stdio::piped());
         let mut child = if node.env.cri.is_some() {
-            // The host's netns, where the CNI bridge carries REMOTE_IP.
+            // The host's netns, where the CNI bridge carries the node's address.
+            cmd.arg("--ipv4-only");
             cmd.spawn().map_err(|source| SimError::Io {
                 what: "cannot start the remote services".into(),
                 source,
@@ -417,6 +427,14 @@ impl SimNode {
             if !dns_label(value) {
                 return Err(SimError::Setup(format!(
                     "pod {what} {value:?}: use a DNS label (a-z, 0-9, '-', at most 63), as Kubernetes requires"
+                )));
+            }
+        }
+        if self.env.cri.is_some() {
+            if let Some(why) = crate::cri::kubelet::unsupported(&spec) {
+                return Err(SimError::Setup(format!(
+                    "pod {}: {why} is not implemented on the containerd backend (see docs/containerd-backend.md)",
+                    spec.name
                 )));
             }
         }
@@ -740,6 +758,7 @@ impl SimNode {
             let _ = c.wait();
         }
         self.remote_ns = None;
+        self.remote_lease = None;
         if let Some(rt) = self.env.cri {
             // Sandboxes a worker could not remove (it panicked, or the runtime was slow).
             for e in
