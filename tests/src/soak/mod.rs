@@ -118,6 +118,9 @@ pub struct VariantRun {
     /// Lifecycles deleted after the final agent started (it lived through them).
     pub final_agent_lifecycles: usize,
     pub panics: Vec<String>,
+    /// The final agent's `/metrics` at the end (quiet, no pods): `name{labels}` → value, the
+    /// counters and gauges the table shows.
+    pub final_metrics: Vec<(String, f64)>,
     pub leftovers: Vec<String>,
     pub took: Duration,
     pub load_before: String,
@@ -148,6 +151,7 @@ pub fn run_variant(opts: &SoakOpts, variant: Variant, plan: &[Lifecycle]) -> Res
         agent_end: None,
         final_agent_lifecycles: 0,
         panics: Vec::new(),
+        final_metrics: Vec::new(),
         leftovers: Vec::new(),
         took: Duration::ZERO,
         load_before,
@@ -177,6 +181,10 @@ pub fn run_variant(opts: &SoakOpts, variant: Variant, plan: &[Lifecycle]) -> Res
             let (agent, outages) = supervisor.finish();
             std::thread::sleep(QUIET);
             run.agent_end = agent.pid().and_then(ProcSample::of);
+            run.final_metrics = agent
+                .get("/metrics")
+                .map(|t| metrics(&t))
+                .unwrap_or_default();
             drop(agent);
             let last_up = outages.iter().filter_map(|o| o.up_us).max().unwrap_or(0);
             run.final_agent_lifecycles = facts
@@ -194,6 +202,36 @@ pub fn run_variant(opts: &SoakOpts, variant: Variant, plan: &[Lifecycle]) -> Res
     run.load_after = crate::bench::load_average();
     run.took = started.elapsed();
     Ok(run)
+}
+
+/// The samples of the families the soak reports, from Prometheus text.
+fn metrics(text: &str) -> Vec<(String, f64)> {
+    const FAMILIES: [&str; 6] = [
+        "holdfast_drains_total",
+        "holdfast_jobs_total",
+        "holdfast_holds_released_total",
+        "holdfast_pods{",
+        "holdfast_status_api_rejected_connections_total",
+        "holdfast_drain_errors_total",
+    ];
+    text.lines()
+        .filter(|l| FAMILIES.iter().any(|f| l.starts_with(f)))
+        .filter_map(|l| {
+            let (name, value) = l.rsplit_once(' ')?;
+            Some((name.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Pods the final agent still counts in a live phase (holding, draining, ...) after every pod
+/// is gone: a gauge that does not come back down.
+pub fn pods_left_in_live_phases(r: &VariantRun) -> f64 {
+    r.final_metrics
+        .iter()
+        .filter(|(n, _)| n.starts_with("holdfast_pods{"))
+        .filter(|(n, _)| !n.contains("\"done\"") && !n.contains("\"skipped\""))
+        .map(|(_, v)| v)
+        .sum()
 }
 
 /// Lines of the agent's log (every incarnation's stderr) that report a panic.
@@ -251,6 +289,14 @@ pub fn missed_goals(r: &VariantRun) -> Vec<String> {
     goal("leftovers after the run", r.leftovers.len());
     goal("agent panics", r.panics.len());
     goal("stuck stages", t.stuck.len());
+    goal(
+        "pods the final agent still counts as live",
+        pods_left_in_live_phases(r) as usize,
+    );
+    goal(
+        "final agent's /metrics unreadable",
+        usize::from(r.final_metrics.is_empty()),
+    );
     goal("Jobs that never completed", t.jobs_never_completed as usize);
     goal(
         "successors that never answered",

@@ -124,6 +124,49 @@ pub fn table(opts: &SoakOpts, runs: &[VariantRun]) -> String {
     row("lifecycles the final agent lived through", &|r| {
         agent_only(r, r.final_agent_lifecycles.to_string())
     });
+    row(
+        "final agent's /metrics: drains app-done / deadline / proxy-gone-early",
+        &|r| {
+            let m = |k: &str| metric(r, &format!("holdfast_drains_total{{outcome=\"{k}\"}}"));
+            agent_only(
+                r,
+                format!(
+                    "{} / {} / {}",
+                    m("app-done"),
+                    m("deadline"),
+                    m("proxy-gone-early")
+                ),
+            )
+        },
+    );
+    row(
+        "final agent's /metrics: Jobs completed; holds released ready / deadline",
+        &|r| {
+            let m = |k: &str| metric(r, k);
+            agent_only(
+                r,
+                format!(
+                    "{}; {} / {}",
+                    m("holdfast_jobs_total{outcome=\"completed\"}"),
+                    m("holdfast_holds_released_total{outcome=\"ready\"}"),
+                    m("holdfast_holds_released_total{outcome=\"deadline\"}")
+                ),
+            )
+        },
+    );
+    row(
+        "final agent's /metrics: status API connections rejected at the cap",
+        &|r| {
+            agent_only(
+                r,
+                metric(r, "holdfast_status_api_rejected_connections_total"),
+            )
+        },
+    );
+    row(
+        "pods the final agent still counts in a live phase at the end (goal 0)",
+        &|r| agent_only(r, super::pods_left_in_live_phases(r).to_string()),
+    );
     row("stages stuck (goal 0)", &|r| {
         r.tally.stuck.len().to_string()
     });
@@ -139,6 +182,14 @@ pub fn table(opts: &SoakOpts, runs: &[VariantRun]) -> String {
         details(&mut out, opts.seed, r);
     }
     out
+}
+
+/// One sample of the final agent's metrics, or `?`.
+fn metric(r: &VariantRun, name: &str) -> String {
+    r.final_metrics
+        .iter()
+        .find(|(n, _)| n == name)
+        .map_or("?".into(), |(_, v)| v.to_string())
 }
 
 fn resources(start: Option<ProcSample>, end: Option<ProcSample>) -> String {
