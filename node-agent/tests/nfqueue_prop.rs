@@ -59,45 +59,32 @@ fn corpus_bind_ack() {
     assert!(d.packets.is_empty() && d.malformed_len.is_none());
 }
 
-#[test]
-fn corpus_syn_ipv4() {
-    let d = parse_datagram(&corpus_entry("syn-ipv4"));
+/// The SYN of a connect() to `[lo]:15001` from `src_port`, queued first (id 1).
+fn assert_corpus_syn(name: &str, lo: IpAddr, src_port: u16) {
+    let d = parse_datagram(&corpus_entry(name));
     let flow = Flow {
         protocol: IPPROTO_TCP,
-        src: IpAddr::V4(Ipv4Addr::LOCALHOST),
-        src_port: 39214,
-        dst: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        src: lo,
+        src_port,
+        dst: lo,
         dst_port: 15001,
     };
-    assert_eq!(
-        d.packets,
-        vec![QueuedPacket {
-            id: 1,
-            flow: Some(flow)
-        }],
-        "{d:?}"
-    );
-    assert!(d.acks.is_empty() && d.malformed_len.is_none());
+    let want = QueuedPacket {
+        id: 1,
+        flow: Some(flow),
+    };
+    assert_eq!(d.packets, vec![want], "{name}: {d:?}");
+    assert!(d.acks.is_empty() && d.malformed_len.is_none(), "{name}");
+}
+
+#[test]
+fn corpus_syn_ipv4() {
+    assert_corpus_syn("syn-ipv4", IpAddr::V4(Ipv4Addr::LOCALHOST), 39214);
 }
 
 #[test]
 fn corpus_syn_ipv6() {
-    let d = parse_datagram(&corpus_entry("syn-ipv6"));
-    let flow = Flow {
-        protocol: IPPROTO_TCP,
-        src: IpAddr::V6(Ipv6Addr::LOCALHOST),
-        src_port: 49188,
-        dst: IpAddr::V6(Ipv6Addr::LOCALHOST),
-        dst_port: 15001,
-    };
-    assert_eq!(
-        d.packets,
-        vec![QueuedPacket {
-            id: 1,
-            flow: Some(flow)
-        }],
-        "{d:?}"
-    );
+    assert_corpus_syn("syn-ipv6", IpAddr::V6(Ipv6Addr::LOCALHOST), 49188);
 }
 
 #[test]
