@@ -46,6 +46,14 @@ bench *sections: setup filter
     cargo build --release -p holdfast -p holdfast-tests --bins
     "${CARGO_TARGET_DIR:-target}"/release/holdfast-bench {{ sections }}
 
+# The chaos soak's long form (issue 11): pod lifecycles (default 1000) while the agent is SIGKILLed and
+# SIGTERMed, Envoys killed or frozen and the status API flooded, then the same seed without holdfast
+# (root). `just soak --lifecycles 200 --seed 42`. Debug builds: overflow checks on. Figures:
+# docs/benchmarks.md, "Chaos soak". The short form runs in `just test` (tests/tests/soak.rs).
+soak *args: setup filter
+    cargo build -p holdfast -p holdfast-tests --bins
+    "${CARGO_TARGET_DIR:-target}"/debug/holdfast-soak {{ args }}
+
 # The three sidecar failures on a simulated node of 3 pods, without and with holdfast (root).
 # `just demo --runtime containerd` runs the pods as real containers; `just demo --help` lists the options.
 demo *args: setup filter

@@ -124,6 +124,11 @@ impl AgentProcess {
         )
     }
 
+    /// The status API's address (the same across restarts).
+    pub fn status_addr(&self) -> SocketAddr {
+        self.status_addr
+    }
+
     /// The agent's pid.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())

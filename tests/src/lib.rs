@@ -7,3 +7,4 @@ pub mod cri;
 pub mod echo;
 pub mod envoy;
 pub mod sim;
+pub mod soak;

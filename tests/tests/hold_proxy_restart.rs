@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use holdfast::report::board::{HoldOutcome, Phase as AgentPhase};
 use holdfast_tests::agent::AgentProcess;
+use holdfast_tests::sim::process::children;
 use holdfast_tests::sim::{privileged, AppScript, CallError, NodeOptions, Phase, PodSpec, SimNode};
 
 /// The kubelet's first restart back-off, shortened from 10 s.
@@ -15,25 +16,6 @@ const BACKOFF: Duration = Duration::from_secs(1);
 /// A real kubelet learns of the exit at its PLEG relist (every second) before the Pod status
 /// says so; the agent must not wait for the status.
 const STATUS_LAG: Duration = Duration::from_millis(800);
-
-/// The direct children of `pid` (procfs `stat`, field 4 is the parent's pid).
-fn children(pid: u32) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|child| {
-            std::fs::read_to_string(format!("/proc/{child}/stat"))
-                .ok()
-                .and_then(|s| {
-                    // After the `(comm)` field, which may hold spaces.
-                    let rest = &s[s.rfind(')')? + 2..];
-                    rest.split(' ').nth(1)?.parse::<u32>().ok()
-                })
-                == Some(pid)
-        })
-        .collect()
-}
 
 /// Runs the app, kills its Envoy, waits for the restarted proxy, and returns the refused and
 /// succeeded calls made from the kill on (and the agent, to read its row).

@@ -82,9 +82,12 @@ impl Cgroup {
     }
 
     /// Removes the directory once its processes are gone (killed processes leave within a few
-    /// ms; waits up to 2 s). Already gone is fine.
+    /// ms; waits up to 10 s). Already gone is fine.
     pub fn remove(&self) -> Result<(), SimError> {
-        let deadline = Instant::now() + Duration::from_secs(2);
+        // A killed process leaves its cgroup only once the kernel has torn it down: under heavy
+        // load (the chaos soak saw a load average of 47) that took longer than 2 s, with no
+        // process left in `cgroup.procs`.
+        let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             match std::fs::remove_dir(&self.path) {
                 Ok(()) => return Ok(()),

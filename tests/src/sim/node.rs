@@ -808,7 +808,8 @@ fn processes_in_pods(uids: &[String]) -> Vec<String> {
     left
 }
 
-fn summary(v: &PodView) -> String {
+/// A pod's phase and container states, for failure messages.
+pub fn summary(v: &PodView) -> String {
     let cs: Vec<String> = v
         .containers
         .iter()

@@ -87,6 +87,14 @@ impl ContainerView {
         matches!(self.state, CState::Running { .. })
     }
 
+    /// The container's last exit (now terminated, or before a restart), if any.
+    pub fn last_exit(&self) -> Option<&Terminated> {
+        match &self.state {
+            CState::Terminated(t) => Some(t),
+            _ => self.last.as_ref(),
+        }
+    }
+
     /// The last exit code, if the container has terminated (now or before a restart).
     pub fn exit_code(&self) -> Option<i32> {
         match &self.state {

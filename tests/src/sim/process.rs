@@ -141,3 +141,22 @@ pub fn at_exit(f: extern "C" fn()) -> bool {
     // with no arguments, valid for the whole process lifetime.
     unsafe { libc::atexit(f) == 0 }
 }
+
+/// The direct children of `pid` (procfs `stat`, field 4 is the parent's pid).
+pub fn children(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|child| {
+            std::fs::read_to_string(format!("/proc/{child}/stat"))
+                .ok()
+                .and_then(|s| {
+                    // After the `(comm)` field, which may hold spaces.
+                    let rest = s.get(s.rfind(')')? + 2..)?;
+                    rest.split(' ').nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
+}

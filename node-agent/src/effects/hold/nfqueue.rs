@@ -294,55 +294,34 @@ impl NfQueue {
         }
     }
 
-    /// Parses the netlink messages of one datagram. Packets go to `packets`; an error/ack message
-    /// matching `ack.0` sets `ack.1` to its errno (0 = success).
+    /// Parses the netlink messages of one datagram ([`parse_datagram`]). Packets go to
+    /// `packets`; an error/ack message matching `ack.0` sets `ack.1` to its errno (0 = success).
     fn parse_datagram(
         &self,
         len: usize,
         packets: &mut Vec<QueuedPacket>,
         mut ack: Option<(u32, &mut Option<i32>)>,
     ) {
-        let mut data = &self.buf[..len.min(self.buf.len())];
-        while data.len() >= NLMSG_HDRLEN {
-            let msg_len = read_u32_ne(data, 0) as usize;
-            if msg_len < NLMSG_HDRLEN || msg_len > data.len() {
-                tracing::warn!(
+        let parsed = parse_datagram(&self.buf[..len.min(self.buf.len())]);
+        packets.extend(parsed.packets);
+        for (seq, errno) in parsed.acks {
+            match ack.as_mut() {
+                Some((want, slot)) if *want == seq => **slot = Some(errno),
+                _ if errno != 0 => tracing::warn!(
                     queue = self.queue_num,
-                    msg_len,
-                    "malformed netlink message, rest of datagram skipped"
-                );
-                return;
-            }
-            let msg_type = read_u16_ne(data, 4);
-            let seq = read_u32_ne(data, 8);
-            let body = &data[NLMSG_HDRLEN..msg_len];
-            match msg_type {
-                NLMSG_ERROR if body.len() >= 4 => {
-                    let errno = -i32::from_ne_bytes([body[0], body[1], body[2], body[3]]);
-                    match ack.as_mut() {
-                        Some((want, slot)) if *want == seq => **slot = Some(errno),
-                        _ if errno != 0 => tracing::warn!(
-                            queue = self.queue_num,
-                            seq,
-                            error = %Errno::from_raw(errno),
-                            "the kernel reported an error for a netlink request"
-                        ),
-                        _ => {}
-                    }
-                }
-                NLMSG_DONE => {}
-                t if t == (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_PACKET => {
-                    if let Some(packet) = parse_packet(body) {
-                        packets.push(packet);
-                    }
-                }
+                    seq,
+                    error = %Errno::from_raw(errno),
+                    "the kernel reported an error for a netlink request"
+                ),
                 _ => {}
             }
-            let aligned = align4(msg_len);
-            if aligned >= data.len() {
-                break;
-            }
-            data = &data[aligned..];
+        }
+        if let Some(msg_len) = parsed.malformed_len {
+            tracing::warn!(
+                queue = self.queue_num,
+                msg_len,
+                "malformed netlink message, rest of datagram skipped"
+            );
         }
     }
 }
@@ -364,8 +343,69 @@ impl AsFd for NfQueue {
     }
 }
 
-/// A packet message body: nfgenmsg (4 bytes) then attributes.
-fn parse_packet(body: &[u8]) -> Option<QueuedPacket> {
+/// What one datagram read from an NFQUEUE socket carried.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Datagram {
+    /// The queued packets, in order.
+    pub packets: Vec<QueuedPacket>,
+    /// `(nlmsg_seq, errno)` of each `NLMSG_ERROR` message (errno 0: an ack).
+    pub acks: Vec<(u32, i32)>,
+    /// The length field of a message that did not fit (shorter than a header or longer than
+    /// what was left): it and the rest of the datagram were skipped.
+    pub malformed_len: Option<usize>,
+}
+
+/// Walks the netlink messages of one datagram as the kernel sends them to a queue's socket.
+///
+/// Layout (the kernel's UAPI headers): each message is a `struct nlmsghdr { __u32 nlmsg_len;
+/// __u16 nlmsg_type; __u16 nlmsg_flags; __u32 nlmsg_seq; __u32 nlmsg_pid; }` in host byte order
+/// (include/uapi/linux/netlink.h), its length counting the header, the next one at
+/// `NLMSG_ALIGN(nlmsg_len)` (4 bytes). `NLMSG_ERROR` carries `struct nlmsgerr { int error; ... }`
+/// (negative errno, 0 for an ack); a queued packet is `(NFNL_SUBSYS_QUEUE << 8) |
+/// NFQNL_MSG_PACKET` and carries `struct nfgenmsg` then attributes ([`parse_packet`]).
+/// Never panics; a message whose length is impossible ends the walk.
+pub fn parse_datagram(mut data: &[u8]) -> Datagram {
+    let mut out = Datagram::default();
+    while data.len() >= NLMSG_HDRLEN {
+        let msg_len = read_u32_ne(data, 0) as usize;
+        if msg_len < NLMSG_HDRLEN || msg_len > data.len() {
+            out.malformed_len = Some(msg_len);
+            break;
+        }
+        let msg_type = read_u16_ne(data, 4);
+        let seq = read_u32_ne(data, 8);
+        let body = &data[NLMSG_HDRLEN..msg_len];
+        match msg_type {
+            NLMSG_ERROR if body.len() >= 4 => {
+                let code = i32::from_ne_bytes([body[0], body[1], body[2], body[3]]);
+                // `wrapping_neg`: a negated i32::MIN must not overflow (a panic in debug).
+                out.acks.push((seq, code.wrapping_neg()));
+            }
+            NLMSG_DONE => {}
+            t if t == (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_PACKET => {
+                if let Some(packet) = parse_packet(body) {
+                    out.packets.push(packet);
+                }
+            }
+            _ => {}
+        }
+        let aligned = align4(msg_len);
+        if aligned >= data.len() {
+            break;
+        }
+        data = &data[aligned..];
+    }
+    out
+}
+
+/// A queued packet's message body: `struct nfgenmsg` (4 bytes) then netlink attributes, each
+/// `struct nlattr { __u16 nla_len; __u16 nla_type; }` (host order, length counting the header,
+/// the next at a 4-byte boundary; the top two bits of the type are flags). Of nfnetlink_queue's
+/// attributes (include/uapi/linux/netfilter/nfnetlink_queue.h, `enum nfqnl_attr_type`) two are
+/// read: `NFQA_PACKET_HDR` (1), `struct nfqnl_msg_packet_hdr { __be32 packet_id; __be16
+/// hw_protocol; __u8 hook; } __packed`, and `NFQA_PAYLOAD` (10), the packet's first bytes (the
+/// copy range). `None` without a packet id (no verdict could be given). Never panics.
+pub fn parse_packet(body: &[u8]) -> Option<QueuedPacket> {
     let mut attrs = body.get(4..)?;
     let mut id = None;
     let mut flow = None;

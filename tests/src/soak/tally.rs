@@ -1,0 +1,244 @@
+//! The soak's counts, from what the apps saw (their reports), what the kubelet saw (container
+//! exits) and when the agent was away.
+//!
+//! **The fail-open window.** holdfast promises nothing while no agent runs: the hold rule stays
+//! in place with `--queue-bypass`, so with no agent bound to its queue a SYN passes as if there
+//! were no rule, and a call to a proxy that is not ready is refused exactly as without holdfast.
+//! A refused call is *inside the window* when it ended (a refusal ends the call the moment the
+//! SYN meets the closed port) between an agent's end (the signal) and [`ADOPT_MARGIN`] after its
+//! successor's status API answered (the time the successor has to list the pods and install or
+//! adopt their holds). Every other refused call is *outside the window*: an agent was running
+//! and had had the time to see the pod. The goal is 0.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::chaos::Outage;
+use super::driver::Facts;
+use super::plan::{EnvoyChaos, Kind};
+use crate::sim::pod_object::ContainerView;
+use crate::sim::report::AppEvent;
+use crate::sim::CallError;
+
+/// See the module's documentation.
+pub const ADOPT_MARGIN: Duration = Duration::from_millis(1500);
+/// A drain crossed by an outage is adopted when the proxy exits at most this long after the
+/// later of the app's exit and the successor's start.
+pub const ADOPT_LAG: Duration = Duration::from_secs(3);
+/// A proxy that outlives its app by more than this held the pod up (a fixed drain, a Job that
+/// does not complete).
+pub const OUTLIVED: Duration = Duration::from_secs(2);
+
+/// Counts of one variant's run.
+#[derive(Debug, Default, Clone)]
+pub struct Tally {
+    pub by_kind: BTreeMap<&'static str, u32>,
+    pub calls_ok: u32,
+    pub calls_failed: u32,
+    pub refused: u32,
+    pub refused_in_window: u32,
+    /// One line per refused call outside the window.
+    pub refused_outside: Vec<String>,
+    pub timeouts: u32,
+    pub resets_or_closed: u32,
+    /// Boot callers whose app crashed (a failed startup call) and was restarted.
+    pub app_restarts: u32,
+    pub jobs: u32,
+    pub jobs_never_completed: u32,
+    pub drains: u32,
+    pub proxy_outlived_app: u32,
+    /// Proxy exit − app exit (or − deletion, if later), ms.
+    pub drain_lag_ms: Vec<f64>,
+    pub drains_crossed: u32,
+    pub drains_not_adopted: Vec<String>,
+    pub envoy_kills: u32,
+    pub envoy_freezes: u32,
+    pub stale_holds: Vec<String>,
+    pub stuck: Vec<String>,
+}
+
+fn exit_us(c: Option<&ContainerView>) -> Option<u64> {
+    let t = c?.last_exit()?;
+    u64::try_from(t.finished_at.as_microsecond()).ok()
+}
+
+/// Whether wall time `t_us` is inside the fail-open window of some outage.
+pub fn in_window(outages: &[Outage], t_us: u64) -> bool {
+    let margin = ADOPT_MARGIN.as_micros() as u64;
+    outages
+        .iter()
+        .any(|o| o.down_us <= t_us && t_us <= o.up_us.map_or(u64::MAX, |up| up + margin))
+}
+
+/// Counts `facts` against `outages` (none for the baseline).
+pub fn tally(facts: &[Facts], outages: &[Outage]) -> Tally {
+    let mut t = Tally::default();
+    for f in facts {
+        let name = f.plan.pod_name();
+        let kind = match f.plan.kind {
+            Kind::BootCaller => "boot",
+            Kind::ShutdownCaller => "call",
+            Kind::Job => "job",
+        };
+        *t.by_kind.entry(kind).or_default() += 1;
+        count_calls(&mut t, f, outages);
+        if f.plan.kind == Kind::BootCaller {
+            t.app_restarts += f.report.starts().saturating_sub(1) as u32;
+        }
+        if f.envoy_chaos_done {
+            match f.plan.envoy {
+                Some((_, EnvoyChaos::Kill)) => t.envoy_kills += 1,
+                Some((_, EnvoyChaos::Stop(_))) => t.envoy_freezes += 1,
+                None => {}
+            }
+        }
+        if f.plan.kind == Kind::Job {
+            t.jobs += 1;
+            if f.job_completed != Some(true) {
+                t.jobs_never_completed += 1;
+            }
+        }
+        if let Some(s) = &f.stale_hold {
+            t.stale_holds.push(format!("{name}: {s}"));
+        }
+        if let Some(s) = &f.stuck {
+            t.stuck.push(format!("{name}: {s}"));
+        }
+        count_drain(&mut t, f, outages);
+    }
+    t
+}
+
+fn count_calls(t: &mut Tally, f: &Facts, outages: &[Outage]) {
+    for e in &f.report.events {
+        let AppEvent::Call {
+            at_ms,
+            at_us,
+            phase,
+            ok,
+            error,
+            ..
+        } = e
+        else {
+            continue;
+        };
+        if *ok {
+            t.calls_ok += 1;
+            continue;
+        }
+        t.calls_failed += 1;
+        match error {
+            Some(CallError::ConnectionRefused) => {
+                t.refused += 1;
+                let at = at_us.unwrap_or(at_ms * 1000);
+                if !outages.is_empty() && in_window(outages, at) {
+                    t.refused_in_window += 1;
+                } else {
+                    t.refused_outside.push(format!(
+                        "{} {phase:?} call refused at {}; {}",
+                        f.plan.pod_name(),
+                        secs(at),
+                        life(f)
+                    ));
+                }
+            }
+            Some(CallError::Timeout) => t.timeouts += 1,
+            Some(CallError::ConnectionReset | CallError::Closed) => t.resets_or_closed += 1,
+            _ => {}
+        }
+    }
+}
+
+/// Wall time µs as `HH:MM:SS.mmm` UTC (as the agent's log prints it).
+fn secs(us: u64) -> String {
+    let ms = us / 1000;
+    let s = ms / 1000;
+    format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        (s / 3600) % 24,
+        (s / 60) % 60,
+        s % 60,
+        ms % 1000
+    )
+}
+
+/// When the pod was deleted and its app and proxy last exited, for the details.
+fn life(f: &Facts) -> String {
+    let view = f.view.as_ref();
+    let at = |us: Option<u64>| us.map_or("—".into(), secs);
+    format!(
+        "deleted {}, app exit {}, proxy exit {} (proxy restarts {})",
+        at(f.deleted_us),
+        at(exit_us(view.and_then(|v| v.app()))),
+        at(exit_us(view.and_then(|v| v.proxy()))),
+        view.and_then(|v| v.proxy()).map_or(0, |c| c.restart_count)
+    )
+}
+
+/// A drain: the pod was deleted while its proxy ran.
+fn count_drain(t: &mut Tally, f: &Facts, outages: &[Outage]) {
+    let Some(view) = &f.view else { return };
+    let (Some(deleted), Some(app), Some(proxy)) =
+        (f.deleted_us, exit_us(view.app()), exit_us(view.proxy()))
+    else {
+        return;
+    };
+    if proxy < deleted {
+        return; // A completed Job: its proxy had ended already.
+    }
+    t.drains += 1;
+    let from = app.max(deleted);
+    let lag_ms = (proxy as f64 - from as f64) / 1000.0;
+    t.drain_lag_ms.push(lag_ms);
+    if lag_ms > OUTLIVED.as_secs_f64() * 1000.0 {
+        t.proxy_outlived_app += 1;
+    }
+    for o in outages {
+        let up = o.up_us.unwrap_or(u64::MAX);
+        if o.down_us > proxy || up < deleted {
+            continue; // The outage does not cross this drain.
+        }
+        t.drains_crossed += 1;
+        let due = app.max(up).saturating_add(ADOPT_LAG.as_micros() as u64);
+        if proxy > due {
+            t.drains_not_adopted.push(format!(
+                "{}: {}; agent {:?} down {}..{}, proxy exit {} ms late",
+                f.plan.pod_name(),
+                life(f),
+                o.end,
+                secs(o.down_us),
+                o.up_us.map_or("never".into(), secs),
+                (proxy - due) / 1000
+            ));
+        }
+        break;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::soak::plan::AgentEnd;
+
+    fn outage(down: u64, up: Option<u64>) -> Outage {
+        Outage {
+            end: AgentEnd::Sigkill,
+            gap: Duration::from_millis(10),
+            down_us: down,
+            up_us: up,
+            slow_exit: false,
+        }
+    }
+
+    #[test]
+    fn the_window_runs_from_the_signal_to_the_margin_after_the_successor() {
+        let o = [outage(10_000_000, Some(12_000_000))];
+        assert!(!in_window(&o, 9_999_999));
+        assert!(in_window(&o, 10_000_000));
+        assert!(in_window(&o, 13_500_000));
+        assert!(!in_window(&o, 13_500_001));
+        // A successor that never answered leaves the window open.
+        assert!(in_window(&[outage(1, None)], u64::MAX - 1));
+        assert!(!in_window(&[], 5));
+    }
+}
