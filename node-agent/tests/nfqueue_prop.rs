@@ -20,7 +20,9 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 
-use holdfast::hold::queue::{parse_datagram, parse_packet, Flow, QueuedPacket, IPPROTO_TCP};
+use holdfast::effects::hold::nfqueue::{
+    parse_datagram, parse_packet, Flow, QueuedPacket, IPPROTO_TCP,
+};
 use proptest::prelude::*;
 
 const CASES: u32 = 256;
