@@ -33,6 +33,10 @@ pub struct Observation {
     pub ports_at: Option<u64>,
     /// First poll that saw the proxy fully ready.
     pub ready_at: Option<u64>,
+    /// The last observation before it that saw it not ready (ports closed, or `/stats` not
+    /// ready): readiness came after this. On a starved machine the observer's own polls come
+    /// late, and `ready_at` with them; measured from here the release is an upper bound.
+    pub not_ready_at: Option<u64>,
     /// The un-held call right after the app's held one: connect → reply, ms.
     pub floor_ms: Option<f64>,
     /// Admin requests the observer made.
@@ -90,6 +94,7 @@ pub fn observe(
                 seen.ports_at = Some(at);
                 break;
             }
+            seen.not_ready_at = Some(at);
             if ended() {
                 return seen;
             }
@@ -106,7 +111,7 @@ pub fn observe(
                     seen.ready_at = Some(at);
                     break;
                 }
-                Ok(_) => {}
+                Ok(_) => seen.not_ready_at = Some(at),
                 Err(_) => conn = None,
             }
             if ended() {
