@@ -71,6 +71,24 @@ pub enum Stage {
     Exited,
 }
 
+/// How often a holding pod is checked once its proxy's ports listen (`Seen::Up`).
+///
+/// Between "the capture ports listen" and "fully ready" Envoy starts its workers and each
+/// worker configures the filter: milliseconds on an idle node. A check there is one `/stats`
+/// request on the kept-alive admin connection, so checking every millisecond in that window
+/// costs little and makes the release follow readiness within about a millisecond, where the
+/// `ready_poll` cadence (5 ms) alone would add up to 5 ms. Before the ports listen the check
+/// is a `sock_diag` dump, at `ready_poll`.
+pub const LIVE_WINDOW_POLL: Duration = Duration::from_millis(1);
+
+/// When to check again after `seen`: fast in the window after the ports listen.
+pub fn next_check_after(seen: Seen, ready_poll: Duration) -> Duration {
+    match seen {
+        Seen::Up => ready_poll.min(LIVE_WINDOW_POLL),
+        Seen::Down | Seen::Ready => ready_poll,
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct State {
     pub stage: Stage,

@@ -169,6 +169,29 @@ fn holding(p: PodFacts) -> Run {
     r
 }
 
+/// Once the ports listen (`Up`) the next check comes after a millisecond, not `ready_poll`: the
+/// release follows readiness closely; before that (`Down`) the cheap check keeps `ready_poll`.
+#[test]
+fn checks_fast_once_the_ports_listen() {
+    let mut r = holding(pod(RestartPolicy::Always));
+    let at = |fx: &[Effect]| {
+        fx.iter().find_map(|e| match e {
+            Effect::Schedule(Timer::ReadinessPoll, at) => Some(*at),
+            _ => None,
+        })
+    };
+    let fx = r.feed(Input::Readiness(Seen::Down));
+    assert_eq!(at(&fx), Some(r.now + POLL), "{fx:?}");
+    let fx = r.feed(Input::Readiness(Seen::Up));
+    assert_eq!(at(&fx), Some(r.now + LIVE_WINDOW_POLL), "{fx:?}");
+    assert!(LIVE_WINDOW_POLL < POLL);
+    // A ready_poll below the window's stays as asked.
+    assert_eq!(
+        next_check_after(Seen::Up, Duration::from_micros(500)),
+        Duration::from_micros(500)
+    );
+}
+
 /// A held pod whose proxy turns ready: the hold released, the pod `Ready`.
 fn ready(mut r: Run) -> Run {
     r.script(

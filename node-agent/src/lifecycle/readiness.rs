@@ -174,8 +174,9 @@ impl ReadinessProbe {
         let mut wanted = vec![self.proxy.outbound_port, self.proxy.inbound_port];
         wanted.extend(self.dns_port);
         let tcp = match &self.sockets {
-            Sockets::Diag(diag) => match diag.tcp_listening_ports() {
-                Ok(ports) => Ok(ports),
+            Sockets::Diag(diag) => match diag.tcp_listening_all(&wanted) {
+                Ok(true) => Ok(wanted.iter().copied().collect()),
+                Ok(false) => return false,
                 Err(e) => Err(e.to_string()),
             },
             Sockets::Procfs(netns) => {

@@ -7,17 +7,22 @@
 //! turn within the same run — before/after figures from the same machine and minutes.
 //!
 //! Measured from outside the agent:
-//! - **release**: a poller in each pod's netns asks Envoy's admin every `--observe-poll-ms` for
-//!   `server.state` (0 = LIVE), `server.concurrency` and the holdfast filter's gauges; "fully
-//!   ready" is LIVE with the filter configured (`workers_ready >= concurrency` where the filter
+//! - **release**: an observer per pod ([`super::scale_observer`]) watches the capture ports with
+//!   `sock_diag` and, once they listen, asks Envoy's admin every `--observe-poll-ms` (one
+//!   kept-alive connection) for `server.state` (0 = LIVE), `listener_manager.workers_started`,
+//!   `server.concurrency` and the holdfast filter's gauges; "fully ready" is LIVE, workers
+//!   started and the filter configured (`workers_ready >= concurrency` where the filter
 //!   publishes it, else `loaded == 1`). Release = that moment → the end of the app's held call
 //!   (its own report, µs). The poll interval bounds the resolution (the release is measured from
 //!   the first poll that saw ready, so it is under-estimated by at most one interval).
+//! - **floor**: the same call made by the observer right after the app's, un-held: what the
+//!   machine itself takes at that moment; `release − floor` is what the agent added.
 //! - the agent's CPU (`/proc/<pid>/stat` utime+stime, plus its reaped children: iptables) during
 //!   the start-up burst and idle afterwards, its RSS (VmRSS idle, VmHWM peak), threads and fds;
 //! - refused calls (the app's report), holds that went in late or ended by deadline (the agent's
 //!   status rows), and on deletion the lag from the app container's exit to the proxy's, as the
-//!   simulated kubelet reaped them.
+//!   simulated kubelet reaped them, split by the agent's drain report (when it saw the app gone,
+//!   when it sent the quit).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,11 +31,12 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context as _, Result};
 use holdfast::report::board::HoldOutcome;
 
+use super::scale_observer::observe;
 use super::{load_average, percentile};
 use crate::agent::AgentProcess;
 use crate::bench_opts::SimBenchOpts;
 use crate::sim::pod_object::{CState, ContainerView};
-use crate::sim::report::{now_us, AppEvent};
+use crate::sim::report::AppEvent;
 use crate::sim::{AppScript, CallError, NodeOptions, Phase, PodSpec, SimNode};
 
 /// Goals from the performance issue, printed next to the figures.
@@ -60,6 +66,16 @@ struct Sample {
     refused: u32,
     failed_pods: u32,
     release_ms: Vec<f64>,
+    /// Release measured from the observer's last not-ready observation (an upper bound).
+    release_bound_ms: Vec<f64>,
+    /// The same call un-held, just after the held one (the machine's floor), ms.
+    floor_ms: Vec<f64>,
+    /// Per pod: release − floor, ms.
+    release_over_floor_ms: Vec<f64>,
+    /// Capture ports listening → fully ready (the observer's admin-polling window), ms.
+    window_ms: Vec<f64>,
+    /// Admin requests the observer made, in all.
+    observer_requests: u64,
     agent_release_ms: Vec<f64>,
     late: u32,
     not_ready_outcome: u32,
@@ -73,6 +89,17 @@ struct Sample {
     threads: u64,
     fds: u64,
     drain_lag_ms: Vec<f64>,
+    /// Drain timeline per pod, from the kubelet's exits and the agent's drain report (ms):
+    /// app exit (kubelet) → app gone seen by the agent,
+    drain_seen_ms: Vec<f64>,
+    /// → quit sent by the agent,
+    drain_decide_ms: Vec<f64>,
+    /// → proxy exit (kubelet).
+    drain_exit_ms: Vec<f64>,
+    /// Quit sent → Envoy's admin refused connections (the agent's own view of the exit).
+    drain_admin_gone_ms: Vec<f64>,
+    /// Load average when the burst was over, and at the end.
+    load_burst: String,
     load: String,
 }
 
@@ -155,12 +182,29 @@ fn scenario(
         pods: n,
         ..Sample::default()
     };
+    // The agent's row says the hold ended (released, rules gone), or there was none.
+    let hold_over_fn = |pod: &str| {
+        agent
+            .pod("default", pod)
+            .ok()
+            .flatten()
+            .is_some_and(|r| r.hold.as_ref().is_none_or(|h| h.outcome.is_some()))
+    };
+    let hold_over: &(dyn Fn(&str) -> bool + Sync) = &hold_over_fn;
     std::thread::scope(|s| -> Result<()> {
         let mut pollers = Vec::new();
         for name in &names {
             let (node, stop) = (&node, &stop);
             pollers.push(s.spawn(move || {
-                ready_time(node, name, proxy_delay, scale.observe_poll, give_up, stop)
+                observe(
+                    node,
+                    name,
+                    proxy_delay,
+                    scale.observe_poll,
+                    give_up,
+                    stop,
+                    hold_over,
+                )
             }));
         }
         let mut first_ok = Vec::new();
@@ -188,13 +232,32 @@ fn scenario(
             first_ok.push(ok);
         }
         sample.burst_s = t0.elapsed().as_secs_f64();
+        sample.load_burst = load_average();
+        // The observers end by themselves (each after its floor call); `stop` ends those
+        // that can no longer see anything.
+        let stop_after = Instant::now() + Duration::from_secs(10);
+        while pollers.iter().any(|h| !h.is_finished()) && Instant::now() < stop_after {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         stop.store(true, Ordering::SeqCst);
         for (h, ok) in pollers.into_iter().zip(first_ok) {
-            let ready = h
+            let seen = h
                 .join()
-                .map_err(|_| anyhow::anyhow!("a readiness poller panicked"))?;
-            if let (Some(r), Some(ok)) = (ready, ok) {
-                sample.release_ms.push((ok as f64 - r as f64) / 1e3);
+                .map_err(|_| anyhow::anyhow!("a readiness observer panicked"))?;
+            sample.observer_requests += seen.admin_requests;
+            if let (Some(p), Some(r)) = (seen.ports_at, seen.ready_at) {
+                sample.window_ms.push((r as f64 - p as f64) / 1e3);
+            }
+            sample.floor_ms.extend(seen.floor_ms);
+            if let (Some(n), Some(_), Some(ok)) = (seen.not_ready_at, seen.ready_at, ok) {
+                sample.release_bound_ms.push((ok as f64 - n as f64) / 1e3);
+            }
+            if let (Some(r), Some(ok)) = (seen.ready_at, ok) {
+                let release = (ok as f64 - r as f64) / 1e3;
+                sample.release_ms.push(release);
+                if let Some(f) = seen.floor_ms {
+                    sample.release_over_floor_ms.push(release - f);
+                }
             }
         }
         Ok(())
@@ -249,6 +312,7 @@ fn scenario(
         .unwrap_or(0);
 
     // All deleted at once.
+    let mut drain_exits = Vec::new();
     for name in &names {
         node.delete_pod(name)?;
     }
@@ -257,9 +321,30 @@ fn scenario(
             Ok(view) => {
                 if let (Some(a), Some(p)) = (exited_ms(view.app()), exited_ms(view.proxy())) {
                     sample.drain_lag_ms.push(p - a);
+                    drain_exits.push((name.clone(), a, p));
                 }
             }
             Err(e) => eprintln!("scale: {name} not gone: {e}"),
+        }
+    }
+    // Where the drain's time went: the agent's own report of each pod's drain (rows stay a
+    // while after the pod is gone).
+    for (name, app_exit, proxy_exit) in &drain_exits {
+        let Ok(Some(row)) = agent.pod("default", name) else {
+            continue;
+        };
+        let Some(d) = row.drain else { continue };
+        let ms = |t: std::time::SystemTime| {
+            t.duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64() * 1e3)
+        };
+        if let (Some(gone), Some(quit)) = (d.app_gone_at, d.quit_sent_at) {
+            sample.drain_seen_ms.push(ms(gone) - app_exit);
+            sample.drain_decide_ms.push(ms(quit) - ms(gone));
+            sample.drain_exit_ms.push(proxy_exit - ms(quit));
+            if let Some(gone) = d.proxy_exit_seen_at {
+                sample.drain_admin_gone_ms.push(ms(gone) - ms(quit));
+            }
         }
     }
     sample.rss_peak_mib = ProcMem::read(pid)?.hwm_kib as f64 / 1024.0;
@@ -268,104 +353,6 @@ fn scenario(
     let left = node.finish();
     ensure!(left.is_empty(), "the node left things behind: {left:#?}");
     Ok(sample)
-}
-
-/// When the pod's Envoy was first seen fully ready (µs), polled from inside its netns.
-fn ready_time(
-    node: &SimNode,
-    pod: &str,
-    proxy_delay: Duration,
-    poll: Duration,
-    give_up: Instant,
-    stop: &AtomicBool,
-) -> Option<u64> {
-    // Envoy cannot answer before pilot-agent launches it: start shortly before that.
-    let started_us = loop {
-        let t = node.pod(pod).and_then(|v| {
-            v.proxy().and_then(|c| match &c.state {
-                CState::Running { started_at } => u64::try_from(started_at.as_microsecond()).ok(),
-                _ => None,
-            })
-        });
-        if let Some(t) = t {
-            break t;
-        }
-        if stop.load(Ordering::SeqCst) || Instant::now() >= give_up {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    let begin = (started_us + proxy_delay.as_micros() as u64).saturating_sub(50_000);
-    let now = now_us();
-    if begin > now {
-        std::thread::sleep(Duration::from_micros(begin - now));
-    }
-    let admin = std::net::SocketAddr::from(([127, 0, 0, 1], crate::sim::istio_init::ADMIN_PORT));
-    let query = format!("/stats?filter={}", url_encode(READY_STATS));
-    node.in_pod_netns(pod, || loop {
-        let at = now_us();
-        if let Ok(body) = crate::sim::pilot_agent::admin_request(admin, "GET", &query) {
-            if fully_ready(&body) {
-                return Some(at);
-            }
-        }
-        if stop.load(Ordering::SeqCst) || Instant::now() >= give_up {
-            return None;
-        }
-        std::thread::sleep(poll);
-    })
-    .ok()
-    .flatten()
-}
-
-/// The stats the observer reads in one request.
-///
-/// `server.state` alone is not enough: Envoy refreshes that gauge on its stats flush, so it reads
-/// 0 (LIVE) while `/ready` still says PRE_INITIALIZING (seen here with Envoy 1.40). The
-/// `listener_manager.workers_started` gauge is set when the workers start, which happens when
-/// initialisation is done — pilot-agent's readiness check reads both for this reason.
-const READY_STATS: &str = r"^(server\.state|server\.concurrency|listener_manager\.workers_started|wasmcustom\.holdfast\.(loaded|workers_ready))$";
-
-/// LIVE, and the filter configured (on every worker where the filter says so).
-fn fully_ready(stats: &str) -> bool {
-    let mut state = None;
-    let mut concurrency = None;
-    let mut loaded = None;
-    let mut workers = None;
-    let mut started = None;
-    for line in stats.lines() {
-        let Some((k, v)) = line.split_once(':') else {
-            continue;
-        };
-        let Ok(v) = v.trim().parse::<u64>() else {
-            continue;
-        };
-        match k.trim() {
-            "server.state" => state = Some(v),
-            "server.concurrency" => concurrency = Some(v),
-            "listener_manager.workers_started" => started = Some(v),
-            "wasmcustom.holdfast.loaded" => loaded = Some(v),
-            "wasmcustom.holdfast.workers_ready" => workers = Some(v),
-            _ => {}
-        }
-    }
-    let filter = match (workers, concurrency) {
-        (Some(w), Some(c)) => w >= c,
-        _ => loaded == Some(1),
-    };
-    state == Some(0) && started == Some(1) && filter
-}
-
-fn url_encode(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"._-".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 /// When a container last exited (ms since the epoch), by the simulated kubelet.
@@ -534,6 +521,22 @@ fn print_table(scale: &ScaleOpts, results: &[(u32, String, Sample)]) {
         "**release**, outside: fully ready → held call done, ms p50 / p99",
         &|s| fmt_p(&s.release_ms),
     );
+    row(
+        "release, upper bound: last not-ready observation → held call done, ms p50 / p99",
+        &|s| fmt_p(&s.release_bound_ms),
+    );
+    row(
+        "floor: the same call un-held, just after, ms p50 / p99",
+        &|s| fmt_p(&s.floor_ms),
+    );
+    row(
+        "release − floor (what waiting for the agent added), ms p50 / p99",
+        &|s| fmt_p(&s.release_over_floor_ms),
+    );
+    row(
+        "observer: ports listen → fully ready, ms p50 / p99 (admin requests)",
+        &|s| format!("{} ({})", fmt_p(&s.window_ms), s.observer_requests),
+    );
     row("agent's own ready → release, ms p50 / p99", &|s| {
         fmt_p(&s.agent_release_ms)
     });
@@ -569,37 +572,21 @@ fn print_table(scale: &ScaleOpts, results: &[(u32, String, Sample)]) {
     row("**drain**: app exit → proxy exit, ms p50 / p99", &|s| {
         fmt_p(&s.drain_lag_ms)
     });
-    row("load average (1 min) at the end", &|s| s.load.clone());
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ready_needs_live_and_every_worker() {
-        let base = "server.state: 0\nlistener_manager.workers_started: 1\nserver.concurrency: 2\n";
-        assert!(!fully_ready(base), "no filter stat: not fully ready");
-        assert!(fully_ready(&format!(
-            "{base}wasmcustom.holdfast.loaded: 1\n"
-        )));
-        assert!(!fully_ready(&format!(
-            "{base}wasmcustom.holdfast.loaded: 1\nwasmcustom.holdfast.workers_ready: 1\n"
-        )));
-        assert!(fully_ready(&format!(
-            "{base}wasmcustom.holdfast.loaded: 1\nwasmcustom.holdfast.workers_ready: 2\n"
-        )));
-        assert!(!fully_ready(
-            "server.state: 1\nlistener_manager.workers_started: 1\nserver.concurrency: 1\nwasmcustom.holdfast.loaded: 1\n"
-        ));
-        // state 0 before initialisation (the gauge is refreshed on stats flush): not ready.
-        assert!(!fully_ready(
-            "server.state: 0\nlistener_manager.workers_started: 0\nserver.concurrency: 1\nwasmcustom.holdfast.loaded: 1\n"
-        ));
-    }
-
-    #[test]
-    fn query_is_encoded() {
-        assert_eq!(url_encode(r"^a\.b$"), "%5Ea%5C.b%24");
-    }
+    row("  app exit → agent saw it gone, ms p50 / p99", &|s| {
+        fmt_p(&s.drain_seen_ms)
+    });
+    row("  agent saw app gone → quit sent, ms p50 / p99", &|s| {
+        fmt_p(&s.drain_decide_ms)
+    });
+    row(
+        "  quit sent → proxy exit (Envoy, pilot-agent, kubelet), ms p50 / p99",
+        &|s| fmt_p(&s.drain_exit_ms),
+    );
+    row(
+        "  quit sent → Envoy's admin gone (the agent's view), ms p50 / p99",
+        &|s| fmt_p(&s.drain_admin_gone_ms),
+    );
+    row("load average (1 min) after the burst / at the end", &|s| {
+        format!("{} / {}", s.load_burst, s.load)
+    });
 }

@@ -18,9 +18,14 @@ use super::report::{now_ms, now_us, AppEvent, CallError, Phase, ReportWriter};
 ///
 /// [`TermSignal::install`] blocks them in the calling thread; threads spawned afterwards inherit
 /// the mask, so only the waiter thread takes them (no async-signal-safety concerns, no unsafe).
+/// Sleepers wait on a condition variable the waiter thread notifies: no polling, so a node of
+/// 110 idle pods (pause, app and pilot-agent processes) does not wake 100 times a second per
+/// process and load the machine the benchmarks measure.
 #[derive(Debug, Clone)]
 pub struct TermSignal {
     at_ms: Arc<AtomicU64>,
+    /// Counts [`TermSignal::nudge`]s; notified on each and on the signal.
+    wake: Arc<(std::sync::Mutex<u64>, std::sync::Condvar)>,
 }
 
 impl TermSignal {
@@ -31,15 +36,69 @@ impl TermSignal {
         set.add(Signal::SIGINT);
         set.thread_block().map_err(io::Error::from)?;
         let at_ms = Arc::new(AtomicU64::new(0));
-        let flag = at_ms.clone();
+        let wake = Arc::new((std::sync::Mutex::new(0u64), std::sync::Condvar::new()));
+        let this = TermSignal { at_ms, wake };
+        let signalled = this.clone();
         std::thread::Builder::new()
             .name("signals".into())
             .spawn(move || {
                 if set.wait().is_ok() {
-                    flag.store(now_ms().max(1), Ordering::SeqCst);
+                    signalled.at_ms.store(now_ms().max(1), Ordering::SeqCst);
+                    // Under the lock, so a sleeper between its check and its wait is not missed.
+                    let (lock, cv) = &*signalled.wake;
+                    let _guard = lock.lock().unwrap_or_else(|e| e.into_inner());
+                    cv.notify_all();
                 }
             })?;
-        Ok(TermSignal { at_ms })
+        Ok(this)
+    }
+
+    /// Wakes every [`TermSignal::wait_event`] and [`TermSignal::sleep_or_event`] (not plain
+    /// `sleep`s): for another event a sleeper waits for, such as a child's exit.
+    pub fn nudge(&self) {
+        let (lock, cv) = &*self.wake;
+        let mut n = lock.lock().unwrap_or_else(|e| e.into_inner());
+        *n = n.wrapping_add(1);
+        cv.notify_all();
+    }
+
+    /// How many nudges so far: pass it to [`TermSignal::wait_event`] so that a nudge between
+    /// reading it and waiting is not missed.
+    pub fn nudges(&self) -> u64 {
+        *self.wake.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sleeps up to `d` or until there have been more nudges than `seen` (from
+    /// [`TermSignal::nudges`]); not woken by the signal. True if nudged.
+    pub fn wait_event(&self, seen: u64, d: Duration) -> bool {
+        self.wait(d, false, Some(seen)) == Woken::Nudged
+    }
+
+    /// Like [`TermSignal::sleep`], also ended by a nudge after `seen`: [`Woken`] says which.
+    pub fn sleep_or_event(&self, seen: u64, d: Duration) -> Woken {
+        self.wait(d, true, Some(seen))
+    }
+
+    fn wait(&self, d: Duration, on_signal: bool, seen: Option<u64>) -> Woken {
+        let end = Instant::now() + d;
+        let (lock, cv) = &*self.wake;
+        let mut n = lock.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if on_signal && self.received_at_ms().is_some() {
+                return Woken::Signal;
+            }
+            if seen.is_some_and(|start| *n != start) {
+                return Woken::Nudged;
+            }
+            let now = Instant::now();
+            if now >= end {
+                return Woken::Timeout;
+            }
+            n = cv
+                .wait_timeout(n, end - now)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
     }
 
     /// When the signal arrived (wall-clock ms), if it has.
@@ -52,18 +111,16 @@ impl TermSignal {
 
     /// Sleeps up to `d`; returns early (true) when the signal arrives.
     pub fn sleep(&self, d: Duration) -> bool {
-        let end = Instant::now() + d;
-        loop {
-            if self.received_at_ms().is_some() {
-                return true;
-            }
-            let now = Instant::now();
-            if now >= end {
-                return false;
-            }
-            std::thread::sleep((end - now).min(Duration::from_millis(10)));
-        }
+        self.wait(d, true, None) == Woken::Signal
     }
+}
+
+/// Why a [`TermSignal`] wait ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Woken {
+    Signal,
+    Nudged,
+    Timeout,
 }
 
 /// `sim-app app` flags. See [`super::spec::AppScript`] for the scripts tests use.

@@ -525,6 +525,11 @@ impl SimNode {
             .map_err(|_| SimError::Setup(format!("pod {name} is already gone")))
     }
 
+    /// The remote services' IPv4 address: what an IPv4 pod's app calls (through its Envoy).
+    pub fn remote_addr_v4(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from((REMOTE_IP, self.env.remote_port))
+    }
+
     /// A snapshot of a pod's state.
     pub fn pod(&self, name: &str) -> Option<PodView> {
         self.shared.lock().get(name).cloned()

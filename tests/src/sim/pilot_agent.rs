@@ -21,7 +21,7 @@ use std::process::{Child, Command, ExitStatus};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::apps::TermSignal;
+use super::apps::{TermSignal, Woken};
 use super::istio_init::{ADMIN_PORT, DNS_PORT, PROXY_UID};
 
 /// `sim-app pilot-agent` flags.
@@ -85,9 +85,8 @@ fn start_dns_proxy_later(delay: Duration, term: &TermSignal) {
     }
 }
 
-/// How often Envoy's exit is checked. The real pilot-agent learns of it at once (Go's
-/// `cmd.Wait`); a short poll keeps the stand-in's own delay out of the drain figures.
-const ENVOY_EXIT_POLL: Duration = Duration::from_millis(2);
+/// Longest wait between checks of Envoy's exit (the exit watcher's nudge normally ends it).
+const ENVOY_EXIT_POLL: Duration = Duration::from_secs(1);
 
 fn log(msg: &str) {
     eprintln!("{} pilot-agent: {msg}", super::report::now_ms());
@@ -129,15 +128,18 @@ pub fn run(args: &PilotAgentArgs, term: &TermSignal) -> io::Result<i32> {
             )
         })?;
     log(&format!("started Envoy pid {}", child.id()));
+    notify_on_exit(child.id(), term);
     let envoy = Arc::new(Mutex::new(child));
 
-    // Wait for SIGTERM or Envoy's own exit.
+    // Wait for SIGTERM or Envoy's own exit (a nudge from the exit watcher), like pilot-agent's
+    // `cmd.Wait()`: no polling.
     loop {
+        let seen = term.nudges();
         if let Some(status) = try_wait(&envoy)? {
             log(&format!("Envoy exited by itself: {status}"));
             return Ok(exit_code(status));
         }
-        if term.sleep(ENVOY_EXIT_POLL) {
+        if term.sleep_or_event(seen, ENVOY_EXIT_POLL) == Woken::Signal {
             break;
         }
     }
@@ -155,6 +157,7 @@ pub fn run(args: &PilotAgentArgs, term: &TermSignal) -> io::Result<i32> {
     let min_end = Instant::now() + Duration::from_millis(args.minimum_drain_ms);
     let mut next_poll = min_end;
     loop {
+        let seen = term.nudges();
         if let Some(status) = try_wait(&envoy)? {
             log(&format!("Envoy exited during drain: {status}"));
             return Ok(exit_code(status));
@@ -176,7 +179,12 @@ pub fn run(args: &PilotAgentArgs, term: &TermSignal) -> io::Result<i32> {
             }
             None => {}
         }
-        std::thread::sleep(ENVOY_EXIT_POLL);
+        let wait = drain_end.unwrap_or(next_poll);
+        term.wait_event(
+            seen,
+            wait.saturating_duration_since(Instant::now())
+                .clamp(Duration::from_millis(1), ENVOY_EXIT_POLL),
+        );
     }
     log("drain over: killing Envoy");
     let mut child = match envoy.lock() {
@@ -187,6 +195,25 @@ pub fn run(args: &PilotAgentArgs, term: &TermSignal) -> io::Result<i32> {
     let _ = child.kill();
     let _ = child.wait();
     Ok(0)
+}
+
+/// Nudges `term` when Envoy exits: a thread blocked in `waitid(WEXITED | WNOWAIT)`, which
+/// leaves the exit status for `try_wait` to reap.
+fn notify_on_exit(pid: u32, term: &TermSignal) {
+    let term = term.clone();
+    let spawned = std::thread::Builder::new()
+        .name("envoy-exit".into())
+        .spawn(move || {
+            use nix::sys::wait::{waitid, Id, WaitPidFlag};
+            let pid = nix::unistd::Pid::from_raw(pid as i32);
+            while let Err(nix::errno::Errno::EINTR) =
+                waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT)
+            {}
+            term.nudge();
+        });
+    if let Err(e) = spawned {
+        log(&format!("cannot watch Envoy's exit ({e}): polling"));
+    }
 }
 
 fn try_wait(envoy: &Mutex<Child>) -> io::Result<Option<ExitStatus>> {

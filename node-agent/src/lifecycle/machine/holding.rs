@@ -67,7 +67,7 @@ pub(super) fn step(
             } else {
                 fx.push(Effect::Schedule(
                     Timer::ReadinessPoll,
-                    now.mono + s.ready_poll,
+                    now.mono + next_check_after(seen, s.ready_poll),
                 ));
                 Stage::Holding {
                     netns,
