@@ -416,6 +416,44 @@ fn outbound_through_istio_redirect_and_inbound_over_veth() -> Result<()> {
     pod.assert_no_hold()
 }
 
+/// A hold written with IPv6 rules (the pod's IPs not known yet) is cleared by an agent whose
+/// spec is IPv4-only (the IPs arrived: an IPv4-only pod), both as a leftover and after adopting
+/// it: no IPv6 rule may stay in the running pod (found by the chaos soak, issue 11).
+#[test]
+fn ipv6_rules_go_when_the_pod_turns_out_ipv4_only() -> Result<()> {
+    if !privileged("ipv6_rules_go_when_the_pod_turns_out_ipv4_only") {
+        return Ok(());
+    }
+    let t = TestNetns::new("hf-hold-v6gone")?;
+    let with_v6 = |ipv6| HoldConfig {
+        rules: holdfast::hold::RuleSpec {
+            ipv6,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let no_v6_rules = || -> Result<()> {
+        let listing =
+            t.ns.run_command("ip6tables", &["-S".to_string()], None)?
+                .stdout;
+        ensure!(
+            !listing.contains("HOLDFAST"),
+            "ip6tables rules left:\n{listing}"
+        );
+        Ok(())
+    };
+    // The agent dies holding; its successor knows the pod is IPv4-only and finds it ready.
+    drop(HoldQueue::start(&t.ns, &with_v6(true))?);
+    ensure!(HoldQueue::remove_leftover(&t.ns, &with_v6(false))?);
+    no_v6_rules()?;
+    // ... or finds it still holding, adopts and releases the hold.
+    drop(HoldQueue::start(&t.ns, &with_v6(true))?);
+    let adopted = HoldQueue::adopt(&t.ns, &with_v6(false))?.context("nothing adopted")?;
+    adopted.release()?;
+    no_v6_rules()?;
+    t.assert_no_hold()
+}
+
 #[test]
 fn ipv6_hold_then_release() -> Result<()> {
     if !privileged("ipv6_hold_then_release") {

@@ -487,10 +487,15 @@ pub fn install_over(
 /// Idempotent: returns `false` when there was nothing to remove. An IPv6 table that cannot be
 /// listed or changed is logged and skipped (what could not be listed cannot hold anything for
 /// us; a rule left there passes packets, `--queue-bypass`, once the queue is closed).
+///
+/// Both families are cleared whatever `spec.ipv6` says: IPv6 rules go in while a pod's IPs are
+/// not known yet, and a successor (or this agent, once the IPs are in the status) may hold a
+/// spec for an IPv4-only pod. Removing with that spec left the IPv6 rules behind (the chaos soak
+/// found them in running pods after agent restarts).
 pub fn remove(netns: &PodNetns, spec: &RuleSpec) -> Result<bool> {
     let mut removed = false;
     let restore = args(&["-w", "5", "--noflush"]);
-    for &family in spec.families() {
+    for family in [Family::V4, Family::V6] {
         let result =
             find_family(netns, spec, family).and_then(|existing| match remove_script(&existing) {
                 None => Ok(false),
@@ -500,8 +505,12 @@ pub fn remove(netns: &PodNetns, spec: &RuleSpec) -> Result<bool> {
             });
         match (family, result) {
             (_, Ok(r)) => removed |= r,
-            (Family::V6, Err(error)) => {
+            (Family::V6, Err(error)) if spec.ipv6 => {
                 tracing::warn!(netns = ?netns.id(), %error, "cannot remove IPv6 hold rules")
+            }
+            // Not asked for: a node without ip6tables has nothing there to remove.
+            (Family::V6, Err(error)) => {
+                tracing::debug!(netns = ?netns.id(), %error, "cannot list IPv6 hold rules")
             }
             (Family::V4, Err(e)) => return Err(e),
         }
