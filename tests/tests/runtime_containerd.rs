@@ -14,21 +14,14 @@ use holdfast_tests::sim::{
 };
 use k8s_cri::v1::*;
 
-/// On the containerd backend the remote services (echo, cluster DNS on port 53) listen in the
-/// host's netns on the CNI bridge: two nodes at once would fight over the same address, so the
-/// tests of this binary run one at a time.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn node(test: &str) -> (std::sync::MutexGuard<'static, ()>, SimNode) {
-    let serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+fn node(test: &str) -> SimNode {
     let opts = NodeOptions {
         sim_app: Some(env!("CARGO_BIN_EXE_sim-app").into()),
         runtime: Runtime::Containerd,
         ..NodeOptions::default()
     };
-    let node = SimNode::with_options(test, opts)
-        .unwrap_or_else(|e| panic!("{test}: cannot build the simulated node: {e}"));
-    (serial, node)
+    SimNode::with_options(test, opts)
+        .unwrap_or_else(|e| panic!("{test}: cannot build the simulated node: {e}"))
 }
 
 fn agent(node: &SimNode) -> AgentProcess {
@@ -53,7 +46,7 @@ fn containerd_startup_call_before_proxy_is_refused() {
     if runtime_for("containerd_startup_call_before_proxy_is_refused").is_none() {
         return;
     }
-    let (_serial, mut node) = node("crstartup");
+    let mut node = node("crstartup");
     node.add_pod(
         PodSpec::new("fetch-config")
             .app(AppScript::CallAtStart { calls: 1 })
@@ -103,7 +96,7 @@ fn containerd_startup_hold_proxy_two_seconds_late() {
     if runtime_for("containerd_startup_hold_proxy_two_seconds_late").is_none() {
         return;
     }
-    let (_serial, mut node) = node("crhold");
+    let mut node = node("crhold");
     let agent = agent(&node);
     let late = Duration::from_secs(2);
     node.add_pod(
@@ -148,7 +141,7 @@ fn containerd_drain_waits_for_an_app_calling_through_shutdown() {
     if runtime_for("containerd_drain_waits_for_an_app_calling_through_shutdown").is_none() {
         return;
     }
-    let (_serial, mut node) = node("crdrain");
+    let mut node = node("crdrain");
     let agent = agent(&node);
     let grace = Duration::from_secs(20);
     node.add_pod(
@@ -194,7 +187,7 @@ fn containerd_job_completes_when_its_app_exits() {
     if runtime_for("containerd_job_completes_when_its_app_exits").is_none() {
         return;
     }
-    let (_serial, mut node) = node("crjob");
+    let mut node = node("crjob");
     let agent = agent(&node);
     node.add_pod(
         PodSpec::new("batch")

@@ -30,10 +30,24 @@ pub use runtime::Containerd;
 static SHARED: OnceLock<Result<Containerd, String>> = OnceLock::new();
 
 extern "C" fn teardown_shared() {
-    if let Some(Ok(c)) = SHARED.get() {
-        for l in c.teardown() {
-            eprintln!("cri: left after teardown: {l}");
+    let Some(Ok(c)) = SHARED.get() else {
+        return;
+    };
+    // On a thread of its own: by the time `exit` runs this handler, the main thread's
+    // thread-locals (tokio's runtime context among them) may be destroyed already, and a panic
+    // here cannot unwind (seen in `holdfast-demo`, whose main thread used the runtime).
+    let done = std::thread::Builder::new()
+        .name("cri-teardown".into())
+        .spawn(move || c.teardown())
+        .map(|t| t.join());
+    match done {
+        Ok(Ok(left)) => {
+            for l in left {
+                eprintln!("cri: left after teardown: {l}");
+            }
         }
+        Ok(Err(_)) => eprintln!("cri: the runtime's teardown panicked"),
+        Err(e) => eprintln!("cri: cannot start the runtime's teardown: {e}"),
     }
 }
 

@@ -173,7 +173,7 @@ fn is_containerd_of(pid: u32, config: &Path) -> bool {
     let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
     let want = config.as_os_str().as_encoded_bytes();
     args.first().is_some_and(|a| a.ends_with(b"containerd"))
-        && args.iter().any(|a| *a == want)
+        && args.contains(&want)
         && crate::sim::process::alive(pid)
 }
 
