@@ -11,8 +11,10 @@
 //!    inside the pod's netns.
 //! 3. The containers in spec order; the proxy container runs the pilot-agent stand-in, which
 //!    starts Envoy as uid 1337 in the container's own pid namespace.
-//! 4. Exits are seen by polling `ContainerStatus` (containerd 1.6 has no CRI event stream);
-//!    restarts create a new container (attempt + 1) after kubelet's back-off.
+//! 4. Exits are seen by polling `ContainerStatus` (containerd 1.6 has no CRI event stream); a
+//!    container's `finishedAt` is the moment its init process exited (a pidfd, see
+//!    [`super::exit_watch`]) when that is earlier than the runtime's. Restarts create a new
+//!    container (attempt + 1) after kubelet's back-off.
 //! 5. Deletion: `StopContainer(timeout = grace)` on every container at once (containerd sends
 //!    SIGTERM, SIGKILL after the timeout), then `StopPodSandbox` + `RemovePodSandbox`.
 //!
