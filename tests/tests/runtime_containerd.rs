@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use holdfast::status::{HoldOutcome, Phase as AgentPhase};
 use holdfast_tests::agent::AgentProcess;
 use holdfast_tests::cri::runtime_for;
+use holdfast_tests::sim::pod_object::CState;
 use holdfast_tests::sim::{
     AppScript, CallError, NodeOptions, Phase, PodPhase, PodSpec, Runtime, SimNode,
 };
@@ -550,4 +551,87 @@ fn processes_naming(needle: &str) -> Vec<u32> {
                 && holdfast_tests::sim::process::alive(*pid)
         })
         .collect()
+}
+
+/// The boot call's latency, from the app's report.
+fn boot_call(report: &holdfast_tests::sim::AppReport) -> Option<(bool, u64)> {
+    report.events.iter().find_map(|e| match e {
+        holdfast_tests::sim::report::AppEvent::Call {
+            phase: Phase::Startup,
+            ok,
+            latency_ms,
+            ..
+        } => Some((*ok, *latency_ms)),
+        _ => None,
+    })
+}
+
+/// The `serial_start` baseline (Istio's `holdApplicationUntilProxyStarts`) on real containers:
+/// the app container is created only after the proxy's postStart hook saw Envoy ready, so its
+/// boot call works without the agent, and the app starts after Envoy's 1 s delay.
+#[test]
+fn containerd_serial_start_baseline_starts_the_app_after_envoy() {
+    if runtime_for("containerd_serial_start_baseline_starts_the_app_after_envoy").is_none() {
+        return;
+    }
+    let mut node = node("crserial");
+    let late = Duration::from_secs(1);
+    node.add_pod(
+        PodSpec::new("serial")
+            .app(AppScript::CallAtStart { calls: 1 })
+            .proxy_delay(late)
+            .serial_start(true),
+    )
+    .expect("add pod");
+    node.start_pods().expect("start");
+    let report = node
+        .wait_report("serial", Duration::from_secs(40), "the boot call", |r| {
+            boot_call(r).is_some()
+        })
+        .expect("the app makes its boot call");
+    assert_eq!(boot_call(&report).map(|c| c.0), Some(true), "{report:?}");
+    let view = node.pod("serial").expect("pod");
+    let proxy_started = match view.proxy().map(|c| &c.state) {
+        Some(CState::Running { started_at }) => started_at.as_millisecond(),
+        other => panic!("proxy not running: {other:?}"),
+    };
+    let app_started = report.started_at_ms().expect("app start") as i64;
+    assert!(
+        app_started - proxy_started >= late.as_millis() as i64,
+        "the app started {} ms after the proxy container, before Envoy could be ready",
+        app_started - proxy_started
+    );
+    assert_clean(node);
+}
+
+/// The `drop_until_ready` baseline on real containers: the app's SYN to Envoy is dropped until
+/// Envoy is ready, and TCP retransmits it (after 1 s, then 2 s...), so the boot call works
+/// without the agent but takes at least a second.
+#[test]
+fn containerd_drop_until_ready_baseline_retransmits_the_syn() {
+    if runtime_for("containerd_drop_until_ready_baseline_retransmits_the_syn").is_none() {
+        return;
+    }
+    let mut node = node("crdrop");
+    node.add_pod(
+        PodSpec::new("dropped")
+            .app(AppScript::CallAtStart { calls: 1 })
+            .proxy_delay(Duration::from_millis(500))
+            .call_timeout(Duration::from_secs(20))
+            .drop_until_ready(true),
+    )
+    .expect("add pod");
+    node.start_pods().expect("start");
+    let report = node
+        .wait_report("dropped", Duration::from_secs(40), "the boot call", |r| {
+            boot_call(r).is_some()
+        })
+        .expect("the app makes its boot call");
+    let (ok, latency_ms) = boot_call(&report).expect("checked");
+    assert!(ok, "{report:?}");
+    assert!(
+        latency_ms >= 900,
+        "the first SYN was dropped and retransmitted after ~1 s: {latency_ms} ms"
+    );
+    assert_clean(node);
 }

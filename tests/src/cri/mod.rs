@@ -6,6 +6,7 @@
 //! - [`image`]: OCI layout images built without a registry (Debian's static busybox).
 //! - [`kubelet`]: the CRI pod worker (sandbox, istio-init, containers in order, stop, restarts).
 //! - [`status`]: containerd's verbose status (process ids, the sandbox's netns path).
+//! - [`baselines`]: the benchmarks' startup baselines (`serial_start`, `drop_until_ready`).
 //! - [`exit_watch`]: the exact moment a container's init process exits (pidfd).
 //! - [`stale`]: runtimes left by killed test binaries, cleaned up by the next one to start.
 //! - [`agent_pod`]: the agent in its own pod, with the DaemonSet's privileges from `manifests/`.
@@ -16,6 +17,7 @@
 //! panicked; each node removes its own sandboxes when it is dropped.
 
 pub mod agent_pod;
+pub mod baselines;
 pub mod exit_watch;
 pub mod image;
 pub mod kubelet;
