@@ -9,26 +9,20 @@ use std::time::{Duration, Instant};
 use holdfast::report::board::{HoldOutcome, Phase as AgentPhase};
 use holdfast_tests::agent::AgentProcess;
 use holdfast_tests::cri::runtime_for;
+use holdfast_tests::sim::pod_object::CState;
 use holdfast_tests::sim::{
     AppScript, CallError, NodeOptions, Phase, PodPhase, PodSpec, Runtime, SimNode,
 };
 use k8s_cri::v1::*;
 
-/// On the containerd backend the remote services (echo, cluster DNS on port 53) listen in the
-/// host's netns on the CNI bridge: two nodes at once would fight over the same address, so the
-/// tests of this binary run one at a time.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn node(test: &str) -> (std::sync::MutexGuard<'static, ()>, SimNode) {
-    let serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+fn node(test: &str) -> SimNode {
     let opts = NodeOptions {
         sim_app: Some(env!("CARGO_BIN_EXE_sim-app").into()),
         runtime: Runtime::Containerd,
         ..NodeOptions::default()
     };
-    let node = SimNode::with_options(test, opts)
-        .unwrap_or_else(|e| panic!("{test}: cannot build the simulated node: {e}"));
-    (serial, node)
+    SimNode::with_options(test, opts)
+        .unwrap_or_else(|e| panic!("{test}: cannot build the simulated node: {e}"))
 }
 
 fn agent(node: &SimNode) -> AgentProcess {
@@ -53,7 +47,7 @@ fn containerd_startup_call_before_proxy_is_refused() {
     if runtime_for("containerd_startup_call_before_proxy_is_refused").is_none() {
         return;
     }
-    let (_serial, mut node) = node("crstartup");
+    let mut node = node("crstartup");
     node.add_pod(
         PodSpec::new("fetch-config")
             .app(AppScript::CallAtStart { calls: 1 })
@@ -103,7 +97,7 @@ fn containerd_startup_hold_proxy_two_seconds_late() {
     if runtime_for("containerd_startup_hold_proxy_two_seconds_late").is_none() {
         return;
     }
-    let (_serial, mut node) = node("crhold");
+    let mut node = node("crhold");
     let agent = agent(&node);
     let late = Duration::from_secs(2);
     node.add_pod(
@@ -148,7 +142,7 @@ fn containerd_drain_waits_for_an_app_calling_through_shutdown() {
     if runtime_for("containerd_drain_waits_for_an_app_calling_through_shutdown").is_none() {
         return;
     }
-    let (_serial, mut node) = node("crdrain");
+    let mut node = node("crdrain");
     let agent = agent(&node);
     let grace = Duration::from_secs(20);
     node.add_pod(
@@ -194,7 +188,7 @@ fn containerd_job_completes_when_its_app_exits() {
     if runtime_for("containerd_job_completes_when_its_app_exits").is_none() {
         return;
     }
-    let (_serial, mut node) = node("crjob");
+    let mut node = node("crjob");
     let agent = agent(&node);
     node.add_pod(
         PodSpec::new("batch")
@@ -557,4 +551,87 @@ fn processes_naming(needle: &str) -> Vec<u32> {
                 && holdfast_tests::sim::process::alive(*pid)
         })
         .collect()
+}
+
+/// The boot call's latency, from the app's report.
+fn boot_call(report: &holdfast_tests::sim::AppReport) -> Option<(bool, u64)> {
+    report.events.iter().find_map(|e| match e {
+        holdfast_tests::sim::report::AppEvent::Call {
+            phase: Phase::Startup,
+            ok,
+            latency_ms,
+            ..
+        } => Some((*ok, *latency_ms)),
+        _ => None,
+    })
+}
+
+/// The `serial_start` baseline (Istio's `holdApplicationUntilProxyStarts`) on real containers:
+/// the app container is created only after the proxy's postStart hook saw Envoy ready, so its
+/// boot call works without the agent, and the app starts after Envoy's 1 s delay.
+#[test]
+fn containerd_serial_start_baseline_starts_the_app_after_envoy() {
+    if runtime_for("containerd_serial_start_baseline_starts_the_app_after_envoy").is_none() {
+        return;
+    }
+    let mut node = node("crserial");
+    let late = Duration::from_secs(1);
+    node.add_pod(
+        PodSpec::new("serial")
+            .app(AppScript::CallAtStart { calls: 1 })
+            .proxy_delay(late)
+            .serial_start(true),
+    )
+    .expect("add pod");
+    node.start_pods().expect("start");
+    let report = node
+        .wait_report("serial", Duration::from_secs(40), "the boot call", |r| {
+            boot_call(r).is_some()
+        })
+        .expect("the app makes its boot call");
+    assert_eq!(boot_call(&report).map(|c| c.0), Some(true), "{report:?}");
+    let view = node.pod("serial").expect("pod");
+    let proxy_started = match view.proxy().map(|c| &c.state) {
+        Some(CState::Running { started_at }) => started_at.as_millisecond(),
+        other => panic!("proxy not running: {other:?}"),
+    };
+    let app_started = report.started_at_ms().expect("app start") as i64;
+    assert!(
+        app_started - proxy_started >= late.as_millis() as i64,
+        "the app started {} ms after the proxy container, before Envoy could be ready",
+        app_started - proxy_started
+    );
+    assert_clean(node);
+}
+
+/// The `drop_until_ready` baseline on real containers: the app's SYN to Envoy is dropped until
+/// Envoy is ready, and TCP retransmits it (after 1 s, then 2 s...), so the boot call works
+/// without the agent but takes at least a second.
+#[test]
+fn containerd_drop_until_ready_baseline_retransmits_the_syn() {
+    if runtime_for("containerd_drop_until_ready_baseline_retransmits_the_syn").is_none() {
+        return;
+    }
+    let mut node = node("crdrop");
+    node.add_pod(
+        PodSpec::new("dropped")
+            .app(AppScript::CallAtStart { calls: 1 })
+            .proxy_delay(Duration::from_millis(500))
+            .call_timeout(Duration::from_secs(20))
+            .drop_until_ready(true),
+    )
+    .expect("add pod");
+    node.start_pods().expect("start");
+    let report = node
+        .wait_report("dropped", Duration::from_secs(40), "the boot call", |r| {
+            boot_call(r).is_some()
+        })
+        .expect("the app makes its boot call");
+    let (ok, latency_ms) = boot_call(&report).expect("checked");
+    assert!(ok, "{report:?}");
+    assert!(
+        latency_ms >= 900,
+        "the first SYN was dropped and retransmitted after ~1 s: {latency_ms} ms"
+    );
+    assert_clean(node);
 }

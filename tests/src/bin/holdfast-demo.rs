@@ -476,10 +476,7 @@ fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     let (runtime, pods) = match cli.runtime {
         RuntimeArg::Netns => (Runtime::Netns, "real Envoy, iptables, netns"),
-        RuntimeArg::Containerd => (
-            Runtime::Containerd,
-            "real Envoy, iptables; pods are containerd containers",
-        ),
+        RuntimeArg::Containerd => (Runtime::Containerd, "containerd, runc, CNI"),
     };
     let runs = [
         Run {

@@ -11,8 +11,10 @@
 //!    inside the pod's netns.
 //! 3. The containers in spec order; the proxy container runs the pilot-agent stand-in, which
 //!    starts Envoy as uid 1337 in the container's own pid namespace.
-//! 4. Exits are seen by polling `ContainerStatus` (containerd 1.6 has no CRI event stream);
-//!    restarts create a new container (attempt + 1) after kubelet's back-off.
+//! 4. Exits are seen by polling `ContainerStatus` (containerd 1.6 has no CRI event stream); a
+//!    container's `finishedAt` is the moment its init process exited (a pidfd, see
+//!    [`super::exit_watch`]) when that is earlier than the runtime's. Restarts create a new
+//!    container (attempt + 1) after kubelet's back-off.
 //! 5. Deletion: `StopContainer(timeout = grace)` on every container at once (containerd sends
 //!    SIGTERM, SIGKILL after the timeout), then `StopPodSandbox` + `RemovePodSandbox`.
 //!
@@ -22,6 +24,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -74,6 +77,14 @@ pub(crate) struct CriPodWorker {
     pod_dir: PathBuf,
     /// When each container's init process exited (pidfd), more exact than the runtime's time.
     exits: ExitTimes,
+    /// Set when the pod is being deleted or torn down: the baselines' pollers stop.
+    stopping: Arc<AtomicBool>,
+    /// `serial_start`: the proxy's postStart hook has returned ...
+    post_started: Arc<AtomicBool>,
+    /// ... and the other containers wait for it.
+    serial_pending: bool,
+    /// The sandbox's netns (from its verbose status).
+    netns_path: Option<PathBuf>,
 }
 
 /// With `HOLDFAST_SIM_TRACE` set, prints one line per runtime step (wall clock in ms, the pod,
@@ -123,6 +134,10 @@ impl CriPodWorker {
             shutting_down: false,
             pod_dir,
             exits: ExitTimes::default(),
+            stopping: Arc::new(AtomicBool::new(false)),
+            post_started: Arc::new(AtomicBool::new(false)),
+            serial_pending: false,
+            netns_path: None,
         }
     }
 
@@ -174,6 +189,17 @@ impl CriPodWorker {
             }
             self.poll_exits();
             self.restart_due();
+            if self.serial_pending && self.post_started.load(Ordering::SeqCst) {
+                self.serial_pending = false;
+                if !self.deleting && !self.shutting_down {
+                    // The proxy's postStart hook returned: every container not started yet.
+                    for i in 0..self.view(|v| v.containers.len()) {
+                        if self.view(|v| v.containers[i].id.is_none()) {
+                            self.start_container(i);
+                        }
+                    }
+                }
+            }
         }
         self.remove_sandbox();
         trace(&self.name, "gone", None);
@@ -240,7 +266,8 @@ impl CriPodWorker {
         let info = parse_info(&st.info);
         let pid = info_pid(&info);
         if let Some(path) = info_netns(&info) {
-            self.shared.set_netns_path(&self.name, path);
+            self.shared.set_netns_path(&self.name, path.clone());
+            self.netns_path = Some(path);
         }
         let pod_ip = ip.as_deref().and_then(|s| s.parse().ok()).ok_or_else(|| {
             SimError::Setup(format!("the sandbox has no IPv4 pod IP (CNI said {ip:?})"))
@@ -251,6 +278,12 @@ impl CriPodWorker {
             v.sandbox_pid = pid;
             v.start_time = Some(now_ts());
         });
+
+        if self.view(|v| v.spec.drop_until_ready) {
+            let path = self.shared_netns_path()?;
+            let admin = self.view(|v| v.spec.admin_addr());
+            super::baselines::drop_until_ready(&self.name, &path, admin, self.stopping.clone())?;
+        }
 
         let min_ms = self.view(|v| v.spec.init_duration.as_millis().to_string());
         let args = vec!["istio-init".to_string(), "--min-duration-ms".into(), min_ms];
@@ -272,6 +305,14 @@ impl CriPodWorker {
             v.init = Some(c);
         });
         Ok(())
+    }
+
+    /// The sandbox's netns path (set once the sandbox runs).
+    fn shared_netns_path(&self) -> Result<PathBuf, SimError> {
+        self.sandbox
+            .as_ref()
+            .and(self.netns_path.clone())
+            .ok_or_else(|| SimError::Setup(format!("pod {}: no sandbox netns", self.name)))
     }
 
     /// The read-only host paths every container gets at the same path: `/usr` (glibc, iptables,
@@ -471,6 +512,28 @@ impl CriPodWorker {
                     }
                 });
                 if ok && !self.deleting && !self.shutting_down {
+                    let proxy =
+                        self.view(|v| v.containers.iter().position(|c| c.name == PROXY_CONTAINER));
+                    if let (true, Some(p)) = (self.view(|v| v.spec.serial_start), proxy) {
+                        // holdApplicationUntilProxyStarts: the proxy first; its postStart hook
+                        // holds back the others (see `baselines`).
+                        self.start_container(p);
+                        self.serial_pending = true;
+                        match self.shared_netns_path() {
+                            Ok(path) => super::baselines::post_start_wait(
+                                &self.name,
+                                path,
+                                self.view(|v| v.spec.admin_addr()),
+                                self.stopping.clone(),
+                                self.post_started.clone(),
+                            ),
+                            Err(e) => {
+                                eprintln!("sim: pod {}: {e}; starting the app anyway", self.name);
+                                self.post_started.store(true, Ordering::SeqCst);
+                            }
+                        }
+                        return;
+                    }
                     let delay = self.view(|v| v.spec.app_start_delay);
                     for i in 0..self.view(|v| v.containers.len()) {
                         let is_proxy = self.view(|v| v.containers[i].name == PROXY_CONTAINER);
@@ -559,6 +622,7 @@ impl CriPodWorker {
             return;
         }
         self.deleting = true;
+        self.stopping.store(true, Ordering::SeqCst);
         trace(&self.name, "deleted", None);
         self.restart_at.clear();
         let grace = self.view(|v| v.spec.grace);
@@ -579,6 +643,7 @@ impl CriPodWorker {
             return;
         }
         self.shutting_down = true;
+        self.stopping.store(true, Ordering::SeqCst);
         self.restart_at.clear();
         self.stop_all(Duration::ZERO);
     }
@@ -646,11 +711,6 @@ pub(crate) fn unsupported(spec: &crate::sim::PodSpec) -> Option<&'static str> {
         (spec.dns_capture.is_some(), "DNS capture"),
         (spec.user_init.is_some(), "a user init container"),
         (spec.cni, "Istio CNI mode"),
-        (
-            spec.serial_start,
-            "serial_start (holdApplicationUntilProxyStarts baseline)",
-        ),
-        (spec.drop_until_ready, "drop_until_ready (DROP baseline)"),
     ];
     checks.into_iter().find(|(on, _)| *on).map(|(_, what)| what)
 }

@@ -6,6 +6,7 @@
 //! - [`image`]: OCI layout images built without a registry (Debian's static busybox).
 //! - [`kubelet`]: the CRI pod worker (sandbox, istio-init, containers in order, stop, restarts).
 //! - [`status`]: containerd's verbose status (process ids, the sandbox's netns path).
+//! - [`baselines`]: the benchmarks' startup baselines (`serial_start`, `drop_until_ready`).
 //! - [`exit_watch`]: the exact moment a container's init process exits (pidfd).
 //! - [`stale`]: runtimes left by killed test binaries, cleaned up by the next one to start.
 //! - [`agent_pod`]: the agent in its own pod, with the DaemonSet's privileges from `manifests/`.
@@ -16,6 +17,7 @@
 //! panicked; each node removes its own sandboxes when it is dropped.
 
 pub mod agent_pod;
+pub mod baselines;
 pub mod exit_watch;
 pub mod image;
 pub mod kubelet;
@@ -30,10 +32,24 @@ pub use runtime::Containerd;
 static SHARED: OnceLock<Result<Containerd, String>> = OnceLock::new();
 
 extern "C" fn teardown_shared() {
-    if let Some(Ok(c)) = SHARED.get() {
-        for l in c.teardown() {
-            eprintln!("cri: left after teardown: {l}");
+    let Some(Ok(c)) = SHARED.get() else {
+        return;
+    };
+    // On a thread of its own: by the time `exit` runs this handler, the main thread's
+    // thread-locals (tokio's runtime context among them) may be destroyed already, and a panic
+    // here cannot unwind (seen in `holdfast-demo`, whose main thread used the runtime).
+    let done = std::thread::Builder::new()
+        .name("cri-teardown".into())
+        .spawn(move || c.teardown())
+        .map(|t| t.join());
+    match done {
+        Ok(Ok(left)) => {
+            for l in left {
+                eprintln!("cri: left after teardown: {l}");
+            }
         }
+        Ok(Err(_)) => eprintln!("cri: the runtime's teardown panicked"),
+        Err(e) => eprintln!("cri: cannot start the runtime's teardown: {e}"),
     }
 }
 

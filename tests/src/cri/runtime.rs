@@ -173,7 +173,7 @@ fn is_containerd_of(pid: u32, config: &Path) -> bool {
     let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
     let want = config.as_os_str().as_encoded_bytes();
     args.first().is_some_and(|a| a.ends_with(b"containerd"))
-        && args.iter().any(|a| *a == want)
+        && args.contains(&want)
         && crate::sim::process::alive(pid)
 }
 
@@ -223,7 +223,25 @@ impl Containerd {
             remote_leases: std::sync::Mutex::new(Default::default()),
         };
         if me.child.lock().map(|d| d.is_some()).unwrap_or(false) {
-            me.wait_ready(Duration::from_secs(30))?;
+            if let Err(e) = me.wait_ready(Duration::from_secs(10)) {
+                // A runtime that cannot come back must not cost every later start 10 s: its
+                // files, mounts and bridge go anyway (its sandboxes' netns may stay).
+                eprintln!(
+                    "cri: {}: containerd does not answer ({e}); removing what it left without it",
+                    dir.display()
+                );
+                let daemon = me.child.lock().ok().and_then(|mut c| c.take());
+                match daemon {
+                    Some(Daemon::Child(mut c)) => {
+                        let _ = c.kill();
+                        let _ = c.wait();
+                    }
+                    Some(Daemon::Adopted(pid)) if is_containerd_of(pid, &cfg_path) => {
+                        crate::sim::process::signal(pid, nix::sys::signal::Signal::SIGKILL);
+                    }
+                    _ => {}
+                }
+            }
         }
         Ok(me)
     }

@@ -861,7 +861,7 @@ const DROP_COMMENT: &str = "hf-drop-until-ready";
 /// The DROP baseline's rules as an `iptables-restore --noflush` input: inserted at the top of
 /// their chains (`insert`) or deleted. Same packets as the holdfast hold: outbound SYNs to 127.0.0.1:15001
 /// (after Istio's REDIRECT) from any uid but the proxy's, inbound SYNs to 15006 not on `lo`.
-fn drop_rules(insert: bool) -> String {
+pub(crate) fn drop_rules(insert: bool) -> String {
     let (op, pos) = if insert { ('I', " 1") } else { ('D', "") };
     format!(
         "*filter\n\
@@ -872,7 +872,7 @@ fn drop_rules(insert: bool) -> String {
 }
 
 /// `iptables-restore -w --noflush` with `input`, in the calling thread's netns.
-fn iptables_restore(input: &str) -> Result<(), SimError> {
+pub(crate) fn iptables_restore(input: &str) -> Result<(), SimError> {
     use std::io::Write as _;
     let mut child = Command::new("iptables-restore")
         .args(["-w", "--noflush"])
