@@ -425,32 +425,20 @@ fn ipv6_rules_go_when_the_pod_turns_out_ipv4_only() -> Result<()> {
         return Ok(());
     }
     let t = TestNetns::new("hf-hold-v6gone")?;
-    let with_v6 = |ipv6| HoldConfig {
-        rules: holdfast::hold::RuleSpec {
+    let with_v6 = |ipv6| {
+        with_rules(RuleSpec {
             ipv6,
             ..Default::default()
-        },
-        ..Default::default()
-    };
-    let no_v6_rules = || -> Result<()> {
-        let listing =
-            t.ns.run_command("ip6tables", &["-S".to_string()], None)?
-                .stdout;
-        ensure!(
-            !listing.contains("HOLDFAST"),
-            "ip6tables rules left:\n{listing}"
-        );
-        Ok(())
+        })
     };
     // The agent dies holding; its successor knows the pod is IPv4-only and finds it ready.
     drop(HoldQueue::start(&t.ns, &with_v6(true))?);
     ensure!(HoldQueue::remove_leftover(&t.ns, &with_v6(false))?);
-    no_v6_rules()?;
+    t.assert_no_hold()?;
     // ... or finds it still holding, adopts and releases the hold.
     drop(HoldQueue::start(&t.ns, &with_v6(true))?);
     let adopted = HoldQueue::adopt(&t.ns, &with_v6(false))?.context("nothing adopted")?;
     adopted.release()?;
-    no_v6_rules()?;
     t.assert_no_hold()
 }
 
