@@ -635,3 +635,33 @@ fn containerd_drop_until_ready_baseline_retransmits_the_syn() {
     );
     assert_clean(node);
 }
+
+/// Pod shapes this backend does not build are refused by name when added, so a test written
+/// for them fails on this backend instead of passing without them.
+#[test]
+fn containerd_refuses_pod_shapes_it_does_not_build() {
+    if runtime_for("containerd_refuses_pod_shapes_it_does_not_build").is_none() {
+        return;
+    }
+    let mut node = node("crrefuse");
+    for (spec, named) in [
+        (
+            PodSpec::new("v6").ip_families(holdfast_tests::sim::IpFamilies::DualV6First),
+            "IPv6",
+        ),
+        (
+            PodSpec::new("dns").dns_capture(Duration::from_millis(100)),
+            "DNS capture",
+        ),
+        (PodSpec::new("cni").cni(true), "Istio CNI mode"),
+    ] {
+        let err = node.add_pod(spec).expect_err("refused").to_string();
+        assert!(
+            err.contains(named) && err.contains("containerd backend"),
+            "{err}"
+        );
+    }
+    node.add_pod(PodSpec::new("plain"))
+        .expect("a plain pod is fine");
+    assert_clean(node);
+}
