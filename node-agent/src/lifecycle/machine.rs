@@ -30,7 +30,7 @@ pub enum Stage {
     WaitingForNetns {
         waiting_since: Instant,
         looked: bool,
-        refused_noted: bool,
+        refused: Refused,
     },
     /// The netns is known; one readiness observation decides whether to hold. `rehold`: the
     /// check follows the proxy's exit while the app ran, so a hold now is a re-hold (the app
@@ -70,6 +70,20 @@ pub enum Stage {
     /// The task has ended.
     Exited,
 }
+
+/// Whether the pod's processes showed a netns the agent must not use (the node's, its own)
+/// while waiting: since when, and whether the row says so yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    Never,
+    Since(Instant),
+    Noted,
+}
+
+/// How long a refused netns must last before the pod's row shows it: runc puts `runc init` in
+/// the container's cgroup before it joins the sandbox's netns, so a look at that moment sees
+/// the node's netns (docs/containerd-backend.md); that passes within milliseconds.
+pub const REFUSAL_NOTED_AFTER: Duration = Duration::from_secs(2);
 
 /// How often a holding pod is checked once its proxy's ports listen (`Seen::Up`).
 ///
@@ -119,7 +133,7 @@ impl State {
             stage: Stage::WaitingForNetns {
                 waiting_since: now.mono,
                 looked: false,
-                refused_noted: false,
+                refused: Refused::Never,
             },
             pod: Some(pod),
             ready_poll,

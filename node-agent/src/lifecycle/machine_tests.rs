@@ -611,6 +611,23 @@ fn held_packets_pass_while_init_containers_run() {
 }
 
 #[test]
+fn a_lasting_netns_refusal_is_shown_once() {
+    let mut r = Run::start(pod(RestartPolicy::Always), START);
+    let refused = || Input::NetnsRefused("pid 7 is in the node's network namespace".into());
+    r.script("first", vec![(refused(), &["timer:NetnsPoll"])]);
+    r.now += REFUSAL_NOTED_AFTER;
+    r.script(
+        "still refused",
+        vec![
+            (Input::Timer(Timer::NetnsPoll), &["look"]),
+            (refused(), &["problem", "timer:NetnsPoll"]),
+            (Input::Timer(Timer::NetnsPoll), &["look"]),
+            (refused(), &["timer:NetnsPoll"]),
+        ],
+    );
+}
+
+#[test]
 fn a_failed_hold_fails_open() {
     let mut r = Run::start(pod(RestartPolicy::Always), START);
     r.script(
@@ -618,9 +635,10 @@ fn a_failed_hold_fails_open() {
         vec![
             (Input::NetnsNotYet, &["timer:NetnsPoll"]),
             (Input::Timer(Timer::NetnsPoll), &["look"]),
+            // A moment's refusal (runc init before it joins the netns) is not the row's.
             (
                 Input::NetnsRefused("host netns".into()),
-                &["problem", "timer:NetnsPoll"],
+                &["timer:NetnsPoll"],
             ),
             (Input::Timer(Timer::NetnsPoll), &["look"]),
             (

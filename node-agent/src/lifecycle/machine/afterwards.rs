@@ -32,7 +32,7 @@ pub(super) fn step(
                     Stage::WaitingForNetns {
                         waiting_since: now.mono,
                         looked: false,
-                        refused_noted: false,
+                        refused: Refused::Never,
                     }
                 } else {
                     Stage::Running {

@@ -14,9 +14,7 @@ pub(super) fn step(
         // --- waiting for the netns ---------------------------------------------------------
         (
             Stage::WaitingForNetns {
-                refused_noted,
-                looked,
-                ..
+                refused, looked, ..
             },
             Input::Pod(Some(p)),
         ) => {
@@ -31,7 +29,7 @@ pub(super) fn step(
                 Stage::WaitingForNetns {
                     waiting_since: now.mono,
                     looked: false,
-                    refused_noted,
+                    refused,
                 }
             }
         }
@@ -41,7 +39,7 @@ pub(super) fn step(
         (
             Stage::WaitingForNetns {
                 waiting_since,
-                refused_noted,
+                refused,
                 ..
             },
             Input::NetnsNotYet,
@@ -54,23 +52,32 @@ pub(super) fn step(
             Stage::WaitingForNetns {
                 waiting_since,
                 looked: true,
-                refused_noted,
+                refused,
             }
         }
         (
             Stage::WaitingForNetns {
                 waiting_since,
-                refused_noted,
+                refused,
                 ..
             },
             Input::NetnsRefused(why),
         ) => {
             s.fresh.get_or_insert(false);
-            if !refused_noted {
-                fx.push(Effect::Problem(format!(
-                    "cannot use the pod's network namespace yet: {why}"
-                )));
-            }
+            // A refusal is often a moment of the runtime (runc's `runc init` is in the pod's
+            // cgroup before it joins the pod's netns): the row shows it only if it lasts.
+            let refused = match refused {
+                Refused::Never => Refused::Since(now.mono),
+                Refused::Since(first)
+                    if now.mono.saturating_duration_since(first) >= REFUSAL_NOTED_AFTER =>
+                {
+                    fx.push(Effect::Problem(format!(
+                        "cannot use the pod's network namespace yet: {why}"
+                    )));
+                    Refused::Noted
+                }
+                other => other,
+            };
             fx.push(Effect::Schedule(
                 Timer::NetnsPoll,
                 now.mono + netns_poll_after(now.mono.saturating_duration_since(waiting_since)),
@@ -78,7 +85,7 @@ pub(super) fn step(
             Stage::WaitingForNetns {
                 waiting_since,
                 looked: true,
-                refused_noted: true,
+                refused,
             }
         }
         (st @ Stage::WaitingForNetns { looked: true, .. }, Input::Timer(Timer::NetnsPoll)) => {
@@ -86,12 +93,12 @@ pub(super) fn step(
             match st {
                 Stage::WaitingForNetns {
                     waiting_since,
-                    refused_noted,
+                    refused,
                     ..
                 } => Stage::WaitingForNetns {
                     waiting_since,
                     looked: false,
-                    refused_noted,
+                    refused,
                 },
                 other => other,
             }
