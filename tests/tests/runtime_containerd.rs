@@ -215,20 +215,18 @@ fn containerd_job_completes_when_its_app_exits() {
     assert_clean(node);
 }
 
-/// The runtime itself: a sandbox with a pod IP and a netns, a container placed in the pod's
-/// cgroup as a kubelet with the cgroupfs driver places it, stopped with SIGTERM.
-#[test]
-fn sandbox_and_container_on_the_private_containerd() {
-    let Some(rt) = runtime_for("sandbox_and_container_on_the_private_containerd") else {
-        return;
-    };
-    let uid = holdfast_tests::sim::random_uuid();
-    let logs = rt.dir.join(format!("smoke-{uid}"));
-    std::fs::create_dir_all(&logs).expect("log dir");
+/// A pod sandbox named `name` for pod `uid`, placed as kubelet's cgroupfs driver places it
+/// (`/kubepods/besteffort/pod<uid>`), logs in `logs`: its config and id.
+fn run_sandbox(
+    rt: &holdfast_tests::cri::Containerd,
+    name: &str,
+    uid: &str,
+    logs: &std::path::Path,
+) -> (PodSandboxConfig, String) {
     let sandbox = PodSandboxConfig {
         metadata: Some(PodSandboxMetadata {
-            name: "smoke".into(),
-            uid: uid.clone(),
+            name: name.into(),
+            uid: uid.into(),
             namespace: "default".into(),
             attempt: 0,
         }),
@@ -240,13 +238,63 @@ fn sandbox_and_container_on_the_private_containerd() {
         ..Default::default()
     };
     let mut c = rt.client.clone();
-    let sb = rt
+    let id = rt
         .call(c.run_pod_sandbox(RunPodSandboxRequest {
             config: Some(sandbox.clone()),
             runtime_handler: String::new(),
         }))
         .expect("sandbox")
         .pod_sandbox_id;
+    (sandbox, id)
+}
+
+/// An `app` container of the base image running `command` in sandbox `sb`, started: its id.
+fn start_app(
+    rt: &holdfast_tests::cri::Containerd,
+    sb: &str,
+    sandbox: PodSandboxConfig,
+    command: Vec<String>,
+) -> String {
+    let mut c = rt.client.clone();
+    let cid = rt
+        .call(c.create_container(CreateContainerRequest {
+            pod_sandbox_id: sb.into(),
+            config: Some(ContainerConfig {
+                metadata: Some(ContainerMetadata {
+                    name: "app".into(),
+                    attempt: 0,
+                }),
+                image: Some(ImageSpec {
+                    image: holdfast_tests::cri::runtime::BASE_IMAGE.into(),
+                    ..Default::default()
+                }),
+                command,
+                log_path: "app.log".into(),
+                ..Default::default()
+            }),
+            sandbox_config: Some(sandbox),
+        }))
+        .expect("create")
+        .container_id;
+    rt.call(c.start_container(StartContainerRequest {
+        container_id: cid.clone(),
+    }))
+    .expect("start");
+    cid
+}
+
+/// The runtime itself: a sandbox with a pod IP and a netns, a container placed in the pod's
+/// cgroup as a kubelet with the cgroupfs driver places it, stopped with SIGTERM.
+#[test]
+fn sandbox_and_container_on_the_private_containerd() {
+    let Some(rt) = runtime_for("sandbox_and_container_on_the_private_containerd") else {
+        return;
+    };
+    let uid = holdfast_tests::sim::random_uuid();
+    let logs = rt.dir.join(format!("smoke-{uid}"));
+    std::fs::create_dir_all(&logs).expect("log dir");
+    let (sandbox, sb) = run_sandbox(rt, "smoke", &uid, &logs);
+    let mut c = rt.client.clone();
     let st = rt
         .call(c.pod_sandbox_status(PodSandboxStatusRequest {
             pod_sandbox_id: sb.clone(),
@@ -270,34 +318,16 @@ fn sandbox_and_container_on_the_private_containerd() {
         rt.gateway.octets()[..3],
         "pod IP on the CNI bridge's /24"
     );
-    let cid = rt
-        .call(c.create_container(CreateContainerRequest {
-            pod_sandbox_id: sb.clone(),
-            config: Some(ContainerConfig {
-                metadata: Some(ContainerMetadata {
-                    name: "app".into(),
-                    attempt: 0,
-                }),
-                image: Some(ImageSpec {
-                    image: holdfast_tests::cri::runtime::BASE_IMAGE.into(),
-                    ..Default::default()
-                }),
-                command: vec![
-                    "/bin/sh".into(),
-                    "-c".into(),
-                    "cat /proc/self/cgroup; sleep 100".into(),
-                ],
-                log_path: "app.log".into(),
-                ..Default::default()
-            }),
-            sandbox_config: Some(sandbox),
-        }))
-        .expect("create")
-        .container_id;
-    rt.call(c.start_container(StartContainerRequest {
-        container_id: cid.clone(),
-    }))
-    .expect("start");
+    let cid = start_app(
+        rt,
+        &sb,
+        sandbox,
+        vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            "cat /proc/self/cgroup; sleep 100".into(),
+        ],
+    );
     let log = logs.join("app.log");
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut text = String::new();
@@ -367,52 +397,9 @@ fn stale_runtime_child() {
     let uid = holdfast_tests::sim::random_uuid();
     let logs = rt.dir.join("logs");
     std::fs::create_dir_all(&logs).expect("log dir");
-    let sandbox = PodSandboxConfig {
-        metadata: Some(PodSandboxMetadata {
-            name: "orphan".into(),
-            uid: uid.clone(),
-            namespace: "default".into(),
-            attempt: 0,
-        }),
-        linux: Some(LinuxPodSandboxConfig {
-            cgroup_parent: format!("/kubepods/besteffort/pod{uid}"),
-            ..Default::default()
-        }),
-        log_directory: logs.to_string_lossy().into_owned(),
-        ..Default::default()
-    };
+    let (sandbox, sb) = run_sandbox(&rt, "orphan", &uid, &logs);
     let mut c = rt.client.clone();
-    let sb = rt
-        .call(c.run_pod_sandbox(RunPodSandboxRequest {
-            config: Some(sandbox.clone()),
-            runtime_handler: String::new(),
-        }))
-        .expect("sandbox")
-        .pod_sandbox_id;
-    let cid = rt
-        .call(c.create_container(CreateContainerRequest {
-            pod_sandbox_id: sb.clone(),
-            config: Some(ContainerConfig {
-                metadata: Some(ContainerMetadata {
-                    name: "app".into(),
-                    attempt: 0,
-                }),
-                image: Some(ImageSpec {
-                    image: holdfast_tests::cri::runtime::BASE_IMAGE.into(),
-                    ..Default::default()
-                }),
-                command: vec!["/bin/sleep".into(), "1000".into()],
-                log_path: "app.log".into(),
-                ..Default::default()
-            }),
-            sandbox_config: Some(sandbox),
-        }))
-        .expect("create")
-        .container_id;
-    rt.call(c.start_container(StartContainerRequest {
-        container_id: cid.clone(),
-    }))
-    .expect("start");
+    start_app(&rt, &sb, sandbox, vec!["/bin/sleep".into(), "1000".into()]);
     let st = rt
         .call(c.pod_sandbox_status(PodSandboxStatusRequest {
             pod_sandbox_id: sb,
