@@ -43,7 +43,7 @@ use super::runtime::{Containerd, BASE_IMAGE};
 use super::status::{info_netns, info_pid, parse_info};
 use crate::sim::kubelet::{PodEvent, PodWorker};
 use crate::sim::node::{NodeEnv, Shared};
-use crate::sim::pod_object::{now_ts, write_atomic, CState, ContainerView, PodView, Terminated};
+use crate::sim::pod_object::{now_ts, CState, ContainerView, PodView, Terminated};
 use crate::sim::pod_object::{INIT_CONTAINER, PROXY_CONTAINER, PROXY_IMAGE};
 use crate::sim::SimError;
 
@@ -141,28 +141,13 @@ impl CriPodWorker {
         }
     }
 
+    /// Applies `f` to the pod's view, rewrites the pod file and wakes waiters.
     fn update<R>(&self, f: impl FnOnce(&mut PodView) -> R) -> R {
-        let mut pods = self.shared.lock();
-        let Some(view) = pods.get_mut(&self.name) else {
-            unreachable!("pod {} has no view", self.name);
-        };
-        let r = f(view);
-        if !view.gone {
-            if let Err(e) = write_atomic(&self.env.pods_dir, &view.file_name(), &view.to_pod()) {
-                eprintln!("sim: cannot write pod file for {}: {e}", self.name);
-            }
-        }
-        drop(pods);
-        self.shared.changed.notify_all();
-        r
+        self.shared.update_pod(&self.env.pods_dir, &self.name, f)
     }
 
     fn view<R>(&self, f: impl FnOnce(&PodView) -> R) -> R {
-        let pods = self.shared.lock();
-        match pods.get(&self.name) {
-            Some(v) => f(v),
-            None => unreachable!("pod {} has no view", self.name),
-        }
+        self.shared.view_pod(&self.name, f)
     }
 
     /// Runs the pod until it is deleted (or the node shuts down), then removes its sandbox.

@@ -37,7 +37,7 @@ use super::istio_init::{INBOUND_PORT, OUTBOUND_PORT, PROXY_UID};
 use super::netns::{NetNs, REMOTE_IP6};
 use super::node::{NodeEnv, Shared};
 use super::pod_object::{
-    now_ts, write_atomic, CState, ContainerView, PodView, Terminated, PROXY_CONTAINER, PROXY_IMAGE,
+    now_ts, CState, ContainerView, PodView, Terminated, PROXY_CONTAINER, PROXY_IMAGE,
 };
 use super::process::{notify_exit, reap, spawn_in, Exit};
 use super::{random_hex, SimError};
@@ -121,28 +121,11 @@ impl PodWorker {
 
     /// Applies `f` to the pod's view, rewrites the pod file and wakes waiters.
     fn update<R>(&self, f: impl FnOnce(&mut PodView) -> R) -> R {
-        let mut pods = self.shared.lock();
-        let Some(view) = pods.get_mut(&self.name) else {
-            // The view is created before the worker starts and never removed while it runs.
-            unreachable!("pod {} has no view", self.name);
-        };
-        let r = f(view);
-        if !view.gone {
-            if let Err(e) = write_atomic(&self.env.pods_dir, &view.file_name(), &view.to_pod()) {
-                eprintln!("sim: cannot write pod file for {}: {e}", self.name);
-            }
-        }
-        drop(pods);
-        self.shared.changed.notify_all();
-        r
+        self.shared.update_pod(&self.env.pods_dir, &self.name, f)
     }
 
     fn view<R>(&self, f: impl FnOnce(&PodView) -> R) -> R {
-        let pods = self.shared.lock();
-        match pods.get(&self.name) {
-            Some(v) => f(v),
-            None => unreachable!("pod {} has no view", self.name),
-        }
+        self.shared.view_pod(&self.name, f)
     }
 
     /// Runs the pod until it is deleted (or the node shuts down), then cleans up.

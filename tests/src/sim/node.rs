@@ -67,6 +67,40 @@ impl Shared {
         self.pods.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Applies `f` to pod `name`'s view, rewrites its pod file in `pods_dir` (unless the pod is
+    /// gone) and wakes waiters: the one way a kubelet stand-in (either backend) changes a pod.
+    pub(crate) fn update_pod<R>(
+        &self,
+        pods_dir: &std::path::Path,
+        name: &str,
+        f: impl FnOnce(&mut PodView) -> R,
+    ) -> R {
+        let mut pods = self.lock();
+        let Some(view) = pods.get_mut(name) else {
+            // The view is created before the worker starts and never removed while it runs.
+            unreachable!("pod {name} has no view");
+        };
+        let r = f(view);
+        if !view.gone {
+            let file = view.file_name();
+            if let Err(e) = super::pod_object::write_atomic(pods_dir, &file, &view.to_pod()) {
+                eprintln!("sim: cannot write pod file for {name}: {e}");
+            }
+        }
+        drop(pods);
+        self.changed.notify_all();
+        r
+    }
+
+    /// Reads pod `name`'s view.
+    pub(crate) fn view_pod<R>(&self, name: &str, f: impl FnOnce(&PodView) -> R) -> R {
+        let pods = self.lock();
+        match pods.get(name) {
+            Some(v) => f(v),
+            None => unreachable!("pod {name} has no view"),
+        }
+    }
+
     pub(crate) fn set_netns_path(&self, pod: &str, path: PathBuf) {
         let mut m = self.netns_paths.lock().unwrap_or_else(|p| p.into_inner());
         m.insert(pod.to_string(), path);
