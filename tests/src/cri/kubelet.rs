@@ -535,25 +535,7 @@ impl CriPodWorker {
             Slot::Container(i) => {
                 let deleting = self.deleting || self.shutting_down;
                 let base = self.env.restart_backoff;
-                let backoff = self.update(|v| {
-                    let policy = v.spec.restart_policy;
-                    let c = &mut v.containers[i];
-                    c.pid = None;
-                    if !deleting && policy.restarts(t.exit_code) {
-                        // kubelet's back-off: base, doubling, capped at 5 minutes.
-                        let b = base
-                            .saturating_mul(1u32 << c.restart_count.min(5))
-                            .min(Duration::from_secs(300));
-                        c.last = Some(t);
-                        c.state = CState::Waiting {
-                            reason: "CrashLoopBackOff".into(),
-                        };
-                        Some(b)
-                    } else {
-                        c.state = CState::Terminated(t);
-                        None
-                    }
-                });
+                let backoff = self.update(|v| v.container_exited(i, t, deleting, base));
                 if let Some(b) = backoff {
                     self.restart_at.insert(i, Instant::now() + b);
                 }

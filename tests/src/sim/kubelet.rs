@@ -583,23 +583,8 @@ impl PodWorker {
                 }
                 let base = self.env.restart_backoff;
                 let backoff = self.update(|v| {
-                    let policy = v.spec.restart_policy;
-                    let c = &mut v.containers[i];
-                    let t = terminated(c, exit);
-                    c.pid = None;
-                    if !deleting && policy.restarts(exit.code) {
-                        let backoff = base
-                            .saturating_mul(1u32 << c.restart_count.min(5))
-                            .min(Duration::from_secs(300));
-                        c.last = Some(t);
-                        c.state = CState::Waiting {
-                            reason: "CrashLoopBackOff".into(),
-                        };
-                        Some(backoff)
-                    } else {
-                        c.state = CState::Terminated(t);
-                        None
-                    }
+                    let t = terminated(&v.containers[i], exit);
+                    v.container_exited(i, t, deleting, base)
                 });
                 if let Some(b) = backoff {
                     self.restart_at.insert(i, Instant::now() + b);

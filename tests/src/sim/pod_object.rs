@@ -155,6 +155,34 @@ pub struct PodView {
 }
 
 impl PodView {
+    /// Regular container `i` exited (`t`): as kubelet, restart it after its back-off (`base`,
+    /// doubling per restart, capped at 5 minutes) if the pod's restart policy says so and the
+    /// pod is not going away, else it stays terminated. Returns the back-off of a restart.
+    pub(crate) fn container_exited(
+        &mut self,
+        i: usize,
+        t: Terminated,
+        deleting: bool,
+        base: std::time::Duration,
+    ) -> Option<std::time::Duration> {
+        let policy = self.spec.restart_policy;
+        let c = &mut self.containers[i];
+        c.pid = None;
+        if !deleting && policy.restarts(t.exit_code) {
+            let backoff = base
+                .saturating_mul(1u32 << c.restart_count.min(5))
+                .min(std::time::Duration::from_secs(300));
+            c.last = Some(t);
+            c.state = CState::Waiting {
+                reason: "CrashLoopBackOff".into(),
+            };
+            Some(backoff)
+        } else {
+            c.state = CState::Terminated(t);
+            None
+        }
+    }
+
     /// A freshly scheduled pod: no sandbox, no statuses.
     pub fn new(
         spec: PodSpec,
