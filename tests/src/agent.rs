@@ -52,6 +52,16 @@ impl AgentProcess {
         Self::start_binary(None, node_name, pods_dir, log, extra)
     }
 
+    /// The agent of a simulated node, with default flags, its log in the node's work dir.
+    pub fn for_node(node: &crate::sim::SimNode) -> anyhow::Result<Self> {
+        Self::start(
+            node.node_name(),
+            node.pods_dir(),
+            &node.work_dir().join("agent.log"),
+            &[],
+        )
+    }
+
     /// Like [`AgentProcess::start`] with a given `holdfast` binary (a benchmark's baseline build).
     pub fn start_binary(
         binary: Option<&Path>,

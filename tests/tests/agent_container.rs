@@ -24,8 +24,7 @@ fn node(test: &str) -> (std::sync::MutexGuard<'static, ()>, SimNode) {
         runtime: Runtime::Containerd,
         ..NodeOptions::default()
     };
-    let node = SimNode::with_options(test, opts)
-        .unwrap_or_else(|e| panic!("{test}: cannot build the simulated node: {e}"));
+    let node = SimNode::for_test(test, opts);
     (serial, node)
 }
 

@@ -18,8 +18,7 @@ fn node(test: &str) -> SimNode {
         sim_app: Some(env!("CARGO_BIN_EXE_sim-app").into()),
         ..NodeOptions::default()
     };
-    SimNode::with_options(test, opts)
-        .unwrap_or_else(|e| panic!("{test}: cannot build the simulated node: {e}"))
+    SimNode::for_test(test, opts)
 }
 
 fn agent(node: &SimNode, extra: &[&str]) -> AgentProcess {

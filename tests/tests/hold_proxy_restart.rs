@@ -29,8 +29,7 @@ fn kill_envoy_while_calling(
         status_lag: Some(STATUS_LAG),
         ..NodeOptions::default()
     };
-    let mut node = SimNode::with_options(test, opts)
-        .unwrap_or_else(|e| panic!("{test}: cannot build the simulated node: {e}"));
+    let mut node = SimNode::for_test(test, opts);
     let agent = with_agent.then(|| {
         AgentProcess::start(
             node.node_name(),

@@ -33,18 +33,11 @@ fn node(test: &str) -> SimNode {
         sim_app: Some(env!("CARGO_BIN_EXE_sim-app").into()),
         ..NodeOptions::default()
     };
-    SimNode::with_options(test, opts)
-        .unwrap_or_else(|e| panic!("{test}: cannot build the simulated node: {e}"))
+    SimNode::for_test(test, opts)
 }
 
 fn agent(node: &SimNode) -> AgentProcess {
-    AgentProcess::start(
-        node.node_name(),
-        node.pods_dir(),
-        &node.work_dir().join("agent.log"),
-        &[],
-    )
-    .expect("start the holdfast agent")
+    AgentProcess::for_node(node).expect("start the holdfast agent")
 }
 
 fn finished_hold(row: &PodStatus) -> bool {

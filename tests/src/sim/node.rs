@@ -212,6 +212,13 @@ impl SimNode {
         SimNode::with_options(test_name, NodeOptions::default())
     }
 
+    /// A test's node: as [`SimNode::with_options`], panicking with the test's name if the node
+    /// cannot be built (a test cannot go on without it).
+    pub fn for_test(test_name: &str, opts: NodeOptions) -> SimNode {
+        SimNode::with_options(test_name, opts)
+            .unwrap_or_else(|e| panic!("{test_name}: cannot build the simulated node: {e}"))
+    }
+
     /// A node with explicit options.
     pub fn with_options(test_name: &str, opts: NodeOptions) -> Result<SimNode, SimError> {
         if test_name.is_empty()
