@@ -196,6 +196,18 @@ impl AgentProcess {
             .find(|p| p.namespace == namespace && p.name == name))
     }
 
+    /// Waits until pod `namespace/name`'s hold has ended (any outcome) and returns its row.
+    pub fn wait_hold_ended(
+        &self,
+        namespace: &str,
+        name: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<PodStatus> {
+        self.wait_pod(namespace, name, timeout, "hold ended", |row| {
+            row.hold.as_ref().is_some_and(|h| h.outcome.is_some())
+        })
+    }
+
     /// Polls `/status` until `pred` holds for the pod's row, or fails after `timeout` with the
     /// last row and the agent's log.
     pub fn wait_pod(

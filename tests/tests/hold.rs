@@ -9,7 +9,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use holdfast::report::board::{HoldOutcome, Phase as AgentPhase, PodStatus};
+use holdfast::api::{HoldOutcome, Phase as AgentPhase};
 use holdfast_tests::agent::AgentProcess;
 use holdfast_tests::sim::{privileged, AppScript, CallError, NodeOptions, Phase, PodSpec, SimNode};
 
@@ -42,10 +42,6 @@ fn hold_rules(node: &SimNode, pod: &str) -> Vec<String> {
         .filter(|l| l.to_ascii_lowercase().contains("holdfast"))
         .map(str::to_string)
         .collect()
-}
-
-fn finished_hold(row: &PodStatus) -> bool {
-    row.hold.as_ref().is_some_and(|h| h.outcome.is_some())
 }
 
 fn assert_clean(node: SimNode, agent: AgentProcess) {
@@ -86,13 +82,7 @@ fn startup_passes_with_late_proxy(test: &str, late: Duration) {
     assert_eq!(report.starts(), 1, "no restart needed");
 
     let row = agent
-        .wait_pod(
-            "default",
-            "boot",
-            Duration::from_secs(10),
-            "hold released",
-            finished_hold,
-        )
+        .wait_hold_ended("default", "boot", Duration::from_secs(10))
         .expect("agent status");
     let hold = row.hold.expect("a hold");
     assert_eq!(hold.outcome, Some(HoldOutcome::Ready), "{hold:?}");
@@ -164,13 +154,7 @@ fn startup_hold_twenty_pods_at_once() {
         let startup = report.calls(Phase::Startup);
         assert_eq!(startup.failed, 0, "{name}: {startup:?}");
         let row = agent
-            .wait_pod(
-                "default",
-                name,
-                Duration::from_secs(30),
-                "hold released",
-                finished_hold,
-            )
+            .wait_hold_ended("default", name, Duration::from_secs(30))
             .expect("status");
         assert_eq!(
             row.hold.as_ref().and_then(|h| h.outcome),
@@ -203,13 +187,7 @@ fn startup_hold_many_connections_at_once() {
     let startup = report.calls(Phase::Startup);
     assert_eq!((startup.ok, startup.failed), (100, 0), "{startup:?}");
     let row = agent
-        .wait_pod(
-            "default",
-            "burst",
-            Duration::from_secs(10),
-            "hold released",
-            finished_hold,
-        )
+        .wait_hold_ended("default", "burst", Duration::from_secs(10))
         .expect("status");
     let hold = row.hold.expect("hold");
     assert!(
@@ -232,13 +210,7 @@ fn startup_hold_deadline_fails_open() {
         .expect("add pod");
     node.start_pods().expect("start");
     let row = agent
-        .wait_pod(
-            "default",
-            "slow",
-            Duration::from_secs(20),
-            "hold released",
-            finished_hold,
-        )
+        .wait_hold_ended("default", "slow", Duration::from_secs(20))
         .expect("status");
     let hold = row.hold.clone().expect("hold");
     assert_eq!(hold.outcome, Some(HoldOutcome::Deadline), "{hold:?}");
@@ -342,13 +314,7 @@ fn startup_hold_survives_agent_restart() {
     );
     agent.restart().expect("agent restarts");
     let row = agent
-        .wait_pod(
-            "default",
-            "keep",
-            Duration::from_secs(20),
-            "hold released",
-            finished_hold,
-        )
+        .wait_hold_ended("default", "keep", Duration::from_secs(20))
         .expect("status");
     let hold = row.hold.expect("hold");
     assert!(hold.adopted, "the new agent adopted the hold: {hold:?}");

@@ -21,7 +21,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use holdfast::report::board::{HoldOutcome, PodStatus};
+use holdfast::api::HoldOutcome;
 use holdfast_tests::agent::AgentProcess;
 use holdfast_tests::sim::report::AppReport;
 use holdfast_tests::sim::{
@@ -38,10 +38,6 @@ fn node(test: &str) -> SimNode {
 
 fn agent(node: &SimNode) -> AgentProcess {
     AgentProcess::for_node(node).expect("start the holdfast agent")
-}
-
-fn finished_hold(row: &PodStatus) -> bool {
-    row.hold.as_ref().is_some_and(|h| h.outcome.is_some())
 }
 
 /// `iptables -S` / `ip6tables -S` lines of the pod's netns mentioning holdfast.
@@ -171,13 +167,7 @@ fn ipv6_first_pod_is_held_and_released() {
     assert_eq!(startup.ok, 3);
     assert!(report.exit_codes().is_empty(), "the app did not crash");
     let row = agent
-        .wait_pod(
-            "default",
-            "v6",
-            Duration::from_secs(10),
-            "hold released",
-            finished_hold,
-        )
+        .wait_hold_ended("default", "v6", Duration::from_secs(10))
         .expect("agent status");
     let hold = row.hold.expect("a hold");
     assert_eq!(hold.outcome, Some(HoldOutcome::Ready), "{hold:?}");
@@ -298,13 +288,7 @@ fn dns_lookup_waits_for_a_late_dns_proxy() {
         );
         assert_eq!(report.calls(Phase::Startup).ok, 1, "{name}: {report:?}");
         let row = agent
-            .wait_pod(
-                "default",
-                name,
-                Duration::from_secs(10),
-                "hold released",
-                finished_hold,
-            )
+            .wait_hold_ended("default", name, Duration::from_secs(10))
             .expect("agent status");
         let hold = row.hold.expect("a hold");
         assert_eq!(hold.outcome, Some(HoldOutcome::Ready), "{hold:?}");
