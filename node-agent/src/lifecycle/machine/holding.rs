@@ -42,16 +42,7 @@ pub(super) fn step(
             }
         }
         (Stage::SettingUpHold { netns }, Input::HoldFailed(why)) => {
-            // Fail open: without a hold the pod behaves as without the agent.
-            fx.push(Effect::RemoveLeftoverHold);
-            fx.push(Effect::Record(Outcome::HoldEnded {
-                outcome: HoldOutcome::Failed,
-                released: None,
-                held_for: Duration::ZERO,
-                timeout: s.pod.as_ref().map_or(Duration::ZERO, |p| p.hold_timeout),
-            }));
-            fx.push(Effect::Problem(format!("startup hold failed: {why}")));
-            after_hold(fx, s, netns)
+            fail_open(s, fx, netns, format!("startup hold failed: {why}"))
         }
         (st @ Stage::SettingUpHold { .. }, _) => st,
         (
@@ -121,17 +112,23 @@ pub(super) fn step(
             after_hold(fx, s, netns)
         }
         (Stage::Releasing { netns, .. }, Input::ReleaseFailed(why)) => {
-            fx.push(Effect::RemoveLeftoverHold);
-            fx.push(Effect::Record(Outcome::HoldEnded {
-                outcome: HoldOutcome::Failed,
-                released: None,
-                held_for: Duration::ZERO,
-                timeout: s.pod.as_ref().map_or(Duration::ZERO, |p| p.hold_timeout),
-            }));
-            fx.push(Effect::Problem(format!("releasing the hold failed: {why}")));
-            after_hold(fx, s, netns)
+            fail_open(s, fx, netns, format!("releasing the hold failed: {why}"))
         }
         (st @ Stage::Releasing { .. }, _) => st,
         (st, _) => st,
     }
+}
+
+/// The hold could not be set up or released: remove whatever is left of it and go on as
+/// without the agent (fail open), saying why on the pod's row.
+fn fail_open(s: &State, fx: &mut Vec<Effect>, netns: NetnsId, problem: String) -> Stage {
+    fx.push(Effect::RemoveLeftoverHold);
+    fx.push(Effect::Record(Outcome::HoldEnded {
+        outcome: HoldOutcome::Failed,
+        released: None,
+        held_for: Duration::ZERO,
+        timeout: s.pod.as_ref().map_or(Duration::ZERO, |p| p.hold_timeout),
+    }));
+    fx.push(Effect::Problem(problem));
+    after_hold(fx, s, netns)
 }
