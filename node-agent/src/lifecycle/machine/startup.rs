@@ -45,15 +45,7 @@ pub(super) fn step(
             Input::NetnsNotYet,
         ) => {
             s.fresh.get_or_insert(true);
-            fx.push(Effect::Schedule(
-                Timer::NetnsPoll,
-                now.mono + netns_poll_after(now.mono.saturating_duration_since(waiting_since)),
-            ));
-            Stage::WaitingForNetns {
-                waiting_since,
-                looked: true,
-                refused,
-            }
+            look_again(fx, now, waiting_since, refused)
         }
         (
             Stage::WaitingForNetns {
@@ -78,15 +70,7 @@ pub(super) fn step(
                 }
                 other => other,
             };
-            fx.push(Effect::Schedule(
-                Timer::NetnsPoll,
-                now.mono + netns_poll_after(now.mono.saturating_duration_since(waiting_since)),
-            ));
-            Stage::WaitingForNetns {
-                waiting_since,
-                looked: true,
-                refused,
-            }
+            look_again(fx, now, waiting_since, refused)
         }
         (st @ Stage::WaitingForNetns { looked: true, .. }, Input::Timer(Timer::NetnsPoll)) => {
             fx.push(Effect::LookForNetns);
@@ -156,5 +140,18 @@ pub(super) fn step(
         // A pod update while checking: keep the check going.
         (st @ Stage::Checking { .. }, Input::Pod(Some(_))) => st,
         (st, _) => st,
+    }
+}
+
+/// Nothing usable yet: look again after the backoff since the last pod update.
+fn look_again(fx: &mut Vec<Effect>, now: Now, waiting_since: Instant, refused: Refused) -> Stage {
+    fx.push(Effect::Schedule(
+        Timer::NetnsPoll,
+        now.mono + netns_poll_after(now.mono.saturating_duration_since(waiting_since)),
+    ));
+    Stage::WaitingForNetns {
+        waiting_since,
+        looked: true,
+        refused,
     }
 }
