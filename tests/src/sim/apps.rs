@@ -285,8 +285,11 @@ fn exchange(conn: &mut BufReader<TcpStream>) -> Result<(), CallError> {
     }
 }
 
+/// A call's result, and when its `connect()` returned (µs since the epoch).
+type CallOutcome = (Result<(), CallError>, Option<u64>);
+
 /// One call on a fresh connection, closed afterwards; also when `connect()` returned (µs).
-fn call_once(remote: SocketAddr, timeout: Duration) -> (Result<(), CallError>, Option<u64>) {
+fn call_once(remote: SocketAddr, timeout: Duration) -> CallOutcome {
     let mut conn = match connect(remote, timeout) {
         Ok(s) => BufReader::new(s),
         Err(e) => return (Err(e), None),
@@ -365,24 +368,23 @@ pub fn run_app(args: &AppArgs, term: &TermSignal) -> io::Result<i32> {
     };
     let mut startup_failed = false;
     if args.startup_parallel {
-        let results: Vec<(Instant, (Result<(), CallError>, Option<u64>))> =
-            std::thread::scope(|s| {
-                let handles: Vec<_> = (0..args.startup_calls)
-                    .map(|_| {
-                        s.spawn(|| {
-                            let t = Instant::now();
-                            (t, call_once(remote, timeout))
-                        })
+        let results: Vec<(Instant, CallOutcome)> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..args.startup_calls)
+                .map(|_| {
+                    s.spawn(|| {
+                        let t = Instant::now();
+                        (t, call_once(remote, timeout))
                     })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| {
-                        h.join()
-                            .unwrap_or_else(|_| (Instant::now(), (Err(CallError::Other), None)))
-                    })
-                    .collect()
-            });
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| (Instant::now(), (Err(CallError::Other), None)))
+                })
+                .collect()
+        });
         for (t, (r, connected)) in results {
             startup_failed |= r.is_err();
             record_call_connected(&report, Phase::Startup, t, r, connected);
