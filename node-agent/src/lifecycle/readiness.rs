@@ -4,15 +4,18 @@
 //! 1. both capture ports have a TCP socket in LISTEN state in the pod's network namespace (and,
 //!    when a DNS capture port is given, a TCP listener **and** a bound UDP socket on it:
 //!    pilot-agent's DNS proxy serves both). Asked of the kernel through `sock_diag`
-//!    ([`SockDiag`], a netlink socket made once inside the pod's netns), which costs
-//!    microseconds, unlike `/proc/<pid>/net/tcp` which walks the whole established table. Checked
-//!    first, every poll;
+//!    ([`SockDiag`], a netlink socket made once inside the pod's netns): one exact lookup per
+//!    port ([`SockDiag::tcp_listening_all`]), a hash probe, unlike `/proc/<pid>/net/tcp` (walks
+//!    the whole established table) or a dump (walks the whole listening hash). Checked first,
+//!    every poll;
 //! 2. then one `GET /stats?filter=...` on the kept-alive admin connection returns Envoy's
 //!    `server.state` (0 = LIVE), `server.concurrency` (worker threads) and the filter's gauges,
 //!    decided by the pure [`decide`]: LIVE, and the filter configured on every worker.
 //!
 //! The admin API is only asked once the ports listen, so a waiting pod does not load its
-//! starting Envoy with requests, and the first request after that reuses one connection.
+//! starting Envoy with requests, and the first request after that reuses one connection. From
+//! then on the machine checks every millisecond (`machine::LIVE_WINDOW_POLL`): readiness
+//! follows the ports within milliseconds, and the release should follow readiness as closely.
 
 use std::sync::Arc;
 use std::time::Duration;

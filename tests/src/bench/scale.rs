@@ -66,6 +66,12 @@ struct Sample {
     refused: u32,
     failed_pods: u32,
     release_ms: Vec<f64>,
+    /// Fully ready → the app's held `connect()` returned, ms (and from the last not-ready
+    /// observation: an upper bound).
+    connect_ms: Vec<f64>,
+    connect_bound_ms: Vec<f64>,
+    /// The un-held `connect()` just after, ms.
+    floor_connect_ms: Vec<f64>,
     /// Release measured from the observer's last not-ready observation (an upper bound).
     release_bound_ms: Vec<f64>,
     /// The same call un-held, just after the held one (the machine's floor), ms.
@@ -222,8 +228,9 @@ fn scenario(
                     at_us,
                     phase: Phase::Startup,
                     ok: true,
+                    connected_us,
                     ..
-                } => Some(at_us.unwrap_or(at_ms * 1000)),
+                } => Some((at_us.unwrap_or(at_ms * 1000), *connected_us)),
                 _ => None,
             });
             if ok.is_none() {
@@ -249,6 +256,15 @@ fn scenario(
                 sample.window_ms.push((r as f64 - p as f64) / 1e3);
             }
             sample.floor_ms.extend(seen.floor_ms);
+            let connected = ok.and_then(|(_, c)| c);
+            let ok = ok.map(|(done, _)| done);
+            sample.floor_connect_ms.extend(seen.floor_connect_ms);
+            if let (Some(r), Some(c)) = (seen.ready_at, connected) {
+                sample.connect_ms.push((c as f64 - r as f64) / 1e3);
+                if let Some(n) = seen.not_ready_at {
+                    sample.connect_bound_ms.push((c as f64 - n as f64) / 1e3);
+                }
+            }
             if let (Some(n), Some(_), Some(ok)) = (seen.not_ready_at, seen.ready_at, ok) {
                 sample.release_bound_ms.push((ok as f64 - n as f64) / 1e3);
             }
@@ -520,6 +536,18 @@ fn print_table(scale: &ScaleOpts, results: &[(u32, String, Sample)]) {
     row(
         "**release**, outside: fully ready → held call done, ms p50 / p99",
         &|s| fmt_p(&s.release_ms),
+    );
+    row(
+        "**held connect**, outside: fully ready → the app's connect() returned, ms p50 / p99",
+        &|s| fmt_p(&s.connect_ms),
+    );
+    row(
+        "  upper bound: last not-ready observation → connect() returned, ms p50 / p99",
+        &|s| fmt_p(&s.connect_bound_ms),
+    );
+    row(
+        "  floor: an un-held connect() just after, ms p50 / p99",
+        &|s| fmt_p(&s.floor_connect_ms),
     );
     row(
         "release, upper bound: last not-ready observation → held call done, ms p50 / p99",

@@ -39,6 +39,8 @@ pub struct Observation {
     pub not_ready_at: Option<u64>,
     /// The un-held call right after the app's held one: connect → reply, ms.
     pub floor_ms: Option<f64>,
+    /// Its `connect()` alone, ms.
+    pub floor_connect_ms: Option<f64>,
     /// Admin requests the observer made.
     pub admin_requests: u64,
 }
@@ -148,14 +150,19 @@ pub fn observe(
         }
         std::thread::sleep(Duration::from_millis(2));
     }
-    seen.floor_ms = node.in_pod_netns(pod, || floor_call(remote)).ok().flatten();
+    if let Ok(Some((connect, call))) = node.in_pod_netns(pod, || floor_call(remote)) {
+        seen.floor_connect_ms = Some(connect);
+        seen.floor_ms = Some(call);
+    }
     seen
 }
 
-/// The app's call (see `sim::apps`): connect, `ping`, `pong`, close. Its duration, ms.
-fn floor_call(remote: SocketAddr) -> Option<f64> {
+/// The app's call (see `sim::apps`): connect, `ping`, `pong`, close. The connect's and the
+/// whole call's durations, ms.
+fn floor_call(remote: SocketAddr) -> Option<(f64, f64)> {
     let t = Instant::now();
     let s = TcpStream::connect_timeout(&remote, Duration::from_secs(5)).ok()?;
+    let connect_ms = t.elapsed().as_secs_f64() * 1e3;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     s.set_nodelay(true).ok()?;
     let mut conn = BufReader::new(s);
@@ -164,7 +171,7 @@ fn floor_call(remote: SocketAddr) -> Option<f64> {
     conn.read_line(&mut line).ok()?;
     let ms = t.elapsed().as_secs_f64() * 1e3;
     let _ = conn.get_ref().shutdown(Shutdown::Both);
-    (line == "pong\n").then_some(ms)
+    (line == "pong\n").then_some((connect_ms, ms))
 }
 
 /// One `GET` on a kept-alive HTTP/1.1 connection (opened when there is none). Envoy's admin

@@ -98,7 +98,7 @@ struct Args {
     #[arg(long, default_value_t = 3)]
     hold_pods: u32,
     /// scale: pod counts, one scenario each.
-    #[arg(long, value_delimiter = ',', default_values_t = vec![10u32, 30, 110])]
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1u32, 30, 110])]
     scale_pods: Vec<u32>,
     /// scale: another `holdfast` binary to run side by side (e.g. a build of the previous commit).
     #[arg(long)]

@@ -285,15 +285,32 @@ fn exchange(conn: &mut BufReader<TcpStream>) -> Result<(), CallError> {
     }
 }
 
-/// One call on a fresh connection, closed afterwards.
-fn call_once(remote: SocketAddr, timeout: Duration) -> Result<(), CallError> {
-    let mut conn = BufReader::new(connect(remote, timeout)?);
+/// A call's result, and when its `connect()` returned (µs since the epoch).
+type CallOutcome = (Result<(), CallError>, Option<u64>);
+
+/// One call on a fresh connection, closed afterwards; also when `connect()` returned (µs).
+fn call_once(remote: SocketAddr, timeout: Duration) -> CallOutcome {
+    let mut conn = match connect(remote, timeout) {
+        Ok(s) => BufReader::new(s),
+        Err(e) => return (Err(e), None),
+    };
+    let connected = now_us();
     let r = exchange(&mut conn);
     let _ = conn.get_ref().shutdown(Shutdown::Both);
-    r
+    (r, Some(connected))
 }
 
 fn record_call(report: &ReportWriter, phase: Phase, started: Instant, r: Result<(), CallError>) {
+    record_call_connected(report, phase, started, r, None);
+}
+
+fn record_call_connected(
+    report: &ReportWriter,
+    phase: Phase,
+    started: Instant,
+    r: Result<(), CallError>,
+    connected_us: Option<u64>,
+) {
     let at_us = now_us();
     report.record(&AppEvent::Call {
         at_ms: at_us / 1000,
@@ -302,6 +319,7 @@ fn record_call(report: &ReportWriter, phase: Phase, started: Instant, r: Result<
         ok: r.is_ok(),
         error: r.err(),
         latency_ms: started.elapsed().as_millis() as u64,
+        connected_us,
     });
 }
 
@@ -350,7 +368,7 @@ pub fn run_app(args: &AppArgs, term: &TermSignal) -> io::Result<i32> {
     };
     let mut startup_failed = false;
     if args.startup_parallel {
-        let results: Vec<(Instant, Result<(), CallError>)> = std::thread::scope(|s| {
+        let results: Vec<(Instant, CallOutcome)> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..args.startup_calls)
                 .map(|_| {
                     s.spawn(|| {
@@ -363,20 +381,20 @@ pub fn run_app(args: &AppArgs, term: &TermSignal) -> io::Result<i32> {
                 .into_iter()
                 .map(|h| {
                     h.join()
-                        .unwrap_or_else(|_| (Instant::now(), Err(CallError::Other)))
+                        .unwrap_or_else(|_| (Instant::now(), (Err(CallError::Other), None)))
                 })
                 .collect()
         });
-        for (t, r) in results {
+        for (t, (r, connected)) in results {
             startup_failed |= r.is_err();
-            record_call(&report, Phase::Startup, t, r);
+            record_call_connected(&report, Phase::Startup, t, r, connected);
         }
     } else {
         for _ in 0..args.startup_calls {
             let t = Instant::now();
-            let r = call_once(remote, timeout);
+            let (r, connected) = call_once(remote, timeout);
             startup_failed |= r.is_err();
-            record_call(&report, Phase::Startup, t, r);
+            record_call_connected(&report, Phase::Startup, t, r, connected);
         }
     }
     if startup_failed {

@@ -93,6 +93,10 @@ pub enum AppEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<CallError>,
         latency_ms: u64,
+        /// When `connect()` returned (µs since the epoch), for calls on a fresh connection: the
+        /// end of a held connect, apart from the request/response through Envoy after it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        connected_us: Option<u64>,
     },
     /// A name lookup through the system resolver (getaddrinfo), recorded when it ended.
     Lookup {
