@@ -559,7 +559,7 @@ fn host_header(addr: SocketAddr) -> String {
 }
 
 /// Percent-encodes a query value (everything but RFC 3986 unreserved characters).
-fn percent_encode(value: &str) -> String {
+pub fn percent_encode(value: &str) -> String {
     let mut out = String::with_capacity(value.len() * 3);
     for b in value.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {

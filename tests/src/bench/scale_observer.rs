@@ -103,7 +103,10 @@ pub fn observe(
             std::thread::sleep(poll);
         }
         let admin = SocketAddr::from(([127, 0, 0, 1], ADMIN_PORT));
-        let query = format!("/stats?filter={}", url_encode(READY_STATS));
+        let query = format!(
+            "/stats?filter={}",
+            holdfast::effects::envoy_admin::percent_encode(READY_STATS)
+        );
         let mut conn: Option<BufReader<TcpStream>> = None;
         loop {
             let at = now_us();
@@ -286,18 +289,6 @@ pub fn fully_ready(stats: &str) -> bool {
     state == Some(0) && started == Some(1) && filter
 }
 
-pub fn url_encode(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"._-".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -326,6 +317,9 @@ mod tests {
 
     #[test]
     fn query_is_encoded() {
-        assert_eq!(url_encode(r"^a\.b$"), "%5Ea%5C.b%24");
+        assert_eq!(
+            holdfast::effects::envoy_admin::percent_encode(r"^a\.b$"),
+            "%5Ea%5C.b%24"
+        );
     }
 }
