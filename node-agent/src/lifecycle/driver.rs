@@ -205,6 +205,9 @@ impl Driver {
             let fx;
             (state, fx) = machine::step(state, input, now());
             exited = self.perform(fx).await;
+            if !state.checks_readiness() {
+                self.probe = None;
+            }
             if !exited && self.pending.is_empty() {
                 self.sync_proxy_watch(&state).await;
             }
@@ -271,7 +274,8 @@ impl Driver {
                 let id = netns.id();
                 if self.netns.as_ref().map(PodNetns::id) != Some(id) {
                     tracing::info!(pid, netns = ?id, "found the pod's network namespace");
-                    self.probe = self.make_probe(&netns);
+                    // A probe of the old netns asks the wrong Envoy: made anew at the next check.
+                    self.probe = None;
                     self.netns = Some(netns);
                 }
                 Input::NetnsFound { netns: id }
@@ -310,11 +314,8 @@ impl Driver {
         let admin = view.admin_addr(&self.shared.config.proxy);
         if admin != self.admin {
             self.admin = admin;
-            if self.probe.is_some() {
-                if let Some(netns) = self.netns.as_ref().and_then(|n| n.try_clone().ok()) {
-                    tracing::info!(admin = %admin, "the pod's IPs are known: asking Envoy's admin there");
-                    self.probe = self.make_probe(&netns);
-                }
+            if self.probe.take().is_some() {
+                tracing::info!(admin = %admin, "the pod's IPs are known: asking Envoy's admin there");
             }
         }
     }
@@ -325,6 +326,13 @@ impl Driver {
                 self.last_progress = Instant::now();
                 let held = q.held();
                 self.rec.hold_progress(held.packets, held.connections);
+            }
+        }
+        // Made when first needed, and dropped once the machine is past the hold (see
+        // `drive`): an idle pod keeps no admin connection, netlink socket or netns fd open.
+        if self.probe.is_none() {
+            if let Some(netns) = self.netns.as_ref().and_then(|n| n.try_clone().ok()) {
+                self.probe = self.make_probe(&netns);
             }
         }
         match &self.probe {

@@ -153,6 +153,18 @@ impl State {
         self.pod.as_ref().is_none_or(|p| p.deletion.is_some())
     }
 
+    /// Whether the machine may still ask for readiness observations (deciding whether to hold,
+    /// or holding): outside these stages the driver keeps no readiness probe open.
+    pub fn checks_readiness(&self) -> bool {
+        matches!(
+            self.stage,
+            Stage::Checking { .. }
+                | Stage::SettingUpHold { .. }
+                | Stage::Holding { .. }
+                | Stage::Releasing { .. }
+        )
+    }
+
     /// Whether the driver should watch the proxy container's processes for an exit (answer:
     /// `ProxyGone`): only while the proxy is ready and the pod runs on (`Running`), never during
     /// a drain or a Job watch, where the agent itself ends Envoy. A watch costs one pidfd per

@@ -166,6 +166,7 @@ fn holding(p: PodFacts) -> Run {
             (Input::Timer(Timer::ReadinessPoll), &["check"]),
         ],
     );
+    assert!(r.state.checks_readiness(), "a held pod is checked");
     r
 }
 
@@ -666,6 +667,10 @@ fn a_proxy_exit_while_ready_holds_again_until_the_new_envoy_is_ready() {
     let mut r = ready(holding(pod(RestartPolicy::Always)));
     r.script("first hold", vec![]);
     assert!(r.state.watches_proxy(), "a ready pod's proxy is watched");
+    assert!(
+        !r.state.checks_readiness(),
+        "a ready pod keeps no readiness probe"
+    );
     r.script(
         "proxy OOM-killed",
         vec![
