@@ -21,6 +21,7 @@ fn chaos_soak_short() {
     let opts = SoakOpts {
         seed,
         lifecycles: 32,
+        from: 0,
         concurrency: 6,
         // More agent restarts than the long form, so 32 lifecycles see a few of each kind.
         rates: ChaosRates {

@@ -24,6 +24,9 @@ struct Args {
     /// The seed (printed at start; the same seed repeats the same plan). Default: from the clock.
     #[arg(long)]
     seed: Option<u64>,
+    /// Start at this lifecycle of the plan (repeat a failure at lifecycle N alone).
+    #[arg(long, default_value_t = 0)]
+    from: usize,
     /// Pods alive at once.
     #[arg(long, default_value_t = 8)]
     concurrency: usize,
@@ -43,6 +46,7 @@ fn main() -> ExitCode {
     let opts = SoakOpts {
         seed: args.seed.unwrap_or_else(soak::rng::seed_from_clock),
         lifecycles: args.lifecycles,
+        from: args.from,
         concurrency: args.concurrency,
         rates: ChaosRates {
             agent: args.agent_rate,

@@ -65,6 +65,9 @@ impl Variant {
 pub struct SoakOpts {
     pub seed: u64,
     pub lifecycles: usize,
+    /// Run only the lifecycles from this index on (the plan is drawn for all of them, so a
+    /// failure at lifecycle N of a seed can be repeated alone).
+    pub from: usize,
     /// Pods alive at once.
     pub concurrency: usize,
     pub rates: ChaosRates,
@@ -197,6 +200,19 @@ pub fn run_variant(opts: &SoakOpts, variant: Variant, plan: &[Lifecycle]) -> Res
         }
     };
     run.tally = tally::tally(&facts, &run.outages);
+    if variant == Variant::Holdfast && !missed_goals(&run).is_empty() {
+        // The node's work dir goes at teardown: keep the agent's log (every incarnation's) for
+        // the failure's details.
+        let kept = std::env::temp_dir().join(format!("holdfast-soak-{}-agent.log", opts.seed));
+        match std::fs::copy(node.work_dir().join("agent.log"), &kept) {
+            Ok(_) => eprintln!(
+                "soak (seed {}): agent log kept at {}",
+                opts.seed,
+                kept.display()
+            ),
+            Err(e) => eprintln!("soak (seed {}): cannot keep the agent log: {e}", opts.seed),
+        }
+    }
     run.leftovers = crate::cri::host_netns_holdfast_rules();
     run.leftovers.extend(node.finish());
     run.load_after = crate::bench::load_average();
@@ -256,7 +272,8 @@ pub fn run(opts: &SoakOpts, variants: &[Variant]) -> Result<Vec<VariantRun>> {
         "soak: seed {} ({} lifecycles, {} at a time); repeat with --seed {}",
         opts.seed, opts.lifecycles, opts.concurrency, opts.seed
     );
-    let plan = plan::plan(opts.seed, opts.lifecycles, opts.rates);
+    let mut plan = plan::plan(opts.seed, opts.lifecycles, opts.rates);
+    plan.drain(..opts.from.min(plan.len()));
     let mut runs = Vec::new();
     for &v in variants {
         let r = run_variant(opts, v, &plan)
