@@ -31,6 +31,11 @@ pub struct PodProcess {
 struct Entry {
     pod: Option<PodCgroup>,
     first_seen: Instant,
+    /// Read when the process was older than [`SETTLE`]: a runtime has placed it by then, so a
+    /// "no pod" read is final. A younger "no pod" read is not: runc starts `runc init` in its
+    /// own cgroup and moves it into the container's, and a look in between must not hide the
+    /// container's main process for good when no look follows within `SETTLE`.
+    settled_read: bool,
 }
 
 #[derive(Debug)]
@@ -214,7 +219,7 @@ impl Index {
             let settled = self
                 .pids
                 .get(&pid)
-                .is_some_and(|e| e.pod.is_some() || now.duration_since(e.first_seen) > SETTLE);
+                .is_some_and(|e| e.pod.is_some() || e.settled_read);
             if settled {
                 continue;
             }
@@ -223,7 +228,15 @@ impl Index {
                 .ok()
                 .and_then(|text| parse_pod_cgroup(&text));
             let first_seen = self.pids.get(&pid).map_or(now, |e| e.first_seen);
-            self.pids.insert(pid, Entry { pod, first_seen });
+            let settled_read = now.duration_since(first_seen) > SETTLE;
+            self.pids.insert(
+                pid,
+                Entry {
+                    pod,
+                    first_seen,
+                    settled_read,
+                },
+            );
         }
         if alive.len() != self.pids.len() {
             let alive: std::collections::HashSet<i32> = alive.into_iter().collect();
@@ -265,6 +278,29 @@ mod tests {
         std::fs::remove_dir_all(root.join("10")).unwrap();
         std::thread::sleep(MIN_REFRESH * 2);
         assert_eq!(procs.of_pod_blocking(uid).len(), 1);
+
+        // A process seen outside any pod (runc's init before it is moved into the container's
+        // cgroup), then nobody looks until after SETTLE: the next look still reads it again.
+        let d = root.join("13");
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("cgroup"), "0::/system.slice/containerd.service\n").unwrap();
+        std::thread::sleep(MIN_REFRESH * 2);
+        assert_eq!(procs.of_pod_blocking(uid).len(), 1);
+        std::fs::write(
+            d.join("cgroup"),
+            format!("0::/kubepods/besteffort/pod{uid}/{}\n", "c".repeat(64)),
+        )
+        .unwrap();
+        std::thread::sleep(SETTLE + MIN_REFRESH * 2);
+        assert_eq!(
+            procs
+                .of_pod_blocking(uid)
+                .iter()
+                .map(|p| p.pid)
+                .collect::<Vec<_>>(),
+            vec![12, 13],
+            "a process moved into the pod's cgroup is found"
+        );
         std::fs::remove_dir_all(&root).unwrap();
     }
 }
