@@ -201,6 +201,24 @@ fn limit_malloc_arenas() {
     }
 }
 
+/// Every 30 s, hands memory the agent has freed back to the kernel (`malloc_trim(3)`).
+///
+/// glibc keeps freed heap for reuse; after a burst (110 pods starting, a flood of status API
+/// clients) the agent's RSS stayed ~7–9 MiB above what it used (chaos soak: 21.5 → 28.4 MiB at
+/// the end with no pods). `malloc_trim(0)` releases free pages of every arena (`madvise`), a few
+/// milliseconds of work on the blocking pool.
+async fn return_freed_memory() {
+    let mut every = tokio::time::interval(std::time::Duration::from_secs(30));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: malloc_trim only returns free memory of glibc's allocator to the kernel; it
+        // takes the allocator's own locks and touches no memory in use.
+        let _ = tokio::task::spawn_blocking(|| unsafe { libc::malloc_trim(0) }).await;
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
@@ -225,6 +243,7 @@ fn main() -> anyhow::Result<()> {
                         _ = tokio::signal::ctrl_c() => {},
                     }
                 };
+                tokio::spawn(return_freed_memory());
                 holdfast::agent::run(config, shutdown).await
             })?;
             Ok(())
