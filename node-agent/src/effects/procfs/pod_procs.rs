@@ -251,7 +251,15 @@ mod tests {
 
     #[test]
     fn finds_pod_processes_in_a_fake_proc_tree() {
-        let root = std::env::temp_dir().join(format!("hf-podprocs-{}", std::process::id()));
+        /// The fake proc tree, removed on drop (also when an assertion fails).
+        struct Tree(PathBuf);
+        impl Drop for Tree {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+        let tree = Tree(std::env::temp_dir().join(format!("hf-podprocs-{}", std::process::id())));
+        let root = tree.0.clone();
         let _ = std::fs::remove_dir_all(&root);
         let uid = "0b6a3c1e-6a59-4d8e-9f3a-2f1d5c7b8a90";
         let cid = "a".repeat(64);
