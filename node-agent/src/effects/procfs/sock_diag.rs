@@ -304,20 +304,32 @@ fn lookup_request(
     msg
 }
 
-/// Sends an exact request and reads its one answer: the socket, or the kernel's error.
-fn exchange_one(fd: &OwnedFd, seq: u32, req: &[u8], buf: &mut [u8]) -> Result<DiagSocket> {
+/// Sends one request to the kernel.
+fn send(fd: &OwnedFd, req: &[u8]) -> Result<()> {
     let kernel = netlink::SocketAddrNetlink::new(0, 0);
     rustix::net::sendto(fd, req, SendFlags::empty(), &kernel).map_err(|e| Error::Send(e.into()))?;
+    Ok(())
+}
+
+/// Receives one datagram into `buf`: its length, or an error if it did not fit.
+fn recv_datagram(fd: &OwnedFd, buf: &mut [u8]) -> Result<usize> {
+    let (_, len) =
+        rustix::net::recv(fd, &mut *buf, RecvFlags::TRUNC).map_err(|e| Error::Recv(e.into()))?;
+    if len > buf.len() {
+        return Err(Error::Malformed(format!(
+            "a {len}-byte datagram does not fit the {}-byte buffer",
+            buf.len()
+        )));
+    }
+    Ok(len)
+}
+
+/// Sends an exact request and reads its one answer: the socket, or the kernel's error.
+fn exchange_one(fd: &OwnedFd, seq: u32, req: &[u8], buf: &mut [u8]) -> Result<DiagSocket> {
+    send(fd, req)?;
     let mut messages = 0usize;
     loop {
-        let (_, len) = rustix::net::recv(fd, &mut *buf, RecvFlags::TRUNC)
-            .map_err(|e| Error::Recv(e.into()))?;
-        if len > buf.len() {
-            return Err(Error::Malformed(format!(
-                "a {len}-byte datagram does not fit the {}-byte buffer",
-                buf.len()
-            )));
-        }
+        let len = recv_datagram(fd, buf)?;
         let mut out = Vec::new();
         // An answer of our sequence is the socket (then `More`: no DONE follows a non-dump
         // answer) or an error; a stale datagram of an abandoned request holds neither.
@@ -339,20 +351,10 @@ fn dump(
     buf: &mut [u8],
     out: &mut Vec<DiagSocket>,
 ) -> Result<()> {
-    let req = request(seq, family, kind);
-    let kernel = netlink::SocketAddrNetlink::new(0, 0);
-    rustix::net::sendto(fd, &req, SendFlags::empty(), &kernel)
-        .map_err(|e| Error::Send(e.into()))?;
+    send(fd, &request(seq, family, kind))?;
     let mut messages = 0usize;
     loop {
-        let (_, len) = rustix::net::recv(fd, &mut *buf, RecvFlags::TRUNC)
-            .map_err(|e| Error::Recv(e.into()))?;
-        if len > buf.len() {
-            return Err(Error::Malformed(format!(
-                "a {len}-byte datagram does not fit the {}-byte buffer",
-                buf.len()
-            )));
-        }
+        let len = recv_datagram(fd, buf)?;
         match parse_batch(&buf[..len], seq, out, &mut messages)? {
             Batch::Done => return Ok(()),
             Batch::More => {}
