@@ -223,7 +223,7 @@ pub const WORKERS_STARTED_STAT: &str = "listener_manager.workers_started";
 pub fn stats_filter(stat_prefix: &str) -> String {
     format!(
         "^(server\\.(state|concurrency)|listener_manager\\.workers_started|{}\\.(workers_ready|loaded))$",
-        regex_escape(stat_prefix)
+        super::drain::regex_escape(stat_prefix)
     )
 }
 
@@ -260,18 +260,6 @@ pub fn decide(stats: &Stats, stat_prefix: &str, require_filter: bool) -> Readine
     } else {
         Readiness::FilterNotLoaded
     }
-}
-
-/// Escapes regex metacharacters (Envoy's `/stats?filter=` is an RE2 regex).
-fn regex_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 4);
-    for c in s.chars() {
-        if "\\.+*?()|[]{}^$".contains(c) {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
 }
 
 #[cfg(test)]

@@ -132,8 +132,9 @@ impl ProxyAdmin for AdminClient {
     }
 }
 
-/// Escapes regex metacharacters (Envoy's `/stats?filter=` is an RE2 regex).
-fn regex_escape(s: &str) -> String {
+/// Escapes regex metacharacters (Envoy's `/stats?filter=` is an RE2 regex); readiness's stats
+/// filter uses it too.
+pub(crate) fn regex_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 4);
     for c in s.chars() {
         if "\\.+*?()|[]{}^$".contains(c) {
