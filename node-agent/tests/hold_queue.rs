@@ -416,6 +416,28 @@ fn outbound_through_istio_redirect_and_inbound_over_veth() -> Result<()> {
     pod.assert_no_hold()
 }
 
+/// A release removes the rules it wrote without listing them first; where the table is not as
+/// it wrote it (here a leftover hold under a fresh one: two jumps per chain), that one
+/// transaction fails whole and the release lists and removes everything instead.
+#[test]
+fn release_clears_a_table_not_as_installed() -> Result<()> {
+    if !privileged("release_clears_a_table_not_as_installed") {
+        return Ok(());
+    }
+    let t = TestNetns::new("hf-hold-dup")?;
+    let cfg = HoldConfig::default();
+    drop(HoldQueue::start(&t.ns, &cfg)?);
+    let hold = HoldQueue::start_fresh(&t.ns, &cfg)?;
+    let jumps = HoldQueue::find(&t.ns, &cfg)?.jumps.len();
+    ensure!(
+        jumps == 4,
+        "expected two jumps per chain and family, found {jumps}"
+    );
+    let report = hold.release()?;
+    ensure!(report.rules_removed, "report: {report:?}");
+    t.assert_no_hold()
+}
+
 /// A hold written with IPv6 rules (the pod's IPs not known yet) is cleared by an agent whose
 /// spec is IPv4-only (the IPs arrived: an IPv4-only pod), both as a leftover and after adopting
 /// it: no IPv6 rule may stay in the running pod (found by the chaos soak, issue 11).

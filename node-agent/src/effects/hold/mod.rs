@@ -217,6 +217,8 @@ pub struct HoldQueue {
     holder: Option<JoinHandle<Result<NfQueue, nfqueue::Error>>>,
     /// Why IPv6 is not held although the spec asked for it.
     ipv6_error: Option<String>,
+    /// The families whose rules this queue wrote (released without listing them first).
+    installed: Vec<rules::Family>,
 }
 
 impl HoldQueue {
@@ -224,7 +226,7 @@ impl HoldQueue {
     pub fn start(netns: &PodNetns, cfg: &HoldConfig) -> Result<HoldQueue> {
         let mut hold = HoldQueue::bind(netns, cfg, cfg.rules.queue_num)?;
         match rules::install(&hold.netns, &cfg.rules) {
-            Ok(installed) => hold.ipv6_error = installed.ipv6_error,
+            Ok(installed) => hold.note_installed(installed),
             Err(e) => {
                 // Undo what did go in; nothing was queued without the rules, so the queue can
                 // close.
@@ -267,7 +269,7 @@ impl HoldQueue {
         cfg.rules.queue_num = queue_num;
         let mut hold = HoldQueue::bind(netns, &cfg, queue_num)?;
         match rules::install_over(&hold.netns, &cfg.rules, per_family) {
-            Ok(installed) => hold.ipv6_error = installed.ipv6_error,
+            Ok(installed) => hold.note_installed(installed),
             // The found rules still hold (and the queue is bound): keep them.
             Err(e) => {
                 tracing::warn!(netns = ?netns.id(), error = %e, "adopted hold: cannot refresh its rules; keeping the found ones")
@@ -286,7 +288,7 @@ impl HoldQueue {
         let mut hold = HoldQueue::bind(netns, cfg, cfg.rules.queue_num)?;
         let none = rules::FoundPerFamily::nothing(&cfg.rules);
         match rules::install_over(&hold.netns, &cfg.rules, &none) {
-            Ok(installed) => hold.ipv6_error = installed.ipv6_error,
+            Ok(installed) => hold.note_installed(installed),
             Err(e) => {
                 let _ = rules::remove(&hold.netns, &cfg.rules);
                 let _ = hold.stop_holder();
@@ -309,7 +311,7 @@ impl HoldQueue {
         }
         let mut hold = HoldQueue::bind(netns, cfg, cfg.rules.queue_num)?;
         match rules::install_over(&hold.netns, &cfg.rules, &per_family) {
-            Ok(installed) => hold.ipv6_error = installed.ipv6_error,
+            Ok(installed) => hold.note_installed(installed),
             Err(e) => {
                 let _ = rules::remove(&hold.netns, &cfg.rules);
                 let _ = hold.stop_holder();
@@ -318,6 +320,11 @@ impl HoldQueue {
         }
         tracing::info!(netns = ?netns.id(), queue = cfg.rules.queue_num, "hold started");
         Ok((hold, false))
+    }
+
+    fn note_installed(&mut self, installed: rules::Installed) {
+        self.ipv6_error = installed.ipv6_error;
+        self.installed = installed.families;
     }
 
     /// Removes holdfast rules from a netns where no hold is wanted. `true` if any were there.
@@ -376,6 +383,7 @@ impl HoldQueue {
             wake,
             holder: Some(holder),
             ipv6_error: None,
+            installed: Vec::new(),
         })
     }
 
@@ -458,7 +466,7 @@ impl HoldQueue {
         let longest_wait = lock(&self.shared).first_held.map(|t| t.elapsed());
         // 2. New SYNs now pass straight to Envoy. An error here must not strand queued packets:
         //    drain anyway, and report the error after.
-        let removed = rules::remove(&self.netns, &self.cfg.rules);
+        let removed = rules::remove_installed(&self.netns, &self.cfg.rules, &self.installed);
         let mut late_packets = 0u64;
         let mut batch = Vec::new();
         let deadline = Instant::now() + self.cfg.release_drain_timeout;

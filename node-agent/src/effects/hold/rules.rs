@@ -483,6 +483,50 @@ pub fn install_over(
     Ok(installed)
 }
 
+/// `iptables-restore --noflush` input that removes the hold exactly as [`install_script`] wrote
+/// it into a namespace that had none: one jump per built-in chain, then the chains. It fails as
+/// a whole (a transaction) if the table differs — a jump already gone, or a second jump to our
+/// chain (`-X` then refuses: the chain is still referenced) — and changes nothing then.
+pub fn installed_removal_script() -> String {
+    let mut script = String::from("*filter\n");
+    for jump in jump_rules() {
+        // `-I CHAIN 1 spec` → `-D CHAIN spec`.
+        let [_, chain, _, rest @ ..] = jump.as_slice() else {
+            continue;
+        };
+        script.push_str(&format!("-D {chain} {}\n", rest.join(" ")));
+    }
+    for chain in [OUT_CHAIN, IN_CHAIN] {
+        script.push_str(&format!("-F {chain}\n-X {chain}\n"));
+    }
+    script.push_str("COMMIT\n");
+    script
+}
+
+/// Removes a hold this agent installed in `installed` (the families [`install_over`] put it
+/// in): one `iptables-restore` per family with [`installed_removal_script`], no listing. A
+/// family where that transaction fails (someone changed the table) and every family not in
+/// `installed` are cleared as [`remove`] does, by listing first. `true` if anything was
+/// removed.
+pub fn remove_installed(netns: &PodNetns, spec: &RuleSpec, installed: &[Family]) -> Result<bool> {
+    let restore = args(&["-w", "5", "--noflush"]);
+    let script = installed_removal_script();
+    let mut removed = Vec::new();
+    for &family in installed {
+        match run_checked(netns, family.restore(spec), &restore, Some(script.clone())) {
+            Ok(_) => removed.push(family),
+            Err(error) => {
+                tracing::debug!(netns = ?netns.id(), ?family, %error, "the hold is not as installed; listing the rules to remove them")
+            }
+        }
+    }
+    let rest: Vec<Family> = [Family::V4, Family::V6]
+        .into_iter()
+        .filter(|f| !removed.contains(f))
+        .collect();
+    Ok(remove_families(netns, spec, &rest)? || !removed.is_empty())
+}
+
 /// Removes every holdfast jump and chain from the netns, one transaction per family.
 /// Idempotent: returns `false` when there was nothing to remove. An IPv6 table that cannot be
 /// listed or changed is logged and skipped (what could not be listed cannot hold anything for
@@ -493,9 +537,13 @@ pub fn install_over(
 /// spec for an IPv4-only pod. Removing with that spec left the IPv6 rules behind (the chaos soak
 /// found them in running pods after agent restarts).
 pub fn remove(netns: &PodNetns, spec: &RuleSpec) -> Result<bool> {
+    remove_families(netns, spec, &[Family::V4, Family::V6])
+}
+
+fn remove_families(netns: &PodNetns, spec: &RuleSpec, families: &[Family]) -> Result<bool> {
     let mut removed = false;
     let restore = args(&["-w", "5", "--noflush"]);
-    for family in [Family::V4, Family::V6] {
+    for &family in families {
         let result =
             find_family(netns, spec, family).and_then(|existing| match remove_script(&existing) {
                 None => Ok(false),
@@ -554,6 +602,18 @@ mod tests {
         assert_eq!(found, FoundHold::default());
         assert_eq!(remove_script(&found), None);
         assert_eq!(parse_found("garbage\n-A\n-N\n\u{0}"), FoundHold::default());
+    }
+
+    #[test]
+    fn installed_removal_script_undoes_the_install() {
+        assert_eq!(
+            installed_removal_script(),
+            "*filter\n\
+             -D OUTPUT -m comment --comment holdfast -j HOLDFAST_OUT\n\
+             -D INPUT -m comment --comment holdfast -j HOLDFAST_IN\n\
+             -F HOLDFAST_OUT\n-X HOLDFAST_OUT\n-F HOLDFAST_IN\n-X HOLDFAST_IN\n\
+             COMMIT\n"
+        );
     }
 
     #[test]
