@@ -156,6 +156,12 @@ async fn real_envoy_with_the_filter_in_a_netns() -> Result<()> {
     )?;
     // Nothing listens: the admin API is not even asked (so no refused connection is counted).
     ensure!(probe.check().await == Readiness::PortsClosed);
+    // Only the admin port listens: Envoy runs, its capture ports are not open yet.
+    let admin_only =
+        t.ns.run(|| std::net::TcpListener::bind(DEFAULT_ADMIN_ADDR))??;
+    ensure!(probe.check().await == Readiness::Starting);
+    drop(admin_only);
+    ensure!(probe.check().await == Readiness::PortsClosed);
 
     let _envoy = start_envoy(&t, Some(&wasm))?;
     let took = wait_for(&probe, Readiness::Ready, Duration::from_secs(30)).await?;
@@ -249,7 +255,8 @@ async fn real_envoy_with_the_filter_in_a_netns() -> Result<()> {
     )?;
     ensure!(other_lax.check().await == Readiness::Ready);
 
-    // DNS capture: a TCP listener alone is not enough, TCP + UDP is.
+    // DNS capture: a TCP listener alone is not enough, TCP + UDP is (Envoy runs meanwhile:
+    // `Starting` until pilot-agent's DNS port is open too).
     let dns = ReadinessProbe::new(
         &t.ns,
         DEFAULT_ADMIN_ADDR,
@@ -257,13 +264,13 @@ async fn real_envoy_with_the_filter_in_a_netns() -> Result<()> {
         &strict,
         options(DEFAULT_STAT_PREFIX, Some(15053), &errors),
     )?;
-    ensure!(dns.check().await == Readiness::PortsClosed);
+    ensure!(dns.check().await == Readiness::Starting);
     let tcp = t.ns.run(|| TcpListener::bind("127.0.0.1:15053"))??;
-    ensure!(dns.check().await == Readiness::PortsClosed);
+    ensure!(dns.check().await == Readiness::Starting);
     let udp = t.ns.run(|| UdpSocket::bind("127.0.0.1:15053"))??;
     ensure!(dns.check().await == Readiness::Ready);
     drop(tcp);
-    ensure!(dns.check().await == Readiness::PortsClosed);
+    ensure!(dns.check().await == Readiness::Starting);
     drop(udp);
 
     ensure!(

@@ -96,6 +96,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         board: StatusBoard::default(),
         procs: crate::effects::procfs::pod_procs::PodProcs::new(config.proc_root.clone()),
         stop: stop.clone(),
+        fast_window: Default::default(),
     });
     let synced = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let api = StatusApi {
@@ -274,6 +275,7 @@ mod tests {
             stop: CancellationToken::new(),
             metrics: crate::report::metrics::MetricsHandle::new().metrics,
             events: PodEvents::log_only(),
+            fast_window: Default::default(),
         })
     }
 

@@ -8,6 +8,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,6 +41,46 @@ pub(crate) struct Shared {
     pub stop: tokio_util::sync::CancellationToken,
     pub metrics: crate::report::metrics::Metrics,
     pub events: crate::report::events::PodEvents,
+    /// How many pods are in their fast readiness window (see [`FAST_CHECK_SHARE`]).
+    pub fast_window: FastWindow,
+}
+
+/// The node-wide pace of fast readiness checks: with `n` pods between "Envoy runs" and "ready"
+/// at once, each is checked at most every `n × FAST_CHECK_SHARE` (and never less often than
+/// `ready_poll`). One pod starting alone is checked every millisecond; 110 pods starting at once
+/// are not checked 110,000 times a second (by the agent's CPU, and, for `Up` checks, by their
+/// own starting Envoys' admin threads): at most about 2,000 fast checks a second in all.
+pub const FAST_CHECK_SHARE: Duration = Duration::from_micros(500);
+
+/// The spacing of one pod's fast checks with `in_window` pods (itself included) in the window.
+pub fn fast_check_spacing(in_window: u32, ready_poll: Duration) -> Duration {
+    (FAST_CHECK_SHARE * in_window).min(ready_poll)
+}
+
+/// Counts the pods in their fast readiness window; a pod is counted while it holds a
+/// [`FastSlot`].
+#[derive(Debug, Clone, Default)]
+pub struct FastWindow(Arc<AtomicU32>);
+
+impl FastWindow {
+    pub fn enter(&self) -> FastSlot {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        FastSlot(self.0.clone())
+    }
+
+    pub fn pods(&self) -> u32 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// One pod's place in the [`FastWindow`], given back on drop.
+#[derive(Debug)]
+pub struct FastSlot(Arc<AtomicU32>);
+
+impl Drop for FastSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Runs one pod's lifecycle until it is gone or the agent stops.
@@ -76,6 +117,7 @@ pub(crate) async fn run(shared: Arc<Shared>, view: watch::Receiver<Option<PodVie
         proxy_watch_for: None,
         hold_cfg,
         admin,
+        fast_slot: None,
     };
     let ready_poll = d.shared.config.hold.ready_poll;
     let (state, fx) = State::new(PodFacts::of(&first), ready_poll, now());
@@ -124,6 +166,8 @@ struct Driver {
     /// and queue, and Envoy's admin address (`[::1]` for IPv6-first pods).
     hold_cfg: Option<HoldConfig>,
     admin: std::net::SocketAddr,
+    /// Held while the machine asks for fast readiness checks (see [`FAST_CHECK_SHARE`]).
+    fast_slot: Option<FastSlot>,
 }
 
 impl Driver {
@@ -207,6 +251,7 @@ impl Driver {
             exited = self.perform(fx).await;
             if !state.checks_readiness() {
                 self.probe = None;
+                self.fast_slot = None;
             }
             if !exited && self.pending.is_empty() {
                 self.sync_proxy_watch(&state).await;
@@ -225,7 +270,13 @@ impl Driver {
                 Effect::Problem(m) => self.rec.problem(m),
                 Effect::Exit => exit = true,
                 Effect::Schedule(t, at) => {
-                    self.timers.insert(t, Instant::from_std(at));
+                    let at = Instant::from_std(at);
+                    let at = if t == Timer::ReadinessPoll {
+                        self.pace_readiness_check(at)
+                    } else {
+                        at
+                    };
+                    self.timers.insert(t, at);
                 }
                 Effect::LookForNetns => {
                     let answer = self.look_for_netns().await;
@@ -264,6 +315,20 @@ impl Driver {
             }
         }
         exit
+    }
+
+    /// A readiness check the machine wants sooner than `ready_poll` is a fast one: the pod
+    /// enters the node's fast window and the check is spaced by how many pods are in it.
+    fn pace_readiness_check(&mut self, at: Instant) -> Instant {
+        let ready_poll = self.shared.config.hold.ready_poll;
+        let now = Instant::now();
+        if at.saturating_duration_since(now) > machine::LIVE_WINDOW_POLL {
+            self.fast_slot = None;
+            return at;
+        }
+        let window = &self.shared.fast_window;
+        self.fast_slot.get_or_insert_with(|| window.enter());
+        at.max(now + fast_check_spacing(window.pods(), ready_poll))
     }
 
     async fn look_for_netns(&mut self) -> Input {
@@ -341,6 +406,7 @@ impl Driver {
             Some(p) => match p.check().await {
                 Readiness::Ready => Seen::Ready,
                 Readiness::PortsClosed => Seen::Down,
+                Readiness::Starting => Seen::Starting,
                 Readiness::NotLive | Readiness::FilterNotLoaded => Seen::Up,
             },
         }
@@ -512,4 +578,33 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(move || f(ns, cfg).map_err(|e| e.to_string()))
         .await
         .map_err(|e| e.to_string())?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_checks_are_paced_node_wide() {
+        let ready_poll = Duration::from_millis(5);
+        // Alone or with a few others: every millisecond or faster.
+        assert_eq!(
+            fast_check_spacing(1, ready_poll),
+            Duration::from_micros(500)
+        );
+        assert_eq!(fast_check_spacing(2, ready_poll), Duration::from_millis(1));
+        // Many at once: spaced so that the node makes ~2,000 fast checks a second in all,
+        // never slower than the ordinary poll.
+        assert_eq!(fast_check_spacing(8, ready_poll), Duration::from_millis(4));
+        assert_eq!(fast_check_spacing(110, ready_poll), ready_poll);
+
+        let window = FastWindow::default();
+        let a = window.enter();
+        let b = window.enter();
+        assert_eq!(window.pods(), 2);
+        drop(a);
+        assert_eq!(window.pods(), 1);
+        drop(b);
+        assert_eq!(window.pods(), 0);
+    }
 }

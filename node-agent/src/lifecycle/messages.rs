@@ -22,6 +22,8 @@ pub enum Seen {
     Ready,
     /// Envoy listens but is not ready (starting, or draining after a `/healthcheck/fail`).
     Up,
+    /// Envoy runs (its admin port listens) but its capture ports do not listen yet.
+    Starting,
     /// Nothing listens on the proxy's ports.
     Down,
 }

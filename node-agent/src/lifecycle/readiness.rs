@@ -48,8 +48,12 @@ const ADMIN_TIMEOUT: Duration = Duration::from_millis(500);
 /// One readiness observation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Readiness {
-    /// Capture ports (or the DNS port, when asked) are not listening yet.
+    /// Nothing listens on Envoy's admin port: Envoy is not running (yet).
     PortsClosed,
+    /// Envoy's admin port listens but the capture ports (or the DNS port, when asked) do not
+    /// yet: Envoy is initialising (with Istio: waiting for its listeners from istiod). The
+    /// capture ports can open at any moment, usually together with LIVE.
+    Starting,
     /// Ports listen but Envoy is not LIVE (or its admin did not answer).
     NotLive,
     /// LIVE, but the holdfast filter is not configured on every worker yet.
@@ -114,6 +118,8 @@ pub struct ReadinessProbe {
     stat_prefix: String,
     stats_filter: String,
     dns_port: Option<u16>,
+    /// Envoy's admin port: listening means Envoy runs.
+    admin_port: u16,
 }
 
 impl ReadinessProbe {
@@ -152,6 +158,7 @@ impl ReadinessProbe {
             stats_filter: stats_filter(&stat_prefix),
             stat_prefix,
             dns_port: options.dns_port,
+            admin_port: admin_addr.port(),
         })
     }
 
@@ -162,9 +169,20 @@ impl ReadinessProbe {
 
     /// One observation, made through the pod's network namespace (no pid is pinned: the
     /// process the netns was found through may be gone).
+    ///
+    /// Asks the kernel first, cheapest question first: is Envoy's admin port listening (one
+    /// lookup: while Envoy is not running, that is the whole check), then the capture ports;
+    /// only when those listen is Envoy's admin API asked.
     pub async fn check(&self) -> Readiness {
+        match self.listening(&[self.admin_port]).await {
+            Some(true) => {}
+            // Admin not reachable at a loopback address (a custom admin address, or a kernel
+            // that cannot say): judge by the capture ports alone, as before.
+            None => {}
+            Some(false) => return Readiness::PortsClosed,
+        }
         if !self.ports_ready().await {
-            return Readiness::PortsClosed;
+            return Readiness::Starting;
         }
         match self.admin.stats(Some(&self.stats_filter)).await {
             Ok(stats) => decide(&stats, &self.stat_prefix, self.require_filter),
@@ -173,32 +191,42 @@ impl ReadinessProbe {
         }
     }
 
+    /// Whether every TCP port in `ports` has a listener a loopback SYN reaches (`None`: the
+    /// kernel could not say).
+    async fn listening(&self, ports: &[u16]) -> Option<bool> {
+        match &self.sockets {
+            Sockets::Diag(diag) => match diag.tcp_listening_all(ports) {
+                Ok(all) => Some(all),
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot look up the pod's listeners");
+                    None
+                }
+            },
+            Sockets::Procfs(_) => self
+                .listening_from_procfs()
+                .await
+                .ok()
+                .map(|open| ports.iter().all(|p| open.contains(p))),
+        }
+    }
+
+    async fn listening_from_procfs(&self) -> Result<std::collections::HashSet<u16>, String> {
+        let Sockets::Procfs(netns) = &self.sockets else {
+            return Err("no procfs reader".to_string());
+        };
+        let netns = netns.clone();
+        tokio::task::spawn_blocking(move || {
+            listening_ports_in_netns(&netns).map_err(|e| e.to_string())
+        })
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()))
+    }
+
+    /// The capture ports (and the DNS port, when asked) listen.
     async fn ports_ready(&self) -> bool {
         let mut wanted = vec![self.proxy.outbound_port, self.proxy.inbound_port];
         wanted.extend(self.dns_port);
-        let tcp = match &self.sockets {
-            Sockets::Diag(diag) => match diag.tcp_listening_all(&wanted) {
-                Ok(true) => Ok(wanted.iter().copied().collect()),
-                Ok(false) => return false,
-                Err(e) => Err(e.to_string()),
-            },
-            Sockets::Procfs(netns) => {
-                let netns = netns.clone();
-                tokio::task::spawn_blocking(move || {
-                    listening_ports_in_netns(&netns).map_err(|e| e.to_string())
-                })
-                .await
-                .unwrap_or_else(|e| Err(e.to_string()))
-            }
-        };
-        let tcp = match tcp {
-            Ok(ports) => ports,
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot list the pod's listeners");
-                return false;
-            }
-        };
-        if !wanted.iter().all(|p| tcp.contains(p)) {
+        if self.listening(&wanted).await != Some(true) {
             return false;
         }
         let (Some(dns), Sockets::Diag(diag)) = (self.dns_port, &self.sockets) else {

@@ -120,13 +120,13 @@ pub(super) fn step(
                     Stage::Finished
                 }
                 // Deleted, and Envoy up but not ready: it is draining (a previous agent began
-                // the drain, or pilot-agent did) — adopt the drain. Envoy down: it never came
-                // up, nothing to drain.
+                // the drain, or pilot-agent did) — adopt the drain. Envoy down (or without its
+                // listeners yet): it never came up, nothing to drain.
                 (Seen::Up, Some(p)) if p.deletion.is_some() => {
                     fx.push(Effect::RemoveLeftoverHold);
                     start_drain(fx, netns)
                 }
-                (Seen::Down, Some(p)) if p.deletion.is_some() => {
+                (Seen::Down | Seen::Starting, Some(p)) if p.deletion.is_some() => {
                     fx.push(Effect::RemoveLeftoverHold);
                     fx.push(Effect::SetPhase(Phase::Done));
                     Stage::Finished
