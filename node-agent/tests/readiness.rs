@@ -160,6 +160,12 @@ async fn real_envoy_with_the_filter_in_a_netns() -> Result<()> {
     let admin_only =
         t.ns.run(|| std::net::TcpListener::bind(DEFAULT_ADMIN_ADDR))??;
     ensure!(probe.check().await == Readiness::Starting);
+    // ... and the admin connection is opened ahead, without a request.
+    admin_only.set_nonblocking(true)?;
+    ensure!(
+        admin_only.accept().is_ok(),
+        "no admin connection opened ahead while Envoy starts"
+    );
     drop(admin_only);
     ensure!(probe.check().await == Readiness::PortsClosed);
 

@@ -400,6 +400,21 @@ impl AdminClient {
         result
     }
 
+    /// Opens the kept-alive connection now if there is none, without a request, so that the
+    /// next request does not wait for entering the netns and connecting (readiness does this
+    /// while Envoy starts, to take the connect off the release's critical path). A failure is
+    /// not counted: the next request connects again, and counts its own failure.
+    pub async fn connect_ahead(&self) {
+        let mut slot = self.shared.connection.lock().await;
+        if slot.as_ref().is_some_and(|c| !c.is_closed()) {
+            return;
+        }
+        *slot = None;
+        if let Ok(stream) = self.connect().await {
+            *slot = Connection::handshake(stream).await.ok();
+        }
+    }
+
     async fn request_uncounted(&self, method: &str, path: &str, quit: bool) -> Result<Response> {
         let method =
             hyper::Method::from_bytes(method.as_bytes()).map_err(|e| Error::Malformed {

@@ -172,7 +172,8 @@ impl ReadinessProbe {
     ///
     /// Asks the kernel first, cheapest question first: is Envoy's admin port listening (one
     /// lookup: while Envoy is not running, that is the whole check), then the capture ports;
-    /// only when those listen is Envoy's admin API asked.
+    /// only when those listen is Envoy's admin API asked. While Envoy starts, the kept-alive
+    /// admin connection is opened ahead (no request).
     pub async fn check(&self) -> Readiness {
         match self.listening(&[self.admin_port]).await {
             Some(true) => {}
@@ -182,6 +183,8 @@ impl ReadinessProbe {
             Some(false) => return Readiness::PortsClosed,
         }
         if !self.ports_ready().await {
+            // Connected now, the admin request that finds Envoy ready does not connect first.
+            self.admin.connect_ahead().await;
             return Readiness::Starting;
         }
         match self.admin.stats(Some(&self.stats_filter)).await {
