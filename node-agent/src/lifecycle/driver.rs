@@ -52,6 +52,11 @@ pub(crate) struct Shared {
 /// own starting Envoys' admin threads): at most about 2,000 fast checks a second in all.
 pub const FAST_CHECK_SHARE: Duration = Duration::from_micros(500);
 
+/// How long one pod's fast window may last: an Envoy that is not ready this long after it
+/// started (waiting for istiod, a crash loop) is checked at `ready_poll` from then on, so a pod
+/// costs at most ~10,000 fast checks per start however long it waits.
+pub const FAST_WINDOW_LIMIT: Duration = Duration::from_secs(10);
+
 /// The spacing of one pod's fast checks with `in_window` pods (itself included) in the window.
 pub fn fast_check_spacing(in_window: u32, ready_poll: Duration) -> Duration {
     (FAST_CHECK_SHARE * in_window).min(ready_poll)
@@ -118,6 +123,7 @@ pub(crate) async fn run(shared: Arc<Shared>, view: watch::Receiver<Option<PodVie
         hold_cfg,
         admin,
         fast_slot: None,
+        fast_since: None,
     };
     let ready_poll = d.shared.config.hold.ready_poll;
     let (state, fx) = State::new(PodFacts::of(&first), ready_poll, now());
@@ -168,6 +174,8 @@ struct Driver {
     admin: std::net::SocketAddr,
     /// Held while the machine asks for fast readiness checks (see [`FAST_CHECK_SHARE`]).
     fast_slot: Option<FastSlot>,
+    /// Since when the machine has asked for fast checks (see [`FAST_WINDOW_LIMIT`]).
+    fast_since: Option<Instant>,
 }
 
 impl Driver {
@@ -252,6 +260,7 @@ impl Driver {
             if !state.checks_readiness() {
                 self.probe = None;
                 self.fast_slot = None;
+                self.fast_since = None;
             }
             if !exited && self.pending.is_empty() {
                 self.sync_proxy_watch(&state).await;
@@ -317,14 +326,21 @@ impl Driver {
         exit
     }
 
-    /// A readiness check the machine wants sooner than `ready_poll` is a fast one: the pod
-    /// enters the node's fast window and the check is spaced by how many pods are in it.
+    /// A readiness check the machine wants within `LIVE_WINDOW_POLL` is a fast one: the pod
+    /// enters the node's fast window and the check is spaced by how many pods are in it; after
+    /// [`FAST_WINDOW_LIMIT`] in the window it is checked at `ready_poll`.
     fn pace_readiness_check(&mut self, at: Instant) -> Instant {
         let ready_poll = self.shared.config.hold.ready_poll;
         let now = Instant::now();
         if at.saturating_duration_since(now) > machine::LIVE_WINDOW_POLL {
             self.fast_slot = None;
+            self.fast_since = None;
             return at;
+        }
+        let since = *self.fast_since.get_or_insert(now);
+        if now.saturating_duration_since(since) >= FAST_WINDOW_LIMIT {
+            self.fast_slot = None;
+            return at.max(now + ready_poll);
         }
         let window = &self.shared.fast_window;
         self.fast_slot.get_or_insert_with(|| window.enter());

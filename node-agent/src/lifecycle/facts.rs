@@ -79,6 +79,11 @@ impl PodFacts {
         }
     }
 
+    /// The proxy container runs by the pod's status (Envoy runs or is about to).
+    pub fn proxy_running(&self) -> bool {
+        matches!(self.proxy, Some((_, ContainerState::Running)))
+    }
+
     /// Some app container runs or waits to run again: the app is not finished.
     pub fn app_may_run(&self) -> bool {
         self.apps

@@ -85,22 +85,26 @@ pub enum Refused {
 /// the node's netns (docs/containerd-backend.md); that passes within milliseconds.
 pub const REFUSAL_NOTED_AFTER: Duration = Duration::from_secs(2);
 
-/// How often a holding pod is checked once its Envoy runs (`Seen::Starting`: the admin port
-/// listens, the capture ports do not yet; `Seen::Up`: they listen, not LIVE yet).
+/// How often a holding pod is checked while its Envoy starts: the proxy container runs by the
+/// pod's status (pilot-agent launches Envoy at once), Envoy's admin port listens
+/// (`Seen::Starting`), or its capture ports listen but it is not LIVE yet (`Seen::Up`).
 ///
 /// Envoy opens its capture ports and goes LIVE within a millisecond of each other on an idle
-/// node (the scale benchmark's observer: ports listen → fully ready 0.0 ms p50), so the moment
-/// the ports open is on the release's critical path: at the `ready_poll` cadence (5 ms) it
-/// alone added up to 5 ms. A `Starting` check is two `sock_diag` lookups, an `Up` check one
-/// `/stats` request on the kept-alive admin connection: cheap, and the driver paces them
-/// node-wide (`driver::FAST_CHECK_SHARE`) so that many pods starting at once do not multiply
-/// the cost. Before Envoy runs the check is one lookup, at `ready_poll`.
+/// node, and its admin port only milliseconds before (the scale benchmark's observer: ports
+/// listen → fully ready 0.0 ms p50), so the moment the ports open is on the release's critical
+/// path: at the `ready_poll` cadence (5 ms) it alone added up to 5 ms. A check before the ports
+/// open is one or two `sock_diag` lookups, an `Up` check one `/stats` request on the kept-alive
+/// admin connection: cheap, and the driver paces them node-wide (`driver::FAST_CHECK_SHARE`,
+/// `driver::FAST_WINDOW_LIMIT`) so that many pods starting at once, or an Envoy that waits
+/// minutes for istiod, do not multiply the cost. Before the proxy container runs: `ready_poll`.
 pub const LIVE_WINDOW_POLL: Duration = Duration::from_millis(1);
 
-/// When to check again after `seen`: fast once Envoy runs.
-pub fn next_check_after(seen: Seen, ready_poll: Duration) -> Duration {
+/// When to check again after `seen`: fast while Envoy starts (`proxy_running`: the proxy
+/// container runs by the pod's status).
+pub fn next_check_after(seen: Seen, ready_poll: Duration, proxy_running: bool) -> Duration {
     match seen {
         Seen::Up | Seen::Starting => ready_poll.min(LIVE_WINDOW_POLL),
+        Seen::Down if proxy_running => ready_poll.min(LIVE_WINDOW_POLL),
         Seen::Down | Seen::Ready => ready_poll,
     }
 }

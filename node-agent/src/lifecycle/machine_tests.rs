@@ -170,11 +170,15 @@ fn holding(p: PodFacts) -> Run {
     r
 }
 
-/// Once the ports listen (`Up`) the next check comes after a millisecond, not `ready_poll`: the
-/// release follows readiness closely; before that (`Down`) the cheap check keeps `ready_poll`.
+/// While Envoy starts (its container runs, its admin port listens, or its capture ports listen
+/// but it is not LIVE) the next check comes after a millisecond, not `ready_poll`: the release
+/// follows readiness closely. Before the proxy container runs the cheap check keeps
+/// `ready_poll`.
 #[test]
-fn checks_fast_once_the_ports_listen() {
-    let mut r = holding(pod(RestartPolicy::Always));
+fn checks_fast_while_envoy_starts() {
+    let mut waiting_proxy = pod(RestartPolicy::Always);
+    waiting_proxy.proxy = Some(waiting());
+    let mut r = holding(waiting_proxy);
     let at = |fx: &[Effect]| {
         fx.iter().find_map(|e| match e {
             Effect::Schedule(Timer::ReadinessPoll, at) => Some(*at),
@@ -183,16 +187,18 @@ fn checks_fast_once_the_ports_listen() {
     };
     let fx = r.feed(Input::Readiness(Seen::Down));
     assert_eq!(at(&fx), Some(r.now + POLL), "{fx:?}");
-    let fx = r.feed(Input::Readiness(Seen::Up));
+    // The proxy container starts: Envoy follows at once.
+    r.feed(Input::Pod(Some(pod(RestartPolicy::Always))));
+    let fx = r.feed(Input::Readiness(Seen::Down));
     assert_eq!(at(&fx), Some(r.now + LIVE_WINDOW_POLL), "{fx:?}");
-    // Envoy runs but its capture ports are not open yet: they open together with LIVE, so
-    // that moment is watched as closely.
     let fx = r.feed(Input::Readiness(Seen::Starting));
+    assert_eq!(at(&fx), Some(r.now + LIVE_WINDOW_POLL), "{fx:?}");
+    let fx = r.feed(Input::Readiness(Seen::Up));
     assert_eq!(at(&fx), Some(r.now + LIVE_WINDOW_POLL), "{fx:?}");
     assert!(LIVE_WINDOW_POLL < POLL);
     // A ready_poll below the window's stays as asked.
     assert_eq!(
-        next_check_after(Seen::Up, Duration::from_micros(500)),
+        next_check_after(Seen::Up, Duration::from_micros(500), true),
         Duration::from_micros(500)
     );
 }

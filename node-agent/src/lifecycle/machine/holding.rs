@@ -58,7 +58,12 @@ pub(super) fn step(
             } else {
                 fx.push(Effect::Schedule(
                     Timer::ReadinessPoll,
-                    now.mono + next_check_after(seen, s.ready_poll),
+                    now.mono
+                        + next_check_after(
+                            seen,
+                            s.ready_poll,
+                            s.pod.as_ref().is_some_and(PodFacts::proxy_running),
+                        ),
                 ));
                 Stage::Holding {
                     netns,
