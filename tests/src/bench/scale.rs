@@ -70,6 +70,10 @@ struct Sample {
     /// observation: an upper bound).
     connect_ms: Vec<f64>,
     connect_bound_ms: Vec<f64>,
+    /// From the observer's answer that said fully ready (a lower bound).
+    connect_lower_ms: Vec<f64>,
+    /// How long that answer took (request sent → answer), ms.
+    ready_answer_ms: Vec<f64>,
     /// The un-held `connect()` just after, ms.
     floor_connect_ms: Vec<f64>,
     /// Release measured from the observer's last not-ready observation (an upper bound).
@@ -263,6 +267,10 @@ fn scenario(
                 sample.connect_ms.push((c as f64 - r as f64) / 1e3);
                 if let Some(n) = seen.not_ready_at {
                     sample.connect_bound_ms.push((c as f64 - n as f64) / 1e3);
+                }
+                if let Some(a) = seen.ready_answered_at {
+                    sample.connect_lower_ms.push((c as f64 - a as f64) / 1e3);
+                    sample.ready_answer_ms.push((a as f64 - r as f64) / 1e3);
                 }
             }
             if let (Some(n), Some(_), Some(ok)) = (seen.not_ready_at, seen.ready_at, ok) {
@@ -544,6 +552,14 @@ fn print_table(scale: &ScaleOpts, results: &[(u32, String, Sample)]) {
     row(
         "  upper bound: last not-ready observation → connect() returned, ms p50 / p99",
         &|s| fmt_p(&s.connect_bound_ms),
+    );
+    row(
+        "  lower bound: the observer's answer \"fully ready\" arrived → connect() returned, ms p50 / p99",
+        &|s| fmt_p(&s.connect_lower_ms),
+    );
+    row(
+        "  the observer's `/stats` request that saw fully ready: sent → answered, ms p50 / p99",
+        &|s| fmt_p(&s.ready_answer_ms),
     );
     row(
         "  floor: an un-held connect() just after, ms p50 / p99",

@@ -31,8 +31,13 @@ use crate::sim::{Phase, SimNode};
 pub struct Observation {
     /// Both capture ports first seen listening.
     pub ports_at: Option<u64>,
-    /// First poll that saw the proxy fully ready.
+    /// First poll that saw the proxy fully ready (when its `/stats` request was sent).
     pub ready_at: Option<u64>,
+    /// When that poll's answer arrived. Envoy's admin answers on its main thread, which is
+    /// busiest right when Envoy goes LIVE (workers starting, the filter configuring on each):
+    /// the state was read somewhere between `ready_at` and this, so measured from here the
+    /// release is a lower bound.
+    pub ready_answered_at: Option<u64>,
     /// The last observation before it that saw it not ready (ports closed, or `/stats` not
     /// ready): readiness came after this. On a starved machine the observer's own polls come
     /// late, and `ready_at` with them; measured from here the release is an upper bound.
@@ -114,6 +119,7 @@ pub fn observe(
             match get_kept_alive(&mut conn, admin, &query) {
                 Ok(body) if fully_ready(&body) => {
                     seen.ready_at = Some(at);
+                    seen.ready_answered_at = Some(now_us());
                     break;
                 }
                 Ok(_) => seen.not_ready_at = Some(at),
