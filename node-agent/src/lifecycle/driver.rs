@@ -45,11 +45,12 @@ pub(crate) struct Shared {
     pub fast_window: FastWindow,
 }
 
-/// The node-wide pace of fast readiness checks: with `n` pods between "Envoy runs" and "ready"
-/// at once, each is checked at most every `n × FAST_CHECK_SHARE` (and never less often than
-/// `ready_poll`). One pod starting alone is checked every millisecond; 110 pods starting at once
-/// are not checked 110,000 times a second (by the agent's CPU, and, for `Up` checks, by their
-/// own starting Envoys' admin threads): at most about 2,000 fast checks a second in all.
+/// The node-wide pace of fast readiness checks: with `n` pods between "Envoy starts" and
+/// "ready" at once, each is checked at most every `n × FAST_CHECK_SHARE`, and never less often
+/// than `ready_poll`. One or two pods starting are checked every millisecond; ten or more at
+/// once every `ready_poll`, as every holding pod was before the fast window existed. So the
+/// window adds at most ~2,000 checks a second to the node, whatever the number of pods (and,
+/// for `Up` checks, to their own starting Envoys' admin threads).
 pub const FAST_CHECK_SHARE: Duration = Duration::from_micros(500);
 
 /// How long one pod's fast window may last: an Envoy that is not ready this long after it
@@ -609,8 +610,8 @@ mod tests {
             Duration::from_micros(500)
         );
         assert_eq!(fast_check_spacing(2, ready_poll), Duration::from_millis(1));
-        // Many at once: spaced so that the node makes ~2,000 fast checks a second in all,
-        // never slower than the ordinary poll.
+        // Many at once: spaced out to `ready_poll`, the cadence every holding pod had before
+        // the fast window (so the window adds at most ~2,000 checks a second to the node).
         assert_eq!(fast_check_spacing(8, ready_poll), Duration::from_millis(4));
         assert_eq!(fast_check_spacing(110, ready_poll), ready_poll);
 
