@@ -120,6 +120,9 @@ pub struct ReadinessProbe {
     dns_port: Option<u16>,
     /// Envoy's admin port: listening means Envoy runs.
     admin_port: u16,
+    /// The admin port was seen listening: not looked up again (one lookup per check while
+    /// Envoy starts, as before it starts).
+    admin_seen: std::sync::atomic::AtomicBool,
 }
 
 impl ReadinessProbe {
@@ -159,6 +162,7 @@ impl ReadinessProbe {
             stat_prefix,
             dns_port: options.dns_port,
             admin_port: admin_addr.port(),
+            admin_seen: Default::default(),
         })
     }
 
@@ -171,16 +175,20 @@ impl ReadinessProbe {
     /// process the netns was found through may be gone).
     ///
     /// Asks the kernel first, cheapest question first: is Envoy's admin port listening (one
-    /// lookup: while Envoy is not running, that is the whole check), then the capture ports;
+    /// lookup: while Envoy is not running, that is the whole check; once seen, not asked
+    /// again: an Envoy that exits and restarts reads as `Starting`), then the capture ports;
     /// only when those listen is Envoy's admin API asked. While Envoy starts, the kept-alive
     /// admin connection is opened ahead (no request).
     pub async fn check(&self) -> Readiness {
-        match self.listening(&[self.admin_port]).await {
-            Some(true) => {}
-            // Admin not reachable at a loopback address (a custom admin address, or a kernel
-            // that cannot say): judge by the capture ports alone, as before.
-            None => {}
-            Some(false) => return Readiness::PortsClosed,
+        use std::sync::atomic::Ordering::Relaxed;
+        if !self.admin_seen.load(Relaxed) {
+            match self.listening(&[self.admin_port]).await {
+                Some(true) => self.admin_seen.store(true, Relaxed),
+                // Admin not reachable at a loopback address (a custom admin address, or a
+                // kernel that cannot say): judge by the capture ports alone.
+                None => {}
+                Some(false) => return Readiness::PortsClosed,
+            }
         }
         if !self.ports_ready().await {
             // Connected now, the admin request that finds Envoy ready does not connect first.
