@@ -18,7 +18,12 @@ use crate::effects::procfs::cgroup::{parse_pod_cgroup, PodCgroup};
 /// container's cgroup between fork and exec: microseconds to a few milliseconds).
 const SETTLE: Duration = Duration::from_millis(250);
 /// Refreshes closer together than this reuse the previous one (many pod tasks poll at once).
-const MIN_REFRESH: Duration = Duration::from_millis(2);
+/// A waiting pod looks for its netns every 5 ms at first (`lifecycle::facts::netns_poll_after`),
+/// so a fresher listing would not find its sandbox sooner; what closer refreshes did was list
+/// `/proc` for other pods' interleaved polls: with 110 pods starting at once, ~500 listings a
+/// second of ~700 processes (the kernel's `proc_pid_readdir`, ~9 % of the agent's CPU in that
+/// burst by `perf`).
+const MIN_REFRESH: Duration = Duration::from_millis(5);
 
 /// One process of a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
