@@ -141,7 +141,8 @@ pub fn run(opts: &SimBenchOpts, scale: &ScaleOpts) -> Result<()> {
         );
         let _inotify = InotifyLimit::raise_for(n)?;
         for (label, bin) in &variants {
-            eprintln!("scale: {n} pods, agent {label}");
+            let settled = settle();
+            eprintln!("scale: {n} pods, agent {label} (machine settled after {settled:.1?})");
             let s = scenario(opts, scale, n, bin.as_deref())
                 .with_context(|| format!("scale: {n} pods with agent {label}"))?;
             results.push((n, label.clone(), s));
@@ -149,6 +150,26 @@ pub fn run(opts: &SimBenchOpts, scale: &ScaleOpts) -> Result<()> {
     }
     print_table(scale, &results);
     Ok(())
+}
+
+/// Waits until the machine is quiet before a scenario: at most 2 runnable tasks (the 4th field
+/// of `/proc/loadavg`, an instant count, unlike the load average, which decays over minutes) in
+/// 10 consecutive looks 100 ms apart, or 60 s. The previous scenario's Envoys take seconds to
+/// exit after a 110-pod deletion; without this, whichever variant runs second inherits their
+/// load. Returns how long it waited.
+fn settle() -> Duration {
+    let started = Instant::now();
+    let running = || -> Option<u32> {
+        let s = std::fs::read_to_string("/proc/loadavg").ok()?;
+        s.split_whitespace().nth(3)?.split('/').next()?.parse().ok()
+    };
+    let mut quiet = 0;
+    while quiet < 10 && started.elapsed() < Duration::from_secs(60) {
+        // This thread itself is one of them.
+        quiet = if running().is_some_and(|r| r <= 2) { quiet + 1 } else { 0 };
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    started.elapsed()
 }
 
 fn scenario(
