@@ -152,21 +152,26 @@ pub fn run(opts: &SimBenchOpts, scale: &ScaleOpts) -> Result<()> {
     Ok(())
 }
 
-/// Waits until the machine is quiet before a scenario: at most 2 runnable tasks (the 4th field
-/// of `/proc/loadavg`, an instant count, unlike the load average, which decays over minutes) in
-/// 10 consecutive looks 100 ms apart, or 60 s. The previous scenario's Envoys take seconds to
-/// exit after a 110-pod deletion; without this, whichever variant runs second inherits their
-/// load. Returns how long it waited.
+/// Waits until the machine is quiet before a scenario: the 1-minute load average at most 8 and
+/// at most 2 runnable tasks (the 4th field of `/proc/loadavg`, an instant count) in 10
+/// consecutive looks 100 ms apart, or 240 s. After a 110-pod scenario the kernel and the exiting
+/// Envoys keep the machine busy for a while although few tasks are runnable at any instant
+/// (a runnable-count check alone let the second variant of a pair run on a machine at load
+/// 70–87 against 23–47 for the first, and its latencies were ten times worse whichever build
+/// it was). Returns how long it waited.
 fn settle() -> Duration {
     let started = Instant::now();
-    let running = || -> Option<u32> {
+    let quiet_now = || -> Option<bool> {
         let s = std::fs::read_to_string("/proc/loadavg").ok()?;
-        s.split_whitespace().nth(3)?.split('/').next()?.parse().ok()
+        let mut fields = s.split_whitespace();
+        let load: f64 = fields.next()?.parse().ok()?;
+        let running: u32 = fields.nth(2)?.split('/').next()?.parse().ok()?;
+        // This thread itself is one of the runnable tasks.
+        Some(load <= 8.0 && running <= 2)
     };
     let mut quiet = 0;
-    while quiet < 10 && started.elapsed() < Duration::from_secs(60) {
-        // This thread itself is one of them.
-        quiet = if running().is_some_and(|r| r <= 2) { quiet + 1 } else { 0 };
+    while quiet < 10 && started.elapsed() < Duration::from_secs(240) {
+        quiet = if quiet_now().unwrap_or(true) { quiet + 1 } else { 0 };
         std::thread::sleep(Duration::from_millis(100));
     }
     started.elapsed()
