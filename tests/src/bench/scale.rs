@@ -171,7 +171,11 @@ fn settle() -> Duration {
     };
     let mut quiet = 0;
     while quiet < 10 && started.elapsed() < Duration::from_secs(240) {
-        quiet = if quiet_now().unwrap_or(true) { quiet + 1 } else { 0 };
+        quiet = if quiet_now().unwrap_or(true) {
+            quiet + 1
+        } else {
+            0
+        };
         std::thread::sleep(Duration::from_millis(100));
     }
     started.elapsed()
