@@ -52,7 +52,10 @@ pub enum Readiness {
     PortsClosed,
     /// Envoy's admin port listens but the capture ports (or the DNS port, when asked) do not
     /// yet: Envoy is initialising (with Istio: waiting for its listeners from istiod). The
-    /// capture ports can open at any moment, usually together with LIVE.
+    /// capture ports can open at any moment, usually together with LIVE. (Envoy's
+    /// `InstanceImpl::initialize`, source/server/server.cc, starts the admin listener
+    /// (`admin_->startHttpListener`) before it makes the listener manager and adds the
+    /// bootstrap's listeners; LDS listeners come later still.)
     Starting,
     /// Ports listen but Envoy is not LIVE (or its admin did not answer).
     NotLive,
