@@ -530,7 +530,12 @@ fn drain_is_not_held_by_an_idle_inbound_keepalive() {
 }
 
 /// The Job failure, fixed: the Job's app exits 0 and the agent quits its proxy, so the pod
-/// completes (phase Succeeded) within a second of the app's exit.
+/// completes (phase Succeeded) within a second of the app's exit, seen by the app's pidfd.
+///
+/// The app initialises 3 s before its calls, so it runs while the Job watch is on: an app whose
+/// calls were held and that exits within the ~10–20 ms the release takes (rules removed, queue
+/// drained) is gone before the watch begins, and only its status can say it finished (the
+/// Job still completes; `finished_by` is then `Status`).
 #[test]
 fn job_completes_when_its_app_exits() {
     if !privileged("job_completes_when_its_app_exits") {
@@ -544,6 +549,7 @@ fn job_completes_when_its_app_exits() {
                 calls: 3,
                 exit_code: 0,
             })
+            .app_init(Duration::from_secs(3))
             .job(),
     )
     .expect("add pod");
