@@ -224,12 +224,22 @@ pub struct HoldQueue {
 impl HoldQueue {
     /// Binds the queue in the pod's netns, then installs the rules.
     pub fn start(netns: &PodNetns, cfg: &HoldConfig) -> Result<HoldQueue> {
+        let existing = rules::find_per_family(netns, &cfg.rules)?;
+        HoldQueue::install_new(netns, cfg, &existing)
+    }
+
+    /// Binds the queue, then installs the rules over what `existing` says the netns has. On a
+    /// failure, undoes what did go in (nothing was queued without the rules, so the queue can
+    /// close).
+    fn install_new(
+        netns: &PodNetns,
+        cfg: &HoldConfig,
+        existing: &rules::FoundPerFamily,
+    ) -> Result<HoldQueue> {
         let mut hold = HoldQueue::bind(netns, cfg, cfg.rules.queue_num)?;
-        match rules::install(&hold.netns, &cfg.rules) {
+        match rules::install_over(&hold.netns, &cfg.rules, existing) {
             Ok(installed) => hold.note_installed(installed),
             Err(e) => {
-                // Undo what did go in; nothing was queued without the rules, so the queue can
-                // close.
                 let _ = rules::remove(&hold.netns, &cfg.rules);
                 let _ = hold.stop_holder();
                 return Err(e.into());
@@ -285,18 +295,7 @@ impl HoldQueue {
     /// there after all, the restore re-creates the chains and [`release`](Self::release) still
     /// removes every jump it finds.
     pub fn start_fresh(netns: &PodNetns, cfg: &HoldConfig) -> Result<HoldQueue> {
-        let mut hold = HoldQueue::bind(netns, cfg, cfg.rules.queue_num)?;
-        let none = rules::FoundPerFamily::nothing(&cfg.rules);
-        match rules::install_over(&hold.netns, &cfg.rules, &none) {
-            Ok(installed) => hold.note_installed(installed),
-            Err(e) => {
-                let _ = rules::remove(&hold.netns, &cfg.rules);
-                let _ = hold.stop_holder();
-                return Err(e.into());
-            }
-        }
-        tracing::info!(netns = ?netns.id(), queue = cfg.rules.queue_num, "hold started");
-        Ok(hold)
+        HoldQueue::install_new(netns, cfg, &rules::FoundPerFamily::nothing(&cfg.rules))
     }
 
     /// [`adopt`](Self::adopt) if the netns has a hold, else [`start`](Self::start), listing the
@@ -309,16 +308,7 @@ impl HoldQueue {
             let hold = HoldQueue::take_over(netns, cfg, &found, &per_family)?;
             return Ok((hold, true));
         }
-        let mut hold = HoldQueue::bind(netns, cfg, cfg.rules.queue_num)?;
-        match rules::install_over(&hold.netns, &cfg.rules, &per_family) {
-            Ok(installed) => hold.note_installed(installed),
-            Err(e) => {
-                let _ = rules::remove(&hold.netns, &cfg.rules);
-                let _ = hold.stop_holder();
-                return Err(e.into());
-            }
-        }
-        tracing::info!(netns = ?netns.id(), queue = cfg.rules.queue_num, "hold started");
+        let hold = HoldQueue::install_new(netns, cfg, &per_family)?;
         Ok((hold, false))
     }
 

@@ -181,6 +181,18 @@ impl FoundHold {
 pub fn hold_rules(spec: &RuleSpec, family: Family) -> Vec<Vec<String>> {
     let queue = spec.queue_num.to_string();
     let uid = spec.proxy_uid.to_string();
+    // Every rule ends the same way: marked as ours, queued, passed when no agent is bound.
+    let to_queue = args(&[
+        "-m",
+        "comment",
+        "--comment",
+        COMMENT,
+        "-j",
+        "NFQUEUE",
+        "--queue-num",
+        &queue,
+        "--queue-bypass",
+    ]);
     // An outbound rule: the app's (not the proxy uid's) packets to `port` on loopback, after
     // Istio's nat REDIRECT. `syn` narrows TCP to connection openings.
     let outbound = |proto: &str, port: u16| {
@@ -198,16 +210,8 @@ pub fn hold_rules(spec: &RuleSpec, family: Family) -> Vec<Vec<String>> {
             "!",
             "--uid-owner",
             &uid,
-            "-m",
-            "comment",
-            "--comment",
-            COMMENT,
-            "-j",
-            "NFQUEUE",
-            "--queue-num",
-            &queue,
-            "--queue-bypass",
         ]));
+        rule.extend(to_queue.iter().cloned());
         rule
     };
     let mut rules = vec![outbound("tcp", spec.outbound_port)];
@@ -216,7 +220,7 @@ pub fn hold_rules(spec: &RuleSpec, family: Family) -> Vec<Vec<String>> {
         rules.push(outbound("tcp", dns));
     }
     if let Some(inbound) = spec.inbound_port {
-        rules.push(args(&[
+        let mut rule = args(&[
             "-A",
             IN_CHAIN,
             "!",
@@ -227,16 +231,9 @@ pub fn hold_rules(spec: &RuleSpec, family: Family) -> Vec<Vec<String>> {
             "--syn",
             "--dport",
             &inbound.to_string(),
-            "-m",
-            "comment",
-            "--comment",
-            COMMENT,
-            "-j",
-            "NFQUEUE",
-            "--queue-num",
-            &queue,
-            "--queue-bypass",
-        ]));
+        ]);
+        rule.extend(to_queue.iter().cloned());
+        rules.push(rule);
     }
     rules
 }
@@ -383,12 +380,6 @@ fn find_family(netns: &PodNetns, spec: &RuleSpec, family: Family) -> Result<Foun
     let listing = args(&["-w", "5", "-t", "filter", "-S"]);
     let out = run_checked(netns, family.iptables(spec), &listing, None)?;
     Ok(parse_found(&out))
-}
-
-/// Installs (or re-installs, replacing the chains' rules) the hold, one transaction per family.
-pub fn install(netns: &PodNetns, spec: &RuleSpec) -> Result<Installed> {
-    let existing = find_per_family(netns, spec)?;
-    install_over(netns, spec, &existing)
 }
 
 /// Per address family, what [`find_per_family`] saw.
