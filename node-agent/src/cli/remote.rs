@@ -153,20 +153,10 @@ pub async fn fetch_status_body(
         })?;
     let body = String::from_utf8_lossy(&answer.body).into_owned();
     if answer.status != hyper::StatusCode::OK {
-        let mut shown: String = body.trim().chars().take(200).collect();
-        if shown.len() < body.trim().len() {
-            shown.push('…');
-        }
         return Err(RemoteError::AgentStatus {
             pod,
-            status: format!(
-                "{} {}",
-                answer.status.as_u16(),
-                answer.status.canonical_reason().unwrap_or("")
-            )
-            .trim()
-            .to_string(),
-            body: shown,
+            status: super::table::http_status(answer.status),
+            body: super::table::truncate(body.trim(), 200),
         });
     }
     Ok(body)

@@ -20,7 +20,7 @@ use crate::effects::http1_client::{Connection, Failure};
 pub use super::table::{
     escape_controls, fit_end, fit_middle, render_table, short_duration, short_ms, TABLE_WIDTH,
 };
-use super::table::{truncate, wrap};
+use super::table::{http_status, truncate, wrap};
 
 /// The agent's default `--status-listen`, as a URL.
 pub const DEFAULT_AGENT_URL: &str = "http://127.0.0.1:15300";
@@ -242,13 +242,7 @@ async fn fetch_async(agent: &AgentUrl, timeout: Duration) -> Result<String> {
         return Err(StatusCliError::HttpStatus {
             url: agent.to_string(),
             path,
-            status: format!(
-                "{} {}",
-                answer.status.as_u16(),
-                answer.status.canonical_reason().unwrap_or("")
-            )
-            .trim()
-            .to_string(),
+            status: http_status(answer.status),
             body: truncate(body.trim(), 200),
         });
     }

@@ -289,6 +289,17 @@ pub fn fit_middle(s: &str, width: usize) -> String {
     out
 }
 
+/// An HTTP status as `404 Not Found` (the code alone when it has no reason phrase).
+pub(super) fn http_status(status: hyper::StatusCode) -> String {
+    format!(
+        "{} {}",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or("")
+    )
+    .trim()
+    .to_string()
+}
+
 /// `s` cut to `width` characters, `...` when cut (for one-line messages).
 pub(super) fn truncate(s: &str, width: usize) -> String {
     fit_end(&one_line(s), width)

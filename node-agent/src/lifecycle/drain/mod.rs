@@ -223,15 +223,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
     let plan = DrainPlan::new(deletion, started_at);
     let remaining = plan.remaining(started_at);
     let deadline = t0 + remaining;
-    let mut d = Drainer {
-        admin,
-        settings,
-        errors: Errors::default(),
-        refusals: 0,
-        t0,
-        t0_wall: started_at,
-        quit_started,
-    };
+    let mut d = Drainer::new(admin, settings, quit_started, t0, started_at);
     let mut report = DrainReport {
         deadline_at: plan.deadline,
         deadline_meaning: plan.meaning,
@@ -426,6 +418,26 @@ struct Drainer<'a, A> {
     t0: Instant,
     t0_wall: SystemTime,
     quit_started: Option<tokio::sync::mpsc::UnboundedSender<()>>,
+}
+
+impl<'a, A> Drainer<'a, A> {
+    fn new(
+        admin: &'a A,
+        settings: &'a DrainSettings,
+        quit_started: Option<tokio::sync::mpsc::UnboundedSender<()>>,
+        t0: Instant,
+        t0_wall: SystemTime,
+    ) -> Self {
+        Drainer {
+            admin,
+            settings,
+            errors: Errors::default(),
+            refusals: 0,
+            t0,
+            t0_wall,
+            quit_started,
+        }
+    }
 }
 
 impl<A: ProxyAdmin> Drainer<'_, A> {
@@ -660,15 +672,13 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
         settings,
         quit_started,
     } = ctx;
-    let mut d = Drainer {
+    let mut d = Drainer::new(
         admin,
         settings,
-        errors: Errors::default(),
-        refusals: 0,
-        t0: Instant::now(),
-        t0_wall: SystemTime::now(),
         quit_started,
-    };
+        Instant::now(),
+        SystemTime::now(),
+    );
     let mut report = JobReport::new(JobOutcome::NotAJob);
     let finish = |mut report: JobReport, outcome: JobOutcome, d: Drainer<'_, A>| {
         report.outcome = outcome;
