@@ -93,6 +93,13 @@ pub struct QueuedPacket {
     pub flow: Option<Flow>,
 }
 
+/// Bytes read per `recv`: one datagram. The kernel sends every queued packet in a datagram of
+/// its own (`nfqnl_build_packet_message` allocates one skb per packet, sized for the copy range
+/// and the attributes: a few hundred bytes with [`COPY_RANGE`] 128), and acks are smaller still;
+/// 8 KiB is what netlink(7) asks readers to allow. It was 64 KiB, one per held pod: up to 7 MiB
+/// with 110 pods starting at once (docs/benchmarks.md, "Scale": the peak RSS at 110 pods).
+const RECV_BUF: usize = 8 * 1024;
+
 /// A bound NFQUEUE. Closing it (drop) unbinds the queue, and the kernel then DROPS every packet
 /// still waiting for a verdict: accept them first (see [`crate::effects::hold::HoldQueue::release`]).
 #[derive(Debug)]
@@ -126,7 +133,7 @@ impl NfQueue {
             fd,
             queue_num,
             seq: 0,
-            buf: vec![0; 64 * 1024],
+            buf: vec![0; RECV_BUF],
             pending: VecDeque::new(),
         };
 
