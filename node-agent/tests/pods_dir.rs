@@ -90,6 +90,88 @@ fn follows_adds_updates_and_deletes_json_and_yaml() {
     assert!(problems.snapshot().is_empty(), "{:?}", problems.snapshot());
 }
 
+/// What inotify names: `x.json`, and a writer's `.x.json.tmp`.
+fn names(list: &[&str]) -> Vec<std::ffi::OsString> {
+    list.iter().map(std::ffi::OsString::from).collect()
+}
+
+/// A change reads only what inotify named: a named file is re-read, a removed one deleted, a
+/// new one added; a file changed but not named is left for the next full pass (proof that
+/// nothing else was looked at), and dotfiles and other names are skipped.
+#[test]
+fn a_named_pass_reads_only_the_named_files() {
+    let d = TempDir::new("named");
+    write_atomic(&d.0, "a.json", &pod("u-a", "a"));
+    write_atomic(&d.0, "b.json", &pod("u-b", "b"));
+    let (mut src, problems) = source(&d.0);
+    assert_eq!(describe(&src.poll().unwrap()), ["A:a", "A:b"]);
+
+    write_atomic(&d.0, "a.json", &pod("u-a", "a2"));
+    write_atomic(&d.0, "b.json", &pod("u-b", "b2"));
+    assert_eq!(
+        describe(&src.poll_named(&names(&[".a.json.tmp", "a.json"])).unwrap()),
+        ["A:a2"],
+        "only the named file is read"
+    );
+    assert_eq!(
+        describe(&src.poll().unwrap()),
+        ["A:b2"],
+        "the full pass finds the rest"
+    );
+
+    write_atomic(&d.0, "c.json", &pod("u-c", "c"));
+    std::fs::remove_file(d.0.join("a.json")).unwrap();
+    std::fs::write(d.0.join("notes.txt"), "x").unwrap();
+    assert_eq!(
+        describe(
+            &src.poll_named(&names(&["c.json", "a.json", "notes.txt", ".c.json.tmp"]))
+                .unwrap()
+        ),
+        ["D:u-a", "A:c"]
+    );
+    // A named file that cannot be read keeps its pod, and the problem is reported, then cleared.
+    std::fs::write(d.0.join("c.json"), "{not json").unwrap();
+    assert!(src.poll_named(&names(&["c.json"])).unwrap().is_empty());
+    assert_eq!(
+        problem_lines(&problems).len(),
+        1,
+        "{:?}",
+        problem_lines(&problems)
+    );
+    write_atomic(&d.0, "c.json", &pod("u-c", "c3"));
+    assert_eq!(
+        describe(&src.poll_named(&names(&["c.json"])).unwrap()),
+        ["A:c3"]
+    );
+    assert!(problems.snapshot().is_empty(), "{:?}", problems.snapshot());
+}
+
+/// Once a pod file is a symlink, a named pass is a full pass: the `..data` swap of a
+/// ConfigMap-style mount names only `..data`.
+#[test]
+fn a_named_pass_is_a_full_pass_while_pod_files_are_symlinks() {
+    let d = TempDir::new("named-link");
+    std::fs::create_dir(d.0.join("..v1")).unwrap();
+    std::fs::write(d.0.join("..v1/pod.json"), pod("u-cm", "v1")).unwrap();
+    std::os::unix::fs::symlink("..v1", d.0.join("..data")).unwrap();
+    let (mut src, _problems) = source(&d.0);
+    assert!(src.poll().unwrap().is_empty());
+    // A new symlinked pod file, named: seen, and from now on every change is a full pass.
+    std::os::unix::fs::symlink("..data/pod.json", d.0.join("pod.json")).unwrap();
+    assert_eq!(
+        describe(&src.poll_named(&names(&["pod.json"])).unwrap()),
+        ["A:v1"]
+    );
+    std::fs::create_dir(d.0.join("..v2")).unwrap();
+    std::fs::write(d.0.join("..v2/pod.json"), pod("u-cm", "v2")).unwrap();
+    std::os::unix::fs::symlink("..v2", d.0.join("..data_tmp")).unwrap();
+    std::fs::rename(d.0.join("..data_tmp"), d.0.join("..data")).unwrap();
+    assert_eq!(
+        describe(&src.poll_named(&names(&["..data_tmp", "..data"])).unwrap()),
+        ["A:v2"]
+    );
+}
+
 /// ConfigMap volumes (kubelet's AtomicWriter): `pod.json -> ..data/pod.json`,
 /// `..data -> ..<timestamp>`; an update writes a new timestamped dir and renames a new `..data`
 /// over the old one.

@@ -3,10 +3,13 @@
 //! ignored, so writers can write a dotfile and rename it into place atomically.
 //!
 //! The directory is watched with inotify: nothing is read while nothing changes (idle cost does
-//! not grow with the number of pods). A change triggers one rescan (a listing plus one `stat` per
-//! file; a file is re-read only when its identity changed or inotify named it). A slow safety
-//! rescan catches what inotify cannot see (a symlink's target outside the directory) and an
-//! inotify queue overflow (`IN_Q_OVERFLOW`) forces a full re-read. If inotify is unavailable
+//! not grow with the number of pods). A change costs what changed: the pod files inotify named
+//! are `stat`ed and re-read, nothing else ([`PodsDir::poll_named`]). While any pod file is a
+//! symlink (a ConfigMap-style mount), a change triggers a full pass instead (a listing plus one
+//! `stat` per file; a file is re-read only when its identity changed or inotify named it),
+//! because renaming `..data` changes every file behind the links. A slow safety rescan catches
+//! what inotify cannot see (a symlink's target outside the directory) and an inotify queue
+//! overflow (`IN_Q_OVERFLOW`) forces a full re-read. If inotify is unavailable
 //! (`fs.inotify.max_user_instances` reached), the source falls back to rescanning every second.
 //!
 //! Bad entries are reported in [`SourceProblems`] (served on `/status`, counted in
@@ -100,7 +103,21 @@ pub struct PodsDir {
     emitted: HashMap<String, Arc<Pod>>,
     /// Names inotify reported since the last rescan: re-read whatever their stamp says.
     dirty: HashSet<OsString>,
+    /// A full pass has run, and none of the pod files it found was a symlink: a change then
+    /// touches only the files inotify names.
+    named_passes: bool,
     problems: SourceProblems,
+}
+
+/// What one directory entry is, as far as the source is concerned.
+enum Entry {
+    /// Not there (removed since inotify named it or the listing saw it).
+    Absent,
+    /// There, but not readable as a file (reported in `entry_problems`); its pod keeps its last
+    /// good state.
+    Unreadable,
+    /// A file with this identity.
+    File(FileStamp),
 }
 
 impl PodsDir {
@@ -118,6 +135,7 @@ impl PodsDir {
             entry_problems: Vec::new(),
             emitted: HashMap::new(),
             dirty: HashSet::new(),
+            named_passes: false,
             problems: SourceProblems::default(),
         })
     }
@@ -137,30 +155,10 @@ impl PodsDir {
     pub fn poll(&mut self) -> Result<Vec<PodEvent>> {
         let present = self.list()?;
         self.files.retain(|path, _| present.contains_key(path));
-        for (path, stamp) in present {
+        for (path, entry) in present {
             let name = path.file_name().map(OsString::from).unwrap_or_default();
-            let state = self.files.entry(path.clone()).or_default();
-            // Present but not a readable file (a loop, a dangling link): reported by `list`;
-            // the pod it had keeps its last good state.
-            let Some(stamp) = stamp else { continue };
-            let changed = state.stamp != Some(stamp) || self.dirty.contains(&name);
-            if !changed {
-                continue;
-            }
-            match read_pod(&path) {
-                Ok((pod, stamp)) => {
-                    state.stamp = Some(stamp);
-                    state.pod = Some(Arc::new(pod));
-                    state.problem = None;
-                }
-                Err(problem) => {
-                    if state.problem.as_deref() != Some(problem.as_str()) {
-                        tracing::warn!(file = %path.display(), %problem, "ignoring pod file; the pod keeps its last good state");
-                    }
-                    state.stamp = Some(stamp);
-                    state.problem = Some(problem);
-                }
-            }
+            let named = self.dirty.contains(&name);
+            self.update(path, entry, named);
         }
         self.dirty.clear();
         let events = self.diff();
@@ -168,14 +166,83 @@ impl PodsDir {
         Ok(events)
     }
 
-    /// The pod files present, with their current stamp (`None`: present but not readable as a
-    /// file; reported in `entry_problems`).
-    fn list(&mut self) -> Result<BTreeMap<PathBuf, Option<FileStamp>>> {
+    /// The events after inotify named `names`, reading only those: each named pod file is
+    /// `stat`ed and re-read (or forgotten, when it is gone); other names (dotfiles such as a
+    /// writer's temporary file, names that are not pod files) cannot change a pod and are
+    /// skipped. Falls back to a full [`poll`](Self::poll) before the first full pass, and
+    /// whenever a pod file is a symlink: a ConfigMap-style `..data` swap changes the files
+    /// behind every link while inotify names only `..data`.
+    pub fn poll_named(&mut self, names: &[OsString]) -> Result<Vec<PodEvent>> {
+        let mut named: Vec<&OsString> = names
+            .iter()
+            .filter(|n| !n.as_bytes().starts_with(b".") && is_pod_file(n.as_bytes()))
+            .collect();
+        named.sort();
+        named.dedup();
+        let mut checked = Vec::with_capacity(named.len());
+        for name in named {
+            let path = self.dir.join(name);
+            // lstat: for a file that is not a symlink, the same answer `stat` gives.
+            let meta = std::fs::symlink_metadata(&path);
+            if meta.as_ref().is_ok_and(|m| m.file_type().is_symlink()) {
+                self.named_passes = false;
+            }
+            checked.push((path, meta));
+        }
+        if !self.named_passes {
+            self.dirty.extend(names.iter().cloned());
+            return self.poll();
+        }
+        for (path, meta) in checked {
+            let shown = path.display().to_string();
+            self.entry_problems.retain(|p| p.entry != shown);
+            match self.classify(&path, meta) {
+                Entry::Absent => {
+                    self.files.remove(&path);
+                }
+                entry => self.update(path, entry, true),
+            }
+        }
+        let events = self.diff();
+        self.publish_problems();
+        Ok(events)
+    }
+
+    /// Brings one present entry's state up to date: re-reads the file when its identity changed
+    /// or `named` (inotify reported it).
+    fn update(&mut self, path: PathBuf, entry: Entry, named: bool) {
+        let state = self.files.entry(path.clone()).or_default();
+        // Present but not a readable file (a loop, a dangling link): reported by `classify`;
+        // the pod it had keeps its last good state.
+        let Entry::File(stamp) = entry else { return };
+        if state.stamp == Some(stamp) && !named {
+            return;
+        }
+        match read_pod(&path) {
+            Ok((pod, stamp)) => {
+                state.stamp = Some(stamp);
+                state.pod = Some(Arc::new(pod));
+                state.problem = None;
+            }
+            Err(problem) => {
+                if state.problem.as_deref() != Some(problem.as_str()) {
+                    tracing::warn!(file = %path.display(), %problem, "ignoring pod file; the pod keeps its last good state");
+                }
+                state.stamp = Some(stamp);
+                state.problem = Some(problem);
+            }
+        }
+    }
+
+    /// The pod files present, with what each is. Notes whether any is a symlink (the entry's
+    /// type from the listing itself, no extra `stat`).
+    fn list(&mut self) -> Result<BTreeMap<PathBuf, Entry>> {
         let entries = std::fs::read_dir(&self.dir).map_err(|source| Error::ReadDir {
             path: self.dir.clone(),
             source,
         })?;
         let mut present = BTreeMap::new();
+        let mut symlinks = false;
         self.entry_problems.clear();
         for entry in entries.flatten() {
             let name = entry.file_name();
@@ -184,51 +251,57 @@ impl PodsDir {
                 continue;
             }
             let path = entry.path();
-            if name.to_str().is_none() {
-                self.entry_problems.push(SourceProblem {
-                    entry: path.to_string_lossy().into_owned(),
-                    problem: "ignored: the file name is not valid UTF-8; rename the file".into(),
-                });
-                continue;
-            }
+            // A type the listing could not tell counts as a symlink: full passes, to be safe.
+            symlinks |= entry.file_type().map_or(true, |t| t.is_symlink());
             // Follows symlinks (a ConfigMap-style mount).
-            match std::fs::metadata(&path) {
-                Ok(meta) if meta.is_file() => {
-                    present.insert(path, Some(FileStamp::of(&meta)));
-                }
-                Ok(_) => {
-                    self.entry_problems.push(SourceProblem {
-                        entry: path.display().to_string(),
-                        problem: "ignored: not a regular file (a directory, pipe or device)".into(),
-                    });
-                }
-                Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-                    self.entry_problems.push(SourceProblem {
-                        entry: path.display().to_string(),
-                        problem: "ignored: symlink loop (too many levels of symbolic links); fix the link".into(),
-                    });
-                    present.insert(path, None);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    // Removed since the listing, or a dangling symlink (reported).
-                    if std::fs::symlink_metadata(&path).is_ok() {
-                        self.entry_problems.push(SourceProblem {
-                            entry: path.display().to_string(),
-                            problem: "ignored: dangling symlink (its target does not exist)".into(),
-                        });
-                        present.insert(path, None);
-                    }
-                }
-                Err(e) => {
-                    self.entry_problems.push(SourceProblem {
-                        entry: path.display().to_string(),
-                        problem: format!("ignored: cannot stat: {e}"),
-                    });
-                    present.insert(path, None);
+            let meta = std::fs::metadata(&path);
+            match self.classify(&path, meta) {
+                Entry::Absent => {}
+                entry => {
+                    present.insert(path, entry);
                 }
             }
         }
+        self.named_passes = !symlinks;
         Ok(present)
+    }
+
+    /// What the entry at `path` is, from its `stat` (symlinks followed) `meta`; a problem is
+    /// reported in `entry_problems`.
+    fn classify(&mut self, path: &Path, meta: std::io::Result<std::fs::Metadata>) -> Entry {
+        if path.file_name().and_then(|n| n.to_str()).is_none() {
+            self.entry_problems.push(SourceProblem {
+                entry: path.to_string_lossy().into_owned(),
+                problem: "ignored: the file name is not valid UTF-8; rename the file".into(),
+            });
+            return Entry::Absent;
+        }
+        let problem = match meta {
+            Ok(meta) if meta.is_file() => return Entry::File(FileStamp::of(&meta)),
+            Ok(_) => {
+                self.entry_problems.push(SourceProblem {
+                    entry: path.display().to_string(),
+                    problem: "ignored: not a regular file (a directory, pipe or device)".into(),
+                });
+                return Entry::Absent;
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                "ignored: symlink loop (too many levels of symbolic links); fix the link".into()
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                // Removed since the listing, or a dangling symlink (reported).
+                if std::fs::symlink_metadata(path).is_err() {
+                    return Entry::Absent;
+                }
+                "ignored: dangling symlink (its target does not exist)".into()
+            }
+            Err(e) => format!("ignored: cannot stat: {e}"),
+        };
+        self.entry_problems.push(SourceProblem {
+            entry: path.display().to_string(),
+            problem,
+        });
+        Entry::Unreadable
     }
 
     /// The events that bring the agent from `emitted` to the pods the files now describe.
@@ -325,8 +398,14 @@ impl PodsDir {
         let mut watch = DirWatch::new(&self.dir);
         let mut failing = false;
         let mut synced = false;
+        // What inotify named last; `None`: a full pass.
+        let mut named: Option<Vec<OsString>> = None;
         loop {
-            match self.poll() {
+            let pass = match named.take() {
+                Some(names) => self.poll_named(&names),
+                None => self.poll(),
+            };
+            match pass {
                 Ok(events) => {
                     failing = false;
                     for ev in events {
@@ -364,7 +443,7 @@ impl PodsDir {
                 },
             };
             match changed {
-                Changed::Names(names) => self.dirty.extend(names),
+                Changed::Names(names) => named = Some(names),
                 Changed::Rescan => {}
                 Changed::Overflow => {
                     tracing::warn!("inotify queue overflowed; re-reading every pod file");
