@@ -103,8 +103,8 @@ pub struct PodsDir {
     emitted: HashMap<String, Arc<Pod>>,
     /// Names inotify reported since the last rescan: re-read whatever their stamp says.
     dirty: HashSet<OsString>,
-    /// A full pass has run, and none of the pod files it found was a symlink: a change then
-    /// touches only the files inotify names.
+    /// A full pass has run, and none of the pod files it found was a symlink (cleared when a
+    /// named file turns out to be one): a change then touches only the files inotify names.
     named_passes: bool,
     problems: SourceProblems,
 }
@@ -266,8 +266,8 @@ impl PodsDir {
         Ok(present)
     }
 
-    /// What the entry at `path` is, from its `stat` (symlinks followed) `meta`; a problem is
-    /// reported in `entry_problems`.
+    /// What the entry at `path` is, from its `stat` (symlinks followed) `meta` — or its `lstat`
+    /// where it is known not to be a symlink; a problem is reported in `entry_problems`.
     fn classify(&mut self, path: &Path, meta: std::io::Result<std::fs::Metadata>) -> Entry {
         if path.file_name().and_then(|n| n.to_str()).is_none() {
             self.entry_problems.push(SourceProblem {
