@@ -335,7 +335,8 @@ impl AdminClient {
         }
     }
 
-    /// `GET /stats[?filter=<regex>]`, parsed. The filter (an RE2 regex) is percent-encoded here.
+    /// `GET /stats[?filter=<regex>]`, parsed. The filter (an RE2 regex) is percent-encoded here;
+    /// text matched literally goes through [`regex_escape`].
     pub async fn stats(&self, filter: Option<&str>) -> Result<Stats> {
         self.stats_with(filter, false).await
     }
@@ -586,9 +587,28 @@ pub fn percent_encode(value: &str) -> String {
     out
 }
 
+/// Escapes RE2 metacharacters, for text a `/stats?filter=` regex must match literally (a stat
+/// prefix such as `wasmcustom.holdfast`).
+pub fn regex_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 4);
+    for c in s.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn regex_escape_escapes_dots() {
+        assert_eq!(regex_escape("wasmcustom.holdfast"), "wasmcustom\\.holdfast");
+        assert_eq!(regex_escape("a+b(c)"), "a\\+b\\(c\\)");
+    }
 
     #[test]
     fn stats_parse_tolerates_garbage() {

@@ -265,7 +265,7 @@ pub const WORKERS_STARTED_STAT: &str = "listener_manager.workers_started";
 pub fn stats_filter(stat_prefix: &str) -> String {
     format!(
         "^(server\\.(state|concurrency)|listener_manager\\.workers_started|{}\\.(workers_ready|loaded))$",
-        super::drain::regex_escape(stat_prefix)
+        crate::effects::envoy_admin::regex_escape(stat_prefix)
     )
 }
 

@@ -45,7 +45,7 @@ pub use crate::api::{
 };
 pub use crate::config::DrainSettings;
 
-use crate::effects::envoy_admin::AdminClient;
+use crate::effects::envoy_admin::{regex_escape, AdminClient};
 use crate::pod::{Deletion, PodKey, PodView, DEFAULT_GRACE};
 
 /// Envoy admin paths the drain uses.
@@ -130,19 +130,6 @@ impl ProxyAdmin for AdminClient {
     async fn probe(&self) -> Result<(), AdminFailure> {
         self.ready().await.map(|_| ()).map_err(AdminFailure::from)
     }
-}
-
-/// Escapes regex metacharacters (Envoy's `/stats?filter=` is an RE2 regex); readiness's stats
-/// filter uses it too.
-pub(crate) fn regex_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 4);
-    for c in s.chars() {
-        if "\\.+*?()|[]{}^$".contains(c) {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// Collected errors, bounded.

@@ -779,12 +779,6 @@ fn refusals_are_told_from_other_connect_failures() {
 }
 
 #[test]
-fn regex_escape_escapes_dots() {
-    assert_eq!(regex_escape("wasmcustom.holdfast"), "wasmcustom\\.holdfast");
-    assert_eq!(regex_escape("a+b(c)"), "a\\+b\\(c\\)");
-}
-
-#[test]
 fn reports_serialize() {
     let report = DrainReport {
         outcome: DrainOutcome::AppDone,
