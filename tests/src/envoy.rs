@@ -29,6 +29,7 @@
 //! Errors are `anyhow`: every caller is a test or a binary, and the messages carry Envoy's log
 //! tail, which is what a person needs to see.
 
+use holdfast::effects::envoy_admin::regex_escape;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fmt;
@@ -673,17 +674,6 @@ pub fn parse_stats(text: &str) -> BTreeMap<String, String> {
         .filter_map(|l| l.split_once(": "))
         .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
         .collect()
-}
-
-fn regex_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 8);
-    for c in s.chars() {
-        if "\\.+*?()|[]{}^$".contains(c) {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
 }
 
 fn percent_encode(s: &str) -> String {
