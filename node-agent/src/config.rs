@@ -314,7 +314,8 @@ pub struct DrainSettings {
     /// How often the app's processes are re-scanned for new ones (exits are notified at once).
     #[serde(serialize_with = "ser_duration")]
     pub rescan_every: Duration,
-    /// How often the filter's counts are sampled while the app runs (for the idle history).
+    /// How often the counts (the filter's, Envoy's bytes) are sampled while the app runs (for the
+    /// idle history).
     #[serde(serialize_with = "ser_duration")]
     pub stats_every: Duration,
     /// How often the counts are sampled once the app is gone, until nothing is in flight.

@@ -8,10 +8,12 @@
 //! Figures (`cargo test -p holdfast --test drain_parts -- --nocapture`) are printed; the
 //! ignored `drain_lag_figures` runs the drain 20 times for a p50/p99 of app exit → Envoy exit.
 
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, ensure, Context, Result};
@@ -370,6 +372,14 @@ const BACKEND: &str = "127.0.0.1:8080";
 const APP_ID: &str = "a1a1";
 const PROXY_ID: &str = "b2b2";
 
+/// Envoy's configuration: the outbound and inbound capture listeners (`tcp_proxy` to an echo
+/// backend, with the filter first when it is built), and Istio's bootstrap listeners that move
+/// bytes in every pod without carrying its traffic, as istio/istio
+/// `tools/packaging/common/envoy_bootstrap.json` (86c9f01fd73) defines them: 15021 (HCM
+/// `stat_prefix: agent`, `/healthz/ready` routed to pilot-agent's status port 15020 through
+/// cluster `agent`: where kubelet's probes go) and 15090 (`stat_prefix: stats`,
+/// `/stats/prometheus` routed to the admin API through cluster `prometheus_stats`: where
+/// Prometheus scrapes).
 fn bootstrap(filter: Option<&Path>) -> String {
     let wasm = filter.map(|p| {
         format!(
@@ -402,25 +412,70 @@ fn bootstrap(filter: Option<&Path>) -> String {
           cluster: backend"#
         )
     };
+    let istio_static = |port: u16, stat_prefix: &str, path: &str, cluster: &str| {
+        format!(
+            r#"
+  - name: 0.0.0.0_{port}
+    address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          codec_type: AUTO
+          stat_prefix: {stat_prefix}
+          route_config:
+            virtual_hosts:
+            - name: backend
+              domains: ["*"]
+              routes:
+              - match: {{ prefix: "{path}" }}
+                route: {{ cluster: {cluster} }}
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"#
+        )
+    };
+    let cluster = |name: &str, port: u16| {
+        format!(
+            r#"
+  - name: {name}
+    type: STATIC
+    connect_timeout: 1s
+    load_assignment:
+      cluster_name: {name}
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }} }}"#
+        )
+    };
     format!(
         r#"admin:
   address: {{ socket_address: {{ address: 127.0.0.1, port_value: 15000 }} }}
 static_resources:
-  listeners:{}{}
-  clusters:
-  - name: backend
-    type: STATIC
-    connect_timeout: 1s
-    load_assignment:
-      cluster_name: backend
-      endpoints:
-      - lb_endpoints:
-        - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: 8080 }} }} }}
+  listeners:{}{}{}{}
+  clusters:{}{}{}
 "#,
         listener("inbound", "INBOUND", 15006),
         listener("outbound", "OUTBOUND", 15001),
+        istio_static(STATUS_PORT, "agent", "/healthz/ready", "agent"),
+        istio_static(
+            PROMETHEUS_PORT,
+            "stats",
+            "/stats/prometheus",
+            "prometheus_stats"
+        ),
+        cluster("backend", 8080),
+        cluster("agent", PILOT_AGENT_STATUS_PORT),
+        cluster("prometheus_stats", 15000),
     )
 }
+
+/// Istio's Envoy status port (kubelet probes), Prometheus port, and pilot-agent's status port.
+const STATUS_PORT: u16 = 15021;
+const PROMETHEUS_PORT: u16 = 15090;
+const PILOT_AGENT_STATUS_PORT: u16 = 15020;
 
 /// The fake pod's processes: the app's and Envoy's pids under their container ids.
 #[derive(Clone)]
@@ -577,6 +632,17 @@ impl RealPod {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         Ok(())
+    }
+
+    /// Bytes Envoy's status (15021) and Prometheus (15090) listeners have moved.
+    async fn own_listener_bytes(&self) -> Result<u64> {
+        let stats = self
+            .admin
+            .stats(Some(
+                "^http\\.(agent|stats)\\.downstream_cx_(rx|tx)_bytes_total$",
+            ))
+            .await?;
+        Ok(stats.values.values().sum())
     }
 
     async fn outbound_active(&self) -> Option<u64> {
@@ -736,6 +802,326 @@ async fn drain_against_real_envoy() -> Result<()> {
     ensure!(
         lag < Duration::from_millis(250),
         "app exit → Envoy exit took {lag:?}"
+    );
+    Ok(())
+}
+
+/// pilot-agent's status server, standing in on 15020 in the netns: answers every HTTP/1.1
+/// request with 200 (pilot-agent's `/healthz/ready` does once Envoy is ready), keep-alive, until
+/// dropped.
+struct StatusStandIn {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl StatusStandIn {
+    fn start(netns: &TestNetns) -> Result<StatusStandIn> {
+        let addr = format!("127.0.0.1:{PILOT_AGENT_STATUS_PORT}");
+        let listener: TcpListener = netns
+            .ns
+            .run(move || TcpListener::bind(addr))?
+            .context("binding the status stand-in")?;
+        listener.set_nonblocking(true)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !flag.load(Ordering::SeqCst) {
+                let Ok((conn, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(2));
+                    continue;
+                };
+                let flag = flag.clone();
+                std::thread::spawn(move || serve_http_200(conn, &flag));
+            }
+        });
+        Ok(StatusStandIn {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for StatusStandIn {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn serve_http_200(mut conn: TcpStream, stop: &AtomicBool) {
+    let _ = conn.set_nonblocking(false);
+    let _ = conn.set_read_timeout(Some(Duration::from_millis(50)));
+    let mut pending = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !stop.load(Ordering::SeqCst) {
+        match conn.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => pending.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
+            Err(_) => return,
+        }
+        while let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+            pending.drain(..end + 4);
+            if conn
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+}
+
+/// One `GET path` on a fresh connection (as kubelet probes), from inside the netns: the status,
+/// once the whole body (`content-length`, or chunked to its last chunk) is read. (Not read to the connection's end: while
+/// draining, Envoy 1.40 left such a connection open after the response despite
+/// `Connection: close`, until it exited.)
+fn http_get_status(port: u16, path: &str) -> std::io::Result<u16> {
+    let bad = |what: &str| std::io::Error::other(format!("GET {path} on :{port}: {what}"));
+    let mut s = TcpStream::connect_timeout(
+        &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_secs(1),
+    )?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    let head_end = loop {
+        if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            return Err(bad("closed before the response head"));
+        }
+        got.extend_from_slice(&buf[..n]);
+    };
+    let head = String::from_utf8_lossy(&got[..head_end]).to_ascii_lowercase();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| bad("no status"))?;
+    let length: Option<usize> = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok());
+    let chunked = head.contains("transfer-encoding: chunked");
+    let complete = |got: &[u8]| match length {
+        Some(n) => got.len() >= head_end + n,
+        // The last chunk: `0` CRLF, then the empty trailer's CRLF.
+        None => got[head_end..].starts_with(b"0\r\n\r\n") || got.ends_with(b"\r\n0\r\n\r\n"),
+    };
+    if length.is_none() && !chunked {
+        return Err(bad("neither content-length nor chunked"));
+    }
+    while !complete(&got) {
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            return Err(bad("closed before the body's end"));
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    Ok(status)
+}
+
+/// Kubelet's probes (15021) and Prometheus's scrapes (15090), every `every`, from a thread in
+/// the netns until dropped; counts the 200s of each.
+struct ProbesAndScrapes {
+    stop: Arc<AtomicBool>,
+    ok: Arc<[AtomicU64; 2]>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ProbesAndScrapes {
+    fn start(netns: &TestNetns, every: Duration) -> ProbesAndScrapes {
+        let stop = Arc::new(AtomicBool::new(false));
+        let ok: Arc<[AtomicU64; 2]> = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+        let (flag, counts, ns) = (stop.clone(), ok.clone(), netns.ns.clone());
+        let thread = std::thread::spawn(move || {
+            let _ = ns.run(move || {
+                while !flag.load(Ordering::SeqCst) {
+                    for (i, (port, path)) in [
+                        (STATUS_PORT, "/healthz/ready"),
+                        (PROMETHEUS_PORT, "/stats/prometheus"),
+                    ]
+                    .into_iter()
+                    .enumerate()
+                    {
+                        if let Ok(200) = http_get_status(port, path) {
+                            counts[i].fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                    std::thread::sleep(every);
+                }
+            });
+        });
+        ProbesAndScrapes {
+            stop,
+            ok,
+            thread: Some(thread),
+        }
+    }
+
+    /// 200s so far: (probes, scrapes).
+    fn ok(&self) -> (u64, u64) {
+        (
+            self.ok[0].load(Ordering::SeqCst),
+            self.ok[1].load(Ordering::SeqCst),
+        )
+    }
+}
+
+impl Drop for ProbesAndScrapes {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Sends 64 bytes and reads their echo every 5 ms on `conn` until stopped.
+fn stream_until(mut conn: TcpStream, stop: Arc<AtomicBool>) -> Result<(TcpStream, u64)> {
+    conn.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let chunk = [b'z'; 64];
+    let mut back = [0u8; 64];
+    let mut rounds = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        conn.write_all(&chunk)?;
+        conn.read_exact(&mut back)?;
+        rounds += 1;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok((conn, rounds))
+}
+
+/// What the drain's idle test watches, against a real Envoy: Envoy's own byte counters. After
+/// the app is gone an outbound connection stays open (another container's, here the test's),
+/// so the filter's `outbound.cx_active` is 1 and only the bytes can say whether it is idle.
+/// While kubelet-style probes hit 15021 and Prometheus-style scrapes hit 15090 every 10 ms (and
+/// the agent polls the admin API every 5 ms), the drain waits exactly as long as the connection
+/// carries bytes and quits about one idle window (100 ms) after it stops: the bytes of the
+/// proxy's own listeners do not count, the bytes of a traffic listener do.
+#[tokio::test]
+async fn drain_waits_for_moving_bytes_not_for_probes_or_scrapes() -> Result<()> {
+    const TEST: &str = "drain_waits_for_moving_bytes_not_for_probes_or_scrapes";
+    if !privileged(TEST) {
+        return Ok(());
+    }
+    let mut pod = RealPod::start("hf-drain-bytes").await?;
+    if !pod.filter {
+        ensure!(
+            std::env::var_os("CI").is_none(),
+            "{TEST}: the filter is not built (target/holdfast_filter.wasm) and CI is set"
+        );
+        eprintln!("SKIP {TEST}: needs the filter (`just build-filter`)");
+        return Ok(());
+    }
+    let _status = StatusStandIn::start(&pod.netns)?;
+    let probes = ProbesAndScrapes::start(&pod.netns, Duration::from_millis(10));
+
+    // Another container's outbound connection through Envoy, echoed by the backend.
+    let mut other = pod
+        .netns
+        .ns
+        .connect_tcp(OUTBOUND.parse()?, Duration::from_secs(1))?;
+    other.set_read_timeout(Some(Duration::from_secs(2)))?;
+    other.write_all(b"hello")?;
+    let mut five = [0u8; 5];
+    other.read_exact(&mut five)?;
+    let started = Instant::now();
+    while pod.outbound_active().await != Some(2) {
+        ensure!(
+            started.elapsed() < Duration::from_secs(5),
+            "the second outbound connection never showed in the filter's counts"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let settings = DrainSettings::default();
+    let (_tx, rx) = watch::channel(Some(pod_view(Duration::from_secs(30))));
+    let key = key();
+    let procs = pod.procs();
+    let admin = pod.admin.clone();
+    let drain_task = {
+        let settings = settings.clone();
+        tokio::spawn(async move {
+            drain::drain(ctx(
+                &key,
+                &admin,
+                &settings,
+                procs,
+                rx,
+                CancellationToken::new(),
+            ))
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+
+    let stop_streaming = Arc::new(AtomicBool::new(false));
+    let streamer = {
+        let (conn, stop) = (other, stop_streaming.clone());
+        std::thread::spawn(move || stream_until(conn, stop))
+    };
+    let probes_before = probes.ok();
+    let own_bytes_before = pod.own_listener_bytes().await?;
+    let killed = Instant::now();
+    drop(pod.app.take()); // the app is gone; the other connection streams on
+    const STREAMING: Duration = Duration::from_millis(800);
+    tokio::time::sleep(STREAMING).await;
+    let own_bytes_after = pod.own_listener_bytes().await?;
+    ensure!(
+        pod.envoy.0.try_wait()?.is_none() && !drain_task.is_finished(),
+        "the proxy quit while a connection was still moving bytes, {:?} after the app's exit",
+        killed.elapsed()
+    );
+    stop_streaming.store(true, Ordering::SeqCst);
+    let stopped = Instant::now();
+    let (idle_conn, rounds) = streamer.join().expect("streamer thread")?;
+    let (exited, status) = pod.envoy_exit(Duration::from_secs(10)).await?;
+    let report = tokio::time::timeout(Duration::from_secs(5), drain_task).await??;
+    let probes_after = probes.ok();
+    drop(idle_conn);
+    let after_stop = exited.duration_since(stopped);
+    println!(
+        "bytes: {rounds} echoes in {STREAMING:?} after the app's exit; Envoy exited {after_stop:?} \
+         after they stopped; probes/scrapes answered 200 during the drain: {} / {}; the proxy's \
+         own listeners moved {} bytes meanwhile; report: {}",
+        probes_after.0 - probes_before.0,
+        probes_after.1 - probes_before.1,
+        own_bytes_after - own_bytes_before,
+        serde_json::to_string(&report)?
+    );
+    ensure!(status.success(), "Envoy exited with {status}");
+    ensure!(report.outcome == DrainOutcome::AppDone, "{report:?}");
+    ensure!(
+        matches!(
+            report.quit_reason,
+            Some(QuitReason::Idle(IdleReason::NoBytesMoved { .. }))
+        ),
+        "quit reason {:?}",
+        report.quit_reason
+    );
+    ensure!(rounds >= 20, "only {rounds} echoes while streaming");
+    // The idle window is 100 ms; samples every 5 ms; Envoy's exit after the quit is tens of ms.
+    ensure!(
+        after_stop < Duration::from_millis(1500),
+        "Envoy exited {after_stop:?} after the bytes stopped: something else kept the drain busy"
+    );
+    ensure!(
+        probes_after.0 - probes_before.0 >= 10 && probes_after.1 - probes_before.1 >= 10,
+        "probes and scrapes did not run during the drain: {probes_before:?} → {probes_after:?}"
+    );
+    ensure!(
+        own_bytes_after > own_bytes_before,
+        "the proxy's own listeners moved no bytes: the test did not test their exclusion"
     );
     Ok(())
 }

@@ -29,7 +29,8 @@
 //! Errors are `anyhow`: every caller is a test or a binary, and the messages carry Envoy's log
 //! tail, which is what a person needs to see.
 
-use holdfast::effects::envoy_admin::regex_escape;
+use holdfast::effects::envoy_admin::{regex_escape, Stats};
+use holdfast::lifecycle::drain::in_flight::{self, DrainSample};
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fmt;
@@ -593,6 +594,27 @@ impl AdminClient {
             r.body
         );
         Ok(parse_stats(&r.body))
+    }
+
+    /// One sample as the agent's drain takes it: the same request
+    /// (`/stats?usedonly&filter=<sample_regex>`) read by the agent's own parsers.
+    pub fn drain_sample(&self, stat_prefix: &str) -> anyhow::Result<DrainSample> {
+        let path = format!(
+            "/stats?usedonly&filter={}",
+            percent_encode(&in_flight::sample_regex(stat_prefix))
+        );
+        let r = self.get(&path)?;
+        ensure!(
+            r.status == 200,
+            "{path} answered HTTP {}: {}",
+            r.status,
+            r.body
+        );
+        let stats = Stats::parse(&r.body);
+        Ok(DrainSample::from_stats(
+            stat_prefix,
+            stats.values.iter().map(|(k, v)| (k.as_str(), *v)),
+        ))
     }
 
     /// One integer stat by its full name; `None` when Envoy does not have it.

@@ -85,8 +85,13 @@ pub struct DrainReport {
     pub app_processes_left: usize,
     /// Whether the filter's stats were present (`None`: never read).
     pub filter_present: Option<bool>,
-    /// The last counts read.
+    /// The filter's last counts read.
     pub last_counts: Option<FilterCounts>,
+    /// Bytes Envoy had moved for the pod's traffic at the last sample: its own
+    /// `downstream_cx_{rx,tx}_bytes_total` counters summed, its admin and Istio's status and
+    /// metrics listeners left out. What the idle test watches.
+    #[serde(default)]
+    pub last_traffic_bytes: Option<u64>,
     /// Admin errors and other problems (at most 10 kept; `error_count` counts all).
     pub errors: Vec<String>,
     pub error_count: usize,
@@ -154,11 +159,10 @@ pub struct JobReport {
     pub error_count: usize,
 }
 
-/// One direction's counts; `None` when the stat was absent or garbage.
+/// One direction's counts; `None` when the stat was garbage.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DirectionCounts {
     pub cx_active: Option<u64>,
-    pub bytes_total: Option<u64>,
 }
 
 /// The filter's counts in one `/stats` sample.
@@ -217,6 +221,7 @@ impl DrainReport {
             app_processes_left: 0,
             filter_present: None,
             last_counts: None,
+            last_traffic_bytes: None,
             errors: Vec::new(),
             error_count: 0,
             advice: None,

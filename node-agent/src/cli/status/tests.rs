@@ -58,6 +58,7 @@ fn drain(outcome: DrainOutcome, elapsed_ms: u64) -> DrainReport {
         app_processes_left: 0,
         filter_present: Some(true),
         last_counts: Some(FilterCounts::default()),
+        last_traffic_bytes: Some(0),
         errors: vec![],
         error_count: 0,
         advice: None,

@@ -1,34 +1,132 @@
-//! Is anything still in flight through the pod's proxy? Judged from the holdfast filter's counts,
-//! read from Envoy's admin `/stats`.
+//! Is anything still in flight through the pod's proxy? Judged from one `/stats` sample: the
+//! holdfast filter's connection counts and Envoy's own byte counters.
 //!
 //! The filter publishes, per direction (`inbound`, `outbound`, `unknown`), a `cx_active` gauge
-//! (connections open now) and a `bytes_total` counter (bytes moved, both ways), as
-//! `wasmcustom.holdfast.<dir>.<stat>`. Nothing is in flight when either
+//! (connections open now) as `wasmcustom.holdfast.<dir>.cx_active`. Envoy counts, for every
+//! `http_connection_manager` and `tcp_proxy`, the bytes it read from and wrote to downstream
+//! connections (`http.<stat_prefix>.downstream_cx_{rx,tx}_bytes_total`, `tcp.<stat_prefix>.…`),
+//! updated on every read and write of a live connection. Nothing is in flight when either
 //!
 //! - no outbound connection is open (`outbound.cx_active == 0`): the app's calls to other
 //!   services are finished, or
-//! - no byte moved in any direction over an idle window: whatever connections remain are idle
-//!   keep-alives (a remote client's pooled connection *into* the pod, say), which must not hold
-//!   the drain, unlike pilot-agent's `EXIT_ON_ZERO_ACTIVE_CONNECTIONS`.
+//! - no byte moved through the pod's traffic listeners over an idle window: whatever
+//!   connections remain are idle keep-alives (a remote client's pooled connection *into* the
+//!   pod, say), which must not hold the drain, unlike pilot-agent's
+//!   `EXIT_ON_ZERO_ACTIVE_CONNECTIONS`.
+//!
+//! The byte test leaves out the listeners that move bytes during every drain without carrying
+//! the pod's traffic ([`PROXY_OWN_HTTP_PREFIXES`]): Envoy's admin (this agent's own polling,
+//! pilot-agent's stats merge) and Istio's bootstrap listeners for kubelet probes and Prometheus
+//! scrapes. Any other listener that moves a byte in the window keeps the drain waiting, which
+//! errs towards waiting: a listener missing from the list can only delay an idle verdict, and
+//! only if it moves bytes at least every idle window (100 ms), which probes and scrapes (seconds
+//! apart) do not.
+//!
+//! (Earlier builds had the filter count the bytes itself, in a data callback on every chunk.
+//! Envoy's counters see the same bytes, and more — a response Envoy still flushes to a slow
+//! client after the app exited — without a VM entry per chunk, which cost 3–6 % of the request
+//! rate: docs/benchmarks.md.)
 //!
 //! Everything here is pure: samples in, judgement out, with the clock passed in.
 
 use std::time::{Duration, Instant};
+
+use crate::effects::envoy_admin::regex_escape;
 
 pub use crate::api::{DirectionCounts, FilterCounts, IdleReason, DEFAULT_STAT_PREFIX};
 
 /// Gauges above this are taken as garbage (an underflowed gauge reads near 2^64), not as counts.
 const MAX_SANE_GAUGE: u64 = 1 << 48;
 
+/// `http.<stat_prefix>` scopes whose bytes are not the pod's traffic, so the idle test skips
+/// them. `admin` is Envoy's admin API (its HCM's fixed stat prefix): this agent polls it through
+/// the drain, and pilot-agent scrapes it for its merged metrics. The others are Istio's
+/// bootstrap listeners, by their HCM `stat_prefix` in istio/istio
+/// `tools/packaging/common/envoy_bootstrap.json` (checked at 86c9f01fd73, master 2026-08):
+/// `agent` (the 15021 status port, routed to pilot-agent: the istio-proxy container's own
+/// readiness probe, `/healthz/ready` every 15 s by default per the injection template, and on
+/// gateways the cloud load balancers' health checks, which can come from many sources at once),
+/// `stats` (15090: Prometheus scrapes, routed to the admin API), `secure_stats` and
+/// `secure_merged_stats` (the TLS metrics ports, when enabled). Gateways use the same template.
+/// (The app containers' own probes, rewritten by the injector, go to pilot-agent on 15020
+/// without passing through Envoy.)
+pub const PROXY_OWN_HTTP_PREFIXES: [&str; 5] = [
+    "admin",
+    "agent",
+    "stats",
+    "secure_stats",
+    "secure_merged_stats",
+];
+
+const BYTE_COUNTERS: [&str; 2] = [
+    ".downstream_cx_rx_bytes_total",
+    ".downstream_cx_tx_bytes_total",
+];
+
+/// The `/stats?filter=` regex (RE2) of one sample: the filter's stats under `prefix`, and every
+/// HCM and `tcp_proxy` downstream byte counter. Asked with `usedonly`, so a sidecar with
+/// thousands of configured `tcp_proxy` routes lists only those that carried traffic.
+pub fn sample_regex(prefix: &str) -> String {
+    format!(
+        "^(?:{}\\.|(?:http|tcp)\\..+\\.downstream_cx_(?:rx|tx)_bytes_total$)",
+        regex_escape(prefix)
+    )
+}
+
+/// The sum of Envoy's downstream byte counters of the pod's traffic listeners, and how many
+/// counters went into it (a counter that appears or goes away is a change too).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TrafficBytes {
+    pub total: u64,
+    pub counters: u32,
+}
+
+impl TrafficBytes {
+    /// Sums the byte counters among `(name, value)` stats; every other name is ignored.
+    pub fn from_stats<K: AsRef<str>>(stats: impl IntoIterator<Item = (K, u64)>) -> TrafficBytes {
+        let mut t = TrafficBytes::default();
+        for (name, value) in stats {
+            if counts_as_traffic(name.as_ref()) {
+                t.total = t.total.wrapping_add(value);
+                t.counters = t.counters.saturating_add(1);
+            }
+        }
+        t
+    }
+}
+
+/// Whether `name` is a downstream byte counter of a listener that carries the pod's traffic.
+fn counts_as_traffic(name: &str) -> bool {
+    let Some(scope) = BYTE_COUNTERS.iter().find_map(|s| name.strip_suffix(s)) else {
+        return false;
+    };
+    if let Some(stat_prefix) = scope.strip_prefix("http.") {
+        !stat_prefix.is_empty() && !PROXY_OWN_HTTP_PREFIXES.contains(&stat_prefix)
+    } else if let Some(stat_prefix) = scope.strip_prefix("tcp.") {
+        !stat_prefix.is_empty()
+    } else {
+        false
+    }
+}
+
 impl FilterCounts {
-    /// Reads the filter's counts from `(name, value)` stats. Names outside `prefix`, unknown
-    /// directions or stats, and insane gauge values are ignored. Returns `None` when no
-    /// per-direction stat of the filter is present at all: the filter is not installed.
+    /// Reads the filter's counts from `(name, value)` stats, as `/stats?usedonly` lists them.
+    /// Names outside `prefix`, unknown directions or stats, and insane gauge values are ignored.
+    /// Returns `None` when no stat of the filter is present at all: the filter is not installed.
+    ///
+    /// The filter sets `loaded` and `workers_ready` when it is configured, so an installed
+    /// filter always lists something; a `cx_active` gauge it never moved is not listed under
+    /// `usedonly` (Envoy lists a gauge once it was set, added to or subtracted from) and reads 0.
     pub fn from_stats<K: AsRef<str>>(
         prefix: &str,
         stats: impl IntoIterator<Item = (K, u64)>,
     ) -> Option<FilterCounts> {
-        let mut counts = FilterCounts::default();
+        let zero = DirectionCounts { cx_active: Some(0) };
+        let mut counts = FilterCounts {
+            inbound: zero,
+            outbound: zero,
+            unknown: zero,
+        };
         let mut found = false;
         for (name, value) in stats {
             let Some(rest) = name
@@ -38,6 +136,10 @@ impl FilterCounts {
             else {
                 continue;
             };
+            if matches!(rest, "loaded" | "workers_ready") {
+                found = true;
+                continue;
+            }
             let Some((dir, stat)) = rest.split_once('.') else {
                 continue;
             };
@@ -49,10 +151,8 @@ impl FilterCounts {
                     found = true;
                     slot.cx_active = (value <= MAX_SANE_GAUGE).then_some(value);
                 }
-                "bytes_total" => {
-                    found = true;
-                    slot.bytes_total = Some(value);
-                }
+                // `bytes_total`: published by earlier builds of the filter, unused now.
+                "cx_total" | "bytes_total" => found = true,
                 _ => {}
             }
         }
@@ -67,14 +167,26 @@ impl FilterCounts {
             _ => None,
         }
     }
+}
 
-    /// Bytes moved so far: inbound, outbound, unknown.
-    fn bytes(&self) -> [Option<u64>; 3] {
-        [
-            self.inbound.bytes_total,
-            self.outbound.bytes_total,
-            self.unknown.bytes_total,
-        ]
+/// One `/stats` sample of a drain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DrainSample {
+    /// The filter's counts (`None`: the filter is not installed).
+    pub filter: Option<FilterCounts>,
+    pub traffic: TrafficBytes,
+}
+
+impl DrainSample {
+    /// Reads a sample from the answer to `/stats?usedonly&filter=<sample_regex(prefix)>`.
+    pub fn from_stats<K: AsRef<str>>(
+        prefix: &str,
+        stats: impl IntoIterator<Item = (K, u64)> + Clone,
+    ) -> DrainSample {
+        DrainSample {
+            filter: FilterCounts::from_stats(prefix, stats.clone()),
+            traffic: TrafficBytes::from_stats(stats),
+        }
     }
 }
 
@@ -89,11 +201,11 @@ pub enum InFlight {
     Busy { outbound_active: Option<u64> },
 }
 
-/// Judges successive samples of the filter's counts.
+/// Judges successive samples.
 #[derive(Debug, Clone)]
 pub struct InFlightJudge {
     idle_window: Duration,
-    last_bytes: Option<[Option<u64>; 3]>,
+    last_bytes: Option<TrafficBytes>,
     /// Time of the first sample in the current run of samples with unchanged bytes.
     unchanged_since: Option<Instant>,
 }
@@ -108,24 +220,19 @@ impl InFlightJudge {
         }
     }
 
-    /// Takes the sample taken at `now` (`None`: `/stats` answered but without the filter's
-    /// stats) and judges. Samples must come in time order; a failed `/stats` request is no
-    /// sample (call nothing).
-    pub fn observe(&mut self, now: Instant, sample: Option<&FilterCounts>) -> InFlight {
-        let Some(counts) = sample else {
+    /// Takes the sample taken at `now` and judges. Samples must come in time order; a failed
+    /// `/stats` request is no sample (call nothing).
+    pub fn observe(&mut self, now: Instant, sample: &DrainSample) -> InFlight {
+        let Some(counts) = sample.filter else {
             self.last_bytes = None;
             self.unchanged_since = None;
             return InFlight::NoFilter;
         };
-        let bytes = counts.bytes();
-        let known = bytes.iter().any(Option::is_some);
-        if known && self.last_bytes == Some(bytes) {
-            // Unchanged: keep the start of the run.
-        } else {
-            // Changed, first sample, or no byte counts at all (then never idle by bytes).
-            self.unchanged_since = known.then_some(now);
+        if self.last_bytes != Some(sample.traffic) {
+            // Changed, or the first sample: a run of unchanged samples starts here.
+            self.unchanged_since = Some(now);
         }
-        self.last_bytes = Some(bytes);
+        self.last_bytes = Some(sample.traffic);
 
         if counts.outbound.cx_active == Some(0) {
             return InFlight::Idle(IdleReason::NoOutboundConnections);
@@ -150,19 +257,20 @@ mod tests {
         FilterCounts::from_stats(DEFAULT_STAT_PREFIX, pairs.iter().map(|(k, v)| (*k, *v)))
     }
 
-    fn sample(outbound_active: u64, bytes: [u64; 3]) -> FilterCounts {
-        FilterCounts {
-            inbound: DirectionCounts {
-                cx_active: Some(1),
-                bytes_total: Some(bytes[0]),
-            },
-            outbound: DirectionCounts {
-                cx_active: Some(outbound_active),
-                bytes_total: Some(bytes[1]),
-            },
-            unknown: DirectionCounts {
-                cx_active: Some(0),
-                bytes_total: Some(bytes[2]),
+    /// A sample with the filter present, `outbound_active` outbound connections and `bytes`
+    /// moved in all.
+    fn sample(outbound_active: u64, bytes: u64) -> DrainSample {
+        DrainSample {
+            filter: Some(FilterCounts {
+                inbound: DirectionCounts { cx_active: Some(1) },
+                outbound: DirectionCounts {
+                    cx_active: Some(outbound_active),
+                },
+                unknown: DirectionCounts { cx_active: Some(0) },
+            }),
+            traffic: TrafficBytes {
+                total: bytes,
+                counters: 2,
             },
         }
     }
@@ -171,20 +279,31 @@ mod tests {
     fn parses_every_direction() {
         let c = stats(&[
             ("wasmcustom.holdfast.inbound.cx_active", 2),
-            ("wasmcustom.holdfast.inbound.bytes_total", 100),
             ("wasmcustom.holdfast.outbound.cx_active", 1),
-            ("wasmcustom.holdfast.outbound.bytes_total", 7),
             ("wasmcustom.holdfast.unknown.cx_active", 0),
-            ("wasmcustom.holdfast.unknown.bytes_total", 0),
             ("wasmcustom.holdfast.loaded", 1),
             ("wasmcustom.holdfast.outbound.cx_total", 9),
         ])
         .expect("filter present");
         assert_eq!(c.inbound.cx_active, Some(2));
-        assert_eq!(c.inbound.bytes_total, Some(100));
         assert_eq!(c.outbound.cx_active, Some(1));
-        assert_eq!(c.outbound.bytes_total, Some(7));
         assert_eq!(c.unknown.cx_active, Some(0));
+    }
+
+    #[test]
+    fn gauges_usedonly_leaves_out_read_zero() {
+        // A filter that never saw an outbound connection: `usedonly` lists its other stats only.
+        let c = stats(&[
+            ("wasmcustom.holdfast.loaded", 1),
+            ("wasmcustom.holdfast.workers_ready", 2),
+            ("wasmcustom.holdfast.inbound.cx_active", 3),
+        ])
+        .expect("filter present");
+        assert_eq!(c.outbound.cx_active, Some(0));
+        assert_eq!(c.inbound.cx_active, Some(3));
+        // Configured, no connection at all yet.
+        let c = stats(&[("wasmcustom.holdfast.workers_ready", 1)]).expect("filter present");
+        assert_eq!(c.outbound.cx_active, Some(0));
     }
 
     #[test]
@@ -197,22 +316,21 @@ mod tests {
             ("holdfast.outbound.cx_active", 5),
             ("", 5),
             ("wasmcustom.holdfast.outbound.cx_active", u64::MAX), // underflowed gauge
-            ("wasmcustom.holdfast.inbound.bytes_total", 3),
+            ("wasmcustom.holdfast.inbound.bytes_total", 3),       // an earlier build's
         ])
         .expect("one real stat is there");
         assert_eq!(c.outbound.cx_active, None);
-        assert_eq!(c.inbound.bytes_total, Some(3));
-        assert_eq!(c.inbound.cx_active, None);
+        assert_eq!(c.inbound.cx_active, Some(0));
     }
 
     #[test]
     fn no_filter_stats_means_no_filter() {
         assert_eq!(stats(&[]), None);
-        assert_eq!(stats(&[("wasmcustom.holdfast.loaded", 1)]), None);
         assert_eq!(
             stats(&[("server.live", 1), ("cluster.x.upstream_cx_active", 3)]),
             None
         );
+        assert_eq!(stats(&[("wasmcustom.holdfastish.loaded", 1)]), None);
     }
 
     #[test]
@@ -222,6 +340,79 @@ mod tests {
             [("wasmcustom.hf.outbound.cx_active", 0u64)],
         );
         assert_eq!(c.map(|c| c.outbound.cx_active), Some(Some(0)));
+        let c = FilterCounts::from_stats(
+            "wasmcustom.hf",
+            [("wasmcustom.holdfast.outbound.cx_active", 0u64)],
+        );
+        assert_eq!(c, None);
+    }
+
+    /// Lines as a sidecar's `/stats?usedonly&filter=<sample_regex>` lists them (names as Envoy
+    /// 1.40 prints them; Istio's stat prefixes: `inbound_0.0.0.0_8080` for an inbound HTTP
+    /// port, `outbound_0.0.0.0_80` for outbound HTTP, the cluster name for `tcp_proxy`).
+    const SIDECAR_STATS: &[(&str, u64)] = &[
+        ("http.admin.downstream_cx_rx_bytes_total", 90_000),
+        ("http.admin.downstream_cx_tx_bytes_total", 800_000),
+        ("http.agent.downstream_cx_rx_bytes_total", 4_000),
+        ("http.agent.downstream_cx_tx_bytes_total", 6_000),
+        ("http.stats.downstream_cx_rx_bytes_total", 300),
+        ("http.stats.downstream_cx_tx_bytes_total", 700_000),
+        ("http.secure_stats.downstream_cx_tx_bytes_total", 1),
+        ("http.secure_merged_stats.downstream_cx_tx_bytes_total", 1),
+        (
+            "http.inbound_0.0.0.0_8080.downstream_cx_rx_bytes_total",
+            100,
+        ),
+        (
+            "http.inbound_0.0.0.0_8080.downstream_cx_tx_bytes_total",
+            200,
+        ),
+        ("http.outbound_0.0.0.0_80.downstream_cx_tx_bytes_total", 30),
+        (
+            "tcp.outbound|9080||reviews.default.svc.cluster.local.downstream_cx_rx_bytes_total",
+            4,
+        ),
+        ("tcp.PassthroughCluster.downstream_cx_tx_bytes_total", 5000),
+        // Not byte counters, or not downstream ones: ignored.
+        (
+            "http.inbound_0.0.0.0_8080.downstream_cx_rx_bytes_buffered",
+            7,
+        ),
+        ("cluster.PassthroughCluster.upstream_cx_rx_bytes_total", 7),
+        ("listener.0.0.0.0_15006.downstream_cx_total", 7),
+        ("tcp.downstream_cx_rx_bytes_total", 7),
+        ("http..downstream_cx_rx_bytes_total", 7),
+        ("udp.dns.downstream_cx_rx_bytes_total", 7),
+        ("wasmcustom.holdfast.workers_ready", 1),
+    ];
+
+    #[test]
+    fn traffic_bytes_leave_out_the_proxys_own_listeners() {
+        let t = TrafficBytes::from_stats(SIDECAR_STATS.iter().map(|(k, v)| (*k, *v)));
+        assert_eq!(
+            t,
+            TrafficBytes {
+                total: 100 + 200 + 30 + 4 + 5000,
+                counters: 5
+            }
+        );
+        // A tcp_proxy whose stat prefix is `admin` is traffic: only Envoy's admin HCM is `http.admin`.
+        let t = TrafficBytes::from_stats([("tcp.admin.downstream_cx_rx_bytes_total", 3u64)]);
+        assert_eq!(t.total, 3);
+        let s = DrainSample::from_stats(
+            DEFAULT_STAT_PREFIX,
+            SIDECAR_STATS.iter().map(|(k, v)| (*k, *v)),
+        );
+        assert_eq!(s.filter.map(|f| f.outbound.cx_active), Some(Some(0)));
+    }
+
+    #[test]
+    fn sample_regex_asks_for_both_and_escapes_the_prefix() {
+        assert_eq!(
+            sample_regex("wasmcustom.holdfast"),
+            "^(?:wasmcustom\\.holdfast\\.|(?:http|tcp)\\..+\\.downstream_cx_(?:rx|tx)_bytes_total$)"
+        );
+        assert!(sample_regex("wasmcustom.a+b").starts_with("^(?:wasmcustom\\.a\\+b\\.|"));
     }
 
     #[test]
@@ -229,7 +420,7 @@ mod tests {
         let mut j = InFlightJudge::new(Duration::from_millis(100));
         let t = Instant::now();
         assert_eq!(
-            j.observe(t, Some(&sample(0, [5, 5, 0]))),
+            j.observe(t, &sample(0, 10)),
             InFlight::Idle(IdleReason::NoOutboundConnections)
         );
     }
@@ -241,39 +432,48 @@ mod tests {
         let t = Instant::now();
         // An outbound connection is open and bytes move: busy.
         assert!(matches!(
-            j.observe(t, Some(&sample(1, [10, 10, 0]))),
+            j.observe(t, &sample(1, 20)),
             InFlight::Busy {
                 outbound_active: Some(1)
             }
         ));
         assert!(matches!(
-            j.observe(t + Duration::from_millis(50), Some(&sample(1, [10, 20, 0]))),
+            j.observe(t + Duration::from_millis(50), &sample(1, 30)),
             InFlight::Busy { .. }
         ));
         // Bytes stop at t+50: still busy until the window has passed since then.
         assert!(matches!(
-            j.observe(
-                t + Duration::from_millis(100),
-                Some(&sample(1, [10, 20, 0]))
-            ),
+            j.observe(t + Duration::from_millis(100), &sample(1, 30)),
             InFlight::Busy { .. }
         ));
         assert_eq!(
-            j.observe(
-                t + Duration::from_millis(150),
-                Some(&sample(1, [10, 20, 0]))
-            ),
+            j.observe(t + Duration::from_millis(150), &sample(1, 30)),
             InFlight::Idle(IdleReason::NoBytesMoved {
                 idle_for: Duration::from_millis(100)
             })
         );
-        // A byte moves again in any direction: busy again.
+        // A byte moves again: busy again.
         assert!(matches!(
-            j.observe(
-                t + Duration::from_millis(160),
-                Some(&sample(1, [10, 20, 1]))
-            ),
+            j.observe(t + Duration::from_millis(160), &sample(1, 31)),
             InFlight::Busy { .. }
+        ));
+    }
+
+    #[test]
+    fn a_counter_that_appears_or_goes_is_a_change() {
+        let mut j = InFlightJudge::new(Duration::from_millis(10));
+        let t = Instant::now();
+        let mut s = sample(1, 30);
+        j.observe(t, &s);
+        // Same total, one more counter (a listener's first byte offsets another's removal).
+        s.traffic.counters += 1;
+        assert!(matches!(
+            j.observe(t + Duration::from_millis(20), &s),
+            InFlight::Busy { .. }
+        ));
+        assert!(matches!(
+            j.observe(t + Duration::from_millis(40), &s),
+            InFlight::Idle(IdleReason::NoBytesMoved { .. })
         ));
     }
 
@@ -281,45 +481,37 @@ mod tests {
     fn a_single_sample_is_not_idle_by_bytes() {
         let mut j = InFlightJudge::new(Duration::from_millis(100));
         assert!(matches!(
-            j.observe(Instant::now(), Some(&sample(2, [0, 0, 0]))),
+            j.observe(Instant::now(), &sample(2, 0)),
             InFlight::Busy { .. }
         ));
     }
 
     #[test]
-    fn zero_window_is_idle_on_the_second_equal_sample() {
+    fn zero_window_is_idle_on_the_first_sample() {
         let mut j = InFlightJudge::new(Duration::ZERO);
-        let t = Instant::now();
         // Zero window: an unchanged run of one sample already counts.
         assert!(matches!(
-            j.observe(t, Some(&sample(1, [1, 1, 1]))),
+            j.observe(Instant::now(), &sample(1, 3)),
             InFlight::Idle(_)
         ));
     }
 
     #[test]
-    fn missing_byte_counts_never_idle_by_bytes() {
+    fn a_garbage_outbound_gauge_leaves_the_bytes_to_decide() {
         let mut j = InFlightJudge::new(Duration::from_millis(10));
         let t = Instant::now();
-        let mut c = FilterCounts::default();
-        c.outbound.cx_active = Some(1);
-        for ms in [0, 50, 100] {
-            assert!(matches!(
-                j.observe(t + Duration::from_millis(ms), Some(&c)),
-                InFlight::Busy { .. }
-            ));
+        let mut g = sample(0, 9);
+        if let Some(f) = g.filter.as_mut() {
+            f.outbound.cx_active = None;
         }
-        // Garbage outbound gauge, bytes unchanged: idle by bytes only.
-        let mut g = sample(0, [3, 3, 3]);
-        g.outbound.cx_active = None;
         assert!(matches!(
-            j.observe(t + Duration::from_millis(200), Some(&g)),
+            j.observe(t, &g),
             InFlight::Busy {
                 outbound_active: None
             }
         ));
         assert!(matches!(
-            j.observe(t + Duration::from_millis(210), Some(&g)),
+            j.observe(t + Duration::from_millis(10), &g),
             InFlight::Idle(IdleReason::NoBytesMoved { .. })
         ));
     }
@@ -328,13 +520,17 @@ mod tests {
     fn filter_gone_resets_history() {
         let mut j = InFlightJudge::new(Duration::from_millis(10));
         let t = Instant::now();
-        j.observe(t, Some(&sample(1, [1, 1, 1])));
+        j.observe(t, &sample(1, 3));
+        let no_filter = DrainSample {
+            filter: None,
+            traffic: sample(1, 3).traffic,
+        };
         assert_eq!(
-            j.observe(t + Duration::from_millis(5), None),
+            j.observe(t + Duration::from_millis(5), &no_filter),
             InFlight::NoFilter
         );
         assert!(matches!(
-            j.observe(t + Duration::from_millis(20), Some(&sample(1, [1, 1, 1]))),
+            j.observe(t + Duration::from_millis(20), &sample(1, 3)),
             InFlight::Busy { .. }
         ));
     }

@@ -2,9 +2,10 @@
 //! has finished.
 //!
 //! - [`drain`]: on deletion, drain Envoy's inbound listeners and fail its health check at once
-//!   (outbound keeps working), watch the app's processes exit ([`app_exit`]) and the filter's
-//!   counts ([`in_flight`]), and `POST /quitquitquit` as soon as the app is gone and nothing is
-//!   in flight — or at the deadline ([`plan`]) derived from the grace period.
+//!   (outbound keeps working), watch the app's processes exit ([`app_exit`]) and what is in
+//!   flight (the filter's connection counts, Envoy's byte counters: [`in_flight`]), and
+//!   `POST /quitquitquit` as soon as the app is gone and nothing is in flight — or at the
+//!   deadline ([`plan`]) derived from the grace period.
 //! - [`finish_job`]: for a pod that is not being deleted, quit the proxy once every app
 //!   container has exited for good (`restartPolicy: Never`, or `OnFailure` with exit code 0),
 //!   so the pod completes.
@@ -15,7 +16,7 @@
 //!
 //! Generic over [`ProxyAdmin`] (implemented for [`AdminClient`]) and [`PodProcessSource`]
 //! (implemented by [`PodProcsSource`]), so the logic is tested with real processes and a fake
-//! admin API, and against a real Envoy in `tests/drain_parts.rs`.
+//! admin API, and against a real Envoy in `node-agent/tests/drain_parts.rs`.
 
 pub mod app_exit;
 pub mod decide;
@@ -34,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 pub use app_exit::{
     AppContainer, AppTracker, ExitWatcher, PodProcessSource, PodProcsSource, Watch,
 };
-pub use in_flight::{InFlight, InFlightJudge, DEFAULT_STAT_PREFIX};
+pub use in_flight::{DrainSample, InFlight, InFlightJudge, TrafficBytes, DEFAULT_STAT_PREFIX};
 pub use plan::DrainPlan;
 
 // The wire types live in `crate::api`; re-exported here so callers keep their paths.
@@ -45,7 +46,7 @@ pub use crate::api::{
 };
 pub use crate::config::DrainSettings;
 
-use crate::effects::envoy_admin::{regex_escape, AdminClient};
+use crate::effects::envoy_admin::AdminClient;
 use crate::pod::{Deletion, PodKey, PodView, DEFAULT_GRACE};
 
 /// Envoy admin paths the drain uses.
@@ -101,11 +102,12 @@ fn is_refusal(reason: &str) -> bool {
 pub trait ProxyAdmin: Send + Sync {
     /// `POST path`; any 2xx is success.
     fn admin_post(&self, path: &str) -> impl Future<Output = Result<(), AdminFailure>> + Send;
-    /// The filter's counts (`None`: `/stats` answered without them — the filter is not installed).
-    fn filter_counts(
+    /// One sample: the filter's counts under `prefix` and Envoy's downstream byte counters,
+    /// in one `/stats` request.
+    fn drain_sample(
         &self,
         prefix: &str,
-    ) -> impl Future<Output = Result<Option<FilterCounts>, AdminFailure>> + Send;
+    ) -> impl Future<Output = Result<DrainSample, AdminFailure>> + Send;
     /// Any answer from the admin API (`GET /ready`, whatever the state).
     fn probe(&self) -> impl Future<Output = Result<(), AdminFailure>> + Send;
 }
@@ -118,10 +120,11 @@ impl ProxyAdmin for AdminClient {
             .map_err(AdminFailure::from)
     }
 
-    async fn filter_counts(&self, prefix: &str) -> Result<Option<FilterCounts>, AdminFailure> {
-        let regex = format!("^{}\\.", regex_escape(prefix));
-        let stats = self.stats(Some(&regex)).await?;
-        Ok(FilterCounts::from_stats(
+    async fn drain_sample(&self, prefix: &str) -> Result<DrainSample, AdminFailure> {
+        let stats = self
+            .stats_with(Some(&in_flight::sample_regex(prefix)), true)
+            .await?;
+        Ok(DrainSample::from_stats(
             prefix,
             stats.values.iter().map(|(k, v)| (k.as_str(), *v)),
         ))
@@ -268,10 +271,11 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
         if gone || now >= next_stats {
             next_stats = now + settings.stats_every;
             match d.sample().await {
-                Ok(counts) => {
-                    report.filter_present = Some(counts.is_some());
-                    report.last_counts = counts;
-                    judgement = Some(judge.observe(Instant::now().into_std(), counts.as_ref()));
+                Ok(sample) => {
+                    report.filter_present = Some(sample.filter.is_some());
+                    report.last_counts = sample.filter;
+                    report.last_traffic_bytes = Some(sample.traffic.total);
+                    judgement = Some(judge.observe(Instant::now().into_std(), &sample));
                 }
                 Err(()) => {
                     judgement = None;
@@ -527,11 +531,11 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
         self.finish(report, DrainOutcome::Deadline, app)
     }
 
-    /// One sample of the filter's counts. `Err(())` when it failed (already recorded).
-    async fn sample(&mut self) -> Result<Option<FilterCounts>, ()> {
+    /// One sample of the counts. `Err(())` when it failed (already recorded).
+    async fn sample(&mut self) -> Result<DrainSample, ()> {
         let admin = self.admin;
         let prefix = self.settings.stat_prefix.as_str();
-        match self.call("GET /stats", admin.filter_counts(prefix)).await {
+        match self.call("GET /stats", admin.drain_sample(prefix)).await {
             Ok(c) => Ok(c),
             Err(e) if e.refused => {
                 tracing::debug!(error = %e, "admin refused the connection");
@@ -539,7 +543,7 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
             }
             Err(e) => {
                 self.errors
-                    .push(format!("reading the filter's counts failed: {e}"));
+                    .push(format!("reading the proxy's counts failed: {e}"));
                 Err(())
             }
         }
@@ -727,7 +731,7 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
     let reason = loop {
         samples += 1;
         match d.sample().await {
-            Ok(counts) => match judge.observe(Instant::now().into_std(), counts.as_ref()) {
+            Ok(sample) => match judge.observe(Instant::now().into_std(), &sample) {
                 InFlight::Idle(why) => break QuitReason::Idle(why),
                 InFlight::NoFilter => break QuitReason::NoFilter,
                 InFlight::Busy { .. } => {}

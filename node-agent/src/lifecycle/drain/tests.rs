@@ -1,5 +1,6 @@
 //! The drain and Job logic against real processes (`sleep` children, watched by pidfd) and a
-//! scripted admin API. No root needed. Envoy itself is exercised in `tests/drain_parts.rs`.
+//! scripted admin API. No root needed. Envoy itself is exercised in
+//! `node-agent/tests/drain_parts.rs`.
 
 use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
@@ -79,8 +80,9 @@ struct AdminState {
     counts: Option<FilterCounts>,
     /// `/stats` fails (not refused) this many more times.
     stats_failures: u32,
-    /// Bytes added to inbound on every `/stats` (traffic moving).
+    /// Bytes added to Envoy's byte counters on every `/stats` (traffic moving).
     bytes_per_sample: u64,
+    traffic_bytes: u64,
     stats_calls: u32,
 }
 
@@ -131,7 +133,7 @@ impl ProxyAdmin for FakeAdmin {
         })
     }
 
-    async fn filter_counts(&self, _prefix: &str) -> Result<Option<FilterCounts>, AdminFailure> {
+    async fn drain_sample(&self, _prefix: &str) -> Result<DrainSample, AdminFailure> {
         self.with(|s| {
             if s.gone {
                 return Err(refused());
@@ -144,11 +146,14 @@ impl ProxyAdmin for FakeAdmin {
                     message: "malformed response".into(),
                 });
             }
-            if let Some(c) = s.counts.as_mut() {
-                c.inbound.bytes_total =
-                    Some(c.inbound.bytes_total.unwrap_or(0) + s.bytes_per_sample);
-            }
-            Ok(s.counts)
+            s.traffic_bytes += s.bytes_per_sample;
+            Ok(DrainSample {
+                filter: s.counts,
+                traffic: TrafficBytes {
+                    total: s.traffic_bytes,
+                    counters: 4,
+                },
+            })
         })
     }
 
@@ -160,7 +165,6 @@ impl ProxyAdmin for FakeAdmin {
 fn counts(outbound_active: u64) -> FilterCounts {
     let dir = |active| DirectionCounts {
         cx_active: Some(active),
-        bytes_total: Some(0),
     };
     FilterCounts {
         inbound: dir(1),
@@ -800,6 +804,7 @@ fn reports_serialize() {
         app_processes_left: 0,
         filter_present: Some(true),
         last_counts: None,
+        last_traffic_bytes: Some(1234),
         errors: vec![],
         error_count: 0,
         advice: None,
