@@ -14,13 +14,16 @@
 //! |---|---|---|
 //! | `proxy_on_context_create` | root context start; per connection, just before `on_new_connection` (Envoy `Context::onNewConnection` calls `onCreate()` first) | counts the connection (`cx_total`, `cx_active`) |
 //! | `proxy_on_configure` | root context configuration | parses the config, defines the stats |
-//! | `proxy_on_downstream_data`, `proxy_on_upstream_data` | each data chunk | `bytes_total` |
 //! | `proxy_on_done` | per connection first in `Context::onCloseTCP` (before `on_log`, `on_delete`); root contexts when the plugin goes | uncounts the connection; the worker gauge |
 //! | `proxy_on_tick` | a root context's timer (once, then stopped) | the worker gauge (see [`crate::workers`]) |
 //! | `proxy_on_memory_allocate` | the host returns bytes (config, property, shared data) | allocator |
 //! | `proxy_abi_version_0_2_1`, `_initialize` | ABI detection; VM start | marker; WASI constructors |
 //!
-//! So a connection with one data chunk each way costs four VM entries instead of nine. Without
+//! So a connection costs two VM entries (create, done) instead of nine, however many data chunks
+//! it carries: no data callback is exported (`Context::onDownstreamData` returns `Continue` at
+//! once without one), so Envoy never enters the VM per chunk. Bytes in flight are Envoy's own
+//! counters' business (`downstream_cx_{rx,tx}_bytes_total`, which the agent's drain reads); a
+//! per-chunk callback cost 3–6 % of the request rate (docs/benchmarks.md). Without
 //! `proxy_on_vm_start` Envoy treats the start as successful (`ContextBase::onStart`).
 //!
 //! # Direction
@@ -53,7 +56,6 @@ const CONFIRM_TICK_MS: u32 = 1;
 struct DirectionMetrics {
     cx_active: u32,
     cx_total: u32,
-    bytes_total: u32,
 }
 
 /// A configured root context: where its connections are counted.
@@ -209,30 +211,6 @@ pub extern "C" fn proxy_on_context_create(context_id: u32, parent: u32) {
     });
 }
 
-#[allow(unsafe_code)] // `no_mangle`: an ABI export, found by name by the host
-#[no_mangle]
-pub extern "C" fn proxy_on_downstream_data(context_id: u32, size: usize, _eos: u32) -> u32 {
-    add_bytes(context_id, size);
-    host::ACTION_CONTINUE
-}
-
-#[allow(unsafe_code)] // `no_mangle`: an ABI export, found by name by the host
-#[no_mangle]
-pub extern "C" fn proxy_on_upstream_data(context_id: u32, size: usize, _eos: u32) -> u32 {
-    add_bytes(context_id, size);
-    host::ACTION_CONTINUE
-}
-
-fn add_bytes(context_id: u32, size: usize) {
-    with_state(|s| {
-        if let Some(c) = s.connections.get(&context_id) {
-            if let Some((_, n)) = c.ledger.data(size) {
-                increment(c.metrics.bytes_total, n);
-            }
-        }
-    });
-}
-
 /// A connection ended (Envoy calls this first when it closes, whatever closed it), or a root
 /// context is going away. Returns 1: done, nothing pending.
 #[allow(unsafe_code)] // `no_mangle`: an ABI export, found by name by the host
@@ -304,13 +282,11 @@ fn configure(context_id: u32) -> Result<(), String> {
     let mut metrics = [DirectionMetrics {
         cx_active: 0,
         cx_total: 0,
-        bytes_total: 0,
     }; 3];
     for (slot, d) in metrics.iter_mut().zip(&names.per_direction) {
         *slot = DirectionMetrics {
             cx_active: id(&d.cx_active)?,
             cx_total: id(&d.cx_total)?,
-            bytes_total: id(&d.bytes_total)?,
         };
     }
     let setup = RootSetup {

@@ -10,15 +10,14 @@
 //!
 //! - `holdfast.<dir>.cx_active` (gauge): connections open now;
 //! - `holdfast.<dir>.cx_total` (counter): connections seen;
-//! - `holdfast.<dir>.bytes_total` (counter): bytes moved through connections, both ways. A reader
-//!   that sees it unchanged over a window knows no connection had traffic in flight: idle
-//!   keep-alive connections count in `cx_active` but do not move it;
 //! - `holdfast.workers_ready` (gauge): how many Envoy worker threads have the filter configured;
 //!   equal to Envoy's `server.concurrency` when every worker counts connections;
 //! - `holdfast.loaded` (gauge): 1 once any copy accepted the configuration (compatibility).
 //!
-//! The filter never blocks, delays or changes traffic, and fails open: a failed hostcall is
-//! logged once and then ignored.
+//! It counts no bytes: Envoy's own `downstream_cx_{rx,tx}_bytes_total` do, per listener, and a
+//! callback per data chunk would cost a VM entry each (docs/filter-stats.md, "Telling idle from
+//! in-flight"). The filter never blocks, delays or changes traffic, and fails open: a failed
+//! hostcall is logged once and then ignored.
 //!
 //! # Layout
 //! - [`config`]: the optional JSON plugin configuration, parsed and validated once;

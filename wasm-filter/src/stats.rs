@@ -19,8 +19,6 @@ pub struct DirectionStatNames {
     pub cx_active: String,
     /// Counter: connections seen.
     pub cx_total: String,
-    /// Counter: bytes moved through the connection, downstream and upstream data together.
-    pub bytes_total: String,
 }
 
 /// Every stat name of the filter, built once from the configured prefix.
@@ -41,7 +39,6 @@ impl StatNames {
         let dir = |d: Direction| DirectionStatNames {
             cx_active: format!("{prefix}.{}.cx_active", d.as_str()),
             cx_total: format!("{prefix}.{}.cx_total", d.as_str()),
-            bytes_total: format!("{prefix}.{}.bytes_total", d.as_str()),
         };
         StatNames {
             loaded: format!("{prefix}.loaded"),
@@ -59,7 +56,6 @@ impl StatNames {
         for d in &self.per_direction {
             v.push((d.cx_active.as_str(), StatKind::Gauge));
             v.push((d.cx_total.as_str(), StatKind::Counter));
-            v.push((d.bytes_total.as_str(), StatKind::Counter));
         }
         v
     }
@@ -110,17 +106,6 @@ impl ConnectionLedger {
         }
     }
 
-    /// `len` bytes passed (either way). Returns the amount to add to `bytes_total` and under which
-    /// direction, or `None` when there is nothing to add (empty chunk, connection not open).
-    pub fn data(&self, len: usize) -> Option<(Direction, i64)> {
-        if len == 0 {
-            return None;
-        }
-        let dir = self.direction()?;
-        // A chunk is far below i64::MAX; saturate rather than wrap if a host ever says otherwise.
-        Some((dir, i64::try_from(len).unwrap_or(i64::MAX)))
-    }
-
     /// The connection ended. Returns the direction to take 1 off `cx_active` under, exactly once
     /// per counted connection; `None` if it was never counted or already uncounted.
     pub fn close(&mut self) -> Option<Direction> {
@@ -150,11 +135,8 @@ mod tests {
         assert_eq!(n.workers_ready, "holdfast.workers_ready");
         assert_eq!(n.per_direction[0].cx_active, "holdfast.inbound.cx_active");
         assert_eq!(n.per_direction[1].cx_total, "holdfast.outbound.cx_total");
-        assert_eq!(
-            n.per_direction[2].bytes_total,
-            "holdfast.unknown.bytes_total"
-        );
-        assert_eq!(n.all().len(), 11);
+        assert_eq!(n.per_direction[2].cx_total, "holdfast.unknown.cx_total");
+        assert_eq!(n.all().len(), 8);
         let gauges = n
             .all()
             .iter()
@@ -183,30 +165,17 @@ mod tests {
         assert_eq!(c.close(), None);
     }
 
-    #[test]
-    fn data_counts_only_open_non_empty_chunks() {
-        let mut c = ConnectionLedger::new();
-        assert_eq!(c.data(10), None, "before open");
-        c.open(Direction::Outbound);
-        assert_eq!(c.data(0), None, "empty chunk (end of stream) is skipped");
-        assert_eq!(c.data(10), Some((Direction::Outbound, 10)));
-        assert_eq!(c.data(usize::MAX), Some((Direction::Outbound, i64::MAX)));
-        c.close();
-        assert_eq!(c.data(10), None, "after close");
-    }
-
     /// Any sequence of callbacks leaves the gauge where it started once the connection ends.
     #[test]
     fn gauge_balances_for_every_callback_order() {
         #[derive(Clone, Copy, Debug)]
         enum Ev {
             Open,
-            Data,
             Close,
         }
-        let evs = [Ev::Open, Ev::Data, Ev::Close];
-        // All sequences of length 0..=5 over the three events, then a final close (drop).
-        fn walk(seq: &mut Vec<Ev>, evs: &[Ev; 3], depth: usize) {
+        let evs = [Ev::Open, Ev::Close];
+        // All sequences of length 0..=6 over the events, then a final close (drop).
+        fn walk(seq: &mut Vec<Ev>, evs: &[Ev; 2], depth: usize) {
             let mut gauge = 0i64;
             let mut total = 0u64;
             let mut c = ConnectionLedger::new();
@@ -217,9 +186,6 @@ mod tests {
                             gauge += 1;
                             total += 1;
                         }
-                    }
-                    Ev::Data => {
-                        let _ = c.data(1);
                     }
                     Ev::Close => {
                         if c.close().is_some() {
@@ -243,6 +209,6 @@ mod tests {
                 seq.pop();
             }
         }
-        walk(&mut Vec::new(), &evs, 5);
+        walk(&mut Vec::new(), &evs, 6);
     }
 }

@@ -16,8 +16,6 @@ pub const LOG_ERROR: u32 = 4;
 pub const METRIC_COUNTER: u32 = 0;
 pub const METRIC_GAUGE: u32 = 1;
 
-pub const ACTION_CONTINUE: u32 = 0;
-
 const BUFFER_PLUGIN_CONFIGURATION: u32 = 7;
 
 #[link(wasm_import_module = "env")]
