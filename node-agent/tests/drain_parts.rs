@@ -380,7 +380,7 @@ const PROXY_ID: &str = "b2b2";
 /// cluster `agent`: where kubelet's probes go) and 15090 (`stat_prefix: stats`,
 /// `/stats/prometheus` routed to the admin API through cluster `prometheus_stats`: where
 /// Prometheus scrapes).
-fn bootstrap(filter: Option<&Path>) -> String {
+fn bootstrap(filter: Option<&Path>, stats: StatsMatcher) -> String {
     let wasm = filter.map(|p| {
         format!(
             r#"
@@ -452,11 +452,12 @@ fn bootstrap(filter: Option<&Path>) -> String {
     };
     format!(
         r#"admin:
-  address: {{ socket_address: {{ address: 127.0.0.1, port_value: 15000 }} }}
+  address: {{ socket_address: {{ address: 127.0.0.1, port_value: 15000 }} }}{}
 static_resources:
   listeners:{}{}{}{}
   clusters:{}{}{}
 "#,
+        stats.yaml(),
         listener("inbound", "INBOUND", 15006),
         listener("outbound", "OUTBOUND", 15001),
         istio_static(STATUS_PORT, "agent", "/healthz/ready", "agent"),
@@ -470,6 +471,64 @@ static_resources:
         cluster("agent", PILOT_AGENT_STATUS_PORT),
         cluster("prometheus_stats", 15000),
     )
+}
+
+/// Which stats Envoy keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StatsMatcher {
+    /// Every stat (Envoy's default).
+    All,
+    /// Istio's default: the `stats_matcher` of tools/packaging/common/envoy_bootstrap.json with
+    /// the inclusions pilot-agent fills in (pkg/bootstrap/config.go at 86c9f01fd73: prefixes
+    /// `cluster_manager,listener_manager,server,cluster.xds-grpc,wasm` plus the template's
+    /// `reporter=`, `component`, `istio`; suffixes `rbac.allowed,rbac.denied,shadow_allowed,
+    /// shadow_denied`; regex `vhost\..*\.route\..*`). Envoy's byte counters are not kept.
+    IstioDefault,
+    /// Istio's default plus holdfast's mesh config (manifests/mesh-config): the filter's prefix
+    /// and the two byte-counter suffixes.
+    IstioWithHoldfastMeshConfig,
+}
+
+impl StatsMatcher {
+    fn yaml(self) -> String {
+        let mut prefixes = vec![
+            "reporter=",
+            "cluster_manager",
+            "listener_manager",
+            "server",
+            "cluster.xds-grpc",
+            "wasm",
+            "component",
+            "istio",
+        ];
+        let mut suffixes = vec![
+            "rbac.allowed",
+            "rbac.denied",
+            "shadow_allowed",
+            "shadow_denied",
+        ];
+        match self {
+            StatsMatcher::All => return String::new(),
+            StatsMatcher::IstioDefault => {}
+            StatsMatcher::IstioWithHoldfastMeshConfig => {
+                prefixes.push("wasmcustom.holdfast.");
+                suffixes.extend([
+                    "downstream_cx_rx_bytes_total",
+                    "downstream_cx_tx_bytes_total",
+                ]);
+            }
+        }
+        let mut y =
+            String::from("\nstats_config:\n  stats_matcher:\n    inclusion_list:\n      patterns:");
+        for p in prefixes {
+            y.push_str(&format!("\n      - prefix: \"{p}\""));
+        }
+        for x in suffixes {
+            y.push_str(&format!("\n      - suffix: \"{x}\""));
+        }
+        y.push_str("\n      - safe_regex: { regex: 'vhost\\..*\\.route\\..*' }");
+        y
+    }
 }
 
 /// Istio's Envoy status port (kubelet probes), Prometheus port, and pilot-agent's status port.
@@ -538,6 +597,10 @@ struct RealPod {
 
 impl RealPod {
     async fn start(name: &str) -> Result<RealPod> {
+        RealPod::start_with(name, StatsMatcher::All).await
+    }
+
+    async fn start_with(name: &str, stats: StatsMatcher) -> Result<RealPod> {
         let envoy_bin = workspace_file("HOLDFAST_ENVOY", "target/bin/envoy")
             .context("no Envoy: run `just setup` or set HOLDFAST_ENVOY")?;
         let filter = workspace_file("HOLDFAST_FILTER_WASM", "target/holdfast_filter.wasm");
@@ -564,7 +627,7 @@ impl RealPod {
         });
 
         let config = dir.0.join("envoy.yaml");
-        std::fs::write(&config, bootstrap(filter.as_deref()))?;
+        std::fs::write(&config, bootstrap(filter.as_deref(), stats))?;
         let log = std::fs::File::create(dir.0.join("envoy.log"))?;
         let envoy = Proc::spawn(
             netns
@@ -1014,7 +1077,8 @@ async fn drain_waits_for_moving_bytes_not_for_probes_or_scrapes() -> Result<()> 
     if !privileged(TEST) {
         return Ok(());
     }
-    let mut pod = RealPod::start("hf-drain-bytes").await?;
+    let mut pod =
+        RealPod::start_with("hf-drain-bytes", StatsMatcher::IstioWithHoldfastMeshConfig).await?;
     if !pod.filter {
         ensure!(
             std::env::var_os("CI").is_none(),
@@ -1122,6 +1186,111 @@ async fn drain_waits_for_moving_bytes_not_for_probes_or_scrapes() -> Result<()> 
     ensure!(
         own_bytes_after > own_bytes_before,
         "the proxy's own listeners moved no bytes: the test did not test their exclusion"
+    );
+    Ok(())
+}
+
+/// The same shape under Istio's default stats matcher, which keeps none of Envoy's byte
+/// counters (holdfast's mesh config not applied): the drain cannot tell an idle connection
+/// from traffic, so an outbound connection left open after the app's exit holds it — never a
+/// quit on bytes it cannot see — until the connection closes; the report says which mesh
+/// config fixes it.
+#[tokio::test]
+async fn without_envoys_byte_counters_the_drain_waits_for_the_connection_and_says_why() -> Result<()>
+{
+    const TEST: &str =
+        "without_envoys_byte_counters_the_drain_waits_for_the_connection_and_says_why";
+    if !privileged(TEST) {
+        return Ok(());
+    }
+    let mut pod = RealPod::start_with("hf-drain-nobytes", StatsMatcher::IstioDefault).await?;
+    if !pod.filter {
+        ensure!(
+            std::env::var_os("CI").is_none(),
+            "{TEST}: the filter is not built (target/holdfast_filter.wasm) and CI is set"
+        );
+        eprintln!("SKIP {TEST}: needs the filter (`just build-filter`)");
+        return Ok(());
+    }
+    let mut other = pod
+        .netns
+        .ns
+        .connect_tcp(OUTBOUND.parse()?, Duration::from_secs(1))?;
+    other.set_read_timeout(Some(Duration::from_secs(2)))?;
+    other.write_all(b"hello")?;
+    let mut five = [0u8; 5];
+    other.read_exact(&mut five)?;
+    let started = Instant::now();
+    while pod.outbound_active().await != Some(2) {
+        ensure!(
+            started.elapsed() < Duration::from_secs(5),
+            "the second outbound connection never showed in the filter's counts"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Istio's matcher really dropped them, the admin API's own included.
+    let bytes = pod
+        .admin
+        .stats(Some("downstream_cx_(rx|tx)_bytes_total$"))
+        .await?;
+    ensure!(
+        bytes.values.is_empty(),
+        "byte counters kept: {:?}",
+        bytes.values
+    );
+
+    let settings = DrainSettings::default();
+    let (_tx, rx) = watch::channel(Some(pod_view(Duration::from_secs(30))));
+    let key = key();
+    let procs = pod.procs();
+    let admin = pod.admin.clone();
+    let drain_task = tokio::spawn(async move {
+        drain::drain(ctx(
+            &key,
+            &admin,
+            &settings,
+            procs,
+            rx,
+            CancellationToken::new(),
+        ))
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    drop(pod.app.take());
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    ensure!(
+        pod.envoy.0.try_wait()?.is_none() && !drain_task.is_finished(),
+        "the proxy quit with an outbound connection open and no byte counters to judge it by"
+    );
+    let closed = Instant::now();
+    drop(other);
+    let (exited, status) = pod.envoy_exit(Duration::from_secs(10)).await?;
+    let report = tokio::time::timeout(Duration::from_secs(5), drain_task).await??;
+    println!(
+        "no byte counters: Envoy exited {:?} after the other connection closed; report: {}",
+        exited.duration_since(closed),
+        serde_json::to_string(&report)?
+    );
+    ensure!(status.success(), "Envoy exited with {status}");
+    ensure!(report.outcome == DrainOutcome::AppDone, "{report:?}");
+    ensure!(
+        report.quit_reason == Some(QuitReason::Idle(IdleReason::NoOutboundConnections)),
+        "quit reason {:?}",
+        report.quit_reason
+    );
+    ensure!(report.last_traffic_bytes.is_none(), "{report:?}");
+    ensure!(
+        report
+            .advice
+            .as_deref()
+            .is_some_and(|a| a.contains("proxyStatsMatcher")),
+        "advice {:?}",
+        report.advice
+    );
+    ensure!(
+        exited.duration_since(closed) < Duration::from_secs(2),
+        "Envoy exited {:?} after the connection closed",
+        exited.duration_since(closed)
     );
     Ok(())
 }

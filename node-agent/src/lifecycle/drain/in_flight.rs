@@ -22,6 +22,12 @@
 //! only if it moves bytes at least every idle window (100 ms), which probes and scrapes (seconds
 //! apart) do not.
 //!
+//! Istio's default stats matcher keeps none of Envoy's byte counters; holdfast's mesh config
+//! adds them ([`TrafficBytes::exposed`]). Without them the bytes never call anything idle: an
+//! outbound connection left open after the app's exit then holds the drain until it closes or
+//! the deadline (never a quit on what cannot be seen), and the drain says why
+//! ([`UNEXPOSED_BYTES_ADVICE`]).
+//!
 //! (Earlier builds had the filter count the bytes itself, in a data callback on every chunk.
 //! Envoy's counters see the same bytes, and more — a response Envoy still flushes to a slow
 //! client after the app exited — without a VM entry per chunk, which cost 3–6 % of the request
@@ -79,6 +85,13 @@ pub fn sample_regex(prefix: &str) -> String {
 pub struct TrafficBytes {
     pub total: u64,
     pub counters: u32,
+    /// Envoy keeps these counters at all. A stats matcher can drop them, and Istio's default one
+    /// does: its bootstrap includes only a few prefixes and suffixes (istio/istio
+    /// pkg/bootstrap/config.go, `requiredEnvoyStatsMatcherInclusionPrefixes` and the
+    /// `stats_matcher` of tools/packaging/common/envoy_bootstrap.json), unless the mesh config
+    /// adds `inclusionSuffixes` (manifests/mesh-config). Told by the admin API's own counters:
+    /// the sample's request itself moves them, so they are listed whenever Envoy keeps them.
+    pub exposed: bool,
 }
 
 impl TrafficBytes {
@@ -86,14 +99,30 @@ impl TrafficBytes {
     pub fn from_stats<K: AsRef<str>>(stats: impl IntoIterator<Item = (K, u64)>) -> TrafficBytes {
         let mut t = TrafficBytes::default();
         for (name, value) in stats {
-            if counts_as_traffic(name.as_ref()) {
+            let name = name.as_ref();
+            if counts_as_traffic(name) {
                 t.total = t.total.wrapping_add(value);
                 t.counters = t.counters.saturating_add(1);
+            } else if BYTE_COUNTERS
+                .iter()
+                .any(|s| name.strip_suffix(s) == Some("http.admin"))
+            {
+                t.exposed = true;
             }
         }
         t
     }
 }
+
+/// What the drain says, once, when only the bytes could tell idle from busy and Envoy does not
+/// keep them.
+pub const UNEXPOSED_BYTES_ADVICE: &str = "an outbound connection is still open after the app \
+     exited, and Envoy does not keep its downstream byte counters (a stats matcher drops them: \
+     Istio's default), so an idle keep-alive cannot be told from traffic in flight: the drain \
+     waits for the connection to close or for the deadline. Add inclusionSuffixes \
+     [downstream_cx_rx_bytes_total, downstream_cx_tx_bytes_total] to \
+     meshConfig.defaultConfig.proxyStatsMatcher (manifests/mesh-config) so holdfast can end it \
+     once no byte moves.";
 
 /// Whether `name` is a downstream byte counter of a listener that carries the pod's traffic.
 fn counts_as_traffic(name: &str) -> bool {
@@ -228,7 +257,10 @@ impl InFlightJudge {
             self.unchanged_since = None;
             return InFlight::NoFilter;
         };
-        if self.last_bytes != Some(sample.traffic) {
+        if !sample.traffic.exposed {
+            // Envoy keeps no byte counters: never idle by bytes.
+            self.unchanged_since = None;
+        } else if self.last_bytes != Some(sample.traffic) {
             // Changed, or the first sample: a run of unchanged samples starts here.
             self.unchanged_since = Some(now);
         }
@@ -271,6 +303,7 @@ mod tests {
             traffic: TrafficBytes {
                 total: bytes,
                 counters: 2,
+                exposed: true,
             },
         }
     }
@@ -393,7 +426,8 @@ mod tests {
             t,
             TrafficBytes {
                 total: 100 + 200 + 30 + 4 + 5000,
-                counters: 5
+                counters: 5,
+                exposed: true,
             }
         );
         // A tcp_proxy whose stat prefix is `admin` is traffic: only Envoy's admin HCM is `http.admin`.
@@ -475,6 +509,49 @@ mod tests {
             j.observe(t + Duration::from_millis(40), &s),
             InFlight::Idle(IdleReason::NoBytesMoved { .. })
         ));
+    }
+
+    #[test]
+    fn without_envoys_byte_counters_never_idle_by_bytes() {
+        // Istio's default stats matcher: only the filter's stats and a few of Envoy's are kept.
+        let istio_default: &[(&str, u64)] = &[
+            ("wasmcustom.holdfast.workers_ready", 1),
+            ("wasmcustom.holdfast.outbound.cx_active", 1),
+        ];
+        let s = DrainSample::from_stats(
+            DEFAULT_STAT_PREFIX,
+            istio_default.iter().map(|(k, v)| (*k, *v)),
+        );
+        assert!(!s.traffic.exposed);
+        let mut j = InFlightJudge::new(Duration::from_millis(10));
+        let t = Instant::now();
+        for ms in [0, 50, 500] {
+            assert!(matches!(
+                j.observe(t + Duration::from_millis(ms), &s),
+                InFlight::Busy {
+                    outbound_active: Some(1)
+                }
+            ));
+        }
+        // The outbound connection closes: idle by the filter's count alone.
+        let mut closed = s;
+        if let Some(f) = closed.filter.as_mut() {
+            f.outbound.cx_active = Some(0);
+        }
+        assert_eq!(
+            j.observe(t + Duration::from_millis(600), &closed),
+            InFlight::Idle(IdleReason::NoOutboundConnections)
+        );
+        // Only the admin API's counters kept: exposed, nothing of the pod's traffic moved yet.
+        let t = TrafficBytes::from_stats([("http.admin.downstream_cx_tx_bytes_total", 9u64)]);
+        assert_eq!(
+            t,
+            TrafficBytes {
+                total: 0,
+                counters: 0,
+                exposed: true
+            }
+        );
     }
 
     #[test]

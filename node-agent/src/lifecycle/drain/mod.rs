@@ -35,7 +35,9 @@ use tokio_util::sync::CancellationToken;
 pub use app_exit::{
     AppContainer, AppTracker, ExitWatcher, PodProcessSource, PodProcsSource, Watch,
 };
-pub use in_flight::{DrainSample, InFlight, InFlightJudge, TrafficBytes, DEFAULT_STAT_PREFIX};
+pub use in_flight::{
+    DrainSample, InFlight, InFlightJudge, TrafficBytes, DEFAULT_STAT_PREFIX, UNEXPOSED_BYTES_ADVICE,
+};
 pub use plan::DrainPlan;
 
 // The wire types live in `crate::api`; re-exported here so callers keep their paths.
@@ -274,8 +276,14 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                 Ok(sample) => {
                     report.filter_present = Some(sample.filter.is_some());
                     report.last_counts = sample.filter;
-                    report.last_traffic_bytes = Some(sample.traffic.total);
-                    judgement = Some(judge.observe(Instant::now().into_std(), &sample));
+                    report.last_traffic_bytes =
+                        sample.traffic.exposed.then_some(sample.traffic.total);
+                    let j = judge.observe(Instant::now().into_std(), &sample);
+                    if gone && report.advice.is_none() && waits_on_unexposed_bytes(&sample, j) {
+                        tracing::warn!("{UNEXPOSED_BYTES_ADVICE}");
+                        report.advice = Some(UNEXPOSED_BYTES_ADVICE.to_string());
+                    }
+                    judgement = Some(j);
                 }
                 Err(()) => {
                     judgement = None;
@@ -396,6 +404,13 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
             snapshot = app.refresh(&current).await;
         }
     }
+}
+
+/// Whether the judgement is "busy" only because Envoy keeps no byte counters: an outbound
+/// connection is open, and the bytes, which could have said it is idle, are not there.
+fn waits_on_unexposed_bytes(sample: &DrainSample, judgement: InFlight) -> bool {
+    !sample.traffic.exposed
+        && matches!(judgement, InFlight::Busy { outbound_active: Some(n) } if n > 0)
 }
 
 /// The admin side of a drain or a Job quit.
@@ -728,13 +743,20 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
     let until = Instant::now() + settings.job_in_flight_wait;
     let mut failed = 0u32;
     let mut samples = 0u32;
+    let mut unexposed_warned = false;
     let reason = loop {
         samples += 1;
         match d.sample().await {
             Ok(sample) => match judge.observe(Instant::now().into_std(), &sample) {
                 InFlight::Idle(why) => break QuitReason::Idle(why),
                 InFlight::NoFilter => break QuitReason::NoFilter,
-                InFlight::Busy { .. } => {}
+                busy @ InFlight::Busy { .. } => {
+                    if !unexposed_warned && waits_on_unexposed_bytes(&sample, busy) {
+                        unexposed_warned = true;
+                        tracing::warn!("{UNEXPOSED_BYTES_ADVICE}");
+                        d.errors.push(UNEXPOSED_BYTES_ADVICE.to_string());
+                    }
+                }
             },
             Err(()) => {
                 failed += 1;

@@ -83,6 +83,8 @@ struct AdminState {
     /// Bytes added to Envoy's byte counters on every `/stats` (traffic moving).
     bytes_per_sample: u64,
     traffic_bytes: u64,
+    /// Envoy keeps no byte counters (a stats matcher drops them).
+    bytes_unexposed: bool,
     stats_calls: u32,
 }
 
@@ -152,6 +154,7 @@ impl ProxyAdmin for FakeAdmin {
                 traffic: TrafficBytes {
                     total: s.traffic_bytes,
                     counters: 4,
+                    exposed: !s.bytes_unexposed,
                 },
             })
         })
@@ -413,6 +416,36 @@ async fn idle_keepalives_do_not_hold_the_drain_but_moving_bytes_do() {
         "quit {after:?} after bytes stopped (window {:?})",
         settings.idle_window
     );
+}
+
+/// Envoy keeps no byte counters (Istio's default stats matcher): an open outbound connection
+/// after the app's exit holds the drain until it closes, with advice naming the mesh config.
+#[tokio::test]
+async fn without_byte_counters_an_open_outbound_connection_holds_the_drain_with_advice() {
+    let mut pod = Pod::new();
+    let admin = FakeAdmin::new(Some(counts(1)));
+    admin.with(|s| s.bytes_unexposed = true);
+    let (_tx, rx) = watch::channel(Some(deleted_running_app()));
+    let settings = fast_settings();
+    let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        pod.app.kill();
+        tokio::time::sleep(settings.idle_window * 3).await;
+        assert!(
+            admin.quit_at().is_none(),
+            "quit by bytes Envoy does not keep"
+        );
+        admin.with(|s| s.counts = Some(counts(0)));
+    })
+    .await;
+    assert_eq!(report.outcome, DrainOutcome::AppDone);
+    assert_eq!(
+        report.quit_reason,
+        Some(QuitReason::Idle(IdleReason::NoOutboundConnections))
+    );
+    assert_eq!(report.last_traffic_bytes, None);
+    let advice = report.advice.expect("advice");
+    assert!(advice.contains("proxyStatsMatcher"), "{advice}");
 }
 
 // Paused time: tokio's clock drives the deadline and the waits, so the bounds test the
