@@ -15,6 +15,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, ensure, Context, Result};
+use holdfast::lifecycle::drain::DrainSample;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role};
@@ -1380,6 +1381,28 @@ fn mesh_config_keeps_envoy_for_the_whole_grace_period() {
                 .any(|p| "wasmcustom.holdfast.inbound.cx_active".starts_with(p)),
             "{what}: the filter's stats are kept: {prefixes:?}"
         );
+        // Envoy's byte counters, which the drain's idle test reads, every one the agent's own
+        // parser counts (Istio's default matcher keeps none: pkg/bootstrap/config.go).
+        let suffixes: Vec<&str> = at(dc, &["proxyStatsMatcher", "inclusionSuffixes"])
+            .and_then(Value::as_array)
+            .map(|s| s.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        for stat in [
+            "http.admin.downstream_cx_rx_bytes_total",
+            "http.inbound_0.0.0.0_8080.downstream_cx_tx_bytes_total",
+            "tcp.outbound|9080||reviews.default.svc.cluster.local.downstream_cx_rx_bytes_total",
+            "tcp.PassthroughCluster.downstream_cx_tx_bytes_total",
+        ] {
+            assert!(
+                suffixes.iter().any(|x| stat.ends_with(x)),
+                "{what}: {stat} is kept: {suffixes:?}"
+            );
+            let sample = DrainSample::from_stats("wasmcustom.holdfast", [(stat, 1u64)]);
+            assert!(
+                sample.traffic.exposed || sample.traffic.total == 1,
+                "the agent reads {stat}"
+            );
+        }
     }
 }
 
