@@ -251,6 +251,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
     (report.inbound_drained, report.health_failed) = inbound;
 
     let mut judge = InFlightJudge::new(settings.idle_window);
+    let mut unexposed = UnexposedBytes::default();
     let mut judgement: Option<InFlight> = None;
     let mut next_stats = Instant::now();
     let mut failed_samples_while_gone = 0u32;
@@ -278,8 +279,12 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                     report.last_counts = sample.filter;
                     report.last_traffic_bytes =
                         sample.traffic.exposed.then_some(sample.traffic.total);
-                    let j = judge.observe(Instant::now().into_std(), &sample);
-                    if gone && report.advice.is_none() && waits_on_unexposed_bytes(&sample, j) {
+                    let now = Instant::now();
+                    let j = judge.observe(now.into_std(), &sample);
+                    if gone
+                        && unexposed.notice(now, &sample, j, settings.idle_window)
+                        && report.advice.is_none()
+                    {
                         tracing::warn!("{UNEXPOSED_BYTES_ADVICE}");
                         report.advice = Some(UNEXPOSED_BYTES_ADVICE.to_string());
                     }
@@ -406,11 +411,38 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
     }
 }
 
-/// Whether the judgement is "busy" only because Envoy keeps no byte counters: an outbound
-/// connection is open, and the bytes, which could have said it is idle, are not there.
-fn waits_on_unexposed_bytes(sample: &DrainSample, judgement: InFlight) -> bool {
-    !sample.traffic.exposed
-        && matches!(judgement, InFlight::Busy { outbound_active: Some(n) } if n > 0)
+/// Notices a drain (or Job quit) that has waited a whole idle window only because Envoy keeps
+/// no byte counters: an outbound connection stays open, and the bytes, which could have said it
+/// is idle, are not there. Not at the first such sample: the app's own connections close a few
+/// milliseconds after its exit, and that wait costs nothing.
+#[derive(Debug, Default)]
+struct UnexposedBytes {
+    since: Option<Instant>,
+    said: bool,
+}
+
+impl UnexposedBytes {
+    /// True once, the first time it has mattered for `window`.
+    fn notice(
+        &mut self,
+        now: Instant,
+        sample: &DrainSample,
+        judgement: InFlight,
+        window: Duration,
+    ) -> bool {
+        let waits = !sample.traffic.exposed
+            && matches!(judgement, InFlight::Busy { outbound_active: Some(n) } if n > 0);
+        if !waits {
+            self.since = None;
+            return false;
+        }
+        let since = *self.since.get_or_insert(now);
+        if self.said || now.saturating_duration_since(since) < window {
+            return false;
+        }
+        self.said = true;
+        true
+    }
 }
 
 /// The admin side of a drain or a Job quit.
@@ -743,7 +775,7 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
     let until = Instant::now() + settings.job_in_flight_wait;
     let mut failed = 0u32;
     let mut samples = 0u32;
-    let mut unexposed_warned = false;
+    let mut unexposed = UnexposedBytes::default();
     let reason = loop {
         samples += 1;
         match d.sample().await {
@@ -751,8 +783,7 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
                 InFlight::Idle(why) => break QuitReason::Idle(why),
                 InFlight::NoFilter => break QuitReason::NoFilter,
                 busy @ InFlight::Busy { .. } => {
-                    if !unexposed_warned && waits_on_unexposed_bytes(&sample, busy) {
-                        unexposed_warned = true;
+                    if unexposed.notice(Instant::now(), &sample, busy, settings.idle_window) {
                         tracing::warn!("{UNEXPOSED_BYTES_ADVICE}");
                         d.errors.push(UNEXPOSED_BYTES_ADVICE.to_string());
                     }

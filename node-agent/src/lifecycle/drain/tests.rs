@@ -448,6 +448,29 @@ async fn without_byte_counters_an_open_outbound_connection_holds_the_drain_with_
     assert!(advice.contains("proxyStatsMatcher"), "{advice}");
 }
 
+/// Without byte counters, the app's own connections closing a few ms after its exit (the usual
+/// case) cost nothing worth advice.
+#[tokio::test]
+async fn without_byte_counters_a_connection_closing_at_once_gives_no_advice() {
+    let mut pod = Pod::new();
+    let admin = FakeAdmin::new(Some(counts(1)));
+    admin.with(|s| s.bytes_unexposed = true);
+    let (_tx, rx) = watch::channel(Some(deleted_running_app()));
+    let settings = fast_settings();
+    let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        pod.app.kill();
+        tokio::time::sleep(settings.idle_window / 4).await;
+        admin.with(|s| s.counts = Some(counts(0)));
+    })
+    .await;
+    assert_eq!(
+        report.quit_reason,
+        Some(QuitReason::Idle(IdleReason::NoOutboundConnections))
+    );
+    assert_eq!(report.advice, None);
+}
+
 // Paused time: tokio's clock drives the deadline and the waits, so the bounds test the
 // logic, not the load of a shared machine.
 #[tokio::test(start_paused = true)]
