@@ -697,6 +697,66 @@ impl RealPod {
         Ok(())
     }
 
+    /// A drain of this pod, started now: deletion with a 30 s grace period, default settings.
+    /// Returns the task and the pod view's sender, which must live as long as the drain (the
+    /// drain reads a closed view as the pod gone).
+    fn start_drain(
+        &self,
+    ) -> (
+        tokio::task::JoinHandle<drain::DrainReport>,
+        watch::Sender<Option<PodView>>,
+    ) {
+        let (tx, rx) = watch::channel(Some(pod_view(Duration::from_secs(30))));
+        let (procs, admin) = (self.procs(), self.admin.clone());
+        let task = tokio::spawn(async move {
+            let (key, settings) = (key(), DrainSettings::default());
+            drain::drain(ctx(
+                &key,
+                &admin,
+                &settings,
+                procs,
+                rx,
+                CancellationToken::new(),
+            ))
+            .await
+        });
+        (task, tx)
+    }
+
+    /// Whether the filter is built (else `test` skips with a message; under CI that is an error).
+    fn has_filter(&self, test: &str) -> Result<bool> {
+        if !self.filter {
+            ensure!(
+                std::env::var_os("CI").is_none(),
+                "{test}: the filter is not built (target/holdfast_filter.wasm) and CI is set"
+            );
+            eprintln!("SKIP {test}: needs the filter (`just filter`)");
+        }
+        Ok(self.filter)
+    }
+
+    /// Another container's outbound connection through Envoy (not the app's: it outlives the
+    /// app), echoed once by the backend, and seen in the filter's counts next to the app's.
+    async fn open_other_outbound(&self) -> Result<TcpStream> {
+        let mut other = self
+            .netns
+            .ns
+            .connect_tcp(OUTBOUND.parse()?, Duration::from_secs(1))?;
+        other.set_read_timeout(Some(Duration::from_secs(2)))?;
+        other.write_all(b"hello")?;
+        let mut five = [0u8; 5];
+        other.read_exact(&mut five)?;
+        let started = Instant::now();
+        while self.outbound_active().await != Some(2) {
+            ensure!(
+                started.elapsed() < Duration::from_secs(5),
+                "the second outbound connection never showed in the filter's counts"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(other)
+    }
+
     /// Bytes Envoy's status (15021) and Prometheus (15090) listeners have moved.
     async fn own_listener_bytes(&self) -> Result<u64> {
         let stats = self
@@ -784,18 +844,7 @@ fn ctx<'a>(
 /// Returns (app kill → Envoy exit, the report).
 async fn one_drain(name: &str, check_during: bool) -> Result<(Duration, drain::DrainReport)> {
     let mut pod = RealPod::start(name).await?;
-    let settings = DrainSettings::default();
-    let (_tx, rx) = watch::channel(Some(pod_view(Duration::from_secs(30))));
-    let key = key();
-    let procs = pod.procs();
-    let admin = pod.admin.clone();
-    let stop = CancellationToken::new();
-    let drain_task = {
-        let settings = settings.clone();
-        tokio::spawn(
-            async move { drain::drain(ctx(&key, &admin, &settings, procs, rx, stop)).await },
-        )
-    };
+    let (drain_task, _view) = pod.start_drain();
 
     tokio::time::sleep(Duration::from_millis(150)).await;
     ensure!(
@@ -1079,54 +1128,13 @@ async fn drain_waits_for_moving_bytes_not_for_probes_or_scrapes() -> Result<()> 
     }
     let mut pod =
         RealPod::start_with("hf-drain-bytes", StatsMatcher::IstioWithHoldfastMeshConfig).await?;
-    if !pod.filter {
-        ensure!(
-            std::env::var_os("CI").is_none(),
-            "{TEST}: the filter is not built (target/holdfast_filter.wasm) and CI is set"
-        );
-        eprintln!("SKIP {TEST}: needs the filter (`just build-filter`)");
+    if !pod.has_filter(TEST)? {
         return Ok(());
     }
     let _status = StatusStandIn::start(&pod.netns)?;
     let probes = ProbesAndScrapes::start(&pod.netns, Duration::from_millis(10));
-
-    // Another container's outbound connection through Envoy, echoed by the backend.
-    let mut other = pod
-        .netns
-        .ns
-        .connect_tcp(OUTBOUND.parse()?, Duration::from_secs(1))?;
-    other.set_read_timeout(Some(Duration::from_secs(2)))?;
-    other.write_all(b"hello")?;
-    let mut five = [0u8; 5];
-    other.read_exact(&mut five)?;
-    let started = Instant::now();
-    while pod.outbound_active().await != Some(2) {
-        ensure!(
-            started.elapsed() < Duration::from_secs(5),
-            "the second outbound connection never showed in the filter's counts"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-
-    let settings = DrainSettings::default();
-    let (_tx, rx) = watch::channel(Some(pod_view(Duration::from_secs(30))));
-    let key = key();
-    let procs = pod.procs();
-    let admin = pod.admin.clone();
-    let drain_task = {
-        let settings = settings.clone();
-        tokio::spawn(async move {
-            drain::drain(ctx(
-                &key,
-                &admin,
-                &settings,
-                procs,
-                rx,
-                CancellationToken::new(),
-            ))
-            .await
-        })
-    };
+    let other = pod.open_other_outbound().await?;
+    let (drain_task, _view) = pod.start_drain();
     tokio::time::sleep(Duration::from_millis(150)).await;
 
     let stop_streaming = Arc::new(AtomicBool::new(false));
@@ -1204,30 +1212,10 @@ async fn without_envoys_byte_counters_the_drain_waits_for_the_connection_and_say
         return Ok(());
     }
     let mut pod = RealPod::start_with("hf-drain-nobytes", StatsMatcher::IstioDefault).await?;
-    if !pod.filter {
-        ensure!(
-            std::env::var_os("CI").is_none(),
-            "{TEST}: the filter is not built (target/holdfast_filter.wasm) and CI is set"
-        );
-        eprintln!("SKIP {TEST}: needs the filter (`just build-filter`)");
+    if !pod.has_filter(TEST)? {
         return Ok(());
     }
-    let mut other = pod
-        .netns
-        .ns
-        .connect_tcp(OUTBOUND.parse()?, Duration::from_secs(1))?;
-    other.set_read_timeout(Some(Duration::from_secs(2)))?;
-    other.write_all(b"hello")?;
-    let mut five = [0u8; 5];
-    other.read_exact(&mut five)?;
-    let started = Instant::now();
-    while pod.outbound_active().await != Some(2) {
-        ensure!(
-            started.elapsed() < Duration::from_secs(5),
-            "the second outbound connection never showed in the filter's counts"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let other = pod.open_other_outbound().await?;
     // Istio's matcher really dropped them, the admin API's own included.
     let bytes = pod
         .admin
@@ -1239,22 +1227,7 @@ async fn without_envoys_byte_counters_the_drain_waits_for_the_connection_and_say
         bytes.values
     );
 
-    let settings = DrainSettings::default();
-    let (_tx, rx) = watch::channel(Some(pod_view(Duration::from_secs(30))));
-    let key = key();
-    let procs = pod.procs();
-    let admin = pod.admin.clone();
-    let drain_task = tokio::spawn(async move {
-        drain::drain(ctx(
-            &key,
-            &admin,
-            &settings,
-            procs,
-            rx,
-            CancellationToken::new(),
-        ))
-        .await
-    });
+    let (drain_task, _view) = pod.start_drain();
     tokio::time::sleep(Duration::from_millis(150)).await;
     drop(pod.app.take());
     tokio::time::sleep(Duration::from_millis(600)).await;
@@ -1301,22 +1274,7 @@ async fn proxy_gone_early_against_real_envoy() -> Result<()> {
         return Ok(());
     }
     let mut pod = RealPod::start("hf-drain-early").await?;
-    let settings = DrainSettings::default();
-    let (_tx, rx) = watch::channel(Some(pod_view(Duration::from_secs(30))));
-    let key = key();
-    let procs = pod.procs();
-    let admin = pod.admin.clone();
-    let drain_task = tokio::spawn(async move {
-        drain::drain(ctx(
-            &key,
-            &admin,
-            &settings,
-            procs,
-            rx,
-            CancellationToken::new(),
-        ))
-        .await
-    });
+    let (drain_task, _view) = pod.start_drain();
     tokio::time::sleep(Duration::from_millis(100)).await;
     // pilot-agent's terminationDrainDuration ran out: it SIGKILLs Envoy while the app runs.
     let killed = Instant::now();

@@ -586,14 +586,19 @@ impl AdminClient {
             Some(re) => format!("/stats?filter={}", percent_encode(re)),
             None => "/stats".to_string(),
         };
-        let r = self.get(&path)?;
+        Ok(parse_stats(&self.get_ok(&path)?))
+    }
+
+    /// `GET path`, whose answer must be 200: its body.
+    fn get_ok(&self, path: &str) -> anyhow::Result<String> {
+        let r = self.get(path)?;
         ensure!(
             r.status == 200,
             "{path} answered HTTP {}: {}",
             r.status,
             r.body
         );
-        Ok(parse_stats(&r.body))
+        Ok(r.body)
     }
 
     /// One sample as the agent's drain takes it: the same request
@@ -603,14 +608,7 @@ impl AdminClient {
             "/stats?usedonly&filter={}",
             percent_encode(&in_flight::sample_regex(stat_prefix))
         );
-        let r = self.get(&path)?;
-        ensure!(
-            r.status == 200,
-            "{path} answered HTTP {}: {}",
-            r.status,
-            r.body
-        );
-        let stats = Stats::parse(&r.body);
+        let stats = Stats::parse(&self.get_ok(&path)?);
         Ok(DrainSample::from_stats(
             stat_prefix,
             stats.values.iter().map(|(k, v)| (k.as_str(), *v)),

@@ -418,19 +418,18 @@ async fn idle_keepalives_do_not_hold_the_drain_but_moving_bytes_do() {
     );
 }
 
-/// Envoy keeps no byte counters (Istio's default stats matcher): an open outbound connection
-/// after the app's exit holds the drain until it closes, with advice naming the mesh config.
-#[tokio::test]
-async fn without_byte_counters_an_open_outbound_connection_holds_the_drain_with_advice() {
+/// A drain with Envoy keeping no byte counters (Istio's default stats matcher): the app exits
+/// with one outbound connection open, which closes `close_after` later. Asserts the drain did
+/// not quit before, and returns its report.
+async fn drain_without_byte_counters(close_after: Duration) -> DrainReport {
     let mut pod = Pod::new();
     let admin = FakeAdmin::new(Some(counts(1)));
     admin.with(|s| s.bytes_unexposed = true);
     let (_tx, rx) = watch::channel(Some(deleted_running_app()));
-    let settings = fast_settings();
-    let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
+    let report = drain_during(&admin, pod.procs.clone(), rx, &fast_settings(), async {
         tokio::time::sleep(Duration::from_millis(50)).await;
         pod.app.kill();
-        tokio::time::sleep(settings.idle_window * 3).await;
+        tokio::time::sleep(close_after).await;
         assert!(
             admin.quit_at().is_none(),
             "quit by bytes Envoy does not keep"
@@ -444,6 +443,15 @@ async fn without_byte_counters_an_open_outbound_connection_holds_the_drain_with_
         Some(QuitReason::Idle(IdleReason::NoOutboundConnections))
     );
     assert_eq!(report.last_traffic_bytes, None);
+    report
+}
+
+/// Without byte counters an open outbound connection after the app's exit holds the drain until
+/// it closes, with advice naming the mesh config.
+#[tokio::test]
+async fn without_byte_counters_an_open_outbound_connection_holds_the_drain_with_advice() {
+    let window = fast_settings().idle_window;
+    let report = drain_without_byte_counters(window * 3).await;
     let advice = report.advice.expect("advice");
     assert!(advice.contains("proxyStatsMatcher"), "{advice}");
 }
@@ -452,22 +460,8 @@ async fn without_byte_counters_an_open_outbound_connection_holds_the_drain_with_
 /// case) cost nothing worth advice.
 #[tokio::test]
 async fn without_byte_counters_a_connection_closing_at_once_gives_no_advice() {
-    let mut pod = Pod::new();
-    let admin = FakeAdmin::new(Some(counts(1)));
-    admin.with(|s| s.bytes_unexposed = true);
-    let (_tx, rx) = watch::channel(Some(deleted_running_app()));
-    let settings = fast_settings();
-    let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        pod.app.kill();
-        tokio::time::sleep(settings.idle_window / 4).await;
-        admin.with(|s| s.counts = Some(counts(0)));
-    })
-    .await;
-    assert_eq!(
-        report.quit_reason,
-        Some(QuitReason::Idle(IdleReason::NoOutboundConnections))
-    );
+    let window = fast_settings().idle_window;
+    let report = drain_without_byte_counters(window / 4).await;
     assert_eq!(report.advice, None);
 }
 
