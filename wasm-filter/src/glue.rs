@@ -20,10 +20,12 @@
 //! | `proxy_abi_version_0_2_1`, `_initialize` | ABI detection; VM start | marker; WASI constructors |
 //!
 //! So a connection costs two VM entries (create, done) instead of nine, however many data chunks
-//! it carries: no data callback is exported (`Context::onDownstreamData` returns `Continue` at
-//! once without one), so Envoy never enters the VM per chunk. Bytes in flight are Envoy's own
-//! counters' business (`downstream_cx_{rx,tx}_bytes_total`, which the agent's drain reads); a
-//! per-chunk callback cost 3–6 % of the request rate (docs/benchmarks.md). Without
+//! it carries: no data callback is exported (proxy-wasm-cpp-host's
+//! `ContextBase::onDownstreamData` returns `Continue` without entering the VM when the export is
+//! missing), so Envoy never enters the VM per chunk. Bytes in flight are Envoy's own counters'
+//! business (`downstream_cx_{rx,tx}_bytes_total`, which the agent's drain reads and holdfast's
+//! mesh config keeps: Istio's default stats matcher drops them); a per-chunk callback cost 3–6 %
+//! of the request rate (docs/benchmarks.md). Without
 //! `proxy_on_vm_start` Envoy treats the start as successful (`ContextBase::onStart`).
 //!
 //! # Direction

@@ -114,12 +114,12 @@ impl TrafficBytes {
     }
 }
 
-/// What the drain says, once, when only the bytes could tell idle from busy and Envoy does not
-/// keep them.
+/// What the drain (or Job quit) says, once, when only the bytes could tell idle from busy and
+/// Envoy does not keep them.
 pub const UNEXPOSED_BYTES_ADVICE: &str = "an outbound connection is still open after the app \
      exited, and Envoy does not keep its downstream byte counters (a stats matcher drops them: \
-     Istio's default), so an idle keep-alive cannot be told from traffic in flight: the drain \
-     waits for the connection to close or for the deadline. Add inclusionSuffixes \
+     Istio's default), so an idle keep-alive cannot be told from traffic in flight: holdfast \
+     waits for the connection to close or for its deadline. Add inclusionSuffixes \
      [downstream_cx_rx_bytes_total, downstream_cx_tx_bytes_total] to \
      meshConfig.defaultConfig.proxyStatsMatcher (manifests/mesh-config) so holdfast can end it \
      once no byte moves.";
