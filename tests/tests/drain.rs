@@ -497,6 +497,20 @@ fn drain_is_not_held_by_an_idle_inbound_keepalive() {
             .expect("Envoy LIVE");
         let mut pooled = RemoteClient::connect(&node, "svc").expect("inbound connection");
         pooled.ping().expect("inbound request");
+        // The sidecar keeps what an Istio install with holdfast's mesh config keeps: Envoy's
+        // downstream byte counters (the drain's idle test), not the cluster stats Istio's
+        // default matcher drops.
+        let stats = node
+            .admin("svc", "GET", "/stats?filter=PassthroughCluster")
+            .expect("admin /stats");
+        assert!(
+            stats.contains("tcp.InboundPassthroughCluster.downstream_cx_rx_bytes_total"),
+            "{stats}"
+        );
+        assert!(
+            !stats.contains("cluster.PassthroughCluster.upstream_cx_total"),
+            "{stats}"
+        );
         // Idle from here on.
         let (t, deleted) = (Instant::now(), SystemTime::now());
         node.delete_pod("svc").expect("delete");

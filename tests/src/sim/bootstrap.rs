@@ -19,6 +19,10 @@
 //!   Inbound upstreams still bind 127.0.0.6 only: IPv6 inbound is not simulated.
 //! - The holdfast filter (`envoy.filters.network.wasm`, root_id `holdfast`, V8) comes first in
 //!   both filter chains, before `tcp_proxy`, when enabled.
+//! - Envoy keeps only the stats Istio's bootstrap keeps ([`IstioStatsMatcher`]): pilot-agent's
+//!   required inclusions plus the mesh's `proxyStatsMatcher`, read from the mesh config holdfast
+//!   ships (manifests/mesh-config/istiooperator.yaml), so every test runs with what a real
+//!   install keeps and drops.
 
 use std::path::{Path, PathBuf};
 
@@ -39,6 +43,8 @@ pub struct SidecarConfig {
     pub filter_config: String,
     /// The pod's IP families.
     pub families: super::spec::IpFamilies,
+    /// Which stats Envoy keeps (`None`: all, Envoy's default).
+    pub stats_matcher: Option<IstioStatsMatcher>,
 }
 
 /// File names of the rendered configuration inside the sidecar's config directory.
@@ -55,7 +61,7 @@ impl SidecarConfig {
                 "path_config_source": { "path": dir.join(file).to_string_lossy() }
             })
         };
-        json!({
+        let mut b = json!({
             "node": { "id": self.node_id, "cluster": self.node_cluster },
             "admin": {
                 "address": socket(if self.families.ipv6_first() { "::1" } else { "127.0.0.1" }, ADMIN_PORT),
@@ -64,7 +70,11 @@ impl SidecarConfig {
                 "lds_config": path_source(LDS_FILE),
                 "cds_config": path_source(CDS_FILE),
             }
-        })
+        });
+        if let (Some(m), Some(obj)) = (&self.stats_matcher, b.as_object_mut()) {
+            obj.insert("stats_config".into(), m.stats_config());
+        }
+        b
     }
 
     /// The LDS response: the outbound and inbound capture listeners.
@@ -145,6 +155,91 @@ impl SidecarConfig {
     }
 }
 
+/// Envoy's `stats_matcher` as pilot-agent writes it into an Istio sidecar's bootstrap
+/// (istio/istio at 86c9f01fd73): the template's fixed patterns (`reporter=`, `component`,
+/// `istio`: tools/packaging/common/envoy_bootstrap.json), the required ones
+/// (pkg/bootstrap/config.go: prefixes `cluster_manager,listener_manager,server,cluster.xds-grpc,
+/// wasm`, the `rbac` suffixes, plus `downstream_cx_active` only with
+/// `EXIT_ON_ZERO_ACTIVE_CONNECTIONS`; the route regex), and the mesh's `proxyStatsMatcher`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct IstioStatsMatcher {
+    pub prefixes: Vec<String>,
+    pub suffixes: Vec<String>,
+    pub regexps: Vec<String>,
+}
+
+/// The mesh config holdfast ships, relative to the workspace root.
+pub const SHIPPED_MESH_CONFIG: &str = "manifests/mesh-config/istiooperator.yaml";
+
+impl IstioStatsMatcher {
+    /// Istio's matcher with the mesh's `proxyStatsMatcher` inclusions (`mesh`: the
+    /// `inclusionPrefixes` / `inclusionSuffixes` / `inclusionRegexps` object, if any).
+    pub fn new(mesh: Option<&Value>, exit_on_zero_active: bool) -> IstioStatsMatcher {
+        let list = |key: &str| -> Vec<String> {
+            mesh.and_then(|m| m.get(key))
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .map(String::from)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let own = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let mut prefixes = own(&[
+            "reporter=",
+            "cluster_manager",
+            "listener_manager",
+            "server",
+            "cluster.xds-grpc",
+            "wasm",
+            "component",
+            "istio",
+        ]);
+        prefixes.extend(list("inclusionPrefixes"));
+        let mut suffixes = own(&[
+            "rbac.allowed",
+            "rbac.denied",
+            "shadow_allowed",
+            "shadow_denied",
+        ]);
+        if exit_on_zero_active {
+            suffixes.push("downstream_cx_active".into());
+        }
+        suffixes.extend(list("inclusionSuffixes"));
+        let mut regexps = own(&["vhost\\..*\\.route\\..*"]);
+        regexps.extend(list("inclusionRegexps"));
+        IstioStatsMatcher {
+            prefixes,
+            suffixes,
+            regexps,
+        }
+    }
+
+    /// Istio's matcher with the mesh config holdfast ships (read from the workspace).
+    pub fn shipped(exit_on_zero_active: bool) -> std::io::Result<IstioStatsMatcher> {
+        let path = crate::envoy::workspace_root().join(SHIPPED_MESH_CONFIG);
+        let text = std::fs::read_to_string(&path)?;
+        let doc: Value = serde_saphyr::from_str(&text)
+            .map_err(|e| std::io::Error::other(format!("{} is not YAML: {e}", path.display())))?;
+        let mesh = doc.pointer("/spec/meshConfig/defaultConfig/proxyStatsMatcher");
+        Ok(IstioStatsMatcher::new(mesh, exit_on_zero_active))
+    }
+
+    fn stats_config(&self) -> Value {
+        let mut patterns: Vec<Value> = Vec::new();
+        patterns.extend(self.prefixes.iter().map(|p| json!({ "prefix": p })));
+        patterns.extend(self.suffixes.iter().map(|x| json!({ "suffix": x })));
+        patterns.extend(
+            self.regexps
+                .iter()
+                .map(|r| json!({ "safe_regex": { "regex": r } })),
+        );
+        json!({ "stats_matcher": { "inclusion_list": { "patterns": patterns } } })
+    }
+}
+
 fn socket(address: &str, port: u16) -> Value {
     json!({ "socket_address": { "address": address, "port_value": port } })
 }
@@ -199,7 +294,42 @@ mod tests {
             filter: filter.then(|| PathBuf::from("/w/holdfast_filter.wasm")),
             filter_config: String::new(),
             families: Default::default(),
+            stats_matcher: None,
         }
+    }
+
+    #[test]
+    fn the_shipped_mesh_config_keeps_what_holdfast_reads() {
+        let m = IstioStatsMatcher::shipped(false).expect("the shipped mesh config");
+        let kept = |stat: &str| {
+            m.prefixes.iter().any(|p| stat.starts_with(p.as_str()))
+                || m.suffixes.iter().any(|x| stat.ends_with(x.as_str()))
+        };
+        for stat in [
+            "server.state",
+            "listener_manager.workers_started",
+            "wasmcustom.holdfast.outbound.cx_active",
+            "tcp.PassthroughCluster.downstream_cx_rx_bytes_total",
+            "http.admin.downstream_cx_tx_bytes_total",
+        ] {
+            assert!(kept(stat), "{stat} dropped by {m:?}");
+        }
+        assert!(!kept("listener.0.0.0.0_15001.downstream_cx_active"));
+        assert!(IstioStatsMatcher::shipped(true)
+            .expect("shipped")
+            .suffixes
+            .iter()
+            .any(|x| x == "downstream_cx_active"));
+        let c = SidecarConfig {
+            stats_matcher: Some(m),
+            ..cfg(false)
+        };
+        let b = c.bootstrap(Path::new("/tmp/x"));
+        let patterns = &b["stats_config"]["stats_matcher"]["inclusion_list"]["patterns"];
+        assert_eq!(patterns[0]["prefix"], "reporter=");
+        assert!(patterns.as_array().is_some_and(|p| p
+            .iter()
+            .any(|x| x["safe_regex"]["regex"] == "vhost\\..*\\.route\\..*")));
     }
 
     #[test]

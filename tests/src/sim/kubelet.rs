@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use super::bootstrap::SidecarConfig;
+use super::bootstrap::{IstioStatsMatcher, SidecarConfig, SHIPPED_MESH_CONFIG};
 use super::cgroup::Cgroup;
 use super::istio_init::{INBOUND_PORT, OUTBOUND_PORT, PROXY_UID};
 use super::netns::{NetNs, REMOTE_IP6};
@@ -465,6 +465,14 @@ impl PodWorker {
     }
 
     pub(crate) fn write_sidecar_config(&self) -> Result<(), SimError> {
+        let exit_on_zero = self.view(|v| v.spec.exit_on_zero_active);
+        let stats_matcher =
+            IstioStatsMatcher::shipped(exit_on_zero).map_err(|source| SimError::Io {
+                what: format!(
+                    "cannot read the mesh config's proxyStatsMatcher ({SHIPPED_MESH_CONFIG})"
+                ),
+                source,
+            })?;
         let cfg = self.view(|v| SidecarConfig {
             node_id: format!(
                 "sidecar~{}~{}.{}~{}.svc.cluster.local",
@@ -478,6 +486,7 @@ impl PodWorker {
             },
             filter_config: String::new(),
             families: v.spec.ip_families,
+            stats_matcher: Some(stats_matcher),
         });
         cfg.write(&self.pod_dir).map_err(|source| SimError::Io {
             what: format!("cannot write Envoy config to {}", self.pod_dir.display()),
