@@ -9,7 +9,7 @@
 //! ignored `drain_lag_figures` runs the drain 20 times for a p50/p99 of app exit → Envoy exit.
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -986,98 +986,37 @@ fn serve_http_200(mut conn: TcpStream, stop: &AtomicBool) {
     }
 }
 
-/// One `GET path` on a fresh connection (as kubelet probes), from inside the netns: the status,
-/// once the whole body (`content-length`, or chunked to its last chunk) is read. (Not read to the connection's end: while
-/// draining, Envoy 1.40 left such a connection open after the response despite
-/// `Connection: close`, until it exited.)
-fn http_get_status(port: u16, path: &str) -> std::io::Result<u16> {
-    let bad = |what: &str| std::io::Error::other(format!("GET {path} on :{port}: {what}"));
-    let mut s = TcpStream::connect_timeout(
-        &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
-        Duration::from_secs(1),
-    )?;
-    s.set_read_timeout(Some(Duration::from_secs(2)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut got = Vec::new();
-    let mut buf = [0u8; 16 * 1024];
-    let head_end = loop {
-        if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-        let n = s.read(&mut buf)?;
-        if n == 0 {
-            return Err(bad("closed before the response head"));
-        }
-        got.extend_from_slice(&buf[..n]);
-    };
-    let head = String::from_utf8_lossy(&got[..head_end]).to_ascii_lowercase();
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| bad("no status"))?;
-    let length: Option<usize> = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .and_then(|v| v.trim().parse().ok());
-    let chunked = head.contains("transfer-encoding: chunked");
-    let complete = |got: &[u8]| match length {
-        Some(n) => got.len() >= head_end + n,
-        // The last chunk: `0` CRLF, then the empty trailer's CRLF.
-        None => got[head_end..].starts_with(b"0\r\n\r\n") || got.ends_with(b"\r\n0\r\n\r\n"),
-    };
-    if length.is_none() && !chunked {
-        return Err(bad("neither content-length nor chunked"));
-    }
-    while !complete(&got) {
-        let n = s.read(&mut buf)?;
-        if n == 0 {
-            return Err(bad("closed before the body's end"));
-        }
-        got.extend_from_slice(&buf[..n]);
-    }
-    Ok(status)
-}
-
-/// Kubelet's probes (15021) and Prometheus's scrapes (15090), every `every`, from a thread in
-/// the netns until dropped; counts the 200s of each.
+/// Kubelet's probes (15021) and Prometheus's scrapes (15090), every `every`, from inside the
+/// netns (through the agent's own HTTP/1 client, one kept-alive connection per port) until
+/// dropped; counts the 200s of each.
 struct ProbesAndScrapes {
-    stop: Arc<AtomicBool>,
     ok: Arc<[AtomicU64; 2]>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    task: tokio::task::JoinHandle<()>,
 }
 
 impl ProbesAndScrapes {
     fn start(netns: &TestNetns, every: Duration) -> ProbesAndScrapes {
-        let stop = Arc::new(AtomicBool::new(false));
         let ok: Arc<[AtomicU64; 2]> = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
-        let (flag, counts, ns) = (stop.clone(), ok.clone(), netns.ns.clone());
-        let thread = std::thread::spawn(move || {
-            let _ = ns.run(move || {
-                while !flag.load(Ordering::SeqCst) {
-                    for (i, (port, path)) in [
-                        (STATUS_PORT, "/healthz/ready"),
-                        (PROMETHEUS_PORT, "/stats/prometheus"),
-                    ]
-                    .into_iter()
-                    .enumerate()
-                    {
-                        if let Ok(200) = http_get_status(port, path) {
-                            counts[i].fetch_add(1, Ordering::SeqCst);
-                        }
+        let client = |port: u16| {
+            AdminClient::in_netns(netns.ns.clone(), SocketAddr::from(([127, 0, 0, 1], port)))
+                .with_timeouts(Duration::from_millis(500), Duration::from_secs(2))
+        };
+        let targets = [
+            (client(STATUS_PORT), "/healthz/ready"),
+            (client(PROMETHEUS_PORT), "/stats/prometheus"),
+        ];
+        let counts = ok.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                for (i, (c, path)) in targets.iter().enumerate() {
+                    if c.request("GET", path).await.is_ok_and(|r| r.status == 200) {
+                        counts[i].fetch_add(1, Ordering::SeqCst);
                     }
-                    std::thread::sleep(every);
                 }
-            });
+                tokio::time::sleep(every).await;
+            }
         });
-        ProbesAndScrapes {
-            stop,
-            ok,
-            thread: Some(thread),
-        }
+        ProbesAndScrapes { ok, task }
     }
 
     /// 200s so far: (probes, scrapes).
@@ -1091,10 +1030,7 @@ impl ProbesAndScrapes {
 
 impl Drop for ProbesAndScrapes {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.task.abort();
     }
 }
 
