@@ -380,7 +380,7 @@ const PROXY_ID: &str = "b2b2";
 /// cluster `agent`: where kubelet's probes go) and 15090 (`stat_prefix: stats`,
 /// `/stats/prometheus` routed to the admin API through cluster `prometheus_stats`: where
 /// Prometheus scrapes).
-fn bootstrap(filter: Option<&Path>, stats: StatsMatcher) -> String {
+fn bootstrap(filter: Option<&Path>, stats: StatsMatcher) -> Result<String> {
     let wasm = filter.map(|p| {
         format!(
             r#"
@@ -450,14 +450,14 @@ fn bootstrap(filter: Option<&Path>, stats: StatsMatcher) -> String {
         - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }} }}"#
         )
     };
-    format!(
+    Ok(format!(
         r#"admin:
   address: {{ socket_address: {{ address: 127.0.0.1, port_value: 15000 }} }}{}
 static_resources:
   listeners:{}{}{}{}
   clusters:{}{}{}
 "#,
-        stats.yaml(),
+        stats.yaml()?,
         listener("inbound", "INBOUND", 15006),
         listener("outbound", "OUTBOUND", 15001),
         istio_static(STATUS_PORT, "agent", "/healthz/ready", "agent"),
@@ -470,7 +470,7 @@ static_resources:
         cluster("backend", 8080),
         cluster("agent", PILOT_AGENT_STATUS_PORT),
         cluster("prometheus_stats", 15000),
-    )
+    ))
 }
 
 /// Which stats Envoy keeps.
@@ -478,56 +478,38 @@ static_resources:
 enum StatsMatcher {
     /// Every stat (Envoy's default).
     All,
-    /// Istio's default: the `stats_matcher` of tools/packaging/common/envoy_bootstrap.json with
-    /// the inclusions pilot-agent fills in (pkg/bootstrap/config.go at 86c9f01fd73: prefixes
-    /// `cluster_manager,listener_manager,server,cluster.xds-grpc,wasm` plus the template's
-    /// `reporter=`, `component`, `istio`; suffixes `rbac.allowed,rbac.denied,shadow_allowed,
-    /// shadow_denied`; regex `vhost\..*\.route\..*`). Envoy's byte counters are not kept.
+    /// Istio's default (`tests/corpus/istio-stats-matcher.json`, with its sources): Envoy's
+    /// byte counters are not kept.
     IstioDefault,
-    /// Istio's default plus holdfast's mesh config (manifests/mesh-config): the filter's prefix
-    /// and the two byte-counter suffixes.
+    /// Istio's default plus holdfast's mesh config (manifests/mesh-config, whose content the
+    /// manifests test checks): the filter's prefix and the two byte-counter suffixes.
     IstioWithHoldfastMeshConfig,
 }
 
 impl StatsMatcher {
-    fn yaml(self) -> String {
-        let mut prefixes = vec![
-            "reporter=",
-            "cluster_manager",
-            "listener_manager",
-            "server",
-            "cluster.xds-grpc",
-            "wasm",
-            "component",
-            "istio",
-        ];
-        let mut suffixes = vec![
-            "rbac.allowed",
-            "rbac.denied",
-            "shadow_allowed",
-            "shadow_denied",
-        ];
-        match self {
-            StatsMatcher::All => return String::new(),
-            StatsMatcher::IstioDefault => {}
-            StatsMatcher::IstioWithHoldfastMeshConfig => {
-                prefixes.push("wasmcustom.holdfast.");
-                suffixes.extend([
-                    "downstream_cx_rx_bytes_total",
-                    "downstream_cx_tx_bytes_total",
-                ]);
-            }
-        }
-        let mut y =
-            String::from("\nstats_config:\n  stats_matcher:\n    inclusion_list:\n      patterns:");
-        for p in prefixes {
-            y.push_str(&format!("\n      - prefix: \"{p}\""));
-        }
-        for x in suffixes {
-            y.push_str(&format!("\n      - suffix: \"{x}\""));
-        }
-        y.push_str("\n      - safe_regex: { regex: 'vhost\\..*\\.route\\..*' }");
-        y
+    /// The bootstrap's `stats_config` line (JSON, which YAML reads), or nothing for `All`.
+    fn yaml(self) -> Result<String> {
+        let mesh: &[serde_json::Value] = match self {
+            StatsMatcher::All => return Ok(String::new()),
+            StatsMatcher::IstioDefault => &[],
+            StatsMatcher::IstioWithHoldfastMeshConfig => &[
+                serde_json::json!({ "prefix": "wasmcustom.holdfast." }),
+                serde_json::json!({ "suffix": "downstream_cx_rx_bytes_total" }),
+                serde_json::json!({ "suffix": "downstream_cx_tx_bytes_total" }),
+            ],
+        };
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/istio-stats-matcher.json");
+        let istio: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)
+            .with_context(|| format!("{}", path.display()))?;
+        let mut patterns = istio["patterns"]
+            .as_array()
+            .with_context(|| format!("{}: no patterns", path.display()))?
+            .clone();
+        patterns.extend_from_slice(mesh);
+        let config =
+            serde_json::json!({ "stats_matcher": { "inclusion_list": { "patterns": patterns } } });
+        Ok(format!("\nstats_config: {config}"))
     }
 }
 
@@ -627,7 +609,7 @@ impl RealPod {
         });
 
         let config = dir.0.join("envoy.yaml");
-        std::fs::write(&config, bootstrap(filter.as_deref(), stats))?;
+        std::fs::write(&config, bootstrap(filter.as_deref(), stats)?)?;
         let log = std::fs::File::create(dir.0.join("envoy.log"))?;
         let envoy = Proc::spawn(
             netns

@@ -19,10 +19,11 @@
 //!   Inbound upstreams still bind 127.0.0.6 only: IPv6 inbound is not simulated.
 //! - The holdfast filter (`envoy.filters.network.wasm`, root_id `holdfast`, V8) comes first in
 //!   both filter chains, before `tcp_proxy`, when enabled.
-//! - Envoy keeps only the stats Istio's bootstrap keeps ([`IstioStatsMatcher`]): pilot-agent's
-//!   required inclusions plus the mesh's `proxyStatsMatcher`, read from the mesh config holdfast
-//!   ships (manifests/mesh-config/istiooperator.yaml), so every test runs with what a real
-//!   install keeps and drops.
+//! - Envoy keeps only the stats Istio's bootstrap keeps ([`IstioStatsMatcher`]): Istio's own
+//!   patterns (the corpus file the agent's real-Envoy drain test also reads) plus the mesh's
+//!   `proxyStatsMatcher`, read from the mesh config holdfast ships
+//!   (manifests/mesh-config/istiooperator.yaml), so every test runs with what a real install
+//!   keeps and drops.
 
 use std::path::{Path, PathBuf};
 
@@ -155,88 +156,83 @@ impl SidecarConfig {
     }
 }
 
-/// Envoy's `stats_matcher` as pilot-agent writes it into an Istio sidecar's bootstrap
-/// (istio/istio at 86c9f01fd73): the template's fixed patterns (`reporter=`, `component`,
-/// `istio`: tools/packaging/common/envoy_bootstrap.json), the required ones
-/// (pkg/bootstrap/config.go: prefixes `cluster_manager,listener_manager,server,cluster.xds-grpc,
-/// wasm`, the `rbac` suffixes, plus `downstream_cx_active` only with
-/// `EXIT_ON_ZERO_ACTIVE_CONNECTIONS`; the route regex), and the mesh's `proxyStatsMatcher`.
+/// Envoy's `stats_matcher` as pilot-agent writes it into an Istio sidecar's bootstrap: Istio's
+/// own patterns (node-agent/tests/corpus/istio-stats-matcher.json, which names its sources in
+/// istio/istio) and the mesh's `proxyStatsMatcher` inclusions, as Envoy `StringMatcher`s.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct IstioStatsMatcher {
-    pub prefixes: Vec<String>,
-    pub suffixes: Vec<String>,
-    pub regexps: Vec<String>,
+    pub patterns: Vec<Value>,
 }
 
 /// The mesh config holdfast ships, relative to the workspace root.
 pub const SHIPPED_MESH_CONFIG: &str = "manifests/mesh-config/istiooperator.yaml";
+/// Istio's own patterns, relative to the workspace root.
+pub const ISTIO_STATS_MATCHER: &str = "node-agent/tests/corpus/istio-stats-matcher.json";
 
 impl IstioStatsMatcher {
-    /// Istio's matcher with the mesh's `proxyStatsMatcher` inclusions (`mesh`: the
-    /// `inclusionPrefixes` / `inclusionSuffixes` / `inclusionRegexps` object, if any).
-    pub fn new(mesh: Option<&Value>, exit_on_zero_active: bool) -> IstioStatsMatcher {
-        let list = |key: &str| -> Vec<String> {
-            mesh.and_then(|m| m.get(key))
+    /// Istio's matcher (`istio`: the corpus file's JSON) with the mesh's `proxyStatsMatcher`
+    /// (`mesh`: its `inclusionPrefixes` / `inclusionSuffixes` / `inclusionRegexps`, if any).
+    pub fn new(
+        istio: &Value,
+        mesh: Option<&Value>,
+        exit_on_zero_active: bool,
+    ) -> IstioStatsMatcher {
+        let list = |v: &Value, key: &str| -> Vec<Value> {
+            v.get(key)
                 .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(Value::as_str)
-                        .map(String::from)
-                        .collect()
-                })
+                .cloned()
                 .unwrap_or_default()
         };
-        let own = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let mut prefixes = own(&[
-            "reporter=",
-            "cluster_manager",
-            "listener_manager",
-            "server",
-            "cluster.xds-grpc",
-            "wasm",
-            "component",
-            "istio",
-        ]);
-        prefixes.extend(list("inclusionPrefixes"));
-        let mut suffixes = own(&[
-            "rbac.allowed",
-            "rbac.denied",
-            "shadow_allowed",
-            "shadow_denied",
-        ]);
+        let mut patterns = list(istio, "patterns");
         if exit_on_zero_active {
-            suffixes.push("downstream_cx_active".into());
+            patterns.extend(list(istio, "exit_on_zero_active_patterns"));
         }
-        suffixes.extend(list("inclusionSuffixes"));
-        let mut regexps = own(&["vhost\\..*\\.route\\..*"]);
-        regexps.extend(list("inclusionRegexps"));
-        IstioStatsMatcher {
-            prefixes,
-            suffixes,
-            regexps,
+        if let Some(mesh) = mesh {
+            for (key, make) in [
+                (
+                    "inclusionPrefixes",
+                    (|x: Value| json!({ "prefix": x })) as fn(Value) -> Value,
+                ),
+                ("inclusionSuffixes", |x| json!({ "suffix": x })),
+                (
+                    "inclusionRegexps",
+                    |x| json!({ "safe_regex": { "regex": x } }),
+                ),
+            ] {
+                patterns.extend(list(mesh, key).into_iter().map(make));
+            }
         }
+        IstioStatsMatcher { patterns }
     }
 
-    /// Istio's matcher with the mesh config holdfast ships (read from the workspace).
+    /// Istio's matcher with the mesh config holdfast ships (both read from the workspace).
     pub fn shipped(exit_on_zero_active: bool) -> std::io::Result<IstioStatsMatcher> {
-        let path = crate::envoy::workspace_root().join(SHIPPED_MESH_CONFIG);
-        let text = std::fs::read_to_string(&path)?;
-        let doc: Value = serde_saphyr::from_str(&text)
-            .map_err(|e| std::io::Error::other(format!("{} is not YAML: {e}", path.display())))?;
-        let mesh = doc.pointer("/spec/meshConfig/defaultConfig/proxyStatsMatcher");
-        Ok(IstioStatsMatcher::new(mesh, exit_on_zero_active))
+        let root = crate::envoy::workspace_root();
+        let read = |rel: &str| -> std::io::Result<Value> {
+            let path = root.join(rel);
+            let text = std::fs::read_to_string(&path)?;
+            serde_saphyr::from_str(&text)
+                .map_err(|e| std::io::Error::other(format!("{}: {e}", path.display())))
+        };
+        let istio = read(ISTIO_STATS_MATCHER)?;
+        let mesh = read(SHIPPED_MESH_CONFIG)?;
+        Ok(IstioStatsMatcher::new(
+            &istio,
+            mesh.pointer("/spec/meshConfig/defaultConfig/proxyStatsMatcher"),
+            exit_on_zero_active,
+        ))
+    }
+
+    /// Whether Envoy keeps `stat` by a prefix or suffix pattern (regexes are not evaluated).
+    pub fn keeps(&self, stat: &str) -> bool {
+        self.patterns.iter().any(|p| {
+            p["prefix"].as_str().is_some_and(|x| stat.starts_with(x))
+                || p["suffix"].as_str().is_some_and(|x| stat.ends_with(x))
+        })
     }
 
     fn stats_config(&self) -> Value {
-        let mut patterns: Vec<Value> = Vec::new();
-        patterns.extend(self.prefixes.iter().map(|p| json!({ "prefix": p })));
-        patterns.extend(self.suffixes.iter().map(|x| json!({ "suffix": x })));
-        patterns.extend(
-            self.regexps
-                .iter()
-                .map(|r| json!({ "safe_regex": { "regex": r } })),
-        );
-        json!({ "stats_matcher": { "inclusion_list": { "patterns": patterns } } })
+        json!({ "stats_matcher": { "inclusion_list": { "patterns": self.patterns } } })
     }
 }
 
@@ -301,10 +297,6 @@ mod tests {
     #[test]
     fn the_shipped_mesh_config_keeps_what_holdfast_reads() {
         let m = IstioStatsMatcher::shipped(false).expect("the shipped mesh config");
-        let kept = |stat: &str| {
-            m.prefixes.iter().any(|p| stat.starts_with(p.as_str()))
-                || m.suffixes.iter().any(|x| stat.ends_with(x.as_str()))
-        };
         for stat in [
             "server.state",
             "listener_manager.workers_started",
@@ -312,14 +304,12 @@ mod tests {
             "tcp.PassthroughCluster.downstream_cx_rx_bytes_total",
             "http.admin.downstream_cx_tx_bytes_total",
         ] {
-            assert!(kept(stat), "{stat} dropped by {m:?}");
+            assert!(m.keeps(stat), "{stat} dropped by {m:?}");
         }
-        assert!(!kept("listener.0.0.0.0_15001.downstream_cx_active"));
+        assert!(!m.keeps("listener.0.0.0.0_15001.downstream_cx_active"));
         assert!(IstioStatsMatcher::shipped(true)
             .expect("shipped")
-            .suffixes
-            .iter()
-            .any(|x| x == "downstream_cx_active"));
+            .keeps("listener.0.0.0.0_15001.downstream_cx_active"));
         let c = SidecarConfig {
             stats_matcher: Some(m),
             ..cfg(false)
