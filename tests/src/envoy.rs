@@ -29,7 +29,7 @@
 //! Errors are `anyhow`: every caller is a test or a binary, and the messages carry Envoy's log
 //! tail, which is what a person needs to see.
 
-use holdfast::effects::envoy_admin::{regex_escape, Stats};
+use holdfast::effects::envoy_admin::{percent_encode, regex_escape, Stats};
 use holdfast::lifecycle::drain::in_flight::{self, DrainSample};
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -694,18 +694,6 @@ pub fn parse_stats(text: &str) -> BTreeMap<String, String> {
         .filter_map(|l| l.split_once(": "))
         .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
         .collect()
-}
-
-fn percent_encode(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 fn parse_http_response(raw: &[u8]) -> anyhow::Result<AdminResponse> {
