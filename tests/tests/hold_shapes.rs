@@ -2,7 +2,8 @@
 //! the simulated node with real Envoy.
 //!
 //! - An IPv6-first dual-stack pod (Istio's ip6tables rules, admin on `[::1]:15000`, the app
-//!   calling over IPv6): held and released, nothing refused.
+//!   calling over IPv6): held and released, nothing refused; then deleted, and its drain reads
+//!   Envoy's byte counters over `[::1]`.
 //! - DNS capture (`ISTIO_META_DNS_CAPTURE`): the app's first step is a lookup through the
 //!   system resolver, redirected to pilot-agent's 15053, which listens 2 s late: the lookup waits
 //!   and is answered at the release (without the agent the first query is lost and glibc's
@@ -21,7 +22,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use holdfast::api::HoldOutcome;
+use holdfast::api::{DrainOutcome, HoldOutcome, QuitReason};
 use holdfast_tests::agent::AgentProcess;
 use holdfast_tests::sim::report::AppReport;
 use holdfast_tests::sim::{
@@ -180,6 +181,28 @@ fn ipv6_first_pod_is_held_and_released() {
         hold_rules(&node, "v6", "ip6tables").is_empty(),
         "IPv6 rule left after release"
     );
+
+    // The drain of the IPv6-first pod: its samples go to the admin API on [::1], under Istio's
+    // stats matcher with holdfast's mesh config, and read Envoy's byte counters there (the
+    // app's IPv6 calls moved them).
+    node.delete_pod("v6").expect("delete");
+    node.wait_gone("v6", Duration::from_secs(30))
+        .expect("pod terminates");
+    let drain = agent
+        .pod("default", "v6")
+        .expect("agent status")
+        .and_then(|row| row.drain)
+        .expect("a drain report");
+    assert_eq!(drain.outcome, DrainOutcome::AppDone, "{drain:?}");
+    assert!(
+        matches!(drain.quit_reason, Some(QuitReason::Idle(_))),
+        "{drain:?}"
+    );
+    assert!(
+        drain.last_traffic_bytes.is_some_and(|b| b > 0),
+        "Envoy's byte counters read over [::1]: {drain:?}"
+    );
+    assert_eq!(drain.advice, None, "{drain:?}");
     assert_clean(node, Some(agent));
 }
 
