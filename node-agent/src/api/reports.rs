@@ -61,8 +61,9 @@ pub struct DrainReport {
     pub deadline_meaning: TimestampMeaning,
     /// `POST /drain_listeners?inboundonly&graceful` succeeded.
     pub inbound_drained: bool,
-    /// `POST /healthcheck/fail` succeeded.
-    pub health_failed: bool,
+    /// The pod's Envoy version, from `/server_info` at the drain's start (`None`: not read).
+    #[serde(default)]
+    pub envoy_version: Option<String>,
     /// When the app's last process exit was seen (or the app was otherwise seen gone).
     #[serde(with = "super::time::rfc3339::option", default)]
     pub app_gone_at: Option<SystemTime>,
@@ -209,7 +210,7 @@ impl DrainReport {
             deadline_at: None,
             deadline_meaning: TimestampMeaning::RequestTime,
             inbound_drained: false,
-            health_failed: false,
+            envoy_version: None,
             app_gone_at: None,
             quit_sent_at: None,
             quit_reason: None,

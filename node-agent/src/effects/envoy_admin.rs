@@ -1,8 +1,7 @@
 //! A small async client for Envoy's admin API, reached inside a pod's network namespace.
 //!
 //! Owns the agent's conversation with Envoy: `GET /ready`, `GET /stats?filter=...`, and the
-//! `POST`s of the drain (`/drain_listeners?inboundonly&graceful`, `/healthcheck/fail`,
-//! `/quitquitquit`). The socket is created in the pod's netns ([`PodNetns::connect_tcp`]) and
+//! `POST`s of the drain (`/drain_listeners?inboundonly&graceful`, `/quitquitquit`). The socket is created in the pod's netns ([`PodNetns::connect_tcp`]) and
 //! handed to tokio, so the runtime stays in the host's netns. Tests plug in another connector to
 //! reach a fake server on 127.0.0.1 without a netns.
 //!
@@ -371,8 +370,7 @@ impl AdminClient {
         Ok(stats)
     }
 
-    /// `POST <path>` (e.g. `/drain_listeners?inboundonly&graceful`, `/healthcheck/fail`,
-    /// `/quitquitquit`); any non-2xx status is an error. For `/quitquitquit`, a connection closed
+    /// `POST <path>` (e.g. `/drain_listeners?inboundonly&graceful`, `/quitquitquit`); any non-2xx status is an error. For `/quitquitquit`, a connection closed
     /// or reset after the request was written is success (`closed_early`): Envoy exits as asked,
     /// and may do so before its `200 OK` reaches us.
     pub async fn post(&self, path: &str) -> Result<Response> {

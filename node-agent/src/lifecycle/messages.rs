@@ -20,7 +20,7 @@ pub struct Now {
 pub enum Seen {
     /// Ready: hold no longer needed.
     Ready,
-    /// Envoy listens but is not ready (starting, or draining after a `/healthcheck/fail`).
+    /// Envoy listens but is not ready (starting, or shutting down).
     Up,
     /// Envoy runs (its admin port listens) but its capture ports do not listen yet.
     Starting,

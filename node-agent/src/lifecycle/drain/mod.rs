@@ -1,9 +1,10 @@
 //! The end of a pod's proxy: the drain when the pod is deleted, and the quit when a Job's app
 //! has finished.
 //!
-//! - [`drain`]: on deletion, drain Envoy's inbound listeners and fail its health check at once
-//!   (outbound keeps working), watch the app's processes exit ([`app_exit`]) and what is in
-//!   flight (the filter's connection counts, Envoy's byte counters: [`in_flight`]), and
+//! - [`drain`]: on deletion, drain Envoy's inbound listeners at once, as pilot-agent does, and
+//!   nothing that touches outbound ([`envoy_version`] says why and what each Envoy version does
+//!   with the call), watch the app's processes exit ([`app_exit`]) and what is in flight (the
+//!   filter's connection counts, Envoy's byte counters: [`in_flight`]), and
 //!   `POST /quitquitquit` as soon as the app is gone and nothing is in flight — or at the
 //!   deadline ([`plan`]) derived from the grace period.
 //! - [`finish_job`]: for a pod that is not being deleted, quit the proxy once every app
@@ -20,6 +21,7 @@
 
 pub mod app_exit;
 pub mod decide;
+pub mod envoy_version;
 pub mod in_flight;
 pub mod plan;
 
@@ -51,9 +53,9 @@ pub use crate::config::DrainSettings;
 use crate::effects::envoy_admin::AdminClient;
 use crate::pod::{Deletion, PodKey, PodView, DEFAULT_GRACE};
 
-/// Envoy admin paths the drain uses.
-pub const DRAIN_INBOUND_PATH: &str = "/drain_listeners?inboundonly&graceful";
-pub const HEALTHCHECK_FAIL_PATH: &str = "/healthcheck/fail";
+/// Envoy admin paths the drain uses (the inbound drain's is decided in [`envoy_version`]).
+pub use envoy_version::DRAIN_INBOUND_PATH;
+pub const SERVER_INFO_PATH: &str = "/server_info";
 pub const QUIT_PATH: &str = "/quitquitquit";
 
 /// Most errors kept in a report (the count is kept in full).
@@ -112,6 +114,8 @@ pub trait ProxyAdmin: Send + Sync {
     ) -> impl Future<Output = Result<DrainSample, AdminFailure>> + Send;
     /// Any answer from the admin API (`GET /ready`, whatever the state).
     fn probe(&self) -> impl Future<Output = Result<(), AdminFailure>> + Send;
+    /// The body of `GET /server_info` (JSON; its `version` decides the inbound drain call).
+    fn server_info(&self) -> impl Future<Output = Result<Vec<u8>, AdminFailure>> + Send;
 }
 
 impl ProxyAdmin for AdminClient {
@@ -134,6 +138,20 @@ impl ProxyAdmin for AdminClient {
 
     async fn probe(&self) -> Result<(), AdminFailure> {
         self.ready().await.map(|_| ()).map_err(AdminFailure::from)
+    }
+
+    async fn server_info(&self) -> Result<Vec<u8>, AdminFailure> {
+        let response = self.request("GET", SERVER_INFO_PATH).await?;
+        if response.status != 200 {
+            return Err(AdminFailure {
+                refused: false,
+                message: format!(
+                    "Envoy admin: GET {SERVER_INFO_PATH} answered HTTP {}",
+                    response.status
+                ),
+            });
+        }
+        Ok(response.body)
     }
 }
 
@@ -243,12 +261,20 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
             return d.deadline_quit(report, &app, snapshot.live, None, remaining).await;
         }
         r = async {
-            let inbound = d.post_retrying(DRAIN_INBOUND_PATH).await;
-            let health = d.post_retrying(HEALTHCHECK_FAIL_PATH).await;
-            (inbound, health)
+            // Which call drains inbound depends on the Envoy (envoy_version.rs); one request,
+            // and a failure only means "as for a current Envoy".
+            let version = d.envoy_version().await;
+            let call = envoy_version::inbound_drain(version);
+            (d.post_retrying(call.path).await, version, call.advice)
         } => r,
     };
-    (report.inbound_drained, report.health_failed) = inbound;
+    let (drained, version, advice) = inbound;
+    report.inbound_drained = drained;
+    report.envoy_version = version.map(|v| v.to_string());
+    if let Some(advice) = advice {
+        tracing::warn!("{advice}");
+        add_advice(&mut report, advice);
+    }
 
     let mut judge = InFlightJudge::new(settings.idle_window);
     let mut unexposed = UnexposedBytes::default();
@@ -281,12 +307,9 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                         sample.traffic.exposed.then_some(sample.traffic.total);
                     let now = Instant::now();
                     let j = judge.observe(now.into_std(), &sample);
-                    if gone
-                        && unexposed.notice(now, &sample, j, settings.idle_window)
-                        && report.advice.is_none()
-                    {
+                    if gone && unexposed.notice(now, &sample, j, settings.idle_window) {
                         tracing::warn!("{UNEXPOSED_BYTES_ADVICE}");
-                        report.advice = Some(UNEXPOSED_BYTES_ADVICE.to_string());
+                        add_advice(&mut report, UNEXPOSED_BYTES_ADVICE.to_string());
                     }
                     judgement = Some(j);
                 }
@@ -347,7 +370,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                     deletion.grace.as_secs()
                 );
                 tracing::warn!("{advice}");
-                report.advice = Some(advice);
+                add_advice(&mut report, advice);
                 return d.finish(report, DrainOutcome::ProxyGoneEarly, &app);
             }
             decide::DrainNext::Quit(reason) => {
@@ -409,6 +432,14 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
             snapshot = app.refresh(&current).await;
         }
     }
+}
+
+/// Adds `advice` to the report's, after any already there (each is one sentence or more).
+fn add_advice(report: &mut DrainReport, advice: String) {
+    report.advice = Some(match report.advice.take() {
+        Some(before) => format!("{before}. {advice}"),
+        None => advice,
+    });
 }
 
 /// Notices a drain (or Job quit) that has waited a whole idle window only because Envoy keeps
@@ -576,6 +607,27 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
         (report.quit_sent_at, report.proxy_exit_seen_at) = self.quit().await;
         report.quit_reason = Some(QuitReason::OutOfTime);
         self.finish(report, DrainOutcome::Deadline, app)
+    }
+
+    /// The Envoy version from `/server_info`, once per drain; `None` when it cannot be read or
+    /// parsed (logged, not an error of the drain: the call for a current Envoy follows).
+    async fn envoy_version(&mut self) -> Option<envoy_version::EnvoyVersion> {
+        let admin = self.admin;
+        match self.call("GET /server_info", admin.server_info()).await {
+            Ok(body) => {
+                let version = envoy_version::EnvoyVersion::from_server_info(&body);
+                if version.is_none() {
+                    tracing::debug!(
+                        "no Envoy version in /server_info; draining as for a current Envoy"
+                    );
+                }
+                version
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read /server_info; draining as for a current Envoy");
+                None
+            }
+        }
     }
 
     /// One sample of the counts. `Err(())` when it failed (already recorded).

@@ -86,6 +86,8 @@ struct AdminState {
     /// Envoy keeps no byte counters (a stats matcher drops them).
     bytes_unexposed: bool,
     stats_calls: u32,
+    /// `/server_info`'s body (`None`: the request fails, not refused).
+    server_info: Option<Vec<u8>>,
 }
 
 impl FakeAdmin {
@@ -95,6 +97,9 @@ impl FakeAdmin {
             let mut s = admin.state.lock().unwrap();
             s.counts = counts;
             s.quit_exits = true;
+            s.server_info = Some(
+                br#"{"version":"9e55809/1.40.0/Clean/RELEASE/BoringSSL","state":"LIVE"}"#.to_vec(),
+            );
         }
         admin
     }
@@ -162,6 +167,17 @@ impl ProxyAdmin for FakeAdmin {
 
     async fn probe(&self) -> Result<(), AdminFailure> {
         self.with(|s| if s.gone { Err(refused()) } else { Ok(()) })
+    }
+
+    async fn server_info(&self) -> Result<Vec<u8>, AdminFailure> {
+        self.with(|s| match (&s.server_info, s.gone) {
+            (_, true) => Err(refused()),
+            (Some(body), false) => Ok(body.clone()),
+            (None, false) => Err(AdminFailure {
+                refused: false,
+                message: "GET /server_info answered HTTP 404".into(),
+            }),
+        })
     }
 }
 
@@ -318,6 +334,54 @@ async fn job_during(
     tokio::join!(run, meanwhile).0
 }
 
+/// The Envoy version only adds advice: an Envoy older than 1.34, whose inbound-only graceful
+/// drain drains outbound too (envoyproxy/envoy#35020), gets the same call as pilot-agent sends,
+/// and the report says why its outbound keep-alives close; an unreadable or garbled
+/// `/server_info` drains as for a current Envoy.
+#[tokio::test]
+async fn envoy_version_decides_advice_not_the_call() {
+    for (info, version, advised) in [
+        (
+            Some(&br#"{"version":"abc/1.33.2/Clean/RELEASE/BoringSSL"}"#[..]),
+            Some("1.33.2"),
+            true,
+        ),
+        (Some(&b"<html>not json</html>"[..]), None, false),
+        (None, None, false),
+    ] {
+        let mut pod = Pod::new();
+        let admin = FakeAdmin::new(Some(counts(0)));
+        admin.with(|s| s.server_info = info.map(<[u8]>::to_vec));
+        let (_tx, rx) = watch::channel(Some(deleted_running_app()));
+        let settings = fast_settings();
+        let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            pod.app.kill();
+        })
+        .await;
+        assert_eq!(report.outcome, DrainOutcome::AppDone, "{report:?}");
+        assert_eq!(
+            admin.paths(),
+            vec![DRAIN_INBOUND_PATH, QUIT_PATH],
+            "{info:?}"
+        );
+        assert_eq!(report.envoy_version.as_deref(), version);
+        assert_eq!(
+            report
+                .advice
+                .as_deref()
+                .is_some_and(|a| a.contains("35020")),
+            advised,
+            "{report:?}"
+        );
+        assert!(
+            report.errors.is_empty(),
+            "not a drain error: {:?}",
+            report.errors
+        );
+    }
+}
+
 #[tokio::test]
 async fn quits_as_soon_as_the_app_exits() {
     let mut pod = Pod::new();
@@ -332,11 +396,11 @@ async fn quits_as_soon_as_the_app_exits() {
     })
     .await;
     assert_eq!(report.outcome, DrainOutcome::AppDone, "{report:?}");
-    assert_eq!(
-        admin.paths(),
-        vec![DRAIN_INBOUND_PATH, HEALTHCHECK_FAIL_PATH, QUIT_PATH]
-    );
-    assert!(report.inbound_drained && report.health_failed);
+    // The inbound drain and the quit, nothing that touches outbound (no /healthcheck/fail).
+    assert_eq!(admin.paths(), vec![DRAIN_INBOUND_PATH, QUIT_PATH]);
+    assert!(report.inbound_drained);
+    assert_eq!(report.envoy_version.as_deref(), Some("1.40.0"));
+    assert_eq!(report.advice, None);
     assert_eq!(
         report.quit_reason,
         Some(QuitReason::Idle(IdleReason::NoOutboundConnections))
@@ -840,7 +904,7 @@ fn reports_serialize() {
         deadline_at: None,
         deadline_meaning: TimestampMeaning::KillTime,
         inbound_drained: true,
-        health_failed: true,
+        envoy_version: Some("1.36.4".into()),
         app_gone_at: None,
         quit_sent_at: None,
         quit_reason: Some(QuitReason::Idle(IdleReason::NoBytesMoved {
