@@ -67,7 +67,7 @@ fn listener(name: &str, port: u16, filter: Option<&PathBuf>) -> String {
 }
 
 fn start_envoy(t: &TestNetns, filter: Option<&PathBuf>) -> Result<Envoy> {
-    let binary = workspace_file("target/bin/envoy");
+    let binary = support::envoy_binary();
     ensure!(binary.exists(), "no Envoy at {}", binary.display());
     let dir = std::env::temp_dir().join(format!("hf-readiness-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);

@@ -26,6 +26,24 @@ pub fn privileged(test: &str) -> bool {
     false
 }
 
+/// The Envoy the real-Envoy tests run: `$HOLDFAST_ENVOY` (`just test` sets it to run them again
+/// on the Envoy of the newest Istio), else `target/bin/envoy` (`just setup`).
+pub fn envoy_binary() -> std::path::PathBuf {
+    std::env::var_os("HOLDFAST_ENVOY")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bin/envoy"))
+}
+
+/// `x.y.z` of an Envoy binary, from `envoy --version` (`…version: <sha>/1.36.4/Clean/…`).
+pub fn envoy_version_of(binary: &Path) -> Result<String> {
+    let out = run(&binary.to_string_lossy(), &["--version"])?;
+    out.split("version: ")
+        .nth(1)
+        .and_then(|v| v.split('/').nth(1))
+        .map(str::to_string)
+        .with_context(|| format!("no version in {out:?}"))
+}
+
 pub fn run(program: &str, args: &[&str]) -> Result<String> {
     let out = Command::new(program)
         .args(args)

@@ -5,8 +5,9 @@
 //! - `istio-init`: installs Istio's nat rules in the current netns (the init container).
 //! - `pilot-agent`: starts Envoy as uid 1337 and applies pilot-agent's drain on SIGTERM.
 //! - `app`: the app container, scripted by flags; writes a JSON-lines report.
-//! - `remote`: the remote services (`ping\n` → `pong\n`, also on [`REMOTE_IP6`]) and the cluster
-//!   DNS (port 53 on both addresses), prints `ready` once listening.
+//! - `remote`: the remote services (`ping\n` → `pong\n`, and HTTP/1.1 on 8080; also on
+//!   [`REMOTE_IP6`]) and the cluster DNS (port 53 on both addresses), prints `ready` once
+//!   listening.
 //! - `dns-proxy`: pilot-agent's DNS proxy on localhost:15053 (started by `pilot-agent`).
 
 use std::io::Write;
@@ -18,6 +19,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 use holdfast_tests::sim::apps::{self, AppArgs, TermSignal};
 use holdfast_tests::sim::dns::{self, NameTable};
+use holdfast_tests::sim::http_calls;
 use holdfast_tests::sim::istio_init::{self, InitOptions};
 use holdfast_tests::sim::netns::REMOTE_IP6;
 use holdfast_tests::sim::pilot_agent::{self, PilotAgentArgs};
@@ -156,6 +158,24 @@ fn main() -> anyhow::Result<()> {
             if !ipv4_only {
                 if let Err(e) = dns::serve(SocketAddr::from((REMOTE_IP6, 53)), table) {
                     eprintln!("remote: no cluster DNS on [{REMOTE_IP6}]:53: {e}");
+                }
+            }
+            // The HTTP service (an Istio `http` service port), on both addresses too.
+            let http = SocketAddr::new(listen.ip(), http_calls::REMOTE_HTTP_PORT);
+            let lh = TcpListener::bind(http)
+                .map_err(|e| anyhow::anyhow!("remote HTTP service cannot listen on {http}: {e}"))?;
+            std::thread::Builder::new()
+                .name("http".into())
+                .spawn(move || http_calls::serve_http(lh))?;
+            if !ipv4_only {
+                let http6 = SocketAddr::from((REMOTE_IP6, http_calls::REMOTE_HTTP_PORT));
+                match TcpListener::bind(http6) {
+                    Ok(l6) => {
+                        std::thread::Builder::new()
+                            .name("http6".into())
+                            .spawn(move || http_calls::serve_http(l6))?;
+                    }
+                    Err(e) => eprintln!("remote: no HTTP service on {http6}: {e}"),
                 }
             }
             println!("ready");

@@ -141,6 +141,11 @@ pub struct AppArgs {
     /// Keep-alive pool size.
     #[arg(long, default_value_t = 2)]
     pub pool: usize,
+    /// Call the remote's HTTP service (port 8080 on --remote's address) every N ms over one
+    /// pooled HTTP/1.1 and one HTTP/2 connection ([`super::http_calls`]), through SIGTERM and
+    /// --after-sigterm-ms past it, then exit 0 (instead of the ping calls).
+    #[arg(long)]
+    pub http_every_ms: Option<u64>,
     /// After SIGTERM keep calling for N ms, then exit 0.
     #[arg(long, default_value_t = 0)]
     pub after_sigterm_ms: u64,
@@ -400,6 +405,22 @@ pub fn run_app(args: &AppArgs, term: &TermSignal) -> io::Result<i32> {
     if startup_failed {
         // Like an app that cannot fetch its config: crash, and let kubelet restart it.
         return exit(1);
+    }
+
+    if let Some(every) = args.http_every_ms {
+        let http = SocketAddr::new(remote.ip(), super::http_calls::REMOTE_HTTP_PORT);
+        super::http_calls::call_through_shutdown(
+            &report,
+            term,
+            http,
+            Duration::from_millis(every),
+            Duration::from_millis(args.after_sigterm_ms),
+            timeout,
+        )?;
+        if let Some(at_ms) = term.received_at_ms() {
+            report.record(&AppEvent::Sigterm { at_ms });
+        }
+        return exit(0);
     }
 
     let mut pool = Pool::new(remote, args.pool, timeout);

@@ -6,7 +6,15 @@
 //!
 //! - OUTBOUND listener on 15001 (`virtualOutbound`): the `original_dst` listener filter restores the
 //!   destination the app dialled before the REDIRECT, and `tcp_proxy` forwards to the ORIGINAL_DST
-//!   `PassthroughCluster`.
+//!   `PassthroughCluster`. With `use_original_dst` (pilot/pkg/networking/core/listener_builder.go)
+//!   a connection whose restored destination port has a listener of its own is handed to it:
+//! - OUTBOUND HTTP listener `0.0.0.0_8080` for the remote's HTTP service port, as Istio builds one
+//!   per `http` service port (pilot/pkg/networking/core/listener.go: `bind_to_port: false`, an
+//!   HTTP connection manager with `stat_prefix` `outbound_0.0.0.0_8080;` — the direction, the
+//!   listener name and Istio's `;` delimiter, util.DelimitedStatsPrefix), routing to the
+//!   `PassthroughCluster` as Istio's `allow_any` virtual host does. HTTP/1.1 and HTTP/2 (h2c)
+//!   downstream; HTTP/1.1 to the service. This is where a drain that touches outbound shows:
+//!   `Connection: close` and GOAWAY come from an HTTP connection manager, never a `tcp_proxy`.
 //! - INBOUND listener on 15006 (`virtualInbound`): `original_dst` again, and `tcp_proxy` to the
 //!   ORIGINAL_DST `InboundPassthroughCluster` with the upstream bound to 127.0.0.6, as Istio does.
 //!   We chose this over a static cluster to 127.0.0.1:<app port> because it exercises the real
@@ -78,13 +86,15 @@ impl SidecarConfig {
         b
     }
 
-    /// The LDS response: the outbound and inbound capture listeners.
+    /// The LDS response: the outbound and inbound capture listeners, and the outbound HTTP
+    /// listener of the remote's HTTP port.
     pub fn listeners(&self) -> Value {
         json!({
             "version_info": "1",
             "resources": [
                 self.listener("virtualOutbound", OUTBOUND_PORT, "OUTBOUND", "PassthroughCluster"),
                 self.listener("virtualInbound", INBOUND_PORT, "INBOUND", "InboundPassthroughCluster"),
+                self.http_listener(super::http_calls::REMOTE_HTTP_PORT),
             ]
         })
     }
@@ -131,12 +141,63 @@ impl SidecarConfig {
             "address": socket(wildcards.first().copied().unwrap_or("0.0.0.0"), port),
             "additional_addresses": additional,
             "traffic_direction": direction,
+            // Istio sets it on virtualOutbound (listener_builder.go); on virtualInbound it has no
+            // listener to hand connections to.
+            "use_original_dst": direction == "OUTBOUND",
             "listener_filters": [{
                 "name": "envoy.filters.listener.original_dst",
                 "typed_config": {
                     "@type": "type.googleapis.com/envoy.extensions.filters.listener.original_dst.v3.OriginalDst"
                 }
             }],
+            "filter_chains": [{ "filters": filters }],
+        })
+    }
+
+    /// The outbound HTTP listener of one service port (see the module docs), the holdfast
+    /// filter first when enabled, as a WasmPlugin of type NETWORK puts it.
+    fn http_listener(&self, port: u16) -> Value {
+        let wildcard = if self.families.ipv6_first() {
+            "::"
+        } else {
+            "0.0.0.0"
+        };
+        let name = format!("{wildcard}_{port}");
+        let mut filters = Vec::new();
+        if let Some(module) = &self.filter {
+            filters.push(wasm_filter(module, &self.filter_config));
+        }
+        filters.push(json!({
+            "name": "envoy.filters.network.http_connection_manager",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                "stat_prefix": format!("outbound_{name};"),
+                "codec_type": "AUTO",
+                "route_config": {
+                    "name": port.to_string(),
+                    "virtual_hosts": [{
+                        "name": "allow_any",
+                        "domains": ["*"],
+                        "routes": [{
+                            "match": { "prefix": "/" },
+                            "route": { "cluster": "PassthroughCluster", "timeout": "0s" }
+                        }]
+                    }]
+                },
+                "http_filters": [{
+                    "name": "envoy.filters.http.router",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+                    }
+                }]
+            }
+        }));
+        json!({
+            "@type": "type.googleapis.com/envoy.config.listener.v3.Listener",
+            "name": name,
+            "address": socket(wildcard, port),
+            "bind_to_port": false,
+            "traffic_direction": "OUTBOUND",
             "filter_chains": [{ "filters": filters }],
         })
     }
@@ -372,6 +433,25 @@ mod tests {
         assert_eq!(
             inb["filter_chains"][0]["filters"][1]["typed_config"]["cluster"],
             "InboundPassthroughCluster"
+        );
+    }
+
+    #[test]
+    fn http_service_port_has_an_istio_shaped_outbound_listener() {
+        let l = cfg(true).listeners();
+        assert_eq!(l["resources"][0]["use_original_dst"], true);
+        assert_eq!(l["resources"][1]["use_original_dst"], false);
+        let http = &l["resources"][2];
+        assert_eq!(http["name"], "0.0.0.0_8080");
+        assert_eq!(http["bind_to_port"], false);
+        assert_eq!(http["traffic_direction"], "OUTBOUND");
+        let filters = http["filter_chains"][0]["filters"]
+            .as_array()
+            .expect("array");
+        assert_eq!(filters[0]["name"], "envoy.filters.network.wasm");
+        assert_eq!(
+            filters[1]["typed_config"]["stat_prefix"],
+            "outbound_0.0.0.0_8080;"
         );
     }
 

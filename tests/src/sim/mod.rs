@@ -13,6 +13,9 @@
 //! - [`pilot_agent`]: the pilot-agent stand-in (starts Envoy as uid 1337, drains on SIGTERM).
 //! - [`bootstrap`]: the sidecar's Envoy configuration (Istio-shaped listeners, holdfast filter).
 //! - [`apps`]: the app containers, remote services and pause process (`sim-app` subcommands).
+//! - [`http_calls`]: pooled HTTP/1.1 and HTTP/2 calls through the sidecar's outbound HTTP
+//!   listener, counting `Connection: close` and GOAWAY as the app sees them; the remote's HTTP
+//!   server.
 //! - [`dns`]: the cluster DNS and pilot-agent DNS proxy stand-ins (A/AAAA from a static table).
 //! - [`report`]: the apps' JSON-lines reports.
 //! - [`netns`], [`cgroup`], [`process`]: Linux plumbing (the only `unsafe` is in `process`).
@@ -33,6 +36,7 @@ pub mod apps;
 pub mod bootstrap;
 pub mod cgroup;
 pub mod dns;
+pub mod http_calls;
 pub mod istio_init;
 pub mod kubelet;
 pub mod netns;
@@ -45,7 +49,7 @@ pub mod spec;
 
 pub use node::{sim_app_binary, NodeOptions, Runtime, SimNode, REMOTE_PORT};
 pub use pod_object::{PodPhase, PodView, PROXY_CONTAINER};
-pub use report::{AppReport, CallCounts, CallError, Phase};
+pub use report::{AppReport, CallCounts, CallError, HttpProto, HttpTally, Phase};
 pub use spec::{AppScript, IpFamilies, PodSpec, RestartPolicy};
 
 use std::io::Read;

@@ -390,13 +390,19 @@ impl PodView {
                 block_owner_deletion: Some(true),
             }]);
         }
-        let annotations = BTreeMap::from([(
+        let mut annotations = BTreeMap::from([(
             "sidecar.istio.io/status".to_string(),
             format!(
                 "{{\"initContainers\":[\"{}\"],\"containers\":[\"{PROXY_CONTAINER}\"],\"volumes\":[],\"imagePullSecrets\":null,\"revision\":\"default\"}}",
                 self.init_name()
             ),
         )]);
+        if !s.holdfast_enabled {
+            annotations.insert(
+                holdfast::config::ANNOTATION_ENABLED.to_string(),
+                "false".to_string(),
+            );
+        }
         let grace_secs = s.grace.as_secs() as i64;
         let metadata = ObjectMeta {
             name: Some(s.name.clone()),

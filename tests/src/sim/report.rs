@@ -39,6 +39,28 @@ pub enum Phase {
     AfterSigterm,
 }
 
+/// The protocol of an [`AppEvent::HttpCall`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HttpProto {
+    Http1,
+    Http2,
+}
+
+/// What an app's pooled HTTP calls of one protocol saw in some phases.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HttpTally {
+    pub ok: u32,
+    pub failed: u32,
+    /// Responses with `Connection: close` (HTTP/1.1), or calls that ended with a GOAWAY on
+    /// their connection (HTTP/2).
+    pub closing: u32,
+    /// HTTP/2 GOAWAY frames received in all (0 for HTTP/1.1).
+    pub goaways: u32,
+    /// Connections the app opened in all (the whole run).
+    pub connections: u32,
+}
+
 /// Why a call failed, as the app's socket reported it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum CallError {
@@ -110,6 +132,23 @@ pub enum AppEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<String>,
         latency_ms: u64,
+    },
+    /// One HTTP request on a pooled connection ([`super::http_calls`]), recorded when it ended.
+    HttpCall {
+        at_ms: u64,
+        proto: HttpProto,
+        phase: Phase,
+        ok: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<CallError>,
+        latency_ms: u64,
+        /// Ordinal of the connection the call used (1 = the first the app opened).
+        connection: u32,
+        /// HTTP/1.1: the response said `Connection: close`; HTTP/2: a GOAWAY had arrived on the
+        /// connection by the end of the call. Either way the app must open a new connection.
+        closing: bool,
+        /// HTTP/2 GOAWAY frames received so far, on every connection (0 for HTTP/1.1).
+        goaways: u32,
     },
     /// One inbound request the app served.
     Served { at_ms: u64 },
@@ -224,6 +263,39 @@ impl AppReport {
             events.push(serde_json::from_str(line).map_err(|e| (i + 1, e))?);
         }
         Ok(AppReport { events })
+    }
+
+    /// Tallies the pooled HTTP calls of `proto` made in any of `phases`; `connections` and
+    /// `goaways` count the whole run (a connection opened before the phase and kept is one).
+    pub fn http(&self, proto: HttpProto, phases: &[Phase]) -> HttpTally {
+        let mut t = HttpTally::default();
+        for e in &self.events {
+            if let AppEvent::HttpCall {
+                proto: p,
+                phase,
+                ok,
+                connection,
+                closing,
+                goaways,
+                ..
+            } = e
+            {
+                if *p != proto {
+                    continue;
+                }
+                t.connections = t.connections.max(*connection);
+                t.goaways = t.goaways.max(*goaways);
+                if phases.contains(phase) {
+                    if *ok {
+                        t.ok += 1;
+                    } else {
+                        t.failed += 1;
+                    }
+                    t.closing += u32::from(*closing);
+                }
+            }
+        }
+        t
     }
 
     /// Counts calls made in `phase`.

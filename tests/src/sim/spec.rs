@@ -82,6 +82,14 @@ pub enum AppScript {
         pool: usize,
         after_sigterm: Duration,
     },
+    /// A service whose HTTP client pools its connections: one HTTP/1.1 keep-alive connection and
+    /// one HTTP/2 connection to the remote's HTTP service (through the sidecar's outbound HTTP
+    /// listener `0.0.0.0_8080`), a call on each every `every`, through SIGTERM and for
+    /// `after_sigterm` after it, then exit 0 ([`super::http_calls`]).
+    HttpThroughShutdown {
+        every: Duration,
+        after_sigterm: Duration,
+    },
     /// A batch job: `calls` calls (each retried for up to 10 s, as job runners retry), then exit
     /// with `exit_code`.
     Batch { calls: u32, exit_code: i32 },
@@ -114,6 +122,17 @@ impl AppScript {
                     ms(every),
                     "--pool".into(),
                     pool.to_string(),
+                    "--after-sigterm-ms".into(),
+                    ms(after_sigterm),
+                ]);
+            }
+            AppScript::HttpThroughShutdown {
+                every,
+                after_sigterm,
+            } => {
+                a.extend([
+                    "--http-every-ms".into(),
+                    ms(every),
                     "--after-sigterm-ms".into(),
                     ms(after_sigterm),
                 ]);
@@ -197,6 +216,9 @@ pub struct PodSpec {
     /// redirected. Default off (istio-init, which Istio orders last among init containers, so
     /// user init containers run before any redirect).
     pub cni: bool,
+    /// `false`: the pod carries `holdfast.io/enabled: "false"`, so the agent leaves it alone and
+    /// it runs as with Istio alone (a side-by-side baseline on the same node). Default true.
+    pub holdfast_enabled: bool,
     /// Start the app container this long after the proxy container (as a slow image pull
     /// does: the kubelet pulls and starts containers one after another); until then it is
     /// `waiting` (ContainerCreating). Default 0. Added for issue 10 item 1 (an app is done only
@@ -225,6 +247,7 @@ impl PodSpec {
             startup_parallel: false,
             app_init: Duration::ZERO,
             serial_start: false,
+            holdfast_enabled: true,
             drop_until_ready: false,
             proxy_concurrency: 2,
             ip_families: IpFamilies::V4,
@@ -311,6 +334,12 @@ impl PodSpec {
         self.app_start_delay = d;
         self
     }
+    /// See [`PodSpec::holdfast_enabled`].
+    pub fn holdfast_enabled(mut self, on: bool) -> Self {
+        self.holdfast_enabled = on;
+        self
+    }
+
     /// See [`PodSpec::serial_start`].
     pub fn serial_start(mut self, on: bool) -> Self {
         self.serial_start = on;
