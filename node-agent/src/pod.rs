@@ -24,8 +24,10 @@ use crate::config::{
     ANNOTATION_ISTIO_SIDECAR_STATUS,
 };
 
+pub mod app_end;
 mod shape;
 
+pub use app_end::{app_end, AppContainerEnd, AppEnd, AppNow, RestartPolicy};
 pub use shape::NotTracked;
 
 /// Stable identity of a pod: its UID, plus `namespace/name` for humans.
@@ -67,6 +69,18 @@ impl ContainerView {
     pub fn has_run(&self) -> bool {
         self.ran || !matches!(self.state, ContainerState::Waiting)
     }
+
+    /// This container for the app-finished rule ([`app_end()`]), by its status.
+    pub fn app_end(&self) -> AppContainerEnd {
+        AppContainerEnd {
+            ran: self.has_run(),
+            now: match self.state {
+                ContainerState::Waiting => AppNow::Waiting,
+                ContainerState::Running => AppNow::Running,
+                ContainerState::Terminated { exit_code } => AppNow::Terminated { exit_code },
+            },
+        }
+    }
 }
 
 /// A container's lifecycle state.
@@ -89,8 +103,8 @@ pub struct PodView {
     pub containers: Vec<ContainerView>,
     /// `spec.initContainers`, in order; native sidecars have `restartable: true`.
     pub init_containers: Vec<ContainerView>,
-    /// `Always` (the default), `OnFailure` or `Never`.
-    pub restart_policy: String,
+    /// `spec.restartPolicy` (`Always` when absent).
+    pub restart_policy: RestartPolicy,
     /// Set once the pod is being deleted.
     pub deletion: Option<Deletion>,
     /// `status.phase` (`Pending`, `Running`, `Succeeded`, `Failed`, `Unknown`), if reported.
@@ -256,10 +270,7 @@ impl PodView {
             overrides,
             containers,
             init_containers,
-            restart_policy: spec
-                .restart_policy
-                .clone()
-                .unwrap_or_else(|| "Always".into()),
+            restart_policy: RestartPolicy::from_spec(spec.restart_policy.as_deref()),
             deletion,
             phase: status.and_then(|s| s.phase.clone()),
             pod_ips,
@@ -359,28 +370,18 @@ impl PodView {
         self.regular_app_containers().all(ContainerView::has_run)
     }
 
+    /// How far the app is from finished by the Pod status alone ([`app_end()`]: the one rule).
+    pub fn app_end_by_status(&self) -> AppEnd {
+        app_end(
+            self.restart_policy,
+            self.regular_app_containers().map(ContainerView::app_end),
+        )
+    }
+
     /// True when every regular app container ran, has exited, and the kubelet will not restart
-    /// any of them, so the pod only waits for its proxy: a finished Job. `restartPolicy: Always`
-    /// never qualifies; a container still waiting for its first start is never done. Native
-    /// sidecars are left out: the kubelet stops them after the proxy.
+    /// any of them, so the pod only waits for its proxy: a finished Job (see [`app_end()`]).
     pub fn apps_finished_for_good(&self) -> bool {
-        let mut apps = self.regular_app_containers().peekable();
-        if apps.peek().is_none() {
-            return false;
-        }
-        apps.all(|c| {
-            c.has_run()
-                && match c.state {
-                    ContainerState::Terminated { exit_code } => {
-                        match self.restart_policy.as_str() {
-                            "Never" => true,
-                            "OnFailure" => exit_code == 0,
-                            _ => false,
-                        }
-                    }
-                    _ => false,
-                }
-        })
+        self.app_end_by_status() == AppEnd::ForGood
     }
 }
 

@@ -24,7 +24,9 @@ use holdfast::lifecycle::drain::{
     self, AppContainer, AppTracker, DrainCtx, DrainOutcome, DrainSettings, ExitWatcher, IdleReason,
     PodProcessSource, PodProcsSource, QuitReason, Watch,
 };
-use holdfast::pod::{ContainerState, ContainerView, Deletion, PodKey, PodView};
+use holdfast::pod::{
+    AppEnd, ContainerState, ContainerView, Deletion, PodKey, PodView, RestartPolicy,
+};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -320,7 +322,9 @@ async fn tracker_finds_the_app_by_cgroup() -> Result<()> {
     }
     let snap = tracker.refresh(&view).await;
     ensure!(
-        snap.live == 0 && snap.gone_for_drain() && snap.all_exited(),
+        snap.live == 0
+            && snap.gone_for_drain()
+            && snap.end(RestartPolicy::Never) == AppEnd::ForGood,
         "{snap:?}"
     );
     ensure!(
@@ -548,7 +552,7 @@ fn pod_view(grace: Duration) -> PodView {
                 ..ContainerView::default()
             },
         ],
-        restart_policy: "Always".into(),
+        restart_policy: RestartPolicy::Always,
         deletion: Some(Deletion {
             timestamp: holdfast::lifecycle::drain::plan::timestamp(SystemTime::now()),
             grace,
@@ -1233,7 +1237,7 @@ async fn job_completes_against_real_envoy() -> Result<()> {
     let settings = DrainSettings::default();
     let mut view = pod_view(Duration::from_secs(30));
     view.deletion = None;
-    view.restart_policy = "Never".into();
+    view.restart_policy = RestartPolicy::Never;
     let (_tx, rx) = watch::channel(Some(view));
     let key = key();
     let procs = pod.procs();

@@ -4,14 +4,15 @@
 
 use std::time::Duration;
 
-use crate::pod::{ContainerState, Deletion, PodView};
+pub use crate::pod::RestartPolicy;
+use crate::pod::{app_end, AppEnd, ContainerState, ContainerView, Deletion, PodView};
 
 /// What the machine needs to know about the pod, from its latest [`PodView`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodFacts {
     pub deletion: Option<Deletion>,
     pub restart_policy: RestartPolicy,
-    /// The app (non-proxy) containers: runtime id and state.
+    /// The regular app (non-proxy) containers: runtime id and state.
     pub apps: Vec<(Option<String>, ContainerState)>,
     /// The proxy container: runtime id and state (`None`: not in the spec).
     pub proxy: Option<(Option<String>, ContainerState)>,
@@ -24,24 +25,12 @@ pub struct PodFacts {
     pub hold_timeout: Duration,
 }
 
-/// `spec.restartPolicy`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RestartPolicy {
-    Always,
-    OnFailure,
-    Never,
-}
-
 impl PodFacts {
     pub fn of(view: &PodView) -> PodFacts {
         PodFacts {
             deletion: view.deletion,
-            restart_policy: match view.restart_policy.as_str() {
-                "Never" => RestartPolicy::Never,
-                "OnFailure" => RestartPolicy::OnFailure,
-                _ => RestartPolicy::Always,
-            },
-            // Regular containers only: native sidecars end after the proxy (see app_exit.rs).
+            restart_policy: view.restart_policy,
+            // Regular containers only: native sidecars end after the proxy (pod/app_end.rs).
             apps: view
                 .regular_app_containers()
                 .map(|c| (c.id.clone(), c.state))
@@ -59,16 +48,33 @@ impl PodFacts {
 
     /// A Job-like pod: the kubelet does not restart an app that finished (well).
     pub fn is_job(&self) -> bool {
-        self.restart_policy != RestartPolicy::Always
+        self.restart_policy.is_job()
+    }
+
+    /// How far the app is from finished by the status ([`app_end()`], the one rule).
+    pub fn app_end(&self) -> AppEnd {
+        app_end(
+            self.restart_policy,
+            // A state other than `waiting` implies the container ran; a `waiting` one is not
+            // done whether it ran before or not.
+            self.apps.iter().map(|(_, state)| {
+                ContainerView {
+                    state: *state,
+                    ..ContainerView::default()
+                }
+                .app_end()
+            }),
+        )
     }
 
     /// Every container, the proxy included, has terminated: the pod is finished (phase
     /// Succeeded/Failed) and there is nothing left to hold, drain or quit.
     pub fn finished(&self) -> bool {
-        let terminated = |s: &ContainerState| matches!(s, ContainerState::Terminated { .. });
-        !self.apps.is_empty()
-            && self.apps.iter().all(|(_, s)| terminated(s))
-            && self.proxy.as_ref().is_none_or(|(_, s)| terminated(s))
+        self.app_end() >= AppEnd::Exited
+            && self
+                .proxy
+                .as_ref()
+                .is_none_or(|(_, s)| matches!(s, ContainerState::Terminated { .. }))
     }
 
     /// The proxy's container id while it runs.
@@ -84,11 +90,9 @@ impl PodFacts {
         matches!(self.proxy, Some((_, ContainerState::Running)))
     }
 
-    /// Some app container runs or waits to run again: the app is not finished.
+    /// Some app container runs, waits to run, or has not run yet: the app is not finished.
     pub fn app_may_run(&self) -> bool {
-        self.apps
-            .iter()
-            .any(|(_, s)| !matches!(s, ContainerState::Terminated { .. }))
+        self.app_end() == AppEnd::Running
     }
 }
 

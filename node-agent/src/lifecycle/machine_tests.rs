@@ -9,7 +9,7 @@ use super::*;
 use crate::api::{DrainReport, FinishedBy, JobOutcome, JobReport};
 use crate::lifecycle::drain::app_exit::{AppContainer, AppSnapshot};
 use crate::lifecycle::drain::plan::DrainPlan;
-use crate::pod::{ContainerState, Deletion};
+use crate::pod::{AppEnd, ContainerState, Deletion};
 
 const POLL: Duration = Duration::from_millis(5);
 const HOLD: Duration = Duration::from_secs(120);
@@ -435,14 +435,18 @@ fn an_app_that_never_started_is_not_finished() {
     ] {
         let s = snapshot(c.clone());
         assert_eq!(s.gone_for_drain(), done, "drain: {c:?}");
-        assert_eq!(s.all_exited(), done, "job: {c:?}");
+        assert_eq!(
+            s.end(RestartPolicy::Never) == AppEnd::ForGood,
+            done,
+            "job: {c:?}"
+        );
     }
     // No app container at all is not "finished" either.
     let none = AppSnapshot {
         live: 0,
         containers: vec![],
     };
-    assert!(!none.gone_for_drain() && !none.all_exited());
+    assert!(!none.gone_for_drain() && none.end(RestartPolicy::Never) == AppEnd::Running);
 
     // The machine itself never ends a waiting Job: only the executor's report does, and a pod
     // whose app waits is not "finished".

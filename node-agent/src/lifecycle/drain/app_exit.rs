@@ -31,7 +31,9 @@ use tokio::io::Interest;
 use tokio::task::{Id, JoinSet};
 
 use crate::effects::procfs::pod_procs::{PodProcess, PodProcs};
-use crate::pod::{ContainerState, PodKey, PodView};
+use crate::pod::{
+    app_end, AppContainerEnd, AppEnd, AppNow, ContainerState, PodKey, PodView, RestartPolicy,
+};
 
 /// Poll interval of the fallback for kernels without pidfds.
 const FALLBACK_POLL: Duration = Duration::from_millis(10);
@@ -296,23 +298,40 @@ pub struct AppSnapshot {
 }
 
 impl AppSnapshot {
-    /// Every app container ran and is gone: an app is finished only after it ran (issue 10
-    /// item 1). A container that never started (still `waiting`: ContainerCreating, a slow
-    /// image pull) does not count as done — its pod gets no early quit; the deadline or the pod
-    /// going ends the drain.
-    pub fn gone_for_drain(&self) -> bool {
-        self.all_exited()
+    /// How far the app is from finished, by status and procfs together ([`app_end()`], the one
+    /// rule): `restart` says whether the kubelet would restart an exited container.
+    pub fn end(&self, restart: RestartPolicy) -> AppEnd {
+        app_end(
+            restart,
+            self.containers.iter().map(|(_, c)| match c {
+                AppContainer::Live { .. } | AppContainer::Unseen => AppContainerEnd {
+                    ran: true,
+                    now: AppNow::Running,
+                },
+                AppContainer::Terminated { exit_code } => AppContainerEnd {
+                    ran: true,
+                    now: AppNow::Terminated {
+                        exit_code: *exit_code,
+                    },
+                },
+                AppContainer::Exited => AppContainerEnd {
+                    ran: true,
+                    now: AppNow::Exited,
+                },
+                AppContainer::NotStarted => AppContainerEnd {
+                    ran: false,
+                    now: AppNow::Waiting,
+                },
+            }),
+        )
     }
 
-    /// Every app container ran and has exited (by status or by procfs). With
-    /// `restartPolicy: Never` that means the app is finished for good.
-    pub fn all_exited(&self) -> bool {
-        self.live == 0
-            && !self.containers.is_empty()
-            && self
-                .containers
-                .iter()
-                .all(|(_, c)| matches!(c, AppContainer::Terminated { .. } | AppContainer::Exited))
+    /// Every app container ran and is gone, and no app process is alive: the drain's "app
+    /// done" (the kubelet restarts nothing of a pod being deleted). A container that never
+    /// started (still `waiting`: ContainerCreating, a slow image pull) does not count as done —
+    /// its pod gets no early quit; the deadline or the pod going ends the drain.
+    pub fn gone_for_drain(&self) -> bool {
+        self.live == 0 && self.end(RestartPolicy::Always) >= AppEnd::Exited
     }
 }
 

@@ -1,12 +1,31 @@
 //! The drain's and the Job quit's decisions, as pure functions of what was observed: the
-//! executors in this module gather observations (processes, the filter's counts, admin
-//! refusals) and act; *what* they do next is decided here, so each rule is a table row.
+//! executors (`deletion.rs`, `job.rs`) gather observations (processes, the filter's counts and
+//! Envoy's byte counters, admin refusals, the clock) and act; *what* they do next is decided
+//! here, so each rule is a table row. Both share the rule for "the app is done: may the proxy
+//! go?" ([`quit_when_idle`]) and the pace of their samples ([`settle_wait`]); when the app is
+//! done at all is [`crate::pod::app_end()`].
+
+use std::time::Duration;
 
 use crate::api::{FinishedBy, QuitReason};
-use crate::pod::PodView;
+use crate::config::DrainSettings;
+use crate::pod::{AppEnd, PodView};
 
 use super::app_exit::AppSnapshot;
 use super::in_flight::InFlight;
+
+/// Once the app is done, whether what is in flight lets the proxy go, and why: nothing in flight
+/// (by the filter's counts or Envoy's byte counters), no filter to ask, or the counts cannot be
+/// read (`stats_exhausted`: as many failed samples as allowed attempts). `None`: keep waiting.
+pub fn quit_when_idle(judgement: Option<InFlight>, stats_exhausted: bool) -> Option<QuitReason> {
+    match judgement {
+        Some(InFlight::Idle(why)) => Some(QuitReason::Idle(why)),
+        Some(InFlight::NoFilter) => Some(QuitReason::NoFilter),
+        Some(InFlight::Busy { .. }) => None,
+        None if stats_exhausted => Some(QuitReason::StatsUnavailable),
+        None => None,
+    }
+}
 
 /// What a drain does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -15,6 +34,9 @@ pub enum DrainNext {
     Wait,
     /// The app is done and nothing is in flight (or that cannot be known): quit the proxy.
     Quit(QuitReason),
+    /// The deadline came first: quit the proxy whatever the app and the counts say (outcome
+    /// `deadline`).
+    Deadline,
     /// Envoy exited by itself with the app (or with no app process visible): the drain is
     /// done (outcome `app-done`); `app_unknown` when the app's end was not seen.
     ProxyExited { app_unknown: bool },
@@ -35,6 +57,8 @@ pub struct DrainSeen {
     pub judgement: Option<InFlight>,
     /// Failed samples since the app went reached the allowed attempts.
     pub stats_exhausted: bool,
+    /// The drain's deadline (the kubelet's kill time minus the margin) has passed.
+    pub deadline_passed: bool,
 }
 
 pub fn drain_next(seen: DrainSeen) -> DrainNext {
@@ -47,30 +71,75 @@ pub fn drain_next(seen: DrainSeen) -> DrainNext {
             DrainNext::ProxyGoneEarly
         };
     }
+    if seen.deadline_passed {
+        return DrainNext::Deadline;
+    }
     if !seen.app_gone {
         return DrainNext::Wait;
     }
-    match seen.judgement {
-        Some(InFlight::Idle(why)) => DrainNext::Quit(QuitReason::Idle(why)),
-        Some(InFlight::NoFilter) => DrainNext::Quit(QuitReason::NoFilter),
-        Some(InFlight::Busy { .. }) => DrainNext::Wait,
-        None if seen.stats_exhausted => DrainNext::Quit(QuitReason::StatsUnavailable),
+    match quit_when_idle(seen.judgement, seen.stats_exhausted) {
+        Some(reason) => DrainNext::Quit(reason),
         None => DrainNext::Wait,
     }
 }
 
-/// Whether a Job's app finished for good, and by which signal. The kubelet's statuses say so
-/// with exit codes (`Never`, or `OnFailure` with 0); procfs is faster but only says "exited",
-/// which is enough only when the kubelet never restarts (`Never`). Either way every app
-/// container must have run: a container still waiting is never finished.
+/// What a Job watch does next, once its app has finished for good.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobNext {
+    Wait,
+    /// Quit the proxy, so the pod completes.
+    Quit(QuitReason),
+    /// Envoy has exited already (outcome `proxy-already-gone`).
+    ProxyAlreadyGone,
+}
+
+/// What was observed at one point of a finished Job's wait for in-flight traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobSeen {
+    /// Enough consecutive refused admin connections: Envoy has exited.
+    pub proxy_gone: bool,
+    /// The latest in-flight judgement (`None`: the last sample failed).
+    pub judgement: Option<InFlight>,
+    /// Failed samples reached the allowed attempts.
+    pub stats_exhausted: bool,
+    /// The bounded wait for in-flight traffic (`job_in_flight_wait`) is over.
+    pub out_of_time: bool,
+}
+
+pub fn job_next(seen: JobSeen) -> JobNext {
+    if seen.proxy_gone {
+        return JobNext::ProxyAlreadyGone;
+    }
+    match quit_when_idle(seen.judgement, seen.stats_exhausted) {
+        Some(reason) => JobNext::Quit(reason),
+        None if seen.out_of_time => JobNext::Quit(QuitReason::OutOfTime),
+        None => JobNext::Wait,
+    }
+}
+
+/// Whether a Job's app finished for good, and by which signal: the kubelet's statuses say so
+/// with exit codes ([`PodView::apps_finished_for_good`]); procfs is faster but only says
+/// "exited", which is for good only when the kubelet never restarts (`Never`) —
+/// [`crate::pod::app_end()`] decides both. Either way every app container must have run.
 pub fn job_finished(view: &PodView, snapshot: &AppSnapshot) -> Option<FinishedBy> {
     if view.apps_finished_for_good() {
         Some(FinishedBy::Status)
-    } else if view.restart_policy == "Never" && snapshot.all_exited() {
+    } else if snapshot.live == 0 && snapshot.end(view.restart_policy) == AppEnd::ForGood {
         Some(FinishedBy::Procfs)
     } else {
         None
     }
+}
+
+/// The pause before the `samples`-th sample while waiting for in-flight traffic to settle:
+/// `settle_poll` for the first ten (the usual case settles within milliseconds), then doubling
+/// every ten samples up to `stats_every`, so a long wait does not poll Envoy every 5 ms.
+pub fn settle_wait(settings: &DrainSettings, samples: u32) -> Duration {
+    let factor = 1u32 << (samples / 10).min(8);
+    settings
+        .settle_poll
+        .saturating_mul(factor)
+        .min(settings.stats_every.max(settings.settle_poll))
 }
 
 #[cfg(test)]
@@ -90,6 +159,7 @@ mod tests {
             proxy_gone,
             judgement,
             stats_exhausted,
+            deadline_passed: false,
         };
         for (s, want) in [
             // The app runs: wait, whatever the counts say.
@@ -121,6 +191,98 @@ mod tests {
             (seen(false, 2, true, busy, false), DrainNext::ProxyGoneEarly),
         ] {
             assert_eq!(drain_next(s), want, "{s:?}");
+        }
+        // The deadline ends the wait, whatever the app and the counts; Envoy gone still says
+        // how it went.
+        let late = |s: DrainSeen| DrainSeen {
+            deadline_passed: true,
+            ..s
+        };
+        assert_eq!(
+            drain_next(late(seen(false, 1, false, busy, false))),
+            DrainNext::Deadline
+        );
+        assert_eq!(
+            drain_next(late(seen(true, 0, false, busy, false))),
+            DrainNext::Deadline
+        );
+        assert_eq!(
+            drain_next(late(seen(false, 2, true, None, false))),
+            DrainNext::ProxyGoneEarly
+        );
+    }
+
+    #[test]
+    fn job_decisions() {
+        let idle = Some(InFlight::Idle(IdleReason::NoOutboundConnections));
+        let busy = Some(InFlight::Busy {
+            outbound_active: Some(1),
+        });
+        let seen = |proxy_gone, judgement, stats_exhausted, out_of_time| JobSeen {
+            proxy_gone,
+            judgement,
+            stats_exhausted,
+            out_of_time,
+        };
+        for (s, want) in [
+            (
+                seen(false, idle, false, false),
+                JobNext::Quit(QuitReason::Idle(IdleReason::NoOutboundConnections)),
+            ),
+            (
+                seen(false, Some(InFlight::NoFilter), false, false),
+                JobNext::Quit(QuitReason::NoFilter),
+            ),
+            (seen(false, busy, false, false), JobNext::Wait),
+            (
+                seen(false, busy, false, true),
+                JobNext::Quit(QuitReason::OutOfTime),
+            ),
+            (seen(false, None, false, false), JobNext::Wait),
+            (
+                seen(false, None, true, false),
+                JobNext::Quit(QuitReason::StatsUnavailable),
+            ),
+            (seen(true, None, false, false), JobNext::ProxyAlreadyGone),
+            (seen(true, idle, false, true), JobNext::ProxyAlreadyGone),
+        ] {
+            assert_eq!(job_next(s), want, "{s:?}");
+        }
+    }
+
+    /// The drain and the Job share the rule for "the app is done: may the proxy go?".
+    #[test]
+    fn drain_and_job_quit_for_the_same_reasons() {
+        let judgements = [
+            Some(InFlight::Idle(IdleReason::NoOutboundConnections)),
+            Some(InFlight::NoFilter),
+            Some(InFlight::Busy {
+                outbound_active: Some(2),
+            }),
+            None,
+        ];
+        for judgement in judgements {
+            for stats_exhausted in [false, true] {
+                let drain = drain_next(DrainSeen {
+                    app_gone: true,
+                    app_live: 0,
+                    proxy_gone: false,
+                    judgement,
+                    stats_exhausted,
+                    deadline_passed: false,
+                });
+                let job = job_next(JobSeen {
+                    proxy_gone: false,
+                    judgement,
+                    stats_exhausted,
+                    out_of_time: false,
+                });
+                let as_drain = match job {
+                    JobNext::Quit(r) => DrainNext::Quit(r),
+                    _ => DrainNext::Wait,
+                };
+                assert_eq!(drain, as_drain, "{judgement:?} {stats_exhausted}");
+            }
         }
     }
 }

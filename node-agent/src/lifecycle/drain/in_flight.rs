@@ -612,3 +612,36 @@ mod tests {
         ));
     }
 }
+/// Notices a drain (or Job quit) that has waited a whole idle window only because Envoy keeps
+/// no byte counters: an outbound connection stays open, and the bytes, which could have said it
+/// is idle, are not there. Not at the first such sample: the app's own connections close a few
+/// milliseconds after its exit, and that wait costs nothing.
+#[derive(Debug, Default)]
+pub(super) struct UnexposedBytes {
+    since: Option<Instant>,
+    said: bool,
+}
+
+impl UnexposedBytes {
+    /// True once, the first time it has mattered for `window`.
+    pub(super) fn notice(
+        &mut self,
+        now: Instant,
+        sample: &DrainSample,
+        judgement: InFlight,
+        window: Duration,
+    ) -> bool {
+        let waits = !sample.traffic.exposed
+            && matches!(judgement, InFlight::Busy { outbound_active: Some(n) } if n > 0);
+        if !waits {
+            self.since = None;
+            return false;
+        }
+        let since = *self.since.get_or_insert(now);
+        if self.said || now.saturating_duration_since(since) < window {
+            return false;
+        }
+        self.said = true;
+        true
+    }
+}

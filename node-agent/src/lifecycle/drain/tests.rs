@@ -2,14 +2,23 @@
 //! scripted admin API. No root needed. Envoy itself is exercised in
 //! `node-agent/tests/drain_parts.rs`.
 
+use std::future::Future;
 use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
+use tokio::sync::watch;
+// tokio's clock, as the executors use it: paused-time tests drive the deadlines.
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::admin::is_refusal;
+use super::decide::settle_wait;
 use super::in_flight::DirectionCounts;
 use super::*;
 use crate::config::{HoldSettings, PodOverrides};
 use crate::effects::procfs::pod_procs::PodProcess;
-use crate::pod::{ContainerState, ContainerView};
+use crate::pod::{ContainerState, ContainerView, Deletion, RestartPolicy};
 
 const APP_ID: &str = "aaaa";
 const PROXY_ID: &str = "pppp";
@@ -200,7 +209,11 @@ fn key() -> PodKey {
     }
 }
 
-fn view(restart_policy: &str, app: ContainerState, deletion_grace: Option<Duration>) -> PodView {
+fn view(
+    restart_policy: RestartPolicy,
+    app: ContainerState,
+    deletion_grace: Option<Duration>,
+) -> PodView {
     PodView {
         key: key(),
         overrides: PodOverrides::from_annotations([], &HoldSettings::default()),
@@ -220,7 +233,7 @@ fn view(restart_policy: &str, app: ContainerState, deletion_grace: Option<Durati
                 ..ContainerView::default()
             },
         ],
-        restart_policy: restart_policy.into(),
+        restart_policy,
         deletion: deletion_grace.map(|grace| Deletion {
             timestamp: plan::timestamp(SystemTime::now()),
             grace,
@@ -232,7 +245,7 @@ fn view(restart_policy: &str, app: ContainerState, deletion_grace: Option<Durati
 /// A Deployment's pod deleted with a 30 s grace period, its app still running.
 fn deleted_running_app() -> PodView {
     view(
-        "Always",
+        RestartPolicy::Always,
         ContainerState::Running,
         Some(Duration::from_secs(30)),
     )
@@ -537,7 +550,7 @@ async fn deadline_quits_with_the_app_still_running() {
     let admin = FakeAdmin::new(Some(counts(1)));
     // Grace 1 s → margin 100 ms → deadline 900 ms after the (request-time) stamp.
     let (_tx, rx) = watch::channel(Some(view(
-        "Always",
+        RestartPolicy::Always,
         ContainerState::Running,
         Some(Duration::from_secs(1)),
     )));
@@ -598,7 +611,7 @@ async fn app_already_gone_and_proxy_already_gone_is_app_done() {
     let admin = FakeAdmin::new(None);
     admin.with(|s| s.gone = true);
     let v = view(
-        "Always",
+        RestartPolicy::Always,
         ContainerState::Terminated { exit_code: 0 },
         Some(Duration::from_secs(30)),
     );
@@ -622,7 +635,7 @@ async fn unreadable_stats_do_not_hold_a_gone_app_forever() {
     let admin = FakeAdmin::new(Some(counts(1)));
     admin.with(|s| s.stats_failures = 1000);
     let v = view(
-        "Always",
+        RestartPolicy::Always,
         ContainerState::Terminated { exit_code: 0 },
         Some(Duration::from_secs(30)),
     );
@@ -661,7 +674,7 @@ async fn invisible_app_waits_for_status_not_procfs() {
             "quit without seeing the app exit"
         );
         tx.send_replace(Some(view(
-            "Always",
+            RestartPolicy::Always,
             ContainerState::Terminated { exit_code: 0 },
             Some(Duration::from_secs(30)),
         )));
@@ -734,7 +747,11 @@ async fn pod_gone_and_agent_stopping_end_the_drain_promptly() {
 async fn job_never_completes_from_procfs_before_the_status() {
     let mut pod = Pod::new();
     let admin = FakeAdmin::new(Some(counts(0)));
-    let (_tx, rx) = watch::channel(Some(view("Never", ContainerState::Running, None)));
+    let (_tx, rx) = watch::channel(Some(view(
+        RestartPolicy::Never,
+        ContainerState::Running,
+        None,
+    )));
     let settings = fast_settings();
     let killed = Arc::new(Mutex::new(None));
     let report = job_during(&admin, pod.procs.clone(), rx, &settings, async {
@@ -757,7 +774,11 @@ async fn job_never_completes_from_procfs_before_the_status() {
 async fn job_on_failure_waits_for_exit_code_zero() {
     let mut pod = Pod::new();
     let admin = FakeAdmin::new(Some(counts(0)));
-    let (tx, rx) = watch::channel(Some(view("OnFailure", ContainerState::Running, None)));
+    let (tx, rx) = watch::channel(Some(view(
+        RestartPolicy::OnFailure,
+        ContainerState::Running,
+        None,
+    )));
     let settings = fast_settings();
     let report = job_during(&admin, pod.procs.clone(), rx, &settings, async {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -766,7 +787,7 @@ async fn job_on_failure_waits_for_exit_code_zero() {
         // procfs alone must not end an OnFailure job: the exit code decides.
         assert!(admin.quit_at().is_none(), "quit without the exit code");
         tx.send_replace(Some(view(
-            "OnFailure",
+            RestartPolicy::OnFailure,
             ContainerState::Terminated { exit_code: 1 },
             None,
         )));
@@ -776,7 +797,7 @@ async fn job_on_failure_waits_for_exit_code_zero() {
             "quit although the kubelet restarts it"
         );
         tx.send_replace(Some(view(
-            "OnFailure",
+            RestartPolicy::OnFailure,
             ContainerState::Terminated { exit_code: 0 },
             None,
         )));
@@ -792,7 +813,7 @@ async fn job_waits_for_in_flight_then_quits() {
     let admin = FakeAdmin::new(Some(counts(1)));
     admin.with(|s| s.bytes_per_sample = 5);
     let (_tx, rx) = watch::channel(Some(view(
-        "Never",
+        RestartPolicy::Never,
         ContainerState::Terminated { exit_code: 0 },
         None,
     )));
@@ -830,7 +851,11 @@ async fn job_edge_cases() {
     let admin = FakeAdmin::new(None);
     let r = job_of(
         &admin,
-        view("Always", ContainerState::Terminated { exit_code: 0 }, None),
+        view(
+            RestartPolicy::Always,
+            ContainerState::Terminated { exit_code: 0 },
+            None,
+        ),
         &settings,
     )
     .await;
@@ -841,7 +866,7 @@ async fn job_edge_cases() {
     let r = job_of(
         &admin,
         view(
-            "Never",
+            RestartPolicy::Never,
             ContainerState::Running,
             Some(Duration::from_secs(5)),
         ),
@@ -854,14 +879,18 @@ async fn job_edge_cases() {
     admin.with(|s| s.gone = true);
     let r = job_of(
         &admin,
-        view("Never", ContainerState::Terminated { exit_code: 3 }, None),
+        view(
+            RestartPolicy::Never,
+            ContainerState::Terminated { exit_code: 3 },
+            None,
+        ),
         &settings,
     )
     .await;
     assert_eq!(r.outcome, JobOutcome::ProxyAlreadyGone);
 
     // A Never job whose container has not started is not finished.
-    let mut v = view("Never", ContainerState::Waiting, None);
+    let mut v = view(RestartPolicy::Never, ContainerState::Waiting, None);
     v.containers[0].id = None;
     let (_tx, rx) = watch::channel(Some(v));
     let stop = CancellationToken::new();
@@ -946,7 +975,7 @@ async fn an_app_that_never_started_gets_no_early_quit() {
     procs.add(proxy.pid(), Some(PROXY_ID));
     let admin = FakeAdmin::new(Some(counts(0)));
     let mut v = view(
-        "Always",
+        RestartPolicy::Always,
         ContainerState::Waiting,
         Some(Duration::from_secs(2)),
     );

@@ -1,0 +1,336 @@
+//! The admin side of a drain and a Job quit: what the executors ask of a pod's Envoy
+//! ([`ProxyAdmin`], implemented for [`AdminClient`]; a scripted fake in the tests) and how
+//! (`Drainer`: every call under the drain's timeout and a bounded number of attempts,
+//! refusals counted — enough of them mean Envoy has exited — errors kept for the report).
+
+use std::future::Future;
+use std::time::{Duration, SystemTime};
+
+// tokio's clock throughout, so paused-time tests drive the deadlines.
+use tokio::time::Instant;
+
+use super::envoy_version;
+use super::in_flight::{self, DrainSample};
+use super::{DrainSettings, QUIT_PATH, SERVER_INFO_PATH};
+use crate::effects::envoy_admin::AdminClient;
+
+/// Most errors kept in a report (the count is kept in full).
+const MAX_ERRORS_KEPT: usize = 10;
+
+/// A failed admin request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminFailure {
+    /// The connection was refused (nothing listens: Envoy has exited).
+    pub refused: bool,
+    pub message: String,
+}
+
+impl std::fmt::Display for AdminFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl From<crate::effects::envoy_admin::Error> for AdminFailure {
+    fn from(e: crate::effects::envoy_admin::Error) -> Self {
+        // Only a refused connection means "nothing listens". Other connect failures (entering
+        // the netns failed, no thread could be spawned) say nothing about Envoy. The client
+        // keeps the cause as text only (the netns connector turns it into a string), so look
+        // for ECONNREFUSED's rendering.
+        let refused = match &e {
+            crate::effects::envoy_admin::Error::Connect { reason, .. } => is_refusal(reason),
+            _ => false,
+        };
+        AdminFailure {
+            refused,
+            message: e.to_string(),
+        }
+    }
+}
+
+/// True when an error text is a refused connection (`io::Error`'s rendering of ECONNREFUSED).
+pub(super) fn is_refusal(reason: &str) -> bool {
+    reason.contains("Connection refused")
+        || reason.contains(&format!("(os error {})", libc::ECONNREFUSED))
+}
+
+/// What the drain asks of a pod's Envoy admin API.
+pub trait ProxyAdmin: Send + Sync {
+    /// `POST path`; any 2xx is success.
+    fn admin_post(&self, path: &str) -> impl Future<Output = Result<(), AdminFailure>> + Send;
+    /// One sample: the filter's counts under `prefix` and Envoy's downstream byte counters,
+    /// in one `/stats` request.
+    fn drain_sample(
+        &self,
+        prefix: &str,
+    ) -> impl Future<Output = Result<DrainSample, AdminFailure>> + Send;
+    /// Any answer from the admin API (`GET /ready`, whatever the state).
+    fn probe(&self) -> impl Future<Output = Result<(), AdminFailure>> + Send;
+    /// The body of `GET /server_info` (JSON; its `version` decides the inbound drain call).
+    fn server_info(&self) -> impl Future<Output = Result<Vec<u8>, AdminFailure>> + Send;
+}
+
+impl ProxyAdmin for AdminClient {
+    async fn admin_post(&self, path: &str) -> Result<(), AdminFailure> {
+        self.post(path)
+            .await
+            .map(|_| ())
+            .map_err(AdminFailure::from)
+    }
+
+    async fn drain_sample(&self, prefix: &str) -> Result<DrainSample, AdminFailure> {
+        let stats = self
+            .stats_with(Some(&in_flight::sample_regex(prefix)), true)
+            .await?;
+        Ok(DrainSample::from_stats(
+            prefix,
+            stats.values.iter().map(|(k, v)| (k.as_str(), *v)),
+        ))
+    }
+
+    async fn probe(&self) -> Result<(), AdminFailure> {
+        self.ready().await.map(|_| ()).map_err(AdminFailure::from)
+    }
+
+    async fn server_info(&self) -> Result<Vec<u8>, AdminFailure> {
+        let response = self.request("GET", SERVER_INFO_PATH).await?;
+        if response.status != 200 {
+            return Err(AdminFailure {
+                refused: false,
+                message: format!(
+                    "Envoy admin: GET {SERVER_INFO_PATH} answered HTTP {}",
+                    response.status
+                ),
+            });
+        }
+        Ok(response.body)
+    }
+}
+
+/// Collected errors, bounded.
+#[derive(Debug, Default)]
+pub(super) struct Errors {
+    pub(super) kept: Vec<String>,
+    pub(super) count: usize,
+}
+
+impl Errors {
+    pub(super) fn push(&mut self, message: String) {
+        tracing::warn!("{message}");
+        self.count += 1;
+        if self.kept.len() < MAX_ERRORS_KEPT {
+            self.kept.push(message);
+        }
+    }
+}
+
+/// The admin side of a drain or a Job quit.
+pub(super) struct Drainer<'a, A> {
+    pub(super) admin: &'a A,
+    pub(super) settings: &'a DrainSettings,
+    pub(super) errors: Errors,
+    /// Consecutive refused connections.
+    pub(super) refusals: u32,
+    /// Start of the drain or Job watch, monotonic and wall-clock, to put instants in reports.
+    pub(super) t0: Instant,
+    pub(super) t0_wall: SystemTime,
+    pub(super) quit_started: Option<tokio::sync::mpsc::UnboundedSender<()>>,
+}
+
+impl<'a, A> Drainer<'a, A> {
+    pub(super) fn new(
+        admin: &'a A,
+        settings: &'a DrainSettings,
+        quit_started: Option<tokio::sync::mpsc::UnboundedSender<()>>,
+        t0: Instant,
+        t0_wall: SystemTime,
+    ) -> Self {
+        Drainer {
+            admin,
+            settings,
+            errors: Errors::default(),
+            refusals: 0,
+            t0,
+            t0_wall,
+            quit_started,
+        }
+    }
+}
+
+impl<A: ProxyAdmin> Drainer<'_, A> {
+    /// Wall-clock time of a monotonic instant.
+    pub(super) fn wall(&self, at: Instant) -> SystemTime {
+        match at.checked_duration_since(self.t0) {
+            Some(after) => self.t0_wall + after,
+            None => self
+                .t0_wall
+                .checked_sub(self.t0.duration_since(at))
+                .unwrap_or(self.t0_wall),
+        }
+    }
+
+    /// One admin call under the drain's own timeout; tracks refusals.
+    pub(super) async fn call<T>(
+        &mut self,
+        what: &str,
+        f: impl Future<Output = Result<T, AdminFailure>>,
+    ) -> Result<T, AdminFailure> {
+        let result = match tokio::time::timeout(self.settings.admin_timeout, f).await {
+            Ok(r) => r,
+            Err(_) => Err(AdminFailure {
+                refused: false,
+                message: format!(
+                    "Envoy admin: {what} timed out after {}",
+                    crate::config::format_duration(self.settings.admin_timeout)
+                ),
+            }),
+        };
+        match &result {
+            Ok(_) => self.refusals = 0,
+            Err(f) if f.refused => self.refusals += 1,
+            Err(_) => {}
+        }
+        result
+    }
+
+    /// `POST path`, retried up to `admin_attempts` times; stops early once Envoy is known gone.
+    pub(super) async fn post_retrying(&mut self, path: &str) -> bool {
+        let attempts = self.settings.admin_attempts.max(1);
+        for attempt in 1..=attempts {
+            let admin = self.admin;
+            match self.call(path, admin.admin_post(path)).await {
+                Ok(()) => {
+                    tracing::debug!(path, attempt, "admin POST ok");
+                    return true;
+                }
+                Err(e) => {
+                    if self.refusals >= self.settings.refusals_for_gone {
+                        // Nothing listens: Envoy has exited. Not an error in itself; the drain
+                        // judges it (proxy gone early, or gone with the app).
+                        tracing::debug!(path, error = %e, "admin refused; Envoy has exited");
+                        return false;
+                    }
+                    if attempt == attempts {
+                        self.errors.push(format!(
+                            "POST {path} failed after {attempt} attempt(s): {e}"
+                        ));
+                        return false;
+                    }
+                    tracing::debug!(path, attempt, error = %e, "admin POST failed; retrying");
+                    tokio::time::sleep(self.settings.retry_backoff).await;
+                }
+            }
+        }
+        false
+    }
+
+    /// The Envoy version from `/server_info`, once per drain; `None` when it cannot be read or
+    /// parsed (logged, not an error of the drain: the call for a current Envoy follows).
+    pub(super) async fn envoy_version(&mut self) -> Option<envoy_version::EnvoyVersion> {
+        let admin = self.admin;
+        match self.call("GET /server_info", admin.server_info()).await {
+            Ok(body) => {
+                let version = envoy_version::EnvoyVersion::from_server_info(&body);
+                if version.is_none() {
+                    tracing::debug!(
+                        "no Envoy version in /server_info; draining as for a current Envoy"
+                    );
+                }
+                version
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read /server_info; draining as for a current Envoy");
+                None
+            }
+        }
+    }
+
+    /// One sample of the counts. `Err(())` when it failed (already recorded).
+    pub(super) async fn sample(&mut self) -> Result<DrainSample, ()> {
+        let admin = self.admin;
+        let prefix = self.settings.stat_prefix.as_str();
+        match self.call("GET /stats", admin.drain_sample(prefix)).await {
+            Ok(c) => Ok(c),
+            Err(e) if e.refused => {
+                tracing::debug!(error = %e, "admin refused the connection");
+                Err(())
+            }
+            Err(e) => {
+                self.errors
+                    .push(format!("reading the proxy's counts failed: {e}"));
+                Err(())
+            }
+        }
+    }
+
+    /// `POST /quitquitquit`, then watches the admin API go away (bounded by `quit_confirm`).
+    /// Returns when the quit was sent and when the proxy was seen gone.
+    pub(super) async fn quit(&mut self) -> (Option<SystemTime>, Option<SystemTime>) {
+        if let Some(tx) = &self.quit_started {
+            let _ = tx.send(());
+        }
+        let attempts = self.settings.admin_attempts.max(1);
+        let mut sent = None;
+        for attempt in 1..=attempts {
+            let before = Instant::now();
+            let admin = self.admin;
+            match self.call(QUIT_PATH, admin.admin_post(QUIT_PATH)).await {
+                Ok(()) => {
+                    sent = Some(before);
+                    break;
+                }
+                Err(e) if e.refused => {
+                    // Nothing listens: Envoy has exited already (on its own, or an earlier
+                    // attempt worked and its answer was lost).
+                    if sent.is_none() {
+                        tracing::info!("the proxy had already exited when asked to quit");
+                    }
+                    return (sent.map(|s| self.wall(s)), Some(self.wall(Instant::now())));
+                }
+                Err(e) => {
+                    // Envoy may exit before it finishes answering: retry only while it still
+                    // answers.
+                    sent = Some(before);
+                    if attempt == attempts {
+                        self.errors.push(format!("POST {QUIT_PATH}: {e}"));
+                    } else {
+                        tracing::debug!(error = %e, "quit request failed; checking whether the proxy exits");
+                        if let Some(gone) = self
+                            .wait_gone(self.settings.retry_backoff.max(Duration::from_millis(50)))
+                            .await
+                        {
+                            return (sent.map(|s| self.wall(s)), Some(self.wall(gone)));
+                        }
+                    }
+                }
+            }
+        }
+        let sent_at = sent.map(|s| self.wall(s));
+        match self.wait_gone(self.settings.quit_confirm).await {
+            Some(gone) => (sent_at, Some(self.wall(gone))),
+            None => {
+                self.errors.push(format!(
+                    "the proxy still answered {} after /quitquitquit",
+                    crate::config::format_duration(self.settings.quit_confirm)
+                ));
+                (sent_at, None)
+            }
+        }
+    }
+
+    /// Polls the admin API until it refuses connections; returns when, or `None` after `limit`.
+    pub(super) async fn wait_gone(&mut self, limit: Duration) -> Option<Instant> {
+        let until = Instant::now() + limit;
+        let poll = self.settings.settle_poll.max(Duration::from_millis(1));
+        while Instant::now() < until {
+            let admin = self.admin;
+            if let Err(e) = self.call("GET /ready", admin.probe()).await {
+                if e.refused {
+                    return Some(Instant::now());
+                }
+            }
+            tokio::time::sleep(poll).await;
+        }
+        None
+    }
+}

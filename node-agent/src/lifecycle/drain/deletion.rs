@@ -1,0 +1,324 @@
+//! The drain of a pod being deleted: drain Envoy's inbound side at once (the call
+//! [`super::envoy_version`] picks, as pilot-agent sends it; nothing that touches outbound),
+//! follow the app's processes and what is in flight, and quit Envoy when
+//! [`super::decide::drain_next`] says so — the app gone and nothing in flight, the deadline, or
+//! Envoy gone by itself. This executor only samples and performs; every rule is in `decide.rs`.
+
+use std::time::{Duration, SystemTime};
+
+// tokio's clock throughout, so paused-time tests drive the deadlines.
+use tokio::time::Instant;
+
+use super::admin::{Drainer, ProxyAdmin};
+use super::app_exit::{AppContainer, AppTracker, PodProcessSource};
+use super::in_flight::{InFlight, InFlightJudge, UnexposedBytes, UNEXPOSED_BYTES_ADVICE};
+use super::plan::{self, DrainPlan};
+use super::{decide, envoy_version, DrainCtx, DrainOutcome, DrainReport, QuitReason};
+use crate::pod::{Deletion, DEFAULT_GRACE};
+
+/// Drains a pod being deleted: see the module docs. Call once the pod has a
+/// `deletionTimestamp`; returns when the proxy was quit (or is gone), the pod is gone, or the
+/// agent stops. Never panics, never exceeds the deadline by more than one admin timeout plus
+/// `quit_confirm`.
+pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) -> DrainReport {
+    let DrainCtx {
+        key,
+        admin,
+        processes,
+        mut view,
+        stop,
+        settings,
+        quit_started,
+    } = ctx;
+    let t0 = Instant::now();
+    let started_at = SystemTime::now();
+    let initial = view.borrow_and_update().clone();
+    let deletion = match initial.as_ref().and_then(|v| v.deletion) {
+        Some(d) => d,
+        None => {
+            tracing::warn!("drain started for a pod without a deletionTimestamp; assuming deletion now with the default grace period");
+            Deletion {
+                timestamp: plan::timestamp(started_at),
+                grace: DEFAULT_GRACE,
+            }
+        }
+    };
+    let plan = DrainPlan::new(deletion, started_at);
+    let remaining = plan.remaining(started_at);
+    let deadline = t0 + remaining;
+    let mut d = Drainer::new(admin, settings, quit_started, t0, started_at);
+    let mut report = DrainReport {
+        deadline_at: plan.deadline,
+        deadline_meaning: plan.meaning,
+        ..DrainReport::new(DrainOutcome::AppDone, started_at)
+    };
+    let Some(mut current) = initial else {
+        report.outcome = DrainOutcome::PodGone;
+        return report;
+    };
+    tracing::info!(
+        grace_s = deletion.grace.as_secs(),
+        remaining_ms = remaining.as_millis() as u64,
+        deadline_meaning = ?plan.meaning,
+        "pod deleted: draining inbound, watching the app"
+    );
+
+    // Grab the app's processes first (the kubelet is sending SIGTERM right now), then drain.
+    let mut app = AppTracker::new(key, processes);
+    let mut snapshot = app.refresh(&current).await;
+    let mut deadline_passed = false;
+    let inbound = tokio::select! {
+        biased;
+        _ = stop.cancelled() => return d.finish(report, DrainOutcome::AgentStopping, &app),
+        // A deadline already passed (an agent restarted late in a drain) skips straight to the
+        // decision, which is the deadline's.
+        _ = tokio::time::sleep_until(deadline) => {
+            deadline_passed = true;
+            (false, None, None)
+        }
+        r = async {
+            // Which call drains inbound depends on the Envoy (envoy_version.rs); one request,
+            // and a failure only means "as for a current Envoy".
+            let version = d.envoy_version().await;
+            let call = envoy_version::inbound_drain(version);
+            (d.post_retrying(call.path).await, version, call.advice)
+        } => r,
+    };
+    let (drained, version, advice) = inbound;
+    report.inbound_drained = drained;
+    report.envoy_version = version.map(|v| v.to_string());
+    if let Some(advice) = advice {
+        tracing::warn!("{advice}");
+        add_advice(&mut report, advice);
+    }
+
+    let mut judge = InFlightJudge::new(settings.idle_window);
+    let mut unexposed = UnexposedBytes::default();
+    let mut judgement: Option<InFlight> = None;
+    let mut next_stats = Instant::now();
+    let mut failed_samples_while_gone = 0u32;
+    let mut unseen_warned = false;
+    let mut app_gone: Option<Instant> = None;
+    let mut samples_since_gone = 0u32;
+    let mut next_rescan = Instant::now() + settings.rescan_every;
+    loop {
+        let now = Instant::now();
+        if snapshot.gone_for_drain() {
+            app_gone.get_or_insert_with(|| app.last_exit().unwrap_or(now));
+        }
+        let gone = app_gone.is_some();
+        if gone {
+            samples_since_gone += 1;
+        }
+
+        // Sample the counts: regularly while the app runs (idle history), every settle_poll
+        // once it is gone; not once the deadline has passed (the quit is due now).
+        if !deadline_passed && (gone || now >= next_stats) {
+            next_stats = now + settings.stats_every;
+            match d.sample().await {
+                Ok(sample) => {
+                    report.filter_present = Some(sample.filter.is_some());
+                    report.last_counts = sample.filter;
+                    report.last_traffic_bytes =
+                        sample.traffic.exposed.then_some(sample.traffic.total);
+                    let now = Instant::now();
+                    let j = judge.observe(now.into_std(), &sample);
+                    if gone && unexposed.notice(now.into_std(), &sample, j, settings.idle_window) {
+                        tracing::warn!("{UNEXPOSED_BYTES_ADVICE}");
+                        add_advice(&mut report, UNEXPOSED_BYTES_ADVICE.to_string());
+                    }
+                    judgement = Some(j);
+                }
+                Err(()) => {
+                    judgement = None;
+                    if gone {
+                        failed_samples_while_gone += 1;
+                    }
+                    if d.refusals > 0 {
+                        // Envoy may have exited: confirm soon rather than at the next regular
+                        // sample.
+                        next_stats = Instant::now() + settings.retry_backoff;
+                    }
+                }
+            }
+        }
+
+        let proxy_gone = d.refusals >= settings.refusals_for_gone;
+        if proxy_gone {
+            // Envoy has exited. Before blaming the drain duration, look at the app once more:
+            // it may have exited at the same moment.
+            if !gone {
+                snapshot = app.refresh(&current).await;
+                if snapshot.gone_for_drain() {
+                    app_gone = Some(app.last_exit().unwrap_or_else(Instant::now));
+                }
+            }
+        }
+        let next = decide::drain_next(decide::DrainSeen {
+            app_gone: app_gone.is_some(),
+            app_live: snapshot.live,
+            proxy_gone,
+            judgement: if gone { judgement } else { None },
+            stats_exhausted: failed_samples_while_gone >= settings.admin_attempts,
+            deadline_passed,
+        });
+        match next {
+            decide::DrainNext::Wait => {}
+            decide::DrainNext::ProxyExited { app_unknown } => {
+                if app_unknown {
+                    d.errors.push(
+                        "the proxy exited on its own; whether the app had finished is unknown \
+                         (its processes are not visible)"
+                            .to_string(),
+                    );
+                }
+                tracing::info!("the proxy has already exited");
+                let report = d.app_gone(report, app_gone);
+                return d.finish(report, DrainOutcome::AppDone, &app);
+            }
+            decide::DrainNext::ProxyGoneEarly => {
+                let advice = format!(
+                    "Envoy exited while {} app process(es) of the pod still ran: the mesh's drain \
+                     duration is shorter than the app's shutdown. Set terminationDrainDuration \
+                     (meshConfig.defaultConfig.terminationDrainDuration, or the \
+                     proxy.istio.io/config annotation) to the pod's grace period ({}s) so holdfast \
+                     can end the proxy when the app is done.",
+                    snapshot.live,
+                    deletion.grace.as_secs()
+                );
+                tracing::warn!("{advice}");
+                add_advice(&mut report, advice);
+                return d.finish(report, DrainOutcome::ProxyGoneEarly, &app);
+            }
+            decide::DrainNext::Deadline => {
+                return d
+                    .deadline_quit(report, &app, snapshot.live, app_gone, remaining)
+                    .await;
+            }
+            decide::DrainNext::Quit(reason) => {
+                report = d.app_gone(report, app_gone);
+                (report.quit_sent_at, report.proxy_exit_seen_at) = d.quit().await;
+                report.quit_reason = Some(reason);
+                tracing::info!(reason = ?reason, "app gone and nothing in flight: proxy quit");
+                return d.finish(report, DrainOutcome::AppDone, &app);
+            }
+        }
+
+        if !gone
+            && !unseen_warned
+            && snapshot
+                .containers
+                .iter()
+                .any(|(_, c)| *c == AppContainer::Unseen)
+        {
+            unseen_warned = true;
+            d.errors.push(
+                "an app container runs by its status but none of the pod's processes is visible \
+                 by container id: the drain cannot see the app exit and waits for the status or \
+                 the deadline (does the agent run with hostPID and the right --proc-root?)"
+                    .to_string(),
+            );
+        }
+
+        // Once the app is gone only the counts are awaited: sample every settle_poll at first
+        // (the usual case settles within milliseconds), then back off towards stats_every.
+        let now = Instant::now();
+        let wait = if gone {
+            decide::settle_wait(settings, samples_since_gone)
+        } else {
+            next_stats.min(next_rescan).saturating_duration_since(now)
+        };
+        let rescan = tokio::select! {
+            biased;
+            _ = stop.cancelled() => return d.finish(report, DrainOutcome::AgentStopping, &app),
+            _ = tokio::time::sleep_until(deadline) => {
+                deadline_passed = true;
+                false
+            }
+            changed = view.changed() => {
+                match (changed, view.borrow_and_update().clone()) {
+                    (Ok(()), Some(v)) => current = v,
+                    _ => return d.finish(report, DrainOutcome::PodGone, &app),
+                }
+                true
+            }
+            (pid, _) = app.next_exit() => {
+                tracing::debug!(pid, "app process exited");
+                true
+            }
+            _ = tokio::time::sleep(wait) => Instant::now() >= next_rescan,
+        };
+        // Re-scan on news (an exit, a status change) and regularly for forked processes; not on
+        // every count sample.
+        if rescan {
+            next_rescan = Instant::now() + settings.rescan_every;
+            snapshot = app.refresh(&current).await;
+        }
+    }
+}
+
+/// Adds `advice` to the report's, after any already there (each is one sentence or more).
+fn add_advice(report: &mut DrainReport, advice: String) {
+    report.advice = Some(match report.advice.take() {
+        Some(before) => format!("{before}. {advice}"),
+        None => advice,
+    });
+}
+
+impl<A: ProxyAdmin> Drainer<'_, A> {
+    /// Records when the app was seen gone.
+    fn app_gone(&self, mut report: DrainReport, app_gone: Option<Instant>) -> DrainReport {
+        if let Some(at) = app_gone {
+            report.app_gone_at = Some(self.wall(at));
+        }
+        report
+    }
+
+    /// The deadline came: quit the proxy whatever the app and the counts say.
+    async fn deadline_quit<S: PodProcessSource>(
+        mut self,
+        report: DrainReport,
+        app: &AppTracker<S>,
+        live: usize,
+        app_gone: Option<Instant>,
+        remaining: Duration,
+    ) -> DrainReport {
+        self.errors.push(format!(
+            "drain deadline reached ({} after the deletion was seen) with {live} app \
+                 process(es) alive{}; quitting the proxy",
+            crate::config::format_duration(remaining),
+            if app_gone.is_some() {
+                " and traffic in flight"
+            } else {
+                ""
+            },
+        ));
+        let mut report = self.app_gone(report, app_gone);
+        (report.quit_sent_at, report.proxy_exit_seen_at) = self.quit().await;
+        report.quit_reason = Some(QuitReason::OutOfTime);
+        self.finish(report, DrainOutcome::Deadline, app)
+    }
+
+    fn finish<S: PodProcessSource>(
+        self,
+        mut report: DrainReport,
+        outcome: DrainOutcome,
+        app: &AppTracker<S>,
+    ) -> DrainReport {
+        report.outcome = outcome;
+        report.elapsed = self.t0.elapsed();
+        report.app_processes_seen = app.processes_seen();
+        report.app_processes_left = app.live();
+        let since = |t: Option<SystemTime>| {
+            report
+                .app_gone_at
+                .zip(t)
+                .and_then(|(gone, t)| t.duration_since(gone).ok())
+        };
+        report.app_gone_to_quit = since(report.quit_sent_at);
+        report.app_gone_to_proxy_exit = since(report.proxy_exit_seen_at);
+        report.errors = self.errors.kept;
+        report.error_count = self.errors.count;
+        report
+    }
+}

@@ -1,0 +1,159 @@
+//! The Job watch: for a pod that is not being deleted, quit the proxy once every app container
+//! has exited for good (`restartPolicy: Never`, or `OnFailure` with exit code 0), so the pod
+//! completes. This executor only samples and performs; every rule is in `decide.rs`.
+
+use std::time::SystemTime;
+
+// tokio's clock throughout, so paused-time tests drive the deadlines.
+use tokio::time::Instant;
+
+use super::admin::{Drainer, ProxyAdmin};
+use super::app_exit::{AppTracker, PodProcessSource};
+use super::in_flight::{InFlightJudge, UnexposedBytes, UNEXPOSED_BYTES_ADVICE};
+use super::{decide, DrainCtx, JobOutcome, JobReport, QuitReason};
+
+/// Quits the proxy of a Job-like pod once its app has finished for good, so the pod completes.
+/// Call after the startup hold for a pod that is not being deleted; returns at once with
+/// [`JobOutcome::NotAJob`] for `restartPolicy: Always`, with [`JobOutcome::Deleting`] when a
+/// deletion starts (call [`super::drain`] then), and otherwise when the proxy was quit, the pod is gone
+/// or the agent stops.
+pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) -> JobReport {
+    let DrainCtx {
+        key,
+        admin,
+        processes,
+        mut view,
+        stop,
+        settings,
+        quit_started,
+    } = ctx;
+    let mut d = Drainer::new(
+        admin,
+        settings,
+        quit_started,
+        Instant::now(),
+        SystemTime::now(),
+    );
+    let mut report = JobReport::new(JobOutcome::NotAJob);
+    let finish = |mut report: JobReport, outcome: JobOutcome, d: Drainer<'_, A>| {
+        report.outcome = outcome;
+        report.app_finished_to_quit = report
+            .app_finished_at
+            .zip(report.quit_sent_at)
+            .and_then(|(a, q)| q.duration_since(a).ok());
+        report.errors = d.errors.kept;
+        report.error_count = d.errors.count;
+        if !matches!(outcome, JobOutcome::NotAJob) {
+            tracing::debug!(
+                outcome = outcome.as_str(),
+                finished_by = ?report.finished_by,
+                app_finished_to_quit_ms = report.app_finished_to_quit.map(|d| d.as_secs_f64() * 1e3),
+                "job watch finished"
+            );
+        }
+        report
+    };
+
+    let mut app = AppTracker::new(key, processes);
+    let mut current = match view.borrow_and_update().clone() {
+        Some(v) => v,
+        None => return finish(report, JobOutcome::PodGone, d),
+    };
+    if !current.restart_policy.is_job() {
+        return finish(report, JobOutcome::NotAJob, d);
+    }
+    tracing::debug!(
+        restart_policy = current.restart_policy.as_str(),
+        "watching for the job's app to finish"
+    );
+
+    let finished_at = loop {
+        if current.deletion.is_some() {
+            return finish(report, JobOutcome::Deleting, d);
+        }
+        let snapshot = app.refresh(&current).await;
+        if let Some(by) = decide::job_finished(&current, &snapshot) {
+            report.finished_by = Some(by);
+            break app.last_exit().unwrap_or_else(Instant::now);
+        }
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return finish(report, JobOutcome::AgentStopping, d),
+            changed = view.changed() => match (changed, view.borrow_and_update().clone()) {
+                (Ok(()), Some(v)) => current = v,
+                _ => return finish(report, JobOutcome::PodGone, d),
+            },
+            (pid, _) = app.next_exit() => tracing::debug!(pid, "job process exited"),
+            _ = tokio::time::sleep(settings.job_rescan_every) => {}
+        }
+    };
+    report.app_finished_at = Some(d.wall(finished_at));
+    tracing::info!(by = ?report.finished_by, "the job's app finished for good; quitting its proxy once nothing is in flight");
+
+    // Wait (bounded) for in-flight traffic to settle, then quit.
+    let mut judge = InFlightJudge::new(settings.idle_window);
+    let until = Instant::now() + settings.job_in_flight_wait;
+    let mut failed = 0u32;
+    let mut samples = 0u32;
+    let mut unexposed = UnexposedBytes::default();
+    let reason = loop {
+        samples += 1;
+        let judgement = match d.sample().await {
+            Ok(sample) => {
+                let now = Instant::now().into_std();
+                let j = judge.observe(now, &sample);
+                if unexposed.notice(now, &sample, j, settings.idle_window) {
+                    tracing::warn!("{UNEXPOSED_BYTES_ADVICE}");
+                    d.errors.push(UNEXPOSED_BYTES_ADVICE.to_string());
+                }
+                Some(j)
+            }
+            Err(()) => {
+                failed += 1;
+                None
+            }
+        };
+        let next = decide::job_next(decide::JobSeen {
+            proxy_gone: d.refusals >= settings.refusals_for_gone,
+            judgement,
+            stats_exhausted: failed >= settings.admin_attempts,
+            out_of_time: Instant::now() >= until,
+        });
+        match next {
+            decide::JobNext::Wait => {}
+            decide::JobNext::ProxyAlreadyGone => {
+                tracing::info!("the job's proxy has already exited");
+                return finish(report, JobOutcome::ProxyAlreadyGone, d);
+            }
+            decide::JobNext::Quit(reason) => {
+                if reason == QuitReason::OutOfTime {
+                    d.errors.push(format!(
+                        "traffic still in flight {} after the job finished; quitting the proxy anyway",
+                        crate::config::format_duration(settings.job_in_flight_wait)
+                    ));
+                }
+                break reason;
+            }
+        }
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return finish(report, JobOutcome::AgentStopping, d),
+            changed = view.changed() => match (changed, view.borrow_and_update().clone()) {
+                (Ok(()), Some(v)) if v.deletion.is_some() => return finish(report, JobOutcome::Deleting, d),
+                (Ok(()), Some(_)) => {}
+                _ => return finish(report, JobOutcome::PodGone, d),
+            },
+            _ = tokio::time::sleep(decide::settle_wait(settings, samples)) => {}
+        }
+    };
+    let (sent, exited) = d.quit().await;
+    report.quit_sent_at = sent;
+    report.proxy_exit_seen_at = exited;
+    report.quit_reason = Some(reason);
+    let outcome = if sent.is_none() && exited.is_some() {
+        JobOutcome::ProxyAlreadyGone
+    } else {
+        JobOutcome::Completed
+    };
+    finish(report, outcome, d)
+}
