@@ -21,8 +21,8 @@ use holdfast::config::{HoldSettings, PodOverrides};
 use holdfast::effects::envoy_admin::{AdminClient, ServerState};
 use holdfast::effects::procfs::pod_procs::{PodProcess, PodProcs};
 use holdfast::lifecycle::drain::{
-    self, AppContainer, AppTracker, DrainCtx, DrainOutcome, DrainSettings, ExitWatcher, IdleReason,
-    PodProcessSource, PodProcsSource, QuitReason, Watch,
+    self, AppContainer, AppTracker, DrainCtx, DrainOutcome, DrainSettings, DrainStep, ExitWatcher,
+    IdleReason, PodProcessSource, PodProcsSource, QuitReason, Watch,
 };
 use holdfast::pod::{
     AppEnd, ContainerState, ContainerView, Deletion, PodKey, PodView, RestartPolicy,
@@ -686,27 +686,23 @@ impl RealPod {
     /// A drain of this pod, started now: deletion with a 30 s grace period, default settings.
     /// Returns the task and the pod view's sender, which must live as long as the drain (the
     /// drain reads a closed view as the pod gone).
-    fn start_drain(
-        &self,
-    ) -> (
-        tokio::task::JoinHandle<drain::DrainReport>,
-        watch::Sender<Option<PodView>>,
-    ) {
+    fn start_drain(&self) -> RunningDrain {
         let (tx, rx) = watch::channel(Some(pod_view(Duration::from_secs(30))));
+        let (steps_tx, steps) = tokio::sync::mpsc::unbounded_channel();
         let (procs, admin) = (self.procs(), self.admin.clone());
         let task = tokio::spawn(async move {
             let (key, settings) = (key(), DrainSettings::default());
-            drain::drain(ctx(
-                &key,
-                &admin,
-                &settings,
-                procs,
-                rx,
-                CancellationToken::new(),
-            ))
-            .await
+            let ctx = DrainCtx {
+                steps: Some(steps_tx),
+                ..ctx(&key, &admin, &settings, procs, rx, CancellationToken::new())
+            };
+            drain::drain(ctx).await
         });
-        (task, tx)
+        RunningDrain {
+            task,
+            _view: tx,
+            steps,
+        }
     }
 
     /// Whether the filter is built (else `test` skips with a message; under CI that is an error).
@@ -822,7 +818,42 @@ fn ctx<'a>(
         view: rx,
         stop,
         settings,
-        quit_started: None,
+        steps: None,
+    }
+}
+
+/// A drain running as a task, with the steps it tells.
+struct RunningDrain {
+    task: tokio::task::JoinHandle<drain::DrainReport>,
+    /// The pod's view (dropping it would read as the pod gone).
+    _view: watch::Sender<Option<PodView>>,
+    steps: tokio::sync::mpsc::UnboundedReceiver<DrainStep>,
+}
+
+impl RunningDrain {
+    /// Waits until the drain has asked Envoy to drain inbound (the drain has begun: what the
+    /// tests check next happens during it, not before).
+    async fn begun(&mut self) -> Result<()> {
+        let wait = async {
+            while let Some(step) = self.steps.recv().await {
+                if let DrainStep::InboundDrained { drained, .. } = step {
+                    ensure!(drained, "Envoy refused the inbound drain");
+                    return Ok(());
+                }
+            }
+            bail!("the drain ended before it asked Envoy to drain inbound")
+        };
+        tokio::time::timeout(Duration::from_secs(5), wait)
+            .await
+            .context("the drain did not begin within 5 s")?
+    }
+
+    fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    async fn report(self, limit: Duration) -> Result<drain::DrainReport> {
+        Ok(tokio::time::timeout(limit, self.task).await??)
     }
 }
 
@@ -830,9 +861,8 @@ fn ctx<'a>(
 /// Returns (app kill → Envoy exit, the report).
 async fn one_drain(name: &str, check_during: bool) -> Result<(Duration, drain::DrainReport)> {
     let mut pod = RealPod::start(name).await?;
-    let (drain_task, _view) = pod.start_drain();
-
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    let mut drain_task = pod.start_drain();
+    drain_task.begun().await?;
     ensure!(
         !drain_task.is_finished(),
         "the drain ended while the app ran"
@@ -853,7 +883,7 @@ async fn one_drain(name: &str, check_during: bool) -> Result<(Duration, drain::D
     let killed = Instant::now();
     drop(pod.app.take()); // SIGKILL the app (its connection closes with it)
     let (exited, status) = pod.envoy_exit(Duration::from_secs(5)).await?;
-    let report = tokio::time::timeout(Duration::from_secs(5), drain_task).await??;
+    let report = drain_task.report(Duration::from_secs(5)).await?;
     ensure!(status.success(), "Envoy exited with {status}");
     Ok((exited.duration_since(killed), report))
 }
@@ -1064,8 +1094,8 @@ async fn drain_waits_for_moving_bytes_not_for_probes_or_scrapes() -> Result<()> 
     let _status = StatusStandIn::start(&pod.netns)?;
     let probes = ProbesAndScrapes::start(&pod.netns, Duration::from_millis(10));
     let other = pod.open_other_outbound().await?;
-    let (drain_task, _view) = pod.start_drain();
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    let mut drain_task = pod.start_drain();
+    drain_task.begun().await?;
 
     let stop_streaming = Arc::new(AtomicBool::new(false));
     let streamer = {
@@ -1088,7 +1118,7 @@ async fn drain_waits_for_moving_bytes_not_for_probes_or_scrapes() -> Result<()> 
     let stopped = Instant::now();
     let (idle_conn, rounds) = streamer.join().expect("streamer thread")?;
     let (exited, status) = pod.envoy_exit(Duration::from_secs(10)).await?;
-    let report = tokio::time::timeout(Duration::from_secs(5), drain_task).await??;
+    let report = drain_task.report(Duration::from_secs(5)).await?;
     let probes_after = probes.ok();
     drop(idle_conn);
     let after_stop = exited.duration_since(stopped);
@@ -1157,8 +1187,8 @@ async fn without_envoys_byte_counters_the_drain_waits_for_the_connection_and_say
         bytes.values
     );
 
-    let (drain_task, _view) = pod.start_drain();
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    let mut drain_task = pod.start_drain();
+    drain_task.begun().await?;
     drop(pod.app.take());
     tokio::time::sleep(Duration::from_millis(600)).await;
     ensure!(
@@ -1168,7 +1198,7 @@ async fn without_envoys_byte_counters_the_drain_waits_for_the_connection_and_say
     let closed = Instant::now();
     drop(other);
     let (exited, status) = pod.envoy_exit(Duration::from_secs(10)).await?;
-    let report = tokio::time::timeout(Duration::from_secs(5), drain_task).await??;
+    let report = drain_task.report(Duration::from_secs(5)).await?;
     println!(
         "no byte counters: Envoy exited {:?} after the other connection closed; report: {}",
         exited.duration_since(closed),
@@ -1204,12 +1234,12 @@ async fn proxy_gone_early_against_real_envoy() -> Result<()> {
         return Ok(());
     }
     let mut pod = RealPod::start("hf-drain-early").await?;
-    let (drain_task, _view) = pod.start_drain();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut drain_task = pod.start_drain();
+    drain_task.begun().await?;
     // pilot-agent's terminationDrainDuration ran out: it SIGKILLs Envoy while the app runs.
     let killed = Instant::now();
     pod.envoy.0.kill()?;
-    let report = tokio::time::timeout(Duration::from_secs(5), drain_task).await??;
+    let report = drain_task.report(Duration::from_secs(5)).await?;
     println!(
         "Envoy killed → drain noticed: {:?}; advice: {:?}",
         killed.elapsed(),

@@ -22,7 +22,7 @@ use crate::effects::hold::{HoldConfig, HoldQueue};
 use crate::effects::netns::PodNetns;
 use crate::effects::procfs::pod_procs::NetnsLookup;
 use crate::lifecycle::drain::app_exit::ExitWatcher;
-use crate::lifecycle::drain::{self, DrainCtx, PodProcsSource};
+use crate::lifecycle::drain::{self, DrainCtx, DrainStep, PodProcsSource};
 use crate::lifecycle::readiness::{Readiness, ReadinessProbe};
 use crate::pod::{PodKey, PodView};
 
@@ -108,7 +108,7 @@ pub(crate) async fn run(shared: Arc<Shared>, view: watch::Receiver<Option<PodVie
     };
     let problems = Some(first.overrides.problems.join("; ")).filter(|p| !p.is_empty());
     rec.start(problems);
-    let (quit_tx, quit_rx) = mpsc::unbounded_channel();
+    let (steps_tx, steps_rx) = mpsc::unbounded_channel();
     let hold_cfg = Some(HoldConfig::for_pod(&shared.config, &first));
     let admin = first.admin_addr(&shared.config.proxy);
     let mut d = Driver {
@@ -121,8 +121,8 @@ pub(crate) async fn run(shared: Arc<Shared>, view: watch::Receiver<Option<PodVie
         queue: None,
         timers: HashMap::new(),
         executor: None,
-        quit_tx,
-        quit_rx,
+        steps_tx,
+        steps_rx,
         pending: VecDeque::new(),
         last_progress: Instant::now(),
         proxy_watch: None,
@@ -165,8 +165,9 @@ struct Driver {
     queue: Option<HoldQueue>,
     timers: HashMap<Timer, Instant>,
     executor: Option<Executor>,
-    quit_tx: mpsc::UnboundedSender<()>,
-    quit_rx: mpsc::UnboundedReceiver<()>,
+    /// The running executor's steps ([`DrainStep`]).
+    steps_tx: mpsc::UnboundedSender<DrainStep>,
+    steps_rx: mpsc::UnboundedReceiver<DrainStep>,
     /// Answers of performed effects, fed to the machine in order.
     pending: VecDeque<Input>,
     last_progress: Instant,
@@ -215,7 +216,13 @@ impl Driver {
                             stop_sent = true;
                             Input::AgentStop
                         }
-                        Some(()) = self.quit_rx.recv() => Input::QuitStarted,
+                        Some(step) = self.steps_rx.recv() => match step {
+                            DrainStep::Quitting(_) => Input::QuitStarted,
+                            other => {
+                                tracing::debug!(step = ?other, "drain step");
+                                continue;
+                            }
+                        },
                         input = async { executor.expect("guarded").await }, if has_executor => {
                             executor_done = true;
                             input
@@ -571,7 +578,7 @@ impl Driver {
         let key = self.key.clone();
         let shared = self.shared.clone();
         let view = self.view.clone();
-        let quit = self.quit_tx.clone();
+        let steps = self.steps_tx.clone();
         self.executor = Some(Box::pin(async move {
             let ctx = DrainCtx {
                 key: &key,
@@ -580,7 +587,7 @@ impl Driver {
                 view,
                 stop: shared.stop.clone(),
                 settings: &shared.config.drain,
-                quit_started: Some(quit),
+                steps: Some(steps),
             };
             if drain {
                 Input::DrainFinished(Box::new(drain::drain(ctx).await))

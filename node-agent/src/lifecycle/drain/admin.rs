@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::envoy_version;
 use super::in_flight::{self, DrainSample};
-use super::{DrainSettings, QUIT_PATH, SERVER_INFO_PATH};
+use super::{DrainSettings, DrainStep, QuitReason, QUIT_PATH, SERVER_INFO_PATH};
 use crate::effects::envoy_admin::AdminClient;
 
 /// Most errors kept in a report (the count is kept in full).
@@ -134,14 +134,14 @@ pub(super) struct Drainer<'a, A> {
     /// Start of the drain or Job watch, monotonic and wall-clock, to put instants in reports.
     pub(super) t0: Instant,
     pub(super) t0_wall: SystemTime,
-    pub(super) quit_started: Option<tokio::sync::mpsc::UnboundedSender<()>>,
+    pub(super) steps: Option<tokio::sync::mpsc::UnboundedSender<DrainStep>>,
 }
 
 impl<'a, A> Drainer<'a, A> {
     pub(super) fn new(
         admin: &'a A,
         settings: &'a DrainSettings,
-        quit_started: Option<tokio::sync::mpsc::UnboundedSender<()>>,
+        steps: Option<tokio::sync::mpsc::UnboundedSender<DrainStep>>,
         t0: Instant,
         t0_wall: SystemTime,
     ) -> Self {
@@ -152,12 +152,19 @@ impl<'a, A> Drainer<'a, A> {
             refusals: 0,
             t0,
             t0_wall,
-            quit_started,
+            steps,
         }
     }
 }
 
 impl<A: ProxyAdmin> Drainer<'_, A> {
+    /// Tells a step to whoever follows the drain (nobody: fine).
+    pub(super) fn tell(&self, step: DrainStep) {
+        if let Some(tx) = &self.steps {
+            let _ = tx.send(step);
+        }
+    }
+
     /// Wall-clock time of a monotonic instant.
     pub(super) fn wall(&self, at: Instant) -> SystemTime {
         match at.checked_duration_since(self.t0) {
@@ -265,10 +272,11 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
 
     /// `POST /quitquitquit`, then watches the admin API go away (bounded by `quit_confirm`).
     /// Returns when the quit was sent and when the proxy was seen gone.
-    pub(super) async fn quit(&mut self) -> (Option<SystemTime>, Option<SystemTime>) {
-        if let Some(tx) = &self.quit_started {
-            let _ = tx.send(());
-        }
+    pub(super) async fn quit(
+        &mut self,
+        reason: QuitReason,
+    ) -> (Option<SystemTime>, Option<SystemTime>) {
+        self.tell(DrainStep::Quitting(reason));
         let attempts = self.settings.admin_attempts.max(1);
         let mut sent = None;
         for attempt in 1..=attempts {

@@ -13,7 +13,7 @@ use super::admin::{Drainer, ProxyAdmin};
 use super::app_exit::{AppContainer, AppTracker, PodProcessSource};
 use super::in_flight::{InFlight, InFlightJudge, UnexposedBytes, UNEXPOSED_BYTES_ADVICE};
 use super::plan::{self, DrainPlan};
-use super::{decide, envoy_version, DrainCtx, DrainOutcome, DrainReport, QuitReason};
+use super::{decide, envoy_version, DrainCtx, DrainOutcome, DrainReport, DrainStep, QuitReason};
 use crate::pod::{Deletion, DEFAULT_GRACE};
 
 /// Drains a pod being deleted: see the module docs. Call once the pod has a
@@ -28,7 +28,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
         mut view,
         stop,
         settings,
-        quit_started,
+        steps,
     } = ctx;
     let t0 = Instant::now();
     let started_at = SystemTime::now();
@@ -46,7 +46,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
     let plan = DrainPlan::new(deletion, started_at);
     let remaining = plan.remaining(started_at);
     let deadline = t0 + remaining;
-    let mut d = Drainer::new(admin, settings, quit_started, t0, started_at);
+    let mut d = Drainer::new(admin, settings, steps, t0, started_at);
     let mut report = DrainReport {
         deadline_at: plan.deadline,
         deadline_meaning: plan.meaning,
@@ -87,6 +87,12 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
     let (drained, version, advice) = inbound;
     report.inbound_drained = drained;
     report.envoy_version = version.map(|v| v.to_string());
+    if !deadline_passed {
+        d.tell(DrainStep::InboundDrained {
+            drained,
+            envoy_version: report.envoy_version.clone(),
+        });
+    }
     if let Some(advice) = advice {
         tracing::warn!("{advice}");
         add_advice(&mut report, advice);
@@ -103,8 +109,9 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
     let mut next_rescan = Instant::now() + settings.rescan_every;
     loop {
         let now = Instant::now();
-        if snapshot.gone_for_drain() {
-            app_gone.get_or_insert_with(|| app.last_exit().unwrap_or(now));
+        if snapshot.gone_for_drain() && app_gone.is_none() {
+            app_gone = Some(app.last_exit().unwrap_or(now));
+            d.tell(DrainStep::AppGone);
         }
         let gone = app_gone.is_some();
         if gone {
@@ -197,7 +204,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
             }
             decide::DrainNext::Quit(reason) => {
                 report = d.app_gone(report, app_gone);
-                (report.quit_sent_at, report.proxy_exit_seen_at) = d.quit().await;
+                (report.quit_sent_at, report.proxy_exit_seen_at) = d.quit(reason).await;
                 report.quit_reason = Some(reason);
                 tracing::info!(reason = ?reason, "app gone and nothing in flight: proxy quit");
                 return d.finish(report, DrainOutcome::AppDone, &app);
@@ -294,7 +301,7 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
             },
         ));
         let mut report = self.app_gone(report, app_gone);
-        (report.quit_sent_at, report.proxy_exit_seen_at) = self.quit().await;
+        (report.quit_sent_at, report.proxy_exit_seen_at) = self.quit(QuitReason::OutOfTime).await;
         report.quit_reason = Some(QuitReason::OutOfTime);
         self.finish(report, DrainOutcome::Deadline, app)
     }

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::admin::{Drainer, ProxyAdmin};
 use super::app_exit::{AppTracker, PodProcessSource};
 use super::in_flight::{InFlightJudge, UnexposedBytes, UNEXPOSED_BYTES_ADVICE};
-use super::{decide, DrainCtx, JobOutcome, JobReport, QuitReason};
+use super::{decide, DrainCtx, DrainStep, JobOutcome, JobReport, QuitReason};
 
 /// Quits the proxy of a Job-like pod once its app has finished for good, so the pod completes.
 /// Call after the startup hold for a pod that is not being deleted; returns at once with
@@ -25,15 +25,9 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
         mut view,
         stop,
         settings,
-        quit_started,
+        steps,
     } = ctx;
-    let mut d = Drainer::new(
-        admin,
-        settings,
-        quit_started,
-        Instant::now(),
-        SystemTime::now(),
-    );
+    let mut d = Drainer::new(admin, settings, steps, Instant::now(), SystemTime::now());
     let mut report = JobReport::new(JobOutcome::NotAJob);
     let finish = |mut report: JobReport, outcome: JobOutcome, d: Drainer<'_, A>| {
         report.outcome = outcome;
@@ -74,6 +68,7 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
         let snapshot = app.refresh(&current).await;
         if let Some(by) = decide::job_finished(&current, &snapshot) {
             report.finished_by = Some(by);
+            d.tell(DrainStep::JobFinished(by));
             break app.last_exit().unwrap_or_else(Instant::now);
         }
         tokio::select! {
@@ -146,7 +141,7 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
             _ = tokio::time::sleep(decide::settle_wait(settings, samples)) => {}
         }
     };
-    let (sent, exited) = d.quit().await;
+    let (sent, exited) = d.quit(reason).await;
     report.quit_sent_at = sent;
     report.proxy_exit_seen_at = exited;
     report.quit_reason = Some(reason);

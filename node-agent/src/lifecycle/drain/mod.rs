@@ -76,8 +76,26 @@ pub struct DrainCtx<'a, A, S> {
     /// Cancelled when the agent stops.
     pub stop: CancellationToken,
     pub settings: &'a DrainSettings,
-    /// Told when `/quitquitquit` is about to be sent (the row shows `quitting` meanwhile).
-    pub quit_started: Option<tokio::sync::mpsc::UnboundedSender<()>>,
+    /// Told each [`DrainStep`] as it happens (the driver: the row's phase and the pod's
+    /// timeline; tests: "the drain has begun" without a sleep).
+    pub steps: Option<tokio::sync::mpsc::UnboundedSender<DrainStep>>,
+}
+
+/// A step of a drain or a Job watch, told as it happens (see [`DrainCtx::steps`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DrainStep {
+    /// The inbound drain was asked of Envoy: `drained` when it answered 2xx; the Envoy version
+    /// read from `/server_info` (`None`: not read).
+    InboundDrained {
+        drained: bool,
+        envoy_version: Option<String>,
+    },
+    /// Every app process was seen gone (the drain now waits only for what is in flight).
+    AppGone,
+    /// The Job's app finished for good, by this signal.
+    JobFinished(FinishedBy),
+    /// `/quitquitquit` is about to be sent, for this reason.
+    Quitting(QuitReason),
 }
 
 #[cfg(test)]

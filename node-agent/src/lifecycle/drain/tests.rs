@@ -299,7 +299,7 @@ fn ctx<'a>(
         view: rx,
         stop,
         settings,
-        quit_started: None,
+        steps: None,
     }
 }
 
@@ -345,6 +345,47 @@ async fn job_during(
 ) -> JobReport {
     let run = run_job(admin, procs, rx, CancellationToken::new(), settings);
     tokio::join!(run, meanwhile).0
+}
+
+/// A drain tells its steps as they happen, in order: the inbound drain (with the version), the
+/// app gone, the quit and why — what the driver shows (phase `quitting`) and tests wait on.
+#[tokio::test]
+async fn a_drain_tells_its_steps_in_order() {
+    let mut pod = Pod::new();
+    let admin = FakeAdmin::new(Some(counts(0)));
+    let (_tx, rx) = watch::channel(Some(deleted_running_app()));
+    let settings = fast_settings();
+    let (steps_tx, mut steps) = tokio::sync::mpsc::unbounded_channel();
+    let ctx = DrainCtx {
+        steps: Some(steps_tx),
+        ..ctx(
+            &admin,
+            pod.procs.clone(),
+            rx,
+            CancellationToken::new(),
+            &settings,
+        )
+    };
+    let (report, ()) = tokio::join!(drain(ctx), async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        pod.app.kill();
+    });
+    assert_eq!(report.outcome, DrainOutcome::AppDone);
+    let mut told = Vec::new();
+    while let Ok(step) = steps.try_recv() {
+        told.push(step);
+    }
+    assert_eq!(
+        told,
+        vec![
+            DrainStep::InboundDrained {
+                drained: true,
+                envoy_version: Some("1.40.0".into()),
+            },
+            DrainStep::AppGone,
+            DrainStep::Quitting(QuitReason::Idle(IdleReason::NoOutboundConnections)),
+        ]
+    );
 }
 
 /// The Envoy version only adds advice: an Envoy older than 1.34, whose inbound-only graceful
