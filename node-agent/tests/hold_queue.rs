@@ -7,7 +7,7 @@
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -173,33 +173,50 @@ fn queue_is_bound_before_the_rule() -> Result<()> {
     // queue (the rule's kernel counter equals what the queue saw). A bypassed SYN would be
     // counted by the rule but never queued.
     let ns = t.ns.try_clone()?;
-    let spammer = std::thread::spawn(move || {
-        ns.run(|| {
-            let mut attempts = 0u64;
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline {
-                attempts += 1;
-                // Refused at once until the hold is in place; then held until released.
-                if TcpStream::connect_timeout(&envoy_outbound(), Duration::from_secs(5)).is_ok() {
-                    break;
+    let tries = Arc::new(AtomicU64::new(0));
+    let spammer = std::thread::spawn({
+        let tries = tries.clone();
+        move || {
+            ns.run(move || {
+                let mut attempts = 0u64;
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while Instant::now() < deadline {
+                    attempts += 1;
+                    tries.store(attempts, Ordering::SeqCst);
+                    // Refused at once until the hold is in place; then held until released.
+                    if TcpStream::connect_timeout(&envoy_outbound(), Duration::from_secs(5)).is_ok()
+                    {
+                        break;
+                    }
                 }
-            }
-            attempts
-        })
+                attempts
+            })
+        }
     });
-    std::thread::sleep(Duration::from_millis(50));
+    // The loop is refused a few times before the hold goes in.
+    wait_until(
+        "connects refused before the hold",
+        Duration::from_secs(3),
+        || tries.load(Ordering::SeqCst) >= 3,
+    )?;
     let hold = HoldQueue::start(&t.ns, &HoldConfig::default())?;
     wait_until("a SYN to be held", Duration::from_secs(3), || {
         hold.held().packets >= 1
     })?;
-    std::thread::sleep(Duration::from_millis(50));
-    let counted_by_rule = t.outbound_rule_packets()?;
-    let held = hold.held().packets;
-    println!("rule counted {counted_by_rule} SYNs, queue held {held}");
-    ensure!(
-        counted_by_rule == held,
-        "rule counted {counted_by_rule} SYNs but the queue saw {held}: a SYN bypassed"
-    );
+    // Every SYN the rule counted reaches the queue: the queue's count catches up with the rule's
+    // (SYN retransmissions of the held connect count on both). A bypassed SYN would leave the
+    // rule ahead for good, and the wait times out.
+    let mut counts = (0, 0);
+    wait_until(
+        "the queue to see every SYN the rule counted",
+        Duration::from_secs(3),
+        || {
+            counts = (t.outbound_rule_packets().unwrap_or(0), hold.held().packets);
+            counts.0 == counts.1
+        },
+    )
+    .with_context(|| format!("rule counted {} SYNs, the queue saw {}", counts.0, counts.1))?;
+    println!("rule counted {} SYNs, queue held {}", counts.0, counts.1);
 
     let _stop = accept_all(t.listen(envoy_outbound())?);
     hold.release()?;
@@ -878,18 +895,30 @@ fn proxy_uid_dns_is_not_held() -> Result<()> {
                 .output()
         })??)
     };
-    let proxy = send(1337)?;
-    std::thread::sleep(Duration::from_millis(200));
-    ensure!(proxy.status.success(), "uid 1337 send: {proxy:?}");
-    ensure!(
-        hold.held().dns_packets == 0,
-        "pilot-agent's own DNS packet was held: {:?}",
-        hold.held()
-    );
+    // Positive control first: an app's packet is held.
     let app = send(1000)?;
     ensure!(app.status.success(), "uid 1000 send: {app:?}");
     wait_until("the app's DNS packet held", Duration::from_secs(3), || {
         hold.held().dns_packets >= 1
+    })?;
+    // Then pilot-agent's, then the app's again. The OUTPUT hook queues a packet in the sender's
+    // own send (net/netfilter/nfnetlink_queue.c `nfqnl_enqueue_packet`), and a held packet stays
+    // in the queue until its verdict: once the second app send has returned, the kernel's queue
+    // holds every packet the rule took, in order. Two (both the app's) means the proxy's passed.
+    let proxy = send(1337)?;
+    ensure!(proxy.status.success(), "uid 1337 send: {proxy:?}");
+    let app = send(1000)?;
+    ensure!(app.status.success(), "uid 1000 send: {app:?}");
+    let queue_num = cfg.rules.queue_num;
+    let queued =
+        t.ns.run(move || holdfast::effects::hold::nfqueue::kernel_queue_waiting(queue_num))?;
+    ensure!(
+        queued == Some(2),
+        "the kernel's queue holds {queued:?} packets after two app sends and one of pilot-agent's: \
+         the proxy's own DNS packet was held"
+    );
+    wait_until("both app packets read", Duration::from_secs(3), || {
+        hold.held().dns_packets >= 2
     })?;
     println!("DNS by uid: {:?}", hold.held());
     hold.release()?;
