@@ -595,7 +595,10 @@ fn job_completes_when_its_app_exits() {
 }
 
 /// A failing Job with `restartPolicy: OnFailure` is left to the kubelet, which restarts the app:
-/// the proxy is not quit (the restarted app needs it).
+/// the proxy is not quit (the restarted app needs it). The positive control on the same node, a
+/// Job of the same shape whose app exits 0, gets its proxy quit: it says how soon the agent acts
+/// on a finished Job, and the failing Job is watched ten times that long (at least 500 ms) after
+/// its second failure.
 #[test]
 fn failing_job_with_on_failure_keeps_its_proxy() {
     if !privileged("failing_job_with_on_failure_keeps_its_proxy") {
@@ -619,15 +622,33 @@ fn failing_job_with_on_failure_keeps_its_proxy() {
             .restart_policy(RestartPolicy::OnFailure),
     )
     .expect("add pod");
+    node.add_pod(
+        pod("fine")
+            .app(AppScript::Batch {
+                calls: 1,
+                exit_code: 0,
+            })
+            .job()
+            .restart_policy(RestartPolicy::OnFailure),
+    )
+    .expect("add pod");
     node.start_pods().expect("start");
     recording(&agent, |rows| {
+        // The control: an OnFailure Job that exits 0 completes, and how soon the agent acted.
+        let job = rows.job(&agent, "fine", Duration::from_secs(30));
+        assert_eq!(job.outcome, JobOutcome::Completed, "{job:#?}");
+        let acted = job
+            .app_finished_to_quit
+            .expect("the control's app finish → quit");
         // Two failed runs: the app restarted after the first.
         node.wait_report("flaky", Duration::from_secs(30), "two runs", |r| {
             r.exit_codes().len() >= 2
         })
         .expect("the app runs, fails and is restarted");
-        // Give the agent time it would need to act (it quits a Job's proxy within ms).
-        std::thread::sleep(Duration::from_millis(500));
+        // Ten times what the agent took to act on the control, at least 500 ms.
+        let watch = (acted * 10).max(Duration::from_millis(500));
+        eprintln!("the control's proxy was quit {acted:?} after its app; watching {watch:?}");
+        std::thread::sleep(watch);
         let view = node.pod("flaky").expect("pod");
         assert!(
             view.proxy().is_some_and(|c| c.is_running()),
@@ -646,9 +667,11 @@ fn failing_job_with_on_failure_keeps_its_proxy() {
         assert!(row.job.is_none(), "no job quit: {row:#?}");
         assert_eq!(row.phase, AgentPhase::Ready);
     });
-    node.delete_pod("flaky").expect("delete");
-    node.wait_gone("flaky", Duration::from_secs(35))
-        .expect("deleted pod goes away");
+    for pod in ["flaky", "fine"] {
+        node.delete_pod(pod).expect("delete");
+        node.wait_gone(pod, Duration::from_secs(35))
+            .expect("deleted pod goes away");
+    }
     assert_clean(node, agent);
 }
 

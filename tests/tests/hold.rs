@@ -412,13 +412,33 @@ fn pod_without_proxy_is_ignored() {
     });
     let path = node.pods_dir().join("default_plain.json");
     std::fs::write(&path, pod.to_string()).expect("write pod");
-    std::thread::sleep(Duration::from_millis(300));
+    // Positive control, written after it: a pod with the proxy that the agent leaves alone gets
+    // a `skipped` row. Once that row shows, the agent has read the directory after the plain
+    // pod was written, so the plain pod's absence is a decision, not a delay.
+    let marker = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "marker", "namespace": "default", "uid": "7d1f3c52-2b8e-4c5a-9f0e-5a6b7c8d9e10"},
+        "spec": {"nodeName": node.node_name(), "hostNetwork": true,
+                 "containers": [{"name": "istio-proxy"}, {"name": "app"}]}
+    });
+    let marker_path = node.pods_dir().join("default_marker.json");
+    std::fs::write(&marker_path, marker.to_string()).expect("write pod");
+    agent
+        .wait_pod(
+            "default",
+            "marker",
+            Duration::from_secs(5),
+            "the control pod's skipped row",
+            |r| r.phase == AgentPhase::Skipped,
+        )
+        .expect("the agent read the pods directory");
     let status = agent.status().expect("status");
     assert!(
         status.pods.iter().all(|p| p.name != "plain"),
         "a pod without istio-proxy is tracked: {status:?}"
     );
     std::fs::remove_file(&path).expect("remove pod file");
+    std::fs::remove_file(&marker_path).expect("remove pod file");
     assert_clean(node, agent);
 }
 
