@@ -3,10 +3,9 @@
 //! manifests/charts/istio-control/istio-discovery/files/{injection-template,
 //! gateway-injection-template,waypoint}.yaml) are written next to a classic sidecar pod. The
 //! classic pod is tracked (its row waits for its network namespace, as no process runs for it);
-//! the others never get a tracked row — whatever reason row the status board may show for them,
-//! it is never waiting, holding, ready or draining.
+//! the others get a `skipped` row that names why, and never a tracked phase or a hold.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use holdfast::report::board::Phase as AgentPhase;
 use holdfast_tests::agent::AgentProcess;
@@ -107,35 +106,57 @@ fn gateways_waypoints_native_sidecars_and_tproxy_are_left_alone() {
         files.push(path);
     }
 
-    // The classic pod proves the agent read the directory.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        let status = agent.status().expect("status");
-        if status.pods.iter().any(|p| p.name == "classic") || Instant::now() > deadline {
-            break status;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let classic = status.pods.iter().find(|p| p.name == "classic");
-    assert!(
-        classic.is_some_and(|p| p.phase == AgentPhase::WaitingForNetns),
-        "the classic sidecar pod is tracked and waits for its netns: {status:?}"
-    );
-    std::thread::sleep(Duration::from_millis(300));
-    let status = agent.status().expect("status");
-    for name in ["gateway", "waypoint", "native", "tproxy"] {
-        let acted = status.pods.iter().filter(|p| p.name == name).any(|p| {
-            matches!(
-                p.phase,
-                AgentPhase::WaitingForNetns
-                    | AgentPhase::Holding
-                    | AgentPhase::Ready
-                    | AgentPhase::Draining
-                    | AgentPhase::Quitting
-            ) || p.hold.is_some()
-        });
-        assert!(!acted, "{name} is tracked: {status:?}");
+    // The classic pod is tracked: it waits for its netns (no process runs for it).
+    let classic = agent
+        .wait_pod(
+            "default",
+            "classic",
+            Duration::from_secs(10),
+            "the classic pod's row",
+            |r| r.phase == AgentPhase::WaitingForNetns,
+        )
+        .expect("the classic sidecar pod is tracked and waits for its netns");
+    assert!(classic.skipped_reason.is_none(), "{classic:?}");
+    // Every other pod has a `skipped` row that says why (what `holdfast status` shows), never a
+    // tracked phase or a hold.
+    for (name, reason) in [
+        (
+            "gateway",
+            "not a sidecar pod (istio-proxy runs `proxy router`: a gateway)",
+        ),
+        (
+            "waypoint",
+            "not a sidecar pod (istio-proxy runs `proxy waypoint`: a waypoint)",
+        ),
+        ("native", "native sidecar (the proxy is an init container"),
+        ("tproxy", "interception mode TPROXY"),
+    ] {
+        let row = agent
+            .wait_pod(
+                "default",
+                name,
+                Duration::from_secs(10),
+                "a skipped row",
+                |r| r.phase == AgentPhase::Skipped,
+            )
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(
+            row.skipped_reason
+                .as_deref()
+                .is_some_and(|r| r.starts_with(reason)),
+            "{name}: the reason says why: {row:?}"
+        );
+        assert!(row.hold.is_none() && row.drain.is_none(), "{name}: {row:?}");
     }
+    // And it stays so: the whole board, once more, has no tracked row but the classic pod's.
+    let status = agent.status().expect("status");
+    let tracked: Vec<&str> = status
+        .pods
+        .iter()
+        .filter(|p| p.phase != AgentPhase::Skipped)
+        .map(|p| p.name.as_str())
+        .collect();
+    assert_eq!(tracked, ["classic"], "{status:?}");
     for f in files {
         std::fs::remove_file(f).expect("remove pod file");
     }
