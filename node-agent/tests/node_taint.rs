@@ -5,7 +5,10 @@
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use holdfast::effects::node_taint::{remove_startup_taint, Error, STARTUP_TAINT_KEY};
+use holdfast::effects::node_taint::{
+    remove_startup_taint, remove_startup_taint_retrying, Error, Removal, ATTEMPTS,
+    FIRST_RETRY_PAUSE, MAX_RETRY_PAUSE, RETRIES, STARTUP_TAINT_KEY,
+};
 use http_body_util::BodyExt;
 use hyper::{Method, Request, Response, StatusCode};
 use kube::client::Body;
@@ -226,20 +229,26 @@ async fn forbidden_says_which_rbac_is_missing() -> Result<()> {
     Ok(())
 }
 
-/// The taints keep changing: the agent gives up after a bounded number of attempts.
+/// The taints keep changing: the agent gives up after a bounded number of attempts — exactly
+/// [`ATTEMPTS`] reads, each followed by its patch, and nothing after.
 #[tokio::test]
 async fn endless_contention_is_bounded() -> Result<()> {
+    let counts = std::sync::Arc::new(std::sync::Mutex::new((0usize, 0usize)));
+    let seen = counts.clone();
     let result = run(|mut h| async move {
         loop {
             let send = match tokio::time::timeout(STEP, h.next_request()).await {
-                Ok(Some((req, send))) if req.method() == Method::GET => send,
+                Ok(Some((req, send))) if req.method() == Method::GET => {
+                    seen.lock().expect("counts").0 += 1;
+                    send
+                }
                 Ok(Some((req, send))) if req.method() == Method::PATCH => {
+                    seen.lock().expect("counts").1 += 1;
                     respond(
                         send,
                         StatusCode::UNPROCESSABLE_ENTITY,
                         status(422, "Invalid"),
                     )?;
-                    let _ = req;
                     continue;
                 }
                 Ok(Some((req, _))) => bail!("unexpected {} {}", req.method(), req.uri()),
@@ -250,7 +259,63 @@ async fn endless_contention_is_bounded() -> Result<()> {
         }
     })
     .await?;
+    let (gets, patches) = *counts.lock().expect("counts");
+    assert_eq!(
+        (gets, patches),
+        (ATTEMPTS, ATTEMPTS),
+        "one read and one patch per attempt, {ATTEMPTS} attempts"
+    );
     let err = result.expect_err("gives up");
     assert!(matches!(err, Error::Contended { .. }), "{err:?}");
+    Ok(())
+}
+
+/// The outer loop (the agent's, around each bounded removal): on paused time, a GET that the
+/// API server keeps refusing (403 while RBAC is still being applied) is tried exactly
+/// [`RETRIES`] times, paused 1, 2, 4, … s (at most 60 s) between tries, then given up; one that
+/// succeeds on its third try stops there.
+#[tokio::test(start_paused = true)]
+async fn the_retry_loop_counts_its_tries_and_doubles_its_pause() -> Result<()> {
+    for succeed_on in [None, Some(3u32)] {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(service, "default");
+        let started = tokio::time::Instant::now();
+        let server = tokio::spawn(async move {
+            let mut at = Vec::new();
+            loop {
+                let Some((req, send)) = handle.next_request().await else {
+                    return Ok::<_, anyhow::Error>(at);
+                };
+                at.push(started.elapsed());
+                let n = at.len() as u32;
+                match req.method() {
+                    &Method::GET if Some(n) == succeed_on => {
+                        respond(send, StatusCode::OK, node(Some(others())))?
+                    }
+                    &Method::GET => respond(send, StatusCode::FORBIDDEN, status(403, "Forbidden"))?,
+                    m => bail!("unexpected {m}"),
+                }
+            }
+        });
+        let removal = remove_startup_taint_retrying(client, NODE).await;
+        let at = server.await??;
+        let tries = at.len() as u32;
+        match succeed_on {
+            None => {
+                assert_eq!(removal, Removal::GaveUp { tries: RETRIES });
+                assert_eq!(tries, RETRIES, "one GET per try");
+            }
+            Some(n) => {
+                assert_eq!(removal, Removal::NotThere, "the node had no startup taint");
+                assert_eq!(tries, n, "no try after the one that worked");
+            }
+        }
+        let pauses: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
+        let mut want = FIRST_RETRY_PAUSE;
+        for (i, p) in pauses.iter().enumerate() {
+            assert_eq!(*p, want, "pause {i} of {pauses:?}");
+            want = (want * 2).min(MAX_RETRY_PAUSE);
+        }
+    }
     Ok(())
 }

@@ -232,22 +232,16 @@ impl Pods {
 /// Removes the agent's startup taint from its node (docs/install.md, "New nodes"), retrying with
 /// a growing pause while the API server says no; never stops the agent.
 async fn remove_startup_taint(client: kube::Client, node: String) {
-    let mut pause = Duration::from_secs(1);
-    for attempt in 1..=8 {
-        match crate::effects::node_taint::remove_startup_taint(client.clone(), &node).await {
-            Ok(true) => {
-                tracing::info!(node = %node, taint = crate::effects::node_taint::STARTUP_TAINT_KEY, "removed the startup taint: pods may be scheduled here");
-                return;
-            }
-            Ok(false) => return,
-            Err(e) => {
-                tracing::warn!(node = %node, attempt, error = %e, "cannot remove the startup taint yet; retrying");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(60));
-            }
+    use crate::effects::node_taint::{self, Removal, STARTUP_TAINT_KEY};
+    match node_taint::remove_startup_taint_retrying(client, &node).await {
+        Removal::Removed { .. } => {
+            tracing::info!(node = %node, taint = STARTUP_TAINT_KEY, "removed the startup taint: pods may be scheduled here");
+        }
+        Removal::NotThere => {}
+        Removal::GaveUp { tries } => {
+            tracing::error!(node = %node, taint = STARTUP_TAINT_KEY, tries, "gave up removing the startup taint: remove it by hand (kubectl taint nodes NODE holdfast.io/agent-not-ready-)");
         }
     }
-    tracing::error!(node = %node, taint = crate::effects::node_taint::STARTUP_TAINT_KEY, "gave up removing the startup taint: remove it by hand (kubectl taint nodes NODE holdfast.io/agent-not-ready-)");
 }
 
 #[cfg(test)]

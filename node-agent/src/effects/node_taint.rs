@@ -18,8 +18,9 @@ use kube::Api;
 pub const STARTUP_TAINT_KEY: &str = "holdfast.io/agent-not-ready";
 /// The startup taint's documented effect (node pools set `holdfast.io/agent-not-ready:NoSchedule`).
 pub const STARTUP_TAINT_EFFECT: &str = "NoSchedule";
-/// How often a removal is retried when the node's taints change under it.
-const ATTEMPTS: usize = 5;
+/// How often a removal is tried when the node's taints change under it (each a GET and a
+/// PATCH).
+pub const ATTEMPTS: usize = 5;
 
 /// Errors of this module.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +37,44 @@ pub enum Error {
 
 /// Result of this module.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// How many times [`remove_startup_taint_retrying`] tries before it gives up, and its first
+/// pause (doubling, at most [`MAX_RETRY_PAUSE`]).
+pub const RETRIES: u32 = 8;
+pub const FIRST_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
+pub const MAX_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// How [`remove_startup_taint_retrying`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    /// Removed after this many tries.
+    Removed { tries: u32 },
+    /// The node did not carry the taint.
+    NotThere,
+    /// Every try failed: the taint stays until someone removes it.
+    GaveUp { tries: u32 },
+}
+
+/// Removes the startup taint, trying again with a doubling pause (1 s, 2 s, … at most 60 s;
+/// [`RETRIES`] tries, about 4 minutes) while the API server says no (RBAC being set up, an
+/// apiserver restart, endless contention). Never fails: the outcome is logged by the caller.
+pub async fn remove_startup_taint_retrying(client: kube::Client, node: &str) -> Removal {
+    let mut pause = FIRST_RETRY_PAUSE;
+    for attempt in 1..=RETRIES {
+        match remove_startup_taint(client.clone(), node).await {
+            Ok(true) => return Removal::Removed { tries: attempt },
+            Ok(false) => return Removal::NotThere,
+            Err(e) => {
+                tracing::warn!(node = %node, attempt, error = %e, "cannot remove the startup taint yet; retrying");
+                if attempt < RETRIES {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MAX_RETRY_PAUSE);
+                }
+            }
+        }
+    }
+    Removal::GaveUp { tries: RETRIES }
+}
 
 /// Removes the startup taint from `node`. Returns `true` when this call removed it, `false` when
 /// the node did not carry it (nothing is written then). Other taints are kept as they are.
