@@ -6,5 +6,7 @@ pub mod bench_opts;
 pub mod cri;
 pub mod echo;
 pub mod envoy;
+pub mod istio_wasm;
+pub mod kustomize;
 pub mod sim;
 pub mod soak;
