@@ -101,7 +101,7 @@ pub fn elf_needs(data: &[u8]) -> Result<Option<ElfNeeds>, Error> {
     let sections = header.sections(endian, data).map_err(bad)?;
     let dynamic = sections.dynamic_table(endian, data).map_err(bad)?;
     for d in dynamic.iter() {
-        if d.tag == i64::from(object::elf::DT_NEEDED) {
+        if d.tag == object::elf::DT_NEEDED {
             let name = dynamic.string(d).map_err(bad)?;
             needs
                 .needed

@@ -8,5 +8,7 @@ pub mod echo;
 pub mod envoy;
 pub mod istio_wasm;
 pub mod kustomize;
+pub mod pod_security;
+pub mod schema;
 pub mod sim;
 pub mod soak;
