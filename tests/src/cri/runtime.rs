@@ -553,8 +553,10 @@ state = "{d}/state"
         }
         let daemon = self.child.lock().ok().and_then(|mut c| c.take());
         let mut left = Vec::new();
-        // The registry the agent's image came from: our child, killed by its pid.
+        // The registry the agent's image came from: our child, killed by its pid; one a killed
+        // test binary left (this runtime adopted) is found by its config under our directory.
         drop(self.registry.lock().ok().and_then(|mut r| r.take()));
+        left.extend(kill_registries_under(&self.dir));
         if daemon.is_some() {
             left.extend(self.remove_sandboxes(None));
             let _ = self.ctr(&["images", "rm", BASE_IMAGE]);
@@ -618,6 +620,47 @@ state = "{d}/state"
         }
         left
     }
+}
+
+/// SIGKILLs every `docker-registry` whose command line names a file under `dir` (a registry
+/// started for this runtime by a test binary that was killed before it could stop it); returns
+/// those still alive after.
+fn kill_registries_under(dir: &Path) -> Vec<String> {
+    let under = format!("{}/", dir.display());
+    let ours = |pid: u32| -> bool {
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            return false;
+        };
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        args.first()
+            .is_some_and(|a| a.ends_with(holdfast_image::registry::REGISTRY_BINARY))
+            && args.iter().any(|a| a.starts_with(&under))
+    };
+    let pids: Vec<u32> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|pid| ours(*pid))
+        .collect();
+    let mut left = Vec::new();
+    for pid in pids {
+        // Checked again right before the signal: the pid still names that registry.
+        if ours(pid) {
+            crate::sim::process::signal(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while ours(pid) && crate::sim::process::alive(pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if ours(pid) && crate::sim::process::alive(pid) {
+            left.push(format!("docker-registry {pid}"));
+        }
+    }
+    left
 }
 
 impl Drop for Containerd {
