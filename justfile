@@ -19,6 +19,23 @@ filter:
     cp target/wasm32-wasip1/wasm-release/holdfast_filter.wasm {{wasm}}
     @ls -l {{wasm}}
 
+# The agent from the release binary; OCI layouts in target/image; the registry is Debian's docker-registry on
+# port 5000 (`just image --registry-port 0`: any free one); SOURCE_DATE_EPOCH, if set, is every file's time
+# (default 0). docs/images.md says what is in each image and how to publish it.
+# Build both images reproducibly, push them to a loopback registry, print sizes, digests and the pinning edits.
+image *args: setup filter
+    cargo build --release -p holdfast --locked
+    cargo run -q -p holdfast-image --locked -- release {{ args }}
+
+# Rewrites image/agent-debs.lock when a pinned version left the archive, or for security updates.
+# Refresh the Debian packages the agent image is built from to the archive's current versions.
+image-lock:
+    cargo run -q -p holdfast-image --locked -- lock
+
+# Serve the registry storage `just image` pushed to (target/image/registry) on 127.0.0.1:5000 until Ctrl-C.
+registry:
+    cargo run -q -p holdfast-image --locked -- serve
+
 # Build the filter, the agent and the test binaries.
 build: filter
     cargo build --workspace --exclude holdfast-filter --all-targets

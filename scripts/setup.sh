@@ -29,6 +29,10 @@ command -v runc >/dev/null 2>&1 || need_apt+=(runc)
 [ -x /usr/lib/cni/bridge ] || need_apt+=(containernetworking-plugins)
 [ -x /bin/busybox ] && /bin/busybox --list >/dev/null 2>&1 && ! ldd /bin/busybox >/dev/null 2>&1 || need_apt+=(busybox-static)
 command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
+# Images (`just image`, the containerd backend's pulled agent, the filter fetch test): Debian's
+# distribution registry on loopback; dpkg-deb unpacks the agent image's pinned packages.
+command -v docker-registry >/dev/null 2>&1 || need_apt+=(docker-registry)
+command -v dpkg-deb >/dev/null 2>&1 || need_apt+=(dpkg)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         echo "setup: missing ${need_apt[*]}; install them with: sudo apt-get install -y ${need_apt[*]}" >&2
@@ -38,6 +42,23 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
+
+# The Debian packages the agent image is built from, pinned in image/agent-debs.lock (name,
+# version, .deb sha256): fetched once into target/image/debs so image builds need no network.
+mkdir -p target/image/debs
+while read -r name version sha; do
+    case "$name" in ''|'#'*) continue ;; esac
+    deb="target/image/debs/${name}_${version//:/%3a}_amd64.deb"
+    [ -f "$deb" ] && echo "$sha  $deb" | sha256sum --check --status && continue
+    echo "setup: apt-get download $name=$version"
+    (cd target/image/debs && apt-get -q -o APT::Sandbox::User=root download "$name=$version" >/dev/null 2>&1) || {
+        [ "$(id -u)" -eq 0 ] && apt-get update -qq
+        (cd target/image/debs && apt-get -q -o APT::Sandbox::User=root download "$name=$version" >/dev/null)
+    } || {
+        echo "setup: cannot download $name=$version: if the archive dropped it, refresh the pins with 'just image-lock'" >&2
+        exit 1
+    }
+done < image/agent-debs.lock
 
 # overlayfs: containerd's snapshotter for the containerd backend.
 if ! grep -qw overlay /proc/filesystems; then

@@ -1,5 +1,9 @@
-//! The holdfast node agent as the tests run it: the real `holdfast` binary, started as a process
-//! on the simulated node, read through its status API the way an operator would.
+//! The holdfast node agent as the tests run it: the real `holdfast` binary, read through its
+//! status API the way an operator would. On the netns backend it is a process of the host; on
+//! the containerd backend ([`AgentProcess::for_node`]) it is the DaemonSet's pod as rendered
+//! from `manifests/`, its image pulled from a registry ([`crate::cri::agent_pod`]), and
+//! `/status` is read from inside that pod's network namespace, as `kubectl port-forward` reaches
+//! it.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -30,9 +34,11 @@ pub fn holdfast_binary() -> anyhow::Result<PathBuf> {
     )
 }
 
-/// A running agent. Killed (SIGKILL) on drop.
+/// A running agent. Killed (SIGKILL) on drop; its pod, if it runs in one, removed.
 pub struct AgentProcess {
     child: Option<Child>,
+    /// On the containerd backend: the agent's DaemonSet pod.
+    pod: Option<crate::cri::agent_pod::AgentPod>,
     status_addr: SocketAddr,
     log: PathBuf,
     args: Vec<String>,
@@ -54,12 +60,42 @@ impl AgentProcess {
 
     /// The agent of a simulated node, with default flags, its log in the node's work dir.
     pub fn for_node(node: &crate::sim::SimNode) -> anyhow::Result<Self> {
-        Self::start(
-            node.node_name(),
-            node.pods_dir(),
-            &node.work_dir().join("agent.log"),
-            &[],
-        )
+        Self::for_node_with(node, &[])
+    }
+
+    /// The agent of a simulated node with `extra` flags, its log at `<work dir>/agent.log`: a
+    /// host process on the netns backend; on the containerd backend the DaemonSet's pod, pulled
+    /// and rendered from `manifests/` (the flags appended to its args, as a patch would).
+    pub fn for_node_with(node: &crate::sim::SimNode, extra: &[&str]) -> anyhow::Result<Self> {
+        let log = node.work_dir().join("agent.log");
+        if node.runtime() != crate::sim::Runtime::Containerd {
+            return Self::start(node.node_name(), node.pods_dir(), &log, extra);
+        }
+        let rt = crate::cri::shared().map_err(anyhow::Error::msg)?;
+        let pulled = crate::cri::agent_image::pulled(rt)?;
+        let ctx = crate::cri::agent_pod::PodContext {
+            node_label: node.test_name().to_string(),
+            node_name: node.node_name().to_string(),
+            pods_dir: node.pods_dir().to_path_buf(),
+            log_dir: node.work_dir().to_path_buf(),
+            extra_args: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        let pod =
+            crate::cri::agent_pod::AgentPod::start(rt, pulled.spec, &ctx, Duration::from_secs(30))?;
+        let ip: std::net::IpAddr = pod.pod_ip.parse().context("the agent pod's IP")?;
+        Ok(Self {
+            child: None,
+            status_addr: SocketAddr::new(ip, pod.status_port),
+            log,
+            args: Vec::new(),
+            binary: None,
+            pod: Some(pod),
+        })
+    }
+
+    /// The agent's pod, on the containerd backend.
+    pub fn pod_handle(&self) -> Option<&crate::cri::agent_pod::AgentPod> {
+        self.pod.as_ref()
     }
 
     /// Like [`AgentProcess::start`] with a given `holdfast` binary (a benchmark's baseline build).
@@ -83,6 +119,7 @@ impl AgentProcess {
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut agent = Self {
             child: None,
+            pod: None,
             status_addr: SocketAddr::from(([127, 0, 0, 1], port)),
             log: log.to_path_buf(),
             args,
@@ -134,18 +171,28 @@ impl AgentProcess {
         )
     }
 
-    /// The status API's address (the same across restarts).
+    /// The status API's address (the same across restarts; in a pod, the pod IP's, where
+    /// `/status` answers 403: read it with [`AgentProcess::get`]).
     pub fn status_addr(&self) -> SocketAddr {
         self.status_addr
     }
 
     /// The agent's pid.
     pub fn pid(&self) -> Option<u32> {
+        if let Some(p) = &self.pod {
+            return p.pid();
+        }
         self.child.as_ref().map(|c| c.id())
     }
 
     /// SIGKILL, as when the node OOM-kills the agent. The agent cannot clean up.
     pub fn kill(&mut self) {
+        if let Some(p) = self.pod.as_mut() {
+            if let Err(e) = p.kill() {
+                eprintln!("agent pod: cannot kill the agent: {e}");
+            }
+            return;
+        }
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -154,6 +201,9 @@ impl AgentProcess {
 
     /// SIGTERM and wait, as on a rolling update.
     pub fn terminate(&mut self) -> anyhow::Result<()> {
+        if let Some(p) = self.pod.as_mut() {
+            return p.terminate().map_err(Into::into);
+        }
         if let Some(mut c) = self.child.take() {
             nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(c.id() as i32),
@@ -175,8 +225,12 @@ impl AgentProcess {
         Ok(())
     }
 
-    /// Starts the agent again with the same arguments (after `kill` or `terminate`).
+    /// Starts the agent again with the same arguments (after `kill` or `terminate`); in a pod,
+    /// a new container in the same sandbox, as the kubelet restarts one.
     pub fn restart(&mut self) -> anyhow::Result<()> {
+        if let Some(p) = self.pod.as_mut() {
+            return p.restart(Duration::from_secs(30)).map_err(Into::into);
+        }
         self.kill();
         self.spawn()
     }
@@ -235,9 +289,13 @@ impl AgentProcess {
         )
     }
 
-    /// GET a path of the status API (HTTP/1.1, connection close).
+    /// GET a path of the status API (HTTP/1.1, connection close): at its address on the host,
+    /// or from inside the agent's pod (its loopback, as a port-forward reaches it).
     pub fn get(&self, path: &str) -> anyhow::Result<String> {
-        let mut s = TcpStream::connect_timeout(&self.status_addr, Duration::from_secs(1))?;
+        let mut s = match &self.pod {
+            Some(p) => p.connect_local(p.status_port, Duration::from_secs(1))?,
+            None => TcpStream::connect_timeout(&self.status_addr, Duration::from_secs(1))?,
+        };
         s.set_read_timeout(Some(Duration::from_secs(5)))?;
         write!(
             s,

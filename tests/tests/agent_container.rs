@@ -1,14 +1,15 @@
-//! The agent in its own container on the containerd backend, with exactly the privileges its
-//! DaemonSet (`manifests/agent/daemonset.yaml`) grants: hostPID, its own netns, root, drop ALL +
-//! SYS_ADMIN/NET_ADMIN/SYS_PTRACE, read-only root filesystem, no_new_privs, RuntimeDefault
-//! seccomp. A pod whose Envoy is late boots with 0 refused calls; without NET_ADMIN the agent
-//! says which capability is missing and the pod is no worse off than without holdfast.
+//! The agent as a cluster runs it, on the containerd backend: its image built as `just image`
+//! builds it, pushed to a registry on loopback and pulled through CRI `PullImage`; its pod the
+//! DaemonSet as rendered from `manifests/` (pinned to that image by kustomize `images:`), with
+//! exactly the privileges, env, mounts and probes written there. A pod whose Envoy is late boots
+//! with 0 refused calls; the probes answer on the pod IP while `/status` answers loopback only;
+//! without NET_ADMIN the agent says which capability is missing and the pod is no worse off than
+//! without holdfast.
 
 use std::time::{Duration, Instant};
 
-use holdfast_tests::agent::holdfast_binary;
-use holdfast_tests::cri::agent_pod::{start_agent_pod, AgentPod, AgentPrivileges};
-use holdfast_tests::cri::kubelet::remove_pod_cgroups;
+use holdfast_tests::cri::agent_image;
+use holdfast_tests::cri::agent_pod::{http_get, AgentPod, AgentPodSpec, PodContext};
 use holdfast_tests::cri::runtime_for;
 use holdfast_tests::sim::{AppScript, CallError, NodeOptions, Phase, PodSpec, Runtime, SimNode};
 
@@ -35,19 +36,16 @@ fn boot_caller(late: Duration) -> PodSpec {
         .call_timeout(late + Duration::from_secs(20))
 }
 
-fn start_agent(node: &SimNode, privs: &AgentPrivileges) -> AgentPod {
+fn start_agent(node: &SimNode, spec: AgentPodSpec) -> AgentPod {
     let rt = holdfast_tests::cri::shared().expect("runtime");
-    let holdfast = holdfast_binary().expect("holdfast binary");
-    start_agent_pod(
-        rt,
-        privs,
-        &holdfast,
-        node.test_name(),
-        node.node_name(),
-        node.pods_dir(),
-        node.work_dir(),
-    )
-    .expect("start the agent's pod")
+    let ctx = PodContext {
+        node_label: node.test_name().to_string(),
+        node_name: node.node_name().to_string(),
+        pods_dir: node.pods_dir().to_path_buf(),
+        log_dir: node.work_dir().to_path_buf(),
+        extra_args: Vec::new(),
+    };
+    AgentPod::start(rt, spec, &ctx, Duration::from_secs(30)).expect("start the agent's pod")
 }
 
 fn wait_log(agent: &AgentPod, what: &str, timeout: Duration) -> String {
@@ -61,39 +59,83 @@ fn wait_log(agent: &AgentPod, what: &str, timeout: Duration) -> String {
     }
 }
 
-fn finish(node: SimNode, agent: AgentPod) {
+fn finish(node: SimNode, mut agent: AgentPod) {
+    let left_pod = agent.remove();
+    drop(agent);
     let left = node.finish();
-    let cg = remove_pod_cgroups(&agent.uid);
     assert!(left.is_empty(), "left behind: {left:#?}");
-    assert!(cg.is_empty(), "{cg:?}");
+    assert!(left_pod.is_empty(), "{left_pod:?}");
 }
 
+/// The pod the tests run is the manifest's: rendered through the same overlay `just image`
+/// writes, its image the pinned digest, every privilege as written.
 #[test]
-fn manifest_privileges_are_parsed() {
-    let p = AgentPrivileges::shipped().expect("parse the DaemonSet");
-    assert!(p.host_pid && !p.host_network);
-    assert_eq!(p.run_as_user, Some(0));
-    assert!(p.read_only_root && p.no_new_privs && p.seccomp_runtime_default);
-    assert_eq!(p.cap_drop, ["ALL"]);
-    let mut add = p.cap_add.clone();
+fn the_pod_run_is_the_rendered_daemonset_pinned_to_the_image() {
+    let digest = format!("sha256:{}", "e".repeat(64));
+    let pinned = holdfast_image::registry::ImageRef::parse(&format!(
+        "127.0.0.1:5000/holdfast/agent@{digest}"
+    ))
+    .expect("a reference");
+    let dir = std::env::temp_dir().join(format!("hf-agentpod-render-{}", std::process::id()));
+    let spec = agent_image::render_pinned(&dir, &pinned).expect("render the overlay");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(spec.image().expect("image"), pinned.to_string());
+    assert_eq!(spec.pod.host_pid, Some(true));
+    assert_ne!(spec.pod.host_network, Some(true));
+    let sc = spec
+        .container
+        .security_context
+        .clone()
+        .expect("securityContext");
+    assert_eq!(sc.run_as_user, Some(0));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    let mut add = spec.cap_add();
     add.sort();
     assert_eq!(add, ["NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"]);
-    assert_eq!(p.mount_paths, ["/run"]);
+    assert!(
+        spec.container.command.is_none(),
+        "the image's entrypoint runs"
+    );
 }
 
-/// The DaemonSet's privileges suffice: the agent, in its container, holds the boot calls of a
-/// pod whose Envoy is 2 s late; none is refused.
+/// The DaemonSet's privileges suffice: the agent, in its pulled container, holds the boot calls
+/// of a pod whose Envoy is 2 s late; none is refused. The kubelet's probes reach `/healthz` and
+/// `/readyz` on the pod IP, where `/status` is refused; from inside the pod (a port-forward's
+/// path) it answers.
 #[test]
 fn agent_in_its_daemonset_container_holds_the_startup() {
     if runtime_for("agent_in_its_daemonset_container_holds_the_startup").is_none() {
         return;
     }
     let (_serial, mut node) = node("cragent");
-    let privs = AgentPrivileges::shipped().expect("parse the DaemonSet");
-    let agent = start_agent(&node, &privs);
-    wait_log(&agent, "status API listening", Duration::from_secs(20));
-    let pid_line = std::fs::read_to_string(&agent.log).unwrap_or_default();
-    eprintln!("agent container log so far:\n{pid_line}");
+    let rt = holdfast_tests::cri::shared().expect("runtime");
+    let pulled = agent_image::pulled(rt).expect("the agent image, pulled");
+    let agent = start_agent(&node, pulled.spec.clone());
+    let pod_addr =
+        std::net::SocketAddr::new(agent.pod_ip.parse().expect("pod IP"), agent.status_port);
+    let on_pod_ip = |path: &str| {
+        http_get(
+            || std::net::TcpStream::connect_timeout(&pod_addr, Duration::from_secs(2)),
+            path,
+            Duration::from_secs(2),
+        )
+        .expect("GET on the pod IP")
+    };
+    assert_eq!(on_pod_ip("/healthz").0, 200);
+    assert_eq!(on_pod_ip("/readyz").0, 200);
+    assert_eq!(
+        on_pod_ip("/status").0,
+        403,
+        "/status is for loopback clients only"
+    );
+    let (code, body) = http_get(
+        || agent.connect_local(agent.status_port, Duration::from_secs(2)),
+        "/status",
+        Duration::from_secs(2),
+    )
+    .expect("GET /status from inside the pod");
+    assert_eq!(code, 200, "{body}");
     node.add_pod(boot_caller(Duration::from_secs(2)))
         .expect("add pod");
     node.start_pods().expect("start");
@@ -119,22 +161,14 @@ fn agent_without_net_admin_names_the_capability_and_fails_open() {
         return;
     }
     let (_serial, mut node) = node("crnoadmin");
-    let mut privs = AgentPrivileges::shipped().expect("parse the DaemonSet");
-    privs.cap_add.retain(|c| c != "NET_ADMIN");
-    let agent = start_agent(&node, &privs);
-    wait_log(&agent, "status API listening", Duration::from_secs(20));
+    let rt = holdfast_tests::cri::shared().expect("runtime");
+    let mut spec = agent_image::pulled(rt).expect("the agent image").spec;
+    spec.drop_added_capability("NET_ADMIN");
+    assert!(!spec.cap_add().contains(&"NET_ADMIN".to_string()));
+    let agent = start_agent(&node, spec);
     // Where the runtime put the agent: its /proc/<pid>/cgroup, as the agent itself (hostPID, no
     // cgroup namespace on this cgroup v1/v2 hybrid) and the host see it.
-    let rt = holdfast_tests::cri::shared().expect("runtime");
-    let mut c = rt.client.clone();
-    let st = rt
-        .call(c.container_status(k8s_cri::v1::ContainerStatusRequest {
-            container_id: agent.container_id.clone(),
-            verbose: true,
-        }))
-        .expect("agent container status");
-    let info = holdfast_tests::cri::status::parse_info(&st.info);
-    let pid = holdfast_tests::cri::status::info_pid(&info).expect("agent pid");
+    let pid = agent.pid().expect("agent pid");
     let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("agent cgroup");
     eprintln!("the agent container's /proc/{pid}/cgroup:\n{cgroup}");
     let parsed = holdfast::effects::procfs::parse_pod_cgroup(&cgroup).expect("a pod cgroup");
@@ -142,6 +176,10 @@ fn agent_without_net_admin_names_the_capability_and_fails_open() {
     assert_eq!(
         parsed.container_id.as_deref(),
         Some(agent.container_id.as_str())
+    );
+    assert!(
+        cgroup.contains("/kubepods/burstable/pod"),
+        "requests below limits: the Burstable QoS class's cgroup\n{cgroup}"
     );
     node.add_pod(
         PodSpec::new("boot")

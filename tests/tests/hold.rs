@@ -21,14 +21,10 @@ fn node(test: &str) -> SimNode {
     SimNode::for_test(test, opts)
 }
 
+/// The node's agent: a host process, or with `HOLDFAST_SIM_RUNTIME=containerd` the DaemonSet's
+/// pod pulled and rendered from manifests/ (`extra` appended to its args).
 fn agent(node: &SimNode, extra: &[&str]) -> AgentProcess {
-    AgentProcess::start(
-        node.node_name(),
-        node.pods_dir(),
-        &node.work_dir().join("agent.log"),
-        extra,
-    )
-    .expect("start the holdfast agent")
+    AgentProcess::for_node_with(node, extra).expect("start the holdfast agent")
 }
 
 /// The holdfast rules in a pod's netns (`iptables -S` lines mentioning holdfast).

@@ -1,10 +1,11 @@
-//! The install manifests (`manifests/`), the agent's image (`Dockerfile`) and the RBAC the code
-//! needs, checked without a cluster: every YAML document is parsed the way the API server would
-//! read it (k8s-openapi types for Kubernetes kinds, small serde structs for Istio's), and the
-//! invariants that matter for a node agent are asserted (docs/install.md says why each holds).
+//! The install manifests (`manifests/`) and the RBAC the code needs, checked without a cluster:
+//! every YAML document is parsed the way the API server would read it (k8s-openapi types for
+//! Kubernetes kinds, small serde structs for Istio's), and the invariants that matter for a node
+//! agent are asserted (docs/install.md says why each holds). Schema validation and Pod Security
+//! admission of the rendered install: tests/manifests_admitted.rs.
 //!
-//! `kubectl`/`kustomize` are not needed: the kustomizations are resolved here (resources only,
-//! which is all they use). The EnvoyFilter's Wasm config is also loaded by real Envoy
+//! `kubectl`/`kustomize` are not needed: the kustomizations are rendered by
+//! holdfast_tests::kustomize. The EnvoyFilter's Wasm config is also loaded by real Envoy
 //! (`--mode validate`, the module from disk); that one check skips without Envoy or the filter,
 //! unless CI is set. The ClusterRole is compared with the kube-rs calls found in
 //! node-agent/src (a small pattern table; see `calls_in`), except `holdfast status --node`'s
@@ -16,6 +17,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, ensure, Context, Result};
 use holdfast::lifecycle::drain::DrainSample;
+use holdfast_tests::kustomize;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role};
@@ -48,11 +50,7 @@ fn manifests() -> PathBuf {
 
 /// Every YAML document of a file (multi-document aware; empty documents skipped).
 fn documents(path: &Path) -> Result<Vec<Value>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
-        .with_context(|| format!("{}: not valid YAML", path.display()))?;
-    Ok(docs.into_iter().filter(|v| !v.is_null()).collect())
+    kustomize::documents(path)
 }
 
 /// Every `*.yaml`/`*.yml` under `dir`, relative to it, sorted.
@@ -75,95 +73,42 @@ fn yaml_files(dir: &Path) -> Result<BTreeSet<PathBuf>> {
     Ok(out)
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct Kustomization {
-    api_version: String,
-    kind: String,
-    #[serde(default)]
-    namespace: Option<String>,
-    #[serde(default)]
-    resources: Vec<String>,
-}
-
-/// What a kustomization directory renders: the resource files it includes (recursively), and
-/// every kustomization file visited. Fails on a missing file or directory.
+/// What a kustomization directory renders (holdfast_tests::kustomize, the renderer the
+/// containerd backend and the filter test use too): the resource files it includes
+/// (recursively), every kustomization file visited, and the namespace each file's objects end
+/// up in. Fails on a missing file or directory.
 #[derive(Debug, Default)]
 struct Rendered {
     files: Vec<PathBuf>,
     kustomizations: Vec<PathBuf>,
-    /// Namespace set by a kustomization, per resource file (the innermost one wins).
+    /// Namespace of the objects of each resource file after rendering.
     namespace_of: BTreeMap<PathBuf, String>,
 }
 
-fn render(root: &Path, dir_rel: &Path, out: &mut Rendered) -> Result<()> {
-    let k_rel = dir_rel.join("kustomization.yaml");
-    let k_path = root.join(&k_rel);
-    ensure!(
-        k_path.is_file(),
-        "{} is referenced as a kustomize resource directory but has no kustomization.yaml",
-        root.join(dir_rel).display()
-    );
-    let k: Kustomization = serde_saphyr::from_str(&std::fs::read_to_string(&k_path)?)
-        .with_context(|| format!("{}: not a kustomization", k_path.display()))?;
-    ensure!(k.api_version == "kustomize.config.k8s.io/v1beta1" && k.kind == "Kustomization");
-    out.kustomizations.push(normalize(&k_rel));
-    let first_new = out.files.len();
-    for r in &k.resources {
-        let rel = normalize(&dir_rel.join(r));
-        let abs = root.join(&rel);
-        if abs.is_dir() {
-            render(root, &rel, out)?;
-        } else {
-            ensure!(
-                abs.is_file(),
-                "{} lists resource {r:?}, but {} does not exist",
-                k_path.display(),
-                abs.display()
-            );
-            out.files.push(rel);
-        }
-    }
-    if let Some(ns) = k.namespace {
-        for f in &out.files[first_new..] {
-            out.namespace_of.entry(f.clone()).or_insert(ns.clone());
-        }
-    }
-    Ok(())
-}
-
-/// Resolves `a/../b` lexically (kustomize paths are relative, never through symlinks here).
-fn normalize(p: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for c in p.components() {
-        match c {
-            std::path::Component::ParentDir => {
-                out.pop();
-            }
-            std::path::Component::CurDir => {}
-            other => out.push(other),
-        }
-    }
-    out
-}
-
 fn rendered(dir: &str) -> Rendered {
-    let mut out = Rendered::default();
-    render(&manifests(), Path::new(dir), &mut out)
+    let r = kustomize::render(&manifests(), Path::new(dir))
         .unwrap_or_else(|e| panic!("rendering manifests/{dir}: {e:#}"));
-    out
-}
-
-/// The objects a kustomization renders: (file, document).
-fn objects(dir: &str) -> Vec<(PathBuf, Value)> {
-    let r = rendered(dir);
-    let mut out = Vec::new();
-    for f in &r.files {
-        for doc in documents(&manifests().join(f)).unwrap_or_else(|e| panic!("{e:#}")) {
-            out.push((f.clone(), doc));
+    let mut namespace_of = BTreeMap::new();
+    for o in &r.objects {
+        if let Some(ns) = o.namespace() {
+            namespace_of.insert(o.file.clone(), ns.to_string());
         }
     }
-    out
+    Rendered {
+        files: r.files,
+        kustomizations: r.kustomizations,
+        namespace_of,
+    }
+}
+
+/// The objects a kustomization renders: (file, rendered object).
+fn objects(dir: &str) -> Vec<(PathBuf, Value)> {
+    kustomize::render(&manifests(), Path::new(dir))
+        .unwrap_or_else(|e| panic!("rendering manifests/{dir}: {e:#}"))
+        .objects
+        .into_iter()
+        .map(|o| (o.file, o.value))
+        .collect()
 }
 
 fn kind_of(v: &Value) -> &str {
@@ -274,14 +219,16 @@ fn agent_objects_live_in_the_holdfast_namespace() {
     let r = rendered("");
     let ns: Namespace = one("", "Namespace");
     assert_eq!(ns.metadata.name.as_deref(), Some(NAMESPACE));
-    for (file, v) in objects("") {
-        let kind = kind_of(&v);
+    let all = kustomize::render(&manifests(), Path::new("")).expect("rendering manifests/");
+    for o in &all.objects {
+        let (file, kind) = (&o.file, o.kind());
         if matches!(kind, "ServiceAccount" | "DaemonSet") {
-            let in_file = v
+            let in_file = o
+                .original
                 .get("metadata")
                 .and_then(|m| m.get("namespace"))
                 .and_then(Value::as_str);
-            let effective = r.namespace_of.get(&file).map(String::as_str).or(in_file);
+            let effective = r.namespace_of.get(file).map(String::as_str).or(in_file);
             assert_eq!(effective, Some(NAMESPACE), "{kind} in {}", file.display());
             assert_eq!(in_file, Some(NAMESPACE), "{kind} in {}", file.display());
         }
@@ -312,6 +259,11 @@ fn daemonset_pod_shares_host_pids_not_host_network() {
     assert_eq!(
         spec.priority_class_name.as_deref(),
         Some("system-node-critical")
+    );
+    // Linux nodes only (the image is linux/amd64), as istio-cni's DaemonSet.
+    assert_eq!(
+        spec.node_selector,
+        Some([("kubernetes.io/os".to_string(), "linux".to_string())].into())
     );
     let grace = spec
         .termination_grace_period_seconds
@@ -391,6 +343,18 @@ fn agent_container_has_exactly_the_justified_privileges() {
     );
     // The API server rejects `CAP_SYS_ADMIN` together with allowPrivilegeEscalation: false.
     assert!(added.iter().all(|c| !c.starts_with("CAP_")), "{added:?}");
+    // As istio-cni (manifests/charts/istio-cni/templates/daemonset.yaml): AppArmor unconfined
+    // and SELinux spc_t, so other pods' namespaces are reachable where the node enforces them.
+    assert_eq!(
+        sc.app_armor_profile.as_ref().map(|p| p.type_.as_str()),
+        Some("Unconfined")
+    );
+    assert_eq!(
+        sc.se_linux_options
+            .as_ref()
+            .and_then(|o| o.type_.as_deref()),
+        Some("spc_t")
+    );
     // /run is writable on the read-only root (iptables-legacy's lock).
     let mounts = c.volume_mounts.clone().unwrap_or_default();
     let run = mounts
@@ -1083,6 +1047,7 @@ struct WasmPluginSpec {
     sha256: Option<String>,
     image_pull_policy: Option<String>,
     fail_strategy: Option<String>,
+    plugin_name: Option<String>,
     plugin_config: Option<Value>,
     selector: Option<Value>,
     target_refs: Option<Value>,
@@ -1103,9 +1068,12 @@ fn all_of<T: DeserializeOwned>(dir: &str, kind: &str) -> Vec<T> {
 }
 
 /// Two WasmPlugins of the same module, one per direction: Istio applies `match` mode SERVER to
-/// the sidecar's inbound listeners and CLIENT to its outbound ones (pilot/pkg/model/wasm.go,
-/// matchMode / workloadModeForListenerClass), so each names its `direction` in pluginConfig and
-/// the filter reads no per-connection property.
+/// the sidecar's inbound listeners and CLIENT to its outbound ones — and to gateways' listeners
+/// (istio/istio pilot/pkg/model/extensions.go `workloadModeForListenerClass`, 1.24.6–1.30.3) —
+/// so each names its `direction` in pluginConfig and both select sidecars only, by the label
+/// Istio's sidecar injection template sets and its gateway templates do not
+/// (`security.istio.io/tlsMode`, manifests/charts/istio-control/istio-discovery/files/).
+/// `pluginName` is the filter's root id (extensions.go `buildPluginConfig`).
 #[test]
 fn wasmplugins_are_fail_open_network_filters_one_per_direction_for_the_whole_mesh() {
     let plugins: Vec<WasmPlugin> = all_of("", "WasmPlugin");
@@ -1131,7 +1099,22 @@ fn wasmplugins_are_fail_open_network_filters_one_per_direction_for_the_whole_mes
             Some("FAIL_OPEN"),
             "never break traffic"
         );
-        assert!(s.selector.is_none() && s.target_refs.is_none());
+        assert!(
+            s.target_refs.is_none(),
+            "targetRefs name Gateways or Services, not sidecars"
+        );
+        assert_eq!(
+            s.selector,
+            Some(serde_json::json!({"matchLabels": {"security.istio.io/tlsMode": "istio"}})),
+            "{}: sidecars only, never a gateway",
+            p.metadata.name
+        );
+        assert_eq!(
+            s.plugin_name.as_deref(),
+            Some("holdfast"),
+            "{}: pluginName is the root id",
+            p.metadata.name
+        );
         assert!(
             matches!(
                 s.image_pull_policy.as_deref(),
@@ -1406,37 +1389,32 @@ fn mesh_config_keeps_envoy_for_the_whole_grace_period() {
     }
 }
 
+/// The images the manifests name are the ones `just image` builds and pins: the names its
+/// kustomize edits match (holdfast_image::pin), tagged with the workspace's version until
+/// pinned. There is no Dockerfile: `just image` is the one build (docs/images.md).
 #[test]
-fn dockerfile_builds_the_agent_and_ships_iptables() {
-    let root = workspace();
-    let docker = std::fs::read_to_string(root.join("Dockerfile")).expect("Dockerfile");
-    let toolchain =
-        std::fs::read_to_string(root.join("rust-toolchain.toml")).expect("rust-toolchain.toml");
-    let channel = toolchain
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("channel = \""))
-        .and_then(|l| l.strip_suffix('"'))
-        .expect("channel in rust-toolchain.toml");
-    let minor: String = channel.split('.').take(2).collect::<Vec<_>>().join(".");
-    let froms: Vec<&str> = docker
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("FROM "))
-        .collect();
-    assert_eq!(froms.len(), 2, "builder and runtime stages: {froms:?}");
-    assert!(
-        froms[0].starts_with(&format!("rust:{minor}")),
-        "builder {} matches the pinned toolchain {channel}",
-        froms[0]
+fn manifests_name_the_images_just_image_builds() {
+    let version = workspace_version();
+    let c = agent_container(&daemonset());
+    assert_eq!(
+        c.image.as_deref(),
+        Some(format!("{}:{version}", holdfast_image::pin::AGENT_IMAGE_NAME).as_str()),
+        "the DaemonSet's image is what `kustomize edit set image` pins"
     );
-    assert!(froms[1].starts_with("debian:bookworm-slim"), "{}", froms[1]);
-    assert!(docker.contains("cargo build --release -p holdfast --locked"));
-    assert!(docker.contains("apt-get install -y --no-install-recommends iptables"));
-    assert!(docker.contains("COPY --from=build /usr/local/bin/holdfast /usr/local/bin/holdfast"));
-    assert!(docker.contains(r#"ENTRYPOINT ["/usr/local/bin/holdfast"]"#));
-    let ignore = std::fs::read_to_string(root.join(".dockerignore")).expect(".dockerignore");
-    assert!(ignore
-        .lines()
-        .any(|l| l.trim() == "target/*" || l.trim() == "target"));
+    for p in all_of::<WasmPlugin>("", "WasmPlugin") {
+        assert_eq!(
+            p.spec.url,
+            format!("oci://{}:{version}", holdfast_image::pin::FILTER_IMAGE_NAME),
+            "{}: the url the WasmPlugin patch replaces",
+            p.metadata.name
+        );
+    }
+    for stale in ["Dockerfile", "manifests/filter.Dockerfile", ".dockerignore"] {
+        assert!(
+            !workspace().join(stale).exists(),
+            "{stale}: images are built by `just image` (docs/images.md), not Docker"
+        );
+    }
 }
 
 /// Whether a privileged/tool-dependent check may skip: not when CI is set.

@@ -387,6 +387,11 @@ fn stale_runtime_child() {
         return;
     }
     let rt = holdfast_tests::cri::Containerd::start("stalechild").expect("start a runtime");
+    // The registry the agent's image is pulled from, left running like the rest.
+    let registry =
+        holdfast_image::registry::LocalRegistry::start(&rt.dir.join("registry/storage"), 0)
+            .expect("start a registry");
+    std::mem::forget(registry);
     let uid = holdfast_tests::sim::random_uuid();
     let logs = rt.dir.join("logs");
     std::fs::create_dir_all(&logs).expect("log dir");
@@ -471,6 +476,15 @@ fn a_killed_test_binarys_runtime_is_cleaned_up_by_the_next() {
     assert!(
         !in_dir(&dir).is_empty(),
         "containerd and its shim still run"
+    );
+    let registry = format!(
+        "{} serve {}/registry/",
+        holdfast_image::registry::REGISTRY_BINARY,
+        dir.display()
+    );
+    assert!(
+        !processes_naming(&registry).is_empty(),
+        "the dead binary's registry still runs"
     );
 
     let report = holdfast_tests::cri::stale::clean_stale_runtimes();

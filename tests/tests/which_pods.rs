@@ -47,13 +47,7 @@ fn gateways_waypoints_native_sidecars_and_tproxy_are_left_alone() {
     }
     let node = SimNode::with_options("whichpods", NodeOptions::default())
         .unwrap_or_else(|e| panic!("cannot build the simulated node: {e}"));
-    let agent = AgentProcess::start(
-        node.node_name(),
-        node.pods_dir(),
-        &node.work_dir().join("agent.log"),
-        &[],
-    )
-    .expect("start the holdfast agent");
+    let agent = AgentProcess::for_node(&node).expect("start the holdfast agent");
     let n = node.node_name().to_string();
     let sidecar = json!({"sidecar.istio.io/status": status_annotation(r#"["istio-init"]"#)});
     let mut native_proxy = proxy("sidecar", "REDIRECT");

@@ -682,10 +682,11 @@ pub(crate) fn unsupported(spec: &crate::sim::PodSpec) -> Option<&'static str> {
     checks.into_iter().find(|(on, _)| *on).map(|(_, what)| what)
 }
 
-/// Removes the pod-level cgroup `kubepods/besteffort/pod<uid>` from every hierarchy (the v1
-/// controllers and the unified one). runc removes only the containers' cgroups; the pod's is
-/// kubelet's to remove (kubelet `pod_container_manager_linux.go`, `Destroy`), so a stand-in
-/// that skipped this would leave one directory per pod and controller behind.
+/// Removes the pod-level cgroup `kubepods[/<qos>]/pod<uid>` (BestEffort, Burstable or
+/// Guaranteed) from every hierarchy (the v1 controllers and the unified one). runc removes only
+/// the containers' cgroups; the pod's is kubelet's to remove (kubelet
+/// `pod_container_manager_linux.go`, `Destroy`), so a stand-in that skipped this would leave one
+/// directory per pod and controller behind.
 pub fn remove_pod_cgroups(uid: &str) -> Vec<String> {
     let base = Path::new("/sys/fs/cgroup");
     let mut roots = vec![base.to_path_buf()];
@@ -694,14 +695,19 @@ pub fn remove_pod_cgroups(uid: &str) -> Vec<String> {
     }
     let mut errors = Vec::new();
     for root in roots {
-        let pod = root.join("kubepods/besteffort").join(format!("pod{uid}"));
-        if pod.is_dir() {
-            if let Err(e) = std::fs::remove_dir(&pod) {
-                errors.push(format!("cannot remove {}: {e}", pod.display()));
+        for qos in ["besteffort", "burstable", ""] {
+            let class = root.join("kubepods").join(qos);
+            let pod = class.join(format!("pod{uid}"));
+            if pod.is_dir() {
+                if let Err(e) = std::fs::remove_dir(&pod) {
+                    errors.push(format!("cannot remove {}: {e}", pod.display()));
+                }
+                // Shared with other pods and nodes: only if empty.
+                if !qos.is_empty() {
+                    let _ = std::fs::remove_dir(&class);
+                }
+                let _ = std::fs::remove_dir(root.join("kubepods"));
             }
-            // Shared with other pods and nodes: only if empty.
-            let _ = std::fs::remove_dir(root.join("kubepods/besteffort"));
-            let _ = std::fs::remove_dir(root.join("kubepods"));
         }
     }
     errors

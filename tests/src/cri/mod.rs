@@ -9,13 +9,17 @@
 //! - [`baselines`]: the benchmarks' startup baselines (`serial_start`, `drop_until_ready`).
 //! - [`exit_watch`]: the exact moment a container's init process exits (pidfd).
 //! - [`stale`]: runtimes left by killed test binaries, cleaned up by the next one to start.
-//! - [`agent_pod`]: the agent in its own pod, with the DaemonSet's privileges from `manifests/`.
+//! - [`agent_image`]: the agent's image, built as `just image` builds it, pushed to a registry
+//!   on loopback and pulled through CRI `PullImage`.
+//! - [`agent_pod`]: the agent's DaemonSet pod as rendered from `manifests/`, run as the kubelet
+//!   runs it.
 //!
 //! One containerd serves every test of a test binary ([`shared`]): starting it and importing the
 //! image takes about a second, and `just test` must stay fast. It is torn down when the test
 //! binary exits (an `atexit` handler, because statics are never dropped), also after a test
 //! panicked; each node removes its own sandboxes when it is dropped.
 
+pub mod agent_image;
 pub mod agent_pod;
 pub mod baselines;
 pub mod exit_watch;

@@ -7,10 +7,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
-    ListPodSandboxRequest, PodSandboxFilter, RemovePodSandboxRequest, StopPodSandboxRequest,
-    VersionRequest,
+    ImageSpec, ListPodSandboxRequest, PodSandboxFilter, PullImageRequest, RemovePodSandboxRequest,
+    StopPodSandboxRequest, VersionRequest,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -36,6 +37,11 @@ pub struct Containerd {
     pub gateway: std::net::Ipv4Addr,
     pub rt: tokio::runtime::Runtime,
     pub client: RuntimeServiceClient<Channel>,
+    /// The CRI image service (PullImage), on the same connection.
+    pub images: ImageServiceClient<Channel>,
+    /// The registry on loopback the agent's image is pulled from ([`super::agent_image`]),
+    /// started on first use and stopped with the runtime.
+    pub registry: std::sync::Mutex<Option<holdfast_image::registry::LocalRegistry>>,
     child: std::sync::Mutex<Option<Daemon>>,
     torn_down: std::sync::atomic::AtomicBool,
     /// Last octets of the remote-service addresses leased to nodes ([`Containerd::lease_remote_ip`]).
@@ -115,10 +121,15 @@ enum Daemon {
     Adopted(u32),
 }
 
-/// A tokio runtime and a CRI client connecting (lazily) to `socket`.
-fn cri_client(
-    socket: &Path,
-) -> Result<(tokio::runtime::Runtime, RuntimeServiceClient<Channel>), SimError> {
+/// A CRI connection: the runtime and image services' clients.
+type CriClients = (
+    tokio::runtime::Runtime,
+    RuntimeServiceClient<Channel>,
+    ImageServiceClient<Channel>,
+);
+
+/// A tokio runtime and CRI clients connecting (lazily) to `socket`.
+fn cri_client(socket: &Path) -> Result<CriClients, SimError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -137,9 +148,10 @@ fn cri_client(
                 ))
             }
         }));
-    let client = RuntimeServiceClient::new(channel);
+    let client = RuntimeServiceClient::new(channel.clone());
+    let images = ImageServiceClient::new(channel);
     drop(entered);
-    Ok((rt, client))
+    Ok((rt, client, images))
 }
 
 /// Starts containerd with `config`, logging to `dir/containerd.log`; its pid goes to
@@ -200,7 +212,7 @@ impl Containerd {
             .and_then(|g| g.as_str())
             .and_then(|g| g.parse().ok())
             .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED);
-        let (rt, client) = cri_client(&socket)?;
+        let (rt, client, images) = cri_client(&socket)?;
         let running = std::fs::read_to_string(dir.join("containerd.pid"))
             .ok()
             .and_then(|p| p.trim().parse::<u32>().ok())
@@ -218,6 +230,8 @@ impl Containerd {
             gateway,
             rt,
             client,
+            images,
+            registry: Default::default(),
             child: std::sync::Mutex::new(daemon),
             torn_down: Default::default(),
             remote_leases: std::sync::Mutex::new(Default::default()),
@@ -285,6 +299,8 @@ state = "{d}/state"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{CNI_BIN}"
     conf_dir = "{cni}"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{d}/certs.d"
 "#,
             d = dir.display(),
             sock = socket.display(),
@@ -318,7 +334,7 @@ state = "{d}/state"
         std::fs::write(&cfg_path, config).map_err(io("cannot write config.toml".into()))?;
         std::fs::write(cni.join("10-hf.conflist"), conflist.to_string())
             .map_err(io("cannot write the CNI config".into()))?;
-        let (rt, client) = cri_client(&socket)?;
+        let (rt, client, images) = cri_client(&socket)?;
         // Spawned last, right before the guard that stops it exists: nothing can fail between.
         let child = spawn_containerd(&dir, &cfg_path)?;
         let me = Containerd {
@@ -328,6 +344,8 @@ state = "{d}/state"
             gateway,
             rt,
             client,
+            images,
+            registry: Default::default(),
             child: std::sync::Mutex::new(Some(Daemon::Child(child))),
             torn_down: Default::default(),
             remote_leases: std::sync::Mutex::new(Default::default()),
@@ -384,6 +402,35 @@ state = "{d}/state"
             return Err(e);
         }
         Ok(RemoteIpLease { ip, rt: self })
+    }
+
+    /// Lets the CRI plugin pull from `host` (a registry on loopback) over plain HTTP: a
+    /// `hosts.toml` under the plugin's `config_path` (containerd docs/hosts.md), read at each
+    /// pull, so a registry started after containerd is usable at once.
+    pub fn allow_plain_http(&self, host: &str) -> Result<(), SimError> {
+        let dir = self.dir.join("certs.d").join(host);
+        std::fs::create_dir_all(&dir).map_err(io(format!("cannot create {}", dir.display())))?;
+        let text = format!(
+            "server = \"http://{host}\"\n\n[host.\"http://{host}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+        );
+        std::fs::write(dir.join("hosts.toml"), text)
+            .map_err(io(format!("cannot write {}/hosts.toml", dir.display())))
+    }
+
+    /// CRI `PullImage`, as the kubelet calls it for an image not present
+    /// (`imagePullPolicy: IfNotPresent`); returns the image's id.
+    pub fn pull(&self, image: &str) -> Result<String, SimError> {
+        let mut c = self.images.clone();
+        self.call(c.pull_image(PullImageRequest {
+            image: Some(ImageSpec {
+                image: image.to_string(),
+                ..Default::default()
+            }),
+            auth: None,
+            sandbox_config: None,
+        }))
+        .map(|r| r.image_ref)
+        .map_err(|e| SimError::Setup(format!("pulling {image}: {e}")))
     }
 
     /// `ctr` against this containerd, in the CRI plugin's namespace.
@@ -506,6 +553,10 @@ state = "{d}/state"
         }
         let daemon = self.child.lock().ok().and_then(|mut c| c.take());
         let mut left = Vec::new();
+        // The registry the agent's image came from: our child, killed by its pid; one a killed
+        // test binary left (this runtime adopted) is found by its config under our directory.
+        drop(self.registry.lock().ok().and_then(|mut r| r.take()));
+        left.extend(kill_registries_under(&self.dir));
         if daemon.is_some() {
             left.extend(self.remove_sandboxes(None));
             let _ = self.ctr(&["images", "rm", BASE_IMAGE]);
@@ -569,6 +620,47 @@ state = "{d}/state"
         }
         left
     }
+}
+
+/// SIGKILLs every `docker-registry` whose command line names a file under `dir` (a registry
+/// started for this runtime by a test binary that was killed before it could stop it); returns
+/// those still alive after.
+fn kill_registries_under(dir: &Path) -> Vec<String> {
+    let under = format!("{}/", dir.display());
+    let ours = |pid: u32| -> bool {
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            return false;
+        };
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        args.first()
+            .is_some_and(|a| a.ends_with(holdfast_image::registry::REGISTRY_BINARY))
+            && args.iter().any(|a| a.starts_with(&under))
+    };
+    let pids: Vec<u32> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|pid| ours(*pid))
+        .collect();
+    let mut left = Vec::new();
+    for pid in pids {
+        // Checked again right before the signal: the pid still names that registry.
+        if ours(pid) {
+            crate::sim::process::signal(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while ours(pid) && crate::sim::process::alive(pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if ours(pid) && crate::sim::process::alive(pid) {
+            left.push(format!("docker-registry {pid}"));
+        }
+    }
+    left
 }
 
 impl Drop for Containerd {
