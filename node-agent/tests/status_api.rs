@@ -386,6 +386,8 @@ async fn source_problems_are_served_on_status_and_counted() {
             node_name: "node-a".into(),
             source: SourceConfig::PodsDir(dir.clone()),
             status_listen: addr,
+            health_listen: None,
+            metrics_listen: None,
             proc_root: "/proc".into(),
             proxy: Default::default(),
             hold: Default::default(),

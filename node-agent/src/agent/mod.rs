@@ -21,7 +21,7 @@ use crate::lifecycle::driver::Shared;
 use crate::pod::{NotTracked, PodKey, PodView};
 use crate::report::board::StatusBoard;
 use crate::report::events::PodEvents;
-use crate::report::server::StatusApi;
+use crate::report::server::{Role, StatusApi};
 use crate::source::{dir::PodsDir, PodEvent};
 
 /// Errors that stop the agent at startup. Once running, per-pod problems never stop it.
@@ -30,12 +30,15 @@ pub enum Error {
     #[error(transparent)]
     PodsDir(#[from] crate::source::dir::Error),
     #[error(
-        "cannot listen on {addr} for the status API: {source} (choose another --status-listen)"
+        "cannot listen on {addr} for the {what} listener: {source} (choose another --{what}-listen)"
     )]
     StatusListen {
+        what: &'static str,
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
+    #[error("{0}")]
+    StatusNotLocal(String),
     #[error(transparent)]
     Kube(#[from] crate::source::kube::Error),
 }
@@ -79,13 +82,28 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         }
     };
 
-    let listener = tokio::net::TcpListener::bind(config.status_listen)
-        .await
-        .map_err(|source| Error::StatusListen {
-            addr: config.status_listen,
-            source,
-        })?;
-    tracing::info!(addr = %config.status_listen, "status API listening");
+    crate::config::check_status_listen(config.status_listen).map_err(Error::StatusNotLocal)?;
+    let bind = |role: Role, addr: std::net::SocketAddr| async move {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| Error::StatusListen {
+                what: role.as_str(),
+                addr,
+                source,
+            })?;
+        tracing::info!(%addr, listener = role.as_str(), "status API listening");
+        Ok::<_, Error>(l)
+    };
+    let listener = bind(Role::Local, config.status_listen).await?;
+    let mut extra_listeners = Vec::new();
+    for (role, addr) in [
+        (Role::Health, config.health_listen),
+        (Role::Metrics, config.metrics_listen),
+    ] {
+        if let Some(addr) = addr {
+            extra_listeners.push((role, bind(role, addr).await?));
+        }
+    }
 
     let stop = CancellationToken::new();
     let metrics = crate::report::metrics::MetricsHandle::new();
@@ -106,6 +124,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         metrics,
         source_problems,
     };
+    for (role, l) in extra_listeners {
+        tokio::spawn(
+            api.clone()
+                .serve_role(l, role, stop.clone().cancelled_owned()),
+        );
+    }
     let api_task = tokio::spawn(api.serve(listener, stop.clone().cancelled_owned()));
 
     let mut pods = Pods::default();
@@ -263,6 +287,8 @@ mod tests {
             node_name: "node-a".into(),
             source: SourceConfig::PodsDir("/nonexistent".into()),
             status_listen: ([127, 0, 0, 1], 0).into(),
+            health_listen: None,
+            metrics_listen: None,
             proc_root: "/proc".into(),
             proxy: ProxyConfig::default(),
             hold: HoldSettings::default(),

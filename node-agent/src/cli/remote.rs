@@ -145,7 +145,7 @@ pub async fn fetch_status_body(
         .await
         .map_err(|e| match e {
             ExchangeError::Forward(why) => forward_failed(why),
-            ExchangeError::Http(Failure::Malformed(why)) => RemoteError::BadAnswer {
+            ExchangeError::Http(Failure::Malformed(why) | Failure::TooLarge(why)) => RemoteError::BadAnswer {
                 pod: pod.clone(),
                 why,
             },
