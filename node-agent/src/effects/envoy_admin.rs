@@ -355,7 +355,9 @@ impl AdminClient {
 
     /// `GET /ready`: 200 `LIVE`, 503 with the state otherwise.
     pub async fn ready(&self) -> Result<ServerState> {
-        let response = self.request_capped("GET", "/ready", SMALL_ANSWER_MAX).await?;
+        let response = self
+            .request_capped("GET", "/ready", SMALL_ANSWER_MAX)
+            .await?;
         let body = response.text();
         let body = body.trim();
         match (response.status, body) {

@@ -404,7 +404,12 @@ mod tests {
             .expect("echo");
         assert_eq!(ok.stdout, "hi\n");
         let big = ns
-            .run_command_limited("head", &["-c".into(), "100000".into(), "/dev/zero".into()], None, small)
+            .run_command_limited(
+                "head",
+                &["-c".into(), "100000".into(), "/dev/zero".into()],
+                None,
+                small,
+            )
             .unwrap_err();
         assert!(big.to_string().contains("passed 1024 bytes"), "{big}");
         let t = Instant::now();
@@ -419,7 +424,10 @@ mod tests {
                 },
             )
             .unwrap_err();
-        assert!(t.elapsed() < Duration::from_secs(5), "killed at the timeout");
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "killed at the timeout"
+        );
         assert!(slow.to_string().contains("200ms"), "{slow}");
         let piped = ns
             .run_command_limited("cat", &[], Some(b"script\n".to_vec()), small)

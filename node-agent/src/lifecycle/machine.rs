@@ -220,10 +220,7 @@ pub fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>) {
             fx.push(Effect::Record(Outcome::FailedOpen { why }));
             release(&mut fx, netns, HoldOutcome::Failed, started, None)
         }
-        (
-            st @ (Stage::SettingUpHold { .. } | Stage::Releasing { .. }),
-            Input::OverBound(why),
-        ) => {
+        (st @ (Stage::SettingUpHold { .. } | Stage::Releasing { .. }), Input::OverBound(why)) => {
             // The hold's own answer comes next and `after_hold` leaves the pod alone.
             if !s.left_alone {
                 s.left_alone = true;

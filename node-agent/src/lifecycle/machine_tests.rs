@@ -217,7 +217,10 @@ fn a_pod_over_a_bound_is_failed_open_and_left_alone() {
                 Input::OverBound("a 4 MiB answer".into()),
                 &["rec:failed-open", "release(ready=false)"],
             ),
-            (Input::HoldReleased(Released::default()), &["rec:hold-failed"]),
+            (
+                Input::HoldReleased(Released::default()),
+                &["rec:hold-failed"],
+            ),
             // Left alone: no drain on deletion, nothing on updates, done when gone.
             (Input::Pod(Some(deleted(pod(RestartPolicy::Always)))), &[]),
             (Input::ProxyGone, &[]),
@@ -260,7 +263,10 @@ fn a_pod_over_a_bound_is_failed_open_and_left_alone() {
                     "release(ready=false)",
                 ],
             ),
-            (Input::HoldReleased(Released::default()), &["rec:hold-failed"]),
+            (
+                Input::HoldReleased(Released::default()),
+                &["rec:hold-failed"],
+            ),
         ],
     );
 }

@@ -94,7 +94,9 @@ pub enum Outcome {
     Job(Box<JobReport>),
     /// The pod is left alone from now on because it broke a bound (the reason): the row, a
     /// Warning Event, `holdfast_pods_failed_open_total` and the log.
-    FailedOpen { why: String },
+    FailedOpen {
+        why: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]

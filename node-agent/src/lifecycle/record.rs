@@ -102,7 +102,8 @@ impl Recorder {
         self.metrics.pods_failed_open.inc();
         let note = format!("failed open, left alone from now on: {why}");
         tracing::warn!("{note}");
-        self.events.emit(&self.key, Reason::FailedOpen, note.clone());
+        self.events
+            .emit(&self.key, Reason::FailedOpen, note.clone());
         self.row(|row| {
             row.phase = Phase::Skipped;
             row.skipped_reason = Some(note.clone());

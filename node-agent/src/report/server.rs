@@ -36,9 +36,9 @@
 //! ([`crate::report::process_metrics::raise_fd_limit`]); the three listeners' share stays
 //! the sum of their `max_connections` + 3.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -234,12 +234,15 @@ impl StatusApi {
                 },
             };
             let peer_ip = canonical(peer.ip());
-            let admitted = slots.clone().try_acquire_owned().ok().and_then(|slot| {
-                match limits.per_peer {
-                    Some(limit) => peers.enter(peer_ip, limit).map(|p| (slot, Some(p))),
-                    None => Some((slot, None)),
-                }
-            });
+            let admitted =
+                slots
+                    .clone()
+                    .try_acquire_owned()
+                    .ok()
+                    .and_then(|slot| match limits.per_peer {
+                        Some(limit) => peers.enter(peer_ip, limit).map(|p| (slot, Some(p))),
+                        None => Some((slot, None)),
+                    });
             let Some((slot, peer_slot)) = admitted else {
                 // Full, or this peer has its share: close at once (dropping the stream), so a
                 // flood holds no fds.

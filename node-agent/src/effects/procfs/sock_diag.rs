@@ -644,18 +644,34 @@ mod tests {
         // The DNS check's UDP lookup: a bound socket is found, a closed one is not.
         let udp = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp bind");
         let udp_port = udp.local_addr().expect("addr").port();
-        assert!(diag.udp_bound(udp_port).expect("udp lookup"), "bound UDP {udp_port}");
+        assert!(
+            diag.udp_bound(udp_port).expect("udp lookup"),
+            "bound UDP {udp_port}"
+        );
         assert!(
             diag.udp_bound_ports().expect("dump").contains(&udp_port),
             "the dump agrees"
         );
         drop(udp);
-        assert!(!diag.udp_bound(udp_port).expect("udp lookup"), "closed UDP {udp_port}");
+        assert!(
+            !diag.udp_bound(udp_port).expect("udp lookup"),
+            "closed UDP {udp_port}"
+        );
         let udp6 = std::net::UdpSocket::bind("[::]:0").ok();
-        if let Some(p6) = udp6.as_ref().and_then(|u| u.local_addr().ok()).map(|a| a.port()) {
-            assert!(diag.udp_bound(p6).expect("udp lookup"), "dual-stack UDP {p6}");
+        if let Some(p6) = udp6
+            .as_ref()
+            .and_then(|u| u.local_addr().ok())
+            .map(|a| a.port())
+        {
+            assert!(
+                diag.udp_bound(p6).expect("udp lookup"),
+                "dual-stack UDP {p6}"
+            );
         }
-        assert!(!diag.lock().exact_unsupported, "the exact lookups were used");
+        assert!(
+            !diag.lock().exact_unsupported,
+            "the exact lookups were used"
+        );
         drop(listener);
         let ports = diag.tcp_listening_ports().expect("dump");
         assert!(!ports.contains(&port), "port {port} still in {ports:?}");
