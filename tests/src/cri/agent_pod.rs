@@ -218,8 +218,13 @@ pub fn start_agent_pod(
             node_name.into(),
             "--pods-dir".into(),
             pods_dir.to_string_lossy().into_owned(),
+            // As the DaemonSet: everything on loopback, probes and metrics on the pod IP.
             "--status-listen".into(),
-            "0.0.0.0:15300".into(),
+            "127.0.0.1:15300".into(),
+            "--health-listen".into(),
+            "0.0.0.0:15301".into(),
+            "--metrics-listen".into(),
+            "0.0.0.0:15302".into(),
         ],
         envs: vec![k8s_cri::v1::KeyValue {
             key: "HOLDFAST_LOG".into(),
