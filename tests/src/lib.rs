@@ -6,5 +6,6 @@ pub mod bench_opts;
 pub mod cri;
 pub mod echo;
 pub mod envoy;
+pub mod hostile;
 pub mod sim;
 pub mod soak;

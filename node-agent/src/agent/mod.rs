@@ -188,6 +188,13 @@ impl Pods {
             PodEvent::Applied(pod) => {
                 let cfg = &shared.config;
                 match PodView::from_pod(&pod, &cfg.node_name, &cfg.proxy, &cfg.hold) {
+                    Ok(view) if view.is_terminal() && !self.by_uid.contains_key(&view.key.uid) => {
+                        // Finished before the agent followed it (a Job done, a pod the kubelet
+                        // rejected): nothing will run in it again, so no task, no polling, no
+                        // row. Hundreds of these (a ReplicaSet whose pods keep being rejected)
+                        // cost a parsed view each, then nothing.
+                        tracing::debug!(pod = %view.key, phase = ?view.phase, "pod in a terminal phase; not tracked");
+                    }
                     Ok(view) => {
                         let uid = view.key.uid.clone();
                         self.skipped.remove(&uid);
@@ -303,6 +310,30 @@ mod tests {
             events: PodEvents::log_only(),
             fast_window: Default::default(),
         })
+    }
+
+    /// A pod found in a terminal phase (a Job done, a pod the kubelet rejected) gets no task and
+    /// no row; a tracked pod that turns terminal is followed to its end.
+    #[tokio::test]
+    async fn terminal_pods_are_not_tracked() {
+        let shared = shared();
+        let mut pods = Pods::default();
+        for i in 0..300 {
+            let rejected = pod_json(json!({
+                "metadata": {"name": format!("rejected-{i}"), "uid": format!("u-rejected-{i}")},
+                "status": {"phase": "Failed", "reason": "OutOfcpu"}
+            }));
+            pods.apply(PodEvent::Applied(Box::new(rejected)), &shared);
+        }
+        assert!(pods.tasks.is_empty() && pods.by_uid.is_empty());
+        assert!(shared.board.snapshot().is_empty());
+        let running = pod_json(json!({"status": {"phase": "Running"}}));
+        pods.apply(PodEvent::Applied(Box::new(running)), &shared);
+        assert_eq!(pods.by_uid.len(), 1);
+        let done = pod_json(json!({"status": {"phase": "Succeeded"}}));
+        pods.apply(PodEvent::Applied(Box::new(done)), &shared);
+        assert_eq!(pods.by_uid.len(), 1, "a tracked pod is followed to its end");
+        shared.stop.cancel();
     }
 
     /// A pod with the proxy container that is left alone gets a `skipped` row with the reason;

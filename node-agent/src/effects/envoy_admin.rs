@@ -556,7 +556,8 @@ impl AdminClient {
             if let Failure::TooLarge(reason) = failure {
                 return Err(Error::TooLarge {
                     addr: self.addr,
-                    path: path.to_string(),
+                    // The path without its query (a filter regex says nothing to a reader).
+                    path: path.split('?').next().unwrap_or(path).to_string(),
                     reason,
                 });
             }

@@ -22,6 +22,8 @@ pub struct PodFacts {
     pub user_init_running: bool,
     /// This pod's hold deadline (annotation or flag).
     pub hold_timeout: Duration,
+    /// The pod's phase is terminal (`PodView::is_terminal`): nothing will run in it again.
+    pub terminal: bool,
 }
 
 /// `spec.restartPolicy`.
@@ -54,6 +56,7 @@ impl PodFacts {
                     && c.state == ContainerState::Running
             }),
             hold_timeout: view.overrides.hold_timeout,
+            terminal: view.is_terminal(),
         }
     }
 
@@ -65,6 +68,9 @@ impl PodFacts {
     /// Every container, the proxy included, has terminated: the pod is finished (phase
     /// Succeeded/Failed) and there is nothing left to hold, drain or quit.
     pub fn finished(&self) -> bool {
+        if self.terminal {
+            return true;
+        }
         let terminated = |s: &ContainerState| matches!(s, ContainerState::Terminated { .. });
         !self.apps.is_empty()
             && self.apps.iter().all(|(_, s)| terminated(s))

@@ -42,6 +42,7 @@ fn pod(policy: RestartPolicy) -> PodFacts {
         init_done: true,
         user_init_running: false,
         hold_timeout: HOLD,
+        terminal: false,
     }
 }
 

@@ -13,6 +13,8 @@
 //! - [`pilot_agent`]: the pilot-agent stand-in (starts Envoy as uid 1337, drains on SIGTERM).
 //! - [`bootstrap`]: the sidecar's Envoy configuration (Istio-shaped listeners, holdfast filter).
 //! - [`apps`]: the app containers, remote services and pause process (`sim-app` subcommands).
+//! - [`attacks`]: what a hostile pod's app does (fake Envoy, rule flood, forged netlink, fork
+//!   flood), for the hostile-pod suite.
 //! - [`dns`]: the cluster DNS and pilot-agent DNS proxy stand-ins (A/AAAA from a static table).
 //! - [`report`]: the apps' JSON-lines reports.
 //! - [`netns`], [`cgroup`], [`process`]: Linux plumbing (the only `unsafe` is in `process`).
@@ -30,6 +32,7 @@
 //! Istio CNI mode (rules written with the sandbox, `istio-validation` instead of `istio-init`).
 
 pub mod apps;
+pub mod attacks;
 pub mod bootstrap;
 pub mod cgroup;
 pub mod dns;
