@@ -103,6 +103,9 @@ pub struct Honest {
     pub drain_outcome: Option<String>,
     /// From the app's exit to Envoy's.
     pub drain_exit_lag_ms: Option<f64>,
+    /// The size of the honest (real) Envoy's answer to the agent's readiness `/stats` request
+    /// and to its drain sample (`usedonly`), in bytes: what the caps are set against.
+    pub answer_bytes: Option<(usize, usize)>,
 }
 
 /// One run's figures.
@@ -124,7 +127,7 @@ impl Figures {
     pub fn line(&self) -> String {
         let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));
         format!(
-            "{:<18} cpu {:>6.2} s / {:.0} s  rss peak {:>6.1} MiB  fds max {:>4}  honest: failed {} hold {} release {} ms drain {} lag {} ms{}{}",
+            "{:<18} cpu {:>6.2} s / {:.0} s  rss peak {:>6.1} MiB  fds max {:>4}  honest: failed {} hold {} release {} ms drain {} lag {} ms{}{}{}",
             self.scenario.name(),
             self.cost.cpu_s,
             self.cost.window_s,
@@ -135,6 +138,9 @@ impl Figures {
             ms(self.honest.release_ms),
             self.honest.drain_outcome.as_deref().unwrap_or("-"),
             ms(self.honest.drain_exit_lag_ms),
+            self.honest
+                .answer_bytes
+                .map_or(String::new(), |(r, d)| format!(" (Envoy answers: readiness {r} B, drain sample {d} B)")),
             self.liveness
                 .map_or(String::new(), |(ok, n)| format!("  liveness {ok}/{n}")),
             self.attacker.as_ref().map_or(String::new(), |r| format!(
@@ -417,6 +423,25 @@ pub fn run(scenario: Scenario, opts: &Opts) -> anyhow::Result<Figures> {
             }
         }
         Err(_) => honest.hold_outcome = Some("not-ended-in-30s".into()),
+    }
+    let pct = holdfast::effects::envoy_admin::percent_encode;
+    let readiness = format!(
+        "/stats?filter={}",
+        pct(&holdfast::lifecycle::readiness::stats_filter(
+            holdfast::lifecycle::readiness::DEFAULT_STAT_PREFIX
+        ))
+    );
+    let drain = format!(
+        "/stats?usedonly&filter={}",
+        pct(&holdfast::lifecycle::drain::in_flight::sample_regex(
+            holdfast::lifecycle::readiness::DEFAULT_STAT_PREFIX
+        ))
+    );
+    if let (Ok(r), Ok(d)) = (
+        node.admin("honest", "GET", &readiness),
+        node.admin("honest", "GET", &drain),
+    ) {
+        honest.answer_bytes = Some((r.len(), d.len()));
     }
     while t0.elapsed() < opts.window {
         fds_max = fds_max.max(sampler.fds());

@@ -46,8 +46,8 @@ pub const SERVER_CONCURRENCY_STAT: &str = "server.concurrency";
 const ADMIN_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// The cap of the readiness `/stats` answer. [`stats_filter`] matches at most five stats by
-/// exact name: Envoy 1.40 answers ~130 bytes (docs/benchmarks.md, "Hostile pods"); 16 KiB is
-/// a hundred times that. Anything larger is not Envoy answering this request, and the pod is
+/// exact name: Envoy 1.40 answers 141 bytes (docs/benchmarks.md, "Hostile pods"); 16 KiB is
+/// over a hundred times that. Anything larger is not Envoy answering this request, and the pod is
 /// failed open ([`Readiness::OverBound`]) instead of read again and again.
 pub const READINESS_STATS_MAX: usize = 16 * 1024;
 

@@ -287,6 +287,7 @@ fn netlink_forge(for_: Duration) -> std::io::Result<String> {
 fn fork_flood(for_: Duration) -> std::io::Result<String> {
     let start = Instant::now();
     let first = std::process::id();
+    eprintln!("sim-app: fork flood: 4 forkers for {for_:?} from pid {first}");
     // Four forkers: one alone reaches ~3,000 forks a second here, short of a wrap in 10 s.
     let forkers: Vec<_> = (0..4)
         .map(|_| {
