@@ -115,6 +115,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         procs: crate::effects::procfs::pod_procs::PodProcs::new(config.proc_root.clone()),
         stop: stop.clone(),
         fast_window: Default::default(),
+        netns_owners: Default::default(),
     });
     let synced = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let api = StatusApi {
@@ -309,6 +310,7 @@ mod tests {
             metrics: crate::report::metrics::MetricsHandle::new().metrics,
             events: PodEvents::log_only(),
             fast_window: Default::default(),
+            netns_owners: Default::default(),
         })
     }
 

@@ -43,6 +43,54 @@ pub(crate) struct Shared {
     pub events: crate::report::events::PodEvents,
     /// How many pods are in their fast readiness window (see [`FAST_CHECK_SHARE`]).
     pub fast_window: FastWindow,
+    /// Which tracked pod each network namespace in use belongs to.
+    pub netns_owners: NetnsOwners,
+}
+
+/// Which tracked pod uses which network namespace: two pods never share one (hostNetwork pods
+/// are not tracked), so a lookup that finds a namespace another tracked pod holds went through
+/// a stale or reused pid, and is refused (issue 25: pod A's drain must never reach pod B's
+/// Envoy). A [`NetnsClaim`] gives its namespace back on drop.
+#[derive(Debug, Clone, Default)]
+pub struct NetnsOwners(Arc<std::sync::Mutex<HashMap<crate::effects::netns::NetnsId, PodKey>>>);
+
+/// One pod's hold on a namespace in [`NetnsOwners`].
+#[derive(Debug)]
+pub struct NetnsClaim {
+    owners: NetnsOwners,
+    id: crate::effects::netns::NetnsId,
+    uid: String,
+}
+
+impl NetnsOwners {
+    /// Claims `id` for `pod`; `Err(owner)` when another tracked pod holds it.
+    pub fn claim(
+        &self,
+        id: crate::effects::netns::NetnsId,
+        pod: &PodKey,
+    ) -> Result<NetnsClaim, PodKey> {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match map.get(&id) {
+            Some(owner) if owner.uid != pod.uid => Err(owner.clone()),
+            _ => {
+                map.insert(id, pod.clone());
+                Ok(NetnsClaim {
+                    owners: self.clone(),
+                    id,
+                    uid: pod.uid.clone(),
+                })
+            }
+        }
+    }
+}
+
+impl Drop for NetnsClaim {
+    fn drop(&mut self) {
+        let mut map = self.owners.0.lock().unwrap_or_else(|e| e.into_inner());
+        if map.get(&self.id).is_some_and(|k| k.uid == self.uid) {
+            map.remove(&self.id);
+        }
+    }
 }
 
 /// The node-wide pace of fast readiness checks: with `n` pods between "Envoy starts" and
@@ -131,6 +179,7 @@ pub(crate) async fn run(shared: Arc<Shared>, view: watch::Receiver<Option<PodVie
         view,
         rec,
         netns: None,
+        netns_claim: None,
         probe: None,
         queue: None,
         timers: HashMap::new(),
@@ -179,6 +228,8 @@ struct Driver {
     view: watch::Receiver<Option<PodView>>,
     rec: Recorder,
     netns: Option<PodNetns>,
+    /// This pod's claim on `netns` in the node's [`NetnsOwners`].
+    netns_claim: Option<NetnsClaim>,
     probe: Option<ReadinessProbe>,
     queue: Option<HoldQueue>,
     timers: HashMap<Timer, Instant>,
@@ -414,6 +465,15 @@ impl Driver {
             NetnsLookup::Found { pid, netns } => {
                 let id = netns.id();
                 if self.netns.as_ref().map(PodNetns::id) != Some(id) {
+                    match self.shared.netns_owners.claim(id, &self.key) {
+                        Ok(claim) => self.netns_claim = Some(claim),
+                        Err(owner) => {
+                            // Looked up again at the next poll; the row says so if it lasts.
+                            return Input::NetnsRefused(format!(
+                                "pid {pid} is in network namespace {id:?}, which belongs to tracked pod {owner}: a stale or reused pid, not this pod's"
+                            ));
+                        }
+                    }
                     tracing::info!(pid, netns = ?id, "found the pod's network namespace");
                     // A probe of the old netns asks the wrong Envoy: made anew at the next check.
                     self.probe = None;
@@ -687,6 +747,27 @@ async fn blocking<T: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_netns_belongs_to_one_pod_at_a_time() {
+        let owners = NetnsOwners::default();
+        let key = |uid: &str| PodKey {
+            uid: uid.into(),
+            namespace: "ns".into(),
+            name: uid.into(),
+        };
+        let ns = crate::effects::netns::NetnsId { dev: 4, ino: 42 };
+        let a = owners.claim(ns, &key("a")).expect("free");
+        // Pod b's lookup went through a pid that is a's process now: refused, naming a.
+        assert_eq!(owners.claim(ns, &key("b")).unwrap_err().uid, "a");
+        let other = crate::effects::netns::NetnsId { dev: 4, ino: 43 };
+        let _b = owners.claim(other, &key("b")).expect("b's own namespace");
+        drop(a);
+        assert!(
+            owners.claim(ns, &key("c")).is_ok(),
+            "free again once a is gone"
+        );
+    }
 
     #[test]
     fn fast_checks_are_paced_node_wide() {
