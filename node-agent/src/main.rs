@@ -24,7 +24,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the node agent (one per node, as a DaemonSet with hostPID).
-    Agent(AgentArgs),
+    Agent(Box<AgentArgs>),
     /// Print the node's table: every tracked pod's phase, hold, drain and Job outcome.
     ///
     /// Read from the agent's status API (`GET /status`; `--json` prints it as served). Exit
@@ -254,7 +254,7 @@ fn main() -> anyhow::Result<()> {
         Command::Agent(args) => {
             limit_malloc_arenas();
             init_logging(&args.log_format);
-            let config = args.into_config()?;
+            let config = (*args).into_config()?;
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 // Idle blocking-pool threads (a burst of hold installs and process scans leaves

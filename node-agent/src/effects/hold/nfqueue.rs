@@ -319,7 +319,7 @@ impl NfQueue {
             let mut read = 0usize;
             while let Some(datagram) = self.recv_datagram()? {
                 read += 1;
-                if read % MAX_DATAGRAMS_PER_READ == 0 && Instant::now() >= deadline {
+                if read.is_multiple_of(MAX_DATAGRAMS_PER_READ) && Instant::now() >= deadline {
                     // A flood (forged datagrams) must not keep the bind waiting forever.
                     break;
                 }
