@@ -15,6 +15,14 @@
 //! opens a pidfd first, reads the cgroup and the start time again, opens `ns/net`, and checks
 //! the pidfd has not exited since — so the namespace opened is the one of the process whose
 //! cgroup said it is the pod's ([`PodProcs::find_netns`]).
+//!
+//! **A pod's own cgroup, not all of `/proc`.** Once one of a pod's processes is classified on a
+//! cgroup v2 node (the agent sees the node's cgroup paths), the pod's cgroup directory is known
+//! ([`crate::effects::procfs::cgroup::pod_dir_v2`]), and later questions about that pod read
+//! its `cgroup.procs` files (the pod's directory and its containers') instead of listing every
+//! process of the node: what the agent spends on a pod no longer grows with what other tenants
+//! run. The listing stays for pods whose cgroup is not known yet (waiting for their first
+//! process) and where the paths cannot be followed (cgroup v1, a private cgroup namespace).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -61,6 +69,12 @@ struct Index {
     proc_root: PathBuf,
     pids: HashMap<i32, Entry>,
     last_refresh: Option<Instant>,
+    /// The cgroup v2 mount whose paths `/proc/<pid>/cgroup` shows (`None`: not followed).
+    cgroup_root: Option<PathBuf>,
+    /// Each pod's cgroup directory under `cgroup_root`, learned from its classified processes.
+    pod_dirs: HashMap<String, PathBuf>,
+    /// Full listings of `/proc` made (for tests and the timing figure).
+    listings: u64,
 }
 
 /// A shared, cached index of pod processes.
@@ -70,14 +84,36 @@ pub struct PodProcs {
 }
 
 impl PodProcs {
+    /// An index of the processes under `proc_root`. With the node's own `/proc` and a cgroup
+    /// v2 mount at `/sys/fs/cgroup`, pods' cgroup directories are read where known.
     pub fn new(proc_root: PathBuf) -> Self {
+        let v2 = PathBuf::from("/sys/fs/cgroup");
+        let cgroup_root = (proc_root == std::path::Path::new("/proc")
+            && v2.join("cgroup.controllers").exists())
+        .then_some(v2);
+        Self::with_cgroup_root(proc_root, cgroup_root)
+    }
+
+    /// An index reading pods' cgroup directories under `cgroup_root` (`None`: never).
+    pub fn with_cgroup_root(proc_root: PathBuf, cgroup_root: Option<PathBuf>) -> Self {
         Self {
             inner: Arc::new(Mutex::new(Index {
                 proc_root,
                 pids: HashMap::new(),
                 last_refresh: None,
+                cgroup_root,
+                pod_dirs: HashMap::new(),
+                listings: 0,
             })),
         }
+    }
+
+    /// How many full listings of `/proc` this index has made.
+    pub fn listings(&self) -> u64 {
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .listings
     }
 
     /// The processes of pod `uid` (canonical lowercase uid), oldest pid first. Each is checked
@@ -86,7 +122,9 @@ impl PodProcs {
     /// `spawn_blocking` (see [`PodProcs::of_pod`]).
     pub fn of_pod_blocking(&self, uid: &str) -> Vec<PodProcess> {
         let mut index = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        index.refresh_if_stale();
+        if !index.read_pod_cgroup_dir(uid) {
+            index.refresh_if_stale();
+        }
         let candidates: Vec<i32> = index
             .pids
             .iter()
@@ -301,6 +339,72 @@ impl Index {
         pod
     }
 
+    /// Classifies the processes in pod `uid`'s cgroup directory (and its containers'), if the
+    /// directory is known and readable; `false` when the caller must list `/proc` instead.
+    fn read_pod_cgroup_dir(&mut self, uid: &str) -> bool {
+        let (Some(root), Some(dir)) = (&self.cgroup_root, self.pod_dirs.get(uid)) else {
+            return false;
+        };
+        let base = root.join(dir.strip_prefix("/").unwrap_or(dir));
+        let mut pids = Vec::new();
+        let mut dirs = vec![(base, 0u8)];
+        while let Some((d, depth)) = dirs.pop() {
+            let Ok(text) = std::fs::read_to_string(d.join("cgroup.procs")) else {
+                if depth == 0 {
+                    // The pod's cgroup is gone (or was never there): forget it, list /proc.
+                    self.pod_dirs.remove(uid);
+                    return false;
+                }
+                continue;
+            };
+            pids.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+            // Containers are children of the pod's directory (runtimes may nest one more).
+            if depth < 2 {
+                if let Ok(rd) = std::fs::read_dir(&d) {
+                    dirs.extend(
+                        rd.flatten()
+                            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                            .map(|e| (e.path(), depth + 1)),
+                    );
+                }
+            }
+        }
+        let now = Instant::now();
+        for pid in pids {
+            if self.pids.get(&pid).is_some_and(|e| e.pod.is_some()) {
+                continue; // re-checked by the caller before it is handed out
+            }
+            self.classify(pid, now);
+        }
+        true
+    }
+
+    /// Reads `pid`'s cgroup and start time into the index, learning its pod's cgroup directory.
+    fn classify(&mut self, pid: i32, now: Instant) {
+        let text = std::fs::read_to_string(self.proc_root.join(pid.to_string()).join("cgroup"))
+            .unwrap_or_default();
+        let pod = parse_pod_cgroup(&text);
+        if let Some(p) = &pod {
+            if !self.pod_dirs.contains_key(&p.pod_uid) {
+                if let Some(dir) = crate::effects::procfs::cgroup::pod_dir_v2(&text) {
+                    self.pod_dirs.insert(p.pod_uid.clone(), PathBuf::from(dir));
+                }
+            }
+        }
+        let start = start_time(&self.proc_root, pid);
+        let first_seen = self.pids.get(&pid).map_or(now, |e| e.first_seen);
+        let settled_read = now.duration_since(first_seen) > SETTLE;
+        self.pids.insert(
+            pid,
+            Entry {
+                pod,
+                start_time: start,
+                first_seen,
+                settled_read,
+            },
+        );
+    }
+
     fn refresh_if_stale(&mut self) {
         let now = Instant::now();
         if self
@@ -310,6 +414,7 @@ impl Index {
             return;
         }
         self.last_refresh = Some(now);
+        self.listings += 1;
         let Ok(dir) = std::fs::read_dir(&self.proc_root) else {
             tracing::warn!(proc_root = %self.proc_root.display(), "cannot list the proc root");
             return;
@@ -334,19 +439,7 @@ impl Index {
             // The process may exit between listing and reading: it then reads as no pod. The
             // start time is read after the cgroup: a reuse in between shows as a different
             // start time at the next check.
-            let pod = read_pod_cgroup(&self.proc_root, pid);
-            let start = start_time(&self.proc_root, pid);
-            let first_seen = self.pids.get(&pid).map_or(now, |e| e.first_seen);
-            let settled_read = now.duration_since(first_seen) > SETTLE;
-            self.pids.insert(
-                pid,
-                Entry {
-                    pod,
-                    start_time: start,
-                    first_seen,
-                    settled_read,
-                },
-            );
+            self.classify(pid, now);
         }
         if alive.len() != self.pids.len() {
             let alive: std::collections::HashSet<i32> = alive.into_iter().collect();
@@ -625,6 +718,71 @@ mod netns_tests {
             other => panic!("expected the live container's netns, got {other:?}"),
         }
         assert!(Path::new(&f.root).exists());
+    }
+}
+
+/// A pod whose cgroup directory is known is answered from its `cgroup.procs` files, without
+/// listing `/proc`; a process forked into it later is found the same way.
+#[cfg(test)]
+mod cgroup_dir_tests {
+    use super::*;
+
+    #[test]
+    fn a_known_pod_is_read_from_its_own_cgroup() {
+        struct Tree(PathBuf);
+        impl Drop for Tree {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+        let tree = Tree(std::env::temp_dir().join(format!("hf-cgdir-{}", std::process::id())));
+        let (proc_root, cg_root) = (tree.0.join("proc"), tree.0.join("cgroup"));
+        let uid = "0b6a3c1e-6a59-4d8e-9f3a-2f1d5c7b8a90";
+        let (c1, c2) = ("a".repeat(64), "b".repeat(64));
+        let add = |pid: i32, cid: &str| {
+            let d = proc_root.join(pid.to_string());
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("cgroup"), format!("0::/kubepods/pod{uid}/{cid}\n")).unwrap();
+            std::fs::write(d.join("stat"), fake_stat(pid, 500)).unwrap();
+            let c = cg_root.join(format!("kubepods/pod{uid}/{cid}"));
+            std::fs::create_dir_all(&c).unwrap();
+            let procs = c.join("cgroup.procs");
+            let mut text = std::fs::read_to_string(&procs).unwrap_or_default();
+            text.push_str(&format!("{pid}\n"));
+            std::fs::write(procs, text).unwrap();
+        };
+        std::fs::create_dir_all(cg_root.join(format!("kubepods/pod{uid}"))).unwrap();
+        std::fs::write(cg_root.join(format!("kubepods/pod{uid}/cgroup.procs")), "").unwrap();
+        add(40, &c1);
+        // Many other processes on the node.
+        for pid in 100..400 {
+            let d = proc_root.join(pid.to_string());
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("cgroup"), "0::/system.slice/x.service\n").unwrap();
+            std::fs::write(d.join("stat"), fake_stat(pid, 500)).unwrap();
+        }
+        let procs = PodProcs::with_cgroup_root(proc_root.clone(), Some(cg_root.clone()));
+        let pids = |p: &PodProcs| {
+            p.of_pod_blocking(uid)
+                .iter()
+                .map(|p| p.pid)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(pids(&procs), vec![40], "found by the first listing");
+        assert_eq!(procs.listings(), 1);
+        add(41, &c2);
+        std::thread::sleep(MIN_REFRESH * 2);
+        assert_eq!(
+            pids(&procs),
+            vec![40, 41],
+            "a new container process, from cgroup.procs"
+        );
+        assert_eq!(procs.listings(), 1, "no second listing of /proc");
+        // The pod's cgroup gone: back to listing.
+        std::fs::remove_dir_all(cg_root.join("kubepods")).unwrap();
+        std::thread::sleep(MIN_REFRESH * 2);
+        let _ = pids(&procs);
+        assert_eq!(procs.listings(), 2);
     }
 }
 
