@@ -85,12 +85,13 @@ pub struct PodProcs {
 
 impl PodProcs {
     /// An index of the processes under `proc_root`. With the node's own `/proc` and a cgroup
-    /// v2 mount at `/sys/fs/cgroup`, pods' cgroup directories are read where known.
+    /// v2 mount (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on a hybrid node, read from
+    /// `/proc/self/mountinfo`), pods' cgroup directories are read where known.
     pub fn new(proc_root: PathBuf) -> Self {
-        let v2 = PathBuf::from("/sys/fs/cgroup");
-        let cgroup_root = (proc_root == std::path::Path::new("/proc")
-            && v2.join("cgroup.controllers").exists())
-        .then_some(v2);
+        let cgroup_root = (proc_root == std::path::Path::new("/proc"))
+            .then(|| std::fs::read_to_string("/proc/self/mountinfo").ok())
+            .flatten()
+            .and_then(|m| cgroup2_mount(&m));
         Self::with_cgroup_root(proc_root, cgroup_root)
     }
 
@@ -266,6 +267,21 @@ impl PodProcs {
             NetnsLookup::Refused(refused.join("; "))
         }
     }
+}
+
+/// The mount point of the cgroup v2 hierarchy, from mountinfo (`<id> <parent> <dev> <root>
+/// <mount point> <options> ... - cgroup2 <source> <super options>`), when it is mounted whole
+/// (root `/`).
+fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        if right.split_whitespace().next()? != "cgroup2" {
+            return None;
+        }
+        let f: Vec<&str> = left.split_whitespace().collect();
+        let point = f.get(4)?;
+        (f.get(3) == Some(&"/")).then(|| PathBuf::from(point))
+    })
 }
 
 /// A pidfd on `pid` (`None` where pidfds are missing or the process is gone; the checks of
@@ -726,6 +742,22 @@ mod netns_tests {
 #[cfg(test)]
 mod cgroup_dir_tests {
     use super::*;
+
+    #[test]
+    fn the_cgroup2_mount_is_found() {
+        let hybrid = "30 25 0:26 / /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory\n\
+                      41 31 0:38 / /sys/fs/cgroup/unified rw,relatime shared:9 - cgroup2 cgroup2 rw\n";
+        assert_eq!(
+            cgroup2_mount(hybrid),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
+        let unified = "35 24 0:30 / /sys/fs/cgroup rw,nosuid shared:9 - cgroup2 cgroup2 rw\n";
+        assert_eq!(
+            cgroup2_mount(unified),
+            Some(PathBuf::from("/sys/fs/cgroup"))
+        );
+        assert_eq!(cgroup2_mount("22 1 8:1 / / rw - ext4 /dev/sda1 rw\n"), None);
+    }
 
     #[test]
     fn a_known_pod_is_read_from_its_own_cgroup() {
