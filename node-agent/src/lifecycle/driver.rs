@@ -126,6 +126,14 @@ pub const UP_FAST_LIMIT: Duration = Duration::from_secs(1);
 /// running by its status is checked at once again (see `Driver::follow_view`).
 pub const READY_POLL_MAX: Duration = Duration::from_secs(1);
 
+/// The next spacing of a backed-off pod's checks: `ready_poll` first, then doubling, at most
+/// [`READY_POLL_MAX`] (or `ready_poll` when that is longer).
+pub fn backed_off(previous: Option<Duration>, ready_poll: Duration) -> Duration {
+    previous
+        .map_or(ready_poll, |d| d.saturating_mul(2))
+        .clamp(ready_poll, READY_POLL_MAX.max(ready_poll))
+}
+
 /// The spacing of one pod's fast checks with `in_window` pods (itself included) in the window.
 pub fn fast_check_spacing(in_window: u32) -> Duration {
     (FAST_CHECK_SHARE * in_window).min(FAST_SPACING_MAX)
@@ -450,10 +458,7 @@ impl Driver {
             }
         }
         self.fast_slot = None;
-        let spacing = self
-            .backoff
-            .map_or(ready_poll, |d| d.saturating_mul(2))
-            .clamp(ready_poll, READY_POLL_MAX.max(ready_poll));
+        let spacing = backed_off(self.backoff, ready_poll);
         self.backoff = Some(spacing);
         at.max(now + spacing)
     }
@@ -767,6 +772,43 @@ mod tests {
             owners.claim(ns, &key("c")).is_ok(),
             "free again once a is gone"
         );
+    }
+
+    /// After the fast window a never-ready Envoy is checked ever less often, down to once a
+    /// second: 5, 10, 20 ... 640 ms, then 1 s for as long as the hold lasts — at most ~600
+    /// checks over a 10-minute hold instead of 120,000 at `ready_poll`.
+    #[test]
+    fn checks_back_off_to_once_a_second() {
+        let poll = Duration::from_millis(5);
+        let mut spacing = None;
+        let mut seen = Vec::new();
+        for _ in 0..12 {
+            let s = backed_off(spacing, poll);
+            seen.push(s.as_millis());
+            spacing = Some(s);
+        }
+        assert_eq!(
+            seen,
+            [5, 10, 20, 40, 80, 160, 320, 640, 1000, 1000, 1000, 1000]
+        );
+        // A ready_poll above the ceiling is kept as asked.
+        assert_eq!(
+            backed_off(None, Duration::from_secs(2)),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            backed_off(Some(Duration::from_secs(2)), Duration::from_secs(2)),
+            Duration::from_secs(2)
+        );
+        // Over a 10-minute hold: the checks after the 10 s window.
+        let (mut t, mut n, mut s) = (Duration::ZERO, 0, None);
+        while t < Duration::from_secs(590) {
+            let next = backed_off(s, poll);
+            t += next;
+            n += 1;
+            s = Some(next);
+        }
+        assert!(n < 600, "{n} checks");
     }
 
     #[test]
