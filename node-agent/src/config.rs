@@ -85,8 +85,15 @@ pub struct Config {
     pub node_name: String,
     /// Where Pod objects come from.
     pub source: SourceConfig,
-    /// Read-only status API address.
+    /// The full read-only status API (`/status`, `/config`, `/metrics`, `/healthz`, `/readyz`):
+    /// a loopback address only (see [`check_status_listen`]).
     pub status_listen: SocketAddr,
+    /// The kubelet's probes (`/healthz`, `/readyz`) on a listener of their own, which the status
+    /// API's and the metrics' clients cannot exhaust; `None`: only on `status_listen`.
+    pub health_listen: Option<SocketAddr>,
+    /// Prometheus' `/metrics` for clients outside the agent's pod; `None`: only on
+    /// `status_listen`.
+    pub metrics_listen: Option<SocketAddr>,
     /// Root of the proc filesystem (injectable for tests).
     pub proc_root: PathBuf,
     /// How the sidecar looks in every meshed pod.
@@ -128,6 +135,11 @@ pub struct HoldSettings {
     /// Release the hold after this long even if the proxy never becomes ready (fail open).
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
+    /// The longest hold a pod's `holdfast.io/hold-timeout` may ask for: a larger value is
+    /// clamped to this (with a problem on the pod's row), so no pod can keep the agent checking
+    /// its proxy for a day.
+    #[serde(with = "humantime_serde")]
+    pub max_timeout: Duration,
     /// NFQUEUE number used in every pod's network namespace (queues are per namespace).
     pub queue_num: u16,
     /// How often a holding pod's proxy readiness is checked.
@@ -153,10 +165,34 @@ impl Default for HoldSettings {
     fn default() -> Self {
         Self {
             timeout: Duration::from_secs(120),
+            max_timeout: DEFAULT_MAX_HOLD_TIMEOUT,
             queue_num: 15015,
             ready_poll: Duration::from_millis(5),
             require_filter: false,
         }
+    }
+}
+
+/// The default ceiling on a pod's `holdfast.io/hold-timeout` (`--max-hold-timeout`): ten minutes
+/// is five times the default deadline and longer than any Envoy that will ever get ready takes
+/// (pilot-agent's own startup wait, `pilot-agent wait`, gives up after 60 s); a pod asking for
+/// more is clamped.
+pub const DEFAULT_MAX_HOLD_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Why a `--status-listen` address is refused: `/status` and `/config` (pod names, errors, the
+/// configuration) are for clients inside the agent's pod only, which a loopback listener
+/// guarantees whatever the client's source address (Istio's inbound passthrough connects from
+/// 127.0.0.6, a loopback address too, but to the pod IP, never to 127.0.0.1).
+pub fn check_status_listen(addr: SocketAddr) -> Result<(), String> {
+    if addr.ip().is_loopback() {
+        Ok(())
+    } else {
+        Err(format!(
+            "--status-listen {addr} is not a loopback address: /status and /config answer only \
+             inside the agent's pod (127.0.0.1:15300; reached with `kubectl port-forward`); serve \
+             the kubelet's probes with --health-listen 0.0.0.0:15301 and Prometheus with \
+             --metrics-listen 0.0.0.0:15302"
+        ))
     }
 }
 
@@ -292,6 +328,14 @@ impl PodOverrides {
                          {ANNOTATION_ENABLED}: \"false\" to disable the hold; using {}",
                         format_duration(defaults.timeout)
                     )),
+                    Ok(d) if d > defaults.max_timeout => {
+                        out.hold_timeout = defaults.max_timeout;
+                        out.problems.push(format!(
+                            "annotation {ANNOTATION_HOLD_TIMEOUT}={value:?} is above the node's \
+                             ceiling (--max-hold-timeout); using {}",
+                            format_duration(defaults.max_timeout)
+                        ));
+                    }
                     Ok(d) => out.hold_timeout = d,
                     Err(e) => out.problems.push(format!(
                         "annotation {ANNOTATION_HOLD_TIMEOUT}: {e}; using {}",
@@ -447,6 +491,25 @@ mod tests {
         let o = PodOverrides::from_annotations([(ANNOTATION_HOLD_TIMEOUT, "0s")], &defaults);
         assert_eq!(o.hold_timeout, defaults.timeout);
         assert_eq!(o.problems.len(), 1);
+
+        // A pod cannot keep the agent busy for a day: clamped to the node's ceiling, and said.
+        let o = PodOverrides::from_annotations([(ANNOTATION_HOLD_TIMEOUT, "24h")], &defaults);
+        assert_eq!(o.hold_timeout, DEFAULT_MAX_HOLD_TIMEOUT);
+        assert_eq!(o.problems.len(), 1);
+        assert!(o.problems[0].contains("ceiling"), "{:?}", o.problems);
+        let o = PodOverrides::from_annotations([(ANNOTATION_HOLD_TIMEOUT, "10m")], &defaults);
+        assert_eq!(o.hold_timeout, DEFAULT_MAX_HOLD_TIMEOUT);
+        assert!(o.problems.is_empty());
+    }
+
+    #[test]
+    fn status_listen_must_be_loopback() {
+        assert!(check_status_listen("127.0.0.1:15300".parse().unwrap()).is_ok());
+        assert!(check_status_listen("[::1]:15300".parse().unwrap()).is_ok());
+        for public in ["0.0.0.0:15300", "10.0.0.7:15300", "[::]:15300"] {
+            let e = check_status_listen(public.parse().unwrap()).unwrap_err();
+            assert!(e.contains("--health-listen") && e.contains(public), "{e}");
+        }
     }
 
     #[test]

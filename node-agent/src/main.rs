@@ -24,7 +24,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the node agent (one per node, as a DaemonSet with hostPID).
-    Agent(AgentArgs),
+    Agent(Box<AgentArgs>),
     /// Print the node's table: every tracked pod's phase, hold, drain and Job outcome.
     ///
     /// Read from the agent's status API (`GET /status`; `--json` prints it as served). Exit
@@ -84,7 +84,9 @@ struct AgentArgs {
     #[arg(long)]
     kube: bool,
 
-    /// Address of the read-only status API (/status, /config, /healthz).
+    /// Address of the read-only status API (/status, /config, /metrics, /healthz, /readyz): a
+    /// loopback address only — /status and /config are for clients inside the agent's pod
+    /// (`kubectl port-forward`, `kubectl exec`). `holdfast status` reads it there.
     #[arg(
         long,
         env = "HOLDFAST_STATUS_LISTEN",
@@ -92,6 +94,17 @@ struct AgentArgs {
         value_name = "ADDR"
     )]
     status_listen: SocketAddr,
+
+    /// Also serve the kubelet's probes (/healthz, /readyz, nothing else) here, on a listener of
+    /// their own that no other client can exhaust (one request per connection, a per-peer
+    /// limit). The DaemonSet uses 0.0.0.0:15301.
+    #[arg(long, env = "HOLDFAST_HEALTH_LISTEN", value_name = "ADDR")]
+    health_listen: Option<SocketAddr>,
+
+    /// Also serve /metrics (nothing else) here, for Prometheus outside the agent's pod, with a
+    /// per-peer connection limit. The DaemonSet uses 0.0.0.0:15302.
+    #[arg(long, env = "HOLDFAST_METRICS_LISTEN", value_name = "ADDR")]
+    metrics_listen: Option<SocketAddr>,
 
     /// Name of the sidecar container in meshed pods.
     #[arg(long, default_value = "istio-proxy", value_name = "NAME")]
@@ -117,6 +130,11 @@ struct AgentArgs {
     /// Per pod: annotation holdfast.io/hold-timeout.
     #[arg(long, default_value = "120s", value_parser = parse_duration, value_name = "DURATION")]
     hold_timeout: Duration,
+
+    /// The longest hold a pod's holdfast.io/hold-timeout annotation may ask for; larger values
+    /// are clamped to it (and the pod's status says so).
+    #[arg(long, default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
+    max_hold_timeout: Duration,
 
     /// How often a holding pod's proxy readiness is checked (procfs first, then Envoy's /ready).
     #[arg(long, default_value = "5ms", value_parser = parse_duration, value_name = "DURATION")]
@@ -144,14 +162,24 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 impl AgentArgs {
-    fn into_config(self) -> Config {
-        Config {
+    fn into_config(self) -> anyhow::Result<Config> {
+        config::check_status_listen(self.status_listen).map_err(anyhow::Error::msg)?;
+        if self.hold_timeout > self.max_hold_timeout {
+            anyhow::bail!(
+                "--hold-timeout {} is longer than --max-hold-timeout {}: raise the ceiling or lower the default",
+                config::format_duration(self.hold_timeout),
+                config::format_duration(self.max_hold_timeout)
+            );
+        }
+        Ok(Config {
             node_name: self.node_name,
             source: match self.pods_dir {
                 Some(dir) => SourceConfig::PodsDir(dir),
                 None => SourceConfig::Kube,
             },
             status_listen: self.status_listen,
+            health_listen: self.health_listen,
+            metrics_listen: self.metrics_listen,
             proc_root: self.proc_root,
             proxy: ProxyConfig {
                 container: self.proxy_container,
@@ -162,12 +190,13 @@ impl AgentArgs {
             },
             hold: HoldSettings {
                 timeout: self.hold_timeout,
+                max_timeout: self.max_hold_timeout,
                 queue_num: self.queue_num,
                 require_filter: self.require_filter,
                 ready_poll: self.ready_poll.max(Duration::from_millis(1)),
             },
             drain: Default::default(),
-        }
+        })
     }
 }
 
@@ -225,7 +254,7 @@ fn main() -> anyhow::Result<()> {
         Command::Agent(args) => {
             limit_malloc_arenas();
             init_logging(&args.log_format);
-            let config = args.into_config();
+            let config = (*args).into_config()?;
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 // Idle blocking-pool threads (a burst of hold installs and process scans leaves

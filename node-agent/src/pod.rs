@@ -119,6 +119,17 @@ pub struct PodView {
     pub istio_dual_stack: bool,
 }
 
+impl PodView {
+    /// The pod is in a terminal phase (`Succeeded` or `Failed`): every container has
+    /// terminated and none will run again (kubernetes pkg/apis/core/types.go: "PodSucceeded ...
+    /// all containers in the pod have voluntarily terminated ... and the system is not going to
+    /// restart any of these containers"; "PodFailed ... will not be restarted"). Also a pod the
+    /// kubelet rejected at admission (`OutOfcpu`, `NodeAffinity`): Failed, no container ran.
+    pub fn is_terminal(&self) -> bool {
+        matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"))
+    }
+}
+
 /// A pod's deletion: when it started and how long the kubelet grants it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Deletion {

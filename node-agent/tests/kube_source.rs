@@ -4,7 +4,7 @@
 //! request fails the test instead of hanging it.
 //!
 //! kube 5's default watcher (`InitialListStrategy::ListWatch`) sends
-//! `GET /api/v1/pods?fieldSelector=..&limit=500` (paged list; `resourceVersion=0` is left out
+//! `GET /api/v1/pods?fieldSelector=..&limit=50` (paged list, small pages: issue 25; `resourceVersion=0` is left out
 //! when a limit is set), then
 //! `GET /api/v1/pods?watch=true&timeoutSeconds=290&fieldSelector=..&allowWatchBookmarks=true&resourceVersion=<rv>`.
 
@@ -212,8 +212,9 @@ async fn expect_list(handle: &mut Handle, what: &str) -> Result<Respond> {
     if q.contains_key("watch") {
         bail!("{what}: expected a list, got a watch: {uri}");
     }
-    if q.get("limit").map(String::as_str) != Some("500") {
-        bail!("{what}: expected a paged list (limit=500): {uri}");
+    let limit = holdfast::source::kube::LIST_PAGE_SIZE.to_string();
+    if q.get("limit") != Some(&limit) {
+        bail!("{what}: expected a paged list (limit={limit}): {uri}");
     }
     if q.contains_key("continue") {
         bail!("{what}: unexpected continue token: {uri}");

@@ -236,6 +236,7 @@ proptest! {
         let defaults = HoldSettings::default();
         let o = PodOverrides::from_annotations(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())), &defaults);
         prop_assert!(o.hold_timeout > Duration::ZERO);
+        prop_assert!(o.hold_timeout <= defaults.max_timeout);
     }
 
     #[test]
@@ -245,6 +246,10 @@ proptest! {
         let defaults = HoldSettings::default();
         let o = PodOverrides::from_annotations([("holdfast.io/hold-timeout", text.as_str())], &defaults);
         if want.is_zero() {
+            prop_assert_eq!(o.problems.len(), 1);
+        } else if want > defaults.max_timeout {
+            // Above the node's ceiling: clamped, and said (issue 25).
+            prop_assert_eq!(o.hold_timeout, defaults.max_timeout);
             prop_assert_eq!(o.problems.len(), 1);
         } else {
             prop_assert_eq!(o.hold_timeout, want, "{}: {:?}", text, o.problems);

@@ -44,11 +44,12 @@ impl Agent {
     /// Starts the agent on a fresh pods directory with `RLIMIT_NOFILE` soft = hard = `nofile`
     /// (so the agent cannot raise it), and waits for `/healthz`.
     fn start(name: &str, nofile: u64) -> Agent {
-        Self::start_on(name, nofile, std::net::Ipv4Addr::LOCALHOST.into())
+        Self::start_with(name, nofile, &[])
     }
 
-    /// As [`start`](Self::start), listening on `ip`.
-    fn start_on(name: &str, nofile: u64, ip: std::net::IpAddr) -> Agent {
+    /// As [`start`](Self::start), with more flags.
+    fn start_with(name: &str, nofile: u64, extra: &[String]) -> Agent {
+        let ip: std::net::IpAddr = std::net::Ipv4Addr::LOCALHOST.into();
         let dir = std::env::temp_dir().join(format!("hf-statusapi-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let pods = dir.join("pods");
@@ -58,6 +59,7 @@ impl Agent {
         cmd.args(["agent", "--node-name", "node-a", "--pods-dir"])
             .arg(&pods)
             .args(["--status-listen", &addr.to_string()])
+            .args(extra)
             // An empty proc root: pods wait for their netns, nothing else is touched.
             .args(["--proc-root"])
             .arg(&dir)
@@ -334,29 +336,241 @@ fn non_loopback_local_ip() -> std::net::IpAddr {
         .expect("this test needs a non-loopback IPv4 address on some interface")
 }
 
-/// `/status` and `/config` answer loopback clients only (port-forward, the agent's own pod);
-/// `/healthz` (kubelet probes) and `/metrics` (Prometheus) answer anyone.
+/// The three listeners: `/status` and `/config` only on the loopback one (a public
+/// `--status-listen` is refused at start), the probes alone on the health listener, `/metrics`
+/// alone on the metrics listener — both reachable from outside the agent's pod.
 #[test]
-fn status_and_config_answer_local_clients_only() {
-    let agent = Agent::start_on("access", 1024, std::net::Ipv4Addr::UNSPECIFIED.into());
-    let local = SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), agent.addr.port());
-    let remote = SocketAddr::new(non_loopback_local_ip(), agent.addr.port());
-    for path in ["/status", "/config"] {
+fn status_stays_on_loopback_and_each_listener_serves_its_own() {
+    let (health_port, metrics_port) = (free_port(), free_port());
+    let agent = Agent::start_with(
+        "access",
+        1024,
+        &[
+            "--health-listen".into(),
+            format!("0.0.0.0:{health_port}"),
+            "--metrics-listen".into(),
+            format!("0.0.0.0:{metrics_port}"),
+        ],
+    );
+    let ip = non_loopback_local_ip();
+    for path in ["/status", "/config", "/metrics", "/healthz"] {
         assert_eq!(
-            get(local, path).map(|r| r.0),
+            get(agent.addr, path).map(|r| r.0),
             Ok(200),
-            "{path} from loopback"
+            "{path} on loopback"
         );
-        let (code, body) = get(remote, path).unwrap();
-        assert_eq!(code, 403, "{path} from {remote}: {body}");
-        assert!(body.contains("port-forward"), "{body}");
     }
-    for path in ["/healthz", "/metrics"] {
+    // The loopback listener cannot be reached through another address at all.
+    assert!(
+        TcpStream::connect_timeout(
+            &SocketAddr::new(ip, agent.addr.port()),
+            Duration::from_secs(1)
+        )
+        .is_err(),
+        "the status listener answers on {ip}"
+    );
+    let health = SocketAddr::new(ip, health_port);
+    let metrics = SocketAddr::new(ip, metrics_port);
+    for path in ["/healthz", "/readyz"] {
         assert_eq!(
-            get(remote, path).map(|r| r.0),
+            get(health, path).map(|r| r.0),
             Ok(200),
-            "{path} from {remote}"
+            "{path} on {health}"
         );
+    }
+    assert_eq!(get(metrics, "/metrics").map(|r| r.0), Ok(200));
+    for (addr, path) in [
+        (health, "/status"),
+        (health, "/metrics"),
+        (metrics, "/status"),
+        (metrics, "/config"),
+        (metrics, "/healthz"),
+    ] {
+        let (code, body) = get(addr, path).unwrap();
+        assert_eq!(code, 404, "{path} on {addr}: {body}");
+    }
+    let (_, body) = get(metrics, "/status").unwrap();
+    assert!(body.contains("port-forward"), "{body}");
+
+    // A public --status-listen is refused with the fix.
+    let out = Command::new(env!("CARGO_BIN_EXE_holdfast"))
+        .args(["agent", "--node-name", "n", "--pods-dir", "/nonexistent"])
+        .args(["--status-listen", "0.0.0.0:15300"])
+        .output()
+        .expect("run the agent");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("not a loopback address") && stderr.contains("--health-listen"),
+        "{stderr}"
+    );
+}
+
+/// A keep-alive client that sends one request every `every` until `stop`, from `source`.
+fn slot_holder(
+    target: SocketAddr,
+    source: std::net::Ipv4Addr,
+    every: Duration,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<u32> {
+    std::thread::spawn(move || {
+        let mut answered = 0u32;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let Ok(sock) = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            else {
+                return answered;
+            };
+            let _ = sock.bind(&SocketAddr::new(source.into(), 0).into());
+            if sock
+                .connect_timeout(&target.into(), Duration::from_secs(1))
+                .is_err()
+            {
+                std::thread::sleep(Duration::from_millis(200));
+                continue;
+            }
+            let mut s: TcpStream = sock.into();
+            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+            loop {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    return answered;
+                }
+                if write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").is_err() {
+                    break;
+                }
+                let mut buf = [0u8; 64 * 1024];
+                match s.read(&mut buf) {
+                    Ok(n) if n > 0 => answered += 1,
+                    _ => break,
+                }
+                let t = Instant::now();
+                while t.elapsed() < every && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        }
+        answered
+    })
+}
+
+/// The second row: 70 keep-alive clients of the status API (one request every 4 s
+/// each) took every slot and the kubelet-style liveness probe (`GET /healthz` on a new
+/// connection, once a second) was answered 0 of 10. Now the probe has its own listener: with
+/// 70 busy clients of the metrics listener from one address, then from 70 addresses, and 70
+/// of the health listener itself from one address, the probe is answered every time.
+#[test]
+fn liveness_is_answered_beside_seventy_busy_clients() {
+    let (health_port, metrics_port) = (free_port(), free_port());
+    let _agent = Agent::start_with(
+        "slots",
+        4096,
+        &[
+            "--health-listen".into(),
+            format!("127.0.0.1:{health_port}"),
+            "--metrics-listen".into(),
+            format!("127.0.0.1:{metrics_port}"),
+        ],
+    );
+    let health = SocketAddr::from(([127, 0, 0, 1], health_port));
+    let metrics = SocketAddr::from(([127, 0, 0, 1], metrics_port));
+    // The kubelet's probe: a new connection from 127.0.0.1, one request, once a second.
+    let probe = |rounds: u32| -> u32 {
+        let mut ok = 0;
+        for _ in 0..rounds {
+            let t = Instant::now();
+            if get(health, "/healthz").map(|r| r.0) == Ok(200) {
+                ok += 1;
+            }
+            std::thread::sleep(Duration::from_secs(1).saturating_sub(t.elapsed()));
+        }
+        ok
+    };
+    for (what, targets) in [
+        (
+            "70 clients of /metrics from 127.0.0.2",
+            (0..70)
+                .map(|_| (metrics, std::net::Ipv4Addr::new(127, 0, 0, 2)))
+                .collect::<Vec<_>>(),
+        ),
+        (
+            "70 clients of /metrics from 70 addresses",
+            (0..70)
+                .map(|i| (metrics, std::net::Ipv4Addr::new(127, 0, 1, i + 1)))
+                .collect(),
+        ),
+        (
+            "70 clients of the health listener from 127.0.0.3",
+            (0..70)
+                .map(|_| (health, std::net::Ipv4Addr::new(127, 0, 0, 3)))
+                .collect(),
+        ),
+    ] {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let holders: Vec<_> = targets
+            .into_iter()
+            .map(|(t, src)| slot_holder(t, src, Duration::from_secs(4), stop.clone()))
+            .collect();
+        std::thread::sleep(Duration::from_millis(500));
+        let answered = probe(10);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let served: u32 = holders.into_iter().map(|h| h.join().unwrap_or(0)).sum();
+        println!(
+            "{what}: liveness answered {answered} of 10; the clients' requests answered: {served}"
+        );
+        assert!(answered >= 9, "{what}: liveness answered {answered} of 10");
+    }
+    // The same 70 clients against a baseline build with one listener for everything (the
+    // figure before this change, for docs/benchmarks.md): HOLDFAST_BASELINE_BIN=path.
+    if let Some(baseline) = std::env::var_os("HOLDFAST_BASELINE_BIN") {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("hf-statusapi-base-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let _cleanup = TempDir(dir.clone());
+        let child = Command::new(baseline)
+            .args(["agent", "--node-name", "n", "--pods-dir"])
+            .arg(&dir)
+            .args(["--status-listen", &format!("127.0.0.1:{port}")])
+            .args(["--proc-root"])
+            .arg(&dir)
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("baseline agent");
+        struct Kill(Child);
+        impl Drop for Kill {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let _child = Kill(child);
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        while get(addr, "/healthz").is_err() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let holders: Vec<_> = (0..70)
+            .map(|_| {
+                slot_holder(
+                    addr,
+                    std::net::Ipv4Addr::new(127, 0, 0, 2),
+                    Duration::from_secs(4),
+                    stop.clone(),
+                )
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(500));
+        let mut answered = 0;
+        for _ in 0..10 {
+            let t = Instant::now();
+            if get(addr, "/healthz").map(|r| r.0) == Ok(200) {
+                answered += 1;
+            }
+            std::thread::sleep(Duration::from_secs(1).saturating_sub(t.elapsed()));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for h in holders {
+            let _ = h.join();
+        }
+        println!("baseline (one listener): liveness answered {answered} of 10 beside 70 clients");
     }
 }
 
@@ -386,6 +600,8 @@ async fn source_problems_are_served_on_status_and_counted() {
             node_name: "node-a".into(),
             source: SourceConfig::PodsDir(dir.clone()),
             status_listen: addr,
+            health_listen: None,
+            metrics_listen: None,
             proc_root: "/proc".into(),
             proxy: Default::default(),
             hold: Default::default(),

@@ -209,6 +209,8 @@ async fn start_agent_status_api() -> (SocketAddr, CancellationToken, tokio::task
             node_name: "worker-1".into(),
             source: SourceConfig::PodsDir(std::env::temp_dir().join("hf-portforward-unused")),
             status_listen: agent_addr,
+            health_listen: None,
+            metrics_listen: None,
             proc_root: "/proc".into(),
             proxy: Default::default(),
             hold: Default::default(),

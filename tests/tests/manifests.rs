@@ -459,18 +459,32 @@ fn workspace_version() -> String {
         .to_string()
 }
 
+/// The probes go to the health listener on the pod IP (a listener of their own, issue 25), the
+/// status API stays on loopback, `/metrics` has its own listener, and the NetworkPolicy admits
+/// only Prometheus, to the metrics port.
 #[test]
-fn status_api_serves_the_probes_on_the_pod_ip() {
+fn probes_have_their_own_listener_and_status_stays_on_loopback() {
     let c = agent_container(&daemonset());
     let a = args(&c);
-    let listen: SocketAddr = arg_value(&a, "--status-listen")
-        .expect("--status-listen set")
-        .parse()
-        .expect("--status-listen is an IP:port");
+    let listen = |flag: &str| -> SocketAddr {
+        arg_value(&a, flag)
+            .unwrap_or_else(|| panic!("{flag} set"))
+            .parse()
+            .unwrap_or_else(|_| panic!("{flag} is an IP:port"))
+    };
+    let status = listen("--status-listen");
     assert!(
-        listen.ip().is_unspecified(),
-        "kubelet probes and the pod proxy reach the pod IP: listen on 0.0.0.0, got {listen}"
+        status.ip().is_loopback(),
+        "/status and /config are for the agent's pod only: got {status}"
     );
+    let health = listen("--health-listen");
+    let metrics = listen("--metrics-listen");
+    for (what, addr) in [("health", health), ("metrics", metrics)] {
+        assert!(
+            addr.ip().is_unspecified(),
+            "kubelet probes and Prometheus reach the pod IP: {what} on 0.0.0.0, got {addr}"
+        );
+    }
     let ports = c.ports.clone().unwrap_or_default();
     let resolve = |p: &IntOrString| -> i32 {
         match p {
@@ -495,10 +509,46 @@ fn status_api_serves_the_probes_on_the_pod_ip() {
         assert_eq!(get.path.as_deref(), Some(path), "{what}");
         assert_eq!(
             resolve(&get.port),
-            i32::from(listen.port()),
+            i32::from(health.port()),
             "{what} probe port"
         );
     }
+    assert!(
+        !ports
+            .iter()
+            .any(|p| p.container_port == i32::from(status.port())),
+        "the loopback status port is not a container port: {ports:?}"
+    );
+
+    let policy: k8s_openapi::api::networking::v1::NetworkPolicy = one("", "NetworkPolicy");
+    let spec = policy.spec.expect("spec");
+    assert_eq!(
+        spec.pod_selector
+            .as_ref()
+            .and_then(|s| s.match_labels.clone())
+            .unwrap_or_default()
+            .get("app.kubernetes.io/component")
+            .map(String::as_str),
+        Some("agent")
+    );
+    assert_eq!(spec.policy_types, Some(vec!["Ingress".to_string()]));
+    let rules = spec.ingress.unwrap_or_default();
+    assert_eq!(rules.len(), 1, "one rule: Prometheus to /metrics");
+    let admitted: Vec<i32> = rules[0]
+        .ports
+        .iter()
+        .flatten()
+        .filter_map(|p| p.port.as_ref().map(&resolve))
+        .collect();
+    assert_eq!(
+        admitted,
+        vec![i32::from(metrics.port())],
+        "only the metrics port"
+    );
+    assert!(
+        rules[0].from.as_ref().is_some_and(|f| !f.is_empty()),
+        "from a selected namespace only, not from everywhere"
+    );
 }
 
 /// A Kubernetes quantity in base units (millicores for cpu, bytes for memory).

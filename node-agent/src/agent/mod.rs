@@ -21,7 +21,7 @@ use crate::lifecycle::driver::Shared;
 use crate::pod::{NotTracked, PodKey, PodView};
 use crate::report::board::StatusBoard;
 use crate::report::events::PodEvents;
-use crate::report::server::StatusApi;
+use crate::report::server::{Role, StatusApi};
 use crate::source::{dir::PodsDir, PodEvent};
 
 /// Errors that stop the agent at startup. Once running, per-pod problems never stop it.
@@ -30,12 +30,15 @@ pub enum Error {
     #[error(transparent)]
     PodsDir(#[from] crate::source::dir::Error),
     #[error(
-        "cannot listen on {addr} for the status API: {source} (choose another --status-listen)"
+        "cannot listen on {addr} for the {what} listener: {source} (choose another --{what}-listen)"
     )]
     StatusListen {
+        what: &'static str,
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
+    #[error("{0}")]
+    StatusNotLocal(String),
     #[error(transparent)]
     Kube(#[from] crate::source::kube::Error),
 }
@@ -79,13 +82,28 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         }
     };
 
-    let listener = tokio::net::TcpListener::bind(config.status_listen)
-        .await
-        .map_err(|source| Error::StatusListen {
-            addr: config.status_listen,
-            source,
-        })?;
-    tracing::info!(addr = %config.status_listen, "status API listening");
+    crate::config::check_status_listen(config.status_listen).map_err(Error::StatusNotLocal)?;
+    let bind = |role: Role, addr: std::net::SocketAddr| async move {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| Error::StatusListen {
+                what: role.as_str(),
+                addr,
+                source,
+            })?;
+        tracing::info!(%addr, listener = role.as_str(), "status API listening");
+        Ok::<_, Error>(l)
+    };
+    let listener = bind(Role::Local, config.status_listen).await?;
+    let mut extra_listeners = Vec::new();
+    for (role, addr) in [
+        (Role::Health, config.health_listen),
+        (Role::Metrics, config.metrics_listen),
+    ] {
+        if let Some(addr) = addr {
+            extra_listeners.push((role, bind(role, addr).await?));
+        }
+    }
 
     let stop = CancellationToken::new();
     let metrics = crate::report::metrics::MetricsHandle::new();
@@ -97,6 +115,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         procs: crate::effects::procfs::pod_procs::PodProcs::new(config.proc_root.clone()),
         stop: stop.clone(),
         fast_window: Default::default(),
+        netns_owners: Default::default(),
     });
     let synced = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let api = StatusApi {
@@ -106,6 +125,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         metrics,
         source_problems,
     };
+    for (role, l) in extra_listeners {
+        tokio::spawn(
+            api.clone()
+                .serve_role(l, role, stop.clone().cancelled_owned()),
+        );
+    }
     let api_task = tokio::spawn(api.serve(listener, stop.clone().cancelled_owned()));
 
     let mut pods = Pods::default();
@@ -164,6 +189,13 @@ impl Pods {
             PodEvent::Applied(pod) => {
                 let cfg = &shared.config;
                 match PodView::from_pod(&pod, &cfg.node_name, &cfg.proxy, &cfg.hold) {
+                    Ok(view) if view.is_terminal() && !self.by_uid.contains_key(&view.key.uid) => {
+                        // Finished before the agent followed it (a Job done, a pod the kubelet
+                        // rejected): nothing will run in it again, so no task, no polling, no
+                        // row. Hundreds of these (a ReplicaSet whose pods keep being rejected)
+                        // cost a parsed view each, then nothing.
+                        tracing::debug!(pod = %view.key, phase = ?view.phase, "pod in a terminal phase; not tracked");
+                    }
                     Ok(view) => {
                         let uid = view.key.uid.clone();
                         self.skipped.remove(&uid);
@@ -257,6 +289,8 @@ mod tests {
             node_name: "node-a".into(),
             source: SourceConfig::PodsDir("/nonexistent".into()),
             status_listen: ([127, 0, 0, 1], 0).into(),
+            health_listen: None,
+            metrics_listen: None,
             proc_root: "/proc".into(),
             proxy: ProxyConfig::default(),
             hold: HoldSettings::default(),
@@ -270,7 +304,32 @@ mod tests {
             metrics: crate::report::metrics::MetricsHandle::new().metrics,
             events: PodEvents::log_only(),
             fast_window: Default::default(),
+            netns_owners: Default::default(),
         })
+    }
+
+    /// A pod found in a terminal phase (a Job done, a pod the kubelet rejected) gets no task and
+    /// no row; a tracked pod that turns terminal is followed to its end.
+    #[tokio::test]
+    async fn terminal_pods_are_not_tracked() {
+        let shared = shared();
+        let mut pods = Pods::default();
+        for i in 0..300 {
+            let rejected = pod_json(json!({
+                "metadata": {"name": format!("rejected-{i}"), "uid": format!("u-rejected-{i}")},
+                "status": {"phase": "Failed", "reason": "OutOfcpu"}
+            }));
+            pods.apply(PodEvent::Applied(Box::new(rejected)), &shared);
+        }
+        assert!(pods.tasks.is_empty() && pods.by_uid.is_empty());
+        assert!(shared.board.snapshot().is_empty());
+        let running = pod_json(json!({"status": {"phase": "Running"}}));
+        pods.apply(PodEvent::Applied(Box::new(running)), &shared);
+        assert_eq!(pods.by_uid.len(), 1);
+        let done = pod_json(json!({"status": {"phase": "Succeeded"}}));
+        pods.apply(PodEvent::Applied(Box::new(done)), &shared);
+        assert_eq!(pods.by_uid.len(), 1, "a tracked pod is followed to its end");
+        shared.stop.cancel();
     }
 
     /// A pod with the proxy container that is left alone gets a `skipped` row with the reason;

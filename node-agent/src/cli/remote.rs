@@ -145,10 +145,12 @@ pub async fn fetch_status_body(
         .await
         .map_err(|e| match e {
             ExchangeError::Forward(why) => forward_failed(why),
-            ExchangeError::Http(Failure::Malformed(why)) => RemoteError::BadAnswer {
-                pod: pod.clone(),
-                why,
-            },
+            ExchangeError::Http(Failure::Malformed(why) | Failure::TooLarge(why)) => {
+                RemoteError::BadAnswer {
+                    pod: pod.clone(),
+                    why,
+                }
+            }
             ExchangeError::Http(f) => forward_failed(format!("GET /status: {f}")),
         })?;
     let body = String::from_utf8_lossy(&answer.body).into_owned();

@@ -216,7 +216,7 @@ async fn fetch_async(agent: &AgentUrl, timeout: Duration) -> Result<String> {
     }
     let stream = stream.ok_or_else(|| unreachable(last_err))?;
     let failed = |f: Failure| match f {
-        Failure::Malformed(why) => bad_document(why),
+        Failure::Malformed(why) | Failure::TooLarge(why) => bad_document(why),
         Failure::Closed(_) | Failure::NotSent(_) => {
             bad_document("the connection closed without a complete answer".into())
         }

@@ -8,8 +8,11 @@
 //! HTTP/1.1 on hyper ([`crate::effects::http1_client`]; Envoy's admin answers HTTP/1.0 with 426) over one
 //! kept-alive connection per client: a readiness poll every few milliseconds costs one request,
 //! not a connection (and a thread to enter the netns) each time. A closed connection is
-//! replaced on the next request. Bodies are capped (4 MiB by default) and every exchange has a
-//! connect and a response timeout. Failures are reported by kind through a callback
+//! replaced on the next request. Bodies are capped to what the agent reads — `/ready` and the
+//! `POST`s at [`SMALL_ANSWER_MAX`], `/stats` at the client's cap ([`DEFAULT_MAX_BODY`], set
+//! lower by readiness) — and an answer over its cap is [`Error::TooLarge`], read no further:
+//! a pod's Envoy (or whatever listens on its admin port) cannot make the agent read megabytes.
+//! Every exchange has a connect and a response timeout. Failures are reported by kind through a callback
 //! ([`AdminClient::with_error_callback`]), so this module knows nothing of metrics.
 
 #![forbid(unsafe_code)]
@@ -27,6 +30,17 @@ use crate::effects::netns::PodNetns;
 /// Envoy's admin address in Istio sidecars.
 pub const DEFAULT_ADMIN_ADDR: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 15000);
+
+/// The cap of an answer that is a word or two (`/ready`: `LIVE`; the `POST`s: `OK`): Envoy's
+/// admin handlers write a status word (source/server/admin/admin.cc, server_cmd_handler.cc).
+pub const SMALL_ANSWER_MAX: usize = 4 * 1024;
+
+/// The default cap of a `/stats` answer: the drain's sample, the largest the agent asks for,
+/// lists its filter's stats and two byte counters per HTTP or TCP listener prefix that carried
+/// traffic (`usedonly`). Measured on the simulated sidecar (Envoy 1.40 with Istio's listeners and
+/// stats matcher, docs/benchmarks.md, "Hostile pods"): 352 bytes; a sidecar whose TCP routes each name their cluster (`tcp.outbound|port||host.`)
+/// adds ~180 bytes per used route, so 1 MiB is ~5,000 used routes: far past any pod's.
+pub const DEFAULT_MAX_BODY: usize = 1 << 20;
 
 /// Errors of this module, by kind.
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +68,12 @@ pub enum Error {
     },
     #[error("Envoy admin at {addr}: malformed response: {reason}")]
     Malformed { addr: SocketAddr, reason: String },
+    #[error("Envoy admin at {addr}: {path} answered more than the agent reads: {reason}")]
+    TooLarge {
+        addr: SocketAddr,
+        path: String,
+        reason: String,
+    },
     #[error("Envoy admin at {addr}: {}connection closed: {reason}", if *.sent { "no complete response, " } else { "" })]
     Closed {
         addr: SocketAddr,
@@ -77,6 +97,7 @@ impl Error {
             Error::Timeout { .. } => "timeout",
             Error::Http { .. } => "http",
             Error::Malformed { .. } => "malformed",
+            Error::TooLarge { .. } => "too-large",
             Error::Closed { sent: true, .. } => "malformed",
             Error::Io { .. } | Error::Closed { .. } => "io",
         }
@@ -86,6 +107,12 @@ impl Error {
     /// or gone). Other connect failures (entering the netns failed) say nothing about Envoy.
     pub fn is_refused(&self) -> bool {
         matches!(self, Error::Connect { refused: true, .. })
+    }
+
+    /// Whether the answer broke the body cap: not a fault of the agent or the network, but of
+    /// what answers on the pod's admin port.
+    pub fn is_too_large(&self) -> bool {
+        matches!(self, Error::TooLarge { .. })
     }
 
     /// The HTTP status, for `Http` errors.
@@ -144,6 +171,13 @@ impl Stats {
     /// Parses Envoy's text stats (`name: value` per line). Never fails: bad lines are reported
     /// in `malformed`, histograms and text readouts are skipped.
     pub fn parse(text: &str) -> Stats {
+        Stats::parse_keeping(text, |_| true)
+    }
+
+    /// [`parse`](Self::parse), keeping only the values whose name `keep` accepts (the others
+    /// count as `skipped`): what answers on a pod's admin port may list anything, and only
+    /// what the agent reads takes memory.
+    pub fn parse_keeping(text: &str, keep: impl Fn(&str) -> bool) -> Stats {
         let mut stats = Stats::default();
         for line in text.lines() {
             let line = line.trim_end_matches('\r');
@@ -159,7 +193,9 @@ impl Stats {
                 stats.note_malformed(line);
                 continue;
             };
-            if let Ok(number) = value.parse::<u64>() {
+            if !keep(name) {
+                stats.skipped += 1;
+            } else if let Ok(number) = value.parse::<u64>() {
                 stats.values.insert(name.to_string(), number);
             } else if value.starts_with("P0(")
                 || value.starts_with("No recorded values")
@@ -273,7 +309,7 @@ impl AdminClient {
             connector,
             connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(5),
-            max_body: 4 << 20,
+            max_body: DEFAULT_MAX_BODY,
             on_error: None,
             shared: Arc::new(Shared {
                 connection: tokio::sync::Mutex::new(None),
@@ -318,7 +354,9 @@ impl AdminClient {
 
     /// `GET /ready`: 200 `LIVE`, 503 with the state otherwise.
     pub async fn ready(&self) -> Result<ServerState> {
-        let response = self.request("GET", "/ready").await?;
+        let response = self
+            .request_capped("GET", "/ready", SMALL_ANSWER_MAX)
+            .await?;
         let body = response.text();
         let body = body.trim();
         match (response.status, body) {
@@ -343,6 +381,17 @@ impl AdminClient {
     /// Like [`stats`](Self::stats); `used_only` adds `usedonly` (stats that were ever updated),
     /// as pilot-agent's drain poll does.
     pub async fn stats_with(&self, filter: Option<&str>, used_only: bool) -> Result<Stats> {
+        self.stats_keeping(filter, used_only, |_| true).await
+    }
+
+    /// Like [`stats_with`](Self::stats_with), keeping only the values `keep` accepts (see
+    /// [`Stats::parse_keeping`]).
+    pub async fn stats_keeping(
+        &self,
+        filter: Option<&str>,
+        used_only: bool,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<Stats> {
         let mut query = Vec::new();
         if used_only {
             query.push("usedonly".to_string());
@@ -363,7 +412,7 @@ impl AdminClient {
             addr: self.addr,
             reason: format!("/stats body is not UTF-8: {e}"),
         })?;
-        let stats = Stats::parse(text);
+        let stats = Stats::parse_keeping(text, keep);
         if stats.malformed_count > 0 {
             tracing::debug!(addr = %self.addr, count = stats.malformed_count, first = ?stats.malformed.first(), "unparsable /stats lines skipped");
         }
@@ -374,7 +423,7 @@ impl AdminClient {
     /// or reset after the request was written is success (`closed_early`): Envoy exits as asked,
     /// and may do so before its `200 OK` reaches us.
     pub async fn post(&self, path: &str) -> Result<Response> {
-        let response = self.request("POST", path).await?;
+        let response = self.request_capped("POST", path, SMALL_ANSWER_MAX).await?;
         if response.closed_early {
             return Ok(response);
         }
@@ -387,8 +436,14 @@ impl AdminClient {
     /// One request on the kept-alive connection (a new one if there is none, or it closed);
     /// any status is returned.
     pub async fn request(&self, method: &str, path: &str) -> Result<Response> {
+        self.request_capped(method, path, self.max_body).await
+    }
+
+    /// [`request`](Self::request) with a body cap of at most `cap` (never above the client's).
+    pub async fn request_capped(&self, method: &str, path: &str, cap: usize) -> Result<Response> {
         let quit = method == "POST" && path == QUIT_PATH;
-        let result = self.request_uncounted(method, path, quit).await;
+        let cap = cap.min(self.max_body);
+        let result = self.request_uncounted(method, path, quit, cap).await;
         if let (Err(e), Some(on_error)) = (&result, &self.on_error) {
             let after_quit = self.shared.quit_sent.load(Ordering::Relaxed)
                 && (e.is_refused() || matches!(e, Error::Io { .. } | Error::Closed { .. }));
@@ -414,7 +469,13 @@ impl AdminClient {
         }
     }
 
-    async fn request_uncounted(&self, method: &str, path: &str, quit: bool) -> Result<Response> {
+    async fn request_uncounted(
+        &self,
+        method: &str,
+        path: &str,
+        quit: bool,
+        cap: usize,
+    ) -> Result<Response> {
         let method =
             hyper::Method::from_bytes(method.as_bytes()).map_err(|e| Error::Malformed {
                 addr: self.addr,
@@ -450,7 +511,7 @@ impl AdminClient {
                 path,
                 &host,
                 &[("user-agent", "holdfast"), ("accept", "*/*")],
-                self.max_body,
+                cap,
             );
             let outcome = tokio::time::timeout(self.response_timeout, exchange).await;
             let failure = match outcome {
@@ -477,7 +538,7 @@ impl AdminClient {
                 && match &failure {
                     Failure::NotSent(_) => true,
                     Failure::Closed(_) | Failure::Io(_) => method == hyper::Method::GET && !quit,
-                    Failure::Malformed(_) => false,
+                    Failure::Malformed(_) | Failure::TooLarge(_) => false,
                 };
             if retry {
                 tracing::debug!(addr = %self.addr, %failure, "kept-alive admin connection was closed; retrying on a new one");
@@ -488,6 +549,14 @@ impl AdminClient {
                     status: 0,
                     body: Vec::new(),
                     closed_early: true,
+                });
+            }
+            if let Failure::TooLarge(reason) = failure {
+                return Err(Error::TooLarge {
+                    addr: self.addr,
+                    // The path without its query (a filter regex says nothing to a reader).
+                    path: path.split('?').next().unwrap_or(path).to_string(),
+                    reason,
                 });
             }
             return Err(self.failure(failure, true));
@@ -502,7 +571,9 @@ impl AdminClient {
     fn failure(&self, failure: Failure, sent: bool) -> Error {
         let addr = self.addr;
         match failure {
-            Failure::Malformed(reason) => Error::Malformed { addr, reason },
+            Failure::Malformed(reason) | Failure::TooLarge(reason) => {
+                Error::Malformed { addr, reason }
+            }
             Failure::Closed(reason) => Error::Closed { addr, reason, sent },
             Failure::NotSent(reason) => Error::Closed {
                 addr,

@@ -40,8 +40,11 @@ pub enum Failure {
     /// The peer closed or reset the connection after the request was written, before the
     /// answer was complete.
     Closed(String),
-    /// The answer is not valid HTTP/1.x, or is truncated mid-body, or is over the cap.
+    /// The answer is not valid HTTP/1.x, or is truncated mid-body.
     Malformed(String),
+    /// The answer's body is larger than the cap (declared, or read up to the cap): nothing
+    /// more was read.
+    TooLarge(String),
     /// Another I/O error.
     Io(std::io::Error),
 }
@@ -51,7 +54,7 @@ impl std::fmt::Display for Failure {
         match self {
             Failure::NotSent(why) => write!(f, "request not sent: {why}"),
             Failure::Closed(why) => write!(f, "connection closed before the answer: {why}"),
-            Failure::Malformed(why) => f.write_str(why),
+            Failure::Malformed(why) | Failure::TooLarge(why) => f.write_str(why),
             Failure::Io(e) => write!(f, "{e}"),
         }
     }
@@ -128,7 +131,7 @@ impl Connection {
             .get(hyper::header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
         if let Some(length) = declared.filter(|&l| l > max_body as u64) {
-            return Err(Failure::Malformed(format!(
+            return Err(Failure::TooLarge(format!(
                 "body of {length} bytes exceeds the {max_body} byte cap"
             )));
         }
@@ -137,7 +140,7 @@ impl Connection {
             .await
             .map_err(|e| {
                 if e.is::<http_body_util::LengthLimitError>() {
-                    Failure::Malformed(format!("body larger than the {max_body} byte cap"))
+                    Failure::TooLarge(format!("body larger than the {max_body} byte cap"))
                 } else if let Some(h) = e.downcast_ref::<hyper::Error>() {
                     match classify(h) {
                         // A body cut short is a truncated answer, not a refused request.

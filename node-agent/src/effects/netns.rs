@@ -13,12 +13,12 @@
 #![forbid(unsafe_code)]
 
 use std::fs::File;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use nix::sched::{setns, CloneFlags};
 
@@ -48,6 +48,37 @@ pub enum Error {
         program: String,
         source: std::io::Error,
     },
+    #[error("`{program}` inside network namespace {netns:?} was stopped: {why}")]
+    CommandOverBound {
+        netns: NetnsId,
+        program: String,
+        why: String,
+    },
+}
+
+/// What a command run in a pod's namespace may cost the agent: its output is read up to
+/// `max_output` bytes per stream and it runs at most `timeout`; past either it is killed and
+/// the run is an [`Error::CommandOverBound`]. The namespace is the pod's: a pod with
+/// `NET_ADMIN` can fill its own tables, and `iptables -S` would print all of it into the
+/// agent's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommandLimits {
+    pub max_output: usize,
+    pub timeout: Duration,
+}
+
+impl Default for CommandLimits {
+    /// 256 KiB and 10 s. holdfast's commands are `iptables -S` of the `filter` table and
+    /// `iptables-restore` scripts of a few lines: Istio writes its rules in `nat` (and `mangle`
+    /// for TPROXY), so a pod's filter table holds holdfast's two chains and jumps (~1 KiB
+    /// listed); 256 KiB is ~2,500 rules. 10 s is twice iptables' own `-w 5` wait for the
+    /// xtables lock.
+    fn default() -> Self {
+        CommandLimits {
+            max_output: 256 * 1024,
+            timeout: Duration::from_secs(10),
+        }
+    }
 }
 
 /// Result of this module.
@@ -165,45 +196,179 @@ impl PodNetns {
     }
 
     /// Runs a program inside this netns (forked from a thread in the netns, so the child inherits
-    /// it), with arguments as a vector (never through a shell), optional stdin, and waits for it.
+    /// it), with arguments as a vector (never through a shell), optional stdin, and waits for it,
+    /// within the default [`CommandLimits`].
     pub fn run_command(
         &self,
         program: &str,
         args: &[String],
         stdin: Option<Vec<u8>>,
     ) -> Result<CommandOutput> {
+        self.run_command_limited(program, args, stdin, CommandLimits::default())
+    }
+
+    /// [`run_command`](Self::run_command) within `limits`: output beyond `max_output` or a run
+    /// beyond `timeout` kills the child and is an [`Error::CommandOverBound`].
+    pub fn run_command_limited(
+        &self,
+        program: &str,
+        args: &[String],
+        stdin: Option<Vec<u8>>,
+        limits: CommandLimits,
+    ) -> Result<CommandOutput> {
         let netns = self.id;
         let program_owned = program.to_string();
         let args = args.to_vec();
-        let output = self.run(move || -> std::io::Result<std::process::Output> {
-            let mut command = Command::new(&program_owned);
-            command
+        let piped_stdin = stdin.is_some();
+        // Only the fork happens in the namespace: the child keeps it, and the agent's thread
+        // reads its output from anywhere.
+        let child = self.run(move || -> std::io::Result<Child> {
+            Command::new(&program_owned)
                 .args(&args)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
-                .stdin(if stdin.is_some() {
+                .stdin(if piped_stdin {
                     Stdio::piped()
                 } else {
                     Stdio::null()
-                });
-            let mut child = command.spawn()?;
-            if let Some(input) = stdin {
-                if let Some(mut pipe) = child.stdin.take() {
-                    pipe.write_all(&input)?;
-                }
-            }
-            child.wait_with_output()
+                })
+                .spawn()
         })?;
-        let output = output.map_err(|source| Error::Command {
+        let mut child = child.map_err(|source| Error::Command {
             netns,
             program: program.to_string(),
             source,
         })?;
-        Ok(CommandOutput {
-            status: output.status,
-            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        })
+        let over = |why: String| Error::CommandOverBound {
+            netns,
+            program: program.to_string(),
+            why,
+        };
+        match collect_bounded(&mut child, stdin, limits) {
+            Ok((status, stdout, stderr)) => Ok(CommandOutput {
+                status,
+                stdout: String::from_utf8_lossy(&stdout).into_owned(),
+                stderr: String::from_utf8_lossy(&stderr).into_owned(),
+            }),
+            Err(Collect::Io(source)) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(Error::Command {
+                    netns,
+                    program: program.to_string(),
+                    source,
+                })
+            }
+            Err(Collect::Over(why)) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(over(why))
+            }
+        }
+    }
+}
+
+/// Why [`collect_bounded`] stopped.
+enum Collect {
+    Io(std::io::Error),
+    Over(String),
+}
+
+/// Writes `stdin` to the child, reads its stdout and stderr until both close, then waits for
+/// it — within `limits`. The pipes are read with `poll`, so neither a full pipe nor a silent
+/// child can block past the deadline.
+fn collect_bounded(
+    child: &mut Child,
+    stdin: Option<Vec<u8>>,
+    limits: CommandLimits,
+) -> std::result::Result<(std::process::ExitStatus, Vec<u8>, Vec<u8>), Collect> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let deadline = Instant::now() + limits.timeout;
+    // Scripts are a few hundred bytes, far below a pipe's 64 KiB: written whole before any
+    // output is read (iptables-restore reads all of its input first anyway).
+    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(&input).map_err(Collect::Io)?;
+    }
+    // Both pipes as files, so one loop reads either.
+    let mut out: Option<File> = child
+        .stdout
+        .take()
+        .map(|o| File::from(std::os::fd::OwnedFd::from(o)));
+    let mut err: Option<File> = child
+        .stderr
+        .take()
+        .map(|e| File::from(std::os::fd::OwnedFd::from(e)));
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let mut chunk = [0u8; 16 * 1024];
+    while out.is_some() || err.is_some() {
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(Collect::Over(format!(
+                "no end of output within {:?}",
+                limits.timeout
+            )));
+        }
+        let wait = (deadline - now).as_millis().min(u128::from(u16::MAX)) as u16;
+        let (ready_out, ready_err) = {
+            let mut fds = Vec::with_capacity(2);
+            if let Some(o) = &out {
+                fds.push(PollFd::new(o.as_fd(), PollFlags::POLLIN));
+            }
+            if let Some(e) = &err {
+                fds.push(PollFd::new(e.as_fd(), PollFlags::POLLIN));
+            }
+            match poll(&mut fds, PollTimeout::from(wait)) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(Collect::Io(e.into())),
+            }
+            let ready = |fd: &PollFd| {
+                fd.revents()
+                    .is_some_and(|r| r.intersects(PollFlags::POLLIN | PollFlags::POLLHUP))
+            };
+            let first = fds.first().is_some_and(ready);
+            let second = fds.get(1).is_some_and(ready);
+            match (out.is_some(), err.is_some()) {
+                (true, true) => (first, second),
+                (true, false) => (first, false),
+                (false, true) => (false, first),
+                (false, false) => (false, false),
+            }
+        };
+        for (ready, pipe, buf, name) in [
+            (ready_out, &mut out, &mut stdout, "stdout"),
+            (ready_err, &mut err, &mut stderr, "stderr"),
+        ] {
+            if !ready {
+                continue;
+            }
+            let Some(p) = pipe.as_mut() else { continue };
+            let n = p.read(&mut chunk).map_err(Collect::Io)?;
+            if n == 0 {
+                *pipe = None;
+                continue;
+            }
+            if buf.len() + n > limits.max_output {
+                return Err(Collect::Over(format!(
+                    "its {name} passed {} bytes",
+                    limits.max_output
+                )));
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+    // Both pipes closed: the child is exiting; its exit is waited for within what is left.
+    loop {
+        if let Some(status) = child.try_wait().map_err(Collect::Io)? {
+            return Ok((status, stdout, stderr));
+        }
+        if Instant::now() >= deadline {
+            return Err(Collect::Over(format!(
+                "still running after {:?}",
+                limits.timeout
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -221,6 +386,53 @@ mod tests {
             let inside = ns.run(NetnsId::current_thread).expect("run").expect("stat");
             assert_eq!(inside, a);
         }
+    }
+
+    /// Output past the cap and a run past the timeout both stop the child, and say so.
+    #[test]
+    fn commands_are_bounded() {
+        if !nix::unistd::Uid::effective().is_root() {
+            return; // entering even our own netns needs CAP_SYS_ADMIN
+        }
+        let ns = PodNetns::open_path(Path::new("/proc/self/ns/net")).expect("open own netns");
+        let small = CommandLimits {
+            max_output: 1024,
+            timeout: Duration::from_secs(5),
+        };
+        let ok = ns
+            .run_command_limited("echo", &["hi".to_string()], None, small)
+            .expect("echo");
+        assert_eq!(ok.stdout, "hi\n");
+        let big = ns
+            .run_command_limited(
+                "head",
+                &["-c".into(), "100000".into(), "/dev/zero".into()],
+                None,
+                small,
+            )
+            .unwrap_err();
+        assert!(big.to_string().contains("passed 1024 bytes"), "{big}");
+        let t = Instant::now();
+        let slow = ns
+            .run_command_limited(
+                "sleep",
+                &["30".to_string()],
+                None,
+                CommandLimits {
+                    max_output: 1024,
+                    timeout: Duration::from_millis(200),
+                },
+            )
+            .unwrap_err();
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "killed at the timeout"
+        );
+        assert!(slow.to_string().contains("200ms"), "{slow}");
+        let piped = ns
+            .run_command_limited("cat", &[], Some(b"script\n".to_vec()), small)
+            .expect("cat");
+        assert_eq!(piped.stdout, "script\n");
     }
 
     #[test]

@@ -43,6 +43,54 @@ pub(crate) struct Shared {
     pub events: crate::report::events::PodEvents,
     /// How many pods are in their fast readiness window (see [`FAST_CHECK_SHARE`]).
     pub fast_window: FastWindow,
+    /// Which tracked pod each network namespace in use belongs to.
+    pub netns_owners: NetnsOwners,
+}
+
+/// Which tracked pod uses which network namespace: two pods never share one (hostNetwork pods
+/// are not tracked), so a lookup that finds a namespace another tracked pod holds went through
+/// a stale or reused pid, and is refused (issue 25: pod A's drain must never reach pod B's
+/// Envoy). A [`NetnsClaim`] gives its namespace back on drop.
+#[derive(Debug, Clone, Default)]
+pub struct NetnsOwners(Arc<std::sync::Mutex<HashMap<crate::effects::netns::NetnsId, PodKey>>>);
+
+/// One pod's hold on a namespace in [`NetnsOwners`].
+#[derive(Debug)]
+pub struct NetnsClaim {
+    owners: NetnsOwners,
+    id: crate::effects::netns::NetnsId,
+    uid: String,
+}
+
+impl NetnsOwners {
+    /// Claims `id` for `pod`; `Err(owner)` when another tracked pod holds it.
+    pub fn claim(
+        &self,
+        id: crate::effects::netns::NetnsId,
+        pod: &PodKey,
+    ) -> Result<NetnsClaim, PodKey> {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match map.get(&id) {
+            Some(owner) if owner.uid != pod.uid => Err(owner.clone()),
+            _ => {
+                map.insert(id, pod.clone());
+                Ok(NetnsClaim {
+                    owners: self.clone(),
+                    id,
+                    uid: pod.uid.clone(),
+                })
+            }
+        }
+    }
+}
+
+impl Drop for NetnsClaim {
+    fn drop(&mut self) {
+        let mut map = self.owners.0.lock().unwrap_or_else(|e| e.into_inner());
+        if map.get(&self.id).is_some_and(|k| k.uid == self.uid) {
+            map.remove(&self.id);
+        }
+    }
 }
 
 /// The node-wide pace of fast readiness checks: with `n` pods between "Envoy starts" and
@@ -63,6 +111,28 @@ pub const FAST_SPACING_MAX: Duration = Duration::from_millis(20);
 /// started (waiting for istiod, a crash loop) is checked at `ready_poll` from then on, so a pod
 /// costs at most ~10,000 fast checks per start however long it waits.
 pub const FAST_WINDOW_LIMIT: Duration = Duration::from_secs(10);
+
+/// The longest stretch of fast checks while Envoy's capture ports listen but it is not LIVE
+/// (`Seen::Up`): each such check is an admin request, and an Envoy that listens but stays not
+/// LIVE for a second is waiting for something (istiod, a crash loop) that milliseconds will not
+/// change. Ports to LIVE is 0.0 ms p50 on an idle node (the scale benchmark's observer).
+pub const UP_FAST_LIMIT: Duration = Duration::from_secs(1);
+
+/// Once the fast window is over (or the proxy has not started for [`FAST_WINDOW_LIMIT`]), a
+/// holding pod's checks back off: doubling from `ready_poll` up to this. An Envoy that is not
+/// ready after ten seconds is then checked once a second: ~0.1 ms of the agent's CPU a second
+/// per such pod (one `sock_diag` lookup, or one capped admin request), instead of 200 checks a
+/// second for as long as the pod holds (up to `--max-hold-timeout`). A pod whose proxy starts
+/// running by its status is checked at once again (see `Driver::follow_view`).
+pub const READY_POLL_MAX: Duration = Duration::from_secs(1);
+
+/// The next spacing of a backed-off pod's checks: `ready_poll` first, then doubling, at most
+/// [`READY_POLL_MAX`] (or `ready_poll` when that is longer).
+pub fn backed_off(previous: Option<Duration>, ready_poll: Duration) -> Duration {
+    previous
+        .map_or(ready_poll, |d| d.saturating_mul(2))
+        .clamp(ready_poll, READY_POLL_MAX.max(ready_poll))
+}
 
 /// The spacing of one pod's fast checks with `in_window` pods (itself included) in the window.
 pub fn fast_check_spacing(in_window: u32) -> Duration {
@@ -117,6 +187,7 @@ pub(crate) async fn run(shared: Arc<Shared>, view: watch::Receiver<Option<PodVie
         view,
         rec,
         netns: None,
+        netns_claim: None,
         probe: None,
         queue: None,
         timers: HashMap::new(),
@@ -131,6 +202,10 @@ pub(crate) async fn run(shared: Arc<Shared>, view: watch::Receiver<Option<PodVie
         admin,
         fast_slot: None,
         fast_since: None,
+        checking_since: None,
+        up_since: None,
+        backoff: None,
+        proxy_was_running: false,
     };
     let ready_poll = d.shared.config.hold.ready_poll;
     let (state, fx) = State::new(PodFacts::of(&first), ready_poll, now());
@@ -161,6 +236,8 @@ struct Driver {
     view: watch::Receiver<Option<PodView>>,
     rec: Recorder,
     netns: Option<PodNetns>,
+    /// This pod's claim on `netns` in the node's [`NetnsOwners`].
+    netns_claim: Option<NetnsClaim>,
     probe: Option<ReadinessProbe>,
     queue: Option<HoldQueue>,
     timers: HashMap<Timer, Instant>,
@@ -184,6 +261,15 @@ struct Driver {
     fast_slot: Option<FastSlot>,
     /// Since when the machine has asked for fast checks (see [`FAST_WINDOW_LIMIT`]).
     fast_since: Option<Instant>,
+    /// Since when the pod's proxy is being checked (the hold's first check, or the proxy
+    /// container seen starting), for the backoff ([`READY_POLL_MAX`]).
+    checking_since: Option<Instant>,
+    /// Since when checks see Envoy up but not LIVE ([`UP_FAST_LIMIT`]).
+    up_since: Option<Instant>,
+    /// The current backed-off spacing of checks.
+    backoff: Option<Duration>,
+    /// The proxy container ran by the last pod view (a change to running resets the backoff).
+    proxy_was_running: bool,
 }
 
 impl Driver {
@@ -273,8 +359,7 @@ impl Driver {
             exited = self.perform(fx).await;
             if !state.checks_readiness() {
                 self.probe = None;
-                self.fast_slot = None;
-                self.fast_since = None;
+                self.reset_pacing();
             }
             if !exited && self.pending.is_empty() {
                 self.sync_proxy_watch(&state).await;
@@ -306,8 +391,8 @@ impl Driver {
                     self.pending.push_back(answer);
                 }
                 Effect::CheckReadiness => {
-                    let seen = self.check_readiness().await;
-                    self.pending.push_back(Input::Readiness(seen));
+                    let answer = self.check_readiness().await;
+                    self.pending.push_back(answer);
                 }
                 Effect::RemoveLeftoverHold => self.remove_leftover().await,
                 Effect::InstallHold { fresh, rehold } => {
@@ -340,25 +425,49 @@ impl Driver {
         exit
     }
 
-    /// A readiness check the machine wants within `LIVE_WINDOW_POLL` is a fast one: the pod
-    /// enters the node's fast window and the check is spaced by how many pods are in it; after
-    /// [`FAST_WINDOW_LIMIT`] in the window it is checked at `ready_poll`.
+    /// Forgets the pacing of readiness checks (the machine stopped checking, or the proxy
+    /// container started: a new stretch of checks begins).
+    fn reset_pacing(&mut self) {
+        self.fast_slot = None;
+        self.fast_since = None;
+        self.checking_since = None;
+        self.up_since = None;
+        self.backoff = None;
+    }
+
+    /// When a readiness check the machine wants at `at` is made:
+    /// - fast (the machine asks within `LIVE_WINDOW_POLL`: Envoy starting): the pod enters the
+    ///   node's fast window and the check is spaced by how many pods are in it, for at most
+    ///   [`FAST_WINDOW_LIMIT`] (and [`UP_FAST_LIMIT`] of Envoy up but not LIVE);
+    /// - otherwise at the machine's `ready_poll` for the first [`FAST_WINDOW_LIMIT`] of checks;
+    /// - after either, backing off (doubling from `ready_poll`) to [`READY_POLL_MAX`].
     fn pace_readiness_check(&mut self, at: Instant) -> Instant {
         let ready_poll = self.shared.config.hold.ready_poll;
         let now = Instant::now();
-        if at.saturating_duration_since(now) > machine::LIVE_WINDOW_POLL {
-            self.fast_slot = None;
+        let since = *self.checking_since.get_or_insert(now);
+        let asked_fast = at.saturating_duration_since(now) <= machine::LIVE_WINDOW_POLL;
+        if asked_fast {
+            let fast_since = *self.fast_since.get_or_insert(now);
+            let up_too_long = self
+                .up_since
+                .is_some_and(|t| now.saturating_duration_since(t) >= UP_FAST_LIMIT);
+            if now.saturating_duration_since(fast_since) < FAST_WINDOW_LIMIT && !up_too_long {
+                self.backoff = None;
+                let window = &self.shared.fast_window;
+                self.fast_slot.get_or_insert_with(|| window.enter());
+                return at.max(now + fast_check_spacing(window.pods()));
+            }
+        } else {
             self.fast_since = None;
-            return at;
+            if now.saturating_duration_since(since) < FAST_WINDOW_LIMIT {
+                self.fast_slot = None;
+                return at;
+            }
         }
-        let since = *self.fast_since.get_or_insert(now);
-        if now.saturating_duration_since(since) >= FAST_WINDOW_LIMIT {
-            self.fast_slot = None;
-            return at.max(now + ready_poll);
-        }
-        let window = &self.shared.fast_window;
-        self.fast_slot.get_or_insert_with(|| window.enter());
-        at.max(now + fast_check_spacing(window.pods()))
+        self.fast_slot = None;
+        let spacing = backed_off(self.backoff, ready_poll);
+        self.backoff = Some(spacing);
+        at.max(now + spacing)
     }
 
     async fn look_for_netns(&mut self) -> Input {
@@ -368,6 +477,15 @@ impl Driver {
             NetnsLookup::Found { pid, netns } => {
                 let id = netns.id();
                 if self.netns.as_ref().map(PodNetns::id) != Some(id) {
+                    match self.shared.netns_owners.claim(id, &self.key) {
+                        Ok(claim) => self.netns_claim = Some(claim),
+                        Err(owner) => {
+                            // Looked up again at the next poll; the row says so if it lasts.
+                            return Input::NetnsRefused(format!(
+                                "pid {pid} is in network namespace {id:?}, which belongs to tracked pod {owner}: a stale or reused pid, not this pod's"
+                            ));
+                        }
+                    }
                     tracing::info!(pid, netns = ?id, "found the pod's network namespace");
                     // A probe of the old netns asks the wrong Envoy: made anew at the next check.
                     self.probe = None;
@@ -405,6 +523,19 @@ impl Driver {
     fn follow_view(&mut self) {
         let view = self.view.borrow().clone();
         let Some(view) = view else { return };
+        let running = view
+            .proxy_container()
+            .is_some_and(|c| c.state == crate::pod::ContainerState::Running);
+        if running && !self.proxy_was_running && self.checking_since.is_some() {
+            // The proxy container has just started: Envoy may be ready within milliseconds, so
+            // a backed-off check comes now, and the fast window starts over.
+            self.reset_pacing();
+            let soon = Instant::now() + self.shared.config.hold.ready_poll;
+            if let Some(at) = self.timers.get_mut(&Timer::ReadinessPoll) {
+                *at = (*at).min(soon);
+            }
+        }
+        self.proxy_was_running = running;
         self.hold_cfg = Some(HoldConfig::for_pod(&self.shared.config, &view));
         let admin = view.admin_addr(&self.shared.config.proxy);
         if admin != self.admin {
@@ -415,8 +546,11 @@ impl Driver {
         }
     }
 
-    async fn check_readiness(&mut self) -> Seen {
+    async fn check_readiness(&mut self) -> Input {
         if let Some(q) = &self.queue {
+            if let Some(why) = q.tampered() {
+                return Input::OverBound(why);
+            }
             if self.last_progress.elapsed() >= STATUS_EVERY {
                 self.last_progress = Instant::now();
                 let held = q.held();
@@ -430,7 +564,7 @@ impl Driver {
                 self.probe = self.make_probe(&netns);
             }
         }
-        match &self.probe {
+        let seen = match &self.probe {
             // No way to look: act as without the agent (no hold).
             None => Seen::Ready,
             Some(p) => match p.check().await {
@@ -438,8 +572,20 @@ impl Driver {
                 Readiness::PortsClosed => Seen::Down,
                 Readiness::Starting => Seen::Starting,
                 Readiness::NotLive | Readiness::FilterNotLoaded => Seen::Up,
+                Readiness::OverBound => {
+                    let why = p
+                        .take_violation()
+                        .unwrap_or_else(|| "the admin answer broke a bound".into());
+                    return Input::OverBound(why);
+                }
             },
+        };
+        if seen == Seen::Up {
+            self.up_since.get_or_insert_with(Instant::now);
+        } else {
+            self.up_since = None;
         }
+        Input::Readiness(seen)
     }
 
     fn hold_config(&self) -> Option<HoldConfig> {
@@ -613,6 +759,64 @@ async fn blocking<T: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_netns_belongs_to_one_pod_at_a_time() {
+        let owners = NetnsOwners::default();
+        let key = |uid: &str| PodKey {
+            uid: uid.into(),
+            namespace: "ns".into(),
+            name: uid.into(),
+        };
+        let ns = crate::effects::netns::NetnsId { dev: 4, ino: 42 };
+        let a = owners.claim(ns, &key("a")).expect("free");
+        // Pod b's lookup went through a pid that is a's process now: refused, naming a.
+        assert_eq!(owners.claim(ns, &key("b")).unwrap_err().uid, "a");
+        let other = crate::effects::netns::NetnsId { dev: 4, ino: 43 };
+        let _b = owners.claim(other, &key("b")).expect("b's own namespace");
+        drop(a);
+        assert!(
+            owners.claim(ns, &key("c")).is_ok(),
+            "free again once a is gone"
+        );
+    }
+
+    /// After the fast window a never-ready Envoy is checked ever less often, down to once a
+    /// second: 5, 10, 20 ... 640 ms, then 1 s for as long as the hold lasts — at most ~600
+    /// checks over a 10-minute hold instead of 120,000 at `ready_poll`.
+    #[test]
+    fn checks_back_off_to_once_a_second() {
+        let poll = Duration::from_millis(5);
+        let mut spacing = None;
+        let mut seen = Vec::new();
+        for _ in 0..12 {
+            let s = backed_off(spacing, poll);
+            seen.push(s.as_millis());
+            spacing = Some(s);
+        }
+        assert_eq!(
+            seen,
+            [5, 10, 20, 40, 80, 160, 320, 640, 1000, 1000, 1000, 1000]
+        );
+        // A ready_poll above the ceiling is kept as asked.
+        assert_eq!(
+            backed_off(None, Duration::from_secs(2)),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            backed_off(Some(Duration::from_secs(2)), Duration::from_secs(2)),
+            Duration::from_secs(2)
+        );
+        // Over a 10-minute hold: the checks after the 10 s window.
+        let (mut t, mut n, mut s) = (Duration::ZERO, 0, None);
+        while t < Duration::from_secs(590) {
+            let next = backed_off(s, poll);
+            t += next;
+            n += 1;
+            s = Some(next);
+        }
+        assert!(n < 600, "{n} checks");
+    }
 
     #[test]
     fn fast_checks_are_paced_node_wide() {

@@ -23,6 +23,8 @@ pub struct PodFacts {
     pub user_init_running: bool,
     /// This pod's hold deadline (annotation or flag).
     pub hold_timeout: Duration,
+    /// The pod's phase is terminal (`PodView::is_terminal`): nothing will run in it again.
+    pub terminal: bool,
 }
 
 impl PodFacts {
@@ -43,6 +45,7 @@ impl PodFacts {
                     && c.state == ContainerState::Running
             }),
             hold_timeout: view.overrides.hold_timeout,
+            terminal: view.is_terminal(),
         }
     }
 
@@ -70,6 +73,9 @@ impl PodFacts {
     /// Every container, the proxy included, has terminated: the pod is finished (phase
     /// Succeeded/Failed) and there is nothing left to hold, drain or quit.
     pub fn finished(&self) -> bool {
+        if self.terminal {
+            return true;
+        }
         self.app_end() >= AppEnd::Exited
             && self
                 .proxy

@@ -120,6 +120,8 @@ pub struct State {
     pub stopping: bool,
     /// The first netns lookup found nothing: the netns is new to this agent.
     pub fresh: Option<bool>,
+    /// The pod broke a bound and was failed open: no hold, drain or Job quit any more.
+    pub left_alone: bool,
 }
 
 impl State {
@@ -132,6 +134,7 @@ impl State {
                 ready_poll,
                 stopping: false,
                 fresh: None,
+                left_alone: false,
             };
             return (state, vec![Effect::SetPhase(Phase::Done)]);
         }
@@ -145,6 +148,7 @@ impl State {
             ready_poll,
             stopping: false,
             fresh: None,
+            left_alone: false,
         };
         (
             state,
@@ -210,6 +214,34 @@ pub fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>) {
         (st @ (Stage::SettingUpHold { .. } | Stage::Releasing { .. }), Input::AgentStop) => st,
         (_, Input::AgentStop) => exit(&mut fx),
 
+        // A bound broken: release a hold in force, then leave the pod alone (see `after_hold`).
+        (Stage::Holding { netns, started, .. }, Input::OverBound(why)) => {
+            s.left_alone = true;
+            fx.push(Effect::Record(Outcome::FailedOpen { why }));
+            release(&mut fx, netns, HoldOutcome::Failed, started, None)
+        }
+        (st @ (Stage::SettingUpHold { .. } | Stage::Releasing { .. }), Input::OverBound(why)) => {
+            // The hold's own answer comes next and `after_hold` leaves the pod alone.
+            if !s.left_alone {
+                s.left_alone = true;
+                fx.push(Effect::Record(Outcome::FailedOpen { why }));
+            }
+            st
+        }
+        (Stage::Checking { .. }, Input::OverBound(why)) => {
+            s.left_alone = true;
+            fx.push(Effect::Record(Outcome::FailedOpen { why }));
+            fx.push(Effect::RemoveLeftoverHold);
+            Stage::Finished
+        }
+        (st, Input::OverBound(why)) => {
+            // Nothing of the agent's is in force at the other stages; say so only once.
+            if !s.left_alone {
+                tracing::debug!(%why, "bound broken outside a hold");
+            }
+            st
+        }
+
         // The rest by where the pod is in its life.
         (st @ (Stage::WaitingForNetns { .. } | Stage::Checking { .. }), input) => {
             startup::step(&mut s, st, input, now, &mut fx)
@@ -260,6 +292,8 @@ pub(super) fn after_hold(fx: &mut Vec<Effect>, s: &State, netns: NetnsId) -> Sta
     match &s.pod {
         None => done_and_exit(fx),
         Some(_) if s.stopping => exit(fx),
+        // Failed open for a broken bound: as without the agent from now on.
+        Some(_) if s.left_alone => Stage::Finished,
         Some(p) if p.deletion.is_some() => {
             fx.push(Effect::SetPhase(Phase::Done));
             Stage::Finished

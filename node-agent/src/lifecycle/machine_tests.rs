@@ -42,6 +42,7 @@ fn pod(policy: RestartPolicy) -> PodFacts {
         init_done: true,
         user_init_running: false,
         hold_timeout: HOLD,
+        terminal: false,
     }
 }
 
@@ -90,6 +91,7 @@ fn kind(e: &Effect) -> String {
         }
         Effect::Record(Outcome::Drain(r)) => format!("rec:drain-{}", r.outcome.as_str()),
         Effect::Record(Outcome::Job(r)) => format!("rec:job-{}", r.outcome.as_str()),
+        Effect::Record(Outcome::FailedOpen { .. }) => "rec:failed-open".into(),
         Effect::Problem(_) => "problem".into(),
         Effect::Exit => "exit".into(),
     }
@@ -200,6 +202,73 @@ fn checks_fast_while_envoy_starts() {
     assert_eq!(
         next_check_after(Seen::Up, Duration::from_micros(500), true),
         Duration::from_micros(500)
+    );
+}
+
+/// A pod that breaks a bound while held (an oversized admin answer, forged netlink): its hold is
+/// released at once, as without the agent, and it is left alone from then on — no re-hold when
+/// its proxy restarts, no drain, no Job quit.
+#[test]
+fn a_pod_over_a_bound_is_failed_open_and_left_alone() {
+    let mut r = holding(pod(RestartPolicy::Always));
+    r.script(
+        "over a bound while holding",
+        vec![
+            (
+                Input::OverBound("a 4 MiB answer".into()),
+                &["rec:failed-open", "release(ready=false)"],
+            ),
+            (
+                Input::HoldReleased(Released::default()),
+                &["rec:hold-failed"],
+            ),
+            // Left alone: no drain on deletion, nothing on updates, done when gone.
+            (Input::Pod(Some(deleted(pod(RestartPolicy::Always)))), &[]),
+            (Input::ProxyGone, &[]),
+            (Input::Pod(None), &["phase:done", "exit"]),
+        ],
+    );
+    assert!(r.state.left_alone);
+
+    // Over a bound at the first look (no hold yet): nothing is installed.
+    let mut r = Run::start(pod(RestartPolicy::Always), START);
+    r.script(
+        "over a bound at the first look",
+        vec![
+            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (
+                Input::OverBound("forged".into()),
+                &["rec:failed-open", "remove-leftover"],
+            ),
+            (Input::Pod(Some(pod(RestartPolicy::Always))), &[]),
+            (Input::Timer(Timer::ReadinessPoll), &[]),
+        ],
+    );
+
+    // While the hold is being set up: the hold's answer comes, then it is released.
+    let mut r = Run::start(pod(RestartPolicy::Always), START);
+    r.script(
+        "over a bound while setting up",
+        vec![
+            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (Input::Readiness(Seen::Down), &["install(fresh=false)"]),
+            (Input::OverBound("forged".into()), &["rec:failed-open"]),
+            (
+                Input::HoldSetUp {
+                    adopted: false,
+                    late: false,
+                },
+                &[
+                    "rec:hold-started(adopted=false,late=false)",
+                    "phase:holding",
+                    "release(ready=false)",
+                ],
+            ),
+            (
+                Input::HoldReleased(Released::default()),
+                &["rec:hold-failed"],
+            ),
+        ],
     );
 }
 

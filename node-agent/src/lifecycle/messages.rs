@@ -59,6 +59,10 @@ pub enum Input {
     JobFinished(Box<JobReport>),
     DrainFinished(Box<DrainReport>),
     Timer(Timer),
+    /// The pod broke one of the agent's bounds (an oversized admin answer, netlink messages not
+    /// from the kernel on its hold's queue): fail it open — release any hold as without the
+    /// agent — and leave it alone from now on, saying why.
+    OverBound(String),
     /// A process of the running proxy container exited (seen on its pidfd, within microseconds
     /// of an OOM-kill): Envoy may be gone, and the app's new connections would be refused until
     /// the kubelet's restart back-off ends and the new Envoy is ready.
@@ -88,6 +92,11 @@ pub enum Outcome {
     },
     Drain(Box<DrainReport>),
     Job(Box<JobReport>),
+    /// The pod is left alone from now on because it broke a bound (the reason): the row, a
+    /// Warning Event, `holdfast_pods_failed_open_total` and the log.
+    FailedOpen {
+        why: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -45,6 +45,12 @@ pub const SERVER_CONCURRENCY_STAT: &str = "server.concurrency";
 /// Timeout of one admin request during the hold; the next poll retries.
 const ADMIN_TIMEOUT: Duration = Duration::from_millis(500);
 
+/// The cap of the readiness `/stats` answer. [`stats_filter`] matches at most five stats by
+/// exact name: Envoy 1.40 answers 141 bytes (docs/benchmarks.md, "Hostile pods"); 16 KiB is
+/// over a hundred times that. Anything larger is not Envoy answering this request, and the pod is
+/// failed open ([`Readiness::OverBound`]) instead of read again and again.
+pub const READINESS_STATS_MAX: usize = 16 * 1024;
+
 /// One readiness observation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Readiness {
@@ -63,6 +69,10 @@ pub enum Readiness {
     FilterNotLoaded,
     /// Ready for traffic.
     Ready,
+    /// What answers on the pod's admin port broke one of the agent's bounds (an answer larger
+    /// than [`READINESS_STATS_MAX`]): the pod is to be failed open, not asked again.
+    /// [`ReadinessProbe::take_violation`] says what happened.
+    OverBound,
 }
 
 /// What a probe needs beyond the netns and the proxy's ports.
@@ -126,6 +136,8 @@ pub struct ReadinessProbe {
     /// The admin port was seen listening: not looked up again (one lookup per check while
     /// Envoy starts, as before it starts).
     admin_seen: std::sync::atomic::AtomicBool,
+    /// What broke a bound, for [`Readiness::OverBound`].
+    violation: std::sync::Mutex<Option<String>>,
 }
 
 impl ReadinessProbe {
@@ -139,8 +151,9 @@ impl ReadinessProbe {
         options: impl Into<ProbeOptions>,
     ) -> crate::effects::netns::Result<Self> {
         let options = options.into();
-        let mut admin =
-            AdminClient::in_netns(netns.try_clone()?, admin_addr).with_timeout(ADMIN_TIMEOUT);
+        let mut admin = AdminClient::in_netns(netns.try_clone()?, admin_addr)
+            .with_timeout(ADMIN_TIMEOUT)
+            .with_max_body(READINESS_STATS_MAX);
         if let Some(on_error) = options.on_admin_error {
             admin = admin.with_error_callback(move |kind| on_error(kind));
         }
@@ -166,6 +179,7 @@ impl ReadinessProbe {
             dns_port: options.dns_port,
             admin_port: admin_addr.port(),
             admin_seen: Default::default(),
+            violation: Default::default(),
         })
     }
 
@@ -198,11 +212,36 @@ impl ReadinessProbe {
             self.admin.connect_ahead().await;
             return Readiness::Starting;
         }
-        match self.admin.stats(Some(&self.stats_filter)).await {
+        let prefix = &self.stat_prefix;
+        let wanted = |name: &str| {
+            matches!(
+                name,
+                SERVER_STATE_STAT | SERVER_CONCURRENCY_STAT | WORKERS_STARTED_STAT
+            ) || name
+                .strip_prefix(prefix.as_str())
+                .is_some_and(|rest| matches!(rest, ".workers_ready" | ".loaded"))
+        };
+        match self
+            .admin
+            .stats_keeping(Some(&self.stats_filter), false, wanted)
+            .await
+        {
             Ok(stats) => decide(&stats, &self.stat_prefix, self.require_filter),
+            Err(e) if e.is_too_large() => {
+                *self.violation.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                Readiness::OverBound
+            }
             // No answer: not known to be LIVE; the next poll asks again.
             Err(_) => Readiness::NotLive,
         }
+    }
+
+    /// What made the last check [`Readiness::OverBound`].
+    pub fn take_violation(&self) -> Option<String> {
+        self.violation
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 
     /// Whether every TCP port in `ports` has a listener a loopback SYN reaches (`None`: the
@@ -246,8 +285,8 @@ impl ReadinessProbe {
         let (Some(dns), Sockets::Diag(diag)) = (self.dns_port, &self.sockets) else {
             return true;
         };
-        match diag.udp_bound_ports() {
-            Ok(udp) => udp.contains(&dns),
+        match diag.udp_bound(dns) {
+            Ok(bound) => bound,
             Err(e) => {
                 // Fail open: a kernel without UDP sock_diag must not hold the pod to the
                 // deadline; the TCP listener on the DNS port is then the signal.

@@ -92,7 +92,23 @@ impl Recorder {
             } => self.hold_ended(*outcome, *released, *held_for, *timeout),
             Outcome::Drain(report) => self.drain(report),
             Outcome::Job(report) => self.job(report),
+            Outcome::FailedOpen { why } => self.failed_open(why),
         }
+    }
+
+    /// The pod broke a bound and is left alone (its hold released as without the agent): the
+    /// row turns `skipped` with the reason, a Warning Event, the counter, one warning.
+    fn failed_open(&self, why: &str) {
+        self.metrics.pods_failed_open.inc();
+        let note = format!("failed open, left alone from now on: {why}");
+        tracing::warn!("{note}");
+        self.events
+            .emit(&self.key, Reason::FailedOpen, note.clone());
+        self.row(|row| {
+            row.phase = Phase::Skipped;
+            row.skipped_reason = Some(note.clone());
+            row.last_error = Some(note);
+        });
     }
 
     fn hold_started(&self, adopted: bool, late: bool) {

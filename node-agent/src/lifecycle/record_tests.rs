@@ -43,6 +43,7 @@ fn facts(policy: RestartPolicy, deleting: bool) -> PodFacts {
         init_done: true,
         user_init_running: false,
         hold_timeout: Duration::from_secs(120),
+        terminal: false,
     }
 }
 

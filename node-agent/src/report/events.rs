@@ -36,6 +36,8 @@ pub enum Reason {
     ProxyExitedBeforeApp,
     /// A finished Job's proxy was stopped so the pod completes (Normal).
     JobProxyStopped,
+    /// The pod broke one of the agent's bounds and is left alone, its hold released (Warning).
+    FailedOpen,
 }
 
 impl Reason {
@@ -47,13 +49,17 @@ impl Reason {
             Reason::DrainDeadline => "DrainDeadline",
             Reason::ProxyExitedBeforeApp => "ProxyExitedBeforeApp",
             Reason::JobProxyStopped => "JobProxyStopped",
+            Reason::FailedOpen => "FailedOpen",
         }
     }
 
     fn is_warning(self) -> bool {
         matches!(
             self,
-            Reason::HoldDeadline | Reason::DrainDeadline | Reason::ProxyExitedBeforeApp
+            Reason::HoldDeadline
+                | Reason::DrainDeadline
+                | Reason::ProxyExitedBeforeApp
+                | Reason::FailedOpen
         )
     }
 
@@ -65,6 +71,7 @@ impl Reason {
                 "DrainProxy"
             }
             Reason::JobProxyStopped => "StopProxy",
+            Reason::FailedOpen => "LeavePodAlone",
         }
     }
 }

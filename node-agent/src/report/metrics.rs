@@ -68,6 +68,8 @@ pub struct Metrics {
     pub drain_errors: Counter,
     pub jobs: Family<OutcomeLabel, Counter>,
     pub admin_errors: Family<KindLabel, Counter>,
+    /// Pods failed open (left alone) because they broke one of the agent's bounds.
+    pub pods_failed_open: Counter,
     pods_by_phase: Family<PhaseLabel, Gauge>,
 }
 
@@ -92,6 +94,7 @@ impl Metrics {
             drain_errors: Counter::default(),
             jobs: Family::default(),
             admin_errors: Family::default(),
+            pods_failed_open: Counter::default(),
             pods_by_phase: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("holdfast");
@@ -152,10 +155,15 @@ impl Metrics {
         r.register("pods", "Tracked pods by phase", m.pods_by_phase.clone());
         r.register(
             "admin_errors",
-            "Failed Envoy admin API requests, by kind (connect, timeout, http, malformed, io)",
+            "Failed Envoy admin API requests, by kind (connect, timeout, http, malformed, too-large, io)",
             m.admin_errors.clone(),
         );
-        for k in ["connect", "timeout", "http", "malformed", "io"] {
+        r.register(
+            "pods_failed_open",
+            "Pods left alone because they broke one of the agent's bounds (an oversized admin answer, netlink messages not from the kernel on the hold's queue, ...): their hold released as without the agent",
+            m.pods_failed_open.clone(),
+        );
+        for k in ["connect", "timeout", "http", "malformed", "too-large", "io"] {
             let _ = m.admin_errors.get_or_create(&KindLabel { kind: k.into() });
         }
         // Every known outcome exists from the start (at 0), so rates and alerts never see an

@@ -1,31 +1,45 @@
 //! The read-only status API: `/status` (JSON, what `holdfast status` shows), `/metrics`
 //! (Prometheus text), `/healthz` (liveness), `/readyz` (readiness: the first pod list is loaded),
-//! `/config` (the effective configuration). No endpoint changes
-//! state; anything but GET/HEAD gets 405.
+//! `/config` (the effective configuration). No endpoint changes state; anything but GET/HEAD gets
+//! 405.
 //!
-//! **Who may read what.** `/healthz`, `/readyz` and `/metrics` answer any client: the kubelet
-//! probes the first two, Prometheus scrapes the second, and neither names a pod. `/status` and `/config` (pod
-//! names, namespaces, errors, the configuration) answer loopback clients only: in the shipped
-//! DaemonSet that is `kubectl port-forward` (which the API server authorizes as `pods/portforward`
-//! in holdfast-system, and which connects to 127.0.0.1 inside the agent's pod) or a process in the
-//! agent's pod; anyone else gets 403. Why not bearer tokens (TokenReview + SubjectAccessReview):
-//! the API server's pod proxy, the only way to reach a pod "through the API server", deletes the
-//! `Authorization` header after authenticating the caller (k8s.io/apiserver
-//! pkg/endpoints/filters/authentication.go: "authorization header is not required anymore in case
-//! of a successful authentication"), so a token never reaches the agent that way. See
-//! docs/install.md, "Reaching the status API".
+//! **Three listeners, so no client can take another's place** ([`Role`]):
 //!
-//! **No client can starve the agent.** At most [`MAX_CONNECTIONS`] connections are served at
-//! once; past it a new connection is accepted and closed at once (so it takes no fd for longer
-//! than that). A connection must send its request head within [`HEADER_READ_TIMEOUT`] — hyper
-//! starts that timer whenever it waits for a head, so it also ends an idle keep-alive connection —
-//! and lives at most [`CONNECTION_LIFETIME`]; request heads are capped at [`MAX_HEADER_BYTES`].
-//! At start the open-files limit is raised to its hard limit
-//! ([`crate::report::process_metrics::raise_fd_limit`]); the API's share stays [`MAX_CONNECTIONS`] + 1.
+//! - **local** (`--status-listen`, a loopback address only, `127.0.0.1:15300`): every endpoint.
+//!   `/status` and `/config` (pod names, namespaces, errors, the configuration) exist only here:
+//!   bound to loopback, nothing outside the agent's pod can connect, whatever its source address
+//!   (Istio's inbound passthrough connects from 127.0.0.6, itself loopback: a "peer is loopback"
+//!   test on a public listener would let it in; a loopback *listener* cannot be reached through
+//!   the pod IP). Reached by `kubectl port-forward` (the API server authorizes it as
+//!   `pods/portforward` in holdfast-system; the kubelet connects to 127.0.0.1 inside the pod) or
+//!   `kubectl exec`. Why not bearer tokens (TokenReview + SubjectAccessReview): the API server's
+//!   pod proxy, the only way to reach a pod "through the API server", deletes the
+//!   `Authorization` header after authenticating the caller (k8s.io/apiserver
+//!   pkg/endpoints/filters/authentication.go), so a token never reaches the agent that way. See
+//!   docs/install.md, "Reaching the status API".
+//! - **health** (`--health-listen`, 0.0.0.0:15301 in the DaemonSet): `/healthz` and `/readyz`
+//!   only, for the kubelet. One request per connection (no keep-alive), a short head timeout,
+//!   a per-peer limit: a slot is held for at most [`HEALTH_HEAD_TIMEOUT`], so the probes cannot
+//!   be starved by clients of the other listeners (they have their own slots) nor by a few peers
+//!   of this one. The shipped NetworkPolicy admits nobody to it: the kubelet's probes come from
+//!   the node, which NetworkPolicy always admits.
+//! - **metrics** (`--metrics-listen`, 0.0.0.0:15302): `/metrics` only, for Prometheus; counts
+//!   and durations, no pod names. Keep-alive, with a per-peer limit.
+//!
+//! **No client can starve the agent.** Each listener serves at most its [`Limits`]'
+//! `max_connections` at once, and at most `per_peer` from one IP address; past either a new
+//! connection is accepted and closed at once (so it takes no fd for longer than that). A
+//! connection must send its request head within the head timeout — hyper starts that timer
+//! whenever it waits for a head, so it also ends an idle keep-alive connection — and lives at
+//! most [`CONNECTION_LIFETIME`]; request heads are capped at [`MAX_HEADER_BYTES`]. At start the
+//! open-files limit is raised to its hard limit
+//! ([`crate::report::process_metrics::raise_fd_limit`]); the three listeners' share stays
+//! the sum of their `max_connections` + 3.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,10 +53,18 @@ use tokio::net::TcpListener;
 use crate::config::Config;
 use crate::report::board::{NodeStatus, StatusBoard};
 
-/// Connections served at once; far below any open-files limit (the soft default is 1024).
+/// Connections the local listener serves at once; far below any open-files limit (the soft
+/// default is 1024).
 pub const MAX_CONNECTIONS: usize = 64;
 /// Time to send a request head, and the longest idle wait between keep-alive requests.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// The health listener's head timeout: the kubelet writes its probe at once after connecting;
+/// a connection that sends nothing for this long loses its slot.
+pub const HEALTH_HEAD_TIMEOUT: Duration = Duration::from_secs(1);
+/// Connections from one IP address at once, on the health and metrics listeners. The kubelet
+/// probes with one connection at a time, Prometheus scrapes with one: 8 leaves room for
+/// retries and a second scraper, and keeps 70 connections of one client from taking the rest.
+pub const PER_PEER_CONNECTIONS: usize = 8;
 /// The longest one connection is kept, whatever it does.
 pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(30);
 /// The largest request head (request line and headers); a larger one gets 431.
@@ -57,6 +79,108 @@ const REJECT_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// Connections closed at accept because [`MAX_CONNECTIONS`] were open (since start).
 pub(crate) static REJECTED_CONNECTIONS: AtomicU64 = AtomicU64::new(0);
 
+/// Which endpoints a listener serves (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Every endpoint; bound to loopback.
+    Local,
+    /// `/healthz` and `/readyz`, one request per connection.
+    Health,
+    /// `/metrics`.
+    Metrics,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Local => "status",
+            Role::Health => "health",
+            Role::Metrics => "metrics",
+        }
+    }
+
+    /// What a listener of this role allows.
+    pub fn limits(self) -> Limits {
+        match self {
+            Role::Local => Limits {
+                max_connections: MAX_CONNECTIONS,
+                per_peer: None,
+                head_timeout: HEADER_READ_TIMEOUT,
+                keep_alive: true,
+            },
+            // Cheap slots (no keep-alive, 1 s to send the head): many, so that only a client
+            // with dozens of addresses could hold them all, and the NetworkPolicy admits none.
+            Role::Health => Limits {
+                max_connections: 256,
+                per_peer: Some(PER_PEER_CONNECTIONS),
+                head_timeout: HEALTH_HEAD_TIMEOUT,
+                keep_alive: false,
+            },
+            Role::Metrics => Limits {
+                max_connections: MAX_CONNECTIONS,
+                per_peer: Some(PER_PEER_CONNECTIONS),
+                head_timeout: HEADER_READ_TIMEOUT,
+                keep_alive: true,
+            },
+        }
+    }
+}
+
+/// A listener's bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub max_connections: usize,
+    /// Connections from one IP address at once (`None`: no per-peer limit; the loopback
+    /// listener's clients all come from 127.0.0.1).
+    pub per_peer: Option<usize>,
+    pub head_timeout: Duration,
+    pub keep_alive: bool,
+}
+
+/// Open connections per peer address; a [`PeerSlot`] gives its place back on drop.
+#[derive(Debug, Default, Clone)]
+struct Peers(Arc<std::sync::Mutex<HashMap<IpAddr, usize>>>);
+
+struct PeerSlot {
+    peers: Peers,
+    ip: IpAddr,
+}
+
+impl Peers {
+    fn enter(&self, ip: IpAddr, limit: usize) -> Option<PeerSlot> {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = map.entry(ip).or_insert(0);
+        if *n >= limit {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot {
+            peers: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut map = self.peers.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = map.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// An IPv4-mapped IPv6 peer as its IPv4 address (one peer, one count).
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
 /// What the API serves.
 #[derive(Clone)]
 pub struct StatusApi {
@@ -70,7 +194,7 @@ pub struct StatusApi {
 }
 
 impl StatusApi {
-    /// Serves on `listener` until `shutdown` completes.
+    /// Serves every endpoint on `listener` (the local listener) until `shutdown` completes.
     pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()>) {
         if let Some((soft, hard)) = crate::report::process_metrics::raise_fd_limit() {
             tracing::info!(
@@ -80,7 +204,19 @@ impl StatusApi {
                 "open-files budget"
             );
         }
-        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+        self.serve_role(listener, Role::Local, shutdown).await
+    }
+
+    /// Serves `role`'s endpoints on `listener` until `shutdown` completes.
+    pub async fn serve_role(
+        self,
+        listener: TcpListener,
+        role: Role,
+        shutdown: impl Future<Output = ()>,
+    ) {
+        let limits = role.limits();
+        let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+        let peers = Peers::default();
         let mut last_reject_log: Option<Instant> = None;
         let mut rejected_since_log = 0u64;
         tokio::pin!(shutdown);
@@ -91,22 +227,36 @@ impl StatusApi {
                     Ok(s) => s,
                     Err(e) => {
                         // EMFILE/ENFILE: the connection stays in the backlog; wait rather than spin.
-                        tracing::warn!(error = %e, "status API accept failed");
+                        tracing::warn!(error = %e, listener = role.as_str(), "status API accept failed");
                         tokio::time::sleep(Duration::from_millis(50)).await;
                         continue;
                     }
                 },
             };
-            let Ok(slot) = slots.clone().try_acquire_owned() else {
-                // Full: close at once (dropping the stream), so a flood holds no fds.
+            let peer_ip = canonical(peer.ip());
+            let admitted =
+                slots
+                    .clone()
+                    .try_acquire_owned()
+                    .ok()
+                    .and_then(|slot| match limits.per_peer {
+                        Some(limit) => peers.enter(peer_ip, limit).map(|p| (slot, Some(p))),
+                        None => Some((slot, None)),
+                    });
+            let Some((slot, peer_slot)) = admitted else {
+                // Full, or this peer has its share: close at once (dropping the stream), so a
+                // flood holds no fds.
                 drop(stream);
                 REJECTED_CONNECTIONS.fetch_add(1, Ordering::Relaxed);
                 rejected_since_log += 1;
                 if last_reject_log.is_none_or(|t| t.elapsed() >= REJECT_LOG_INTERVAL) {
                     tracing::warn!(
-                        limit = MAX_CONNECTIONS,
+                        listener = role.as_str(),
+                        limit = limits.max_connections,
+                        per_peer = limits.per_peer,
+                        peer = %peer_ip,
                         rejected = rejected_since_log,
-                        "status API at its connection limit; closing new connections"
+                        "status API at a connection limit; closing new connections"
                     );
                     last_reject_log = Some(Instant::now());
                     rejected_since_log = 0;
@@ -116,14 +266,15 @@ impl StatusApi {
             let api = self.clone();
             tokio::spawn(async move {
                 let _slot = slot;
-                let local = is_loopback(peer);
+                let _peer_slot = peer_slot;
                 let svc = hyper::service::service_fn(move |req| {
                     let api = api.clone();
-                    async move { Ok::<_, Infallible>(api.handle(req, local)) }
+                    async move { Ok::<_, Infallible>(api.handle(req, role)) }
                 });
                 let conn = hyper::server::conn::http1::Builder::new()
                     .timer(TokioTimer::new())
-                    .header_read_timeout(HEADER_READ_TIMEOUT)
+                    .header_read_timeout(limits.head_timeout)
+                    .keep_alive(limits.keep_alive)
                     .max_buf_size(READ_BUFFER_BYTES)
                     .max_header_size(MAX_HEADER_BYTES)
                     .max_headers(MAX_HEADERS)
@@ -133,7 +284,7 @@ impl StatusApi {
         }
     }
 
-    fn handle(&self, req: Request<Incoming>, local: bool) -> Response<Full<Bytes>> {
+    fn handle(&self, req: Request<Incoming>, role: Role) -> Response<Full<Bytes>> {
         if req.method() != Method::GET && req.method() != Method::HEAD {
             return text(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -141,10 +292,18 @@ impl StatusApi {
             );
         }
         let path = req.uri().path();
-        if matches!(path, "/status" | "/config") && !local {
+        let served = match role {
+            Role::Local => true,
+            Role::Health => matches!(path, "/healthz" | "/readyz"),
+            Role::Metrics => path == "/metrics",
+        };
+        if !served {
             return text(
-                StatusCode::FORBIDDEN,
-                "/status and /config answer local clients only; use `kubectl -n holdfast-system port-forward <agent pod> 15300` and `holdfast status`\n",
+                StatusCode::NOT_FOUND,
+                match role {
+                    Role::Health => "this listener serves /healthz and /readyz only\n",
+                    _ => "this listener serves /metrics only; /status and /config answer on 127.0.0.1:15300 inside the agent's pod: `kubectl -n holdfast-system port-forward <agent pod> 15300` and `holdfast status`\n",
+                },
             );
         }
         match path {
@@ -178,14 +337,6 @@ impl StatusApi {
                 "not found; endpoints: /status /metrics /config /healthz /readyz\n",
             ),
         }
-    }
-}
-
-/// A loopback peer (also as an IPv4-mapped IPv6 address).
-fn is_loopback(peer: SocketAddr) -> bool {
-    match peer.ip() {
-        IpAddr::V4(a) => a.is_loopback(),
-        IpAddr::V6(a) => a.is_loopback() || a.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
     }
 }
 

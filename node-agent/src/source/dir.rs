@@ -341,7 +341,9 @@ impl PodsDir {
                 .get(&uid)
                 .is_some_and(|e| Arc::ptr_eq(e, current) || **e == **current);
             if !unchanged {
-                events.push(PodEvent::Applied(Box::new((**current).clone())));
+                events.push(PodEvent::Applied(Box::new(super::slim(
+                    (**current).clone(),
+                ))));
             }
         }
         self.emitted = wanted;

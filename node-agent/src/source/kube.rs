@@ -50,6 +50,12 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// How often a persisting watch error is logged at most (the first one is logged at once).
 const ERROR_LOG_INTERVAL: Duration = Duration::from_secs(30);
+/// Pods per list page. kube-rs asks for 500 by default, and a page is held whole in memory
+/// while it is read: 500 full Pod objects (tens of KiB each with `managedFields`) are tens of
+/// MiB at list time, and again after every restart or relist. 50 keeps a page to a few MiB; a
+/// node has at most 110 pods by default, so a list is still two or three requests.
+pub const LIST_PAGE_SIZE: u32 = 50;
+
 /// The retry delay should the backoff ever run out (it is kube-rs's cap).
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(30);
 
@@ -111,7 +117,9 @@ impl KubePods {
     /// the delay would never grow past the first step (a retry every ~1 s forever). Here only the
     /// events that carry a server answer reset it.
     pub async fn run(self, tx: mpsc::Sender<PodEvent>) {
-        let config = watcher::Config::default().fields(&self.field_selector());
+        let config = watcher::Config::default()
+            .fields(&self.field_selector())
+            .page_size(LIST_PAGE_SIZE);
         let stream = watcher(self.api, config);
         futures::pin_mut!(stream);
         let mut mapper = EventMapper::default();
@@ -235,8 +243,9 @@ impl EventMapper {
         }
         self.known.insert(uid);
         // Listed pods are passed on at once rather than at InitDone: each object is current, and
-        // a pod must not wait for a long list to finish before the agent acts on it.
-        vec![PodEvent::Applied(Box::new(pod))]
+        // a pod must not wait for a long list to finish before the agent acts on it. Cut down
+        // to what the agent reads before it is queued.
+        vec![PodEvent::Applied(Box::new(super::slim(pod)))]
     }
 }
 

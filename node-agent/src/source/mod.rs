@@ -25,6 +25,58 @@ pub enum PodEvent {
 
 pub use crate::api::status::SourceProblem;
 
+/// A Pod object cut down to what the agent reads ([`crate::pod::PodView::from_pod`]): metadata
+/// (uid, name, namespace, annotations, deletion, resource version), the spec's node, host
+/// network and users, restart policy and grace period, each container's name, args, env and
+/// restart policy, and the status's phase, IPs and container statuses. Everything else —
+/// `managedFields` (often the largest part), volumes, images, resources, probes, conditions —
+/// is dropped before the object enters the agent's queue (issue 25: a node of large pods must
+/// not fill the agent's memory with fields it never reads).
+pub fn slim(pod: Pod) -> Pod {
+    use k8s_openapi::api::core::v1::{Container, PodSpec, PodStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    let m = pod.metadata;
+    let slim_container = |c: Container| Container {
+        name: c.name,
+        args: c.args,
+        env: c.env,
+        restart_policy: c.restart_policy,
+        ..Container::default()
+    };
+    Pod {
+        metadata: ObjectMeta {
+            uid: m.uid,
+            name: m.name,
+            namespace: m.namespace,
+            annotations: m.annotations,
+            deletion_timestamp: m.deletion_timestamp,
+            deletion_grace_period_seconds: m.deletion_grace_period_seconds,
+            resource_version: m.resource_version,
+            ..ObjectMeta::default()
+        },
+        spec: pod.spec.map(|s| PodSpec {
+            node_name: s.node_name,
+            host_network: s.host_network,
+            host_users: s.host_users,
+            restart_policy: s.restart_policy,
+            termination_grace_period_seconds: s.termination_grace_period_seconds,
+            containers: s.containers.into_iter().map(slim_container).collect(),
+            init_containers: s
+                .init_containers
+                .map(|cs| cs.into_iter().map(slim_container).collect()),
+            ..PodSpec::default()
+        }),
+        status: pod.status.map(|s| PodStatus {
+            phase: s.phase,
+            pod_ip: s.pod_ip,
+            pod_ips: s.pod_ips,
+            container_statuses: s.container_statuses,
+            init_container_statuses: s.init_container_statuses,
+            ..PodStatus::default()
+        }),
+    }
+}
+
 /// The number of problems the pod source reports now ([`SourceProblems::set`] writes it; the
 /// `holdfast_source_problems` gauge reads it). One per process: an agent has one pod source.
 static PROBLEM_COUNT: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
@@ -54,5 +106,48 @@ impl SourceProblems {
     /// A copy of the current list.
     pub fn snapshot(&self) -> Vec<SourceProblem> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{HoldSettings, ProxyConfig};
+    use crate::pod::tests::pod_json;
+    use serde_json::json;
+
+    /// The slim object reads as the same view, and is much smaller than what the API server
+    /// sends (here: managedFields, volumes, resources, probes, conditions).
+    #[test]
+    fn a_slim_pod_reads_the_same() {
+        let big = pod_json(json!({
+            "metadata": {"managedFields": (0..50).map(|i| json!({"manager": format!("m{i}"), "operation": "Update", "fieldsV1": {"f:spec": {"f:containers": {"k": "v".repeat(200)}}}})).collect::<Vec<_>>(),
+                         "labels": {"app": "web"}},
+            "spec": {"volumes": (0..20).map(|i| json!({"name": format!("v{i}"), "emptyDir": {}})).collect::<Vec<_>>()},
+            "status": {"phase": "Running", "podIP": "10.1.2.3", "podIPs": [{"ip": "10.1.2.3"}],
+                       "conditions": (0..5).map(|i| json!({"type": format!("C{i}"), "status": "True", "message": "x".repeat(300)})).collect::<Vec<_>>(),
+                       "containerStatuses": [{"name": "app", "image": "a", "imageID": "", "ready": true, "restartCount": 0,
+                                              "containerID": "containerd://abc", "state": {"running": {}}}]}
+        }));
+        let small = slim(big.clone());
+        let view = |p: &Pod| {
+            format!(
+                "{:?}",
+                crate::pod::PodView::from_pod(
+                    p,
+                    "node-a",
+                    &ProxyConfig::default(),
+                    &HoldSettings::default()
+                )
+            )
+        };
+        assert_eq!(view(&small), view(&big));
+        let size = |p: &Pod| serde_json::to_vec(p).unwrap().len();
+        assert!(
+            size(&small) * 5 < size(&big),
+            "{} vs {}",
+            size(&small),
+            size(&big)
+        );
     }
 }

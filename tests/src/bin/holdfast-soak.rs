@@ -2,6 +2,12 @@
 //! holdfast under chaos, then the same seed without holdfast — printed side by side (see
 //! `holdfast_tests::soak` and docs/benchmarks.md, "Chaos soak"). Exits 1 when holdfast's run
 //! misses a goal (a count that must be 0).
+//!
+//! `--hostile` runs the hostile-pod suite's long form instead (issue 25,
+//! `holdfast_tests::hostile`): each attack beside an honest pod, with the agent's CPU, RSS and
+//! fds over a `--window` (default 10 s), and the run without an attacker; `--baseline-agent
+//! PATH` runs the same against another agent build (one from before the health and metrics
+//! listeners), side by side. `--scenario NAME` runs one.
 
 use std::process::ExitCode;
 
@@ -39,10 +45,81 @@ struct Args {
     /// Share of Deployment-like lifecycles whose Envoy is killed or frozen.
     #[arg(long, default_value_t = ChaosRates::default().envoy)]
     envoy_rate: f64,
+    /// Run the hostile-pod suite instead of the chaos soak.
+    #[arg(long)]
+    hostile: bool,
+    /// Hostile suite: only this scenario (none, fake-envoy, rule-flood, netlink-forger,
+    /// slot-holders, pid-wrapper, terminal-pods).
+    #[arg(long)]
+    scenario: Option<String>,
+    /// Hostile suite: the measuring window in seconds.
+    #[arg(long, default_value_t = 10)]
+    window: u64,
+    /// Hostile suite: also run every scenario against this agent build (with one listener for
+    /// everything, as before issue 25).
+    #[arg(long)]
+    baseline_agent: Option<std::path::PathBuf>,
+}
+
+fn hostile(args: &Args) -> ExitCode {
+    use holdfast_tests::hostile::{run, Opts, Scenario};
+    let all = [
+        Scenario::None,
+        Scenario::FakeEnvoy,
+        Scenario::RuleFlood,
+        Scenario::NetlinkForger,
+        Scenario::SlotHolders,
+        Scenario::PidWrapper,
+        Scenario::TerminalPods(300),
+    ];
+    let chosen: Vec<Scenario> = all
+        .into_iter()
+        .filter(|s| {
+            args.scenario
+                .as_deref()
+                .is_none_or(|n| s.name().starts_with(n))
+        })
+        .collect();
+    let mut builds = vec![("this build", None, false)];
+    if let Some(b) = &args.baseline_agent {
+        builds.push(("baseline", Some(b.clone()), true));
+    }
+    let mut ok = true;
+    for s in chosen {
+        for (label, bin, legacy) in &builds {
+            let opts = Opts {
+                sim_app: None,
+                holdfast: bin.clone(),
+                legacy_listeners: *legacy,
+                window: std::time::Duration::from_secs(args.window),
+                prefix: if *legacy { "hlb-".into() } else { "hl-".into() },
+            };
+            match run(s, &opts) {
+                Ok(f) => {
+                    println!("{label:<10} {}", f.line());
+                    if !f.attack_log.is_empty() {
+                        println!("{:<10} attack: {}", "", f.attack_log);
+                    }
+                }
+                Err(e) => {
+                    println!("{label:<10} {}: failed: {e:#}", s.name());
+                    ok = false;
+                }
+            }
+        }
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if args.hostile {
+        return hostile(&args);
+    }
     let opts = SoakOpts {
         seed: args.seed.unwrap_or_else(soak::rng::seed_from_clock),
         lifecycles: args.lifecycles,

@@ -180,6 +180,12 @@ pub struct AppArgs {
     /// app's own (as the container runtime mounts the one kubelet writes).
     #[arg(long)]
     pub resolv_conf: Option<PathBuf>,
+    /// Run a hostile pod's attack first (see `sim::attacks`), then idle until SIGTERM.
+    #[arg(long, requires = "attack_size")]
+    pub attack: Option<String>,
+    /// The attack's size (bytes, rules or milliseconds).
+    #[arg(long)]
+    pub attack_size: Option<u64>,
 }
 
 /// Makes `path` this process's `/etc/resolv.conf`: a private mount namespace (for the calling
@@ -332,6 +338,17 @@ fn record_call_connected(
 pub fn run_app(args: &AppArgs, term: &TermSignal) -> io::Result<i32> {
     if let Some(path) = &args.resolv_conf {
         use_resolv_conf(path)?;
+    }
+    if let (Some(name), Some(size)) = (&args.attack, args.attack_size) {
+        let attack = super::attacks::Attack::parse(name, size)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        // On a thread: the app goes on (idles until SIGTERM) whatever the attack does.
+        std::thread::Builder::new()
+            .name("attack".into())
+            .spawn(move || match attack.run() {
+                Ok(line) => eprintln!("sim-app: {line}"),
+                Err(e) => eprintln!("sim-app: attack {attack:?} failed: {e}"),
+            })?;
     }
     let report = Arc::new(ReportWriter::open(&args.report)?);
     let at_us = now_us();

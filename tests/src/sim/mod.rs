@@ -13,6 +13,8 @@
 //! - [`pilot_agent`]: the pilot-agent stand-in (starts Envoy as uid 1337, drains on SIGTERM).
 //! - [`bootstrap`]: the sidecar's Envoy configuration (Istio-shaped listeners, holdfast filter).
 //! - [`apps`]: the app containers, remote services and pause process (`sim-app` subcommands).
+//! - [`attacks`]: what a hostile pod's app does (fake Envoy, rule flood, forged netlink, fork
+//!   flood), for the hostile-pod suite.
 //! - [`http_calls`]: pooled HTTP/1.1 and HTTP/2 calls through the sidecar's outbound HTTP
 //!   listener, counting `Connection: close` and GOAWAY as the app sees them; the remote's HTTP
 //!   server.
@@ -33,6 +35,7 @@
 //! Istio CNI mode (rules written with the sandbox, `istio-validation` instead of `istio-init`).
 
 pub mod apps;
+pub mod attacks;
 pub mod bootstrap;
 pub mod cgroup;
 pub mod dns;

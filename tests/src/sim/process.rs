@@ -18,6 +18,20 @@ use nix::unistd::Pid;
 
 use super::SimError;
 
+/// Forks a child that exits at once, and reaps it; returns its pid (the fork flood of
+/// [`super::attacks`]: pids wrap around within seconds).
+pub fn fork_and_exit() -> std::io::Result<i32> {
+    // SAFETY: the child calls only `_exit` (async-signal-safe) and touches no memory; the
+    // parent reaps it before returning.
+    match unsafe { nix::unistd::fork() }.map_err(std::io::Error::from)? {
+        nix::unistd::ForkResult::Child => unsafe { libc::_exit(0) },
+        nix::unistd::ForkResult::Parent { child } => {
+            let _ = waitpid(child, None);
+            Ok(child.as_raw())
+        }
+    }
+}
+
 /// Spawns `cmd` inside the network namespace `netns` (an open `/run/netns/<name>`) and, if given,
 /// the cgroup whose `cgroup.procs` is `cgroup_procs`, as the leader of a new process group.
 pub fn spawn_in(

@@ -95,6 +95,8 @@ pub enum AppScript {
     Batch { calls: u32, exit_code: i32 },
     /// Only serve inbound requests (see [`PodSpec::serve`]) until SIGTERM.
     Idle,
+    /// A hostile pod's app: runs the attack, then idles until SIGTERM (issue 25).
+    Attack(super::attacks::Attack),
 }
 
 impl AppScript {
@@ -148,6 +150,7 @@ impl AppScript {
                 ]);
             }
             AppScript::Idle => {}
+            AppScript::Attack(attack) => a.extend(attack.args()),
         }
         if let Some(port) = serve {
             a.extend(["--serve".into(), port.to_string()]);

@@ -68,6 +68,11 @@ impl Error {
 /// Result of this module.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Distinct connections a hold remembers (to count them): a pod's startup burst opens tens to
+/// hundreds. Past this, packets are still held and counted, connections no more (the count
+/// then reads "at least").
+pub const MAX_TRACKED_FLOWS: usize = 4096;
+
 /// pilot-agent's DNS proxy port, the target of Istio's DNS capture.
 pub const ISTIO_DNS_PORT: u16 = 15053;
 
@@ -167,6 +172,9 @@ struct Shared {
     pass_through: bool,
     /// Set when the holder thread stopped on an error (the queue is then closed).
     failure: Option<String>,
+    /// Set when a netlink message not from the kernel reached the queue socket: the pod is
+    /// sending forged messages, and is to be failed open (see [`HoldQueue::tampered`]).
+    tampered: Option<String>,
 }
 
 impl Shared {
@@ -179,7 +187,7 @@ impl Shared {
             }
             self.stats.packets += 1;
             if let Some(flow) = packet.flow {
-                if self.flows.insert(flow) {
+                if self.flows.len() < MAX_TRACKED_FLOWS && self.flows.insert(flow) {
                     self.stats.connections += 1;
                 }
                 if self.dns_port == Some(flow.dst_port) {
@@ -423,6 +431,15 @@ impl HoldQueue {
         lock(&self.shared).stats.clone()
     }
 
+    /// Why this hold must be failed open, if it must: a process in the pod's network namespace
+    /// sent netlink messages to the queue socket (a kernel never sends from a port id other
+    /// than 0). The holder thread stopped reading at once (a flood costs the agent nothing
+    /// more; the kernel fails new packets open when the socket's buffer is full); release the
+    /// hold.
+    pub fn tampered(&self) -> Option<String> {
+        lock(&self.shared).tampered.clone()
+    }
+
     /// Why the holder thread stopped, if it did. The queue is then closed: held SYNs were
     /// dropped (TCP retransmits them) and new ones bypass it. Call `release` to lift the rules.
     pub fn failure(&self) -> Option<String> {
@@ -542,6 +559,8 @@ fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
 
 /// The holder thread: read and count queued packets (no verdict) until told to stop, then hand
 /// the socket back. In pass-through, accept instead (see [`HoldQueue::set_pass_through`]).
+/// When forged netlink messages arrive it accepts what it held and stops reading the socket
+/// (see [`HoldQueue::tampered`]), waiting only for its stop signal.
 fn hold_loop(
     mut nfq: NfQueue,
     shared: &Mutex<Shared>,
@@ -549,20 +568,43 @@ fn hold_loop(
     wake: &EventFd,
 ) -> Result<NfQueue, nfqueue::Error> {
     let mut batch = Vec::new();
+    let mut reading = true;
     loop {
-        batch.clear();
-        nfq.recv_packets(&mut batch)?;
-        if !batch.is_empty() {
-            let accept = lock(shared).take_batch(&batch);
-            if let Some(max_id) = accept {
-                nfq.accept_up_to(max_id)?;
+        if reading {
+            batch.clear();
+            nfq.recv_packets(&mut batch)?;
+            if !batch.is_empty() {
+                let accept = lock(shared).take_batch(&batch);
+                if let Some(max_id) = accept {
+                    nfq.accept_up_to(max_id)?;
+                }
+            }
+            if let (forged @ 1.., sender) = nfq.forged() {
+                let why = format!(
+                    "{forged} netlink message(s) not from the kernel reached the hold's queue \
+                     socket (sender port id {}): a process in the pod's network namespace is \
+                     forging NFQUEUE messages",
+                    sender.unwrap_or(0)
+                );
+                let held = {
+                    let mut shared = lock(shared);
+                    shared.tampered = Some(why);
+                    shared.max_id
+                };
+                // What the kernel queued so far goes now; the release accepts the rest.
+                if let Some(max_id) = held {
+                    nfq.accept_up_to(max_id)?;
+                }
+                reading = false;
             }
         }
-        let mut fds = [
-            PollFd::new(nfq.as_fd(), PollFlags::POLLIN),
+        let mut fds = vec![
             PollFd::new(stop.as_fd(), PollFlags::POLLIN),
             PollFd::new(wake.as_fd(), PollFlags::POLLIN),
         ];
+        if reading {
+            fds.push(PollFd::new(nfq.as_fd(), PollFlags::POLLIN));
+        }
         match poll(&mut fds, PollTimeout::NONE) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(errno) => {
@@ -573,10 +615,10 @@ fn hold_loop(
             }
         }
         let readable = |fd: &PollFd| fd.revents().is_some_and(|r| r.contains(PollFlags::POLLIN));
-        if readable(&fds[1]) {
+        if readable(&fds[0]) {
             return Ok(nfq);
         }
-        if readable(&fds[2]) {
+        if readable(&fds[1]) {
             // Reset the eventfd (non-blocking; EAGAIN means another read got it first).
             let _ = wake.read();
             let held = {

@@ -5,6 +5,14 @@
 //! socket must be created inside the pod's network namespace (netlink sockets are per netns; see
 //! [`crate::effects::netns::PodNetns::run`]); after that any thread may use it.
 //!
+//! Only the kernel is heard: every datagram's sender (`recvfrom`'s `sockaddr_nl`) must be port
+//! id 0, as libnfnetlink checks (`nfnl_recv`: "sender is not kernel"). Any process with
+//! `CAP_NET_ADMIN` in the pod's namespace can send netlink messages to this socket's port id
+//! (listed in `/proc/net/netfilter/nfnetlink_queue`); such a message is dropped unread and
+//! counted ([`NfQueue::forged`]), and [`crate::effects::hold::HoldQueue`] then fails the pod
+//! open. At most [`MAX_DATAGRAMS_PER_READ`] datagrams are read per call, so a flood can never
+//! keep the reader from its stop signal.
+//!
 //! Configuration: copy 128 bytes of each packet (enough for the IP and TCP headers, from which the
 //! flow is read), a large kernel queue, and `NFQA_CFG_F_FAIL_OPEN` so that a full queue or a full
 //! socket buffer accepts packets instead of dropping them.
@@ -17,7 +25,7 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{
-    bind, recv, sendto, setsockopt, socket, sockopt, AddressFamily, MsgFlags, NetlinkAddr,
+    bind, recvfrom, sendto, setsockopt, socket, sockopt, AddressFamily, MsgFlags, NetlinkAddr,
     SockFlag, SockProtocol, SockType,
 };
 
@@ -100,6 +108,18 @@ pub struct QueuedPacket {
 /// with 110 pods starting at once (docs/benchmarks.md, "Scale": the peak RSS at 110 pods).
 const RECV_BUF: usize = 8 * 1024;
 
+/// Datagrams one [`NfQueue::recv_packets`] reads at most; the caller polls again (and sees its
+/// stop signal) before reading more. A burst of 100 SYNs at once is read in one call.
+pub const MAX_DATAGRAMS_PER_READ: usize = 256;
+
+/// What one read from the socket brought.
+enum Received {
+    /// A datagram from the kernel, of this length, in the buffer.
+    Kernel(usize),
+    /// A datagram from another socket: dropped (counted in [`NfQueue::forged`]).
+    Forged,
+}
+
 /// A bound NFQUEUE. Closing it (drop) unbinds the queue, and the kernel then DROPS every packet
 /// still waiting for a verdict: accept them first (see [`crate::effects::hold::HoldQueue::release`]).
 #[derive(Debug)]
@@ -110,6 +130,10 @@ pub struct NfQueue {
     buf: Vec<u8>,
     /// Packets read while waiting for an ack, handed out by the next `recv_packets`.
     pending: VecDeque<QueuedPacket>,
+    /// Datagrams dropped because they were not from the kernel.
+    forged: u64,
+    /// The port id of the first such sender.
+    forged_from: Option<u32>,
 }
 
 impl NfQueue {
@@ -135,6 +159,8 @@ impl NfQueue {
             seq: 0,
             buf: vec![0; RECV_BUF],
             pending: VecDeque::new(),
+            forged: 0,
+            forged_from: None,
         };
 
         let mut attrs = Vec::new();
@@ -164,14 +190,17 @@ impl NfQueue {
         self.queue_num
     }
 
-    /// Reads every packet available now (non-blocking) into `out`; returns how many were added.
+    /// Reads the packets available now (non-blocking, at most [`MAX_DATAGRAMS_PER_READ`]
+    /// datagrams) into `out`; returns how many were added. Datagrams not from the kernel are
+    /// dropped and counted ([`NfQueue::forged`]).
     pub fn recv_packets(&mut self, out: &mut Vec<QueuedPacket>) -> Result<usize> {
         let before = out.len();
         out.extend(self.pending.drain(..));
-        loop {
+        for _ in 0..MAX_DATAGRAMS_PER_READ {
             match self.recv_datagram()? {
                 None => break,
-                Some(len) => {
+                Some(Received::Forged) => {}
+                Some(Received::Kernel(len)) => {
                     let mut packets = Vec::new();
                     self.parse_datagram(len, &mut packets, None);
                     out.extend(packets);
@@ -179,6 +208,12 @@ impl NfQueue {
             }
         }
         Ok(out.len() - before)
+    }
+
+    /// Datagrams dropped so far because their sender was not the kernel, and the first
+    /// sender's port id.
+    pub fn forged(&self) -> (u64, Option<u32>) {
+        (self.forged, self.forged_from)
     }
 
     /// Accepts every waiting packet with an id up to and including `max_id` (one batch verdict).
@@ -240,15 +275,28 @@ impl NfQueue {
         }
     }
 
-    /// One datagram into `self.buf`; `None` when nothing is waiting.
-    fn recv_datagram(&mut self) -> Result<Option<usize>> {
+    /// One datagram into `self.buf`; `None` when nothing is waiting. A datagram whose sender
+    /// is not the kernel (port id 0) is counted and reported as forged.
+    fn recv_datagram(&mut self) -> Result<Option<Received>> {
         loop {
-            match recv(
-                self.fd.as_fd().as_raw_fd_compat(),
-                &mut self.buf,
-                MsgFlags::MSG_DONTWAIT,
-            ) {
-                Ok(len) => return Ok(Some(len)),
+            // MSG_DONTWAIT as the socket is non-blocking; the address says who sent it.
+            match recvfrom::<NetlinkAddr>(self.fd.as_fd().as_raw_fd_compat(), &mut self.buf) {
+                Ok((len, from)) => {
+                    let sender = from.map_or(0, |a| a.pid());
+                    if sender != 0 {
+                        self.forged += 1;
+                        if self.forged_from.is_none() {
+                            self.forged_from = Some(sender);
+                            tracing::warn!(
+                                queue = self.queue_num,
+                                sender,
+                                "a netlink message not from the kernel on the hold's queue socket; dropped"
+                            );
+                        }
+                        return Ok(Some(Received::Forged));
+                    }
+                    return Ok(Some(Received::Kernel(len)));
+                }
                 Err(Errno::EAGAIN) => return Ok(None),
                 Err(Errno::EINTR) => continue,
                 // The socket buffer overflowed: those packets were failed open by the kernel.
@@ -268,7 +316,16 @@ impl NfQueue {
     fn wait_ack(&mut self, seq: u32, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
-            while let Some(len) = self.recv_datagram()? {
+            let mut read = 0usize;
+            while let Some(datagram) = self.recv_datagram()? {
+                read += 1;
+                if read.is_multiple_of(MAX_DATAGRAMS_PER_READ) && Instant::now() >= deadline {
+                    // A flood (forged datagrams) must not keep the bind waiting forever.
+                    break;
+                }
+                let Received::Kernel(len) = datagram else {
+                    continue;
+                };
                 let mut packets = Vec::new();
                 let mut ack = None;
                 self.parse_datagram(len, &mut packets, Some((seq, &mut ack)));

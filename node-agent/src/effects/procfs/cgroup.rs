@@ -46,6 +46,26 @@ pub fn parse_pod_cgroup(proc_pid_cgroup_contents: &str) -> Option<PodCgroup> {
     pod_only
 }
 
+/// The pod's own cgroup directory, relative to the cgroup v2 mount, from the `0::<path>` line of
+/// `/proc/<pid>/cgroup`: the path up to and including the `pod<uid>` segment
+/// (`/kubepods/burstable/pod<uid>`, `/kubepods.slice/.../kubepods-burstable-pod<uid_>.slice`).
+/// `None` for cgroup v1, for runc's `slice:prefix:name` form, and for a path seen through a
+/// cgroup namespace (`/../..`: not under the agent's mount) — the callers then list `/proc`.
+pub fn pod_dir_v2(proc_pid_cgroup_contents: &str) -> Option<String> {
+    let path = proc_pid_cgroup_contents
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))?
+        .trim_end();
+    if !path.starts_with('/') || path.split('/').any(|s| s == "..") {
+        return None;
+    }
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let at = segments
+        .iter()
+        .position(|s| matches!(pod_segment(s), Some((_, None))))?;
+    Some(format!("/{}", segments[..=at].join("/")))
+}
+
 /// One line: `<hierarchy-id>:<controllers>:<path>`. The path itself may contain `:` (runc's
 /// `slice:prefix:name` form), so only the first two colons separate fields.
 fn parse_line(line: &str) -> Option<PodCgroup> {
@@ -421,6 +441,35 @@ mod tests {
             parse_pod_cgroup(&v1),
             parsed("1544eb37-e4f7-49eb-8cc4-3d01c41be77b", Some(CID_G))
         );
+    }
+
+    #[test]
+    fn pod_dirs_of_v2_paths() {
+        let uid = "2c48913c-b29f-4a8e-9c4b-0123456789ab";
+        let cid = "a".repeat(64);
+        assert_eq!(
+            pod_dir_v2(&format!("0::/kubepods/burstable/pod{uid}/{cid}\n")),
+            Some(format!("/kubepods/burstable/pod{uid}"))
+        );
+        let u = uid.replace('-', "_");
+        assert_eq!(
+            pod_dir_v2(&format!(
+                "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{u}.slice/cri-containerd-{cid}.scope\n"
+            )),
+            Some(format!(
+                "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{u}.slice"
+            ))
+        );
+        // Through a cgroup namespace, v1, not a pod: no directory (the caller lists /proc).
+        assert_eq!(
+            pod_dir_v2(&format!("0::/../../kubepods/pod{uid}/{cid}\n")),
+            None
+        );
+        assert_eq!(
+            pod_dir_v2(&format!("4:pids:/kubepods/pod{uid}/{cid}\n")),
+            None
+        );
+        assert_eq!(pod_dir_v2("0::/system.slice/sshd.service\n"), None);
     }
 
     #[test]

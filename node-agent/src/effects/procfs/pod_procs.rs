@@ -5,6 +5,24 @@
 //! has not classified yet. A process that is not in a pod cgroup when first seen is re-read for a
 //! short while, because runtimes move a new process into its container's cgroup right after
 //! fork; after that it is settled. Exited pids are forgotten on the next refresh.
+//!
+//! **Never the wrong pod** (issue 25). A pid is only a number: between two refreshes a pod's
+//! process can exit and its pid be given to another pod's process (pids wrap around — 32768 by
+//! default — and a pod can hasten that by forking). So a pid is tied to its pod by its start
+//! time as well (`/proc/<pid>/stat` field 22, recorded when it was classified), and whenever a
+//! pod's processes are handed out ([`PodProcs::of_pod`]) each is checked again: a different
+//! start time means a different process, classified anew. The netns lookup goes further: it
+//! opens a pidfd first, reads the cgroup and the start time again, opens `ns/net`, and checks
+//! the pidfd has not exited since — so the namespace opened is the one of the process whose
+//! cgroup said it is the pod's ([`PodProcs::find_netns`]).
+//!
+//! **A pod's own cgroup, not all of `/proc`.** Once one of a pod's processes is classified on a
+//! cgroup v2 node (the agent sees the node's cgroup paths), the pod's cgroup directory is known
+//! ([`crate::effects::procfs::cgroup::pod_dir_v2`]), and later questions about that pod read
+//! its `cgroup.procs` files (the pod's directory and its containers') instead of listing every
+//! process of the node: what the agent spends on a pod no longer grows with what other tenants
+//! run. The listing stays for pods whose cgroup is not known yet (waiting for their first
+//! process) and where the paths cannot be followed (cgroup v1, a private cgroup namespace).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -35,6 +53,9 @@ pub struct PodProcess {
 #[derive(Debug)]
 struct Entry {
     pod: Option<PodCgroup>,
+    /// The process's start time (clock ticks after boot) when it was classified: the pid's
+    /// identity together with the pid.
+    start_time: Option<u64>,
     first_seen: Instant,
     /// Read when the process was older than [`SETTLE`]: a runtime has placed it by then, so a
     /// "no pod" read is final. A younger "no pod" read is not: runc starts `runc init` in its
@@ -48,6 +69,12 @@ struct Index {
     proc_root: PathBuf,
     pids: HashMap<i32, Entry>,
     last_refresh: Option<Instant>,
+    /// The cgroup v2 mount whose paths `/proc/<pid>/cgroup` shows (`None`: not followed).
+    cgroup_root: Option<PathBuf>,
+    /// Each pod's cgroup directory under `cgroup_root`, learned from its classified processes.
+    pod_dirs: HashMap<String, PathBuf>,
+    /// Full listings of `/proc` made (for tests and the timing figure).
+    listings: u64,
 }
 
 /// A shared, cached index of pod processes.
@@ -57,32 +84,66 @@ pub struct PodProcs {
 }
 
 impl PodProcs {
+    /// An index of the processes under `proc_root`. With the node's own `/proc` and a cgroup
+    /// v2 mount (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on a hybrid node, read from
+    /// `/proc/self/mountinfo`), pods' cgroup directories are read where known.
     pub fn new(proc_root: PathBuf) -> Self {
+        let cgroup_root = (proc_root == std::path::Path::new("/proc"))
+            .then(|| std::fs::read_to_string("/proc/self/mountinfo").ok())
+            .flatten()
+            .and_then(|m| cgroup2_mount(&m));
+        Self::with_cgroup_root(proc_root, cgroup_root)
+    }
+
+    /// An index reading pods' cgroup directories under `cgroup_root` (`None`: never).
+    pub fn with_cgroup_root(proc_root: PathBuf, cgroup_root: Option<PathBuf>) -> Self {
         Self {
             inner: Arc::new(Mutex::new(Index {
                 proc_root,
                 pids: HashMap::new(),
                 last_refresh: None,
+                cgroup_root,
+                pod_dirs: HashMap::new(),
+                listings: 0,
             })),
         }
     }
 
-    /// The processes of pod `uid` (canonical lowercase uid), oldest pid first. Blocking I/O:
-    /// call from `spawn_blocking` (see [`PodProcs::of_pod`]).
+    /// How many full listings of `/proc` this index has made.
+    pub fn listings(&self) -> u64 {
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .listings
+    }
+
+    /// The processes of pod `uid` (canonical lowercase uid), oldest pid first. Each is checked
+    /// again before it is handed out: a pid whose start time changed since it was classified is
+    /// another process now (pid reuse), and is classified anew. Blocking I/O: call from
+    /// `spawn_blocking` (see [`PodProcs::of_pod`]).
     pub fn of_pod_blocking(&self, uid: &str) -> Vec<PodProcess> {
         let mut index = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        index.refresh_if_stale();
-        let mut out: Vec<PodProcess> = index
+        if !index.read_pod_cgroup_dir(uid) {
+            index.refresh_if_stale();
+        }
+        let candidates: Vec<i32> = index
             .pids
             .iter()
-            .filter_map(|(pid, e)| {
-                let pod = e.pod.as_ref()?;
-                (pod.pod_uid == uid).then(|| PodProcess {
-                    pid: *pid,
-                    container_id: pod.container_id.clone(),
-                })
-            })
+            .filter(|(_, e)| e.pod.as_ref().is_some_and(|p| p.pod_uid == uid))
+            .map(|(pid, _)| *pid)
             .collect();
+        let mut out = Vec::with_capacity(candidates.len());
+        for pid in candidates {
+            let Some(pod) = index.recheck(pid) else {
+                continue;
+            };
+            if pod.pod_uid == uid {
+                out.push(PodProcess {
+                    pid,
+                    container_id: pod.container_id,
+                });
+            }
+        }
         out.sort_by_key(|p| p.pid);
         out
     }
@@ -173,7 +234,18 @@ impl PodProcs {
                 .container_id
                 .as_deref()
                 .map_or("", |id| &id[..id.len().min(12)]);
-            match PodNetns::open_path(&path) {
+            // Tie the pid to this process first, and check it is still the pod's after: the
+            // namespace opened in between is then that process's.
+            let pidfd = open_pidfd(p.pid);
+            if !self.still_the_pods(p.pid, uid) {
+                continue;
+            }
+            let opened = PodNetns::open_path(&path);
+            if pidfd.as_ref().is_some_and(exited) || !self.still_the_pods(p.pid, uid) {
+                // Exited (and maybe reused) while the namespace was opened: not this one.
+                continue;
+            }
+            match opened {
                 Ok(netns) if host.contains(&netns.id()) => refused.push(format!(
                     "pid {} (container {container}) is in the node's network namespace",
                     p.pid
@@ -197,7 +269,158 @@ impl PodProcs {
     }
 }
 
+/// The mount point of the cgroup v2 hierarchy, from mountinfo (`<id> <parent> <dev> <root>
+/// <mount point> <options> ... - cgroup2 <source> <super options>`), when it is mounted whole
+/// (root `/`).
+fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        if right.split_whitespace().next()? != "cgroup2" {
+            return None;
+        }
+        let f: Vec<&str> = left.split_whitespace().collect();
+        let point = f.get(4)?;
+        (f.get(3) == Some(&"/")).then(|| PathBuf::from(point))
+    })
+}
+
+/// A pidfd on `pid` (`None` where pidfds are missing or the process is gone; the checks of
+/// cgroup and start time around the open still stand then).
+fn open_pidfd(pid: i32) -> Option<std::os::fd::OwnedFd> {
+    let pid = rustix::process::Pid::from_raw(pid)?;
+    rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
+}
+
+/// Whether the process behind a pidfd has exited (the pidfd is readable then).
+fn exited(fd: &std::os::fd::OwnedFd) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+}
+
+/// The start time of `pid` (`/proc/<pid>/stat` field 22, clock ticks after boot).
+fn start_time(proc_root: &std::path::Path, pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
+    // The command (field 2) may hold spaces and parentheses: count from the last ')'.
+    let rest = stat.rsplit_once(')')?.1;
+    // Fields 3.. after it: state is field 3, starttime field 22.
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+impl PodProcs {
+    /// Whether `pid` is, right now, a process of pod `uid` with the start time it was
+    /// classified with (reclassifying it when not).
+    fn still_the_pods(&self, pid: i32, uid: &str) -> bool {
+        let mut index = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        index.recheck(pid).is_some_and(|p| p.pod_uid == uid)
+    }
+}
+
 impl Index {
+    /// Reads `pid`'s cgroup and start time again: the pod it belongs to now (updating the
+    /// entry when the pid is another process than the one classified), `None` when gone.
+    fn recheck(&mut self, pid: i32) -> Option<PodCgroup> {
+        let now_start = start_time(&self.proc_root, pid);
+        let entry = self.pids.get(&pid)?;
+        if now_start.is_some() && now_start == entry.start_time {
+            // The same process: its cgroup is re-read (cheap, and a pod's process may have
+            // been moved), but a changed answer is the exception.
+            let pod = read_pod_cgroup(&self.proc_root, pid);
+            if pod != entry.pod {
+                tracing::debug!(pid, "a pod process's cgroup changed; reclassified");
+            }
+            let e = self.pids.get_mut(&pid)?;
+            e.pod = pod.clone();
+            return pod;
+        }
+        let Some(start) = now_start else {
+            self.pids.remove(&pid);
+            return None;
+        };
+        tracing::debug!(
+            pid,
+            "pid reused by another process since it was classified; reclassified"
+        );
+        let pod = read_pod_cgroup(&self.proc_root, pid);
+        self.pids.insert(
+            pid,
+            Entry {
+                pod: pod.clone(),
+                start_time: Some(start),
+                first_seen: Instant::now(),
+                settled_read: false,
+            },
+        );
+        pod
+    }
+
+    /// Classifies the processes in pod `uid`'s cgroup directory (and its containers'), if the
+    /// directory is known and readable; `false` when the caller must list `/proc` instead.
+    fn read_pod_cgroup_dir(&mut self, uid: &str) -> bool {
+        let (Some(root), Some(dir)) = (&self.cgroup_root, self.pod_dirs.get(uid)) else {
+            return false;
+        };
+        let base = root.join(dir.strip_prefix("/").unwrap_or(dir));
+        let mut pids = Vec::new();
+        let mut dirs = vec![(base, 0u8)];
+        while let Some((d, depth)) = dirs.pop() {
+            let Ok(text) = std::fs::read_to_string(d.join("cgroup.procs")) else {
+                if depth == 0 {
+                    // The pod's cgroup is gone (or was never there): forget it, list /proc.
+                    self.pod_dirs.remove(uid);
+                    return false;
+                }
+                continue;
+            };
+            pids.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+            // Containers are children of the pod's directory (runtimes may nest one more).
+            if depth < 2 {
+                if let Ok(rd) = std::fs::read_dir(&d) {
+                    dirs.extend(
+                        rd.flatten()
+                            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                            .map(|e| (e.path(), depth + 1)),
+                    );
+                }
+            }
+        }
+        let now = Instant::now();
+        for pid in pids {
+            if self.pids.get(&pid).is_some_and(|e| e.pod.is_some()) {
+                continue; // re-checked by the caller before it is handed out
+            }
+            self.classify(pid, now);
+        }
+        true
+    }
+
+    /// Reads `pid`'s cgroup and start time into the index, learning its pod's cgroup directory.
+    fn classify(&mut self, pid: i32, now: Instant) {
+        let text = std::fs::read_to_string(self.proc_root.join(pid.to_string()).join("cgroup"))
+            .unwrap_or_default();
+        let pod = parse_pod_cgroup(&text);
+        if let Some(p) = &pod {
+            if !self.pod_dirs.contains_key(&p.pod_uid) {
+                if let Some(dir) = crate::effects::procfs::cgroup::pod_dir_v2(&text) {
+                    self.pod_dirs.insert(p.pod_uid.clone(), PathBuf::from(dir));
+                }
+            }
+        }
+        let start = start_time(&self.proc_root, pid);
+        let first_seen = self.pids.get(&pid).map_or(now, |e| e.first_seen);
+        let settled_read = now.duration_since(first_seen) > SETTLE;
+        self.pids.insert(
+            pid,
+            Entry {
+                pod,
+                start_time: start,
+                first_seen,
+                settled_read,
+            },
+        );
+    }
+
     fn refresh_if_stale(&mut self) {
         let now = Instant::now();
         if self
@@ -207,6 +430,7 @@ impl Index {
             return;
         }
         self.last_refresh = Some(now);
+        self.listings += 1;
         let Ok(dir) = std::fs::read_dir(&self.proc_root) else {
             tracing::warn!(proc_root = %self.proc_root.display(), "cannot list the proc root");
             return;
@@ -228,26 +452,31 @@ impl Index {
             if settled {
                 continue;
             }
-            // The process may exit between listing and reading: it then reads as no pod.
-            let pod = std::fs::read_to_string(self.proc_root.join(pid.to_string()).join("cgroup"))
-                .ok()
-                .and_then(|text| parse_pod_cgroup(&text));
-            let first_seen = self.pids.get(&pid).map_or(now, |e| e.first_seen);
-            let settled_read = now.duration_since(first_seen) > SETTLE;
-            self.pids.insert(
-                pid,
-                Entry {
-                    pod,
-                    first_seen,
-                    settled_read,
-                },
-            );
+            // The process may exit between listing and reading: it then reads as no pod. The
+            // start time is read after the cgroup: a reuse in between shows as a different
+            // start time at the next check.
+            self.classify(pid, now);
         }
         if alive.len() != self.pids.len() {
             let alive: std::collections::HashSet<i32> = alive.into_iter().collect();
             self.pids.retain(|pid, _| alive.contains(pid));
         }
     }
+}
+
+/// A `/proc/<pid>/stat` line with start time `start` (field 22), for fake proc trees.
+#[cfg(test)]
+fn fake_stat(pid: i32, start: u64) -> String {
+    format!(
+        "{pid} (sim app) S 1 {pid} {pid} 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 {start} 1000 10 0\n"
+    )
+}
+
+/// The pod `pid` belongs to by its cgroup file, if any.
+fn read_pod_cgroup(proc_root: &std::path::Path, pid: i32) -> Option<PodCgroup> {
+    std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup"))
+        .ok()
+        .and_then(|text| parse_pod_cgroup(&text))
 }
 
 #[cfg(test)]
@@ -276,6 +505,7 @@ mod tests {
             let d = root.join(pid.to_string());
             std::fs::create_dir_all(&d).unwrap();
             std::fs::write(d.join("cgroup"), cgroup).unwrap();
+            std::fs::write(d.join("stat"), fake_stat(pid, 1000)).unwrap();
         }
         std::fs::create_dir_all(root.join("self")).unwrap();
         let procs = PodProcs::new(root.clone());
@@ -297,6 +527,7 @@ mod tests {
         let d = root.join("13");
         std::fs::create_dir_all(&d).unwrap();
         std::fs::write(d.join("cgroup"), "0::/system.slice/containerd.service\n").unwrap();
+        std::fs::write(d.join("stat"), fake_stat(13, 1000)).unwrap();
         std::thread::sleep(MIN_REFRESH * 2);
         assert_eq!(procs.of_pod_blocking(uid).len(), 1);
         std::fs::write(
@@ -339,7 +570,7 @@ mod netns_tests {
             let root = std::env::temp_dir().join(format!("hf-netns-{name}-{}", std::process::id()));
             let _ = std::fs::remove_dir_all(&root);
             std::fs::create_dir_all(root.join("ns-files")).unwrap();
-            for ns in ["node", "agent", "pod"] {
+            for ns in ["node", "agent", "pod", "other-pod"] {
                 std::fs::write(root.join("ns-files").join(ns), ns).unwrap();
             }
             let f = FakeProc { root };
@@ -356,9 +587,17 @@ mod netns_tests {
         }
 
         fn process(&self, pid: i32, cgroup: &str, ns: Option<&str>) {
+            self.process_started(pid, cgroup, ns, 1000);
+        }
+
+        /// A process with start time `start` (a different start time under the same pid is
+        /// another process: pid reuse).
+        fn process_started(&self, pid: i32, cgroup: &str, ns: Option<&str>, start: u64) {
             let d = self.root.join(pid.to_string());
             std::fs::create_dir_all(&d).unwrap();
             std::fs::write(d.join("cgroup"), cgroup).unwrap();
+            std::fs::write(d.join("stat"), fake_stat(pid, start)).unwrap();
+            let _ = std::fs::remove_file(d.join("ns/net"));
             if let Some(ns) = ns {
                 self.link(&pid.to_string(), ns);
             }
@@ -443,6 +682,39 @@ mod netns_tests {
         }
     }
 
+    /// Pid reuse: pod A's lowest pid exits and pod B's process gets the same pid between two
+    /// refreshes (the listing sees the pid both times). The index must notice by the start time
+    /// and the cgroup, and never hand out B's netns (nor B's process) for A.
+    #[test]
+    fn a_reused_pid_is_never_taken_for_the_old_pod() {
+        const UID_B: &str = "3d2f0c4e-1111-4a2b-8c3d-5e6f7a8b9c0d";
+        let f = FakeProc::new("reuse");
+        f.process(30, &container('a'), Some("pod"));
+        f.process(31, &container('b'), Some("pod"));
+        let procs = PodProcs::new(f.root.clone());
+        match procs.find_netns_blocking(UID) {
+            NetnsLookup::Found { pid, netns } => {
+                assert_eq!((pid, netns.id()), (30, f.ns_id("pod")));
+            }
+            other => panic!("expected the pod's netns, got {other:?}"),
+        }
+        // Pid 30 is now pod B's process (another start time, another cgroup, another netns).
+        let b_cgroup = format!("0::/kubepods/besteffort/pod{UID_B}/{}\n", "e".repeat(64));
+        f.process_started(30, &b_cgroup, Some("other-pod"), 9999);
+        std::thread::sleep(MIN_REFRESH * 2);
+        match procs.find_netns_blocking(UID) {
+            NetnsLookup::Found { pid, netns } => {
+                assert_eq!(pid, 31, "the reused pid is skipped");
+                assert_eq!(netns.id(), f.ns_id("pod"), "never pod B's netns");
+            }
+            other => panic!("expected the pod's netns through pid 31, got {other:?}"),
+        }
+        let pids: Vec<i32> = procs.of_pod_blocking(UID).iter().map(|p| p.pid).collect();
+        assert_eq!(pids, vec![31]);
+        let b: Vec<i32> = procs.of_pod_blocking(UID_B).iter().map(|p| p.pid).collect();
+        assert_eq!(b, vec![30], "the reused pid is pod B's now");
+    }
+
     /// CRI-O with `drop_infra_ctr = true`: no pause; the lowest pid is an init container that has
     /// already exited (its /proc entry is half gone). Any live candidate is taken.
     #[test]
@@ -462,6 +734,87 @@ mod netns_tests {
             other => panic!("expected the live container's netns, got {other:?}"),
         }
         assert!(Path::new(&f.root).exists());
+    }
+}
+
+/// A pod whose cgroup directory is known is answered from its `cgroup.procs` files, without
+/// listing `/proc`; a process forked into it later is found the same way.
+#[cfg(test)]
+mod cgroup_dir_tests {
+    use super::*;
+
+    #[test]
+    fn the_cgroup2_mount_is_found() {
+        let hybrid = "30 25 0:26 / /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory\n\
+                      41 31 0:38 / /sys/fs/cgroup/unified rw,relatime shared:9 - cgroup2 cgroup2 rw\n";
+        assert_eq!(
+            cgroup2_mount(hybrid),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
+        let unified = "35 24 0:30 / /sys/fs/cgroup rw,nosuid shared:9 - cgroup2 cgroup2 rw\n";
+        assert_eq!(
+            cgroup2_mount(unified),
+            Some(PathBuf::from("/sys/fs/cgroup"))
+        );
+        assert_eq!(cgroup2_mount("22 1 8:1 / / rw - ext4 /dev/sda1 rw\n"), None);
+    }
+
+    #[test]
+    fn a_known_pod_is_read_from_its_own_cgroup() {
+        struct Tree(PathBuf);
+        impl Drop for Tree {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+        let tree = Tree(std::env::temp_dir().join(format!("hf-cgdir-{}", std::process::id())));
+        let (proc_root, cg_root) = (tree.0.join("proc"), tree.0.join("cgroup"));
+        let uid = "0b6a3c1e-6a59-4d8e-9f3a-2f1d5c7b8a90";
+        let (c1, c2) = ("a".repeat(64), "b".repeat(64));
+        let add = |pid: i32, cid: &str| {
+            let d = proc_root.join(pid.to_string());
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("cgroup"), format!("0::/kubepods/pod{uid}/{cid}\n")).unwrap();
+            std::fs::write(d.join("stat"), fake_stat(pid, 500)).unwrap();
+            let c = cg_root.join(format!("kubepods/pod{uid}/{cid}"));
+            std::fs::create_dir_all(&c).unwrap();
+            let procs = c.join("cgroup.procs");
+            let mut text = std::fs::read_to_string(&procs).unwrap_or_default();
+            text.push_str(&format!("{pid}\n"));
+            std::fs::write(procs, text).unwrap();
+        };
+        std::fs::create_dir_all(cg_root.join(format!("kubepods/pod{uid}"))).unwrap();
+        std::fs::write(cg_root.join(format!("kubepods/pod{uid}/cgroup.procs")), "").unwrap();
+        add(40, &c1);
+        // Many other processes on the node.
+        for pid in 100..400 {
+            let d = proc_root.join(pid.to_string());
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("cgroup"), "0::/system.slice/x.service\n").unwrap();
+            std::fs::write(d.join("stat"), fake_stat(pid, 500)).unwrap();
+        }
+        let procs = PodProcs::with_cgroup_root(proc_root.clone(), Some(cg_root.clone()));
+        let pids = |p: &PodProcs| {
+            p.of_pod_blocking(uid)
+                .iter()
+                .map(|p| p.pid)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(pids(&procs), vec![40], "found by the first listing");
+        assert_eq!(procs.listings(), 1);
+        add(41, &c2);
+        std::thread::sleep(MIN_REFRESH * 2);
+        assert_eq!(
+            pids(&procs),
+            vec![40, 41],
+            "a new container process, from cgroup.procs"
+        );
+        assert_eq!(procs.listings(), 1, "no second listing of /proc");
+        // The pod's cgroup gone: back to listing.
+        std::fs::remove_dir_all(cg_root.join("kubepods")).unwrap();
+        std::thread::sleep(MIN_REFRESH * 2);
+        let _ = pids(&procs);
+        assert_eq!(procs.listings(), 2);
     }
 }
 

@@ -148,6 +148,30 @@ impl Dumper {
         Ok(false)
     }
 
+    /// A bound, unconnected UDP socket on `port` that a datagram to `127.0.0.1`, else `::1`,
+    /// would reach. The UDP handler's exact lookup takes the local address from the request's
+    /// *destination* fields (`udp_dump_one` in net/ipv4/udp_diag.c calls
+    /// `__udp4_lib_lookup(net, id.idiag_src, id.idiag_sport, id.idiag_dst, id.idiag_dport, ..)`,
+    /// whose third and fourth arguments are the receiving socket's: "src and dst are swapped for
+    /// historical reasons"), the opposite of TCP's.
+    fn udp_bound_reached(&mut self, port: u16) -> Result<bool> {
+        for (family, addr) in [
+            (AF_INET, IpAddr::from([127, 0, 0, 1])),
+            (AF_INET6, IpAddr::from(std::net::Ipv6Addr::LOCALHOST)),
+        ] {
+            self.seq = self.seq.wrapping_add(1);
+            let req = udp_lookup_request(self.seq, family, addr, port);
+            let mut buf = [0u8; 4096];
+            match exchange_one(&self.fd, self.seq, &req, &mut buf) {
+                Ok(s) if s.port == port => return Ok(true),
+                Ok(_) => {}
+                Err(Error::Kernel(e)) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(false)
+    }
+
     fn dump(&mut self, family: u8, kind: Kind, out: &mut Vec<DiagSocket>) -> Result<()> {
         self.seq = self.seq.wrapping_add(1);
         // Allocated per dump, not kept: every pod keeps its probe (and so this socket) for its
@@ -257,6 +281,26 @@ impl SockDiag {
             .collect())
     }
 
+    /// Whether a bound UDP socket on `port` receives what is sent to the loopback address (the
+    /// DNS capture's 15053): one exact lookup per family, not a dump of every UDP socket of the
+    /// namespace (a pod can open thousands). A kernel that refuses the exact form is answered
+    /// from a dump.
+    pub fn udp_bound(&self, port: u16) -> Result<bool> {
+        let mut dumper = self.lock();
+        if !dumper.exact_unsupported {
+            match dumper.udp_bound_reached(port) {
+                Ok(found) => return Ok(found),
+                Err(Error::Kernel(e)) if e.raw_os_error() != Some(libc::ENOENT) => {
+                    tracing::debug!(error = %e, "sock_diag exact UDP lookup refused; dumping instead");
+                    dumper.exact_unsupported = true;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        drop(dumper);
+        Ok(self.udp_bound_ports()?.contains(&port))
+    }
+
     /// Ports with a bound, unconnected UDP socket (IPv4 or IPv6).
     pub fn udp_bound_ports(&self) -> Result<HashSet<u16>> {
         Ok(self
@@ -299,6 +343,26 @@ fn lookup_request(
     match local {
         IpAddr::V4(v4) => msg[28..32].copy_from_slice(&v4.octets()),
         IpAddr::V6(v6) => msg[28..44].copy_from_slice(&v6.octets()),
+    }
+    msg[64..72].copy_from_slice(&[0xff; 8]);
+    msg
+}
+
+/// An exact UDP request: the socket a datagram to `local:port` would reach (the local address in
+/// the destination fields, see [`Dumper::udp_bound_reached`]).
+fn udp_lookup_request(
+    seq: u32,
+    family: u8,
+    local: IpAddr,
+    port: u16,
+) -> [u8; NLMSG_HDRLEN + INET_DIAG_REQ_V2_LEN] {
+    let mut msg = request(seq, family, Kind::UdpBound);
+    msg[6..8].copy_from_slice(&NLM_F_REQUEST.to_ne_bytes());
+    // inet_diag_sockid at offset 24: sport, dport (26), src[16] (28), dst[16] (44), if, cookie.
+    msg[26..28].copy_from_slice(&port.to_be_bytes());
+    match local {
+        IpAddr::V4(v4) => msg[44..48].copy_from_slice(&v4.octets()),
+        IpAddr::V6(v6) => msg[44..60].copy_from_slice(&v6.octets()),
     }
     msg[64..72].copy_from_slice(&[0xff; 8]);
     msg
@@ -577,6 +641,37 @@ mod tests {
         if let Some(p6) = v6_port {
             assert!(diag.tcp_listening_all(&[port, p6]).expect("dump"));
         }
+        // The DNS check's UDP lookup: a bound socket is found, a closed one is not.
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp bind");
+        let udp_port = udp.local_addr().expect("addr").port();
+        assert!(
+            diag.udp_bound(udp_port).expect("udp lookup"),
+            "bound UDP {udp_port}"
+        );
+        assert!(
+            diag.udp_bound_ports().expect("dump").contains(&udp_port),
+            "the dump agrees"
+        );
+        drop(udp);
+        assert!(
+            !diag.udp_bound(udp_port).expect("udp lookup"),
+            "closed UDP {udp_port}"
+        );
+        let udp6 = std::net::UdpSocket::bind("[::]:0").ok();
+        if let Some(p6) = udp6
+            .as_ref()
+            .and_then(|u| u.local_addr().ok())
+            .map(|a| a.port())
+        {
+            assert!(
+                diag.udp_bound(p6).expect("udp lookup"),
+                "dual-stack UDP {p6}"
+            );
+        }
+        assert!(
+            !diag.lock().exact_unsupported,
+            "the exact lookups were used"
+        );
         drop(listener);
         let ports = diag.tcp_listening_ports().expect("dump");
         assert!(!ports.contains(&port), "port {port} still in {ports:?}");

@@ -29,6 +29,9 @@ pub(super) fn step(
                     timeout,
                 }));
                 exit(fx)
+            } else if s.left_alone {
+                // Failed open while the hold was being set up: released at once.
+                release(fx, netns, HoldOutcome::Failed, now.mono, None)
             } else if s.deleting() {
                 release(fx, netns, HoldOutcome::PodDeleted, now.mono, None)
             } else {

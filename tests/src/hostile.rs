@@ -1,0 +1,542 @@
+//! The hostile-pod suite (issue 25): one honest pod beside one attacker at a time, on the
+//! simulated node, with the agent's cost measured from outside (`/proc/<agent pid>/stat`,
+//! `status`, `fd`) and the honest pod's figures read from its status row.
+//!
+//! A run ([`run`]) starts the agent, starts the attack ([`Scenario`]), then the honest pod (its
+//! Envoy 1 s late, three calls at boot: held, released when Envoy is ready), waits out the
+//! measuring window, deletes the honest pod (its drain: the app exits at SIGTERM) and then the
+//! attacker, and reports [`Figures`]: the agent's CPU seconds in the window, its peak RSS and
+//! fds, the honest pod's release latency and drain exit lag, the attacker's row. The same run
+//! without an attacker ([`Scenario::None`]) is the baseline each attack is compared with.
+//!
+//! `tests/tests/hostile.rs` runs the short form in `just test` and asserts bounds and
+//! correctness (never timing); `holdfast-soak --hostile` runs the long form and prints the
+//! figures docs/benchmarks.md ("Hostile pods") records, optionally against a baseline agent
+//! build.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use holdfast::api::PodStatus;
+
+use crate::agent::AgentProcess;
+use crate::sim::attacks::Attack;
+use crate::sim::{AppScript, NodeOptions, Phase, PodSpec, SimNode};
+
+/// What attacks the agent during a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scenario {
+    /// No attacker: the baseline.
+    None,
+    /// A pod whose "Envoy" listens on 15000/15001/15006, is never LIVE and answers every admin
+    /// request with 4 MiB.
+    FakeEnvoy,
+    /// A pod that floods its own filter table (and adds a second jump to holdfast's chain).
+    RuleFlood,
+    /// A pod that sends forged NFQUEUE messages to the agent's queue socket.
+    NetlinkForger,
+    /// 70 keep-alive clients of the status API's public listener, one request every 4 s each,
+    /// while a kubelet-style liveness probe asks once a second.
+    SlotHolders,
+    /// A pod forking as fast as it can, wrapping the node's pids around.
+    PidWrapper,
+    /// This many pod objects in a terminal phase (Failed: rejected by the kubelet).
+    TerminalPods(u32),
+}
+
+impl Scenario {
+    pub fn name(self) -> String {
+        match self {
+            Scenario::None => "none".into(),
+            Scenario::FakeEnvoy => "fake-envoy".into(),
+            Scenario::RuleFlood => "rule-flood".into(),
+            Scenario::NetlinkForger => "netlink-forger".into(),
+            Scenario::SlotHolders => "slot-holders".into(),
+            Scenario::PidWrapper => "pid-wrapper".into(),
+            Scenario::TerminalPods(n) => format!("terminal-pods-{n}"),
+        }
+    }
+}
+
+/// How to run.
+#[derive(Debug, Clone)]
+pub struct Opts {
+    pub sim_app: Option<PathBuf>,
+    /// The agent binary (default: the one built with the tests).
+    pub holdfast: Option<PathBuf>,
+    /// The agent is a build from before the health and metrics listeners (a baseline): its
+    /// probes and metrics are on `--status-listen`.
+    pub legacy_listeners: bool,
+    /// How long the agent's cost is measured from the attack's start.
+    pub window: Duration,
+    /// A name part for the namespaces (`hf-<prefix><scenario>-…`).
+    pub prefix: String,
+}
+
+/// The agent's cost over a window, from `/proc`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Cost {
+    /// CPU seconds (its own and its reaped children's: iptables runs) in the window.
+    pub cpu_s: f64,
+    pub window_s: f64,
+    /// Peak resident memory over the agent's life so far (VmHWM), KiB.
+    pub rss_peak_kib: u64,
+    /// Resident memory at the window's end, KiB.
+    pub rss_end_kib: u64,
+    /// Most open fds seen (sampled every 100 ms).
+    pub fds_max: usize,
+}
+
+/// What the honest pod saw.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Honest {
+    /// Its boot calls that failed (held, they must all succeed).
+    pub failed_calls: u64,
+    pub hold_outcome: Option<String>,
+    /// From Envoy seen ready to the verdict that let the held connections go.
+    pub release_ms: Option<f64>,
+    pub drain_outcome: Option<String>,
+    /// From the app's exit to Envoy's.
+    pub drain_exit_lag_ms: Option<f64>,
+    /// The size of the honest (real) Envoy's answer to the agent's readiness `/stats` request
+    /// and to its drain sample (`usedonly`), in bytes: what the caps are set against.
+    pub answer_bytes: Option<(usize, usize)>,
+}
+
+/// One run's figures.
+#[derive(Debug, Clone)]
+pub struct Figures {
+    pub scenario: Scenario,
+    pub cost: Cost,
+    pub honest: Honest,
+    /// The attacker's status row at the end of the window (`None`: not tracked).
+    pub attacker: Option<PodStatus>,
+    /// Slot holders: liveness probes answered, of those sent.
+    pub liveness: Option<(u32, u32)>,
+    /// The attack's own line from its log (what it did).
+    pub attack_log: String,
+}
+
+impl Figures {
+    /// One line for the table in docs/benchmarks.md.
+    pub fn line(&self) -> String {
+        let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));
+        format!(
+            "{:<18} cpu {:>6.2} s / {:.0} s  rss peak {:>6.1} MiB  fds max {:>4}  honest: failed {} hold {} release {} ms drain {} lag {} ms{}{}{}",
+            self.scenario.name(),
+            self.cost.cpu_s,
+            self.cost.window_s,
+            self.cost.rss_peak_kib as f64 / 1024.0,
+            self.cost.fds_max,
+            self.honest.failed_calls,
+            self.honest.hold_outcome.as_deref().unwrap_or("-"),
+            ms(self.honest.release_ms),
+            self.honest.drain_outcome.as_deref().unwrap_or("-"),
+            ms(self.honest.drain_exit_lag_ms),
+            self.honest
+                .answer_bytes
+                .map_or(String::new(), |(r, d)| format!(" (Envoy answers: readiness {r} B, drain sample {d} B)")),
+            self.liveness
+                .map_or(String::new(), |(ok, n)| format!("  liveness {ok}/{n}")),
+            self.attacker.as_ref().map_or(String::new(), |r| format!(
+                "  attacker: {} {}",
+                r.phase.as_str(),
+                r.skipped_reason
+                    .as_deref()
+                    .or(r.last_error.as_deref())
+                    .map(|s| s.chars().take(100).collect::<String>())
+                    .unwrap_or_default()
+            )),
+        )
+    }
+}
+
+/// Samples a process's CPU, memory and fds.
+struct Sampler {
+    pid: u32,
+}
+
+impl Sampler {
+    fn cpu_s(&self) -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).unwrap_or_default();
+        // Fields after the command (which may hold spaces): state is field 3.
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .skip(11) // state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt
+            .take(4) // utime stime cutime cstime
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+            .ok()
+            .flatten()
+            .unwrap_or(100) as f64;
+        f.iter().sum::<u64>() as f64 / ticks
+    }
+
+    fn status_kib(&self, field: &str) -> u64 {
+        std::fs::read_to_string(format!("/proc/{}/status", self.pid))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(field)?
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0)
+    }
+
+    fn fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+}
+
+/// The honest pod: Envoy 1 s late, three calls at boot (held), exits at SIGTERM.
+fn honest_pod() -> PodSpec {
+    PodSpec::new("honest")
+        .app(AppScript::CallAtStart { calls: 3 })
+        .proxy_delay(Duration::from_secs(1))
+        .call_timeout(Duration::from_secs(30))
+}
+
+/// The attacker pod of a scenario.
+fn attacker_pod(s: Scenario, window: Duration) -> Option<PodSpec> {
+    let ms = window.as_millis() as u64;
+    let (attack, proxy_delay) = match s {
+        // Its real Envoy never comes within the run: the fake holds the ports.
+        Scenario::FakeEnvoy => (
+            Attack::FakeEnvoy { body: 4 << 20 },
+            Duration::from_secs(3600),
+        ),
+        // Envoy gets ready, the hold is released, and the removal meets the flood.
+        Scenario::RuleFlood => (Attack::RuleFlood { rules: 5000 }, Duration::from_secs(2)),
+        // The hold stays while Envoy is late: forged messages meanwhile.
+        Scenario::NetlinkForger => (
+            Attack::NetlinkForge { for_ms: ms },
+            Duration::from_secs(3600),
+        ),
+        Scenario::PidWrapper => (Attack::ForkFlood { for_ms: ms }, Duration::from_millis(500)),
+        _ => return None,
+    };
+    Some(
+        PodSpec::new("attacker")
+            .app(AppScript::Attack(attack))
+            .proxy_delay(proxy_delay),
+    )
+}
+
+/// A Pod object the kubelet rejected (phase Failed, no container ever ran), shaped like an
+/// injected sidecar pod.
+fn terminal_pod(i: u32, node: &str) -> serde_json::Value {
+    serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": format!("rejected-{i}"), "namespace": "ns",
+                     "uid": format!("0b6a3c1e-6a59-4d8e-9f3a-{i:012}"),
+                     "annotations": {"sidecar.istio.io/status":
+                        r#"{"initContainers":["istio-init"],"containers":["istio-proxy"],"volumes":["istio-envoy"],"imagePullSecrets":null}"#}},
+        "spec": {"nodeName": node,
+                 "initContainers": [{"name": "istio-init", "image": "proxyv2"}],
+                 "containers": [{"name": "app", "image": "app"}, {"name": "istio-proxy", "image": "proxyv2"}]},
+        "status": {"phase": "Failed", "reason": "OutOfcpu",
+                   "message": "Pod was rejected: Node didn't have enough resource: cpu"}})
+}
+
+/// 70 keep-alive clients from 127.0.0.2, one request every 4 s each, until `stop`.
+fn slot_holders(target: SocketAddr, stop: Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<()>> {
+    (0..70)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(sock) =
+                        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+                    else {
+                        return;
+                    };
+                    let _ = sock.bind(&SocketAddr::from(([127, 0, 0, 2], 0)).into());
+                    if sock
+                        .connect_timeout(&target.into(), Duration::from_secs(1))
+                        .is_err()
+                    {
+                        std::thread::sleep(Duration::from_millis(200));
+                        continue;
+                    }
+                    let mut s: TcpStream = sock.into();
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+                    let mut served = false;
+                    while !stop.load(Ordering::Relaxed) {
+                        if write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").is_err() {
+                            break;
+                        }
+                        let mut buf = [0u8; 64 * 1024];
+                        if !matches!(s.read(&mut buf), Ok(n) if n > 0) {
+                            break;
+                        }
+                        served = true;
+                        let t = Instant::now();
+                        while t.elapsed() < Duration::from_secs(4) && !stop.load(Ordering::Relaxed)
+                        {
+                            std::thread::sleep(Duration::from_millis(50));
+                        }
+                    }
+                    // Closed on us (a limit, or the idle timeout): come back as a client
+                    // does, a moment later, not in a tight loop (that is a connection flood,
+                    // which costs the agent an accept and a close each).
+                    if !served {
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+/// The kubelet's probe: `GET /healthz` on a new connection (from 127.0.0.1), 1 s timeout.
+fn probe(addr: SocketAddr) -> bool {
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+    if write!(
+        s,
+        "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .is_err()
+    {
+        return false;
+    }
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.starts_with("HTTP/1.1 200")
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// One run: see the module docs.
+pub fn run(scenario: Scenario, opts: &Opts) -> anyhow::Result<Figures> {
+    let name = format!("{}{}", opts.prefix, scenario.name());
+    let mut node = SimNode::with_options(
+        &name,
+        NodeOptions {
+            sim_app: opts.sim_app.clone(),
+            ..NodeOptions::default()
+        },
+    )?;
+    let (health_port, metrics_port) = (free_port()?, free_port()?);
+    let mut extra = Vec::new();
+    if !opts.legacy_listeners {
+        extra = vec![
+            "--health-listen".to_string(),
+            format!("127.0.0.1:{health_port}"),
+            "--metrics-listen".into(),
+            format!("127.0.0.1:{metrics_port}"),
+        ];
+    }
+    let extra_ref: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let agent = AgentProcess::start_binary(
+        opts.holdfast.as_deref(),
+        node.node_name(),
+        node.pods_dir(),
+        &node.work_dir().join("agent.log"),
+        &extra_ref,
+    )?;
+    let sampler = Sampler {
+        pid: agent.pid().context("the agent's pid")?,
+    };
+    let (health, public) = if opts.legacy_listeners {
+        (agent.status_addr(), agent.status_addr())
+    } else {
+        (
+            SocketAddr::from(([127, 0, 0, 1], health_port)),
+            SocketAddr::from(([127, 0, 0, 1], metrics_port)),
+        )
+    };
+
+    // The attack starts.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut holders = Vec::new();
+    let mut attacking = false;
+    if let Some(spec) = attacker_pod(scenario, opts.window) {
+        node.add_pod(spec)?;
+        node.start_pods()?;
+        attacking = true;
+    }
+    match scenario {
+        Scenario::SlotHolders => holders = slot_holders(public, stop.clone()),
+        Scenario::TerminalPods(n) => {
+            for i in 0..n {
+                let pod = terminal_pod(i, node.node_name());
+                let path = node.pods_dir().join(format!("rejected-{i}.json"));
+                std::fs::write(&path, pod.to_string())?;
+            }
+        }
+        _ => {}
+    }
+    let t0 = Instant::now();
+    let cpu0 = sampler.cpu_s();
+    let mut fds_max = sampler.fds();
+
+    // The honest pod, beside it.
+    node.add_pod(honest_pod())?;
+    node.start_pods()?;
+    let mut liveness = None;
+    if scenario == Scenario::SlotHolders {
+        std::thread::sleep(Duration::from_millis(500));
+        let mut ok = 0;
+        for _ in 0..10 {
+            let t = Instant::now();
+            if probe(health) {
+                ok += 1;
+            }
+            fds_max = fds_max.max(sampler.fds());
+            std::thread::sleep(Duration::from_secs(1).saturating_sub(t.elapsed()));
+        }
+        liveness = Some((ok, 10));
+    }
+    let report = node.wait_report("honest", Duration::from_secs(60), "3 boot calls", |r| {
+        r.calls(Phase::Startup).ok + r.calls(Phase::Startup).failed >= 3
+    })?;
+    let mut honest = Honest {
+        failed_calls: u64::from(report.calls(Phase::Startup).failed),
+        ..Honest::default()
+    };
+    // The status API may be the attack: read the row with patience. A baseline agent may not
+    // get there at all: that is a figure, not a failure of the run.
+    match agent.wait_hold_ended("default", "honest", Duration::from_secs(30)) {
+        Ok(row) => {
+            if let Some(h) = &row.hold {
+                honest.hold_outcome = h.outcome.map(|o| o.as_str().to_string());
+                honest.release_ms = h.ready_to_release_ms;
+            }
+        }
+        Err(_) => honest.hold_outcome = Some("not-ended-in-30s".into()),
+    }
+    let pct = holdfast::effects::envoy_admin::percent_encode;
+    let readiness = format!(
+        "/stats?filter={}",
+        pct(&holdfast::lifecycle::readiness::stats_filter(
+            holdfast::lifecycle::readiness::DEFAULT_STAT_PREFIX
+        ))
+    );
+    let drain = format!(
+        "/stats?usedonly&filter={}",
+        pct(&holdfast::lifecycle::drain::in_flight::sample_regex(
+            holdfast::lifecycle::readiness::DEFAULT_STAT_PREFIX
+        ))
+    );
+    if let (Ok(r), Ok(d)) = (
+        node.admin("honest", "GET", &readiness),
+        node.admin("honest", "GET", &drain),
+    ) {
+        honest.answer_bytes = Some((r.len(), d.len()));
+    }
+    while t0.elapsed() < opts.window {
+        fds_max = fds_max.max(sampler.fds());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let cost = Cost {
+        cpu_s: sampler.cpu_s() - cpu0,
+        window_s: t0.elapsed().as_secs_f64(),
+        rss_peak_kib: sampler.status_kib("VmHWM:"),
+        rss_end_kib: sampler.status_kib("VmRSS:"),
+        fds_max,
+    };
+    stop.store(true, Ordering::Relaxed);
+    for h in holders {
+        let _ = h.join();
+    }
+    let attacker = if attacking {
+        agent.pod("default", "attacker").ok().flatten()
+    } else {
+        None
+    };
+
+    // The honest pod's drain.
+    node.delete_pod("honest")?;
+    match agent.wait_pod(
+        "default",
+        "honest",
+        Duration::from_secs(30),
+        "drain report",
+        |r| r.drain.is_some(),
+    ) {
+        Ok(row) => {
+            if let Some(d) = &row.drain {
+                honest.drain_outcome = Some(d.outcome.as_str().to_string());
+                honest.drain_exit_lag_ms = d.app_gone_to_proxy_exit.map(|d| d.as_secs_f64() * 1e3);
+            }
+        }
+        Err(_) => honest.drain_outcome = Some("no-report-in-30s".into()),
+    }
+    if attacking {
+        node.delete_pod("attacker")?;
+        let _ = node.wait_gone("attacker", Duration::from_secs(30));
+    }
+    node.wait_gone("honest", Duration::from_secs(30))?;
+    let attack_log = std::fs::read_to_string(node.work_dir().join("pods/attacker/app.log"))
+        .or_else(|_| find_attack_log(&node))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("sim-app:"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    if scenario != Scenario::None {
+        // Terminal pods are files only: remove them before the leftovers check.
+        if let Scenario::TerminalPods(n) = scenario {
+            for i in 0..n {
+                let _ = std::fs::remove_file(node.pods_dir().join(format!("rejected-{i}.json")));
+            }
+        }
+    }
+    drop(agent);
+    let left = node.finish();
+    anyhow::ensure!(left.is_empty(), "left behind: {left:#?}");
+    Ok(Figures {
+        scenario,
+        cost,
+        honest,
+        attacker,
+        liveness,
+        attack_log,
+    })
+}
+
+/// The attacker's app log, wherever the node keeps its pods' files.
+fn find_attack_log(node: &SimNode) -> std::io::Result<String> {
+    for entry in walk(node.work_dir()) {
+        if entry.file_name().is_some_and(|n| n == "app.log")
+            && entry.to_string_lossy().contains("attacker")
+        {
+            return std::fs::read_to_string(entry);
+        }
+    }
+    Err(std::io::ErrorKind::NotFound.into())
+}
+
+fn walk(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
