@@ -101,8 +101,9 @@ fn the_pod_run_is_the_rendered_daemonset_pinned_to_the_image() {
 
 /// The DaemonSet's privileges suffice: the agent, in its pulled container, holds the boot calls
 /// of a pod whose Envoy is 2 s late; none is refused. The kubelet's probes reach `/healthz` and
-/// `/readyz` on the pod IP, where `/status` is refused; from inside the pod (a port-forward's
-/// path) it answers.
+/// `/readyz` on the pod IP's health port, Prometheus `/metrics` on its metrics port; `/status`
+/// listens on the pod's loopback only (nothing answers on the pod IP), and from inside the pod
+/// (a port-forward's path) it answers.
 #[test]
 fn agent_in_its_daemonset_container_holds_the_startup() {
     if runtime_for("agent_in_its_daemonset_container_holds_the_startup").is_none() {
@@ -112,22 +113,29 @@ fn agent_in_its_daemonset_container_holds_the_startup() {
     let rt = holdfast_tests::cri::shared().expect("runtime");
     let pulled = agent_image::pulled(rt).expect("the agent image, pulled");
     let agent = start_agent(&node, pulled.spec.clone());
-    let pod_addr =
-        std::net::SocketAddr::new(agent.pod_ip.parse().expect("pod IP"), agent.status_port);
-    let on_pod_ip = |path: &str| {
+    let ip: std::net::IpAddr = agent.pod_ip.parse().expect("pod IP");
+    let on_pod_ip = |port: u16, path: &str| {
+        let addr = std::net::SocketAddr::new(ip, port);
         http_get(
-            || std::net::TcpStream::connect_timeout(&pod_addr, Duration::from_secs(2)),
+            || std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)),
             path,
             Duration::from_secs(2),
         )
-        .expect("GET on the pod IP")
     };
-    assert_eq!(on_pod_ip("/healthz").0, 200);
-    assert_eq!(on_pod_ip("/readyz").0, 200);
-    assert_eq!(
-        on_pod_ip("/status").0,
-        403,
-        "/status is for loopback clients only"
+    let ok = |port: u16, path: &str| {
+        on_pod_ip(port, path)
+            .unwrap_or_else(|e| panic!("GET {path} on the pod IP's port {port}: {e}"))
+            .0
+    };
+    assert_eq!(ok(agent.health_port, "/healthz"), 200);
+    assert_eq!(ok(agent.health_port, "/readyz"), 200);
+    assert_eq!(ok(agent.metrics_port, "/metrics"), 200);
+    let status = on_pod_ip(agent.status_port, "/status");
+    assert!(
+        status
+            .as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused),
+        "/status listens on loopback only: {status:?}"
     );
     let (code, body) = http_get(
         || agent.connect_local(agent.status_port, Duration::from_secs(2)),

@@ -435,8 +435,12 @@ pub struct AgentPod {
     pub netns: PathBuf,
     /// The container's log (CRI format, appended across restarts).
     pub log: PathBuf,
-    /// The status API's port (from `--status-listen`).
+    /// The status API's port (from `--status-listen`: loopback in the pod's netns).
     pub status_port: u16,
+    /// The probes' port (`--health-listen`) and the metrics port (`--metrics-listen`), on the
+    /// pod IP.
+    pub health_port: u16,
+    pub metrics_port: u16,
     rt: &'static Containerd,
     sandbox: PodSandboxConfig,
     config: ContainerConfig,
@@ -500,6 +504,8 @@ impl AgentPod {
             netns: PathBuf::new(),
             log: ctx.log_dir.join("agent.log"),
             status_port: 0,
+            health_port: 0,
+            metrics_port: 0,
             rt,
             sandbox,
             config: ContainerConfig::default(),
@@ -529,7 +535,9 @@ impl AgentPod {
         pod.netns = super::status::info_netns(&super::status::parse_info(&st.info))
             .ok_or_else(|| setup("the agent's sandbox reports no network namespace"))?;
         pod.config = pod.container_config(ctx)?;
-        pod.status_port = status_port(&pod.config.args)?;
+        pod.status_port = listen_port(&pod.config.args, "--status-listen")?;
+        pod.health_port = listen_port(&pod.config.args, "--health-listen")?;
+        pod.metrics_port = listen_port(&pod.config.args, "--metrics-listen")?;
         pod.create_and_start()?;
         pod.wait_ready(ready_timeout)?;
         Ok(pod)
@@ -978,16 +986,17 @@ impl Drop for AgentPod {
     }
 }
 
-/// The port of `--status-listen ADDR` in the args.
-fn status_port(args: &[String]) -> Result<u16, SimError> {
+/// The port of `FLAG ADDR` (`--status-listen`, `--health-listen`, `--metrics-listen`) in the
+/// args.
+fn listen_port(args: &[String], flag: &str) -> Result<u16, SimError> {
     let i = args
         .iter()
-        .position(|a| a == "--status-listen")
-        .ok_or_else(|| setup("the agent's args have no --status-listen"))?;
+        .position(|a| a == flag)
+        .ok_or_else(|| setup(format!("the agent's args have no {flag}")))?;
     args.get(i + 1)
         .and_then(|a| a.parse::<SocketAddr>().ok())
         .map(|a| a.port())
-        .ok_or_else(|| setup("--status-listen is not IP:port"))
+        .ok_or_else(|| setup(format!("{flag} is not IP:port")))
 }
 
 /// One HTTP/1.1 GET over a fresh connection; returns the status code.
