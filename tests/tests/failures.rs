@@ -497,7 +497,8 @@ fn pod_is_wired_like_an_istio_sidecar() {
     );
     assert_eq!(stat("listener_manager.lds.update_rejected"), Some(0));
     assert_eq!(stat("cluster_manager.cds.update_success"), Some(1));
-    assert_eq!(stat("listener_manager.total_listeners_active"), Some(2));
+    // virtualOutbound, virtualInbound and the remote's HTTP service port (0.0.0.0_8080).
+    assert_eq!(stat("listener_manager.total_listeners_active"), Some(3));
 
     let ip = node.pod_ip("web").expect("pod ip");
     let answer = node
