@@ -329,6 +329,79 @@ fn imports_point_down_the_layers() {
     );
 }
 
+/// Modules that use each other in a circle (`report::metrics` → `report::process_metrics` →
+/// `report::server` → `report::metrics`) make a layer one lump: no file of it can be read,
+/// tested or replaced alone. A parent and its child modules may use each other (`use super::*`
+/// in a child is how Rust splits a module); any other circle fails.
+#[test]
+fn no_module_circles() {
+    let mut files = Vec::new();
+    rust_files(&src_dir(), &mut files);
+    let mods: Vec<(Vec<String>, String)> = files
+        .iter()
+        .filter_map(|f| {
+            let rel = f.strip_prefix(src_dir()).ok()?;
+            let m = module_path(rel);
+            (m.first().is_some_and(|t| t != "lib" && t != "main")).then(|| (m, shipped_code(f)))
+        })
+        .collect();
+    let known: std::collections::BTreeSet<Vec<String>> =
+        mods.iter().map(|(m, _)| m.clone()).collect();
+    let related = |a: &[String], b: &[String]| a.starts_with(b) || b.starts_with(a);
+    let mut edges: std::collections::BTreeMap<
+        Vec<String>,
+        std::collections::BTreeSet<Vec<String>>,
+    > = Default::default();
+    for (m, code) in &mods {
+        for (_, path) in crate_paths_from(code, m) {
+            let parts: Vec<String> = path.split("::").map(str::to_string).collect();
+            let Some(target) = (1..=parts.len())
+                .rev()
+                .map(|n| parts[..n].to_vec())
+                .find(|p| known.contains(p))
+            else {
+                continue;
+            };
+            if !related(m, &target) {
+                edges.entry(m.clone()).or_default().insert(target);
+            }
+        }
+    }
+    // Depth-first search for a back edge.
+    fn visit(
+        n: &Vec<String>,
+        edges: &std::collections::BTreeMap<Vec<String>, std::collections::BTreeSet<Vec<String>>>,
+        stack: &mut Vec<Vec<String>>,
+        done: &mut std::collections::BTreeSet<Vec<String>>,
+        found: &mut Vec<String>,
+    ) {
+        if let Some(i) = stack.iter().position(|s| s == n) {
+            let mut circle: Vec<String> = stack[i..].iter().map(|m| m.join("::")).collect();
+            circle.push(n.join("::"));
+            found.push(circle.join(" → "));
+            return;
+        }
+        if !done.insert(n.clone()) {
+            return;
+        }
+        stack.push(n.clone());
+        for next in edges.get(n).into_iter().flatten() {
+            visit(next, edges, stack, done, found);
+        }
+        stack.pop();
+    }
+    let mut found = Vec::new();
+    let mut done = Default::default();
+    for n in edges.keys() {
+        visit(n, &edges, &mut Vec::new(), &mut done, &mut found);
+    }
+    assert!(
+        found.is_empty(),
+        "modules in a circle:\n{}",
+        found.join("\n")
+    );
+}
+
 /// The backticked paths in the README's layout table.
 fn readme_layout_paths() -> Vec<String> {
     let readme =

@@ -70,6 +70,8 @@ pub struct Metrics {
     pub admin_errors: Family<KindLabel, Counter>,
     /// Pods failed open (left alone) because they broke one of the agent's bounds.
     pub pods_failed_open: Counter,
+    /// Status API connections closed at accept at a connection limit (the server counts them).
+    pub status_api_rejected: Counter,
     pods_by_phase: Family<PhaseLabel, Gauge>,
 }
 
@@ -95,6 +97,7 @@ impl Metrics {
             jobs: Family::default(),
             admin_errors: Family::default(),
             pods_failed_open: Counter::default(),
+            status_api_rejected: Counter::default(),
             pods_by_phase: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("holdfast");
@@ -153,6 +156,11 @@ impl Metrics {
             m.jobs.clone(),
         );
         r.register("pods", "Tracked pods by phase", m.pods_by_phase.clone());
+        r.register(
+            "status_api_rejected_connections",
+            "Status API connections closed at accept because a connection limit was reached",
+            m.status_api_rejected.clone(),
+        );
         r.register(
             "admin_errors",
             "Failed Envoy admin API requests, by kind (connect, timeout, http, malformed, too-large, io)",

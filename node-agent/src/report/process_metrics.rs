@@ -7,11 +7,9 @@
 //! and `holdfast_status_api_rejected_connections` are registered here too, so one call wires
 //! them all.
 
-use std::sync::atomic::Ordering;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
@@ -123,14 +121,6 @@ impl Collector for ProcessCollector {
             "Pod source entries rejected or ignored now (bad files, symlink loops, duplicate uids); listed on /status",
             None,
             problems.metric_type(),
-        )?)?;
-        let rejected =
-            ConstCounter::new(crate::report::server::REJECTED_CONNECTIONS.load(Ordering::Relaxed));
-        rejected.encode(encoder.encode_descriptor(
-            "holdfast_status_api_rejected_connections",
-            "Status API connections closed at accept because the connection limit was reached",
-            None,
-            rejected.metric_type(),
         )?)?;
         Ok(())
     }

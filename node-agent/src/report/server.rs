@@ -40,7 +40,6 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -75,9 +74,6 @@ const READ_BUFFER_BYTES: usize = 16 * 1024;
 const MAX_HEADERS: usize = 32;
 /// How often a rejected connection is logged at most.
 const REJECT_LOG_INTERVAL: Duration = Duration::from_secs(10);
-
-/// Connections closed at accept because [`MAX_CONNECTIONS`] were open (since start).
-pub(crate) static REJECTED_CONNECTIONS: AtomicU64 = AtomicU64::new(0);
 
 /// Which endpoints a listener serves (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -247,7 +243,7 @@ impl StatusApi {
                 // Full, or this peer has its share: close at once (dropping the stream), so a
                 // flood holds no fds.
                 drop(stream);
-                REJECTED_CONNECTIONS.fetch_add(1, Ordering::Relaxed);
+                self.metrics.metrics.status_api_rejected.inc();
                 rejected_since_log += 1;
                 if last_reject_log.is_none_or(|t| t.elapsed() >= REJECT_LOG_INTERVAL) {
                     tracing::warn!(
