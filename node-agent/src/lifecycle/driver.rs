@@ -179,7 +179,10 @@ pub(crate) async fn run(shared: Arc<Shared>, view: watch::Receiver<Option<PodVie
     let problems = Some(first.overrides.problems.join("; ")).filter(|p| !p.is_empty());
     rec.start(problems);
     let (steps_tx, steps_rx) = mpsc::unbounded_channel();
-    let hold_cfg = Some(HoldConfig::for_pod(&shared.config, &first));
+    let hold_cfg = Some(HoldConfig::for_pod(
+        &shared.config,
+        crate::lifecycle::facts::hold_scope(&first),
+    ));
     let admin = first.admin_addr(&shared.config.proxy);
     let mut d = Driver {
         key: first.key.clone(),
@@ -536,7 +539,10 @@ impl Driver {
             }
         }
         self.proxy_was_running = running;
-        self.hold_cfg = Some(HoldConfig::for_pod(&self.shared.config, &view));
+        self.hold_cfg = Some(HoldConfig::for_pod(
+            &self.shared.config,
+            crate::lifecycle::facts::hold_scope(&view),
+        ));
         let admin = view.admin_addr(&self.shared.config.proxy);
         if admin != self.admin {
             self.admin = admin;

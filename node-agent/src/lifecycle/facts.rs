@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+pub use crate::effects::hold::HoldScope;
 pub use crate::pod::RestartPolicy;
 use crate::pod::{app_end, AppEnd, ContainerState, ContainerView, Deletion, PodView};
 
@@ -102,6 +103,21 @@ impl PodFacts {
     }
 }
 
+/// What the startup hold covers for this pod, beyond the capture ports.
+///
+/// - **IPv6** whenever the pod may have an IPv6 address: its IPs are often not in its status yet
+///   when its netns appears (the CNI plugin assigns them while the sandbox is set up, and the
+///   status follows), so only a pod known to be IPv4-only gets IPv4 rules alone. In a netns
+///   without IPv6 the rules never match; ip6tables failing fails open for IPv6 alone.
+/// - **DNS** when Istio captures the pod's DNS (`PodView::dns_capture`): then DNS goes to
+///   pilot-agent's DNS proxy, which must be held like Envoy's ports until it listens.
+pub fn hold_scope(view: &PodView) -> HoldScope {
+    HoldScope {
+        ipv6: view.has_ipv6() || view.pod_ips.is_empty(),
+        dns: view.dns_capture(),
+    }
+}
+
 /// Istio's own init steps (injection-template.yaml): they send nothing through the capture ports.
 const ISTIO_INIT_STEPS: [&str; 2] = ["istio-init", "istio-validation"];
 
@@ -132,5 +148,64 @@ pub fn netns_poll_after(waiting: Duration) -> Duration {
         1_000..5_000 => Duration::from_millis(20),
         5_000..30_000 => Duration::from_millis(100),
         _ => Duration::from_millis(500),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hold_covers_ipv6_unless_the_pod_is_known_ipv4_only_and_dns_when_captured() {
+        let view = |ips: &[&str], dns: bool| PodView {
+            pod_ips: ips.iter().map(|ip| ip.parse().expect("an IP")).collect(),
+            dns_capture: dns,
+            ..PodView::default()
+        };
+        for (ips, dns, want) in [
+            // No IPs in the status yet: IPv6 too (the CNI may give it one).
+            (
+                &[][..],
+                false,
+                HoldScope {
+                    ipv6: true,
+                    dns: false,
+                },
+            ),
+            (
+                &["10.0.0.7"][..],
+                false,
+                HoldScope {
+                    ipv6: false,
+                    dns: false,
+                },
+            ),
+            (
+                &["fd00::7"][..],
+                false,
+                HoldScope {
+                    ipv6: true,
+                    dns: false,
+                },
+            ),
+            (
+                &["10.0.0.7", "fd00::7"][..],
+                true,
+                HoldScope {
+                    ipv6: true,
+                    dns: true,
+                },
+            ),
+            (
+                &["10.0.0.7"][..],
+                true,
+                HoldScope {
+                    ipv6: false,
+                    dns: true,
+                },
+            ),
+        ] {
+            assert_eq!(hold_scope(&view(ips, dns)), want, "{ips:?} dns {dns}");
+        }
     }
 }

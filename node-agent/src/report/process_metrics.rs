@@ -7,7 +7,6 @@
 //! and `holdfast_status_api_rejected_connections` are registered here too, so one call wires
 //! them all.
 
-
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::gauge::ConstGauge;

@@ -97,24 +97,29 @@ impl Default for HoldConfig {
     }
 }
 
+/// What one pod's hold covers, beyond the capture ports: decided by the lifecycle from the pod's
+/// facts (`lifecycle::facts::hold_scope`), applied here.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HoldScope {
+    /// Hold the pod's IPv6 connections too (ip6tables rules).
+    pub ipv6: bool,
+    /// Hold DNS to pilot-agent's DNS proxy (Istio's DNS capture is on).
+    pub dns: bool,
+}
+
 impl HoldConfig {
-    /// The hold for one pod: the node's settings, and what the pod's own shape asks for (IPv6,
-    /// DNS capture).
-    pub fn for_pod(config: &crate::config::Config, view: &crate::pod::PodView) -> HoldConfig {
+    /// The hold for one pod: the node's settings, and what the pod's own shape asks for.
+    pub fn for_pod(config: &crate::config::Config, scope: HoldScope) -> HoldConfig {
         HoldConfig {
             rules: RuleSpec {
                 queue_num: config.hold.queue_num,
                 outbound_port: config.proxy.outbound_port,
                 inbound_port: Some(config.proxy.inbound_port),
                 proxy_uid: config.proxy.uid,
-                // The pod's IPs are often not in its status yet when its netns appears (the
-                // CNI plugin assigns them while the sandbox is set up, and the status follows):
-                // hold IPv6 too unless the pod is known to be IPv4-only. In a netns without
-                // IPv6 the rules never match; ip6tables failing fails open for IPv6 alone.
-                ipv6: view.has_ipv6() || view.pod_ips.is_empty(),
+                ipv6: scope.ipv6,
                 // pilot-agent's DNS proxy listens on localhost:15053 (DefaultDNSProxyAddr in
                 // istio/istio pkg/config/constants/constants.go), where Istio redirects DNS.
-                dns_port: view.dns_capture().then_some(ISTIO_DNS_PORT),
+                dns_port: scope.dns.then_some(ISTIO_DNS_PORT),
                 ..RuleSpec::default()
             },
             ..HoldConfig::default()
