@@ -21,6 +21,9 @@ pub enum DrainOutcome {
     PodGone,
     /// The agent is stopping; the next agent drains again.
     AgentStopping,
+    /// The drain could not start (no handle on the pod's network namespace): the proxy ends as
+    /// without holdfast, by pilot-agent's drain; `errors` says why.
+    NotStarted,
 }
 
 impl DrainOutcome {
@@ -31,6 +34,7 @@ impl DrainOutcome {
             DrainOutcome::ProxyGoneEarly => "proxy-gone-early",
             DrainOutcome::PodGone => "pod-gone",
             DrainOutcome::AgentStopping => "agent-stopping",
+            DrainOutcome::NotStarted => "not-started",
         }
     }
 }
@@ -116,6 +120,9 @@ pub enum JobOutcome {
     PodGone,
     /// The agent is stopping.
     AgentStopping,
+    /// The Job watch could not start (no handle on the pod's network namespace): the pod runs
+    /// as without holdfast; `errors` says why.
+    NotStarted,
 }
 
 impl JobOutcome {
@@ -127,6 +134,7 @@ impl JobOutcome {
             JobOutcome::Deleting => "deleting",
             JobOutcome::PodGone => "pod-gone",
             JobOutcome::AgentStopping => "agent-stopping",
+            JobOutcome::NotStarted => "not-started",
         }
     }
 }

@@ -1,7 +1,9 @@
 //! The thin driver of one pod's [`machine`]: turns the outside world into inputs (pod updates,
 //! netns lookups, readiness checks, the hold's and the executors' results, timers, the agent
 //! stopping) and performs the machine's effects. It decides nothing: what happens next is the
-//! machine's; how a drain or Job watch runs is `agent::drain`'s (the effect executors).
+//! machine's — including what it means when the driver cannot do something (no way to look at
+//! the proxy: `Input::CannotLook`; an executor that cannot start: `Input::ExecutorNotStarted`);
+//! how a drain or Job watch runs is `lifecycle::drain`'s (the effect executors).
 //!
 //! Runs inside the pod's tracing span (`pod`, `uid`), so no line repeats the pod.
 
@@ -499,7 +501,7 @@ impl Driver {
         }
     }
 
-    fn make_probe(&self, netns: &PodNetns) -> Option<ReadinessProbe> {
+    fn make_probe(&self, netns: &PodNetns) -> Result<ReadinessProbe, String> {
         let cfg = &self.shared.config;
         let admin_addr = self.admin;
         let dns_port = self.hold_cfg.as_ref().and_then(|c| c.rules.dns_port);
@@ -510,14 +512,8 @@ impl Driver {
                 &self.shared.metrics,
             )),
         };
-        match ReadinessProbe::new(netns, admin_addr, &cfg.proxy, &cfg.hold, options) {
-            Ok(p) => Some(p),
-            Err(e) => {
-                self.rec
-                    .problem(format!("cannot reach the pod's network namespace: {e}"));
-                None
-            }
-        }
+        ReadinessProbe::new(netns, admin_addr, &cfg.proxy, &cfg.hold, options)
+            .map_err(|e| format!("cannot reach the pod's network namespace: {e}"))
     }
 
     /// Recomputes what depends on the pod's object (once per update, not per check). The admin
@@ -566,13 +562,21 @@ impl Driver {
         // Made when first needed, and dropped once the machine is past the hold (see
         // `drive`): an idle pod keeps no admin connection, netlink socket or netns fd open.
         if self.probe.is_none() {
-            if let Some(netns) = self.netns.as_ref().and_then(|n| n.try_clone().ok()) {
-                self.probe = self.make_probe(&netns);
+            let made = match self.netns.as_ref().map(PodNetns::try_clone) {
+                Some(Ok(netns)) => self.make_probe(&netns),
+                Some(Err(e)) => Err(format!(
+                    "cannot keep a handle on the pod's network namespace: {e}"
+                )),
+                None => Err("the pod's network namespace is not known".to_string()),
+            };
+            match made {
+                Ok(p) => self.probe = Some(p),
+                // No way to look: the machine decides what that means (as without the agent).
+                Err(why) => return Input::CannotLook(why),
             }
         }
         let seen = match &self.probe {
-            // No way to look: act as without the agent (no hold).
-            None => Seen::Ready,
+            None => return Input::CannotLook("no readiness probe".to_string()),
             Some(p) => match p.check().await {
                 Readiness::Ready => Seen::Ready,
                 Readiness::PortsClosed => Seen::Down,
@@ -718,12 +722,13 @@ impl Driver {
             }
             other => {
                 let why = match other {
-                    Some(Err(e)) => e.to_string(),
+                    Some(Err(e)) => {
+                        format!("cannot keep a handle on the pod's network namespace: {e}")
+                    }
                     _ => "the pod's network namespace is not known".into(),
                 };
-                self.rec.problem(format!(
-                    "cannot keep a handle on the pod's network namespace: {why}"
-                ));
+                // The machine decides what a drain or Job watch that cannot start means.
+                self.pending.push_back(Input::ExecutorNotStarted(why));
                 return;
             }
         };

@@ -14,7 +14,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::api::{DrainOutcome, HoldOutcome, JobOutcome, Phase};
+use crate::api::{DrainOutcome, DrainReport, HoldOutcome, JobOutcome, JobReport, Phase};
 use crate::effects::netns::NetnsId;
 
 mod afterwards;
@@ -241,6 +241,55 @@ pub fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>) {
             }
             st
         }
+
+        // No way to look at the proxy: act as without the agent, and say why.
+        (Stage::Checking { netns, .. }, Input::CannotLook(why)) => {
+            fx.push(Effect::Problem(format!(
+                "cannot check the proxy's readiness ({why}): no startup hold, as without holdfast"
+            )));
+            match s.pod.clone() {
+                None => done_and_exit(&mut fx),
+                Some(p) => enter_running(&mut fx, netns, &p),
+            }
+        }
+        (Stage::Holding { netns, started, .. }, Input::CannotLook(why)) => {
+            fx.push(Effect::Problem(format!(
+                "cannot check the proxy's readiness ({why}): the hold is released, as without \
+                 holdfast"
+            )));
+            release(&mut fx, netns, HoldOutcome::Failed, started, None)
+        }
+        (st, Input::CannotLook(_)) => st,
+
+        // An executor that could not start: its outcome says so; the pod runs on as without
+        // the agent (Envoy ends by pilot-agent's drain; a Job's proxy is not quit).
+        (Stage::Draining { .. }, Input::ExecutorNotStarted(why)) => {
+            let mut report = DrainReport::new(DrainOutcome::NotStarted, now.wall);
+            report.errors = vec![why];
+            report.error_count = 1;
+            fx.push(Effect::Record(Outcome::Drain(Box::new(report))));
+            fx.push(Effect::SetPhase(Phase::Done));
+            if s.pod.is_none() || s.stopping {
+                exit(&mut fx)
+            } else {
+                Stage::Finished
+            }
+        }
+        (Stage::JobWatch { netns }, Input::ExecutorNotStarted(why)) => {
+            let mut report = JobReport::new(JobOutcome::NotStarted);
+            report.errors = vec![why];
+            report.error_count = 1;
+            fx.push(Effect::Record(Outcome::Job(Box::new(report))));
+            fx.push(Effect::SetPhase(Phase::Ready));
+            Stage::Running {
+                netns,
+                proxy_id: s
+                    .pod
+                    .as_ref()
+                    .and_then(|p| p.running_proxy().map(str::to_string)),
+            }
+        }
+        (st, Input::ExecutorNotStarted(_)) => st,
 
         // The rest by where the pod is in its life.
         (st @ (Stage::WaitingForNetns { .. } | Stage::Checking { .. }), input) => {

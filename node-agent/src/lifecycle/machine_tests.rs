@@ -856,3 +856,86 @@ fn a_proxy_exit_the_agent_caused_or_after_the_app_is_not_held() {
     });
     r.script("app ended", vec![(Input::ProxyGone, &[])]);
 }
+
+/// The driver's two "cannot" answers are the machine's to decide (issue 24): no way to look at
+/// the proxy means no hold — at the first look the pod just runs, with the reason on its row;
+/// a hold in force is released as failed, never as `ready` — and an executor that cannot start
+/// ends the drain as `not-started` (the pod runs on as without the agent), or returns a Job's
+/// pod to `ready` with a `not-started` Job record.
+#[test]
+fn what_the_driver_cannot_do_the_machine_decides() {
+    let mut r = Run::start(pod(RestartPolicy::Always), START);
+    r.script(
+        "cannot look at the first check",
+        vec![
+            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (
+                Input::CannotLook("no netns handle".into()),
+                &["problem", "phase:ready"],
+            ),
+        ],
+    );
+    assert!(
+        matches!(r.state.stage, Stage::Running { .. }),
+        "{:?}",
+        r.state.stage
+    );
+
+    let mut r = holding(pod(RestartPolicy::Always));
+    r.script(
+        "cannot look while holding",
+        vec![
+            (
+                Input::CannotLook("no netns handle".into()),
+                &["problem", "release(ready=false)"],
+            ),
+            (
+                Input::HoldReleased(Released::default()),
+                &["rec:hold-failed", "phase:ready"],
+            ),
+        ],
+    );
+
+    // The drain cannot start.
+    let mut r = Run::start(pod(RestartPolicy::Always), START);
+    r.script(
+        "drain not started",
+        vec![
+            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (
+                Input::Readiness(Seen::Ready),
+                &["remove-leftover", "phase:ready"],
+            ),
+            (
+                Input::Pod(Some(deleted(pod(RestartPolicy::Always)))),
+                &["phase:draining", "drain"],
+            ),
+            (
+                Input::ExecutorNotStarted("no netns handle".into()),
+                &["rec:drain-not-started", "phase:done"],
+            ),
+            (Input::Pod(None), &["phase:done", "exit"]),
+        ],
+    );
+
+    // The Job watch cannot start: the pod is `ready` again, a later deletion drains.
+    let mut r = Run::start(pod(RestartPolicy::Never), START);
+    r.script(
+        "job watch not started",
+        vec![
+            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (
+                Input::Readiness(Seen::Ready),
+                &["remove-leftover", "phase:ready", "job-watch"],
+            ),
+            (
+                Input::ExecutorNotStarted("no netns handle".into()),
+                &["rec:job-not-started", "phase:ready"],
+            ),
+            (
+                Input::Pod(Some(deleted(pod(RestartPolicy::Never)))),
+                &["phase:draining", "drain"],
+            ),
+        ],
+    );
+}

@@ -63,6 +63,13 @@ pub enum Input {
     /// from the kernel on its hold's queue): fail it open — release any hold as without the
     /// agent — and leave it alone from now on, saying why.
     OverBound(String),
+    /// The proxy's readiness cannot be looked at (no handle on the pod's netns, no probe could
+    /// be made): as without the agent — no hold, a hold in force released — and the reason on
+    /// the row.
+    CannotLook(String),
+    /// The drain or Job executor could not start (no handle on the pod's netns): the outcome
+    /// `not-started`, and the pod runs as without the agent.
+    ExecutorNotStarted(String),
     /// A process of the running proxy container exited (seen on its pidfd, within microseconds
     /// of an OOM-kill): Envoy may be gone, and the app's new connections would be refused until
     /// the kubelet's restart back-off ends and the new Envoy is ready.

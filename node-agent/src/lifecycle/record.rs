@@ -257,6 +257,17 @@ impl Recorder {
                     .clone()
                     .unwrap_or_else(|| "the proxy exited while the app still ran".to_string()),
             ),
+            DrainOutcome::NotStarted => self.events.emit(
+                &self.key,
+                Reason::DrainNotStarted,
+                format!(
+                    "the drain could not start ({}); the proxy ends as without holdfast",
+                    report
+                        .errors
+                        .first()
+                        .map_or("no reason given", String::as_str)
+                ),
+            ),
             DrainOutcome::PodGone | DrainOutcome::AgentStopping => {}
         }
         tracing::info!(

@@ -38,6 +38,8 @@ pub enum Reason {
     JobProxyStopped,
     /// The pod broke one of the agent's bounds and is left alone, its hold released (Warning).
     FailedOpen,
+    /// The drain could not start; the proxy ends as without holdfast (Warning).
+    DrainNotStarted,
 }
 
 impl Reason {
@@ -50,6 +52,7 @@ impl Reason {
             Reason::ProxyExitedBeforeApp => "ProxyExitedBeforeApp",
             Reason::JobProxyStopped => "JobProxyStopped",
             Reason::FailedOpen => "FailedOpen",
+            Reason::DrainNotStarted => "DrainNotStarted",
         }
     }
 
@@ -60,6 +63,7 @@ impl Reason {
                 | Reason::DrainDeadline
                 | Reason::ProxyExitedBeforeApp
                 | Reason::FailedOpen
+                | Reason::DrainNotStarted
         )
     }
 
@@ -67,9 +71,10 @@ impl Reason {
     fn action(self) -> &'static str {
         match self {
             Reason::HoldReleased | Reason::HoldDeadline => "ReleaseHold",
-            Reason::DrainCompleted | Reason::DrainDeadline | Reason::ProxyExitedBeforeApp => {
-                "DrainProxy"
-            }
+            Reason::DrainCompleted
+            | Reason::DrainDeadline
+            | Reason::ProxyExitedBeforeApp
+            | Reason::DrainNotStarted => "DrainProxy",
             Reason::JobProxyStopped => "StopProxy",
             Reason::FailedOpen => "LeavePodAlone",
         }

@@ -130,7 +130,7 @@ impl Metrics {
         );
         r.register(
             "drains",
-            "Drains on pod deletion, by outcome (app-done, deadline, proxy-gone-early, pod-gone, agent-stopping)",
+            "Drains on pod deletion, by outcome (app-done, deadline, proxy-gone-early, pod-gone, agent-stopping, not-started)",
             m.drains.clone(),
         );
         r.register_with_unit(
@@ -152,7 +152,7 @@ impl Metrics {
         );
         r.register(
             "jobs",
-            "Finished Jobs whose proxy the agent stopped, by outcome (completed, proxy-already-gone)",
+            "Finished Jobs whose proxy the agent stopped, by outcome (completed, proxy-already-gone, not-started)",
             m.jobs.clone(),
         );
         r.register("pods", "Tracked pods by phase", m.pods_by_phase.clone());
@@ -191,10 +191,11 @@ impl Metrics {
             "proxy-gone-early",
             "pod-gone",
             "agent-stopping",
+            "not-started",
         ] {
             let _ = m.drains.get_or_create(&Metrics::outcome(o));
         }
-        for o in ["completed", "proxy-already-gone"] {
+        for o in ["completed", "proxy-already-gone", "not-started"] {
             let _ = m.jobs.get_or_create(&Metrics::outcome(o));
         }
         m

@@ -82,7 +82,7 @@ pub(super) fn step(
                 }
             }
             _ if s.stopping => exit(fx),
-            JobOutcome::NotAJob => Stage::Running {
+            JobOutcome::NotAJob | JobOutcome::NotStarted => Stage::Running {
                 netns,
                 proxy_id: s
                     .pod
