@@ -154,10 +154,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
                     break;
                 }
             },
-            Some(done) = pods.tasks.join_next(), if !pods.tasks.is_empty() => {
-                if let Err(e) = done {
-                    tracing::error!(error = %e, "a pod task failed");
-                }
+            Some(done) = pods.tasks.join_next_with_id(), if !pods.tasks.is_empty() => {
+                pods.task_ended(done, &shared);
             }
         }
     }
@@ -173,17 +171,117 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     Ok(())
 }
 
+/// How a pod's task is started: the lifecycle driver (tests inject others, e.g. one that
+/// panics, to test the supervision).
+type PodTask = Arc<
+    dyn Fn(
+            Arc<Shared>,
+            watch::Receiver<Option<PodView>>,
+        ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// How often one pod's task may panic and be restarted before the pod is left alone.
+const MAX_TASK_RESTARTS: u32 = 3;
+
 /// The pods being followed: one task per meshed pod, fed through a watch channel. `None` on the
-/// channel means the pod is gone.
-#[derive(Default)]
+/// channel means the pod is gone. Tasks are supervised: one that panics is counted
+/// (`holdfast_pod_task_panics_total`), logged with its pod, and started again on the pod's
+/// latest view — its lifecycle begins anew and adopts its hold or drain, as after an agent
+/// restart — at most [`MAX_TASK_RESTARTS`] times, then the pod is left alone (as without the
+/// agent; a hold it left passes traffic by `--queue-bypass`) with the reason on its row.
 struct Pods {
     by_uid: HashMap<String, watch::Sender<Option<PodView>>>,
     /// Pods with the proxy container that are left alone (a `skipped` row each), by uid.
     skipped: HashMap<String, PodKey>,
     tasks: JoinSet<()>,
+    /// Which pod (uid) each task serves, and how often that pod's task was restarted.
+    task_pod: HashMap<tokio::task::Id, String>,
+    restarts: HashMap<String, u32>,
+    start_task: PodTask,
+}
+
+impl Default for Pods {
+    fn default() -> Self {
+        Pods::with_task(Arc::new(|shared, rx| {
+            Box::pin(crate::lifecycle::driver::run(shared, rx))
+        }))
+    }
 }
 
 impl Pods {
+    fn with_task(start_task: PodTask) -> Pods {
+        Pods {
+            by_uid: HashMap::new(),
+            skipped: HashMap::new(),
+            tasks: JoinSet::new(),
+            task_pod: HashMap::new(),
+            restarts: HashMap::new(),
+            start_task,
+        }
+    }
+
+    /// Starts the task of pod `uid` on `rx`, in the pod's span (every line it logs names it).
+    fn spawn(&mut self, shared: &Arc<Shared>, key: &PodKey, rx: watch::Receiver<Option<PodView>>) {
+        let span = tracing::info_span!("pod", pod = %key, uid = %key.uid);
+        let task = (self.start_task)(shared.clone(), rx).instrument(span);
+        let handle = self.tasks.spawn(task);
+        self.task_pod.insert(handle.id(), key.uid.clone());
+    }
+
+    /// A task ended: forget it; if it panicked, count it, say so and start the pod's lifecycle
+    /// again (see [`Pods`]).
+    fn task_ended(
+        &mut self,
+        done: Result<(tokio::task::Id, ()), tokio::task::JoinError>,
+        shared: &Arc<Shared>,
+    ) {
+        let (id, failure) = match done {
+            Ok((id, ())) => (id, None),
+            Err(e) => (e.id(), Some(e)),
+        };
+        let uid = self.task_pod.remove(&id);
+        let Some(e) = failure else { return };
+        if !e.is_panic() {
+            // Cancelled: only at shutdown.
+            return;
+        }
+        shared.metrics.pod_task_panics.inc();
+        let Some(uid) = uid else {
+            tracing::error!(error = %e, "a pod task panicked (an agent bug)");
+            return;
+        };
+        let Some(tx) = self.by_uid.get(&uid) else {
+            tracing::error!(uid = %uid, error = %e, "a pod task panicked (an agent bug); the pod is gone");
+            return;
+        };
+        let Some(view) = tx.borrow().clone() else {
+            return;
+        };
+        let key = view.key.clone();
+        let restarts = self.restarts.entry(uid.clone()).or_default();
+        *restarts += 1;
+        if *restarts > MAX_TASK_RESTARTS {
+            tracing::error!(pod = %key, error = %e, restarts = MAX_TASK_RESTARTS, "a pod task panicked again (an agent bug); leaving the pod alone, as without holdfast");
+            self.by_uid.remove(&uid);
+            crate::lifecycle::record::Recorder::skipped(
+                &shared.board,
+                &key,
+                &format!(
+                    "the agent's task for this pod panicked {} times (an agent bug: please \
+                     report it); left alone, as without holdfast",
+                    MAX_TASK_RESTARTS + 1
+                ),
+            );
+            self.skipped.insert(uid, key);
+            return;
+        }
+        tracing::error!(pod = %key, error = %e, restart = *restarts, "a pod task panicked (an agent bug: please report it); restarting the pod's lifecycle, which adopts its hold or drain");
+        let rx = tx.subscribe();
+        self.spawn(shared, &key, rx);
+    }
+
     fn apply(&mut self, event: PodEvent, shared: &Arc<Shared>) {
         match event {
             PodEvent::Applied(pod) => {
@@ -203,18 +301,22 @@ impl Pods {
                             // send_replace: the task reads the latest view; intermediate ones may be skipped.
                             tx.send_replace(Some(view));
                         } else {
-                            // One span per pod task: every line it logs names the pod.
-                            let span = tracing::info_span!("pod", pod = %view.key, uid = %uid);
-                            span.in_scope(|| tracing::info!("tracking pod"));
+                            tracing::info!(pod = %view.key, uid = %uid, "tracking pod");
+                            let key = view.key.clone();
                             let (tx, rx) = watch::channel(Some(view));
                             self.by_uid.insert(uid, tx);
-                            self.tasks.spawn(
-                                crate::lifecycle::driver::run(shared.clone(), rx).instrument(span),
-                            );
+                            self.spawn(shared, &key, rx);
                         }
                     }
                     Err(reason) => {
-                        let uid = pod.metadata.uid.clone().unwrap_or_default();
+                        // Keys are lower case (PodView::from_pod): a pod whose uid the source
+                        // spells in capitals must find its task.
+                        let uid = pod
+                            .metadata
+                            .uid
+                            .clone()
+                            .unwrap_or_default()
+                            .to_ascii_lowercase();
                         if let Some(tx) = self.by_uid.remove(&uid) {
                             tracing::info!(uid = %uid, %reason, "pod no longer tracked");
                             tx.send_replace(None);
@@ -225,7 +327,7 @@ impl Pods {
                             // Has the proxy container, left alone on purpose: say so once, on
                             // the board and at info.
                             let key = PodKey {
-                                uid: uid.to_ascii_lowercase(),
+                                uid: uid.clone(),
                                 namespace: pod
                                     .metadata
                                     .namespace
@@ -248,6 +350,7 @@ impl Pods {
             PodEvent::Synced => {}
             PodEvent::Deleted { uid } => {
                 let uid = uid.to_ascii_lowercase();
+                self.restarts.remove(&uid);
                 if let Some(tx) = self.by_uid.remove(&uid) {
                     tx.send_replace(None);
                 }
@@ -372,5 +475,130 @@ mod tests {
         );
         assert!(shared.board.snapshot().is_empty());
         assert!(pods.tasks.is_empty());
+    }
+
+    /// A scripted task's starts and the pod names it saw (`None`: gone).
+    type TaskLog = Arc<std::sync::Mutex<(u32, Vec<Option<String>>)>>;
+
+    /// A test pod task: counts its starts, records the views it sees, panics on the starts
+    /// `panic_on` names (1-based), and otherwise runs until its pod is gone.
+    fn scripted_task(
+        panic_on: &'static [u32],
+    ) -> (PodTask, TaskLog) {
+        let seen = Arc::new(std::sync::Mutex::new((0u32, Vec::new())));
+        let log = seen.clone();
+        let task: PodTask = Arc::new(move |_shared, mut rx| {
+            let log = log.clone();
+            Box::pin(async move {
+                let start = {
+                    let mut l = log.lock().expect("log");
+                    l.0 += 1;
+                    l.0
+                };
+                if panic_on.contains(&start) {
+                    panic!("test fault hook: start {start} panics");
+                }
+                loop {
+                    let name = rx.borrow_and_update().as_ref().map(|v| v.key.name.clone());
+                    log.lock().expect("log").1.push(name.clone());
+                    if name.is_none() || rx.changed().await.is_err() {
+                        return;
+                    }
+                }
+            })
+        });
+        (task, seen)
+    }
+
+    /// Drives the task set until `n` tasks ended, handing each end to the supervision.
+    async fn reap(pods: &mut Pods, shared: &Arc<Shared>, n: usize) {
+        for _ in 0..n {
+            let done = tokio::time::timeout(Duration::from_secs(5), pods.tasks.join_next_with_id())
+                .await
+                .expect("a task ends")
+                .expect("a task");
+            pods.task_ended(done, shared);
+        }
+    }
+
+    /// A panicking pod task is counted, and the pod's lifecycle starts again on its latest view
+    /// (which adopts a hold or a drain, as after an agent restart); a pod whose task keeps
+    /// panicking is left alone after three restarts, with the reason on its row.
+    #[tokio::test]
+    async fn a_panicking_pod_task_is_counted_and_restarted() {
+        let shared = shared();
+        let (task, seen) = scripted_task(&[1]);
+        let mut pods = Pods::with_task(task);
+        let pod = pod_json(json!({}));
+        pods.apply(PodEvent::Applied(Box::new(pod.clone())), &shared);
+        reap(&mut pods, &shared, 1).await;
+        assert_eq!(shared.metrics.pod_task_panics.get(), 1);
+        // The second start follows the pod (its latest view first) and ends when it goes.
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while seen.lock().expect("log").1.is_empty() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the restarted task runs");
+        pods.apply(PodEvent::Applied(Box::new(pod)), &shared);
+        pods.apply(
+            PodEvent::Deleted {
+                uid: "2C48913C-b29f-4a8e-9c4b-0123456789ab".into(),
+            },
+            &shared,
+        );
+        reap(&mut pods, &shared, 1).await;
+        let (starts, views) = seen.lock().expect("log").clone();
+        assert_eq!(starts, 2, "restarted once");
+        assert_eq!(views.first(), Some(&Some("web-1".to_string())), "{views:?}");
+        assert_eq!(views.last(), Some(&None), "{views:?}");
+        assert_eq!(shared.metrics.pod_task_panics.get(), 1);
+
+        // Always panicking: three restarts, then the pod is left alone.
+        let shared = super::tests::shared();
+        let (task, seen) = scripted_task(&[1, 2, 3, 4, 5]);
+        let mut pods = Pods::with_task(task);
+        pods.apply(PodEvent::Applied(Box::new(pod_json(json!({})))), &shared);
+        reap(&mut pods, &shared, 4).await;
+        assert!(pods.tasks.is_empty());
+        assert_eq!(seen.lock().expect("log").0, 4);
+        assert_eq!(shared.metrics.pod_task_panics.get(), 4);
+        let rows = shared.board.snapshot();
+        assert_eq!(rows.len(), 1, "{rows:#?}");
+        assert_eq!(rows[0].phase, Phase::Skipped);
+        assert!(
+            rows[0]
+                .skipped_reason
+                .as_deref()
+                .is_some_and(|r| r.contains("panicked 4 times")),
+            "{rows:#?}"
+        );
+    }
+
+    /// A pod whose uid the source spells in capitals: its task is found (keys are lower case)
+    /// when it stops being tracked, and ends.
+    #[tokio::test]
+    async fn an_upper_case_uid_finds_its_task() {
+        let shared = shared();
+        let (task, seen) = scripted_task(&[]);
+        let mut pods = Pods::with_task(task);
+        let upper = json!({"metadata": {"uid": "2C48913C-B29F-4A8E-9C4B-0123456789AB"}});
+        pods.apply(
+            PodEvent::Applied(Box::new(pod_json(upper.clone()))),
+            &shared,
+        );
+        assert_eq!(pods.by_uid.len(), 1);
+        // The same pod, opted out: no longer tracked.
+        let mut opted = upper;
+        opted["metadata"]["annotations"] = json!({"holdfast.io/enabled": "false"});
+        pods.apply(PodEvent::Applied(Box::new(pod_json(opted))), &shared);
+        assert!(pods.by_uid.is_empty(), "the task's sender is dropped");
+        reap(&mut pods, &shared, 1).await;
+        assert_eq!(
+            seen.lock().expect("log").1.last(),
+            Some(&None),
+            "the task saw the pod go"
+        );
     }
 }

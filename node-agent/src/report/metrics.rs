@@ -72,6 +72,8 @@ pub struct Metrics {
     pub pods_failed_open: Counter,
     /// Status API connections closed at accept at a connection limit (the server counts them).
     pub status_api_rejected: Counter,
+    /// Pod tasks that panicked (an agent bug); each is restarted (`agent::Pods`).
+    pub pod_task_panics: Counter,
     pods_by_phase: Family<PhaseLabel, Gauge>,
 }
 
@@ -98,6 +100,7 @@ impl Metrics {
             admin_errors: Family::default(),
             pods_failed_open: Counter::default(),
             status_api_rejected: Counter::default(),
+            pod_task_panics: Counter::default(),
             pods_by_phase: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("holdfast");
@@ -156,6 +159,11 @@ impl Metrics {
             m.jobs.clone(),
         );
         r.register("pods", "Tracked pods by phase", m.pods_by_phase.clone());
+        r.register(
+            "pod_task_panics",
+            "Pod tasks that panicked (an agent bug: please report it); each pod's lifecycle is restarted, adopting its hold or drain",
+            m.pod_task_panics.clone(),
+        );
         r.register(
             "status_api_rejected_connections",
             "Status API connections closed at accept because a connection limit was reached",
