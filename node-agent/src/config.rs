@@ -407,6 +407,102 @@ impl Default for DrainSettings {
     }
 }
 
+/// The drain settings an operator may set (`holdfast agent --filter-stat-prefix`,
+/// `--drain-idle-window`, `--job-in-flight-wait`, `--admin-timeout`); the rest keep their
+/// defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DrainFlags {
+    /// The filter's `stat_prefix` as set in its plugin configuration (`holdfast`): the agent
+    /// reads `wasmcustom.<prefix>.*`.
+    pub filter_stat_prefix: String,
+    pub idle_window: Duration,
+    pub job_in_flight_wait: Duration,
+    pub admin_timeout: Duration,
+}
+
+impl Default for DrainFlags {
+    fn default() -> Self {
+        let d = DrainSettings::default();
+        DrainFlags {
+            filter_stat_prefix: FILTER_STAT_PREFIX.to_string(),
+            idle_window: d.idle_window,
+            job_in_flight_wait: d.job_in_flight_wait,
+            admin_timeout: d.admin_timeout,
+        }
+    }
+}
+
+/// The filter's default `stat_prefix` (wasm-filter/src/config.rs); Envoy publishes a wasm
+/// filter's stats under `wasmcustom.`.
+pub const FILTER_STAT_PREFIX: &str = "holdfast";
+
+/// A drain setting out of range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{flag} {value:?}: {reason}")]
+pub struct DrainFlagError {
+    pub flag: &'static str,
+    pub value: String,
+    pub reason: String,
+}
+
+impl DrainSettings {
+    /// The drain settings with the operator's flags applied, each checked: the prefix by the
+    /// filter's own rule (1–64 of `[a-z0-9_]`, wasm-filter/src/config.rs
+    /// `validate_stat_prefix`: a prefix the filter refuses could never match), the idle window
+    /// 10 ms–10 s (shorter calls a busy connection idle between two writes; longer holds every
+    /// drain), the Job's wait at most 5 min, the admin timeout 50 ms–10 s.
+    pub fn from_flags(flags: &DrainFlags) -> Result<DrainSettings, DrainFlagError> {
+        let err = |flag, value: String, reason: &str| DrainFlagError {
+            flag,
+            value,
+            reason: reason.to_string(),
+        };
+        let p = &flags.filter_stat_prefix;
+        if p.is_empty()
+            || p.len() > 64
+            || !p
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        {
+            return Err(err(
+                "--filter-stat-prefix",
+                p.clone(),
+                "must be the filter's stat_prefix as in its plugin configuration: 1 to 64 of \
+                 lowercase letters, digits and '_' (the filter refuses anything else), without \
+                 the `wasmcustom.` Envoy adds",
+            ));
+        }
+        let within = |flag, d: Duration, lo: Duration, hi: Duration| {
+            if d < lo || d > hi {
+                Err(err(
+                    flag,
+                    format_duration(d),
+                    &format!(
+                        "must be between {} and {}",
+                        format_duration(lo),
+                        format_duration(hi)
+                    ),
+                ))
+            } else {
+                Ok(d)
+            }
+        };
+        let ms = Duration::from_millis;
+        Ok(DrainSettings {
+            idle_window: within("--drain-idle-window", flags.idle_window, ms(10), ms(10_000))?,
+            job_in_flight_wait: within(
+                "--job-in-flight-wait",
+                flags.job_in_flight_wait,
+                Duration::ZERO,
+                Duration::from_secs(300),
+            )?,
+            admin_timeout: within("--admin-timeout", flags.admin_timeout, ms(50), ms(10_000))?,
+            stat_prefix: format!("wasmcustom.{p}"),
+            ..DrainSettings::default()
+        })
+    }
+}
+
 fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&format_duration(*d))
 }
@@ -543,6 +639,88 @@ mod tests {
         }
         for bad in ["", "yes", "on", " true", "tRuE"] {
             assert_eq!(parse_go_bool(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn drain_flags_are_checked_and_applied() {
+        let ok = DrainSettings::from_flags(&DrainFlags::default()).expect("the defaults");
+        assert_eq!(ok.stat_prefix, crate::api::DEFAULT_STAT_PREFIX);
+        assert_eq!(ok.idle_window, DrainSettings::default().idle_window);
+        let custom = DrainSettings::from_flags(&DrainFlags {
+            filter_stat_prefix: "mesh_hf2".into(),
+            idle_window: Duration::from_millis(250),
+            job_in_flight_wait: Duration::ZERO,
+            admin_timeout: Duration::from_secs(2),
+        })
+        .expect("in range");
+        assert_eq!(custom.stat_prefix, "wasmcustom.mesh_hf2");
+        assert_eq!(custom.idle_window, Duration::from_millis(250));
+        assert_eq!(custom.admin_timeout, Duration::from_secs(2));
+        for (flags, flag) in [
+            (
+                DrainFlags {
+                    filter_stat_prefix: "".into(),
+                    ..Default::default()
+                },
+                "--filter-stat-prefix",
+            ),
+            (
+                DrainFlags {
+                    filter_stat_prefix: "wasmcustom.holdfast".into(),
+                    ..Default::default()
+                },
+                "--filter-stat-prefix",
+            ),
+            (
+                DrainFlags {
+                    filter_stat_prefix: "Holdfast".into(),
+                    ..Default::default()
+                },
+                "--filter-stat-prefix",
+            ),
+            (
+                DrainFlags {
+                    filter_stat_prefix: "a".repeat(65),
+                    ..Default::default()
+                },
+                "--filter-stat-prefix",
+            ),
+            (
+                DrainFlags {
+                    idle_window: Duration::from_millis(5),
+                    ..Default::default()
+                },
+                "--drain-idle-window",
+            ),
+            (
+                DrainFlags {
+                    idle_window: Duration::from_secs(11),
+                    ..Default::default()
+                },
+                "--drain-idle-window",
+            ),
+            (
+                DrainFlags {
+                    job_in_flight_wait: Duration::from_secs(301),
+                    ..Default::default()
+                },
+                "--job-in-flight-wait",
+            ),
+            (
+                DrainFlags {
+                    admin_timeout: Duration::from_millis(10),
+                    ..Default::default()
+                },
+                "--admin-timeout",
+            ),
+        ] {
+            let e = DrainSettings::from_flags(&flags).expect_err("out of range");
+            assert_eq!(e.flag, flag, "{e}");
+            assert!(
+                e.to_string().starts_with(flag),
+                "the message names the flag: {e}"
+            );
         }
     }
 }

@@ -148,6 +148,26 @@ struct AgentArgs {
     #[arg(long)]
     require_filter: bool,
 
+    /// The holdfast filter's `stat_prefix`, as set in its plugin configuration (the filter
+    /// publishes `wasmcustom.<prefix>.workers_ready`, `.<dir>.cx_active`, ...): readiness and the
+    /// drain read the filter's stats under it.
+    #[arg(long, default_value = config::FILTER_STAT_PREFIX, value_name = "PREFIX")]
+    filter_stat_prefix: String,
+
+    /// Drain: no byte through the pod's traffic listeners for this long means what is still
+    /// open is idle (keep-alives), and the proxy may go once the app has. 10ms to 10s.
+    #[arg(long, default_value = "100ms", value_parser = parse_duration, value_name = "DURATION")]
+    drain_idle_window: Duration,
+
+    /// Job: the longest wait for in-flight traffic to settle after the app finished, before the
+    /// proxy is quit anyway. Up to 5m.
+    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
+    job_in_flight_wait: Duration,
+
+    /// Timeout of each Envoy admin request of the drain and the Job watch. 50ms to 10s.
+    #[arg(long, default_value = "500ms", value_parser = parse_duration, value_name = "DURATION")]
+    admin_timeout: Duration,
+
     /// Root of the proc filesystem (the host's, with hostPID).
     #[arg(long, default_value = "/proc", value_name = "DIR")]
     proc_root: PathBuf,
@@ -195,7 +215,12 @@ impl AgentArgs {
                 require_filter: self.require_filter,
                 ready_poll: self.ready_poll.max(Duration::from_millis(1)),
             },
-            drain: Default::default(),
+            drain: config::DrainSettings::from_flags(&config::DrainFlags {
+                filter_stat_prefix: self.filter_stat_prefix,
+                idle_window: self.drain_idle_window,
+                job_in_flight_wait: self.job_in_flight_wait,
+                admin_timeout: self.admin_timeout,
+            })?,
         })
     }
 }

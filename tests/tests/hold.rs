@@ -504,3 +504,62 @@ fn skipped_pods_are_shown_with_the_reason() {
     }
     assert_clean(node, agent);
 }
+
+/// The filter's stat prefix is the operator's to set (`stat_prefix` in its plugin
+/// configuration), and the agent reads what `--filter-stat-prefix` names: with
+/// `--require-filter`, the pod whose filter counts under that prefix is released when ready; the
+/// pod whose filter uses another one shows no filter the agent knows, and is held to the
+/// deadline (fail open) — the flag, not a hard-wired name, decides.
+#[test]
+fn the_filters_stat_prefix_is_set_on_the_agent() {
+    if !privileged("the_filters_stat_prefix_is_set_on_the_agent") {
+        return;
+    }
+    let mut node = node("prefix");
+    let agent = agent(
+        &node,
+        &[
+            "--require-filter",
+            "--filter-stat-prefix",
+            "mesh_hf",
+            "--hold-timeout",
+            "4s",
+        ],
+    );
+    let late = Duration::from_millis(500);
+    node.add_pod(boot_caller("custom", late, 1).filter_config(r#"{"stat_prefix":"mesh_hf"}"#))
+        .expect("add pod");
+    node.add_pod(boot_caller("default", late, 1))
+        .expect("add pod");
+    node.start_pods().expect("start");
+    let outcome = |pod: &str| {
+        agent
+            .wait_pod(
+                "default",
+                pod,
+                Duration::from_secs(20),
+                "a hold outcome",
+                |r| r.hold.as_ref().is_some_and(|h| h.outcome.is_some()),
+            )
+            .expect("the hold ends")
+            .hold
+            .and_then(|h| h.outcome)
+    };
+    assert_eq!(outcome("custom"), Some(HoldOutcome::Ready));
+    assert_eq!(outcome("default"), Some(HoldOutcome::Deadline));
+    let config: serde_json::Value =
+        serde_json::from_str(&agent.get("/config").expect("config")).expect("JSON");
+    assert_eq!(
+        config["drain"]["stat_prefix"], "wasmcustom.mesh_hf",
+        "/config shows the prefix: {config}"
+    );
+    for pod in ["custom", "default"] {
+        let report = node
+            .wait_report(pod, Duration::from_secs(20), "the boot call", |r| {
+                r.calls(Phase::Startup).ok + r.calls(Phase::Startup).failed >= 1
+            })
+            .expect("the boot call");
+        assert_eq!(report.calls(Phase::Startup).failed, 0, "{pod}");
+    }
+    assert_clean(node, agent);
+}

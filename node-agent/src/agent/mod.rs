@@ -482,9 +482,7 @@ mod tests {
 
     /// A test pod task: counts its starts, records the views it sees, panics on the starts
     /// `panic_on` names (1-based), and otherwise runs until its pod is gone.
-    fn scripted_task(
-        panic_on: &'static [u32],
-    ) -> (PodTask, TaskLog) {
+    fn scripted_task(panic_on: &'static [u32]) -> (PodTask, TaskLog) {
         let seen = Arc::new(std::sync::Mutex::new((0u32, Vec::new())));
         let log = seen.clone();
         let task: PodTask = Arc::new(move |_shared, mut rx| {

@@ -484,7 +484,7 @@ impl PodWorker {
             } else {
                 None
             },
-            filter_config: String::new(),
+            filter_config: v.spec.filter_config.clone(),
             families: v.spec.ip_families,
             stats_matcher: Some(stats_matcher),
         });

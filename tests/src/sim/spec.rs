@@ -184,6 +184,8 @@ pub struct PodSpec {
     pub job: bool,
     /// Load the holdfast wasm filter into the sidecar. Default on.
     pub with_filter: bool,
+    /// The filter's plugin configuration (JSON; empty: the defaults, `stat_prefix` holdfast).
+    pub filter_config: String,
     /// How long the istio-init step takes at least. Default 150 ms.
     pub init_duration: Duration,
     /// The app's per-call timeout (connect + response). Default 2 s.
@@ -245,6 +247,7 @@ impl PodSpec {
             restart_policy: RestartPolicy::Always,
             job: false,
             with_filter: true,
+            filter_config: String::new(),
             init_duration: Duration::from_millis(150),
             call_timeout: Duration::from_secs(2),
             startup_parallel: false,
@@ -310,6 +313,12 @@ impl PodSpec {
         self.restart_policy = RestartPolicy::Never;
         self
     }
+    /// See [`PodSpec::filter_config`].
+    pub fn filter_config(mut self, json: &str) -> Self {
+        self.filter_config = json.to_string();
+        self
+    }
+
     pub fn with_filter(mut self, on: bool) -> Self {
         self.with_filter = on;
         self
