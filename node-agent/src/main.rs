@@ -27,9 +27,8 @@ enum Command {
     Agent(Box<AgentArgs>),
     /// Print the node's table: every tracked pod's phase, hold, drain and Job outcome.
     ///
-    /// Read from the agent's status API (`GET /status`; `--json` prints it as served). Exit
-    /// codes: 0 ok, 1 stdout failed, 2 usage, 3 no agent answers, 4 the agent answered an
-    /// error, 5 the answer was not a status document.
+    /// Read from the agent's status API (`GET /status` on its loopback `--status-listen`;
+    /// `--json` prints it as served; `--node` reads a node's agent over a port-forward).
     Status(StatusArgs),
 }
 
@@ -136,7 +135,9 @@ struct AgentArgs {
     #[arg(long, default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
     max_hold_timeout: Duration,
 
-    /// How often a holding pod's proxy readiness is checked (procfs first, then Envoy's /ready).
+    /// How often a holding pod's proxy readiness is checked before its Envoy starts (one
+    /// sock_diag lookup of the admin port). While Envoy starts, every 1 ms (paced node-wide),
+    /// for at most 10 s, then backing off to 1 s.
     #[arg(long, default_value = "5ms", value_parser = parse_duration, value_name = "DURATION")]
     ready_poll: Duration,
 
@@ -144,7 +145,9 @@ struct AgentArgs {
     #[arg(long, default_value_t = 15015, value_name = "N")]
     queue_num: u16,
 
-    /// Also wait for the holdfast filter to report `loaded` before releasing a hold.
+    /// Also wait for the holdfast filter before releasing a hold: configured on every Envoy
+    /// worker (`workers_ready` = `server.concurrency`). Without it a proxy without the filter
+    /// counts as ready.
     #[arg(long)]
     require_filter: bool,
 
@@ -274,7 +277,14 @@ async fn return_freed_memory() {
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    use clap::{CommandFactory, FromArgMatches};
+    // `holdfast status --help` lists the exit codes from the one table the code maps to.
+    let matches = Cli::command()
+        .mut_subcommand("status", |c| {
+            c.after_long_help(holdfast::cli::status::exit_codes_help())
+        })
+        .get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match cli.command {
         Command::Agent(args) => {
             limit_malloc_arenas();

@@ -6,9 +6,8 @@
 //! pure ([`render_table`], with the clock passed in) so it is tested without an agent; `--watch`
 //! and `--json` are thin loops over the same pieces ([`run`]).
 //!
-//! Exit codes (see [`StatusCliError::exit_code`]): 0 ok, 1 stdout failed, 2 usage, 3 no agent
-//! answers, 4 the agent answered with an error status, 5 the answer was not a status document,
-//! 6 (`--node`) the API server refused (RBAC: list pods, create pods/portforward).
+//! Exit codes: [`EXIT_CODES`] (what `--help` prints; [`StatusCliError::exit_code`] maps each
+//! error to one of them, and a test checks every code it returns is in the table).
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -57,8 +56,36 @@ pub enum StatusCliError {
     BadDocument { url: String, why: String },
 }
 
+/// `holdfast status`'s exit codes and what each means: the one table `--help`, the docs and
+/// [`StatusCliError::exit_code`] agree on.
+pub const EXIT_CODES: &[(i32, &str)] = &[
+    (0, "ok"),
+    (1, "writing to stdout failed"),
+    (2, "usage: a bad --agent URL, or no kubeconfig for --node"),
+    (
+        3,
+        "no agent answers: not running, a wrong --agent, or no agent pod on --node's node",
+    ),
+    (4, "the agent answered with an error status"),
+    (5, "the answer was not a holdfast status document"),
+    (
+        6,
+        "--node: the API server refused (RBAC: list pods, get and create pods/portforward in \
+         holdfast-system; Role holdfast-status-reader)",
+    ),
+];
+
+/// [`EXIT_CODES`] as `--help` prints them.
+pub fn exit_codes_help() -> String {
+    let mut out = String::from("Exit codes:\n");
+    for (code, what) in EXIT_CODES {
+        out.push_str(&format!("  {code}  {what}\n"));
+    }
+    out
+}
+
 impl StatusCliError {
-    /// The process exit code for this error (documented in the module header).
+    /// The process exit code for this error: one of [`EXIT_CODES`].
     pub fn exit_code(&self) -> i32 {
         match self {
             StatusCliError::BadUrl { .. } => 2,

@@ -525,3 +525,57 @@ fn remote_errors_have_distinct_exit_codes() {
         5
     );
 }
+
+/// Every error maps to a code of the one table `--help` prints, and every code of the table
+/// but 0 is some error's.
+#[test]
+fn exit_codes_come_from_the_documented_table() {
+    use crate::cli::remote::RemoteError;
+    let s = || String::from("x");
+    let remote = |source| StatusCliError::Remote { node: s(), source };
+    let errors = vec![
+        StatusCliError::BadUrl { url: s(), why: s() },
+        remote(RemoteError::Config(s())),
+        remote(RemoteError::Forbidden {
+            what: s(),
+            namespace: s(),
+        }),
+        remote(RemoteError::NoAgent {
+            node: s(),
+            namespace: s(),
+        }),
+        remote(RemoteError::AgentStatus {
+            pod: s(),
+            status: s(),
+            body: s(),
+        }),
+        remote(RemoteError::BadAnswer { pod: s(), why: s() }),
+        StatusCliError::Unreachable { url: s(), why: s() },
+        StatusCliError::HttpStatus {
+            url: s(),
+            path: s(),
+            status: s(),
+            body: s(),
+        },
+        StatusCliError::Output(std::io::Error::other("closed")),
+        StatusCliError::BadDocument { url: s(), why: s() },
+    ];
+    let table: Vec<i32> = EXIT_CODES.iter().map(|(c, _)| *c).collect();
+    let used: std::collections::BTreeSet<i32> = errors.iter().map(|e| e.exit_code()).collect();
+    for code in &used {
+        assert!(
+            table.contains(code),
+            "exit code {code} is not in EXIT_CODES"
+        );
+    }
+    for code in table.iter().filter(|c| **c != 0) {
+        assert!(
+            used.contains(code),
+            "EXIT_CODES lists {code}, which no error returns"
+        );
+    }
+    let help = exit_codes_help();
+    for (code, what) in EXIT_CODES {
+        assert!(help.contains(&format!("{code}  {what}")), "{help}");
+    }
+}
