@@ -41,6 +41,9 @@ pub struct Facts {
     pub stuck: Option<String>,
     /// The pod as the kubelet last saw it (after it was removed).
     pub view: Option<PodView>,
+    /// The agent's last drain report for the pod, read from `/status` while it was deleted
+    /// (what the agent says about a slow drain).
+    pub drain: Option<holdfast::api::DrainReport>,
     /// What the app saw.
     pub report: AppReport,
 }
@@ -115,6 +118,7 @@ impl<'a> Driver<'a> {
                 next += 1;
             }
             self.fire_agent_chaos();
+            self.note_drain_reports();
             let mut i = 0;
             while i < self.live.len() {
                 if self.step(i) {
@@ -141,6 +145,33 @@ impl<'a> Driver<'a> {
         done
     }
 
+    /// While pods are being deleted, one `/status` read keeps each one's latest drain report
+    /// (a successor agent's, after an outage, replaces the one before).
+    fn note_drain_reports(&mut self) {
+        let Some(agent) = self.agent else { return };
+        if !self.live.iter().any(|l| matches!(l.stage, Stage::Deleting)) {
+            return;
+        }
+        let Some(status) = fetch_status(agent.status_addr) else {
+            return;
+        };
+        for l in self
+            .live
+            .iter_mut()
+            .filter(|l| matches!(l.stage, Stage::Deleting))
+        {
+            let name = l.facts.plan.pod_name();
+            if let Some(d) = status
+                .pods
+                .iter()
+                .find(|p| p.name == name)
+                .and_then(|p| p.drain.clone())
+            {
+                l.facts.drain = Some(d);
+            }
+        }
+    }
+
     fn launch(&mut self, plan: &Lifecycle) {
         let facts = Facts {
             plan: plan.clone(),
@@ -150,6 +181,7 @@ impl<'a> Driver<'a> {
             stale_hold: None,
             stuck: None,
             view: None,
+            drain: None,
             report: AppReport::default(),
         };
         let mut live = Live {
@@ -378,6 +410,22 @@ impl<'a> Driver<'a> {
 }
 
 /// Whether the pod's Envoy answers `/ready` with LIVE.
+/// One `GET /status` from the agent at `addr` (loopback), parsed; `None` while it is down.
+fn fetch_status(addr: std::net::SocketAddr) -> Option<holdfast::api::NodeStatus> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(b"GET /status HTTP/1.1\r\nHost: holdfast\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).ok()?;
+    let (head, body) = raw.split_once("\r\n\r\n")?;
+    if !head.starts_with("HTTP/1.1 200") {
+        return None;
+    }
+    serde_json::from_str(body).ok()
+}
+
 fn envoy_live(node: &SimNode, pod: &str) -> bool {
     node.admin(pod, "GET", "/ready")
         .is_ok_and(|b| b.trim() == "LIVE")

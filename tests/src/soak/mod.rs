@@ -302,6 +302,13 @@ pub fn missed_goals(r: &VariantRun) -> Vec<String> {
         t.refused_outside.len(),
     );
     goal("drains not adopted", t.drains_not_adopted.len());
+    goal(
+        "slow drains the agent could have ended sooner (unexplained)",
+        t.slow_drains
+            .iter()
+            .filter(|(c, _)| *c == tally::SlowDrain::Unexplained)
+            .count(),
+    );
     goal("stale holds in running pods", t.stale_holds.len());
     goal("leftovers after the run", r.leftovers.len());
     goal("agent panics", r.panics.len());

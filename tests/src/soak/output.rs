@@ -1,6 +1,7 @@
 //! The soak's side-by-side table (Markdown, as docs/benchmarks.md shows it) and the details
 //! behind every count that should be 0.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::plan::AgentEnd;
@@ -54,6 +55,20 @@ pub fn table(opts: &SoakOpts, runs: &[VariantRun]) -> String {
     });
     row("drains: proxy outlived the app by > 2 s", &|r| {
         format!("{} of {}", r.tally.proxy_outlived_app, r.tally.drains)
+    });
+    row("  … by cause (unexplained: goal 0)", &|r| {
+        let mut by: BTreeMap<&str, usize> = BTreeMap::new();
+        for (cause, _) in &r.tally.slow_drains {
+            *by.entry(cause.as_str()).or_default() += 1;
+        }
+        if by.is_empty() {
+            "—".to_string()
+        } else {
+            by.iter()
+                .map(|(c, n)| format!("{c} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
     });
     row("drain lag p50 / p99 (proxy exit − app exit)", &|r| {
         let p =
@@ -226,6 +241,15 @@ fn details(out: &mut String, seed: u64, r: &VariantRun) {
             &t.refused_outside,
         );
         list("drains not adopted", &t.drains_not_adopted);
+        let slow: Vec<String> = t
+            .slow_drains
+            .iter()
+            .map(|(c, d)| format!("[{}] {d}", c.as_str()))
+            .collect();
+        list(
+            "slow drains (proxy outlived the app by > 2 s), by cause",
+            &slow,
+        );
         list("stale holds", &t.stale_holds);
         list("agent panics", &r.panics);
         let outages: Vec<String> = r.outages.iter().map(|o| format!("{o}")).collect();

@@ -29,6 +29,76 @@ pub const ADOPT_LAG: Duration = Duration::from_secs(3);
 /// does not complete).
 pub const OUTLIVED: Duration = Duration::from_secs(2);
 
+/// Why a drain's proxy outlived its app by more than [`OUTLIVED`]: each slow drain gets one,
+/// the first that applies, in this order. Only `Unexplained` is a goal (0): the others are the
+/// chaos injected (an agent outage, a frozen Envoy), the deadline, or named waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SlowDrain {
+    /// An agent outage crossed the drain: the successor found and adopted it.
+    AgentOutage,
+    /// The pod's Envoy was frozen (SIGSTOP) during the drain.
+    EnvoyFrozen,
+    /// The drain ended at its deadline (the app or its traffic outlasted the grace period).
+    Deadline,
+    /// The agent waited for traffic still in flight after the app's exit (its report says the
+    /// quit came more than a second after the app was gone, and why).
+    WaitedForTraffic,
+    /// Envoy took more than a second to exit after the quit.
+    SlowEnvoyExit,
+    /// No drain report from any agent for the pod.
+    NoReport,
+    /// None of the above: the agent could have ended it sooner (goal 0).
+    Unexplained,
+}
+
+impl SlowDrain {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SlowDrain::AgentOutage => "agent outage",
+            SlowDrain::EnvoyFrozen => "Envoy frozen",
+            SlowDrain::Deadline => "deadline",
+            SlowDrain::WaitedForTraffic => "traffic in flight",
+            SlowDrain::SlowEnvoyExit => "slow Envoy exit",
+            SlowDrain::NoReport => "no drain report",
+            SlowDrain::Unexplained => "unexplained",
+        }
+    }
+}
+
+/// The cause of one slow drain (see [`SlowDrain`]); `app`, `proxy`: the containers' exits (µs).
+fn slow_drain_cause(f: &Facts, outages: &[Outage], app: u64, proxy: u64) -> SlowDrain {
+    let crossed = outages.iter().any(|o| {
+        let up = o
+            .up_us
+            .unwrap_or(u64::MAX)
+            .saturating_add(ADOPT_MARGIN.as_micros() as u64);
+        o.down_us <= proxy && up >= app.min(f.deleted_us.unwrap_or(app))
+    });
+    if crossed {
+        return SlowDrain::AgentOutage;
+    }
+    if f.envoy_chaos_done && matches!(f.plan.envoy, Some((_, EnvoyChaos::Stop(_)))) {
+        return SlowDrain::EnvoyFrozen;
+    }
+    let Some(d) = &f.drain else {
+        return SlowDrain::NoReport;
+    };
+    if d.outcome == holdfast::api::DrainOutcome::Deadline {
+        return SlowDrain::Deadline;
+    }
+    let between = |a: Option<std::time::SystemTime>, b: Option<std::time::SystemTime>| {
+        a.zip(b).and_then(|(a, b)| b.duration_since(a).ok())
+    };
+    let second = Duration::from_secs(1);
+    if between(d.app_gone_at, d.quit_sent_at).is_some_and(|w| w > second) {
+        return SlowDrain::WaitedForTraffic;
+    }
+    if between(d.quit_sent_at, d.proxy_exit_seen_at).is_some_and(|w| w > second) {
+        return SlowDrain::SlowEnvoyExit;
+    }
+    SlowDrain::Unexplained
+}
+
 /// Counts of one variant's run.
 #[derive(Debug, Default, Clone)]
 pub struct Tally {
@@ -47,6 +117,9 @@ pub struct Tally {
     pub jobs_never_completed: u32,
     pub drains: u32,
     pub proxy_outlived_app: u32,
+    /// Each drain whose proxy outlived the app by more than [`OUTLIVED`], by cause, with its
+    /// details.
+    pub slow_drains: Vec<(SlowDrain, String)>,
     /// Proxy exit − app exit (or − deletion, if later), ms.
     pub drain_lag_ms: Vec<f64>,
     pub drains_crossed: u32,
@@ -192,6 +265,25 @@ fn count_drain(t: &mut Tally, f: &Facts, outages: &[Outage]) {
     t.drain_lag_ms.push(lag_ms);
     if lag_ms > OUTLIVED.as_secs_f64() * 1000.0 {
         t.proxy_outlived_app += 1;
+        let cause = slow_drain_cause(f, outages, app, proxy);
+        let agent_says = f.drain.as_ref().map_or("no report".to_string(), |d| {
+            format!(
+                "{} (quit {:?}, app gone → quit {:?}, → proxy exit {:?})",
+                d.outcome.as_str(),
+                d.quit_reason,
+                d.app_gone_to_quit,
+                d.app_gone_to_proxy_exit
+            )
+        });
+        t.slow_drains.push((
+            cause,
+            format!(
+                "{}: {} ms; {}; agent: {agent_says}",
+                f.plan.pod_name(),
+                lag_ms as u64,
+                life(f)
+            ),
+        ));
     }
     for o in outages {
         let up = o.up_us.unwrap_or(u64::MAX);
