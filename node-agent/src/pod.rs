@@ -16,6 +16,8 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod};
+
+pub use crate::api::SidecarMode;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::config::{
@@ -117,6 +119,12 @@ pub struct PodView {
     pub exit_on_zero: bool,
     /// The proxy's `ISTIO_DUAL_STACK` is true (decides the admin bind of IPv6-first pods).
     pub istio_dual_stack: bool,
+    /// Classic (a regular container) or native (a restartable init container).
+    pub mode: SidecarMode,
+    /// A native proxy with Istio's preStop drain (`pilot-agent request ... POST drain`): on
+    /// deletion pilot-agent drains at once, and exits the moment the kubelet sends it SIGTERM,
+    /// which is after every regular container has exited (see [`istio_prestop_drain`]).
+    pub istio_prestop_drain: bool,
 }
 
 impl PodView {
@@ -192,7 +200,10 @@ impl PodView {
                 .map(|(k, v)| (k.as_str(), v.as_str())),
             hold,
         );
-        let proxy_container = shape::check(pod, spec, &proxy.container, &overrides, &annotation)?;
+        let (proxy_container, mode) =
+            shape::check(pod, spec, &proxy.container, &overrides, &annotation)?;
+        let istio_prestop_drain =
+            mode == SidecarMode::Native && istio_prestop_drain(proxy_container);
 
         // The proxy's settings: its env first (what pilot-agent reads), then the
         // proxy.istio.io/config annotation's proxyMetadata.
@@ -288,6 +299,8 @@ impl PodView {
             dns_capture,
             exit_on_zero,
             istio_dual_stack,
+            mode,
+            istio_prestop_drain,
         })
     }
 
@@ -370,9 +383,31 @@ impl PodView {
         self.containers.iter().filter(|c| !c.is_proxy)
     }
 
-    /// The proxy container.
+    /// The proxy container: a regular one (classic), or a restartable init container (native).
     pub fn proxy_container(&self) -> Option<&ContainerView> {
-        self.containers.iter().find(|c| c.is_proxy)
+        self.containers
+            .iter()
+            .chain(self.init_containers.iter().filter(|c| c.restartable))
+            .find(|c| c.is_proxy)
+    }
+
+    /// The containers whose end the proxy must outlive, whose exit lets it go: the regular app
+    /// containers; for a native sidecar also the restartable init containers started after it
+    /// (the kubelet stops sidecars in the reverse order of their start, each after the regular
+    /// containers and the sidecars started after it: kubernetes/kubernetes
+    /// pkg/kubelet/kuberuntime/kuberuntime_termination_order.go).
+    pub fn containers_before_proxy_stops(&self) -> impl Iterator<Item = &ContainerView> {
+        let later_sidecars: Vec<&ContainerView> = match self.mode {
+            SidecarMode::Classic => Vec::new(),
+            SidecarMode::Native => self
+                .init_containers
+                .iter()
+                .skip_while(|c| !c.is_proxy)
+                .skip(1)
+                .filter(|c| c.restartable)
+                .collect(),
+        };
+        self.regular_app_containers().chain(later_sidecars)
     }
 
     /// Whether every regular app container has run (per status): until then "no app process"
@@ -417,6 +452,27 @@ pub fn drain_advice(view: &PodView) -> String {
          so Envoy outlives the app and holdfast ends it when the app is done"
             .to_string()
     }
+}
+
+/// Whether a native proxy's preStop is Istio's drain: `pilot-agent request --debug-port=15020
+/// POST drain` (injection-template.yaml, and the golden file
+/// pkg/kube/inject/testdata/inject/native-sidecar.yaml.injected, istio/istio 1.28). A mesh's
+/// `global.proxy.lifecycle` replaces it; then pilot-agent drains only after its SIGTERM, which
+/// the kubelet sends once the app has exited.
+pub fn istio_prestop_drain(proxy: &Container) -> bool {
+    let Some(cmd) = proxy
+        .lifecycle
+        .as_ref()
+        .and_then(|l| l.pre_stop.as_ref())
+        .and_then(|h| h.exec.as_ref())
+        .and_then(|e| e.command.as_ref())
+    else {
+        return false;
+    };
+    let words: Vec<&str> = cmd.iter().map(String::as_str).collect();
+    matches!(words.first(), Some(w) if w.ends_with("pilot-agent"))
+        && words.contains(&"request")
+        && words.ends_with(&["POST", "drain"])
 }
 
 /// `containerd://abc` → `abc`. Returns `None` for an empty id.

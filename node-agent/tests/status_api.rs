@@ -440,7 +440,13 @@ fn slot_holder(
                 let mut buf = [0u8; 64 * 1024];
                 match s.read(&mut buf) {
                     Ok(n) if n > 0 => answered += 1,
-                    _ => break,
+                    _ => {
+                        // Closed at the limit: back off as a real client's retry would. Without
+                        // it 70 threads reconnect in a hot loop and starve a 2-core machine (the
+                        // other tests' agents then miss their start deadline).
+                        std::thread::sleep(Duration::from_millis(200));
+                        break;
+                    }
                 }
                 let t = Instant::now();
                 while t.elapsed() < every && !stop.load(std::sync::atomic::Ordering::Relaxed) {

@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use holdfast::api::SidecarMode;
 use holdfast::report::board::Phase as AgentPhase;
 use holdfast_tests::agent::AgentProcess;
 use holdfast_tests::sim::{privileged, NodeOptions, SimNode};
@@ -41,8 +42,8 @@ fn pod(node: &str, name: &str, uid_tail: u32, annotations: Value, spec: Value) -
 }
 
 #[test]
-fn gateways_waypoints_native_sidecars_and_tproxy_are_left_alone() {
-    if !privileged("gateways_waypoints_native_sidecars_and_tproxy_are_left_alone") {
+fn gateways_waypoints_and_tproxy_are_left_alone_native_sidecars_are_tracked() {
+    if !privileged("gateways_waypoints_and_tproxy_are_left_alone_native_sidecars_are_tracked") {
         return;
     }
     let node = SimNode::with_options("whichpods", NodeOptions::default())
@@ -111,6 +112,19 @@ fn gateways_waypoints_native_sidecars_and_tproxy_are_left_alone() {
         )
         .expect("the classic sidecar pod is tracked and waits for its netns");
     assert!(classic.skipped_reason.is_none(), "{classic:?}");
+    assert_eq!(classic.mode, Some(SidecarMode::Classic), "{classic:?}");
+    // A native sidecar (Istio 1.27+ on kubelets >= 1.33: the proxy is a restartable init
+    // container) is tracked too, in native mode.
+    let native = agent
+        .wait_pod(
+            "default",
+            "native",
+            Duration::from_secs(10),
+            "the native pod's row",
+            |r| r.phase == AgentPhase::WaitingForNetns,
+        )
+        .expect("the native sidecar pod is tracked and waits for its netns");
+    assert_eq!(native.mode, Some(SidecarMode::Native), "{native:?}");
     // Every other pod has a `skipped` row that says why (what `holdfast status` shows), never a
     // tracked phase or a hold.
     for (name, reason) in [
@@ -122,7 +136,6 @@ fn gateways_waypoints_native_sidecars_and_tproxy_are_left_alone() {
             "waypoint",
             "not a sidecar pod (istio-proxy runs `proxy waypoint`: a waypoint)",
         ),
-        ("native", "native sidecar (the proxy is an init container"),
         ("tproxy", "interception mode TPROXY"),
     ] {
         let row = agent
@@ -142,7 +155,7 @@ fn gateways_waypoints_native_sidecars_and_tproxy_are_left_alone() {
         );
         assert!(row.hold.is_none() && row.drain.is_none(), "{name}: {row:?}");
     }
-    // And it stays so: the whole board, once more, has no tracked row but the classic pod's.
+    // And it stays so: the whole board, once more, has no tracked row but the two sidecar pods'.
     let status = agent.status().expect("status");
     let tracked: Vec<&str> = status
         .pods
@@ -150,7 +163,7 @@ fn gateways_waypoints_native_sidecars_and_tproxy_are_left_alone() {
         .filter(|p| p.phase != AgentPhase::Skipped)
         .map(|p| p.name.as_str())
         .collect();
-    assert_eq!(tracked, ["classic"], "{status:?}");
+    assert_eq!(tracked, ["classic", "native"], "{status:?}");
     for f in files {
         std::fs::remove_file(f).expect("remove pod file");
     }

@@ -10,4 +10,6 @@ pub use reports::{
     DirectionCounts, DrainOutcome, DrainReport, FilterCounts, FinishedBy, IdleReason, JobOutcome,
     JobReport, QuitReason, TimestampMeaning, DEFAULT_STAT_PREFIX,
 };
-pub use status::{HoldOutcome, HoldRecord, NodeStatus, Phase, PodStatus, SourceProblem};
+pub use status::{
+    HoldOutcome, HoldRecord, NodeStatus, Phase, PodStatus, SidecarMode, SourceProblem,
+};

@@ -24,6 +24,14 @@ pub enum DrainOutcome {
     /// The drain could not start (no handle on the pod's network namespace): the proxy ends as
     /// without holdfast, by pilot-agent's drain; `errors` says why.
     NotStarted,
+    /// A native sidecar with Istio's preStop drain: the kubelet stopped the proxy after the app
+    /// (pilot-agent exits at its SIGTERM, sent once the app is gone); holdfast only measured
+    /// the lag (`app_gone_to_proxy_exit`).
+    KubeletOrdered,
+    /// A native sidecar's proxy exited during the pod's termination while the app still ran:
+    /// the kubelet does not restart it then (KEP-4438 is not in Kubernetes 1.33–1.35), so the
+    /// app had no mesh egress for the rest of its shutdown.
+    SidecarLost,
 }
 
 impl DrainOutcome {
@@ -35,6 +43,8 @@ impl DrainOutcome {
             DrainOutcome::PodGone => "pod-gone",
             DrainOutcome::AgentStopping => "agent-stopping",
             DrainOutcome::NotStarted => "not-started",
+            DrainOutcome::KubeletOrdered => "kubelet-ordered",
+            DrainOutcome::SidecarLost => "sidecar-lost",
         }
     }
 }

@@ -7,6 +7,29 @@ use serde::{Deserialize, Serialize};
 use super::reports::{DrainReport, JobReport};
 use super::time::rfc3339;
 
+/// How a pod's sidecar runs, which decides what holdfast does for it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SidecarMode {
+    /// `istio-proxy` is a regular container: the startup hold, the drain, Job completion.
+    #[default]
+    Classic,
+    /// `istio-proxy` is a native sidecar (a restartable init container, Kubernetes 1.29+; Istio
+    /// 1.27+'s default with kubelets ≥ 1.33): the kubelet orders start, stop and Jobs; holdfast
+    /// covers a proxy restart (hold), the deletion (measured, or ended on evidence without
+    /// Istio's preStop) and a sidecar lost during termination (reported).
+    Native,
+}
+
+impl SidecarMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SidecarMode::Classic => "classic",
+            SidecarMode::Native => "native",
+        }
+    }
+}
+
 /// Lifecycle phase of a tracked pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -101,6 +124,9 @@ pub struct PodStatus {
     pub name: String,
     pub uid: String,
     pub phase: Phase,
+    /// The sidecar's mode (`None`: a skipped pod, or an older agent).
+    #[serde(default)]
+    pub mode: Option<SidecarMode>,
     /// When the agent first saw the pod.
     #[serde(with = "rfc3339")]
     pub tracked_since: SystemTime,

@@ -179,7 +179,7 @@ pub(crate) async fn run(shared: Arc<Shared>, view: watch::Receiver<Option<PodVie
         events: shared.events.clone(),
     };
     let problems = Some(first.overrides.problems.join("; ")).filter(|p| !p.is_empty());
-    rec.start(problems);
+    rec.start(problems, first.mode);
     let (steps_tx, steps_rx) = mpsc::unbounded_channel();
     let hold_cfg = Some(HoldConfig::for_pod(
         &shared.config,

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+pub use crate::api::SidecarMode;
 pub use crate::effects::hold::HoldScope;
 pub use crate::pod::RestartPolicy;
 use crate::pod::{app_end, AppEnd, ContainerState, ContainerView, Deletion, PodView};
@@ -26,6 +27,8 @@ pub struct PodFacts {
     pub hold_timeout: Duration,
     /// The pod's phase is terminal (`PodView::is_terminal`): nothing will run in it again.
     pub terminal: bool,
+    /// Classic or native sidecar (see [`SidecarMode`]).
+    pub mode: SidecarMode,
 }
 
 impl PodFacts {
@@ -47,12 +50,20 @@ impl PodFacts {
             }),
             hold_timeout: view.overrides.hold_timeout,
             terminal: view.is_terminal(),
+            mode: view.mode,
         }
     }
 
     /// A Job-like pod: the kubelet does not restart an app that finished (well).
     pub fn is_job(&self) -> bool {
         self.restart_policy.is_job()
+    }
+
+    /// The proxy is a native sidecar: the kubelet starts the app only after the proxy's startup
+    /// probe passed, and stops the proxy after the app (and for a Job once the app is done), so
+    /// holdfast neither holds the first start nor watches a Job.
+    pub fn native(&self) -> bool {
+        self.mode == SidecarMode::Native
     }
 
     /// How far the app is from finished by the status ([`app_end()`], the one rule).

@@ -361,7 +361,9 @@ pub(super) fn enter_running(fx: &mut Vec<Effect>, netns: NetnsId, p: &PodFacts) 
         return start_drain(fx, netns);
     }
     fx.push(Effect::SetPhase(Phase::Ready));
-    if p.is_job() {
+    // A native sidecar's Job is the kubelet's: it stops the sidecars once no regular container
+    // runs or will restart (pkg/kubelet/kuberuntime `computePodActions`).
+    if p.is_job() && !p.native() {
         fx.push(Effect::StartJobWatch);
         Stage::JobWatch { netns }
     } else {

@@ -9,7 +9,7 @@ use super::*;
 use crate::api::{DrainReport, FinishedBy, JobOutcome, JobReport};
 use crate::lifecycle::drain::app_exit::{AppContainer, AppSnapshot};
 use crate::lifecycle::drain::plan::DrainPlan;
-use crate::pod::{AppEnd, ContainerState, Deletion};
+use crate::pod::{AppEnd, ContainerState, Deletion, SidecarMode};
 
 const POLL: Duration = Duration::from_millis(5);
 const HOLD: Duration = Duration::from_secs(120);
@@ -43,6 +43,7 @@ fn pod(policy: RestartPolicy) -> PodFacts {
         user_init_running: false,
         hold_timeout: HOLD,
         terminal: false,
+        mode: SidecarMode::Classic,
     }
 }
 

@@ -6,6 +6,7 @@ use std::time::SystemTime;
 
 use crate::api::{
     DrainOutcome, DrainReport, HoldOutcome, HoldRecord, JobOutcome, JobReport, Phase, PodStatus,
+    SidecarMode,
 };
 use crate::config::format_duration;
 use crate::lifecycle::machine::Outcome;
@@ -25,7 +26,7 @@ pub struct Recorder {
 
 impl Recorder {
     /// The pod's first row (`problems`: invalid annotations, for `last_error`).
-    pub fn start(&self, problems: Option<String>) {
+    pub fn start(&self, problems: Option<String>, mode: SidecarMode) {
         for p in problems.iter() {
             tracing::warn!("{p}");
         }
@@ -34,6 +35,7 @@ impl Recorder {
             name: self.key.name.clone(),
             uid: self.key.uid.clone(),
             phase: Phase::WaitingForNetns,
+            mode: Some(mode),
             tracked_since: SystemTime::now(),
             hold: None,
             drain: None,
@@ -52,6 +54,7 @@ impl Recorder {
             name: key.name.clone(),
             uid: key.uid.clone(),
             phase: Phase::Skipped,
+            mode: None,
             tracked_since: SystemTime::now(),
             hold: None,
             drain: None,
@@ -268,7 +271,14 @@ impl Recorder {
                         .map_or("no reason given", String::as_str)
                 ),
             ),
-            DrainOutcome::PodGone | DrainOutcome::AgentStopping => {}
+            DrainOutcome::SidecarLost => self.events.emit(
+                &self.key,
+                Reason::SidecarLostDuringTermination,
+                report.advice.clone().unwrap_or_else(|| {
+                    "the native sidecar exited during termination while the app ran".to_string()
+                }),
+            ),
+            DrainOutcome::PodGone | DrainOutcome::AgentStopping | DrainOutcome::KubeletOrdered => {}
         }
         tracing::info!(
             outcome = report.outcome.as_str(),

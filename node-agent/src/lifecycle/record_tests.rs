@@ -44,6 +44,7 @@ fn facts(policy: RestartPolicy, deleting: bool) -> PodFacts {
         user_init_running: false,
         hold_timeout: Duration::from_secs(120),
         terminal: false,
+        mode: SidecarMode::Classic,
     }
 }
 
@@ -57,7 +58,7 @@ impl Harness {
             metrics: handle.metrics.clone(),
             events,
         };
-        rec.start(None);
+        rec.start(None, crate::api::SidecarMode::Classic);
         let now = Instant::now();
         let (state, fx) = State::new(
             pod,
@@ -155,7 +156,10 @@ fn hold_released_moves_hold_metrics_and_posts_hold_released() {
     let mut h = Harness::new(facts(RestartPolicy::Always, false));
     h.hold();
     assert_eq!(h.metric("holdfast_holds_started_total"), 1.0);
-    assert_eq!(h.metric("holdfast_pods{phase=\"holding\"}"), 1.0);
+    assert_eq!(
+        h.metric("holdfast_pods{phase=\"holding\",mode=\"classic\"}"),
+        1.0
+    );
     h.feed(vec![Input::Readiness(Seen::Ready), released(3)]);
     assert_eq!(
         h.metric("holdfast_holds_released_total{outcome=\"ready\"}"),
@@ -164,7 +168,10 @@ fn hold_released_moves_hold_metrics_and_posts_hold_released() {
     assert_eq!(h.metric("holdfast_held_connections_total"), 3.0);
     assert_eq!(h.metric("holdfast_hold_duration_seconds_count"), 1.0);
     assert_eq!(h.metric("holdfast_hold_release_latency_seconds_count"), 1.0);
-    assert_eq!(h.metric("holdfast_pods{phase=\"ready\"}"), 1.0);
+    assert_eq!(
+        h.metric("holdfast_pods{phase=\"ready\",mode=\"classic\"}"),
+        1.0
+    );
     assert_eq!(h.reasons(), [Reason::HoldReleased]);
     let hold = h.row().hold.expect("hold record");
     assert_eq!(hold.connections_held, 3);
@@ -251,9 +258,15 @@ fn drained(report: DrainReport) -> Harness {
         },
         Input::Readiness(Seen::Up),
     ]);
-    assert_eq!(h.metric("holdfast_pods{phase=\"draining\"}"), 1.0);
+    assert_eq!(
+        h.metric("holdfast_pods{phase=\"draining\",mode=\"classic\"}"),
+        1.0
+    );
     h.feed(vec![Input::QuitStarted]);
-    assert_eq!(h.metric("holdfast_pods{phase=\"quitting\"}"), 1.0);
+    assert_eq!(
+        h.metric("holdfast_pods{phase=\"quitting\",mode=\"classic\"}"),
+        1.0
+    );
     h.feed(vec![Input::DrainFinished(Box::new(report))]);
     h
 }
@@ -272,7 +285,10 @@ fn drain_app_done_moves_every_drain_metric_and_posts_drain_completed() {
     assert_eq!(h.metric("holdfast_drain_duration_seconds_sum"), 1.5);
     assert_eq!(h.metric("holdfast_drain_exit_lag_seconds_count"), 1.0);
     assert_eq!(h.metric("holdfast_drain_errors_total"), 2.0);
-    assert_eq!(h.metric("holdfast_pods{phase=\"done\"}"), 1.0);
+    assert_eq!(
+        h.metric("holdfast_pods{phase=\"done\",mode=\"classic\"}"),
+        1.0
+    );
     assert_eq!(h.reasons(), [Reason::DrainCompleted]);
     let row = h.row();
     assert_eq!(row.drain.expect("drain").outcome, DrainOutcome::AppDone);
@@ -345,7 +361,7 @@ fn skipped_pods_get_a_row_and_a_phase_count() {
     assert_eq!(v["phase"], "skipped");
     let text = handle.encode(&board);
     assert!(
-        text.contains("holdfast_pods{phase=\"skipped\"} 1"),
+        text.contains("holdfast_pods{phase=\"skipped\",mode=\"none\"} 1"),
         "{text}"
     );
 }
@@ -353,7 +369,10 @@ fn skipped_pods_get_a_row_and_a_phase_count() {
 #[test]
 fn a_job_whose_proxy_was_already_gone_is_counted_without_an_event() {
     let mut h = Harness::new(facts(RestartPolicy::OnFailure, false));
-    assert_eq!(h.metric("holdfast_pods{phase=\"waiting_for_netns\"}"), 1.0);
+    assert_eq!(
+        h.metric("holdfast_pods{phase=\"waiting_for_netns\",mode=\"classic\"}"),
+        1.0
+    );
     h.feed(vec![
         Input::NetnsFound {
             netns: NetnsId { dev: 1, ino: 2 },

@@ -4,6 +4,7 @@
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 
 use super::{injected_init_containers, interception_modes};
+use crate::api::SidecarMode;
 use crate::config::{PodOverrides, ANNOTATION_ENABLED, ANNOTATION_ISTIO_SIDECAR_STATUS};
 
 /// The init steps Istio's sidecar template injects: `istio-init` writes the iptables rules;
@@ -27,9 +28,6 @@ pub enum NotTracked {
     /// container runs next to it. They have no capture ports and must drain all listeners, so
     /// they get neither a hold nor an early quit.
     NotASidecar { why: String },
-    /// The proxy is a native sidecar (an init container with `restartPolicy: Always`):
-    /// Kubernetes starts it before and stops it after the app itself.
-    NativeSidecar,
     /// Interception mode other than REDIRECT (TPROXY, NONE): other rules and capture ports.
     Interception { mode: String },
     /// Not injected by Istio's sidecar template (no status annotation naming its init step).
@@ -51,10 +49,6 @@ impl std::fmt::Display for NotTracked {
                 f,
                 "not a sidecar pod ({why}): gateways, waypoints and ztunnel get no hold and no early quit"
             ),
-            NotTracked::NativeSidecar => f.write_str(
-                "native sidecar (the proxy is an init container with restartPolicy: Always): \
-                 Kubernetes orders its start and stop itself",
-            ),
             NotTracked::Interception { mode } => write!(
                 f,
                 "interception mode {mode}: holdfast holds REDIRECT-mode pods only"
@@ -70,7 +64,8 @@ impl std::fmt::Display for NotTracked {
     }
 }
 
-/// Checks that `pod` is a classic sidecar pod and returns its proxy container.
+/// Checks that `pod` is a sidecar pod holdfast may act on and returns its proxy container and
+/// how it runs (a regular container: classic; a restartable init container: native).
 ///
 /// `hostUsers: false`: holdfast stays out. Its hold rule matches the app's SYNs "from any uid but
 /// the proxy's" with `xt_owner`, and the kernel rejects an owner match written into a network
@@ -84,14 +79,14 @@ pub(super) fn check<'a>(
     proxy_name: &str,
     overrides: &PodOverrides,
     annotation: &dyn Fn(&str) -> Option<&'a String>,
-) -> Result<&'a Container, NotTracked> {
+) -> Result<(&'a Container, SidecarMode), NotTracked> {
     let regular = spec.containers.iter().find(|c| c.name == proxy_name);
     let native = spec
         .init_containers
         .iter()
         .flatten()
-        .any(|c| c.name == proxy_name && c.restart_policy.as_deref() == Some("Always"));
-    if regular.is_none() && !native {
+        .find(|c| c.name == proxy_name && c.restart_policy.as_deref() == Some("Always"));
+    if regular.is_none() && native.is_none() {
         return Err(NotTracked::NoProxy);
     }
     if !overrides.enabled {
@@ -100,8 +95,13 @@ pub(super) fn check<'a>(
     if spec.host_network == Some(true) {
         return Err(NotTracked::HostNetwork);
     }
-    let Some(proxy) = regular else {
-        return Err(NotTracked::NativeSidecar);
+    // A native sidecar (Istio 1.27+ with kubelets >= 1.33: `DetectNativeSidecar` in
+    // pkg/kube/inject/webhook.go) is an init container with `restartPolicy: Always`; the
+    // kubelet starts it before the app and stops it after.
+    let (proxy, mode) = match (regular, native) {
+        (Some(p), _) => (p, SidecarMode::Classic),
+        (None, Some(p)) => (p, SidecarMode::Native),
+        (None, None) => return Err(NotTracked::NoProxy),
     };
 
     // pilot-agent's role is its second argument: `proxy sidecar` in the sidecar template,
@@ -156,5 +156,5 @@ pub(super) fn check<'a>(
     if spec.host_users == Some(false) {
         return Err(NotTracked::HostUsers);
     }
-    Ok(proxy)
+    Ok((proxy, mode))
 }

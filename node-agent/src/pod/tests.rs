@@ -252,20 +252,57 @@ fn waypoint_and_ztunnel_are_not_sidecars() {
     ));
 }
 
+/// Istio 1.27+'s native sidecar (pkg/kube/inject/testdata/inject/native-sidecar.yaml.injected,
+/// istio/istio 1.28): `istio-proxy` among the init containers after istio-init, with
+/// `restartPolicy: Always` and Istio's preStop drain; its status in `initContainerStatuses`.
+/// Tracked, in native mode; a log shipper started after it is stopped before it.
 #[test]
-fn native_sidecar_is_left_to_kubernetes() {
-    // The sidecar template with $nativeSidecar: istio-proxy among initContainers, after
-    // istio-init, with restartPolicy: Always; the webhook's status lists it as an init container.
-    let mut proxy = istio_proxy(json!([]));
-    proxy["restartPolicy"] = json!("Always");
-    let pod = pod_json(json!({
-        "metadata": {"annotations": {"sidecar.istio.io/status": sidecar_status(r#"["istio-init","istio-proxy"]"#)}},
-        "spec": {"initContainers": [istio_init("REDIRECT"), proxy],
-                 "containers": [{"name": "app", "image": "shop/web:1"}]}
-    }));
-    let err = view(&pod).unwrap_err();
-    assert_eq!(err, NotTracked::NativeSidecar);
-    assert!(err.to_string().contains("restartPolicy: Always"), "{err}");
+fn native_sidecar_is_tracked_in_native_mode() {
+    let native = |pre_stop: Option<serde_json::Value>| {
+        let mut proxy = istio_proxy(json!([]));
+        proxy["restartPolicy"] = json!("Always");
+        if let Some(cmd) = pre_stop {
+            proxy["lifecycle"] = json!({"preStop": {"exec": {"command": cmd}}});
+        }
+        let shipper =
+            json!({"name": "log-shipper", "image": "fluent-bit", "restartPolicy": "Always"});
+        pod_json(json!({
+            "metadata": {"annotations": {"sidecar.istio.io/status": sidecar_status(r#"["istio-init","istio-proxy"]"#)}},
+            "spec": {"initContainers": [istio_init("REDIRECT"), proxy, shipper],
+                     "containers": [{"name": "app", "image": "shop/web:1"}]},
+            "status": {"initContainerStatuses": [
+                status("istio-init", json!({"terminated": {"exitCode": 0}})),
+                status("istio-proxy", json!({"running": {"startedAt": "2026-11-22T10:00:01Z"}})),
+                status("log-shipper", json!({"running": {"startedAt": "2026-11-22T10:00:02Z"}})),
+            ]}
+        }))
+    };
+    let istio = json!([
+        "pilot-agent",
+        "request",
+        "--debug-port=15020",
+        "POST",
+        "drain"
+    ]);
+    let v = view(&native(Some(istio))).expect("tracked");
+    assert_eq!(v.mode, SidecarMode::Native);
+    assert!(v.istio_prestop_drain);
+    let proxy = v
+        .proxy_container()
+        .expect("the proxy, among the init containers");
+    assert!(proxy.restartable && proxy.state == ContainerState::Running);
+    let before: Vec<&str> = v
+        .containers_before_proxy_stops()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(before, ["app", "log-shipper"]);
+    // `global.proxy.lifecycle` replaced the hook (or removed it): pilot-agent drains only after
+    // its SIGTERM.
+    for other in [Some(json!(["sleep", "5"])), None] {
+        let v = view(&native(other)).expect("tracked");
+        assert_eq!(v.mode, SidecarMode::Native);
+        assert!(!v.istio_prestop_drain);
+    }
 }
 
 #[test]

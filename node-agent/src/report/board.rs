@@ -70,6 +70,7 @@ mod tests {
             name: "web-1".into(),
             uid: "u".into(),
             phase: Phase::Holding,
+            mode: None,
             tracked_since: t,
             hold: Some(HoldRecord {
                 started_at: Some(t),

@@ -40,6 +40,9 @@ pub enum Reason {
     FailedOpen,
     /// The drain could not start; the proxy ends as without holdfast (Warning).
     DrainNotStarted,
+    /// A native sidecar's proxy exited during termination while the app ran; the kubelet does
+    /// not restart it then (Warning).
+    SidecarLostDuringTermination,
 }
 
 impl Reason {
@@ -53,6 +56,7 @@ impl Reason {
             Reason::JobProxyStopped => "JobProxyStopped",
             Reason::FailedOpen => "FailedOpen",
             Reason::DrainNotStarted => "DrainNotStarted",
+            Reason::SidecarLostDuringTermination => "SidecarLostDuringTermination",
         }
     }
 
@@ -64,6 +68,7 @@ impl Reason {
                 | Reason::ProxyExitedBeforeApp
                 | Reason::FailedOpen
                 | Reason::DrainNotStarted
+                | Reason::SidecarLostDuringTermination
         )
     }
 
@@ -75,6 +80,7 @@ impl Reason {
             | Reason::DrainDeadline
             | Reason::ProxyExitedBeforeApp
             | Reason::DrainNotStarted => "DrainProxy",
+            Reason::SidecarLostDuringTermination => "WatchProxy",
             Reason::JobProxyStopped => "StopProxy",
             Reason::FailedOpen => "LeavePodAlone",
         }

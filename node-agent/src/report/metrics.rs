@@ -11,6 +11,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use crate::api::SidecarMode;
 use crate::report::board::{Phase, StatusBoard};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -26,6 +27,8 @@ pub struct KindLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabel {
     pub phase: PhaseValue,
+    /// `classic`, `native`, or `none` (a skipped pod: holdfast acts in no mode).
+    pub mode: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -133,7 +136,7 @@ impl Metrics {
         );
         r.register(
             "drains",
-            "Drains on pod deletion, by outcome (app-done, deadline, proxy-gone-early, pod-gone, agent-stopping, not-started)",
+            "Drains on pod deletion, by outcome (app-done, deadline, proxy-gone-early, pod-gone, agent-stopping, not-started, kubelet-ordered, sidecar-lost)",
             m.drains.clone(),
         );
         r.register_with_unit(
@@ -158,7 +161,11 @@ impl Metrics {
             "Finished Jobs whose proxy the agent stopped, by outcome (completed, proxy-already-gone, not-started)",
             m.jobs.clone(),
         );
-        r.register("pods", "Tracked pods by phase", m.pods_by_phase.clone());
+        r.register(
+            "pods",
+            "Pods on the board by phase and sidecar mode (classic, native; none for skipped pods)",
+            m.pods_by_phase.clone(),
+        );
         r.register(
             "pod_task_panics",
             "Pod tasks that panicked (an agent bug: please report it); each pod's lifecycle is restarted, adopting its hold or drain",
@@ -200,6 +207,8 @@ impl Metrics {
             "pod-gone",
             "agent-stopping",
             "not-started",
+            "kubelet-ordered",
+            "sidecar-lost",
         ] {
             let _ = m.drains.get_or_create(&Metrics::outcome(o));
         }
@@ -211,7 +220,6 @@ impl Metrics {
 
     /// Refreshes the per-phase gauge from the board (called at scrape time).
     pub fn observe_board(&self, board: &StatusBoard) {
-        let mut counts = [0i64; 7];
         let phases = [
             Phase::WaitingForNetns,
             Phase::Holding,
@@ -221,15 +229,31 @@ impl Metrics {
             Phase::Done,
             Phase::Skipped,
         ];
+        let modes = ["classic", "native", "none"];
+        let mut counts = [[0i64; 3]; 7];
         for row in board.snapshot() {
+            let m = match row.mode {
+                Some(SidecarMode::Classic) => 0,
+                Some(SidecarMode::Native) => 1,
+                None => 2,
+            };
             if let Some(i) = phases.iter().position(|p| *p == row.phase) {
-                counts[i] += 1;
+                counts[i][m] += 1;
             }
         }
-        for (p, n) in phases.iter().zip(counts) {
-            self.pods_by_phase
-                .get_or_create(&PhaseLabel { phase: (*p).into() })
-                .set(n);
+        for (p, per_mode) in phases.iter().zip(counts) {
+            for (mode, n) in modes.iter().zip(per_mode) {
+                // Skipped pods have no mode; tracked ones always do: no always-0 series.
+                if (*p == Phase::Skipped) != (*mode == "none") {
+                    continue;
+                }
+                self.pods_by_phase
+                    .get_or_create(&PhaseLabel {
+                        phase: (*p).into(),
+                        mode: (*mode).to_string(),
+                    })
+                    .set(n);
+            }
         }
     }
 
@@ -319,7 +343,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("holdfast_pods{phase=\"holding\"} 0"),
+            text.contains("holdfast_pods{phase=\"holding\",mode=\"classic\"} 0"),
             "{text}"
         );
     }

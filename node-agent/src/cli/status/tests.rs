@@ -18,6 +18,7 @@ fn pod(name: &str, phase: Phase) -> PodStatus {
         name: name.into(),
         uid: "5a7e2c1b-0000-4000-8000-000000000001".into(),
         phase,
+        mode: None,
         tracked_since: t(0),
         hold: None,
         drain: None,

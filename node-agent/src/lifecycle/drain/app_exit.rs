@@ -368,11 +368,13 @@ impl<S: PodProcessSource> AppTracker<S> {
     }
 
     /// Re-scans the pod's processes, watches new app processes, and reports where each app
-    /// container is. Only regular containers count: the kubelet stops restartable init
+    /// container is: those the proxy must outlive ([`PodView::containers_before_proxy_stops`]).
+    /// For a classic proxy the regular containers only: the kubelet stops restartable init
     /// containers (native sidecars such as log shippers) after every regular container, the
     /// proxy included, has exited (kubernetes pkg/kubelet/kuberuntime
     /// kuberuntime_termination_order.go), so waiting for them would hold the drain to its
-    /// deadline. `view` is the latest view of the pod (container ids and states).
+    /// deadline. For a native proxy also the sidecars started after it, which the kubelet stops
+    /// before it. `view` is the latest view of the pod (container ids and states).
     pub async fn refresh(&mut self, view: &PodView) -> AppSnapshot {
         let known_ids: HashSet<&str> = view
             .containers
@@ -380,7 +382,7 @@ impl<S: PodProcessSource> AppTracker<S> {
             .filter_map(|c| c.id.as_deref())
             .collect();
         let app_ids: HashSet<&str> = view
-            .regular_app_containers()
+            .containers_before_proxy_stops()
             .filter_map(|c| c.id.as_deref())
             .collect();
         for p in self.source.processes().await {
@@ -409,7 +411,7 @@ impl<S: PodProcessSource> AppTracker<S> {
             *live_per_id.entry(cid.as_str()).or_default() += 1;
         }
         let containers = view
-            .regular_app_containers()
+            .containers_before_proxy_stops()
             .map(|c| {
                 let live = c.id.as_deref().and_then(|id| live_per_id.get(id).copied());
                 let seen =

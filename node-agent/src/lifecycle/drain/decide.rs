@@ -27,6 +27,27 @@ pub fn quit_when_idle(judgement: Option<InFlight>, stats_exhausted: bool) -> Opt
     }
 }
 
+/// How a pod's drain goes: the full drain (drain inbound at once, quit Envoy when the app is
+/// done and nothing is in flight), or, for a native sidecar with Istio's preStop drain, the
+/// kubelet's own order — pilot-agent drained at the deletion and exits at its SIGTERM, which
+/// the kubelet sends once every regular container has exited, ~50 ms after the app — where
+/// holdfast only measures and reports (and says so loudly if the proxy goes first). A native
+/// sidecar without that preStop (the mesh's `global.proxy.lifecycle`) drains only after its
+/// SIGTERM, for `terminationDrainDuration`: the full drain ends it on evidence instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrainKind {
+    Full,
+    KubeletOrdered,
+}
+
+pub fn drain_kind(view: &PodView) -> DrainKind {
+    if view.mode == crate::pod::SidecarMode::Native && view.istio_prestop_drain {
+        DrainKind::KubeletOrdered
+    } else {
+        DrainKind::Full
+    }
+}
+
 /// What a drain does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DrainNext {
@@ -59,6 +80,8 @@ pub struct DrainSeen {
     pub stats_exhausted: bool,
     /// The drain's deadline (the kubelet's kill time minus the margin) has passed.
     pub deadline_passed: bool,
+    /// The kubelet ends the proxy ([`DrainKind::KubeletOrdered`]): never quit it.
+    pub kubelet_ordered: bool,
 }
 
 pub fn drain_next(seen: DrainSeen) -> DrainNext {
@@ -74,7 +97,7 @@ pub fn drain_next(seen: DrainSeen) -> DrainNext {
     if seen.deadline_passed {
         return DrainNext::Deadline;
     }
-    if !seen.app_gone {
+    if !seen.app_gone || seen.kubelet_ordered {
         return DrainNext::Wait;
     }
     match quit_when_idle(seen.judgement, seen.stats_exhausted) {
@@ -160,6 +183,7 @@ mod tests {
             judgement,
             stats_exhausted,
             deadline_passed: false,
+            kubelet_ordered: false,
         };
         for (s, want) in [
             // The app runs: wait, whatever the counts say.
@@ -210,6 +234,29 @@ mod tests {
             drain_next(late(seen(false, 2, true, None, false))),
             DrainNext::ProxyGoneEarly
         );
+    }
+
+    /// The kubelet ends a native sidecar with Istio's preStop: holdfast never quits it, it
+    /// waits for the proxy's exit — after the app's (done), or before it (the sidecar lost).
+    #[test]
+    fn a_kubelet_ordered_drain_only_watches() {
+        let idle = Some(InFlight::Idle(IdleReason::NoOutboundConnections));
+        let seen = |app_gone, app_live, proxy_gone| DrainSeen {
+            app_gone,
+            app_live,
+            proxy_gone,
+            judgement: idle,
+            stats_exhausted: true,
+            deadline_passed: false,
+            kubelet_ordered: true,
+        };
+        assert_eq!(drain_next(seen(true, 0, false)), DrainNext::Wait);
+        assert_eq!(drain_next(seen(false, 1, false)), DrainNext::Wait);
+        assert_eq!(
+            drain_next(seen(true, 0, true)),
+            DrainNext::ProxyExited { app_unknown: false }
+        );
+        assert_eq!(drain_next(seen(false, 2, true)), DrainNext::ProxyGoneEarly);
     }
 
     #[test]
@@ -270,6 +317,7 @@ mod tests {
                     judgement,
                     stats_exhausted,
                     deadline_passed: false,
+                    kubelet_ordered: false,
                 });
                 let job = job_next(JobSeen {
                     proxy_gone: false,

@@ -14,7 +14,7 @@ use super::app_exit::{AppContainer, AppTracker, PodProcessSource};
 use super::in_flight::{InFlight, InFlightJudge, UnexposedBytes, UNEXPOSED_BYTES_ADVICE};
 use super::plan::{self, DrainPlan};
 use super::{decide, envoy_version, DrainCtx, DrainOutcome, DrainReport, DrainStep, QuitReason};
-use crate::pod::{Deletion, DEFAULT_GRACE};
+use crate::pod::{Deletion, SidecarMode, DEFAULT_GRACE};
 
 /// Drains a pod being deleted: see the module docs. Call once the pod has a
 /// `deletionTimestamp`; returns when the proxy was quit (or is gone), the pod is gone, or the
@@ -66,6 +66,12 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
     // Grab the app's processes first (the kubelet is sending SIGTERM right now), then drain.
     let mut app = AppTracker::new(key, processes);
     let mut snapshot = app.refresh(&current).await;
+    let kind = decide::drain_kind(&current);
+    let native = current.mode == SidecarMode::Native;
+    let kubelet_ordered = kind == decide::DrainKind::KubeletOrdered;
+    if kubelet_ordered {
+        tracing::info!("native sidecar with Istio's preStop drain: the kubelet ends the proxy after the app; measuring only");
+    }
     let mut deadline_passed = false;
     let inbound = tokio::select! {
         biased;
@@ -76,6 +82,8 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
             deadline_passed = true;
             (false, None, None)
         }
+        // Istio's preStop drained inbound already (pilot-agent's `/drain`); nothing to send.
+        _ = std::future::ready(()), if kubelet_ordered => (false, None, None),
         r = async {
             // Which call drains inbound depends on the Envoy (envoy_version.rs); one request,
             // and a failure only means "as for a current Envoy".
@@ -87,7 +95,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
     let (drained, version, advice) = inbound;
     report.inbound_drained = drained;
     report.envoy_version = version.map(|v| v.to_string());
-    if !deadline_passed {
+    if !deadline_passed && !kubelet_ordered {
         d.tell(DrainStep::InboundDrained {
             drained,
             envoy_version: report.envoy_version.clone(),
@@ -130,7 +138,10 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                         sample.traffic.exposed.then_some(sample.traffic.total);
                     let now = Instant::now();
                     let j = judge.observe(now.into_std(), &sample);
-                    if gone && unexposed.notice(now.into_std(), &sample, j, settings.idle_window) {
+                    if gone
+                        && !kubelet_ordered
+                        && unexposed.notice(now.into_std(), &sample, j, settings.idle_window)
+                    {
                         tracing::warn!("{UNEXPOSED_BYTES_ADVICE}");
                         add_advice(&mut report, UNEXPOSED_BYTES_ADVICE.to_string());
                     }
@@ -168,6 +179,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
             judgement: if gone { judgement } else { None },
             stats_exhausted: failed_samples_while_gone >= settings.admin_attempts,
             deadline_passed,
+            kubelet_ordered,
         });
         match next {
             decide::DrainNext::Wait => {}
@@ -180,8 +192,26 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                     );
                 }
                 tracing::info!("the proxy has already exited");
-                let report = d.app_gone(report, app_gone);
+                let mut report = d.app_gone(report, app_gone);
+                if kubelet_ordered {
+                    report.proxy_exit_seen_at = Some(d.wall(Instant::now()));
+                    return d.finish(report, DrainOutcome::KubeletOrdered, &app);
+                }
                 return d.finish(report, DrainOutcome::AppDone, &app);
+            }
+            decide::DrainNext::ProxyGoneEarly if native => {
+                let advice = format!(
+                    "the native sidecar's proxy exited during the pod's termination while {} app \
+                     process(es) still ran: the kubelet does not restart a sidecar then (KEP-4438 \
+                     is not in Kubernetes 1.33-1.35), so the app had no mesh egress for the rest of \
+                     its shutdown. Look for why Envoy or pilot-agent died (OOM-kill, a crash) in \
+                     the istio-proxy container's previous logs",
+                    snapshot.live
+                );
+                tracing::warn!("{advice}");
+                add_advice(&mut report, advice);
+                report.proxy_exit_seen_at = Some(d.wall(Instant::now()));
+                return d.finish(report, DrainOutcome::SidecarLost, &app);
             }
             decide::DrainNext::ProxyGoneEarly => {
                 let advice = format!(
@@ -196,6 +226,15 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                 tracing::warn!("{advice}");
                 add_advice(&mut report, advice);
                 return d.finish(report, DrainOutcome::ProxyGoneEarly, &app);
+            }
+            decide::DrainNext::Deadline if kubelet_ordered => {
+                d.errors.push(format!(
+                    "the drain deadline came ({} after the deletion was seen) with the proxy still \
+                     running; the kubelet ends it at the grace period's end",
+                    crate::config::format_duration(remaining)
+                ));
+                let report = d.app_gone(report, app_gone);
+                return d.finish(report, DrainOutcome::Deadline, &app);
             }
             decide::DrainNext::Deadline => {
                 return d

@@ -49,6 +49,15 @@ pub(super) fn step(
         // Envoy still ready (some other process of the container exited): back to `Running`.
         (Stage::Running { netns, proxy_id }, Input::ProxyGone) => match &s.pod {
             Some(p) if p.deletion.is_none() && p.app_may_run() && !s.stopping => {
+                if p.native() {
+                    fx.push(Effect::Problem(
+                        "the native sidecar's proxy exited while the app runs: the kubelet \
+                         restarts it after its CrashLoopBackOff back-off (10 s, doubling to 5 \
+                         min) and marks the pod not Ready meanwhile; the app's new connections are \
+                         held until the restarted Envoy is ready (at most the hold deadline)"
+                            .to_string(),
+                    ));
+                }
                 s.fresh = Some(false);
                 fx.push(Effect::CheckReadiness);
                 Stage::Checking {

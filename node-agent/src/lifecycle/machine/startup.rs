@@ -131,6 +131,13 @@ pub(super) fn step(
                     fx.push(Effect::SetPhase(Phase::Done));
                     Stage::Finished
                 }
+                // A native sidecar's first start is the kubelet's to order: it starts the app
+                // only once the proxy's startup probe passed. Nothing to hold; follow the pod
+                // (its proxy's restarts are held: `rehold`).
+                (_, Some(p)) if p.native() && !rehold => {
+                    fx.push(Effect::RemoveLeftoverHold);
+                    enter_running(fx, netns, &p)
+                }
                 (_, Some(_)) => {
                     fx.push(Effect::InstallHold { fresh, rehold });
                     Stage::SettingUpHold { netns }
