@@ -471,6 +471,9 @@ impl SimNode {
                 )));
             }
         }
+        if let Some(why) = spec.conflict() {
+            return Err(SimError::Setup(format!("pod {}: {why}", spec.name)));
+        }
         if self.env.cri.is_some() {
             if let Some(why) = crate::cri::kubelet::unsupported(&spec) {
                 return Err(SimError::Setup(format!(
