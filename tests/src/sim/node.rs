@@ -522,6 +522,7 @@ impl SimNode {
                         self.env.clone(),
                         self.shared.clone(),
                         rx,
+                        tx.clone(),
                         rt,
                     );
                     Box::new(move || w.run())
