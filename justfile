@@ -49,7 +49,7 @@ test-containerd: setup filter
     cargo build -p holdfast -p holdfast-tests --bins
     HOLDFAST_SIM_RUNTIME=containerd cargo test -p holdfast-tests --test failures --test hold --test drain --test which_pods --test native_sidecars
 
-# Benchmarks against side-by-side baselines (`just bench filter|hold|drain|scale`; none = all). `scale` takes
+# Benchmarks against side-by-side baselines (`just bench filter|hold|drain|scale|lifecycle`; none = all). `scale` takes
 # --baseline-agent PATH through `holdfast-bench` directly (see docs/benchmarks.md).
 # Figures go to docs/benchmarks.md.
 bench *sections: setup filter
