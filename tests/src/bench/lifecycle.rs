@@ -16,6 +16,12 @@
 //! (and crashes if it fails), then calls out every 100 ms over a pooled connection, and for 1 s
 //! past SIGTERM.
 //!
+//! "Envoy serving" is Envoy LIVE with the holdfast filter loaded, polled from inside the pod:
+//! the sidecars load the filter (the holdfast install puts it in every sidecar), and until it
+//! is loaded Envoy's workers do not serve — neither the app's calls nor the startup probe,
+//! which reaches pilot-agent through Envoy's 15021 listener, so the kubelet sees a native
+//! sidecar started 0–1 probe period after it serves, not after LIVE.
+//!
 //! Per pod: pod start (istio-init done) → Envoy LIVE, → the app's process, → its first
 //! successful call, → pod Ready; refused calls across an Envoy crash (SIGKILL) until calls
 //! succeed again; deletion → pod gone and the calls that failed after SIGTERM. The crash
@@ -401,7 +407,8 @@ fn envoy_live(
     .unwrap_or((None, None))
 }
 
-/// The first successful running call that ended after `t` (µs).
+/// The end (µs) of the first successful running call that began after `t` (a call in flight
+/// at the kill may still end well).
 fn first_ok_after(r: &AppReport, t: u64) -> Option<u64> {
     r.events.iter().find_map(|e| match e {
         AppEvent::Call {
@@ -409,8 +416,12 @@ fn first_ok_after(r: &AppReport, t: u64) -> Option<u64> {
             at_us,
             phase: Phase::Running,
             ok: true,
+            latency_ms,
             ..
-        } => Some(at_us.unwrap_or(at_ms * 1000)).filter(|at| *at > t),
+        } => {
+            let end = at_us.unwrap_or(at_ms * 1000);
+            (end.saturating_sub(latency_ms * 1000) > t).then_some(end)
+        }
         _ => None,
     })
 }
@@ -516,6 +527,9 @@ fn print_table(
     row("pod start → Envoy serving (filter loaded)", &|s| {
         s.since_start(s.serving_us)
     });
+    row("Envoy serving → app process start", &|s| {
+        Some((s.app_start_us? as f64 - s.serving_us? as f64) / 1e3)
+    });
     row("pod start → app process start", &|s| {
         s.since_start(s.app_start_us)
     });
@@ -545,7 +559,7 @@ fn print_table(
     // = max(P, A), so (a) − (c) = min(P, A) + L, with P the proxy's start until it serves.
     let p = median(Variant::Holdfast, &|s| s.since_start(s.serving_us));
     let l = median(Variant::Native, &|s| {
-        Some((s.app_start_us? as f64 - s.live_us? as f64) / 1e3)
+        Some((s.app_start_us? as f64 - s.serving_us? as f64) / 1e3)
     });
     let first = |v| median(v, &|s: &PodSample| s.since_start(s.first_ok_us));
     if let (Some(p), Some(l), Some(a), Some(c)) =
@@ -557,7 +571,7 @@ fn print_table(
             "first call, (a) − (c): **{:.0} ms** (ratio (a)/(c) {:.2}); the issue expected ≈ P + half a probe period = {:.0} ms \
              (P = proxy start, pod start → Envoy serving in (c): {p:.0} ms); \
              the model (a) = P + L + A, (c) = max(P, A) gives min(P, A) + L = {:.0} ms \
-             (L = Envoy LIVE → app start in (a), {l:.0} ms; A = app init {init:.0} ms)",
+             (L = Envoy serving → app start in (a), {l:.0} ms; A = app init {init:.0} ms)",
             a - c,
             a / c.max(1.0),
             p + 500.0,

@@ -121,7 +121,7 @@ struct Args {
     #[arg(long, default_value_t = 3)]
     lifecycle_rounds: u32,
     /// lifecycle: the app's initialisation before its boot call, in ms; one scenario each.
-    #[arg(long, value_delimiter = ',', default_values_t = vec![0u64, 2000])]
+    #[arg(long, value_delimiter = ',', default_values_t = vec![0u64, 2000, 4000])]
     lifecycle_app_init_ms: Vec<u64>,
     /// lifecycle: how late istiod's first push reaches Envoy (Envoy itself starts at once), ms.
     #[arg(long, default_value_t = 1000)]
