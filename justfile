@@ -46,7 +46,7 @@ build: filter
 test: setup filter
     cargo test -p holdfast-filter
     cargo test --workspace --exclude holdfast-filter
-    HOLDFAST_SIM_RUNTIME=containerd cargo test -p holdfast-tests --test failures --test hold --test drain --test which_pods
+    HOLDFAST_SIM_RUNTIME=containerd cargo test -p holdfast-tests --test failures --test hold --test drain --test which_pods --test native_sidecars
     just _envoy-istio
 
 # The readiness, drain and filter tests (agent parts against real Envoy, end to end on the simulated node) on
@@ -64,9 +64,9 @@ _envoy-istio:
 # docs/containerd-backend.md says which and why.
 test-containerd: setup filter
     cargo build -p holdfast -p holdfast-tests --bins
-    HOLDFAST_SIM_RUNTIME=containerd cargo test -p holdfast-tests --test failures --test hold --test drain --test which_pods
+    HOLDFAST_SIM_RUNTIME=containerd cargo test -p holdfast-tests --test failures --test hold --test drain --test which_pods --test native_sidecars
 
-# Benchmarks against side-by-side baselines (`just bench filter|hold|drain|scale`; none = all). `scale` takes
+# Benchmarks against side-by-side baselines (`just bench filter|hold|drain|scale|lifecycle`; none = all). `scale` takes
 # --baseline-agent PATH through `holdfast-bench` directly (see docs/benchmarks.md).
 # Figures go to docs/benchmarks.md.
 bench *sections: setup filter

@@ -4,6 +4,7 @@
 
 pub mod drain;
 pub mod hold;
+pub mod lifecycle;
 pub mod scale;
 pub mod scale_observer;
 

@@ -5,6 +5,7 @@
 //! holdfast-bench filter     # Envoy with vs without the holdfast filter
 //! holdfast-bench hold       # startup: holdfast vs serial start vs DROP rule vs nothing
 //! holdfast-bench drain      # shutdown: holdfast vs fixed drain vs EXIT_ON_ZERO_ACTIVE_CONNECTIONS
+//! holdfast-bench lifecycle  # native sidecar vs classic serial start vs classic + holdfast
 //! ```
 //! Figures and the exact commands live in docs/benchmarks.md. Benchmarks are not timed tests:
 //! they print what they measure and never fail on a figure.
@@ -48,6 +49,10 @@ enum Section {
     /// Many pods at once on one node: release seen from outside, agent CPU, idle cost, RSS,
     /// drain lag; optionally against a baseline agent build side by side (root).
     Scale,
+    /// A pod's whole life — first call, Ready, an Envoy crash, deletion — as a native sidecar,
+    /// a classic sidecar with holdApplicationUntilProxyStarts, and a classic one with holdfast
+    /// (root).
+    Lifecycle,
 }
 
 #[derive(Debug, Parser)]
@@ -109,6 +114,21 @@ struct Args {
     /// scale: how long the idle agent's CPU is measured, in seconds.
     #[arg(long, default_value_t = 10)]
     idle_secs: u64,
+    /// lifecycle: pods per variant in each round.
+    #[arg(long, default_value_t = 2)]
+    lifecycle_pods: u32,
+    /// lifecycle: rounds per app-init scenario.
+    #[arg(long, default_value_t = 3)]
+    lifecycle_rounds: u32,
+    /// lifecycle: the app's initialisation before its boot call, in ms; one scenario each.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![0u64, 2000, 4000])]
+    lifecycle_app_init_ms: Vec<u64>,
+    /// lifecycle: how late istiod's first push reaches Envoy (Envoy itself starts at once), ms.
+    #[arg(long, default_value_t = 1000)]
+    xds_delay_ms: u64,
+    /// lifecycle: the kubelet's initial restart back-off, ms (kubelet's is 10 s).
+    #[arg(long, default_value_t = 10_000)]
+    restart_backoff_ms: u64,
 }
 
 /// Options for the simulated-node sections: binaries next to this one.
@@ -153,6 +173,20 @@ fn main() -> ExitCode {
                     idle: Duration::from_secs(args.idle_secs.max(1)),
                 };
                 holdfast_tests::bench::scale::run(&o, &scale)
+            }),
+            Section::Lifecycle => sim_opts(&args).and_then(|o| {
+                let lifecycle = holdfast_tests::bench::lifecycle::LifecycleOpts {
+                    pods: args.lifecycle_pods,
+                    rounds: args.lifecycle_rounds,
+                    xds_delay: Duration::from_millis(args.xds_delay_ms),
+                    app_inits: args
+                        .lifecycle_app_init_ms
+                        .iter()
+                        .map(|ms| Duration::from_millis(*ms))
+                        .collect(),
+                    restart_backoff: Duration::from_millis(args.restart_backoff_ms),
+                };
+                holdfast_tests::bench::lifecycle::run(&o, &lifecycle)
             }),
         };
         if let Err(e) = r {

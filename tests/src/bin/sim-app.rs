@@ -9,6 +9,7 @@
 //!   [`REMOTE_IP6`]) and the cluster DNS (port 53 on both addresses), prints `ready` once
 //!   listening.
 //! - `dns-proxy`: pilot-agent's DNS proxy on localhost:15053 (started by `pilot-agent`).
+//! - `request`: `pilot-agent request` (Istio's native-sidecar preStop hook runs it).
 
 use std::io::Write;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
@@ -23,6 +24,7 @@ use holdfast_tests::sim::http_calls;
 use holdfast_tests::sim::istio_init::{self, InitOptions};
 use holdfast_tests::sim::netns::REMOTE_IP6;
 use holdfast_tests::sim::pilot_agent::{self, PilotAgentArgs};
+use holdfast_tests::sim::pilot_status::{self, RequestArgs};
 
 #[derive(Parser)]
 #[command(
@@ -69,6 +71,9 @@ enum Cmd {
     PilotAgent(PilotAgentArgs),
     /// An app container.
     App(AppArgs),
+    /// `pilot-agent request <method> <path>`: what Istio's native-sidecar preStop hook runs
+    /// (`request --debug-port=15020 POST drain`).
+    Request(RequestArgs),
     /// The remote services (echo).
     Remote {
         #[arg(long)]
@@ -131,6 +136,7 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::PilotAgent(args) => std::process::exit(pilot_agent::run(&args, &term)?),
         Cmd::App(args) => std::process::exit(apps::run_app(&args, &term)?),
+        Cmd::Request(args) => pilot_status::request(&args)?,
         Cmd::Remote { listen, ipv4_only } => {
             let l = TcpListener::bind(listen)
                 .map_err(|e| anyhow::anyhow!("remote services cannot listen on {listen}: {e}"))?;

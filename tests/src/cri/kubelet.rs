@@ -25,7 +25,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -43,9 +43,12 @@ use super::runtime::{Containerd, BASE_IMAGE};
 use super::status::{info_netns, info_pid, parse_info};
 use crate::sim::kubelet::{PodEvent, PodWorker};
 use crate::sim::node::{NodeEnv, Shared};
-use crate::sim::pod_object::{now_ts, CState, ContainerView, PodView, Terminated};
+use crate::sim::pod_object::{now_ts, CState, ContainerView, PodView, ProbeState, Terminated};
 use crate::sim::pod_object::{INIT_CONTAINER, PROXY_CONTAINER, PROXY_IMAGE};
+use crate::sim::prober::ProbeTarget;
 use crate::sim::SimError;
+
+mod sidecar;
 
 /// Label on every sandbox of a simulated node (leftover checks and teardown select by it).
 pub const NODE_LABEL: &str = "holdfast.sim/node";
@@ -56,6 +59,8 @@ const POLL: Duration = Duration::from_millis(50);
 enum Slot {
     Init,
     Container(usize),
+    /// The native sidecar ([`sidecar`]).
+    Sidecar,
 }
 
 /// One pod's worker on the containerd backend.
@@ -85,6 +90,14 @@ pub(crate) struct CriPodWorker {
     serial_pending: bool,
     /// The sandbox's netns (from its verbose status).
     netns_path: Option<PathBuf>,
+    /// The worker's own events (probe results, hook ends) come back through the node's channel.
+    tx: Sender<PodEvent>,
+    /// When the kubelet admitted the pod: its probes tick from here.
+    admitted: Instant,
+    /// The proxy's prober, when the spec asks for probes.
+    probe: Option<ProbeTarget>,
+    /// A native sidecar's kubelet state ([`sidecar`]).
+    native: sidecar::NativeState,
 }
 
 /// With `HOLDFAST_SIM_TRACE` set, prints one line per runtime step (wall clock in ms, the pod,
@@ -114,11 +127,20 @@ impl CriPodWorker {
         env: Arc<NodeEnv>,
         shared: Arc<Shared>,
         rx: Receiver<PodEvent>,
+        tx: Sender<PodEvent>,
         rt: &'static Containerd,
     ) -> CriPodWorker {
-        let (tx, unused_rx) = std::sync::mpsc::channel();
-        let argv = PodWorker::new(name.clone(), 0, env.clone(), shared.clone(), unused_rx, tx);
+        let (unused_tx, unused_rx) = std::sync::mpsc::channel();
+        let argv = PodWorker::new(
+            name.clone(),
+            0,
+            env.clone(),
+            shared.clone(),
+            unused_rx,
+            unused_tx,
+        );
         let pod_dir = env.work_dir.join(&name);
+        let native = sidecar::NativeState::new(env.restart_backoff);
         CriPodWorker {
             name,
             env,
@@ -138,6 +160,10 @@ impl CriPodWorker {
             post_started: Arc::new(AtomicBool::new(false)),
             serial_pending: false,
             netns_path: None,
+            tx,
+            admitted: Instant::now(),
+            probe: None,
+            native,
         }
     }
 
@@ -158,22 +184,31 @@ impl CriPodWorker {
             let reason = e.to_string();
             self.update(|v| v.failed_reason = Some(reason));
         }
+        self.start_prober();
         loop {
             if (self.deleting || self.shutting_down) && self.running.is_empty() {
                 break;
             }
-            let next = self.restart_at.values().min().copied();
+            let next = self
+                .restart_at
+                .values()
+                .copied()
+                .chain(self.native_deadline())
+                .min();
             let wait = next.map_or(POLL, |t| {
                 t.saturating_duration_since(Instant::now()).min(POLL)
             });
             match self.rx.recv_timeout(wait) {
                 Ok(PodEvent::Delete) => self.on_delete(),
                 Ok(PodEvent::Shutdown) | Err(RecvTimeoutError::Disconnected) => self.on_shutdown(),
+                Ok(PodEvent::Probe(r)) => self.on_probe(r),
+                Ok(PodEvent::HookDone { .. }) => self.on_hook_done(),
                 Ok(_) => {}
                 Err(RecvTimeoutError::Timeout) => {}
             }
             self.poll_exits();
             self.restart_due();
+            self.on_native_tick();
             if self.serial_pending && self.post_started.load(Ordering::SeqCst) {
                 self.serial_pending = false;
                 if !self.deleting && !self.shutting_down {
@@ -185,6 +220,9 @@ impl CriPodWorker {
                     }
                 }
             }
+        }
+        if let Some(p) = &self.probe {
+            p.stop();
         }
         self.remove_sandbox();
         trace(&self.name, "gone", None);
@@ -410,17 +448,23 @@ impl CriPodWorker {
         match self.create_and_start(&name, attempt, args, None) {
             Ok((cid, pid)) => {
                 self.running.insert(cid.clone(), Slot::Container(i));
-                self.update(|v| {
+                let probed = self.update(|v| {
+                    let probed = v.spec.proxy_probes && v.containers[i].name == PROXY_CONTAINER;
                     let c = &mut v.containers[i];
                     if restarting {
                         c.restart_count += 1;
                     }
-                    c.id = Some(cid);
+                    c.id = Some(cid.clone());
                     c.pid = pid;
                     c.state = CState::Running {
                         started_at: now_ts(),
                     };
-                })
+                    c.probed = probed.then(ProbeState::default);
+                    probed
+                });
+                if probed {
+                    self.probe_running(&cid);
+                }
             }
             Err(e) => {
                 eprintln!("sim: pod {}: cannot start {name}: {e}", self.name);
@@ -496,6 +540,12 @@ impl CriPodWorker {
                         v.failed_reason = Some(format!("Init:Error (exit {code})"));
                     }
                 });
+                if ok && !self.deleting && !self.shutting_down && self.is_native() {
+                    // The next init container: the sidecar; the app once its startup probe
+                    // passed (`on_probe`).
+                    self.start_sidecar();
+                    return;
+                }
                 if ok && !self.deleting && !self.shutting_down {
                     let proxy =
                         self.view(|v| v.containers.iter().position(|c| c.name == PROXY_CONTAINER));
@@ -519,26 +569,41 @@ impl CriPodWorker {
                         }
                         return;
                     }
-                    let delay = self.view(|v| v.spec.app_start_delay);
-                    for i in 0..self.view(|v| v.containers.len()) {
-                        let is_proxy = self.view(|v| v.containers[i].name == PROXY_CONTAINER);
-                        if !is_proxy && !delay.is_zero() {
-                            // A slow image pull: the app container starts later (the restart
-                            // timer starts it), as on the netns backend.
-                            self.restart_at.insert(i, Instant::now() + delay);
-                        } else {
-                            self.start_container(i);
-                        }
-                    }
+                    self.start_regular_containers();
                 }
             }
             Slot::Container(i) => {
                 let deleting = self.deleting || self.shutting_down;
                 let base = self.env.restart_backoff;
-                let backoff = self.update(|v| v.container_exited(i, t, deleting, base));
+                let (backoff, probed) = self.update(|v| {
+                    let probed = v.containers[i].probed.is_some();
+                    (v.container_exited(i, t, deleting, base), probed)
+                });
+                if probed {
+                    self.probe_stopped();
+                }
                 if let Some(b) = backoff {
                     self.restart_at.insert(i, Instant::now() + b);
                 }
+                if self.is_native() {
+                    self.after_regular_exit();
+                }
+            }
+            Slot::Sidecar => self.on_sidecar_exit(t),
+        }
+    }
+
+    /// Starts the regular containers in spec order, without waiting for readiness.
+    fn start_regular_containers(&mut self) {
+        let delay = self.view(|v| v.spec.app_start_delay);
+        for i in 0..self.view(|v| v.containers.len()) {
+            let is_proxy = self.view(|v| v.containers[i].name == PROXY_CONTAINER);
+            if !is_proxy && !delay.is_zero() {
+                // A slow image pull: the app container starts later (the restart
+                // timer starts it), as on the netns backend.
+                self.restart_at.insert(i, Instant::now() + delay);
+            } else {
+                self.start_container(i);
             }
         }
     }
@@ -596,12 +661,16 @@ impl CriPodWorker {
         self.update(|v| {
             let due = now_ts().as_nanosecond() + grace.as_nanos() as i128;
             v.deletion_at = Some(Timestamp::from_nanosecond(due).unwrap_or_else(|_| now_ts()));
-            for c in &mut v.containers {
+            for c in v.containers.iter_mut().chain(v.sidecar.iter_mut()) {
                 if let (CState::Waiting { .. }, Some(last)) = (&c.state, &c.last) {
                     c.state = CState::Terminated(last.clone());
                 }
             }
         });
+        if self.is_native() {
+            self.on_native_delete();
+            return;
+        }
         self.stop_all(grace);
     }
 
@@ -612,6 +681,9 @@ impl CriPodWorker {
         self.shutting_down = true;
         self.stopping.store(true, Ordering::SeqCst);
         self.restart_at.clear();
+        if let Some(p) = &self.probe {
+            p.stop();
+        }
         self.stop_all(Duration::ZERO);
     }
 

@@ -54,12 +54,29 @@ pub struct SidecarConfig {
     pub families: super::spec::IpFamilies,
     /// Which stats Envoy keeps (`None`: all, Envoy's default).
     pub stats_matcher: Option<IstioStatsMatcher>,
+    /// Istio's health listener: `0.0.0.0_15021` (a static listener of Istio's bootstrap,
+    /// tools/packaging/common/envoy_bootstrap.json) routing `/healthz/ready` to the `agent`
+    /// cluster, pilot-agent's status port on the admin loopback. The injected startup and
+    /// readiness probes go there, so they pass only once Envoy's workers serve and pilot-agent
+    /// says ready. On when the kubelet stand-in probes the proxy.
+    pub health_listener: bool,
+    /// Where LDS and CDS come from: `None`, files in the config directory (there at once);
+    /// `Some`, pilot-agent's xDS stand-in over REST on this unix socket ([`super::xds`]).
+    pub xds: Option<XdsRest>,
+}
+
+/// Envoy's REST xDS source: pilot-agent's stand-in on a unix socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XdsRest {
+    pub socket: PathBuf,
+    /// How late the first answer may come (Envoy must not give up before).
+    pub delay: std::time::Duration,
 }
 
 /// File names of the rendered configuration inside the sidecar's config directory.
 pub const BOOTSTRAP_FILE: &str = "envoy-bootstrap.json";
-const LDS_FILE: &str = "lds.json";
-const CDS_FILE: &str = "cds.json";
+pub(crate) const LDS_FILE: &str = "lds.json";
+pub(crate) const CDS_FILE: &str = "cds.json";
 
 impl SidecarConfig {
     /// The bootstrap, pointing LDS and CDS at files in `dir`.
@@ -70,20 +87,110 @@ impl SidecarConfig {
                 "path_config_source": { "path": dir.join(file).to_string_lossy() }
             })
         };
+        let loopback = if self.families.ipv6_first() {
+            "::1"
+        } else {
+            "127.0.0.1"
+        };
         let mut b = json!({
             "node": { "id": self.node_id, "cluster": self.node_cluster },
             "admin": {
-                "address": socket(if self.families.ipv6_first() { "::1" } else { "127.0.0.1" }, ADMIN_PORT),
+                "address": socket(loopback, ADMIN_PORT),
             },
             "dynamic_resources": {
                 "lds_config": path_source(LDS_FILE),
                 "cds_config": path_source(CDS_FILE),
             }
         });
+        let mut clusters = Vec::new();
+        if let Some(x) = &self.xds {
+            let rest_source = json!({
+                "resource_api_version": "V3",
+                // Wait for the first answer however late it is, as Istio's bootstrap does for
+                // its ADS stream.
+                "initial_fetch_timeout": "0s",
+                "api_config_source": {
+                    "api_type": "REST",
+                    "transport_api_version": "V3",
+                    "cluster_names": [XDS_CLUSTER],
+                    "refresh_delay": "3600s",
+                    "request_timeout": format!("{}s", super::xds::request_timeout(x.delay).as_secs()),
+                }
+            });
+            b["dynamic_resources"] =
+                json!({ "lds_config": rest_source, "cds_config": rest_source });
+            clusters.push(json!({
+                "name": XDS_CLUSTER,
+                "type": "STATIC",
+                "connect_timeout": "1s",
+                "load_assignment": {
+                    "cluster_name": XDS_CLUSTER,
+                    "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": {
+                        "pipe": { "path": x.socket.to_string_lossy() }
+                    }}}]}]
+                }
+            }));
+        }
+        if self.health_listener {
+            clusters.push(json!({
+                "name": "agent",
+                "alt_stat_name": "agent;",
+                "type": "STATIC",
+                "connect_timeout": "0.250s",
+                "lb_policy": "ROUND_ROBIN",
+                "load_assignment": {
+                    "cluster_name": "agent",
+                    "endpoints": [{ "lb_endpoints": [{ "endpoint": {
+                        "address": socket(loopback, super::istio_init::STATUS_PORT)
+                    }}]}]
+                }
+            }));
+        }
+        let mut static_resources = serde_json::Map::new();
+        if !clusters.is_empty() {
+            static_resources.insert("clusters".into(), Value::Array(clusters));
+        }
+        if self.health_listener {
+            static_resources.insert("listeners".into(), json!([self.health_listener()]));
+        }
+        if let (false, Some(obj)) = (static_resources.is_empty(), b.as_object_mut()) {
+            obj.insert("static_resources".into(), Value::Object(static_resources));
+        }
         if let (Some(m), Some(obj)) = (&self.stats_matcher, b.as_object_mut()) {
             obj.insert("stats_config".into(), m.stats_config());
         }
         b
+    }
+
+    /// Istio's `0.0.0.0_15021` health listener (see [`SidecarConfig::health_listener`]).
+    fn health_listener(&self) -> Value {
+        let wildcard = if self.families.ipv6_first() {
+            "::"
+        } else {
+            "0.0.0.0"
+        };
+        let port = super::istio_init::HEALTH_PORT;
+        json!({
+            "name": format!("{wildcard}_{port}"),
+            "address": socket(wildcard, port),
+            "filter_chains": [{ "filters": [{
+                "name": "envoy.filters.network.http_connection_manager",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                    "codec_type": "AUTO",
+                    "stat_prefix": "agent",
+                    "route_config": { "virtual_hosts": [{
+                        "name": "backend",
+                        "domains": ["*"],
+                        "routes": [{ "match": { "prefix": "/healthz/ready" }, "route": { "cluster": "agent" } }]
+                    }]},
+                    "http_filters": [{
+                        "name": "envoy.filters.http.router",
+                        "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" }
+                    }]
+                }
+            }]}]
+        })
     }
 
     /// The LDS response: the outbound and inbound capture listeners, and the outbound HTTP
@@ -216,6 +323,9 @@ impl SidecarConfig {
         write(BOOTSTRAP_FILE, self.bootstrap(dir))
     }
 }
+
+/// The bootstrap cluster of Envoy's xDS source (Istio's name for pilot-agent's XDS proxy).
+const XDS_CLUSTER: &str = "xds-grpc";
 
 /// Envoy's `stats_matcher` as pilot-agent writes it into an Istio sidecar's bootstrap: Istio's
 /// own patterns (node-agent/tests/corpus/istio-stats-matcher.json, which names its sources in
@@ -352,6 +462,8 @@ mod tests {
             filter_config: String::new(),
             families: Default::default(),
             stats_matcher: None,
+            health_listener: false,
+            xds: None,
         }
     }
 
@@ -469,6 +581,56 @@ mod tests {
             c["resources"][1]["upstream_bind_config"]["source_address"]["address"],
             "127.0.0.6"
         );
+    }
+
+    #[test]
+    fn health_listener_and_rest_xds_are_istio_shaped() {
+        let c = SidecarConfig {
+            health_listener: true,
+            xds: Some(XdsRest {
+                socket: PathBuf::from("/w/p/xds.sock"),
+                delay: std::time::Duration::from_secs(2),
+            }),
+            ..cfg(false)
+        };
+        let b = c.bootstrap(Path::new("/w/p"));
+        let l = &b["static_resources"]["listeners"][0];
+        assert_eq!(l["name"], "0.0.0.0_15021");
+        let hcm = &l["filter_chains"][0]["filters"][0]["typed_config"];
+        assert_eq!(
+            hcm["route_config"]["virtual_hosts"][0]["routes"][0]["match"]["prefix"],
+            "/healthz/ready"
+        );
+        let clusters = b["static_resources"]["clusters"]
+            .as_array()
+            .expect("clusters");
+        let agent = clusters
+            .iter()
+            .find(|c| c["name"] == "agent")
+            .expect("agent");
+        assert_eq!(
+            agent["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+                ["socket_address"]["port_value"],
+            15020
+        );
+        let xds = clusters
+            .iter()
+            .find(|c| c["name"] == "xds-grpc")
+            .expect("xds");
+        assert_eq!(
+            xds["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+                ["pipe"]["path"],
+            "/w/p/xds.sock"
+        );
+        let lds = &b["dynamic_resources"]["lds_config"];
+        assert_eq!(lds["initial_fetch_timeout"], "0s");
+        assert_eq!(lds["api_config_source"]["api_type"], "REST");
+        assert_eq!(lds["api_config_source"]["request_timeout"], "62s");
+        // Without either, the bootstrap has no static resources, as before.
+        assert!(cfg(false)
+            .bootstrap(Path::new("/w/p"))
+            .get("static_resources")
+            .is_none());
     }
 
     #[test]

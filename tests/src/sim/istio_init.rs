@@ -22,6 +22,11 @@ pub const PROXY_UID: u32 = 1337;
 pub const ADMIN_PORT: u16 = 15000;
 /// pilot-agent's DNS proxy port (`DefaultDNSProxyAddr` = `localhost:15053`).
 pub const DNS_PORT: u16 = 15053;
+/// pilot-agent's status port (`/healthz/ready`, `/drain`, `/quitquitquit`).
+pub const STATUS_PORT: u16 = 15020;
+/// Envoy's health listener (bootstrap `0.0.0.0_15021`, routing `/healthz/ready` to
+/// pilot-agent's status port): where the injected startup and readiness probes go.
+pub const HEALTH_PORT: u16 = 15021;
 /// Outbound capture port.
 pub const OUTBOUND_PORT: u16 = 15001;
 /// Inbound capture port.

@@ -31,14 +31,17 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use super::bootstrap::{IstioStatsMatcher, SidecarConfig, SHIPPED_MESH_CONFIG};
+mod sidecar;
+
+use super::bootstrap::{IstioStatsMatcher, SidecarConfig, XdsRest, SHIPPED_MESH_CONFIG};
 use super::cgroup::Cgroup;
 use super::istio_init::{INBOUND_PORT, OUTBOUND_PORT, PROXY_UID};
 use super::netns::{NetNs, REMOTE_IP6};
 use super::node::{NodeEnv, Shared};
 use super::pod_object::{
-    now_ts, CState, ContainerView, PodView, Terminated, PROXY_CONTAINER, PROXY_IMAGE,
+    now_ts, CState, ContainerView, PodView, ProbeState, Terminated, PROXY_CONTAINER, PROXY_IMAGE,
 };
+use super::prober::{ProbeResult, ProbeTarget};
 use super::process::{notify_exit, reap, spawn_in, Exit};
 use super::{random_hex, SimError};
 
@@ -50,6 +53,8 @@ pub(crate) enum Slot {
     /// The user init container ([`super::spec::PodSpec::user_init`]).
     UserInit,
     Container(usize),
+    /// The native sidecar (`istio-proxy` as a restartable init container).
+    Sidecar,
 }
 
 /// What the pod worker reacts to.
@@ -63,6 +68,10 @@ pub(crate) enum PodEvent {
     Shutdown,
     /// The postStart hook of container `i` returned (serial start): start the containers after it.
     PostStarted(usize),
+    /// The prober's result for the proxy ([`super::prober`]).
+    Probe(ProbeResult),
+    /// The native sidecar's preStop hook process exited (not yet reaped).
+    HookDone { pid: u32 },
 }
 
 /// One pod's worker.
@@ -86,6 +95,14 @@ pub(crate) struct PodWorker {
     /// Set when the pod stops: helper threads polling its proxy (postStart hook, DROP remover)
     /// give up.
     stopping: Arc<AtomicBool>,
+    /// When the kubelet admitted the pod: its probes tick from here.
+    admitted: Instant,
+    /// The proxy's prober, when the spec asks for probes.
+    probe: Option<ProbeTarget>,
+    /// A native sidecar's kubelet state ([`sidecar`]).
+    native: sidecar::NativeState,
+    /// A native pod's stop: when each stopped container gets SIGKILL (its own timeout).
+    kill_at: HashMap<Slot, Instant>,
 }
 
 impl PodWorker {
@@ -98,6 +115,7 @@ impl PodWorker {
         tx: Sender<PodEvent>,
     ) -> PodWorker {
         let pod_dir = env.work_dir.join(&name);
+        let native = sidecar::NativeState::new(env.restart_backoff);
         PodWorker {
             name,
             index,
@@ -114,8 +132,12 @@ impl PodWorker {
             grace_deadline: None,
             deleting: false,
             shutting_down: false,
+            native,
             pod_dir,
             stopping: Arc::new(AtomicBool::new(false)),
+            admitted: Instant::now(),
+            probe: None,
+            kill_at: HashMap::new(),
         }
     }
 
@@ -136,6 +158,7 @@ impl PodWorker {
             let reason = e.to_string();
             self.update(|v| v.failed_reason = Some(reason));
         }
+        self.start_prober();
         loop {
             if (self.deleting || self.shutting_down) && self.only_sandbox_left() {
                 break;
@@ -146,10 +169,15 @@ impl PodWorker {
                 Ok(PodEvent::Delete) => self.on_delete(),
                 Ok(PodEvent::Shutdown) | Err(RecvTimeoutError::Disconnected) => self.on_shutdown(),
                 Ok(PodEvent::PostStarted(i)) => self.on_post_started(i),
+                Ok(PodEvent::Probe(r)) => self.on_probe(r),
+                Ok(PodEvent::HookDone { pid }) => self.on_hook_done(pid),
                 Err(RecvTimeoutError::Timeout) => self.on_timer(),
             }
         }
         self.stopping.store(true, Ordering::SeqCst);
+        if let Some(p) = &self.probe {
+            p.stop();
+        }
         self.stop_sandbox();
         let pods_dir = self.env.pods_dir.clone();
         self.update(|v| {
@@ -169,6 +197,8 @@ impl PodWorker {
             .values()
             .copied()
             .chain(self.grace_deadline)
+            .chain(self.native.deadline())
+            .chain(self.kill_at.values().copied())
             .min()
             .unwrap_or(far)
     }
@@ -437,6 +467,17 @@ impl PodWorker {
                 }
                 return a;
             }
+            self.proxy_args_of(spec)
+        })
+    }
+
+    /// The proxy container's command line (pilot-agent).
+    pub(crate) fn proxy_args(&self) -> Vec<String> {
+        self.view(|v| self.proxy_args_of(&v.spec))
+    }
+
+    fn proxy_args_of(&self, spec: &super::spec::PodSpec) -> Vec<String> {
+        {
             let mut a = vec![
                 "pilot-agent".to_string(),
                 "--envoy".into(),
@@ -460,8 +501,25 @@ impl PodWorker {
             if let Some(late) = spec.dns_capture {
                 a.extend(["--dns-delay-ms".into(), late.as_millis().to_string()]);
             }
+            if spec.proxy_probes {
+                a.extend([
+                    "--status-port".into(),
+                    super::istio_init::STATUS_PORT.to_string(),
+                ]);
+            }
+            if let Some(delay) = spec.xds_delay {
+                a.extend([
+                    "--xds-socket".into(),
+                    self.pod_dir
+                        .join(super::xds::XDS_SOCKET)
+                        .to_string_lossy()
+                        .into_owned(),
+                    "--xds-delay-ms".into(),
+                    delay.as_millis().to_string(),
+                ]);
+            }
             a
-        })
+        }
     }
 
     pub(crate) fn write_sidecar_config(&self) -> Result<(), SimError> {
@@ -487,6 +545,11 @@ impl PodWorker {
             filter_config: v.spec.filter_config.clone(),
             families: v.spec.ip_families,
             stats_matcher: Some(stats_matcher),
+            health_listener: v.spec.proxy_probes,
+            xds: v.spec.xds_delay.map(|delay| XdsRest {
+                socket: self.pod_dir.join(super::xds::XDS_SOCKET),
+                delay,
+            }),
         });
         cfg.write(&self.pod_dir).map_err(|source| SimError::Io {
             what: format!("cannot write Envoy config to {}", self.pod_dir.display()),
@@ -508,17 +571,25 @@ impl PodWorker {
         }
         let args = self.container_args(i);
         match self.spawn(Slot::Container(i), &id, &args, &name) {
-            Ok(pid) => self.update(|v| {
-                let c = &mut v.containers[i];
-                if restarting {
-                    c.restart_count += 1;
+            Ok(pid) => {
+                let probed = self.update(|v| {
+                    let probed = v.spec.proxy_probes && v.containers[i].name == PROXY_CONTAINER;
+                    let c = &mut v.containers[i];
+                    if restarting {
+                        c.restart_count += 1;
+                    }
+                    c.id = Some(id.clone());
+                    c.pid = Some(pid);
+                    c.state = CState::Running {
+                        started_at: now_ts(),
+                    };
+                    c.probed = probed.then(ProbeState::default);
+                    probed
+                });
+                if probed {
+                    self.probe_running(&id);
                 }
-                c.id = Some(id);
-                c.pid = Some(pid);
-                c.state = CState::Running {
-                    started_at: now_ts(),
-                };
-            }),
+            }
             Err(e) => {
                 eprintln!("sim: pod {}: cannot start {name}: {e}", self.name);
                 let reason = format!("RunContainerError: {e}");
@@ -530,6 +601,7 @@ impl PodWorker {
     fn on_exit(&mut self, slot: Slot, pid: u32) {
         let exit = reap(pid);
         self.live.remove(&pid);
+        self.kill_at.remove(&slot);
         if let Some(cg) = self.cgroups.remove(&slot) {
             // The container's main process is gone: the runtime tears the container down, so
             // anything it left behind (e.g. Envoy under pilot-agent) dies with it.
@@ -540,6 +612,7 @@ impl PodWorker {
         }
         match slot {
             Slot::Sandbox => {}
+            Slot::Sidecar => self.on_sidecar_exit(exit),
             Slot::UserInit => {
                 let ok = exit.code == 0;
                 let cni = self.update(|v| {
@@ -591,12 +664,19 @@ impl PodWorker {
                     std::thread::sleep(self.env.status_lag);
                 }
                 let base = self.env.restart_backoff;
-                let backoff = self.update(|v| {
+                let (backoff, probed_proxy) = self.update(|v| {
                     let t = terminated(&v.containers[i], exit);
-                    v.container_exited(i, t, deleting, base)
+                    let probed_proxy = v.containers[i].probed.is_some();
+                    (v.container_exited(i, t, deleting, base), probed_proxy)
                 });
+                if let (true, Some(p)) = (probed_proxy, &self.probe) {
+                    p.stopped();
+                }
                 if let Some(b) = backoff {
                     self.restart_at.insert(i, Instant::now() + b);
+                }
+                if self.is_native() {
+                    self.after_regular_exit();
                 }
             }
         }
@@ -605,7 +685,13 @@ impl PodWorker {
     /// The init phase is over: start the containers in spec order (serially with
     /// `holdApplicationUntilProxyStarts`).
     fn start_app_containers(&mut self) {
-        let (n, serial) = self.view(|v| (v.containers.len(), v.spec.serial_start));
+        if self.is_native() {
+            // The next init container is the sidecar; the regular containers follow once its
+            // startup probe passed (`on_probe`).
+            self.start_sidecar();
+            return;
+        }
+        let serial = self.view(|v| v.spec.serial_start);
         let proxy = self.view(|v| v.containers.iter().position(|c| c.name == PROXY_CONTAINER));
         match (serial, proxy) {
             (true, Some(p)) => {
@@ -614,23 +700,29 @@ impl PodWorker {
                 self.start_container(p);
                 self.run_post_start_wait(p);
             }
-            _ => {
-                let delay = self.view(|v| v.spec.app_start_delay);
-                for i in 0..n {
-                    if Some(i) != proxy && !delay.is_zero() {
-                        // A slow image pull: the app container starts later (the timer that
-                        // restarts containers starts it).
-                        self.restart_at.insert(i, Instant::now() + delay);
-                    } else {
-                        self.start_container(i);
-                    }
-                }
+            _ => self.start_regular_containers(),
+        }
+    }
+
+    /// Starts the regular containers in spec order, without waiting for readiness.
+    fn start_regular_containers(&mut self) {
+        let n = self.view(|v| v.containers.len());
+        let proxy = self.view(|v| v.containers.iter().position(|c| c.name == PROXY_CONTAINER));
+        let delay = self.view(|v| v.spec.app_start_delay);
+        for i in 0..n {
+            if Some(i) != proxy && !delay.is_zero() {
+                // A slow image pull: the app container starts later (the timer that
+                // restarts containers starts it).
+                self.restart_at.insert(i, Instant::now() + delay);
+            } else {
+                self.start_container(i);
             }
         }
     }
 
     fn on_timer(&mut self) {
         let now = Instant::now();
+        self.on_native_timer(now);
         if self.grace_deadline.is_some_and(|d| d <= now) {
             self.grace_deadline = None;
             // Grace period over: SIGKILL whatever is left of every container.
@@ -659,6 +751,18 @@ impl PodWorker {
         self.deleting = true;
         self.restart_at.clear();
         let grace = self.view(|v| v.spec.grace);
+        if self.is_native() {
+            self.update(|v| {
+                v.deletion_at = Some(jiff_add(now_ts(), v.spec.grace));
+                for c in v.containers.iter_mut().chain(v.sidecar.iter_mut()) {
+                    if let (CState::Waiting { .. }, Some(last)) = (&c.state, &c.last) {
+                        c.state = CState::Terminated(last.clone());
+                    }
+                }
+            });
+            self.on_native_delete();
+            return;
+        }
         self.grace_deadline = Some(Instant::now() + grace);
         self.update(|v| {
             let due = jiff_add(now_ts(), v.spec.grace);
@@ -787,6 +891,9 @@ impl PodWorker {
     fn on_shutdown(&mut self) {
         self.shutting_down = true;
         self.restart_at.clear();
+        if let Some(p) = &self.probe {
+            p.stop();
+        }
         for (slot, cg) in &self.cgroups {
             if *slot != Slot::Sandbox {
                 cg.kill_all();
@@ -803,6 +910,9 @@ impl PodWorker {
         while !self.live.is_empty() && Instant::now() < deadline {
             match self.rx.recv_timeout(Duration::from_millis(100)) {
                 Ok(PodEvent::Exited { slot, pid }) => self.on_exit(slot, pid),
+                Ok(PodEvent::HookDone { pid }) => {
+                    reap(pid);
+                }
                 Ok(_) | Err(RecvTimeoutError::Timeout) => {
                     // Keep killing: a process may have been between fork and the cgroup move.
                     for cg in self.cgroups.values() {

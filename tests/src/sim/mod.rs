@@ -8,9 +8,14 @@
 //!   reports, teardown and leftovers check).
 //! - [`spec`]: [`PodSpec`] (builder) and [`AppScript`], what a test asks for.
 //! - [`kubelet`]: the kubelet stand-in (sandbox, init, containers in order, SIGTERM/SIGKILL, restarts).
+//! - [`native`]: the kubelet's rules for native sidecars (start gate, back-off, stop order and
+//!   shared grace), followed by both backends' kubelet stand-ins; [`prober`]: the kubelet's
+//!   startup and readiness probes of `istio-proxy`.
 //! - [`pod_object`]: the `Pod` object (k8s-openapi) written to the pods directory.
 //! - [`istio_init`]: Istio's REDIRECT-mode nat rules (the init container).
-//! - [`pilot_agent`]: the pilot-agent stand-in (starts Envoy as uid 1337, drains on SIGTERM).
+//! - [`pilot_agent`]: the pilot-agent stand-in (starts Envoy as uid 1337, drains on SIGTERM);
+//!   [`pilot_status`]: its status port (readiness, `/drain`) and `pilot-agent request`;
+//!   [`xds`]: its xDS stand-in (Envoy's config arriving late, as from istiod).
 //! - [`bootstrap`]: the sidecar's Envoy configuration (Istio-shaped listeners, holdfast filter).
 //! - [`apps`]: the app containers, remote services and pause process (`sim-app` subcommands).
 //! - [`attacks`]: what a hostile pod's app does (fake Envoy, rule flood, forged netlink, fork
@@ -42,18 +47,22 @@ pub mod dns;
 pub mod http_calls;
 pub mod istio_init;
 pub mod kubelet;
+pub mod native;
 pub mod netns;
 pub mod node;
 pub mod pilot_agent;
+pub mod pilot_status;
 pub mod pod_object;
+pub mod prober;
 pub mod process;
 pub mod report;
 pub mod spec;
+pub mod xds;
 
 pub use node::{sim_app_binary, NodeOptions, Runtime, SimNode, REMOTE_PORT};
 pub use pod_object::{PodPhase, PodView, PROXY_CONTAINER};
 pub use report::{AppReport, CallCounts, CallError, HttpProto, HttpTally, Phase};
-pub use spec::{AppScript, IpFamilies, PodSpec, RestartPolicy};
+pub use spec::{AppScript, IpFamilies, PodSpec, RestartPolicy, SidecarMode};
 
 use std::io::Read;
 use std::time::Duration;

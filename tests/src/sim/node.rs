@@ -471,6 +471,9 @@ impl SimNode {
                 )));
             }
         }
+        if let Some(why) = spec.conflict() {
+            return Err(SimError::Setup(format!("pod {}: {why}", spec.name)));
+        }
         if self.env.cri.is_some() {
             if let Some(why) = crate::cri::kubelet::unsupported(&spec) {
                 return Err(SimError::Setup(format!(
@@ -519,6 +522,7 @@ impl SimNode {
                         self.env.clone(),
                         self.shared.clone(),
                         rx,
+                        tx.clone(),
                         rt,
                     );
                     Box::new(move || w.run())

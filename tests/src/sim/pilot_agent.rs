@@ -6,6 +6,11 @@
 //! `MINIMUM_DRAIN_DURATION` then poll the active downstream connections every second until 0),
 //! then SIGKILL Envoy. If Envoy exits by itself (e.g. `/quitquitquit`), exit with its status.
 //!
+//! With `--status-port` it serves pilot-agent's status port, whose `POST /drain` (Istio's
+//! native-sidecar preStop) drains Envoy's inbound listeners at once and makes a later SIGTERM
+//! end the agent immediately ([`super::pilot_status`]). With `--xds-socket` Envoy starts at
+//! once and gets its listeners and clusters late from the xDS stand-in ([`super::xds`]).
+//!
 //! With `--dns-delay-ms` (DNS capture on) it also starts its DNS proxy, after that delay: a
 //! child `sim-app dns-proxy` running as the proxy uid (the whole istio-proxy container runs as
 //! 1337; Istio's conntrack-zone rules match the DNS answers by that owner, so a DNS proxy of
@@ -21,8 +26,11 @@ use std::process::{Child, Command, ExitStatus};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use std::sync::atomic::Ordering;
+
 use super::apps::{TermSignal, Woken};
 use super::istio_init::{ADMIN_PORT, DNS_PORT, PROXY_UID};
+use super::pilot_status::AgentState;
 
 /// `sim-app pilot-agent` flags.
 #[derive(Debug, Clone, clap::Args)]
@@ -54,6 +62,16 @@ pub struct PilotAgentArgs {
     /// DNS capture: start the DNS proxy on 15053 this many ms after the container starts.
     #[arg(long)]
     pub dns_delay_ms: Option<u64>,
+    /// Serve pilot-agent's status port (`/healthz/ready`, `/drain`: [`super::pilot_status`]).
+    #[arg(long)]
+    pub status_port: Option<u16>,
+    /// Serve Envoy's LDS/CDS over REST on this unix socket ([`super::xds`]), from the files
+    /// next to --bootstrap.
+    #[arg(long, requires = "xds_delay_ms")]
+    pub xds_socket: Option<PathBuf>,
+    /// ... answering the first request this many ms after the agent started (istiod's push).
+    #[arg(long, requires = "xds_socket")]
+    pub xds_delay_ms: Option<u64>,
 }
 
 /// Starts the DNS proxy child (as the proxy uid) after `delay`, on a background thread; it dies
@@ -94,8 +112,21 @@ fn log(msg: &str) {
 
 /// Runs the agent; returns the exit code.
 pub fn run(args: &PilotAgentArgs, term: &TermSignal) -> io::Result<i32> {
+    let started = Instant::now();
     if let Some(ms) = args.dns_delay_ms {
         start_dns_proxy_later(Duration::from_millis(ms), term);
+    }
+    let state = Arc::new(AgentState::default());
+    if let Some(port) = args.status_port {
+        super::pilot_status::serve(port, args.admin, state.clone())?;
+    }
+    if let (Some(socket), Some(ms)) = (&args.xds_socket, args.xds_delay_ms) {
+        let dir = args
+            .bootstrap
+            .parent()
+            .map(PathBuf::from)
+            .unwrap_or_default();
+        super::xds::serve(socket, dir, started + Duration::from_millis(ms))?;
     }
     if term.sleep(Duration::from_millis(args.start_delay_ms)) {
         log("SIGTERM before Envoy started");
@@ -142,6 +173,19 @@ pub fn run(args: &PilotAgentArgs, term: &TermSignal) -> io::Result<i32> {
         if term.sleep_or_event(seen, ENVOY_EXIT_POLL) == Woken::Signal {
             break;
         }
+    }
+    if state.drained.load(Ordering::SeqCst) {
+        // The native sidecar's shutdown: Istio's preStop called /drain when the pod's
+        // termination began, and the kubelet sends SIGTERM once the app containers are gone.
+        // pkg/envoy/agent.go `terminate`: abort, which kills Envoy (`cmd.Process.Kill()`).
+        log("Agent already drained, exiting immediately");
+        let mut child = match envoy.lock() {
+            Ok(c) => c,
+            Err(p) => p.into_inner(),
+        };
+        let _ = child.kill();
+        let _ = child.wait();
+        return Ok(0);
     }
     log("SIGTERM: draining inbound listeners");
     let admin = args.admin;

@@ -7,11 +7,13 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, ContainerState, ContainerStateRunning, ContainerStateTerminated,
-    ContainerStateWaiting, ContainerStatus, EnvVar, Pod, PodCondition, PodIP,
-    PodSpec as K8sPodSpec, PodStatus, SecurityContext,
+    Capabilities, Container, ContainerPort, ContainerState, ContainerStateRunning,
+    ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, EnvVar, ExecAction,
+    HTTPGetAction, Lifecycle, LifecycleHandler, Pod, PodCondition, PodIP, PodSpec as K8sPodSpec,
+    PodStatus, Probe, SecurityContext,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
 
 use super::spec::PodSpec;
@@ -24,6 +26,28 @@ pub const INIT_CONTAINER: &str = "istio-init";
 pub const VALIDATION_CONTAINER: &str = "istio-validation";
 /// The proxy image (what Istio injects).
 pub const PROXY_IMAGE: &str = "docker.io/istio/proxyv2:1.28.0";
+/// Istio's native-sidecar preStop hook on `istio-proxy` (injection-template.yaml: "preStop is
+/// called when the pod starts shutdown. Initialize drain. We will get SIGTERM once applications
+/// are torn down."): pilot-agent's `/drain` on its status port.
+pub const PRE_STOP_DRAIN: [&str; 5] = [
+    "pilot-agent",
+    "request",
+    "--debug-port=15020",
+    "POST",
+    "drain",
+];
+/// The volumes Istio's sidecar template injects, as the status annotation lists them.
+const ISTIO_VOLUMES: [&str; 9] = [
+    "workload-socket",
+    "credential-socket",
+    "workload-certs",
+    "istio-envoy",
+    "istio-data",
+    "istio-podinfo",
+    "istio-token",
+    "istiod-ca-cert",
+    "istio-ca-crl",
+];
 /// The app image (a stand-in name).
 pub const APP_IMAGE: &str = "ghcr.io/holdfast-mesh/sim-app:latest";
 
@@ -54,6 +78,16 @@ pub struct Terminated {
     pub finished_at: Timestamp,
 }
 
+/// What the kubelet's probes said about a probed container's current run ([`PodSpec::proxy_probes`]):
+/// `started` by the startup probe, `ready` by the readiness probe (kubelet's
+/// `prober_manager.go` `UpdatePodStatus`: a container is started once its startup probe
+/// succeeded, and ready only by its readiness probe, which runs only once started).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProbeState {
+    pub started: bool,
+    pub ready: bool,
+}
+
 /// One container's status, as kubelet tracks it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ContainerView {
@@ -66,6 +100,9 @@ pub struct ContainerView {
     pub state: CState,
     pub restart_count: u32,
     pub last: Option<Terminated>,
+    /// The probes' view of the current run, for a probed container (`None`: not probed; it
+    /// counts as started and ready while it runs).
+    pub probed: Option<ProbeState>,
 }
 
 impl ContainerView {
@@ -80,11 +117,22 @@ impl ContainerView {
             },
             restart_count: 0,
             last: None,
+            probed: None,
         }
     }
 
     pub fn is_running(&self) -> bool {
         matches!(self.state, CState::Running { .. })
+    }
+
+    /// Running and, if probed, its startup probe succeeded (`status.started`).
+    pub fn is_started(&self) -> bool {
+        self.is_running() && self.probed.is_none_or(|p| p.started)
+    }
+
+    /// Running and, if probed, its readiness probe succeeded (`status.ready`).
+    pub fn is_ready(&self) -> bool {
+        self.is_running() && self.probed.is_none_or(|p| p.ready)
     }
 
     /// The container's last exit (now terminated, or before a restart), if any.
@@ -146,8 +194,12 @@ pub struct PodView {
     pub init: Option<ContainerView>,
     /// The user init container ([`PodSpec::user_init`]), once started.
     pub user_init: Option<ContainerView>,
-    /// In spec order: the app, then `istio-proxy` (where Istio's injector appends it).
+    /// In spec order: the app, then `istio-proxy` (where Istio's injector appends it). A native
+    /// sidecar pod has only the app here: its proxy is [`PodView::sidecar`].
     pub containers: Vec<ContainerView>,
+    /// The native sidecar: `istio-proxy` as a restartable init container, reported in
+    /// `status.initContainerStatuses` after the injected init step. `None` for classic pods.
+    pub sidecar: Option<ContainerView>,
     /// The pod failed in a way that stops it (init failure).
     pub failed_reason: Option<String>,
     /// The pod object is gone from the API (deleted and all containers stopped).
@@ -191,10 +243,18 @@ impl PodView {
         node_ip: Ipv4Addr,
         pod_ip: Ipv4Addr,
     ) -> PodView {
-        let containers = vec![
-            ContainerView::new(&spec.app_name, APP_IMAGE, "PodInitializing"),
-            ContainerView::new(PROXY_CONTAINER, PROXY_IMAGE, "PodInitializing"),
-        ];
+        let mut containers = vec![ContainerView::new(
+            &spec.app_name,
+            APP_IMAGE,
+            "PodInitializing",
+        )];
+        let proxy = ContainerView::new(PROXY_CONTAINER, PROXY_IMAGE, "PodInitializing");
+        let sidecar = if spec.is_native() {
+            Some(proxy)
+        } else {
+            containers.push(proxy);
+            None
+        };
         let pod_ip6 = spec
             .ip_families
             .has_ipv6()
@@ -214,6 +274,7 @@ impl PodView {
             init: None,
             user_init: None,
             containers,
+            sidecar,
             failed_reason: None,
             gone: false,
         }
@@ -228,6 +289,7 @@ impl PodView {
     pub fn container(&self, name: &str) -> Option<&ContainerView> {
         self.containers
             .iter()
+            .chain(self.sidecar.iter())
             .chain(self.init.iter())
             .chain(self.user_init.iter())
             .find(|c| c.name == name)
@@ -239,6 +301,25 @@ impl PodView {
 
     pub fn proxy(&self) -> Option<&ContainerView> {
         self.container(PROXY_CONTAINER)
+    }
+
+    /// The pod's `ContainersReady` (and `Ready`) condition: every regular container ready and,
+    /// for a native sidecar, the sidecar too (kubelet's `status/generate.go` counts restartable
+    /// init containers in).
+    pub fn containers_ready(&self) -> bool {
+        (self.init.is_some() || self.user_init.is_some())
+            && self.containers.iter().all(ContainerView::is_ready)
+            && self.sidecar.as_ref().is_none_or(ContainerView::is_ready)
+    }
+
+    /// The pod's `Initialized` condition: every init container done and, for a native sidecar,
+    /// its startup probe passed once (the app has been started since).
+    fn initialized(&self) -> bool {
+        self.init_done()
+            && self
+                .sidecar
+                .as_ref()
+                .is_none_or(|s| s.is_started() || self.containers.iter().any(|c| c.id.is_some()))
     }
 
     fn init_done(&self) -> bool {
@@ -311,10 +392,98 @@ impl PodView {
             image: Some(APP_IMAGE.into()),
             ..Container::default()
         });
+        if s.is_native() {
+            // reorderPod with a native sidecar: "{istio-init/istio-validation} => proxy => rest".
+            let mut inits = vec![injected, self.proxy_spec()];
+            inits.extend(user);
+            return inits;
+        }
         match (s.cni, user) {
             (_, None) => vec![injected],
             (true, Some(u)) => vec![injected, u],
             (false, Some(u)) => vec![u, injected],
+        }
+    }
+
+    /// The `istio-proxy` container as Istio 1.28's injection template renders it (the fields the
+    /// kubelet and holdfast act on). A native sidecar follows the golden file
+    /// `pkg/kube/inject/testdata/inject/native-sidecar.yaml.injected` (istio/istio 1.28.0;
+    /// template `manifests/charts/istio-control/istio-discovery/files/injection-template.yaml`):
+    /// `restartPolicy: Always`, the preStop `pilot-agent request --debug-port=15020 POST drain`
+    /// (replaced by `global.proxy.lifecycle` when the mesh sets one), startupProbe `GET
+    /// /healthz/ready` on 15021 every 1 s (failureThreshold 600, timeout 3 s) and readinessProbe
+    /// the same every 15 s (failureThreshold 4). A classic proxy gets the same probes (the
+    /// template renders them for both) when the sim probes it ([`PodSpec::proxy_probes`]).
+    fn proxy_spec(&self) -> Container {
+        let s = &self.spec;
+        let probe = |period: i32, failures: i32| Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some("/healthz/ready".into()),
+                port: IntOrString::Int(i32::from(super::istio_init::HEALTH_PORT)),
+                ..HTTPGetAction::default()
+            }),
+            period_seconds: Some(period),
+            timeout_seconds: Some(3),
+            failure_threshold: Some(failures),
+            ..Probe::default()
+        };
+        let probed = s.proxy_probes || s.is_native();
+        let lifecycle = if s.istio_pre_stop() {
+            Some(Lifecycle {
+                pre_stop: Some(LifecycleHandler {
+                    exec: Some(ExecAction {
+                        command: Some(PRE_STOP_DRAIN.map(String::from).to_vec()),
+                    }),
+                    ..LifecycleHandler::default()
+                }),
+                ..Lifecycle::default()
+            })
+        } else if s.is_native() && s.lifecycle_override {
+            // `global.proxy.lifecycle` replaces Istio's hook; the sim's override has no hooks.
+            Some(Lifecycle::default())
+        } else {
+            None
+        };
+        Container {
+            name: PROXY_CONTAINER.into(),
+            image: Some(PROXY_IMAGE.into()),
+            restart_policy: s.is_native().then(|| "Always".to_string()),
+            args: Some(if s.is_native() {
+                [
+                    "proxy",
+                    "sidecar",
+                    "--domain",
+                    "$(POD_NAMESPACE).svc.cluster.local",
+                ]
+                .map(String::from)
+                .to_vec()
+            } else {
+                ["proxy", "sidecar"].map(String::from).to_vec()
+            }),
+            env: self.proxy_metadata_env(),
+            lifecycle,
+            ports: Some(vec![ContainerPort {
+                container_port: 15090,
+                name: Some("http-envoy-prom".into()),
+                protocol: Some("TCP".into()),
+                ..ContainerPort::default()
+            }]),
+            startup_probe: probed.then(|| probe(1, 600)),
+            readiness_probe: probed.then(|| probe(15, 4)),
+            security_context: Some(SecurityContext {
+                run_as_user: Some(1337),
+                run_as_group: Some(1337),
+                run_as_non_root: s.is_native().then_some(true),
+                read_only_root_filesystem: s.is_native().then_some(true),
+                allow_privilege_escalation: s.is_native().then_some(false),
+                privileged: s.is_native().then_some(false),
+                capabilities: s.is_native().then(|| Capabilities {
+                    drop: Some(vec!["ALL".into()]),
+                    ..Capabilities::default()
+                }),
+                ..SecurityContext::default()
+            }),
+            ..Container::default()
         }
     }
 
@@ -363,7 +532,11 @@ impl PodView {
             .containers
             .iter()
             .all(|c| matches!(c.state, CState::Terminated(_)) && !self.will_restart(c));
-        if !all_done {
+        // kubelet's getPhase (pkg/kubelet/kubelet_pods.go): a running restartable init container
+        // keeps the pod Running; a terminated one (or one in back-off) is ignored, so a Job's pod
+        // completes once its sidecar has been stopped.
+        let sidecar_running = self.sidecar.as_ref().is_some_and(ContainerView::is_running);
+        if !all_done || sidecar_running {
             return PodPhase::Running;
         }
         if self.containers.iter().all(|c| c.exit_code() == Some(0)) {
@@ -390,13 +563,22 @@ impl PodView {
                 block_owner_deletion: Some(true),
             }]);
         }
-        let mut annotations = BTreeMap::from([(
-            "sidecar.istio.io/status".to_string(),
+        let status_annotation = if s.is_native() {
+            // As in the golden file: the proxy is named among the init containers, and
+            // "containers" is null.
+            format!(
+                "{{\"initContainers\":[\"{}\",\"{PROXY_CONTAINER}\"],\"containers\":null,\"volumes\":[{}],\"imagePullSecrets\":null,\"revision\":\"default\"}}",
+                self.init_name(),
+                ISTIO_VOLUMES.map(|v| format!("\"{v}\"")).join(",")
+            )
+        } else {
             format!(
                 "{{\"initContainers\":[\"{}\"],\"containers\":[\"{PROXY_CONTAINER}\"],\"volumes\":[],\"imagePullSecrets\":null,\"revision\":\"default\"}}",
                 self.init_name()
-            ),
-        )]);
+            )
+        };
+        let mut annotations =
+            BTreeMap::from([("sidecar.istio.io/status".to_string(), status_annotation)]);
         if !s.holdfast_enabled {
             annotations.insert(
                 holdfast::config::ANNOTATION_ENABLED.to_string(),
@@ -428,32 +610,18 @@ impl PodView {
             restart_policy: Some(s.restart_policy.as_str().into()),
             termination_grace_period_seconds: Some(grace_secs),
             init_containers: Some(self.init_specs()),
-            containers: vec![
-                Container {
+            containers: {
+                let mut containers = vec![Container {
                     name: s.app_name.clone(),
                     image: Some(APP_IMAGE.into()),
                     ports: app_ports,
                     ..Container::default()
-                },
-                Container {
-                    name: PROXY_CONTAINER.into(),
-                    image: Some(PROXY_IMAGE.into()),
-                    args: Some(["proxy", "sidecar"].map(String::from).to_vec()),
-                    env: self.proxy_metadata_env(),
-                    ports: Some(vec![ContainerPort {
-                        container_port: 15090,
-                        name: Some("http-envoy-prom".into()),
-                        protocol: Some("TCP".into()),
-                        ..ContainerPort::default()
-                    }]),
-                    security_context: Some(SecurityContext {
-                        run_as_user: Some(1337),
-                        run_as_group: Some(1337),
-                        ..SecurityContext::default()
-                    }),
-                    ..Container::default()
-                },
-            ],
+                }];
+                if !s.is_native() {
+                    containers.push(self.proxy_spec());
+                }
+                containers
+            },
             ..K8sPodSpec::default()
         };
         Pod {
@@ -485,13 +653,19 @@ impl PodView {
             st.start_time = self.start_time.map(Time);
         }
         if self.init.is_some() || self.user_init.is_some() {
-            let all_ready = self.containers.iter().all(ContainerView::is_running);
-            conditions.push(cond("Initialized", self.init_done()));
+            let all_ready = self.containers_ready();
+            conditions.push(cond("Initialized", self.initialized()));
             conditions.push(cond("ContainersReady", all_ready));
             conditions.push(cond("Ready", all_ready));
             // In run order (see `init_specs`); only those kubelet has started.
-            let inits: Vec<&ContainerView> = if self.spec.cni {
-                self.init.iter().chain(self.user_init.iter()).collect()
+            let inits: Vec<&ContainerView> = if self.spec.cni || self.sidecar.is_some() {
+                // A native sidecar's status is there from the start (waiting, then running):
+                // kubelet reports every init container of the spec.
+                self.init
+                    .iter()
+                    .chain(self.sidecar.iter())
+                    .chain(self.user_init.iter())
+                    .collect()
             } else {
                 self.user_init.iter().chain(self.init.iter()).collect()
             };
@@ -553,10 +727,10 @@ fn container_status(c: &ContainerView) -> ContainerStatus {
         image_id: String::new(),
         container_id: c.id.as_ref().map(|id| format!("containerd://{id}")),
         // kubelet reports a successfully completed init container as ready.
-        ready: c.is_running()
+        ready: c.is_ready()
             || (c.name == INIT_CONTAINER
                 && matches!(&c.state, CState::Terminated(t) if t.exit_code == 0)),
-        started: Some(c.is_running()),
+        started: Some(c.is_started()),
         restart_count: c.restart_count as i32,
         state: Some(state),
         last_state: c.last.as_ref().map(terminated_state),
@@ -691,6 +865,210 @@ mod tests {
         let tracked = tracked.unwrap_or_else(|why| panic!("the sim's pod is not tracked: {why}"));
         assert!(tracked.overrides.problems.is_empty());
         assert!(!tracked.init_done(), "istio-init has not run yet");
+    }
+
+    /// `want` is a part of `got`: every key of an object, every element of an array (in order).
+    fn assert_subset(want: &serde_json::Value, got: &serde_json::Value, at: &str) {
+        use serde_json::Value;
+        match (want, got) {
+            (Value::Object(w), Value::Object(g)) => {
+                for (k, v) in w {
+                    let gv = g
+                        .get(k)
+                        .unwrap_or_else(|| panic!("{at}.{k} missing in {got}"));
+                    assert_subset(v, gv, &format!("{at}.{k}"));
+                }
+            }
+            (Value::Array(w), Value::Array(g)) => {
+                assert!(w.len() <= g.len(), "{at}: {g:?} has fewer than {w:?}");
+                for (i, (v, gv)) in w.iter().zip(g).enumerate() {
+                    assert_subset(v, gv, &format!("{at}[{i}]"));
+                }
+            }
+            _ => assert_eq!(want, got, "at {at}"),
+        }
+    }
+
+    fn native_view() -> PodView {
+        PodView::new(
+            PodSpec::new("hello").app_name("hello").native(),
+            "0b7c6f1e-3d2a-4c55-9a57-3f1f6b0e9d12".into(),
+            "node-a",
+            Ipv4Addr::new(198, 18, 0, 254),
+            Ipv4Addr::new(198, 18, 1, 5),
+        )
+    }
+
+    /// The key fields of Istio 1.28.0's golden file for a native sidecar,
+    /// `pkg/kube/inject/testdata/inject/native-sidecar.yaml.injected` (the injector's expected
+    /// output from `manifests/charts/istio-control/istio-discovery/files/injection-template.yaml`),
+    /// transcribed: what the kubelet and holdfast act on. The simulated node renders the same.
+    #[test]
+    fn the_native_pod_has_the_shape_of_istios_golden_file() {
+        let golden = serde_json::json!({
+            "spec": {
+                "containers": [{ "name": "hello" }],
+                "initContainers": [
+                    {
+                        "name": "istio-init",
+                        "args": ["istio-iptables", "-p", "15001", "-z", "15006", "-u", "1337",
+                                 "-m", "REDIRECT", "-i", "*", "-x", "", "-b", "*",
+                                 "-d", "15090,15021,15020"]
+                    },
+                    {
+                        "name": "istio-proxy",
+                        "restartPolicy": "Always",
+                        "args": ["proxy", "sidecar", "--domain", "$(POD_NAMESPACE).svc.cluster.local"],
+                        "lifecycle": { "preStop": { "exec": { "command":
+                            ["pilot-agent", "request", "--debug-port=15020", "POST", "drain"] } } },
+                        "ports": [{ "containerPort": 15090, "name": "http-envoy-prom", "protocol": "TCP" }],
+                        "readinessProbe": {
+                            "failureThreshold": 4,
+                            "httpGet": { "path": "/healthz/ready", "port": 15021 },
+                            "periodSeconds": 15,
+                            "timeoutSeconds": 3
+                        },
+                        "startupProbe": {
+                            "failureThreshold": 600,
+                            "httpGet": { "path": "/healthz/ready", "port": 15021 },
+                            "periodSeconds": 1,
+                            "timeoutSeconds": 3
+                        },
+                        "securityContext": {
+                            "allowPrivilegeEscalation": false,
+                            "capabilities": { "drop": ["ALL"] },
+                            "privileged": false,
+                            "readOnlyRootFilesystem": true,
+                            "runAsGroup": 1337,
+                            "runAsNonRoot": true,
+                            "runAsUser": 1337
+                        }
+                    }
+                ]
+            }
+        });
+        let got = serde_json::to_value(native_view().to_pod()).expect("json");
+        assert_subset(&golden, &got, "pod");
+        let spec = &got["spec"];
+        assert_eq!(spec["containers"].as_array().map(Vec::len), Some(1));
+        assert_eq!(spec["initContainers"].as_array().map(Vec::len), Some(2));
+        // The annotation names the proxy among the init containers, and no containers.
+        let status: serde_json::Value = serde_json::from_str(
+            got["metadata"]["annotations"]["sidecar.istio.io/status"]
+                .as_str()
+                .expect("status annotation"),
+        )
+        .expect("annotation is JSON");
+        assert_eq!(
+            status["initContainers"],
+            serde_json::json!(["istio-init", "istio-proxy"])
+        );
+        assert_eq!(status["containers"], serde_json::Value::Null);
+        assert_eq!(status["volumes"].as_array().map(Vec::len), Some(9));
+        // With `global.proxy.lifecycle` set, Istio's preStop is gone.
+        let mut v = native_view();
+        v.spec = v.spec.lifecycle_override(true);
+        let got = serde_json::to_value(v.to_pod()).expect("json");
+        assert!(got["spec"]["initContainers"][1]["lifecycle"]
+            .get("preStop")
+            .is_none());
+        // A classic pod keeps its shape: the proxy among the containers, no probes unless asked.
+        let classic = serde_json::to_value(view().to_pod()).expect("json");
+        assert_eq!(classic["spec"]["containers"][1]["name"], "istio-proxy");
+        assert!(classic["spec"]["containers"][1]
+            .get("startupProbe")
+            .is_none());
+        assert!(classic["spec"]["containers"][1]
+            .get("restartPolicy")
+            .is_none());
+    }
+
+    fn finished(code: i32) -> CState {
+        let now = now_ts();
+        CState::Terminated(Terminated {
+            container_id: "f".repeat(64),
+            exit_code: code,
+            signal: None,
+            reason: "Completed".into(),
+            started_at: now,
+            finished_at: now,
+        })
+    }
+
+    /// The kubelet reports a native sidecar among the init container statuses, with `started`
+    /// from its startup probe and `ready` from its readiness probe, and counts it in the pod's
+    /// Ready condition; the phase follows the regular containers (kubelet's getPhase).
+    #[test]
+    fn native_sidecar_status_and_phase_follow_the_kubelet() {
+        let mut v = native_view();
+        v.sandbox_ready = true;
+        let mut init = ContainerView::new(INIT_CONTAINER, PROXY_IMAGE, "");
+        init.id = Some("a".repeat(64));
+        init.state = finished(0);
+        v.init = Some(init);
+        // Before the sidecar starts: its status is there, waiting.
+        let st = v.to_pod().status.expect("status");
+        let inits = st.init_container_statuses.expect("init statuses");
+        assert_eq!(inits[1].name, "istio-proxy");
+        assert!(inits[1]
+            .state
+            .as_ref()
+            .and_then(|s| s.waiting.as_ref())
+            .is_some());
+        assert_eq!(v.phase(), PodPhase::Pending);
+        // Running, startup probe not passed yet: not started, not ready, app not started.
+        let sidecar = v.sidecar.as_mut().expect("sidecar");
+        sidecar.id = Some("b".repeat(64));
+        sidecar.state = running();
+        sidecar.probed = Some(ProbeState::default());
+        let st = v.to_pod().status.expect("status");
+        let proxy = &st.init_container_statuses.expect("init")[1];
+        assert_eq!((proxy.started, proxy.ready), (Some(false), false));
+        assert_eq!(v.phase(), PodPhase::Pending);
+        // Started and ready, the app running: the pod is Running and Ready.
+        v.sidecar.as_mut().expect("sidecar").probed = Some(ProbeState {
+            started: true,
+            ready: true,
+        });
+        v.containers[0].id = Some("c".repeat(64));
+        v.containers[0].state = running();
+        assert_eq!(v.phase(), PodPhase::Running);
+        assert!(v.containers_ready());
+        let json = serde_json::to_value(v.to_pod()).expect("json");
+        let ready = json["status"]["conditions"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["type"] == "Ready").cloned())
+            .expect("Ready condition");
+        assert_eq!(ready["status"], "True");
+        assert_eq!(
+            json["status"]["containerStatuses"].as_array().map(Vec::len),
+            Some(1)
+        );
+        // The sidecar in back-off while the app runs: Running, not Ready.
+        let mut backoff = v.clone();
+        let s = backoff.sidecar.as_mut().expect("sidecar");
+        s.state = CState::Waiting {
+            reason: "CrashLoopBackOff".into(),
+        };
+        s.last = Some(Terminated {
+            container_id: "b".repeat(64),
+            exit_code: 137,
+            signal: Some(9),
+            reason: "Error".into(),
+            started_at: now_ts(),
+            finished_at: now_ts(),
+        });
+        s.restart_count = 1;
+        assert_eq!(backoff.phase(), PodPhase::Running);
+        assert!(!backoff.containers_ready());
+        // A Job: the app done, the sidecar still running → Running; once it is stopped →
+        // Succeeded, whatever its own exit code.
+        let mut job = v.clone();
+        job.spec = job.spec.job();
+        job.containers[0].state = finished(0);
+        assert_eq!(job.phase(), PodPhase::Running);
+        job.sidecar.as_mut().expect("sidecar").state = finished(137);
+        assert_eq!(job.phase(), PodPhase::Succeeded);
     }
 
     #[test]

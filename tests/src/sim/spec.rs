@@ -58,6 +58,21 @@ impl IpFamilies {
     }
 }
 
+/// How Istio injects the proxy ([`PodSpec::sidecar`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SidecarMode {
+    /// `istio-proxy` is a regular container after the app (Istio ≤ 1.26, or
+    /// `sidecar.istio.io/nativeSidecar: "false"`).
+    #[default]
+    Classic,
+    /// `istio-proxy` is an init container with `restartPolicy: Always` after `istio-init`, as
+    /// Istio 1.27+ injects it on nodes with kubelet ≥ 1.33 (see [`super::pod_object`] for the
+    /// golden file it follows): the kubelet starts the app only once the proxy's startup probe
+    /// succeeded, runs Istio's preStop drain on deletion and stops the proxy after the app
+    /// ([`super::native`]).
+    Native,
+}
+
 /// A user init container that calls the remote services, as vault-agent-init and the like do
 /// (`sim-app app` with one startup call, exit 1 if it fails).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,6 +105,15 @@ pub enum AppScript {
         every: Duration,
         after_sigterm: Duration,
     },
+    /// A service that fetches its config at boot (one call on a new connection; exit 1 if it
+    /// fails) and then calls out every `every` over a keep-alive pool of `pool` connections,
+    /// through SIGTERM and for `after_sigterm` after it, then exits 0: the app of the lifecycle
+    /// benchmark (first call, a sidecar crash, deletion in one pod).
+    BootThenCall {
+        every: Duration,
+        pool: usize,
+        after_sigterm: Duration,
+    },
     /// A batch job: `calls` calls (each retried for up to 10 s, as job runners retry), then exit
     /// with `exit_code`.
     Batch { calls: u32, exit_code: i32 },
@@ -120,6 +144,22 @@ impl AppScript {
                 after_sigterm,
             } => {
                 a.extend([
+                    "--every-ms".into(),
+                    ms(every),
+                    "--pool".into(),
+                    pool.to_string(),
+                    "--after-sigterm-ms".into(),
+                    ms(after_sigterm),
+                ]);
+            }
+            AppScript::BootThenCall {
+                every,
+                pool,
+                after_sigterm,
+            } => {
+                a.extend([
+                    "--startup-calls".into(),
+                    "1".into(),
                     "--every-ms".into(),
                     ms(every),
                     "--pool".into(),
@@ -229,6 +269,26 @@ pub struct PodSpec {
     /// `waiting` (ContainerCreating). Default 0. Added for issue 10 item 1 (an app is done only
     /// after it ran).
     pub app_start_delay: Duration,
+    /// Classic or native sidecar. Default classic.
+    pub sidecar: SidecarMode,
+    /// The mesh sets `global.proxy.lifecycle` (Helm values): the injection template then puts
+    /// that lifecycle on `istio-proxy` instead of its own, so a native sidecar has no Istio
+    /// preStop drain and pilot-agent drains `terminationDrainDuration` after SIGTERM. The sim
+    /// renders it as an empty lifecycle (no hooks). Default off.
+    pub lifecycle_override: bool,
+    /// The kubelet stand-in probes `istio-proxy` as the injected probes say (startupProbe every
+    /// 1 s, then readinessProbe every 15 s, both `GET /healthz/ready` on 15021 through Envoy to
+    /// pilot-agent's status port), and its `started`/`ready` and the pod's Ready condition
+    /// follow the probes. Always on for native sidecars (the app's start waits for the startup
+    /// probe); for classic pods off by default (`ready` = running, as before), on where a
+    /// comparison with native needs the same meaning of Ready (the lifecycle benchmark).
+    pub proxy_probes: bool,
+    /// Envoy gets its listeners and clusters from pilot-agent's xDS stand-in (REST, on a unix
+    /// socket in the pod's directory) which answers the first request only this long after
+    /// pilot-agent started, as istiod's first push arrives late; Envoy itself starts at once
+    /// and its admin API answers meanwhile (PRE_INITIALIZING). `None` (default): Envoy reads
+    /// LDS/CDS from files and has them at once (delay its start with `proxy_delay`).
+    pub xds_delay: Option<Duration>,
 }
 
 impl PodSpec {
@@ -262,6 +322,10 @@ impl PodSpec {
             user_init: None,
             cni: false,
             app_start_delay: Duration::ZERO,
+            sidecar: SidecarMode::Classic,
+            lifecycle_override: false,
+            proxy_probes: false,
+            xds_delay: None,
         }
     }
 
@@ -390,6 +454,54 @@ impl PodSpec {
     pub fn cni(mut self, on: bool) -> Self {
         self.cni = on;
         self
+    }
+    /// A native sidecar ([`SidecarMode::Native`]): the proxy is a restartable init container
+    /// and is probed ([`PodSpec::proxy_probes`]).
+    pub fn native(mut self) -> Self {
+        self.sidecar = SidecarMode::Native;
+        self.proxy_probes = true;
+        self
+    }
+    /// Whether the proxy is a native sidecar.
+    pub fn is_native(&self) -> bool {
+        self.sidecar == SidecarMode::Native
+    }
+    /// See [`PodSpec::lifecycle_override`].
+    pub fn lifecycle_override(mut self, on: bool) -> Self {
+        self.lifecycle_override = on;
+        self
+    }
+    /// See [`PodSpec::proxy_probes`] (a native sidecar is always probed).
+    pub fn proxy_probes(mut self, on: bool) -> Self {
+        self.proxy_probes = on || self.is_native();
+        self
+    }
+    /// See [`PodSpec::xds_delay`].
+    pub fn xds_delay(mut self, d: Duration) -> Self {
+        self.xds_delay = Some(d);
+        self
+    }
+    /// Whether Istio's native-sidecar preStop (`pilot-agent request --debug-port=15020 POST
+    /// drain`) is on the proxy: native, and no `global.proxy.lifecycle` override.
+    pub fn istio_pre_stop(&self) -> bool {
+        self.is_native() && !self.lifecycle_override
+    }
+    /// What this spec asks for that the simulated node cannot combine, or `None`: Istio never
+    /// injects `holdApplicationUntilProxyStarts` (a postStart hook) on a native sidecar
+    /// (injection-template.yaml: `$holdProxy` requires `not $nativeSidecar`).
+    pub fn conflict(&self) -> Option<&'static str> {
+        if self.is_native() && self.serial_start {
+            return Some("serial_start (holdApplicationUntilProxyStarts) with a native sidecar: Istio injects no postStart hook on native sidecars");
+        }
+        if self.is_native() && (self.user_init.is_some() || self.cni) {
+            // Istio orders them "{istio-init/istio-validation} => proxy => rest"; the sim's
+            // kubelet stand-ins do not run that order yet.
+            return Some("a user init container or CNI mode with a native sidecar (not simulated)");
+        }
+        if self.proxy_delay > Duration::ZERO && self.xds_delay.is_some() {
+            return Some("both proxy_delay and xds_delay: pick one way for the proxy to be late");
+        }
+        None
     }
     /// Envoy's admin address in this pod: `::1` when the first pod IP is IPv6, as Istio binds
     /// it (pkg/bootstrap/config.go: `option.Localhost(option.LocalhostIPv6)`).

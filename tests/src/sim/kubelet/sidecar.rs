@@ -1,0 +1,387 @@
+//! The netns kubelet stand-in's native-sidecar paths (the rules are in [`crate::sim::native`]):
+//! the proxy as a restartable init container after `istio-init`, the app started once its
+//! startup probe passed, its restart with back-off while the pod runs, Istio's preStop hook and
+//! the ordered stop on deletion and at a Job's end. Also the prober of a probed classic proxy.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use super::{terminated, PodEvent, PodWorker, Slot};
+use crate::sim::native::{grace_secs, CrashLoopBackOff, SidecarStop, MIN_GRACE_SECS};
+use crate::sim::pod_object::{now_ts, CState, ProbeState, PRE_STOP_DRAIN};
+use crate::sim::prober::{self, ProbeResult, ProbeTarget};
+use crate::sim::process::{notify_exit, reap, spawn_in, Exit};
+use crate::sim::random_hex;
+
+/// What the kubelet stand-in keeps about a pod's native sidecar.
+#[derive(Debug)]
+pub(crate) struct NativeState {
+    backoff: CrashLoopBackOff,
+    /// In back-off: started again at this time.
+    restart_at: Option<Instant>,
+    /// When the sidecar last exited (the back-off counts from its `finishedAt`).
+    finished_at: Option<Instant>,
+    /// The pod is being killed (deleted, or a Job whose app is done): nothing restarts.
+    killing: bool,
+    /// The sidecar's ordered stop, once begun.
+    stop: Option<SidecarStop>,
+    /// The preStop hook's process, while it runs.
+    hook_pid: Option<u32>,
+    hook_done: bool,
+}
+
+impl NativeState {
+    pub(crate) fn new(initial_backoff: Duration) -> NativeState {
+        NativeState {
+            backoff: CrashLoopBackOff::new(initial_backoff),
+            restart_at: None,
+            finished_at: None,
+            killing: false,
+            stop: None,
+            hook_pid: None,
+            hook_done: false,
+        }
+    }
+
+    /// The next time something must happen without an event.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        self.restart_at
+            .into_iter()
+            .chain(self.stop.as_ref().and_then(SidecarStop::deadline))
+            .min()
+    }
+}
+
+impl PodWorker {
+    pub(super) fn is_native(&self) -> bool {
+        self.view(|v| v.sidecar.is_some())
+    }
+
+    /// Starts the prober of the proxy if the spec asks for probes (once per pod: its tickers
+    /// run from the pod's admission).
+    pub(super) fn start_prober(&mut self) {
+        if self.probe.is_some() || !self.view(|v| v.spec.proxy_probes) {
+            return;
+        }
+        let Some(netns) = self.netns_file.as_ref().and_then(|f| f.try_clone().ok()) else {
+            return;
+        };
+        let target = ProbeTarget::default();
+        let addr = self
+            .view(|v| std::net::SocketAddr::from((v.pod_ip, crate::sim::istio_init::HEALTH_PORT)));
+        let tx = self.tx.clone();
+        prober::spawn(
+            &self.name,
+            Some(netns),
+            addr,
+            self.admitted,
+            target.clone(),
+            move |r| {
+                let _ = tx.send(PodEvent::Probe(r));
+            },
+        );
+        self.probe = Some(target);
+    }
+
+    /// Tells the prober which proxy container runs now.
+    pub(super) fn probe_running(&self, id: &str) {
+        if let Some(p) = &self.probe {
+            p.running(id);
+        }
+    }
+
+    /// A probe result: update the container's `started`/`ready`; a native sidecar's first
+    /// startup success lets the regular containers start.
+    pub(super) fn on_probe(&mut self, r: ProbeResult) {
+        let (id, started, ready) = match &r {
+            ProbeResult::Started { container_id } => (container_id.clone(), true, None),
+            ProbeResult::Ready {
+                container_id,
+                ready,
+            } => (container_id.clone(), false, Some(*ready)),
+        };
+        let applied = self.update(|v| {
+            let c = v
+                .containers
+                .iter_mut()
+                .chain(v.sidecar.iter_mut())
+                .find(|c| c.id.as_deref() == Some(id.as_str()) && c.is_running());
+            let Some(c) = c else { return false };
+            let p = c.probed.get_or_insert_with(ProbeState::default);
+            p.started |= started;
+            if let Some(ready) = ready {
+                p.ready = ready;
+            }
+            true
+        });
+        if !applied || !started || self.deleting || self.shutting_down || self.native.killing {
+            return;
+        }
+        let sidecar_started = self.view(|v| {
+            v.sidecar
+                .as_ref()
+                .is_some_and(|s| s.id.as_deref() == Some(id.as_str()))
+                && v.containers.iter().all(|c| c.id.is_none())
+        });
+        if sidecar_started {
+            // computeInitContainerActions: the last init container is initialized; the regular
+            // containers start.
+            self.start_regular_containers();
+        }
+    }
+
+    /// Starts (or restarts) the native sidecar: pilot-agent and Envoy, in a new container.
+    pub(super) fn start_sidecar(&mut self) {
+        let id = random_hex(32);
+        let restarting = self.view(|v| v.sidecar.as_ref().is_some_and(|c| c.id.is_some()));
+        if !restarting {
+            if let Err(e) = self.write_sidecar_config() {
+                eprintln!("sim: pod {}: {e}", self.name);
+            }
+        }
+        let args = self.proxy_args();
+        match self.spawn(Slot::Sidecar, &id, &args, crate::sim::PROXY_CONTAINER) {
+            Ok(pid) => {
+                self.update(|v| {
+                    if let Some(c) = v.sidecar.as_mut() {
+                        if restarting {
+                            c.restart_count += 1;
+                        }
+                        c.id = Some(id.clone());
+                        c.pid = Some(pid);
+                        c.state = CState::Running {
+                            started_at: now_ts(),
+                        };
+                        c.probed = Some(ProbeState::default());
+                    }
+                });
+                self.probe_running(&id);
+            }
+            Err(e) => {
+                eprintln!("sim: pod {}: cannot start the sidecar: {e}", self.name);
+                let reason = format!("RunContainerError: {e}");
+                self.update(|v| {
+                    if let Some(c) = v.sidecar.as_mut() {
+                        c.state = CState::Waiting { reason };
+                    }
+                });
+            }
+        }
+    }
+
+    /// The sidecar's process exited: restart it with back-off while the pod runs; during the
+    /// pod's termination it stays terminated.
+    pub(super) fn on_sidecar_exit(&mut self, exit: Exit) {
+        if let Some(p) = &self.probe {
+            p.stopped();
+        }
+        let finished = Instant::now();
+        let t = self.view(|v| v.sidecar.as_ref().map(|c| terminated(c, exit)));
+        let Some(t) = t else { return };
+        let killing = self.deleting || self.shutting_down || self.native.killing;
+        if !killing && !self.env.status_lag.is_zero() {
+            // The kubelet sees the exit at its next PLEG relist (NodeOptions::status_lag).
+            std::thread::sleep(self.env.status_lag);
+        }
+        let now = Instant::now();
+        self.native.stop = None;
+        self.native.hook_pid = None;
+        self.native.finished_at = Some(finished);
+        let restart = if killing {
+            None
+        } else {
+            Some(self.native.backoff.sync(finished, now))
+        };
+        self.update(|v| {
+            let Some(c) = v.sidecar.as_mut() else { return };
+            c.pid = None;
+            match restart {
+                Some(Some(_)) => {
+                    c.last = Some(t);
+                    c.state = CState::Waiting {
+                        reason: "CrashLoopBackOff".into(),
+                    };
+                }
+                Some(None) => {
+                    c.last = Some(t.clone());
+                    c.state = CState::Terminated(t);
+                }
+                None => c.state = CState::Terminated(t),
+            }
+        });
+        match restart {
+            Some(Some(at)) => self.native.restart_at = Some(at),
+            Some(None) => self.start_sidecar(),
+            None => {}
+        }
+    }
+
+    /// A regular container exited (already recorded): while the pod is deleted the sidecar may
+    /// now have its turn; otherwise a Job whose regular containers are all done for good is
+    /// killed, sidecar included.
+    pub(super) fn after_regular_exit(&mut self) {
+        if self.deleting || self.native.killing {
+            self.advance_sidecar_stop();
+            return;
+        }
+        if self.shutting_down {
+            return;
+        }
+        let done = self.view(|v| {
+            v.containers
+                .iter()
+                .all(|c| c.id.is_some() && !c.is_running() && !v.will_restart(c))
+        });
+        if done {
+            // computePodActions: keepCount == 0 and nothing to start: KillPod.
+            self.native.killing = true;
+            self.native.restart_at = None;
+            self.begin_sidecar_stop();
+        }
+    }
+
+    /// Deletion of a native pod: SIGTERM to the regular containers at once (SIGKILL after the
+    /// grace period, at least 2 s), the sidecar's hook and ordered stop.
+    pub(super) fn on_native_delete(&mut self) {
+        self.native.killing = true;
+        self.native.restart_at = None;
+        let grace = self.view(|v| grace_secs(v.spec.grace)).max(MIN_GRACE_SECS);
+        let kill_at = Instant::now() + Duration::from_secs(grace);
+        let regular: Vec<(u32, Slot)> = self
+            .live
+            .iter()
+            .filter(|(_, s)| !matches!(s, Slot::Sandbox | Slot::Sidecar))
+            .map(|(p, s)| (*p, *s))
+            .collect();
+        for (pid, slot) in regular {
+            crate::sim::process::signal(pid, Signal::SIGTERM);
+            self.kill_at.insert(slot, kill_at);
+        }
+        if self.native.stop.is_none() {
+            self.begin_sidecar_stop();
+        }
+    }
+
+    /// Begins the sidecar's stop (if it runs): its preStop hook now, then its turn.
+    fn begin_sidecar_stop(&mut self) {
+        let running = self.live.values().any(|s| *s == Slot::Sidecar);
+        if !running {
+            return;
+        }
+        let (grace, hook) = self.view(|v| (grace_secs(v.spec.grace), v.spec.istio_pre_stop()));
+        self.native.stop = Some(SidecarStop::begin(grace, hook, Instant::now()));
+        self.native.hook_done = !hook;
+        if hook {
+            self.run_pre_stop();
+        }
+        self.advance_sidecar_stop();
+    }
+
+    /// Istio's preStop hook, as the kubelet execs it in the container: `pilot-agent request
+    /// --debug-port=15020 POST drain` (`sim-app request ...`) in the pod's netns and the
+    /// sidecar's cgroup.
+    fn run_pre_stop(&mut self) {
+        let (Some(netns), Some(cg)) = (self.netns_file.as_ref(), self.cgroups.get(&Slot::Sidecar))
+        else {
+            self.native.hook_done = true;
+            return;
+        };
+        let mut cmd = Command::new(&self.env.sim_app);
+        cmd.args(&PRE_STOP_DRAIN[1..])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        match spawn_in(&mut cmd, netns, Some(&cg.procs_file())) {
+            Ok(child) => {
+                let pid = child.id();
+                drop(child); // Reaped by pid on its exit event.
+                self.native.hook_pid = Some(pid);
+                notify_exit(pid, self.tx.clone(), PodEvent::HookDone { pid });
+            }
+            Err(e) => {
+                eprintln!("sim: pod {}: preStop hook: {e}", self.name);
+                self.native.hook_done = true;
+            }
+        }
+    }
+
+    /// The preStop hook's process exited.
+    pub(super) fn on_hook_done(&mut self, pid: u32) {
+        let exit = reap(pid);
+        if self.native.hook_pid == Some(pid) {
+            self.native.hook_pid = None;
+            self.native.hook_done = true;
+            if exit.code != 0 {
+                // kubelet records a FailedPreStopHook event and goes on.
+                eprintln!("sim: pod {}: preStop hook exited {}", self.name, exit.code);
+            }
+            self.advance_sidecar_stop();
+        }
+    }
+
+    /// Moves the sidecar's stop on: SIGTERM once its hook returned and every regular container
+    /// has exited (or the grace period ran out), SIGKILL after the rest of it.
+    pub(super) fn advance_sidecar_stop(&mut self) {
+        let turn = !self
+            .live
+            .values()
+            .any(|s| matches!(s, Slot::Container(_) | Slot::Init | Slot::UserInit));
+        let hook_done = self.native.hook_done;
+        let Some(stop) = self.native.stop.as_mut() else {
+            return;
+        };
+        let Some(timeout) = stop.advance(Instant::now(), hook_done, turn) else {
+            return;
+        };
+        let pid = self
+            .live
+            .iter()
+            .find(|(_, s)| **s == Slot::Sidecar)
+            .map(|(p, _)| *p);
+        if let Some(pid) = pid {
+            crate::sim::process::signal(pid, Signal::SIGTERM);
+            self.kill_at
+                .insert(Slot::Sidecar, Instant::now() + Duration::from_secs(timeout));
+        }
+    }
+
+    /// Timers of a native pod: the sidecar's restart after its back-off, its stop's deadlines,
+    /// and SIGKILL of containers whose stop timeout ran out.
+    pub(super) fn on_native_timer(&mut self, now: Instant) {
+        if self.native.restart_at.is_some_and(|t| t <= now) {
+            self.native.restart_at = None;
+            if !(self.deleting || self.shutting_down || self.native.killing) {
+                // The pod worker syncs again at the back-off's end: doBackOff lets it start
+                // (and the back-off moves on).
+                let finished = self.native.finished_at.unwrap_or(now);
+                match self.native.backoff.sync(finished, now) {
+                    None => self.start_sidecar(),
+                    Some(t) => self.native.restart_at = Some(t),
+                }
+            }
+        }
+        if self
+            .native
+            .stop
+            .as_ref()
+            .and_then(SidecarStop::deadline)
+            .is_some_and(|d| d <= now)
+        {
+            self.advance_sidecar_stop();
+        }
+        let due: Vec<Slot> = self
+            .kill_at
+            .iter()
+            .filter(|(_, t)| **t <= now)
+            .map(|(s, _)| *s)
+            .collect();
+        for slot in due {
+            self.kill_at.remove(&slot);
+            if let Some(cg) = self.cgroups.get(&slot) {
+                cg.kill_all();
+            }
+        }
+    }
+}

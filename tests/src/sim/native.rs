@@ -1,0 +1,248 @@
+//! What the kubelet does for a native sidecar (a restartable init container), as plain rules
+//! both kubelet stand-ins ([`super::kubelet`], [`crate::cri::kubelet`]) follow. Read from
+//! kubernetes/kubernetes `pkg/kubelet/kuberuntime` (1.33):
+//!
+//! - **Start** (`kuberuntime_container.go` `computeInitContainerActions`): init containers run in
+//!   spec order; a running restartable init container with a startup probe lets the next one
+//!   (here: the regular containers) start only once that probe has succeeded. The probe runs
+//!   on its worker's ticker (`pkg/kubelet/prober/worker.go`), one tick per `periodSeconds` from
+//!   the pod's admission, so the app starts 0–1 period after the proxy is ready
+//!   ([`super::prober`]).
+//! - **Restart while running**: an exited restartable init container is started again whatever
+//!   the pod's `restartPolicy`, through the same `doBackOff` as every container
+//!   (`kuberuntime_manager.go`): [`CrashLoopBackOff`]. The app keeps running meanwhile; the pod
+//!   is not Ready while the sidecar is not.
+//! - **Stop** (`kuberuntime_container.go` `killContainer`, `kuberuntime_termination_order.go`):
+//!   every container's kill runs in parallel: its preStop hook first (at once), then — for a
+//!   sidecar — `waitForTurn` until every regular container and every sidecar started after it
+//!   has exited, then `StopContainer` (SIGTERM, SIGKILL after the timeout). One grace period is
+//!   shared: the hook's and the wait's whole seconds are taken off it, and the last step gets at
+//!   least 2 s (`minimumGracePeriodInSeconds`): [`SidecarStop`]. A sidecar that exits during
+//!   termination is not restarted (the pod is no longer synced, only killed; KEP-4438's
+//!   restart during termination is not in 1.33–1.35).
+//! - **Jobs** (`kuberuntime_manager.go` `computePodActions`): once no regular container runs or
+//!   will be started again, the pod is killed (`KillPod`, `InitContainersToStart = nil`: "To
+//!   prevent the restartable init containers to keep pod alive"), through the same kill path.
+
+use std::time::{Duration, Instant};
+
+/// kubelet's `MaxContainerBackOff`.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
+/// kubelet's `minimumGracePeriodInSeconds`.
+pub const MIN_GRACE_SECS: u64 = 2;
+
+/// One container's restart back-off, with the semantics of client-go's `flowcontrol.Backoff`
+/// as kubelet's `doBackOff` uses it (no jitter): at the first exit there is no entry yet, so
+/// the container is started again at once and the entry is created with the initial back-off;
+/// an exit while an entry is fresh waits until `finishedAt + backoff`, and each start after a
+/// wait doubles the back-off (capped at [`MAX_BACKOFF`]). An entry not updated for twice the
+/// cap is stale (`hasExpired`), and the next exit is treated as a first one again.
+#[derive(Debug, Clone)]
+pub struct CrashLoopBackOff {
+    initial: Duration,
+    entry: Option<BackOffEntry>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct BackOffEntry {
+    backoff: Duration,
+    last_update: Instant,
+}
+
+impl CrashLoopBackOff {
+    /// `initial` is kubelet's `backOffPeriod` (10 s; tests shorten it).
+    pub fn new(initial: Duration) -> CrashLoopBackOff {
+        CrashLoopBackOff {
+            initial,
+            entry: None,
+        }
+    }
+
+    fn expired(entry: &BackOffEntry, event: Instant) -> bool {
+        event.saturating_duration_since(entry.last_update) > MAX_BACKOFF * 2
+    }
+
+    /// A sync at `now` of a container that exited at `finished`: `None` means start it now
+    /// (and the back-off moves on, `Next`); `Some(t)` means it is in back-off until `t`
+    /// (kubelet's pod worker syncs again then).
+    pub fn sync(&mut self, finished: Instant, now: Instant) -> Option<Instant> {
+        if let Some(e) = self.entry {
+            let in_backoff =
+                !Self::expired(&e, finished) && now.saturating_duration_since(finished) < e.backoff;
+            if in_backoff {
+                return Some(finished + e.backoff);
+            }
+        }
+        self.entry = Some(match self.entry {
+            Some(e) if !Self::expired(&e, finished) => BackOffEntry {
+                backoff: (e.backoff * 2).min(MAX_BACKOFF),
+                last_update: now,
+            },
+            _ => BackOffEntry {
+                backoff: self.initial.min(MAX_BACKOFF),
+                last_update: now,
+            },
+        });
+        None
+    }
+}
+
+/// A grace period in whole seconds, as the API has it (a fraction is rounded up).
+pub fn grace_secs(grace: Duration) -> u64 {
+    grace.as_secs() + u64::from(grace.subsec_nanos() > 0)
+}
+
+/// The next step of a sidecar's stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopStep {
+    /// The preStop hook is running (started at the stop's start).
+    Hook { since: Instant },
+    /// `waitForTurn`: waiting for the containers it must outlive, up to `left` whole seconds.
+    Turn { since: Instant, left: u64 },
+    /// `StopContainer` was asked for, with this timeout (SIGKILL after it).
+    Signalled { timeout: u64 },
+}
+
+/// One sidecar's stop, as `killContainer` runs it with a termination ordering (see the module
+/// docs). Pure: the caller feeds it the time and what happened, and performs what it returns.
+#[derive(Debug, Clone)]
+pub struct SidecarStop {
+    grace: u64,
+    step: StopStep,
+}
+
+impl SidecarStop {
+    /// The stop begins at `now` with `grace` whole seconds; `pre_stop`: the container has a
+    /// preStop hook (the caller starts it now).
+    pub fn begin(grace: u64, pre_stop: bool, now: Instant) -> SidecarStop {
+        let step = if pre_stop && grace > 0 {
+            StopStep::Hook { since: now }
+        } else {
+            StopStep::Turn {
+                since: now,
+                left: grace,
+            }
+        };
+        SidecarStop { grace, step }
+    }
+
+    pub fn step(&self) -> StopStep {
+        self.step
+    }
+
+    /// Moves on: `hook_done` once the hook returned, `turn` once every container it waits for
+    /// has exited. Returns `Some(timeout)` exactly once, when it is time to `StopContainer`
+    /// (SIGTERM now, SIGKILL `timeout` seconds later).
+    pub fn advance(&mut self, now: Instant, hook_done: bool, turn: bool) -> Option<u64> {
+        if let StopStep::Hook { since } = self.step {
+            // executePreStopHook waits for the hook at most the grace period.
+            let limit = since + Duration::from_secs(self.grace);
+            if !hook_done && now < limit {
+                return None;
+            }
+            let spent = now.saturating_duration_since(since).as_secs();
+            let left = self.grace.saturating_sub(spent);
+            self.step = StopStep::Turn { since: now, left };
+        }
+        if let StopStep::Turn { since, left } = self.step {
+            // waitForTurn only runs with time left, and ends at the end of that time.
+            let limit = since + Duration::from_secs(left);
+            if left > 0 && !turn && now < limit {
+                return None;
+            }
+            let waited = now.saturating_duration_since(since).as_secs();
+            let timeout = left.saturating_sub(waited).max(MIN_GRACE_SECS);
+            self.step = StopStep::Signalled { timeout };
+            return Some(timeout);
+        }
+        None
+    }
+
+    /// When [`SidecarStop::advance`] must be called again even if nothing happens.
+    pub fn deadline(&self) -> Option<Instant> {
+        match self.step {
+            StopStep::Hook { since } => Some(since + Duration::from_secs(self.grace)),
+            StopStep::Turn { since, left } => Some(since + Duration::from_secs(left)),
+            StopStep::Signalled { .. } => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn first_exit_restarts_at_once_then_backoff_doubles_to_the_cap() {
+        let t0 = Instant::now();
+        let mut b = CrashLoopBackOff::new(10 * S);
+        // First exit: no entry yet, start now (doBackOff: not in back-off, Next).
+        assert_eq!(b.sync(t0, t0), None);
+        // Second exit 5 s later: in back-off until 10 s after it.
+        let t1 = t0 + 5 * S;
+        assert_eq!(b.sync(t1, t1), Some(t1 + 10 * S));
+        assert_eq!(b.sync(t1, t1 + 9 * S), Some(t1 + 10 * S));
+        assert_eq!(b.sync(t1, t1 + 10 * S), None);
+        // Third exit: 20 s, then 40, 80, 160, 300 (cap), 300.
+        let mut t = t1 + 11 * S;
+        for want in [20, 40, 80, 160, 300, 300] {
+            assert_eq!(b.sync(t, t), Some(t + want * S), "back-off {want} s");
+            assert_eq!(b.sync(t, t + want * S), None);
+            t += (want + 1) * S;
+        }
+    }
+
+    #[test]
+    fn a_long_healthy_run_resets_the_backoff() {
+        let t0 = Instant::now();
+        let mut b = CrashLoopBackOff::new(10 * S);
+        assert_eq!(b.sync(t0, t0), None);
+        // Exits again after more than twice the cap: treated as a first exit.
+        let later = t0 + 601 * S;
+        assert_eq!(b.sync(later, later), None);
+        // ... and the one after waits the initial back-off again.
+        let t = later + S;
+        assert_eq!(b.sync(t, t), Some(t + 10 * S));
+    }
+
+    #[test]
+    fn the_sidecar_is_signalled_after_the_hook_and_its_turn_with_the_rest_of_the_grace() {
+        let t0 = Instant::now();
+        let mut s = SidecarStop::begin(30, true, t0);
+        assert_eq!(s.deadline(), Some(t0 + 30 * S));
+        // The hook returns after 50 ms: the sidecar waits for its turn.
+        let t = t0 + Duration::from_millis(50);
+        assert_eq!(s.advance(t, true, false), None);
+        assert_eq!(s.step(), StopStep::Turn { since: t, left: 30 });
+        // The app exits 3.7 s later: SIGTERM now, 30 - 3 (whole seconds waited) = 27 s left.
+        let app_gone = t + Duration::from_millis(3700);
+        assert_eq!(s.advance(app_gone, true, true), Some(27));
+        assert_eq!(s.deadline(), None);
+        assert_eq!(s.advance(app_gone + S, true, true), None, "only once");
+    }
+
+    #[test]
+    fn the_turn_ends_with_the_grace_and_the_stop_gets_at_least_two_seconds() {
+        let t0 = Instant::now();
+        // No hook (the lifecycle override), an app that outlives the grace period.
+        let mut s = SidecarStop::begin(5, false, t0);
+        assert_eq!(s.advance(t0 + 4 * S, false, false), None);
+        assert_eq!(s.advance(t0 + 5 * S, false, false), Some(MIN_GRACE_SECS));
+        // A hook that takes the whole grace period: no wait for the turn at all.
+        let mut h = SidecarStop::begin(3, true, t0);
+        assert_eq!(h.advance(t0 + 2 * S, false, false), None);
+        assert_eq!(h.advance(t0 + 3 * S, false, false), Some(MIN_GRACE_SECS));
+        // A zero grace period: signalled at once.
+        let mut z = SidecarStop::begin(0, true, t0);
+        assert_eq!(z.advance(t0, false, false), Some(MIN_GRACE_SECS));
+    }
+
+    #[test]
+    fn grace_is_whole_seconds() {
+        assert_eq!(grace_secs(Duration::from_secs(30)), 30);
+        assert_eq!(grace_secs(Duration::from_millis(2500)), 3);
+        assert_eq!(grace_secs(Duration::ZERO), 0);
+    }
+}
