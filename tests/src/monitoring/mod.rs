@@ -25,11 +25,7 @@ use serde_json::Value;
 /// adds it. The checks report each as PENDING (never as a pass) and fail once the agent does
 /// export it, so the line is removed when the metric lands. `pending_series_are_exported` in
 /// tests/tests/monitoring.rs (ignored until then) checks them without this allowance.
-pub const PENDING: [(&str, &str); 3] = [
-    (
-        "holdfast_pod_task_panics_total",
-        "issue 24 (supervised pod tasks): the counter of panicked pod tasks",
-    ),
+pub const PENDING: [(&str, &str); 2] = [
     (
         "holdfast_sidecars_lost_total",
         "issue 22 (native sidecars): native sidecars lost during termination",
@@ -510,7 +506,7 @@ mod tests {
             (r#"holdfast_drains_total{outcome="deadlin"}"#, "never has the value \"deadlin\""),
             (r#"holdfast_drains_total{outcome=~"deadline|gone"}"#, "never has the value \"gone\""),
             (r#"sum by (phase) (holdfast_drains_total)"#, "grouping label \"phase\""),
-            (r#"holdfast_pod_task_panics_total"#, "not exported"),
+            (r#"holdfast_sidecars_lost_total"#, "not exported"),
         ] {
             let c = check_queries(&q(expr), &e, &targets(), false);
             assert!(
@@ -524,7 +520,7 @@ mod tests {
     #[test]
     fn pending_series_are_reported_until_exported_then_fail() {
         let e = Exported::parse(EXPOSITION).expect("parse");
-        let c = check_queries(&q("increase(holdfast_pod_task_panics_total[5m])"), &e, &targets(), true);
+        let c = check_queries(&q("increase(holdfast_sidecars_lost_total[5m])"), &e, &targets(), true);
         assert!(c.errors.is_empty(), "{:?}", c.errors);
         assert_eq!(c.pending.len(), 1, "{:?}", c.pending);
         let c = check_queries(
@@ -534,9 +530,9 @@ mod tests {
             true,
         );
         assert!(c.errors.is_empty() && c.pending.len() == 1, "{c:?}");
-        let landed = Exported::parse(&format!("{EXPOSITION}holdfast_pod_task_panics_total 0\n"))
+        let landed = Exported::parse(&format!("{EXPOSITION}holdfast_sidecars_lost_total 0\n"))
             .expect("parse");
-        let c = check_queries(&q("holdfast_pod_task_panics_total"), &landed, &targets(), true);
+        let c = check_queries(&q("holdfast_sidecars_lost_total"), &landed, &targets(), true);
         assert!(
             c.errors.iter().any(|x| x.contains("remove it from PENDING")),
             "{c:?}"
