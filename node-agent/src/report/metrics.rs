@@ -77,6 +77,9 @@ pub struct Metrics {
     pub status_api_rejected: Counter,
     /// Pod tasks that panicked (an agent bug); each is restarted (`agent::Pods`).
     pub pod_task_panics: Counter,
+    /// 1 while `/readyz` answers 200 (the first pod list is loaded), else 0: set at scrape
+    /// time, so an alert can tell "runs but acts on no pod" from "down".
+    pub ready: Gauge,
     pods_by_phase: Family<PhaseLabel, Gauge>,
 }
 
@@ -104,6 +107,7 @@ impl Metrics {
             pods_failed_open: Counter::default(),
             status_api_rejected: Counter::default(),
             pod_task_panics: Counter::default(),
+            ready: Gauge::default(),
             pods_by_phase: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("holdfast");
@@ -185,6 +189,11 @@ impl Metrics {
             "pods_failed_open",
             "Pods left alone because they broke one of the agent's bounds (an oversized admin answer, netlink messages not from the kernel on the hold's queue, ...): their hold released as without the agent",
             m.pods_failed_open.clone(),
+        );
+        r.register(
+            "ready",
+            "1 when the agent is ready (/readyz answers 200: its first pod list is loaded), else 0",
+            m.ready.clone(),
         );
         for k in ["connect", "timeout", "http", "malformed", "too-large", "io"] {
             let _ = m.admin_errors.get_or_create(&KindLabel { kind: k.into() });
@@ -312,6 +321,7 @@ mod tests {
             .get_or_create(&Metrics::outcome("ready"))
             .inc();
         h.metrics.hold_release_latency.observe(0.002);
+        h.metrics.ready.set(1);
         let text = h.encode(&StatusBoard::default());
         for line in text
             .lines()
@@ -332,6 +342,12 @@ mod tests {
             "holdfast_jobs",
             "holdfast_pods",
             "holdfast_admin_errors",
+            "holdfast_pods_failed_open",
+            "holdfast_ready",
+            "holdfast_process_cpu_seconds",
+            "holdfast_process_open_fds",
+            "holdfast_source_problems",
+            "holdfast_status_api_rejected_connections",
         ] {
             assert!(
                 text.contains(&format!("# HELP {name} ")),
@@ -346,5 +362,10 @@ mod tests {
             text.contains("holdfast_pods{phase=\"holding\",mode=\"classic\"} 0"),
             "{text}"
         );
+        assert!(text.contains("\nholdfast_ready 1\n"), "{text}");
+        h.metrics.ready.set(0);
+        assert!(h
+            .encode(&StatusBoard::default())
+            .contains("\nholdfast_ready 0\n"));
     }
 }

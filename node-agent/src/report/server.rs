@@ -311,6 +311,8 @@ impl StatusApi {
             }),
             "/config" => json(&*self.config),
             "/metrics" => {
+                let ready = self.synced.load(std::sync::atomic::Ordering::Relaxed);
+                self.metrics.metrics.ready.set(i64::from(ready));
                 let mut r = Response::new(Full::new(Bytes::from(self.metrics.encode(&self.board))));
                 r.headers_mut().insert(
                     hyper::header::CONTENT_TYPE,

@@ -7,15 +7,23 @@ and its binding) and without descriptions, to keep the repository small.
   git -C <istio/istio> show 1.24.6:manifests/charts/base/files/crd-all.gen.yaml > crd-1.24.6.yaml
   git -C <istio/istio> show 1.30.3:manifests/charts/base/files/crd-all.gen.yaml > crd-1.30.3.yaml
   python3 trim.py kubernetes_validate-1.37.0-py3-none-any.whl crd-1.24.6.yaml crd-1.30.3.yaml
+  for v in v0.73.2 v0.93.0; do for k in podmonitors prometheusrules; do
+    git -C <prometheus-operator/prometheus-operator> show \
+      $v:example/prometheus-operator-crd/monitoring.coreos.com_$k.yaml > monitoring-$k-$v.yaml
+  done; done
+  python3 trim.py --prometheus-operator v0.73.2 v0.93.0    # reads monitoring-*-<v>.yaml
 
 Kubernetes: the "local-strict" schemas kubernetes-validate (PyPI, by Will Thames; Apache-2.0)
 generates from each release's api/openapi-spec/swagger.json (openapi2jsonschema): every object
 has additionalProperties: false, which is what `kubectl apply --validate=strict` (server-side
 field validation, the default) enforces. Istio: the openAPIV3Schema of the CRDs in
 istio/istio manifests/charts/base/files/crd-all.gen.yaml, CEL rules (x-kubernetes-validations)
-kept.
+kept. Prometheus Operator: the openAPIV3Schema of its PodMonitor and PrometheusRule CRDs
+(example/prometheus-operator-crd/ in prometheus-operator/prometheus-operator), for the optional
+monitoring component (manifests/monitoring/).
 """
 import json
+import os
 import sys
 import zipfile
 
@@ -38,6 +46,8 @@ K8S_KINDS = {
         "validatingadmissionpolicybinding-admissionregistration-v1.json",
 }
 ISTIO_KINDS = {("WasmPlugin", "v1alpha1"), ("EnvoyFilter", "v1alpha3")}
+PROMETHEUS_OPERATOR_KINDS = {("PodMonitor", "v1"), ("PrometheusRule", "v1")}
+PROMETHEUS_OPERATOR_CRDS = ["podmonitors", "prometheusrules"]
 REF_PREFIX = "/api/_definitions.json#/$defs/"
 
 
@@ -120,15 +130,18 @@ def object_meta(wheel):
     return kept
 
 
-def istio(crd_file, meta_defs):
-    version = crd_file.rsplit("crd-", 1)[-1].removesuffix(".yaml")
+def crd_kinds(crd_files, wanted):
+    """The openAPIV3Schema of each wanted (kind, version) in the CRD files, as the API server
+    sees it (apiVersion, kind and metadata added)."""
     kinds = {}
-    for doc in yaml.safe_load_all(open(crd_file)):
-        if not doc or doc.get("kind") != "CustomResourceDefinition":
-            continue
-        spec = doc["spec"]
-        for v in spec["versions"]:
-            if (spec["names"]["kind"], v["name"]) in ISTIO_KINDS:
+    for crd_file in crd_files:
+        for doc in yaml.safe_load_all(open(crd_file)):
+            if not doc or doc.get("kind") != "CustomResourceDefinition":
+                continue
+            spec = doc["spec"]
+            for v in spec["versions"]:
+                if (spec["names"]["kind"], v["name"]) not in wanted:
+                    continue
                 gvk = f'{spec["group"]}/{v["name"]}/{spec["names"]["kind"]}'
                 root = strip(v["schema"]["openAPIV3Schema"], set())
                 # What the API server adds to every custom resource's schema.
@@ -136,6 +149,12 @@ def istio(crd_file, meta_defs):
                 root["properties"]["kind"] = {"type": "string", "enum": [spec["names"]["kind"]]}
                 root["properties"]["metadata"] = {"$ref": "#/$defs/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"}
                 kinds[gvk] = root
+    return kinds
+
+
+def istio(crd_file, meta_defs):
+    version = crd_file.rsplit("crd-", 1)[-1].removesuffix(".yaml")
+    kinds = crd_kinds([crd_file], ISTIO_KINDS)
     out = {
         "source": f"istio/istio {version} manifests/charts/base/files/crd-all.gen.yaml, "
         f"openAPIV3Schema of the kinds below (served versions holdfast uses), descriptions removed, "
@@ -151,7 +170,34 @@ def istio(crd_file, meta_defs):
     print(f"{path}: {sorted(kinds)}", file=sys.stderr)
 
 
+def prometheus_operator(version, meta_defs):
+    files = [f"monitoring-{k}-{version}.yaml" for k in PROMETHEUS_OPERATOR_CRDS]
+    kinds = crd_kinds(files, PROMETHEUS_OPERATOR_KINDS)
+    out = {
+        "source": f"prometheus-operator/prometheus-operator {version} "
+        f"example/prometheus-operator-crd/monitoring.coreos.com_{{podmonitors,prometheusrules}}.yaml, "
+        f"openAPIV3Schema of the kinds below, descriptions removed, apiVersion/kind/metadata added "
+        f"as the API server adds them (metadata: Kubernetes {K8S_VERSIONS[0]}'s ObjectMeta), by "
+        f"tests/corpus/schemas/trim.py",
+        "kinds": kinds,
+        "$defs": meta_defs,
+    }
+    path = f"prometheus-operator-{version}.json"
+    with open(path, "w") as f:
+        json.dump(out, f, sort_keys=True, separators=(",", ":"))
+        f.write("\n")
+    print(f"{path}: {sorted(kinds)}", file=sys.stderr)
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--prometheus-operator":
+        # ObjectMeta from the committed Istio file (the same floor release's), so this step
+        # needs no Kubernetes wheel.
+        istio_file = sorted(f for f in os.listdir(".") if f.startswith("istio-"))[0]
+        meta = json.load(open(istio_file))["$defs"]
+        for v in sys.argv[2:]:
+            prometheus_operator(v, meta)
+        sys.exit(0)
     kubernetes(sys.argv[1])
     meta = object_meta(sys.argv[1])
     for crd in sys.argv[2:]:

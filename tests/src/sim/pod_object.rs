@@ -585,6 +585,12 @@ impl PodView {
                 "false".to_string(),
             );
         }
+        if let Some(t) = s.hold_timeout {
+            annotations.insert(
+                holdfast::config::ANNOTATION_HOLD_TIMEOUT.to_string(),
+                holdfast::config::format_duration(t),
+            );
+        }
         let grace_secs = s.grace.as_secs() as i64;
         let metadata = ObjectMeta {
             name: Some(s.name.clone()),

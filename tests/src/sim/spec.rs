@@ -264,6 +264,9 @@ pub struct PodSpec {
     /// `false`: the pod carries `holdfast.io/enabled: "false"`, so the agent leaves it alone and
     /// it runs as with Istio alone (a side-by-side baseline on the same node). Default true.
     pub holdfast_enabled: bool,
+    /// The pod's `holdfast.io/hold-timeout` annotation (its own hold deadline). Default none:
+    /// the agent's `--hold-timeout`.
+    pub hold_timeout: Option<Duration>,
     /// Start the app container this long after the proxy container (as a slow image pull
     /// does: the kubelet pulls and starts containers one after another); until then it is
     /// `waiting` (ContainerCreating). Default 0. Added for issue 10 item 1 (an app is done only
@@ -314,6 +317,7 @@ impl PodSpec {
             app_init: Duration::ZERO,
             serial_start: false,
             holdfast_enabled: true,
+            hold_timeout: None,
             drop_until_ready: false,
             proxy_concurrency: 2,
             ip_families: IpFamilies::V4,
@@ -410,6 +414,12 @@ impl PodSpec {
         self.app_start_delay = d;
         self
     }
+    /// See [`PodSpec::hold_timeout`].
+    pub fn hold_timeout(mut self, d: Duration) -> Self {
+        self.hold_timeout = Some(d);
+        self
+    }
+
     /// See [`PodSpec::holdfast_enabled`].
     pub fn holdfast_enabled(mut self, on: bool) -> Self {
         self.holdfast_enabled = on;
