@@ -1,5 +1,5 @@
-//! The agent's layout holds: imports point one way between its layers, and the README's layout
-//! table names what is really in the tree.
+//! The agent's layout holds: imports point one way between its layers, and ARCHITECTURE.md's
+//! layout table names what is really in the tree.
 //!
 //! Layers, lowest first (a module may use its own layer and the ones below it):
 //! `api` (the wire types) → `config` → `pod` → `source` → `effects` (what touches the node) →
@@ -402,15 +402,15 @@ fn no_module_circles() {
     );
 }
 
-/// The backticked paths in the README's layout table.
-fn readme_layout_paths() -> Vec<String> {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
-            .expect("reading README.md");
-    let table = readme
-        .split("## Layout")
+/// The backticked paths in the first column of ARCHITECTURE.md's layout table.
+fn layout_table_paths() -> Vec<String> {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../ARCHITECTURE.md"))
+            .expect("reading ARCHITECTURE.md");
+    let table = doc
+        .split("\n## Layout\n")
         .nth(1)
-        .expect("README has a Layout section");
+        .expect("ARCHITECTURE.md has a `## Layout` section");
     let table = table.split("\n## ").next().unwrap_or("");
     let mut paths = Vec::new();
     for line in table.lines().filter(|l| l.starts_with("| `")) {
@@ -425,14 +425,17 @@ fn readme_layout_paths() -> Vec<String> {
 }
 
 #[test]
-fn readme_layout_table_matches_the_tree() {
+fn layout_table_matches_the_tree() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let paths = readme_layout_paths();
-    assert!(paths.len() > 8, "README layout table not found: {paths:?}");
+    let paths = layout_table_paths();
+    assert!(
+        paths.len() > 8,
+        "ARCHITECTURE.md's layout table not found: {paths:?}"
+    );
     let missing: Vec<_> = paths.iter().filter(|p| !root.join(p).exists()).collect();
     assert!(
         missing.is_empty(),
-        "README's layout table names paths that do not exist: {missing:?}"
+        "ARCHITECTURE.md's layout table names paths that do not exist: {missing:?}"
     );
 
     let mut unnamed = Vec::new();
@@ -455,6 +458,6 @@ fn readme_layout_table_matches_the_tree() {
     }
     assert!(
         unnamed.is_empty(),
-        "node-agent/src entries the README's layout table does not name: {unnamed:?}"
+        "node-agent/src entries ARCHITECTURE.md's layout table does not name: {unnamed:?}"
     );
 }
