@@ -143,7 +143,7 @@ const ISTIO_INIT_STEPS: [&str; 2] = ["istio-init", "istio-validation"];
 /// istio-init runs last (Istio's injector orders it so), so a user init container's traffic is
 /// not even redirected and istio-init's own run separates it from the app's start; with CNI the
 /// redirect exists from the sandbox on, and the window between the last user init container and
-/// the app is the status lag (documented in the README).
+/// the app is the status lag (documented in docs/reference.md, "Where holdfast acts").
 pub fn pass_through(pod: &PodFacts) -> bool {
     pod.user_init_running
 }

@@ -2,7 +2,7 @@
 //!
 //! Pod tasks write their own row; the status API and `holdfast status` read the whole board.
 //! Rows are plain data (serde), so the JSON the API serves is this module's types, documented in
-//! the README as a stable format.
+//! docs/reference.md as a stable format.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
