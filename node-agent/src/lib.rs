@@ -2,12 +2,16 @@
 //!
 //! # Layout (imports point down this list, never up)
 //!
+//! ARCHITECTURE.md at the repository root follows a Pod event through these modules and names
+//! the file and function of every decision.
+//!
 //! - [`agent`]: the agent itself — follows the pods, runs one [`lifecycle`] driver per meshed
 //!   pod, serves the status API, removes the node's startup taint.
-//! - [`lifecycle`]: one pod's life — the pure [`lifecycle::machine`] (every decision: hold,
-//!   release, drain, Job, outcomes, phases), its [`lifecycle::driver`], the proxy's
-//!   [`lifecycle::readiness`], the [`lifecycle::drain`] and Job executors, and the one
-//!   [`lifecycle::record`]er of outcomes (board, metrics, Events, log together).
+//! - [`lifecycle`]: one pod's life — the pure [`lifecycle::machine`] (hold or not, release, when
+//!   a drain or a Job watch starts, outcomes, phases), its [`lifecycle::driver`], the proxy's
+//!   [`lifecycle::readiness`], the [`lifecycle::drain`] and Job executors (their rules: the pure
+//!   [`lifecycle::drain::decide`]), and the one [`lifecycle::record`]er of outcomes (board,
+//!   metrics, Events, log together).
 //! - [`report`]: where outcomes go — the status [`report::board`], Prometheus
 //!   [`report::metrics`], Kubernetes [`report::events`], the read-only status API
 //!   ([`report::server`]) and the agent's own resources ([`report::process_metrics`]).
