@@ -305,7 +305,20 @@ fn drain_byte_sample_moves_with_traffic_and_stays_still_when_idle() -> Result<()
     let f = fixture(None, 1)?;
     let sample = || f.envoy.admin().drain_sample(DEFAULT_STAT_PREFIX);
     let mut c = connect_ping(f.outbound)?; // 4 bytes each way
-    let first = sample()?;
+                                           // Envoy adds a write to its tx counter after the write itself: the client can read the echo
+                                           // a moment before the counter shows it. The baseline is the sample with both directions in.
+    let deadline = Instant::now() + SETTLE;
+    let first = loop {
+        let s = sample()?;
+        if s.traffic.total == 8 || Instant::now() > deadline {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    ensure!(
+        first.traffic.total == 8 && first.traffic.counters == 2,
+        "4 bytes each way: {first:?}"
+    );
     ensure!(
         first.filter.map(|c| c.outbound.cx_active) == Some(Some(1)),
         "{first:?}"
