@@ -522,8 +522,10 @@ fn the_filters_stat_prefix_is_set_on_the_agent() {
             "--require-filter",
             "--filter-stat-prefix",
             "mesh_hf",
+            // Room for two Envoys (with the Wasm filter) starting on a loaded 2-core machine:
+            // at 4 s CI saw the ready pod's Envoy miss it.
             "--hold-timeout",
-            "4s",
+            "10s",
         ],
     );
     let late = Duration::from_millis(500);
@@ -537,7 +539,7 @@ fn the_filters_stat_prefix_is_set_on_the_agent() {
             .wait_pod(
                 "default",
                 pod,
-                Duration::from_secs(20),
+                Duration::from_secs(30),
                 "a hold outcome",
                 |r| r.hold.as_ref().is_some_and(|h| h.outcome.is_some()),
             )
