@@ -522,33 +522,50 @@ fn the_filters_stat_prefix_is_set_on_the_agent() {
             "--require-filter",
             "--filter-stat-prefix",
             "mesh_hf",
-            // Room for two Envoys (with the Wasm filter) starting on a loaded 2-core machine:
-            // at 4 s CI saw the ready pod's Envoy miss it.
+            // Room for an Envoy with the Wasm filter on a loaded 2-core machine: on the
+            // containerd backend CI saw one start its Envoy 5 s after the hold and be ready 4 s
+            // later. The other pod's own deadline (its annotation) is shorter.
             "--hold-timeout",
-            "10s",
+            "60s",
         ],
     );
     let late = Duration::from_millis(500);
+    let other_deadline = Duration::from_secs(15);
     node.add_pod(boot_caller("custom", late, 1).filter_config(r#"{"stat_prefix":"mesh_hf"}"#))
         .expect("add pod");
-    node.add_pod(boot_caller("default", late, 1))
+    node.add_pod(boot_caller("default", late, 1).hold_timeout(other_deadline))
         .expect("add pod");
     node.start_pods().expect("start");
-    let outcome = |pod: &str| {
+    let hold = |pod: &str| {
         agent
             .wait_pod(
                 "default",
                 pod,
-                Duration::from_secs(30),
+                Duration::from_secs(90),
                 "a hold outcome",
                 |r| r.hold.as_ref().is_some_and(|h| h.outcome.is_some()),
             )
             .expect("the hold ends")
             .hold
-            .and_then(|h| h.outcome)
+            .expect("a hold")
     };
-    assert_eq!(outcome("custom"), Some(HoldOutcome::Ready));
-    assert_eq!(outcome("default"), Some(HoldOutcome::Deadline));
+    let held_for = |h: &holdfast::api::HoldRecord| {
+        h.released_at
+            .zip(h.started_at)
+            .and_then(|(r, s)| r.duration_since(s).ok())
+            .expect("a released hold has both times")
+    };
+    let custom = hold("custom");
+    assert_eq!(custom.outcome, Some(HoldOutcome::Ready), "{custom:?}");
+    let default = hold("default");
+    assert_eq!(default.outcome, Some(HoldOutcome::Deadline), "{default:?}");
+    // The pair is a control: the two pods differ only in the prefix, so the one whose prefix
+    // the agent reads was ready well within the other's deadline.
+    assert!(
+        held_for(&custom) < other_deadline,
+        "the ready pod took {:?}, not within the other pod's {other_deadline:?}",
+        held_for(&custom)
+    );
     let config: serde_json::Value =
         serde_json::from_str(&agent.get("/config").expect("config")).expect("JSON");
     assert_eq!(
