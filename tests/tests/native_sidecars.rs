@@ -257,9 +257,13 @@ fn delete_native(test: &str, with_agent: bool, lifecycle_override: bool) -> Stop
     let after = report.calls(Phase::AfterSigterm);
     let row = agent.as_ref().map(|agent| {
         agent
-            .wait_pod("default", "web", Duration::from_secs(10), "drain recorded", |row| {
-                row.drain.is_some()
-            })
+            .wait_pod(
+                "default",
+                "web",
+                Duration::from_secs(10),
+                "drain recorded",
+                |row| row.drain.is_some(),
+            )
             .expect("the agent recorded the deletion")
     });
     let run = StopRun {
@@ -351,7 +355,10 @@ fn holdfast_leaves_a_native_deletion_with_istios_prestop_to_the_kubelet() {
     let drain = row.drain.as_ref().expect("drain");
     assert_eq!(drain.outcome, DrainOutcome::KubeletOrdered, "{drain:?}");
     // Holdfast sent nothing: no inbound drain of its own (Istio's preStop did it), no quit.
-    assert!(drain.quit_sent_at.is_none(), "holdfast quit the proxy: {drain:?}");
+    assert!(
+        drain.quit_sent_at.is_none(),
+        "holdfast quit the proxy: {drain:?}"
+    );
     assert!(!drain.inbound_drained, "{drain:?}");
     // The lag is measured and on the row (the agent sees the admin API go, a little after the
     // kubelet's exit time).
@@ -395,7 +402,9 @@ fn holdfast_ends_a_native_proxy_on_evidence_without_istios_prestop() {
     assert_eq!(drain.outcome, DrainOutcome::AppDone, "{drain:?}");
     assert!(drain.quit_sent_at.is_some(), "{drain:?}");
     assert!(
-        drain.app_gone_at.is_some_and(|gone| drain.quit_sent_at >= Some(gone)),
+        drain
+            .app_gone_at
+            .is_some_and(|gone| drain.quit_sent_at >= Some(gone)),
         "quit before the app was gone: {drain:?}"
     );
 }
@@ -647,9 +656,13 @@ fn kill_envoy_during_termination(test: &str, with_agent: bool) -> Lost {
     let (row, metrics, log) = match &agent {
         Some(agent) => {
             let row = agent
-                .wait_pod("default", "term", Duration::from_secs(10), "drain recorded", |row| {
-                    row.drain.is_some()
-                })
+                .wait_pod(
+                    "default",
+                    "term",
+                    Duration::from_secs(10),
+                    "drain recorded",
+                    |row| row.drain.is_some(),
+                )
                 .expect("the agent recorded the deletion");
             let metrics = agent.get("/metrics").expect("/metrics");
             (Some(row), metrics, agent.log_text())
@@ -716,7 +729,10 @@ fn holdfast_reports_a_sidecar_lost_during_termination() {
         "no SidecarLostDuringTermination event in the agent's log"
     );
     assert_eq!(
-        metric(&lost.metrics, "holdfast_drains_total{outcome=\"sidecar-lost\"}"),
+        metric(
+            &lost.metrics,
+            "holdfast_drains_total{outcome=\"sidecar-lost\"}"
+        ),
         Some(1.0),
         "{}",
         lost.metrics
@@ -728,6 +744,10 @@ fn holdfast_reports_a_sidecar_lost_during_termination() {
     node.add_pod(native("term", caller(Duration::from_secs(1))).grace(Duration::from_secs(10)))
         .expect("add pod");
     node.start_pods().expect("start");
+    node.wait_report("term", Duration::from_secs(30), "5 calls", |r| {
+        r.calls(Phase::Running).ok >= 5
+    })
+    .expect("the app calls out");
     agent
         .wait_pod("default", "term", Duration::from_secs(30), "ready", |row| {
             row.phase == holdfast::api::Phase::Ready
@@ -737,9 +757,13 @@ fn holdfast_reports_a_sidecar_lost_during_termination() {
     node.wait_gone("term", Duration::from_secs(30))
         .expect("the pod goes");
     let row = agent
-        .wait_pod("default", "term", Duration::from_secs(10), "drain recorded", |row| {
-            row.drain.is_some()
-        })
+        .wait_pod(
+            "default",
+            "term",
+            Duration::from_secs(10),
+            "drain recorded",
+            |row| row.drain.is_some(),
+        )
         .expect("the agent recorded the deletion");
     let drain = row.drain.as_ref().expect("drain");
     assert_eq!(drain.outcome, DrainOutcome::KubeletOrdered, "{drain:?}");
@@ -750,7 +774,10 @@ fn holdfast_reports_a_sidecar_lost_during_termination() {
         "{metrics}"
     );
     assert_eq!(
-        metric(&metrics, "holdfast_drains_total{outcome=\"kubelet-ordered\"}"),
+        metric(
+            &metrics,
+            "holdfast_drains_total{outcome=\"kubelet-ordered\"}"
+        ),
         Some(1.0),
         "{metrics}"
     );

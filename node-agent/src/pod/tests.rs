@@ -261,8 +261,7 @@ pub fn native_pod(pre_stop: Option<serde_json::Value>) -> Pod {
     if let Some(cmd) = pre_stop {
         proxy["lifecycle"] = json!({"preStop": {"exec": {"command": cmd}}});
     }
-    let shipper =
-        json!({"name": "log-shipper", "image": "fluent-bit", "restartPolicy": "Always"});
+    let shipper = json!({"name": "log-shipper", "image": "fluent-bit", "restartPolicy": "Always"});
     pod_json(json!({
         "metadata": {"annotations": {"sidecar.istio.io/status": sidecar_status(r#"["istio-init","istio-proxy"]"#)}},
         "spec": {"initContainers": [istio_init("REDIRECT"), proxy, shipper],

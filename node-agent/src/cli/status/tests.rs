@@ -422,7 +422,8 @@ fn native_rows_say_what_holdfast_does() {
     let mut lost = pod("native-lost", Phase::Done);
     lost.mode = Some(SidecarMode::Native);
     let mut d = drain(DrainOutcome::SidecarLost, 2_300);
-    d.advice = Some("the native sidecar's proxy exited during the pod's termination (KEP-4438)".into());
+    d.advice =
+        Some("the native sidecar's proxy exited during the pod's termination (KEP-4438)".into());
     lost.drain = Some(d);
     let mut gw = pod("gw-7d9", Phase::Skipped);
     gw.mode = None;
@@ -431,7 +432,10 @@ fn native_rows_say_what_holdfast_does() {
     let table = render_table(&s, t(3));
     println!("{table}");
     let lines: Vec<&str> = table.lines().collect();
-    assert!(lines[1].starts_with("POD                  MODE    PHASE"), "{table}");
+    assert!(
+        lines[1].starts_with("POD                  MODE    PHASE"),
+        "{table}"
+    );
     let at = |name: &str| {
         lines
             .iter()
@@ -442,9 +446,15 @@ fn native_rows_say_what_holdfast_does() {
     assert!(lines[r].contains(" native  ready "), "{table}");
     assert!(lines[r].contains("1 (3.0s)"), "{table}");
     assert_eq!(lines[r + 1], format!("    {NATIVE_DETAIL}"), "{table}");
-    assert!(lines[r + 2].starts_with("    error: the native sidecar's proxy exited"), "{table}");
+    assert!(
+        lines[r + 2].starts_with("    error: the native sidecar's proxy exited"),
+        "{table}"
+    );
     let r = at("nat-stopped");
-    assert!(lines[r].contains(" native  done ") && lines[r].contains(" kubelet-ordered 1.0s"), "{table}");
+    assert!(
+        lines[r].contains(" native  done ") && lines[r].contains(" kubelet-ordered 1.0s"),
+        "{table}"
+    );
     assert_eq!(lines[r + 1], format!("    {NATIVE_DETAIL}"), "{table}");
     assert_eq!(
         lines[r + 2],
@@ -453,7 +463,10 @@ fn native_rows_say_what_holdfast_does() {
     );
     let r = at("native-lost");
     assert!(lines[r].contains(" sidecar-lost 2.3s"), "{table}");
-    assert!(lines[r + 2].contains("advice: the native sidecar's proxy exited"), "{table}");
+    assert!(
+        lines[r + 2].contains("advice: the native sidecar's proxy exited"),
+        "{table}"
+    );
     // Classic and skipped rows: their mode (or none), no native line.
     let r = at("default/fetch-config");
     assert!(lines[r].contains(" classic ready "), "{table}");
