@@ -310,6 +310,12 @@ impl AgentProcess {
         Ok(body.to_string())
     }
 
+    /// The agent's whole log so far (to look for an Event: without an API server the agent
+    /// logs each one with its reason).
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
     /// The last lines of the agent's log (for failure messages).
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();

@@ -3,15 +3,18 @@
 //! drain) and the kubelet stand-ins' native-sidecar rules ([`holdfast_tests::sim::native`]),
 //! with real Envoy, pilot-agent's status port and real apps.
 //!
-//! These are the baselines without holdfast: today's agent leaves native pods alone. Each
-//! scenario is a function taking `with_agent`, so its holdfast variant is one call away; the
-//! baseline tests assert what the kubelet and Istio give (start order, stop order and lag,
-//! refused calls across a sidecar restart, no restart during termination, a Job that
-//! completes) and print the figures.
+//! Each scenario is a function taking `with_agent`. The baseline tests (without holdfast)
+//! assert what the kubelet and Istio give (start order, stop order and lag, refused calls
+//! across a sidecar restart, no restart during termination, a Job that completes) and print
+//! the figures; the holdfast tests run the same scenario with and without the agent in the
+//! same test (the run without is the control) and assert what holdfast adds: the app's calls
+//! held across a sidecar restart, a deletion no worse than the kubelet's, the proxy ended on
+//! evidence when Istio's preStop is overridden, a sidecar lost during termination reported.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use holdfast::api::{DrainOutcome, HoldOutcome, PodStatus, SidecarMode};
 use holdfast_tests::agent::AgentProcess;
 use holdfast_tests::sim::pod_object::{CState, ContainerView, Terminated};
 use holdfast_tests::sim::process::children;
@@ -215,6 +218,8 @@ struct StopRun {
     failed_after_sigterm: u32,
     ok_after_sigterm: u32,
     proxy_exit_code: i32,
+    /// With the agent: its row once the drain was recorded.
+    row: Option<PodStatus>,
 }
 
 /// Deletes a running native pod whose app calls out for 1 s past SIGTERM.
@@ -250,14 +255,34 @@ fn delete_native(test: &str, with_agent: bool, lifecycle_override: bool) -> Stop
     let proxy = last_exit(gone.proxy().expect("proxy"));
     let report = node.report("web").expect("report");
     let after = report.calls(Phase::AfterSigterm);
+    let row = agent.as_ref().map(|agent| {
+        agent
+            .wait_pod(
+                "default",
+                "web",
+                Duration::from_secs(10),
+                "drain recorded",
+                |row| row.drain.is_some(),
+            )
+            .expect("the agent recorded the deletion")
+    });
     let run = StopRun {
         proxy_lag_ms: (us(&proxy.finished_at) - us(&app.finished_at)) as f64 / 1e3,
         gone_ms,
         failed_after_sigterm: after.failed,
         ok_after_sigterm: after.ok,
         proxy_exit_code: proxy.exit_code,
+        row,
     };
-    eprintln!("{test}: agent={with_agent} lifecycle_override={lifecycle_override}: {run:?}");
+    eprintln!(
+        "{test}: agent={with_agent} lifecycle_override={lifecycle_override}: proxy lag {:.0} ms, gone {:.0} ms, after SIGTERM {} ok {} failed, proxy exit {}; drain {:?}",
+        run.proxy_lag_ms,
+        run.gone_ms,
+        run.ok_after_sigterm,
+        run.failed_after_sigterm,
+        run.proxy_exit_code,
+        run.row.as_ref().and_then(|r| r.drain.as_ref())
+    );
     finish(node, agent);
     run
 }
@@ -300,15 +325,103 @@ fn without_istios_prestop_the_proxy_drains_after_the_app() {
     );
 }
 
+/// Deleting a native pod with Istio's preStop drain is no worse with holdfast: the kubelet
+/// ends the proxy ~50 ms after the app either way, holdfast never quits it, only measures the
+/// lag and puts it on the row (outcome `kubelet-ordered`). The run without holdfast is the
+/// control.
+#[test]
+fn holdfast_leaves_a_native_deletion_with_istios_prestop_to_the_kubelet() {
+    if !privileged("holdfast_leaves_a_native_deletion_with_istios_prestop_to_the_kubelet") {
+        return;
+    }
+    let without = delete_native("nsdel0", false, false);
+    let with = delete_native("nsdelhf", true, false);
+    for run in [&without, &with] {
+        assert_eq!(run.failed_after_sigterm, 0, "{run:?}");
+        assert!(run.ok_after_sigterm >= 5, "{run:?}");
+        assert_eq!(run.proxy_exit_code, 0, "{run:?}");
+        assert!(run.gone_ms < 9000.0, "{run:?}");
+    }
+    // The exit lag as without holdfast: the same kubelet order (the bound leaves room for the
+    // containerd backend's late exit events, docs/containerd-backend.md finding 6).
+    assert!(
+        with.proxy_lag_ms >= 0.0 && with.proxy_lag_ms < without.proxy_lag_ms + 1000.0,
+        "with holdfast the proxy exited {} ms after the app, without {} ms",
+        with.proxy_lag_ms,
+        without.proxy_lag_ms
+    );
+    let row = with.row.as_ref().expect("the agent's row");
+    assert_eq!(row.mode, Some(SidecarMode::Native), "{row:?}");
+    let drain = row.drain.as_ref().expect("drain");
+    assert_eq!(drain.outcome, DrainOutcome::KubeletOrdered, "{drain:?}");
+    // Holdfast sent nothing: no inbound drain of its own (Istio's preStop did it), no quit.
+    assert!(
+        drain.quit_sent_at.is_none(),
+        "holdfast quit the proxy: {drain:?}"
+    );
+    assert!(!drain.inbound_drained, "{drain:?}");
+    // The lag is measured and on the row (the agent sees the admin API go, a little after the
+    // kubelet's exit time).
+    let lag = drain
+        .app_gone_to_proxy_exit
+        .expect("the app → proxy exit lag on the row");
+    assert!(lag < Duration::from_secs(3), "{drain:?}");
+}
+
+/// Without Istio's preStop (the mesh's `global.proxy.lifecycle`), pilot-agent drains its
+/// `terminationDrainDuration` (2 s here) after the SIGTERM the kubelet sends once the app
+/// has exited: the control shows that lag. Holdfast ends the proxy on evidence once the app
+/// is gone and nothing is in flight, well before, and no call fails.
+#[test]
+fn holdfast_ends_a_native_proxy_on_evidence_without_istios_prestop() {
+    if !privileged("holdfast_ends_a_native_proxy_on_evidence_without_istios_prestop") {
+        return;
+    }
+    let without = delete_native("nsovr0", false, true);
+    let with = delete_native("nsovrhf", true, true);
+    for run in [&without, &with] {
+        assert_eq!(run.failed_after_sigterm, 0, "{run:?}");
+        assert!(run.ok_after_sigterm >= 5, "{run:?}");
+    }
+    assert!(
+        without.proxy_lag_ms >= 1900.0,
+        "the control did not drain its 2 s: {without:?}"
+    );
+    // The proxy outlived the app (never ended while it ran) ...
+    assert!(with.proxy_lag_ms >= 0.0, "{with:?}");
+    // ... and ended on evidence, not after the 2 s drain.
+    assert!(
+        with.proxy_lag_ms < 1500.0 && with.proxy_lag_ms < without.proxy_lag_ms - 500.0,
+        "with holdfast the proxy exited {} ms after the app, without {} ms",
+        with.proxy_lag_ms,
+        without.proxy_lag_ms
+    );
+    let row = with.row.as_ref().expect("the agent's row");
+    assert_eq!(row.mode, Some(SidecarMode::Native), "{row:?}");
+    let drain = row.drain.as_ref().expect("drain");
+    assert_eq!(drain.outcome, DrainOutcome::AppDone, "{drain:?}");
+    assert!(drain.quit_sent_at.is_some(), "{drain:?}");
+    assert!(
+        drain
+            .app_gone_at
+            .is_some_and(|gone| drain.quit_sent_at >= Some(gone)),
+        "quit before the app was gone: {drain:?}"
+    );
+}
+
 /// One kill of the native sidecar's Envoy while the app calls out.
 #[derive(Debug)]
 struct Crash {
     /// Calls refused from the kill until the restarted proxy served again.
     refused: u32,
+    /// Calls that succeeded from the kill until then (held ones included).
+    ok: u32,
     /// The proxy container's exit → its next start (the kubelet's times), ms.
     restart_after_ms: f64,
     /// The pod was seen not Ready while the proxy was down.
     not_ready_seen: bool,
+    /// With the agent: its row once the hold installed after this kill was released.
+    row: Option<PodStatus>,
 }
 
 /// Kills the native sidecar's Envoy `crashes` times while the app calls out every 100 ms;
@@ -330,10 +443,19 @@ fn kill_native_envoy(test: &str, with_agent: bool, crashes: usize) -> Vec<Crash>
                 p.containers_ready()
             })
             .expect("ready before the kill");
+        if let Some(agent) = &agent {
+            // The agent follows the running pod (and, after a kill, released its hold).
+            agent
+                .wait_pod("default", "oom", Duration::from_secs(20), "ready", |row| {
+                    row.phase == holdfast::api::Phase::Ready
+                })
+                .expect("the agent follows the running native pod");
+        }
         let restarts = view.proxy().expect("proxy").restart_count;
         let pilot = view.proxy().and_then(|c| c.pid).expect("pilot-agent runs");
         let envoy = *children(pilot).first().expect("Envoy under pilot-agent");
         let before = node.report("oom").expect("report").calls(Phase::Running);
+        let killed_at = std::time::SystemTime::now();
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(envoy as i32),
             nix::sys::signal::Signal::SIGKILL,
@@ -355,7 +477,8 @@ fn kill_native_envoy(test: &str, with_agent: bool, crashes: usize) -> Vec<Crash>
             )
             .expect("the kubelet restarts the proxy");
         let not_ready_seen = not_ready_seen.get();
-        // Calls in flight finish, and a few more succeed through the new Envoy.
+        // Calls in flight finish (held ones once the new Envoy is ready), and a few more
+        // succeed through the new Envoy.
         let ok_at_up = node.report("oom").expect("report").calls(Phase::Running).ok;
         let report = node
             .wait_report("oom", Duration::from_secs(30), "calls succeed again", |r| {
@@ -365,15 +488,40 @@ fn kill_native_envoy(test: &str, with_agent: bool, crashes: usize) -> Vec<Crash>
         let after = report.calls(Phase::Running);
         let proxy = up.proxy().expect("proxy");
         let exited = last_exit(proxy);
+        let row = agent.as_ref().map(|agent| {
+            agent
+                .wait_pod(
+                    "default",
+                    "oom",
+                    Duration::from_secs(20),
+                    "the hold after the kill released",
+                    |row| {
+                        row.hold.as_ref().is_some_and(|h| {
+                            h.outcome.is_some() && h.started_at.is_some_and(|t| t >= killed_at)
+                        })
+                    },
+                )
+                .expect("the agent held the app's calls again after the kill")
+        });
         let crash = Crash {
             refused: after.errors(CallError::ConnectionRefused)
                 - before.errors(CallError::ConnectionRefused),
+            ok: after.ok - before.ok,
             restart_after_ms: (started_us(proxy).expect("running") - us(&exited.finished_at))
                 as f64
                 / 1e3,
             not_ready_seen,
+            row,
         };
-        eprintln!("{test}: agent={with_agent}: crash {}: {crash:?}", n + 1);
+        eprintln!(
+            "{test}: agent={with_agent}: crash {}: refused {}, ok {}, restart after {:.0} ms, not Ready seen {}; hold {:?}",
+            n + 1,
+            crash.refused,
+            crash.ok,
+            crash.restart_after_ms,
+            crash.not_ready_seen,
+            crash.row.as_ref().and_then(|r| r.hold.as_ref())
+        );
         let app = up.app().expect("app");
         assert_eq!(app.restart_count, 0, "the app kept running");
         out.push(crash);
@@ -405,9 +553,68 @@ fn a_killed_sidecar_is_restarted_with_backoff_and_the_app_is_refused_meanwhile()
     assert!(crashes[1].refused > crashes[0].refused, "{crashes:?}");
 }
 
+/// Issue 22's first row: the native sidecar's Envoy killed while the app calls out every
+/// 100 ms; the kubelet restarts it (the second time after its back-off). Without holdfast
+/// (the control, same test) the app's calls are refused until the new Envoy serves; with
+/// holdfast they are held: at most one refused per crash (a call whose pooled connection the
+/// kill broke mid-request may fail), the row says native, re-held, and why.
+#[test]
+fn holdfast_holds_the_apps_calls_across_a_native_sidecar_restart() {
+    if !privileged("holdfast_holds_the_apps_calls_across_a_native_sidecar_restart") {
+        return;
+    }
+    let without = kill_native_envoy("nscrash0", false, 2);
+    let with = kill_native_envoy("nscrashhf", true, 2);
+    eprintln!(
+        "refused per crash: without holdfast {:?}, with {:?}",
+        without.iter().map(|c| c.refused).collect::<Vec<_>>(),
+        with.iter().map(|c| c.refused).collect::<Vec<_>>()
+    );
+    // The control: the same kills refuse many calls without holdfast.
+    for c in &without {
+        assert!(c.refused >= 3, "the control refused few calls: {c:?}");
+    }
+    for c in &with {
+        // The kubelet still restarted the proxy (the second time after its back-off) and the
+        // pod went not Ready meanwhile: holdfast changed nothing of that.
+        assert!(c.not_ready_seen, "{c:?}");
+        assert!(c.refused <= 1, "calls refused across the restart: {c:?}");
+        // The calls of the window were held, not lost: they succeeded.
+        assert!(c.ok >= 3, "{c:?}");
+        let row = c.row.as_ref().expect("the agent's row");
+        assert_eq!(row.mode, Some(SidecarMode::Native), "{row:?}");
+        let hold = row.hold.as_ref().expect("a hold");
+        assert_eq!(hold.outcome, Some(HoldOutcome::Ready), "{hold:?}");
+        assert!(hold.connections_held >= 1, "nothing was held: {hold:?}");
+        let problem = row.last_error.as_deref().unwrap_or_default();
+        assert!(
+            problem.contains("native sidecar") && problem.contains("back-off"),
+            "the row does not say the back-off is the kubelet's: {row:?}"
+        );
+    }
+    assert!(
+        with[1].restart_after_ms >= BACKOFF.as_secs_f64() * 1e3 - 50.0,
+        "the second restart came before the kubelet's back-off: {:?}",
+        with[1]
+    );
+}
+
+/// What a sidecar lost during termination showed.
+#[derive(Debug)]
+struct Lost {
+    /// The proxy's restarts after the kill.
+    restarts: u32,
+    /// The app's calls refused after SIGTERM.
+    refused: u32,
+    /// With the agent: its row once the drain was recorded, and its `/metrics` and log then.
+    row: Option<PodStatus>,
+    metrics: String,
+    log: String,
+}
+
 /// Deletes a native pod whose app calls out for 3 s past SIGTERM and kills its Envoy 1 s into
-/// that: returns the proxy's restarts after the kill and the app's refused calls after it.
-fn kill_envoy_during_termination(test: &str, with_agent: bool) -> (u32, u32) {
+/// that.
+fn kill_envoy_during_termination(test: &str, with_agent: bool) -> Lost {
     let mut node = node(test);
     let agent = maybe_agent(&node, with_agent);
     node.add_pod(native("term", caller(Duration::from_secs(3))).grace(Duration::from_secs(10)))
@@ -417,6 +624,13 @@ fn kill_envoy_during_termination(test: &str, with_agent: bool) -> (u32, u32) {
         r.calls(Phase::Running).ok >= 5
     })
     .expect("the app calls out");
+    if let Some(agent) = &agent {
+        agent
+            .wait_pod("default", "term", Duration::from_secs(20), "ready", |row| {
+                row.phase == holdfast::api::Phase::Ready
+            })
+            .expect("the agent follows the running native pod");
+    }
     node.delete_pod("term").expect("delete");
     node.wait_report("term", Duration::from_secs(10), "SIGTERM", |r| {
         r.calls(Phase::AfterSigterm).ok >= 5
@@ -439,12 +653,37 @@ fn kill_envoy_during_termination(test: &str, with_agent: bool) -> (u32, u32) {
     let refused = report
         .calls(Phase::AfterSigterm)
         .errors(CallError::ConnectionRefused);
+    let (row, metrics, log) = match &agent {
+        Some(agent) => {
+            let row = agent
+                .wait_pod(
+                    "default",
+                    "term",
+                    Duration::from_secs(10),
+                    "drain recorded",
+                    |row| row.drain.is_some(),
+                )
+                .expect("the agent recorded the deletion");
+            let metrics = agent.get("/metrics").expect("/metrics");
+            (Some(row), metrics, agent.log_text())
+        }
+        None => (None, String::new(), String::new()),
+    };
+    let lost = Lost {
+        restarts: proxy.restart_count - restarts,
+        refused,
+        row,
+        metrics,
+        log,
+    };
     eprintln!(
-        "{test}: agent={with_agent}: restarts after the kill {}, refused after SIGTERM {refused}",
-        proxy.restart_count - restarts
+        "{test}: agent={with_agent}: restarts after the kill {}, refused after SIGTERM {}; drain {:?}",
+        lost.restarts,
+        lost.refused,
+        lost.row.as_ref().and_then(|r| r.drain.as_ref())
     );
     finish(node, agent);
-    (proxy.restart_count - restarts, refused)
+    lost
 }
 
 #[test]
@@ -452,13 +691,104 @@ fn a_sidecar_lost_during_termination_is_not_restarted() {
     if !privileged("a_sidecar_lost_during_termination_is_not_restarted") {
         return;
     }
-    let (restarts, refused) = kill_envoy_during_termination("nsterm", false);
+    let lost = kill_envoy_during_termination("nsterm", false);
     assert_eq!(
-        restarts, 0,
+        lost.restarts, 0,
         "the kubelet restarted a sidecar during termination"
     );
     // The app has no egress for the rest of its shutdown (about 2 s of calls every 100 ms).
-    assert!(refused >= 10, "{refused} refused");
+    assert!(lost.refused >= 10, "{lost:?}");
+}
+
+/// A sidecar lost during termination cannot be restarted (by anyone, until KEP-4438); holdfast
+/// says so where operators look: the row's outcome `sidecar-lost` with advice, the Warning
+/// Event `SidecarLostDuringTermination` (logged here: no API server), and
+/// `holdfast_drains_total{outcome="sidecar-lost"}`. The control is a pod whose deletion goes
+/// well: outcome `kubelet-ordered`, no such Event, the metric at 0.
+#[test]
+fn holdfast_reports_a_sidecar_lost_during_termination() {
+    if !privileged("holdfast_reports_a_sidecar_lost_during_termination") {
+        return;
+    }
+    let lost = kill_envoy_during_termination("nstermhf", true);
+    assert_eq!(lost.restarts, 0, "{lost:?}");
+    assert!(lost.refused >= 10, "{lost:?}");
+    let row = lost.row.as_ref().expect("the agent's row");
+    assert_eq!(row.mode, Some(SidecarMode::Native), "{row:?}");
+    let drain = row.drain.as_ref().expect("drain");
+    assert_eq!(drain.outcome, DrainOutcome::SidecarLost, "{drain:?}");
+    assert!(
+        drain
+            .advice
+            .as_deref()
+            .is_some_and(|a| a.contains("KEP-4438")),
+        "{drain:?}"
+    );
+    assert!(
+        lost.log.contains("SidecarLostDuringTermination"),
+        "no SidecarLostDuringTermination event in the agent's log"
+    );
+    assert_eq!(
+        metric(
+            &lost.metrics,
+            "holdfast_drains_total{outcome=\"sidecar-lost\"}"
+        ),
+        Some(1.0),
+        "{}",
+        lost.metrics
+    );
+
+    // The control: a native pod deleted without a kill.
+    let mut node = node("nstermok");
+    let agent = AgentProcess::for_node(&node).expect("start the holdfast agent");
+    node.add_pod(native("term", caller(Duration::from_secs(1))).grace(Duration::from_secs(10)))
+        .expect("add pod");
+    node.start_pods().expect("start");
+    node.wait_report("term", Duration::from_secs(30), "5 calls", |r| {
+        r.calls(Phase::Running).ok >= 5
+    })
+    .expect("the app calls out");
+    agent
+        .wait_pod("default", "term", Duration::from_secs(30), "ready", |row| {
+            row.phase == holdfast::api::Phase::Ready
+        })
+        .expect("the agent follows the running native pod");
+    node.delete_pod("term").expect("delete");
+    node.wait_gone("term", Duration::from_secs(30))
+        .expect("the pod goes");
+    let row = agent
+        .wait_pod(
+            "default",
+            "term",
+            Duration::from_secs(10),
+            "drain recorded",
+            |row| row.drain.is_some(),
+        )
+        .expect("the agent recorded the deletion");
+    let drain = row.drain.as_ref().expect("drain");
+    assert_eq!(drain.outcome, DrainOutcome::KubeletOrdered, "{drain:?}");
+    let metrics = agent.get("/metrics").expect("/metrics");
+    assert_ne!(
+        metric(&metrics, "holdfast_drains_total{outcome=\"sidecar-lost\"}"),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            "holdfast_drains_total{outcome=\"kubelet-ordered\"}"
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert!(!agent.log_text().contains("SidecarLostDuringTermination"));
+    finish(node, Some(agent));
+}
+
+/// A sample's value from an OpenMetrics text (`name{labels}` exactly as written).
+fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
 }
 
 /// Runs a native-sidecar Job (3 calls, exit 0); returns the pod's final view and how long

@@ -3,25 +3,28 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::api::{DrainReport, JobReport};
+use crate::api::{DrainOutcome, DrainReport, JobReport, SidecarMode};
 use crate::api::{HoldOutcome, HoldRecord, NodeStatus, Phase, PodStatus};
 
 /// Width the table is laid out for.
 pub const TABLE_WIDTH: usize = 80;
 
-/// Column widths: POD, PHASE, HELD, RELEASE; END takes the rest of [`TABLE_WIDTH`].
-const POD_W: usize = 22;
+/// Column widths: POD, MODE, PHASE, HELD, RELEASE; END takes the rest of [`TABLE_WIDTH`]
+/// (23: the longest drain outcome with its time, `proxy-gone-early 5.0s`, fits).
+const POD_W: usize = 20;
+const MODE_W: usize = 7;
 const PHASE_W: usize = 8;
-const HELD_W: usize = 11;
+const HELD_W: usize = 10;
 const RELEASE_W: usize = 7;
-const END_W: usize = TABLE_WIDTH - POD_W - PHASE_W - HELD_W - RELEASE_W - 4;
+const END_W: usize = TABLE_WIDTH - POD_W - MODE_W - PHASE_W - HELD_W - RELEASE_W - 5;
 /// Indent of a row's detail lines (errors, advice).
 const DETAIL_INDENT: &str = "    ";
 
 /// The node's table, at most [`TABLE_WIDTH`] columns wide: a header line, one row per pod
-/// (namespace/name, phase, connections held and for how long, proxy-ready-to-release time, how
-/// the drain or Job ended), each followed by indented detail lines for anything that needs an
-/// operator (a hold that did not end on a ready proxy, drain advice, the last error).
+/// (namespace/name, sidecar mode, phase, connections held and for how long,
+/// proxy-ready-to-release time, how the drain or Job ended), each followed by indented detail
+/// lines: what holdfast does for a native sidecar, and anything that needs an operator (a hold
+/// that did not end on a ready proxy, drain advice, the last error).
 pub fn render_table(status: &NodeStatus, now: SystemTime) -> String {
     let mut out = String::new();
     let pods = match status.pods.len() {
@@ -43,19 +46,20 @@ pub fn render_table(status: &NodeStatus, now: SystemTime) -> String {
     push_line(
         &mut out,
         &format!(
-            "{:POD_W$} {:PHASE_W$} {:HELD_W$} {:RELEASE_W$} {}",
-            "POD", "PHASE", "HELD (FOR)", "RELEASE", "END (OUTCOME, TIME)"
+            "{:POD_W$} {:MODE_W$} {:PHASE_W$} {:HELD_W$} {:RELEASE_W$} {}",
+            "POD", "MODE", "PHASE", "HELD (FOR)", "RELEASE", "END (OUTCOME, TIME)"
         ),
     );
     for pod in &status.pods {
         push_line(
             &mut out,
             &format!(
-                "{:POD_W$} {:PHASE_W$} {:HELD_W$} {:RELEASE_W$} {}",
+                "{:POD_W$} {:MODE_W$} {:PHASE_W$} {:HELD_W$} {:RELEASE_W$} {}",
                 fit_middle(
                     &escape_controls(&format!("{}/{}", pod.namespace, pod.name)),
                     POD_W
                 ),
+                pod.mode.map_or("-", SidecarMode::as_str),
                 phase_label(pod.phase),
                 fit_end(&held_cell(pod.hold.as_ref(), now), HELD_W),
                 fit_end(&release_cell(pod.hold.as_ref()), RELEASE_W),
@@ -105,7 +109,8 @@ fn release_cell(hold: Option<&HoldRecord>) -> String {
     }
 }
 
-/// How the pod's drain or Job ended: `drain app-done 8.1s`, `job completed 12ms`.
+/// How the pod's drain or Job ended: `app-done 8.1s` (a drain: the column's usual content,
+/// unprefixed to fit), `job completed 12ms`.
 fn end_cell(pod: &PodStatus) -> String {
     if let Some(d) = &pod.drain {
         return drain_summary(d);
@@ -117,7 +122,7 @@ fn end_cell(pod: &PodStatus) -> String {
 }
 
 fn drain_summary(d: &DrainReport) -> String {
-    format!("drain {} {}", d.outcome.as_str(), short_duration(d.elapsed))
+    format!("{} {}", d.outcome.as_str(), short_duration(d.elapsed))
 }
 
 fn job_summary(j: &JobReport) -> String {
@@ -131,6 +136,22 @@ fn job_summary(j: &JobReport) -> String {
 fn details(pod: &PodStatus) -> Vec<String> {
     let room = TABLE_WIDTH - DETAIL_INDENT.len();
     let mut lines = Vec::new();
+    if pod.mode == Some(SidecarMode::Native) {
+        lines.push(NATIVE_DETAIL.to_string());
+        if let Some(d) = pod
+            .drain
+            .as_ref()
+            .filter(|d| d.outcome == DrainOutcome::KubeletOrdered)
+        {
+            match d.app_gone_to_proxy_exit {
+                Some(lag) => lines.push(format!(
+                    "stopped by the kubelet: proxy exited {} after the app",
+                    short_duration(lag)
+                )),
+                None => lines.push("stopped by the kubelet after the app".into()),
+            }
+        }
+    }
     if let Some(h) = &pod.hold {
         match h.outcome {
             Some(HoldOutcome::Ready) | None => {}
@@ -169,6 +190,13 @@ fn details(pod: &PodStatus) -> Vec<String> {
     }
     lines
 }
+
+/// What holdfast does for a native sidecar, under its row: the kubelet orders the first start
+/// (after the startup probe), the stop (app first) and Jobs; holdfast holds the app's calls
+/// across a proxy restart, and ends the proxy on evidence only where Istio's preStop drain is
+/// overridden.
+pub(super) const NATIVE_DETAIL: &str =
+    "native sidecar: holdfast covers restarts; the kubelet orders start/stop";
 
 /// Lines an error or advice may take under its row (the rest is cut; `--json` has it all).
 const MESSAGE_LINES: usize = 3;

@@ -122,6 +122,10 @@ pub struct State {
     pub fresh: Option<bool>,
     /// The pod broke a bound and was failed open: no hold, drain or Job quit any more.
     pub left_alone: bool,
+    /// The Pod status showed the proxy container restarted while the app runs, and the netns
+    /// is being looked up again: the next hold is a re-hold (for a native sidecar the only kind
+    /// there is; for a classic one not "late", the app runs by design).
+    pub proxy_restarted: bool,
 }
 
 impl State {
@@ -135,6 +139,7 @@ impl State {
                 stopping: false,
                 fresh: None,
                 left_alone: false,
+                proxy_restarted: false,
             };
             return (state, vec![Effect::SetPhase(Phase::Done)]);
         }
@@ -149,6 +154,7 @@ impl State {
             stopping: false,
             fresh: None,
             left_alone: false,
+            proxy_restarted: false,
         };
         (
             state,

@@ -594,7 +594,11 @@ fn a_restarted_proxy_or_a_new_netns_is_held_again() {
                 &["phase:waiting-for-netns", "look"],
             ),
             (Input::NetnsFound { netns: ns(1) }, &["check"]),
-            (Input::Readiness(Seen::Down), &["install(fresh=false)"]),
+            // A re-hold: the app runs by design, the hold is not "late".
+            (
+                Input::Readiness(Seen::Down),
+                &["install(fresh=false,rehold)"],
+            ),
         ],
     );
     // The sandbox was recreated under the same uid: a new netns.
@@ -939,4 +943,189 @@ fn what_the_driver_cannot_do_the_machine_decides() {
             ),
         ],
     );
+}
+
+fn native(p: PodFacts) -> PodFacts {
+    PodFacts {
+        mode: SidecarMode::Native,
+        ..p
+    }
+}
+
+/// A native pod's first start is the kubelet's to order (the app starts after the proxy's
+/// startup probe): no hold, whatever Envoy's state at the first look. A proxy exit seen on its
+/// pidfd while the app runs re-holds (the restart cover), with a problem on the row saying
+/// the back-off is the kubelet's; the restarted Envoy ready releases it.
+#[test]
+fn a_native_pod_is_not_held_at_start_but_across_a_proxy_restart() {
+    for seen in [Seen::Down, Seen::Starting, Seen::Up, Seen::Ready] {
+        let mut r = Run::start(native(pod(RestartPolicy::Always)), START);
+        r.script(
+            "first start",
+            vec![
+                (Input::NetnsFound { netns: ns(1) }, &["check"]),
+                (Input::Readiness(seen), &["remove-leftover", "phase:ready"]),
+            ],
+        );
+    }
+    let mut r = Run::start(native(pod(RestartPolicy::Always)), START);
+    r.script(
+        "restart cover",
+        vec![
+            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (
+                Input::Readiness(Seen::Starting),
+                &["remove-leftover", "phase:ready"],
+            ),
+            (Input::ProxyGone, &["problem", "check"]),
+            (
+                Input::Readiness(Seen::Down),
+                &["install(fresh=false,rehold)"],
+            ),
+            (
+                Input::HoldSetUp {
+                    adopted: false,
+                    late: false,
+                },
+                &[
+                    "rec:hold-started(adopted=false,late=false)",
+                    "phase:holding",
+                    "timer:HoldDeadline",
+                    "check",
+                ],
+            ),
+            (Input::Readiness(Seen::Ready), &["release(ready=true)"]),
+            (
+                Input::HoldReleased(Released::default()),
+                &["rec:hold-ready", "phase:ready"],
+            ),
+        ],
+    );
+    // The problem names the kubelet's back-off.
+    let mut r = Run::start(native(pod(RestartPolicy::Always)), START);
+    r.feed(Input::NetnsFound { netns: ns(1) });
+    r.feed(Input::Readiness(Seen::Ready));
+    let fx = r.feed(Input::ProxyGone);
+    let problem = fx
+        .iter()
+        .find_map(|e| match e {
+            Effect::Problem(m) => Some(m.clone()),
+            _ => None,
+        })
+        .expect("a problem");
+    assert!(
+        problem.contains("native sidecar") && problem.contains("back-off"),
+        "{problem}"
+    );
+    // The control: a classic pod's proxy exit re-holds without that problem.
+    let mut r = Run::start(pod(RestartPolicy::Always), START);
+    r.feed(Input::NetnsFound { netns: ns(1) });
+    r.feed(Input::Readiness(Seen::Ready));
+    let fx = r.feed(Input::ProxyGone);
+    assert_eq!(fx.iter().map(kind).collect::<Vec<_>>(), ["check"]);
+}
+
+/// A native proxy's restart seen first in the Pod status (a new container id; the pidfd
+/// missed it) is held as well: the re-look finds the same netns, and the hold goes in as a
+/// re-hold. (Before, the re-look counted as a first start and a native pod was not held.)
+#[test]
+fn a_native_proxy_restart_seen_in_the_status_is_held() {
+    let mut r = Run::start(native(pod(RestartPolicy::Always)), START);
+    r.script(
+        "first start",
+        vec![
+            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (
+                Input::Readiness(Seen::Ready),
+                &["remove-leftover", "phase:ready"],
+            ),
+        ],
+    );
+    let mut restarted = native(pod(RestartPolicy::Always));
+    restarted.proxy = Some(running("proxy-2"));
+    r.script(
+        "restart in the status",
+        vec![
+            (
+                Input::Pod(Some(restarted)),
+                &["phase:waiting-for-netns", "look"],
+            ),
+            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (
+                Input::Readiness(Seen::Down),
+                &["install(fresh=false,rehold)"],
+            ),
+        ],
+    );
+    // The control: a new sandbox (the kubelet starts every container again, in order) is a
+    // first start, not held.
+    let mut r = Run::start(native(pod(RestartPolicy::Always)), START);
+    r.feed(Input::NetnsFound { netns: ns(1) });
+    r.feed(Input::Readiness(Seen::Ready));
+    r.script(
+        "new sandbox",
+        vec![
+            (Input::NetnsFound { netns: ns(2) }, &["check"]),
+            (
+                Input::Readiness(Seen::Down),
+                &["remove-leftover", "phase:ready"],
+            ),
+        ],
+    );
+}
+
+/// A native sidecar's Job is the kubelet's (it stops the sidecars once the app is done): no Job
+/// watch; a classic Job gets one (the control).
+#[test]
+fn a_native_job_gets_no_job_watch() {
+    let mut r = Run::start(native(pod(RestartPolicy::OnFailure)), START);
+    r.script(
+        "native job",
+        vec![
+            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (
+                Input::Readiness(Seen::Ready),
+                &["remove-leftover", "phase:ready"],
+            ),
+        ],
+    );
+    let mut r = Run::start(pod(RestartPolicy::OnFailure), START);
+    r.script(
+        "classic job",
+        vec![
+            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (
+                Input::Readiness(Seen::Ready),
+                &["remove-leftover", "phase:ready", "job-watch"],
+            ),
+        ],
+    );
+}
+
+/// A native pod's deletion runs the drain executor (which decides kubelet-ordered or ended on
+/// evidence from the view); its outcomes are recorded as they come, a lost sidecar included,
+/// and a proxy exit during termination is no restart to cover.
+#[test]
+fn a_native_deletion_records_kubelet_ordered_or_sidecar_lost() {
+    for outcome in [DrainOutcome::KubeletOrdered, DrainOutcome::SidecarLost] {
+        let mut r = Run::start(native(pod(RestartPolicy::Always)), START);
+        r.feed(Input::NetnsFound { netns: ns(1) });
+        r.feed(Input::Readiness(Seen::Ready));
+        let rec = format!("rec:drain-{}", outcome.as_str());
+        r.script(
+            "deletion",
+            vec![
+                (
+                    Input::Pod(Some(deleted(native(pod(RestartPolicy::Always))))),
+                    &["phase:draining", "drain"],
+                ),
+                (Input::ProxyGone, &[]),
+                (
+                    Input::DrainFinished(drain_report(outcome)),
+                    &[rec.as_str(), "phase:done"],
+                ),
+                (Input::Pod(None), &["phase:done", "exit"]),
+            ],
+        );
+    }
 }

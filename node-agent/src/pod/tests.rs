@@ -252,31 +252,35 @@ fn waypoint_and_ztunnel_are_not_sidecars() {
     ));
 }
 
+/// A native-sidecar pod as Istio 1.28 injects it, with `pre_stop` as the proxy's preStop exec
+/// command (`None`: no hook), a log shipper (a native sidecar) started after the proxy, the
+/// proxy and the shipper running.
+pub fn native_pod(pre_stop: Option<serde_json::Value>) -> Pod {
+    let mut proxy = istio_proxy(json!([]));
+    proxy["restartPolicy"] = json!("Always");
+    if let Some(cmd) = pre_stop {
+        proxy["lifecycle"] = json!({"preStop": {"exec": {"command": cmd}}});
+    }
+    let shipper = json!({"name": "log-shipper", "image": "fluent-bit", "restartPolicy": "Always"});
+    pod_json(json!({
+        "metadata": {"annotations": {"sidecar.istio.io/status": sidecar_status(r#"["istio-init","istio-proxy"]"#)}},
+        "spec": {"initContainers": [istio_init("REDIRECT"), proxy, shipper],
+                 "containers": [{"name": "app", "image": "shop/web:1"}]},
+        "status": {"initContainerStatuses": [
+            status("istio-init", json!({"terminated": {"exitCode": 0}})),
+            status("istio-proxy", json!({"running": {"startedAt": "2026-11-22T10:00:01Z"}})),
+            status("log-shipper", json!({"running": {"startedAt": "2026-11-22T10:00:02Z"}})),
+        ]}
+    }))
+}
+
 /// Istio 1.27+'s native sidecar (pkg/kube/inject/testdata/inject/native-sidecar.yaml.injected,
 /// istio/istio 1.28): `istio-proxy` among the init containers after istio-init, with
 /// `restartPolicy: Always` and Istio's preStop drain; its status in `initContainerStatuses`.
 /// Tracked, in native mode; a log shipper started after it is stopped before it.
 #[test]
 fn native_sidecar_is_tracked_in_native_mode() {
-    let native = |pre_stop: Option<serde_json::Value>| {
-        let mut proxy = istio_proxy(json!([]));
-        proxy["restartPolicy"] = json!("Always");
-        if let Some(cmd) = pre_stop {
-            proxy["lifecycle"] = json!({"preStop": {"exec": {"command": cmd}}});
-        }
-        let shipper =
-            json!({"name": "log-shipper", "image": "fluent-bit", "restartPolicy": "Always"});
-        pod_json(json!({
-            "metadata": {"annotations": {"sidecar.istio.io/status": sidecar_status(r#"["istio-init","istio-proxy"]"#)}},
-            "spec": {"initContainers": [istio_init("REDIRECT"), proxy, shipper],
-                     "containers": [{"name": "app", "image": "shop/web:1"}]},
-            "status": {"initContainerStatuses": [
-                status("istio-init", json!({"terminated": {"exitCode": 0}})),
-                status("istio-proxy", json!({"running": {"startedAt": "2026-11-22T10:00:01Z"}})),
-                status("log-shipper", json!({"running": {"startedAt": "2026-11-22T10:00:02Z"}})),
-            ]}
-        }))
-    };
+    let native = native_pod;
     let istio = json!([
         "pilot-agent",
         "request",

@@ -27,13 +27,17 @@ pub use crate::api::status::SourceProblem;
 
 /// A Pod object cut down to what the agent reads ([`crate::pod::PodView::from_pod`]): metadata
 /// (uid, name, namespace, annotations, deletion, resource version), the spec's node, host
-/// network and users, restart policy and grace period, each container's name, args, env and
-/// restart policy, and the status's phase, IPs and container statuses. Everything else —
+/// network and users, restart policy and grace period, each container's name, args, env,
+/// restart policy and preStop exec command (whether a native proxy's preStop is Istio's drain:
+/// [`crate::pod::istio_prestop_drain`]), and the status's phase, IPs and container statuses.
+/// Everything else —
 /// `managedFields` (often the largest part), volumes, images, resources, probes, conditions —
 /// is dropped before the object enters the agent's queue (issue 25: a node of large pods must
 /// not fill the agent's memory with fields it never reads).
 pub fn slim(pod: Pod) -> Pod {
-    use k8s_openapi::api::core::v1::{Container, PodSpec, PodStatus};
+    use k8s_openapi::api::core::v1::{
+        Container, ExecAction, Lifecycle, LifecycleHandler, PodSpec, PodStatus,
+    };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     let m = pod.metadata;
     let slim_container = |c: Container| Container {
@@ -41,6 +45,17 @@ pub fn slim(pod: Pod) -> Pod {
         args: c.args,
         env: c.env,
         restart_policy: c.restart_policy,
+        lifecycle: c
+            .lifecycle
+            .and_then(|l| l.pre_stop)
+            .and_then(|h| h.exec)
+            .map(|e| Lifecycle {
+                pre_stop: Some(LifecycleHandler {
+                    exec: Some(ExecAction { command: e.command }),
+                    ..LifecycleHandler::default()
+                }),
+                ..Lifecycle::default()
+            }),
         ..Container::default()
     };
     Pod {
@@ -149,5 +164,38 @@ mod tests {
             size(&small),
             size(&big)
         );
+    }
+
+    /// A native sidecar's preStop survives: whether it is Istio's drain decides how the
+    /// deletion goes (kubelet-ordered, or ended on evidence). Slimming once dropped it, and
+    /// every native pod then got the full drain (found by tests/tests/native_sidecars.rs).
+    #[test]
+    fn a_slim_native_pod_keeps_istios_prestop() {
+        let native = crate::pod::tests::native_pod(Some(json!([
+            "pilot-agent",
+            "request",
+            "--debug-port=15020",
+            "POST",
+            "drain"
+        ])));
+        let view = |p: &Pod| {
+            crate::pod::PodView::from_pod(
+                p,
+                "node-a",
+                &ProxyConfig::default(),
+                &HoldSettings::default(),
+            )
+            .expect("tracked")
+        };
+        let big = view(&native);
+        let small = view(&slim(native.clone()));
+        assert!(big.istio_prestop_drain);
+        assert!(small.istio_prestop_drain);
+        assert_eq!(format!("{small:?}"), format!("{big:?}"));
+        // And its absence too (`global.proxy.lifecycle` with another hook, or none).
+        for other in [Some(json!(["sleep", "5"])), None] {
+            let p = crate::pod::tests::native_pod(other);
+            assert!(!view(&slim(p)).istio_prestop_drain);
+        }
     }
 }

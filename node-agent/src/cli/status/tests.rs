@@ -2,9 +2,9 @@
 use super::*;
 use crate::api::{
     DrainOutcome, DrainReport, FilterCounts, HoldOutcome, HoldRecord, IdleReason, JobOutcome,
-    JobReport, Phase, PodStatus, QuitReason, TimestampMeaning,
+    JobReport, Phase, PodStatus, QuitReason, SidecarMode, TimestampMeaning,
 };
-use crate::cli::table::{needs_escape, wrap_limited};
+use crate::cli::table::{needs_escape, wrap_limited, NATIVE_DETAIL};
 use std::io::Read;
 use std::net::TcpListener;
 
@@ -18,7 +18,7 @@ fn pod(name: &str, phase: Phase) -> PodStatus {
         name: name.into(),
         uid: "5a7e2c1b-0000-4000-8000-000000000001".into(),
         phase,
-        mode: None,
+        mode: Some(SidecarMode::Classic),
         tracked_since: t(0),
         hold: None,
         drain: None,
@@ -141,7 +141,8 @@ fn table_shows_every_pod_state() {
     );
     // Still holding: the duration runs up to now (t(3) - t(1)).
     assert!(row("slow-starter").contains("1 (2.0s)"), "{table}");
-    assert!(row("flusher").contains("drain app-done 8.1s"), "{table}");
+    assert!(row("flusher").contains(" app-done 8.1s"), "{table}");
+    assert!(row("flusher").contains(" classic "), "{table}");
     assert!(
         row("default/batch-x7k2p").contains("job completed 14ms"),
         "{table}"
@@ -149,8 +150,8 @@ fn table_shows_every_pod_state() {
     assert!(row("default/new").contains("waiting"), "{table}");
     // Long name: middle dropped, both ends kept.
     let long = row("x2x9z");
-    assert!(long.starts_with("default/a-..c6b5-x2x9z "), "{long}");
-    assert!(long.contains("drain proxy-gone-early 5.0s"), "{long}");
+    assert!(long.starts_with("default/a..6b5-x2x9z "), "{long}");
+    assert!(long.contains(" proxy-gone-early 5.0s"), "{long}");
     // Advice and errors go on indented lines below their row, one line each.
     assert!(
         table.contains("\n    advice: Envoy exited 3.0 s before the app"),
@@ -159,7 +160,7 @@ fn table_shows_every_pod_state() {
     assert!(table.contains("\n    error: admin API at 127.0.0.1:15000 in the pod's netns: connection refused\n    (after /quitquitquit)\n"), "{table}");
     assert!(table.contains("\n    hold ended: deadline\n"), "{table}");
     assert!(
-        table.contains("slow-starter   holding  1 (2.0s)    -       -\n    hold went in late"),
+        table.contains("slow-starter classic holding  1 (2.0s)   -       -\n    hold went in late"),
         "{table}"
     );
 }
@@ -402,6 +403,82 @@ fn huge_or_negative_release_times_from_the_wire_do_not_panic() {
     assert_eq!(short_ms(-0.5), "?");
 }
 
+/// Native-sidecar rows say their mode and what holdfast does for them (the kubelet orders
+/// start and stop; holdfast covers a proxy restart), a kubelet-ordered deletion its measured
+/// lag, a lost sidecar its outcome; classic and skipped rows get no such line.
+#[test]
+fn native_rows_say_what_holdfast_does() {
+    let mut s = fixture();
+    let mut rehold = pod("native-web", Phase::Ready);
+    rehold.mode = Some(SidecarMode::Native);
+    rehold.hold = Some(hold(1, 3, Some(HoldOutcome::Ready)));
+    rehold.last_error = Some("the native sidecar's proxy exited while the app runs: the kubelet restarts it after its CrashLoopBackOff back-off".into());
+    let mut stopped = pod("nat-stopped", Phase::Done);
+    stopped.mode = Some(SidecarMode::Native);
+    let mut d = drain(DrainOutcome::KubeletOrdered, 1_040);
+    d.app_gone_to_proxy_exit = Some(Duration::from_millis(42));
+    d.quit_sent_at = None;
+    stopped.drain = Some(d);
+    let mut lost = pod("native-lost", Phase::Done);
+    lost.mode = Some(SidecarMode::Native);
+    let mut d = drain(DrainOutcome::SidecarLost, 2_300);
+    d.advice =
+        Some("the native sidecar's proxy exited during the pod's termination (KEP-4438)".into());
+    lost.drain = Some(d);
+    let mut gw = pod("gw-7d9", Phase::Skipped);
+    gw.mode = None;
+    gw.skipped_reason = Some("not a sidecar pod".into());
+    s.pods.extend([rehold, stopped, lost, gw]);
+    let table = render_table(&s, t(3));
+    println!("{table}");
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(
+        lines[1].starts_with("POD                  MODE    PHASE"),
+        "{table}"
+    );
+    let at = |name: &str| {
+        lines
+            .iter()
+            .position(|l| l.contains(name))
+            .unwrap_or_else(|| panic!("no row for {name}:\n{table}"))
+    };
+    let r = at("native-web");
+    assert!(lines[r].contains(" native  ready "), "{table}");
+    assert!(lines[r].contains("1 (3.0s)"), "{table}");
+    assert_eq!(lines[r + 1], format!("    {NATIVE_DETAIL}"), "{table}");
+    assert!(
+        lines[r + 2].starts_with("    error: the native sidecar's proxy exited"),
+        "{table}"
+    );
+    let r = at("nat-stopped");
+    assert!(
+        lines[r].contains(" native  done ") && lines[r].contains(" kubelet-ordered 1.0s"),
+        "{table}"
+    );
+    assert_eq!(lines[r + 1], format!("    {NATIVE_DETAIL}"), "{table}");
+    assert_eq!(
+        lines[r + 2],
+        "    stopped by the kubelet: proxy exited 42ms after the app",
+        "{table}"
+    );
+    let r = at("native-lost");
+    assert!(lines[r].contains(" sidecar-lost 2.3s"), "{table}");
+    assert!(
+        lines[r + 2].contains("advice: the native sidecar's proxy exited"),
+        "{table}"
+    );
+    // Classic and skipped rows: their mode (or none), no native line.
+    let r = at("default/fetch-config");
+    assert!(lines[r].contains(" classic ready "), "{table}");
+    assert!(!lines[r + 1].contains("native"), "{table}");
+    let r = at("gw-7d9");
+    assert!(lines[r].contains(" -       skipped "), "{table}");
+    assert_eq!(table.matches(NATIVE_DETAIL).count(), 3, "{table}");
+    for line in table.lines() {
+        assert!(line.chars().count() <= TABLE_WIDTH, "{line:?}");
+    }
+}
+
 #[test]
 fn skipped_pods_show_why() {
     let mut s = fixture();
@@ -430,7 +507,7 @@ fn terminal_control_characters_are_escaped() {
     let mut s = fixture();
     s.node = "worker\x07-1".into();
     // OSC (set the window title), CSI via ESC and via C1, and a bidi override.
-    s.pods[0].name = "w\x1b]0;o\x07".into();
+    s.pods[0].name = "w\x1b]0;\x07".into();
     s.pods[1].last_error = Some("boom \x1b[2J\u{9b}31m red \u{202e}txt \x00 \x7f".into());
     if let Some(d) = &mut s.pods[4].drain {
         d.advice = Some("advice with \x1b[1m bold".into());
@@ -442,7 +519,7 @@ fn terminal_control_characters_are_escaped() {
         "a control character reached the table: {table:?}"
     );
     assert!(table.contains("worker\\x07-1"), "{table}");
-    assert!(table.contains("default/w\\x1b]0;o\\x07 "), "{table}");
+    assert!(table.contains("default/w\\x1b]0;\\x07 "), "{table}");
     assert!(table.contains("\\x1b[2J\\x9b31m"), "{table}");
     assert!(table.contains("\\u{202e}txt"), "{table}");
     assert!(table.contains("\\x1b[1m"), "{table}");

@@ -1034,3 +1034,131 @@ async fn an_app_that_never_started_gets_no_early_quit() {
     );
     drop((sandbox, proxy));
 }
+
+const SHIPPER_ID: &str = "ssss";
+
+/// A native-sidecar pod being deleted (30 s grace): `istio-proxy` a restartable init container,
+/// with Istio's preStop drain or not, and optionally a log shipper (a native sidecar started
+/// after the proxy, so the kubelet stops it before the proxy).
+fn native_view(istio_prestop: bool, shipper: bool) -> PodView {
+    let mut v = deleted_running_app();
+    let proxy = v.containers.remove(1);
+    v.mode = crate::pod::SidecarMode::Native;
+    v.istio_prestop_drain = istio_prestop;
+    v.init_containers = vec![ContainerView {
+        restartable: true,
+        ..proxy
+    }];
+    if shipper {
+        v.init_containers.push(ContainerView {
+            name: "log-shipper".into(),
+            id: Some(SHIPPER_ID.into()),
+            state: ContainerState::Running,
+            restartable: true,
+            ..ContainerView::default()
+        });
+    }
+    v
+}
+
+/// A native sidecar with Istio's preStop drain: the kubelet ends the proxy after the app (its
+/// SIGTERM, ~50 ms later), so holdfast sends nothing — no inbound drain (the preStop did it),
+/// no quit — and reports the measured lag as `kubelet-ordered`. The control: the same pod
+/// without that preStop gets the inbound drain and is quit once the app is gone.
+#[tokio::test]
+async fn a_native_sidecar_with_istios_prestop_is_left_to_the_kubelet() {
+    let mut pod = Pod::new();
+    let admin = FakeAdmin::new(Some(counts(0)));
+    let (_tx, rx) = watch::channel(Some(native_view(true, false)));
+    let settings = fast_settings();
+    let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        pod.app.kill();
+        // The kubelet's SIGTERM to pilot-agent, once the app is gone: Envoy exits.
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        admin.with(|s| s.gone = true);
+    })
+    .await;
+    assert_eq!(report.outcome, DrainOutcome::KubeletOrdered, "{report:?}");
+    assert_eq!(admin.paths(), Vec::<String>::new(), "holdfast sent a POST");
+    assert!(!report.inbound_drained);
+    assert!(report.quit_sent_at.is_none());
+    let lag = report.app_gone_to_proxy_exit.expect("the lag, measured");
+    assert!(
+        (Duration::from_millis(40)..Duration::from_millis(1000)).contains(&lag),
+        "{lag:?}"
+    );
+    assert_eq!(report.advice, None);
+
+    // The control: no Istio preStop (global.proxy.lifecycle): the full drain.
+    let mut pod = Pod::new();
+    let admin = FakeAdmin::new(Some(counts(0)));
+    let (_tx, rx) = watch::channel(Some(native_view(false, false)));
+    let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        pod.app.kill();
+    })
+    .await;
+    assert_eq!(report.outcome, DrainOutcome::AppDone, "{report:?}");
+    assert_eq!(admin.paths(), vec![DRAIN_INBOUND_PATH, QUIT_PATH]);
+}
+
+/// Without Istio's preStop, a native proxy is ended on evidence, but only once every regular
+/// container *and* every native sidecar started after it (which the kubelet stops before it:
+/// kuberuntime_termination_order.go) has exited: a log shipper still flushing keeps the proxy.
+/// The control: the shipper's exit lets the quit go at once.
+#[tokio::test]
+async fn a_native_proxy_outlives_the_sidecars_started_after_it() {
+    let mut pod = Pod::new();
+    let mut shipper = Proc::sleep();
+    pod.procs.add(shipper.pid(), Some(SHIPPER_ID));
+    let admin = FakeAdmin::new(Some(counts(0)));
+    let (_tx, rx) = watch::channel(Some(native_view(false, true)));
+    let settings = fast_settings();
+    let shipper_killed = Arc::new(Mutex::new(None));
+    let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        pod.app.kill();
+        // The app is gone; the shipper flushes for a while: no quit meanwhile.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(admin.quit_at().is_none(), "quit while the shipper ran");
+        *shipper_killed.lock().unwrap() = Some(Instant::now());
+        shipper.kill();
+    })
+    .await;
+    assert_eq!(report.outcome, DrainOutcome::AppDone, "{report:?}");
+    let killed = shipper_killed.lock().unwrap().expect("shipper killed");
+    let quit = admin.quit_at().expect("quit sent");
+    assert!(quit >= killed, "quit before the shipper exited");
+    assert!(
+        quit.duration_since(killed) < Duration::from_millis(100),
+        "the shipper's exit to the quit took {:?}",
+        quit.duration_since(killed)
+    );
+    assert_eq!(report.app_processes_seen, 2);
+}
+
+/// A native proxy that exits during termination while the app runs cannot come back (the
+/// kubelet restarts no sidecar then: KEP-4438 is not in 1.33–1.35): `sidecar-lost`, with
+/// advice naming it, whether or not Istio's preStop drained it. The control is the classic
+/// pod's `proxy-gone-early` (proxy_gone_before_the_app_is_reported_with_advice).
+#[tokio::test]
+async fn a_native_proxy_lost_during_termination_is_sidecar_lost() {
+    for istio_prestop in [true, false] {
+        let pod = Pod::new();
+        let admin = FakeAdmin::new(Some(counts(0)));
+        let (_tx, rx) = watch::channel(Some(native_view(istio_prestop, false)));
+        let settings = fast_settings();
+        let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            admin.with(|s| s.gone = true); // OOM-killed
+        })
+        .await;
+        assert_eq!(report.outcome, DrainOutcome::SidecarLost, "{report:?}");
+        let advice = report.advice.expect("advice");
+        assert!(advice.contains("KEP-4438"), "{advice}");
+        assert!(report.proxy_exit_seen_at.is_some());
+        assert!(admin.quit_at().is_none());
+        assert_eq!(report.app_processes_left, 1);
+    }
+}

@@ -29,6 +29,7 @@ pub(super) fn step(
                     fx.push(Effect::SetPhase(Phase::WaitingForNetns));
                     fx.push(Effect::LookForNetns);
                     s.fresh = Some(false);
+                    s.proxy_restarted = true;
                     Stage::WaitingForNetns {
                         waiting_since: now.mono,
                         looked: false,

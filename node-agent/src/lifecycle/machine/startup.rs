@@ -90,10 +90,13 @@ pub(super) fn step(
         (Stage::WaitingForNetns { .. }, Input::NetnsFound { netns }) => {
             let fresh = *s.fresh.get_or_insert(false);
             fx.push(Effect::CheckReadiness);
+            // A proxy restart seen in the Pod status (before, or without, its process's exit)
+            // is held like one seen on the pidfd: a native sidecar's too.
+            let rehold = std::mem::take(&mut s.proxy_restarted);
             Stage::Checking {
                 netns,
                 fresh,
-                rehold: false,
+                rehold,
             }
         }
 
