@@ -284,6 +284,19 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
             changed = view.changed() => {
                 match (changed, view.borrow_and_update().clone()) {
                     (Ok(()), Some(v)) => current = v,
+                    // The kubelet removes the pod object only once every container has
+                    // stopped, the proxy last: in a kubelet-ordered drain that is the end it
+                    // was watching for, seen a little late (the lag is an upper bound).
+                    _ if kubelet_ordered => {
+                        d.errors.push(
+                            "the pod object was removed before the proxy's exit was seen: the \
+                             app → proxy exit lag is an upper bound"
+                                .to_string(),
+                        );
+                        let mut report = d.app_gone(report, app_gone);
+                        report.proxy_exit_seen_at = Some(d.wall(Instant::now()));
+                        return d.finish(report, DrainOutcome::KubeletOrdered, &app);
+                    }
                     _ => return d.finish(report, DrainOutcome::PodGone, &app),
                 }
                 true

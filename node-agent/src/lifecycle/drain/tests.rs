@@ -1162,3 +1162,41 @@ async fn a_native_proxy_lost_during_termination_is_sidecar_lost() {
         assert_eq!(report.app_processes_left, 1);
     }
 }
+
+/// The kubelet removes a pod object only once every container has stopped, the proxy last; a
+/// loaded agent can see that removal before its own samples see Envoy's port refuse. In a
+/// kubelet-ordered drain that removal is the end it watched for (`kubelet-ordered`, the lag an
+/// upper bound, said in the errors), not `pod-gone`. The control: a classic pod's drain whose
+/// object goes stays `pod-gone` (its end was the agent's to make).
+#[tokio::test]
+async fn a_kubelet_ordered_drain_whose_pod_object_goes_first_is_still_kubelet_ordered() {
+    let mut pod = Pod::new();
+    let admin = FakeAdmin::new(Some(counts(0)));
+    let (tx, rx) = watch::channel(Some(native_view(true, false)));
+    let settings = fast_settings();
+    let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        pod.app.kill();
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        // Envoy still answers the agent: the removal comes first.
+        tx.send_replace(None);
+    })
+    .await;
+    assert_eq!(report.outcome, DrainOutcome::KubeletOrdered, "{report:?}");
+    assert_eq!(admin.paths(), Vec::<String>::new(), "holdfast sent a POST");
+    assert!(report.app_gone_to_proxy_exit.is_some(), "{report:?}");
+    assert!(
+        report.errors.iter().any(|e| e.contains("upper bound")),
+        "{report:?}"
+    );
+
+    let pod = Pod::new();
+    let admin = FakeAdmin::new(Some(counts(1)));
+    let (tx, rx) = watch::channel(Some(deleted_running_app()));
+    let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        tx.send_replace(None);
+    })
+    .await;
+    assert_eq!(report.outcome, DrainOutcome::PodGone, "{report:?}");
+}
