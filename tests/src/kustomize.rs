@@ -256,8 +256,15 @@ fn accumulate(
             "{} lists component {c:?}, which is not a directory",
             k_path.display()
         );
-        accumulate(root, &rel, Expect::Component, objects, files, kustomizations)
-            .with_context(|| format!("{}: component {c:?}", k_path.display()))?;
+        accumulate(
+            root,
+            &rel,
+            Expect::Component,
+            objects,
+            files,
+            kustomizations,
+        )
+        .with_context(|| format!("{}: component {c:?}", k_path.display()))?;
     }
     for p in &k.patches {
         apply_patch(p, objects).with_context(|| format!("{}: patches", k_path.display()))?;
@@ -495,13 +502,19 @@ mod tests {
             "base/kustomization.yaml",
             "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [cm.yaml]\n",
         );
-        w("base/cm.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n");
+        w(
+            "base/cm.yaml",
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n",
+        );
         w(
             "comp/kustomization.yaml",
             "apiVersion: kustomize.config.k8s.io/v1alpha1\nkind: Component\nresources: [extra.yaml]\n\
              patches:\n- target: {kind: ConfigMap, name: a}\n  patch: '[{\"op\": \"add\", \"path\": \"/data\", \"value\": {\"k\": \"v\"}}]'\n",
         );
-        w("comp/extra.yaml", "apiVersion: v1\nkind: Secret\nmetadata: {name: b}\n");
+        w(
+            "comp/extra.yaml",
+            "apiVersion: v1\nkind: Secret\nmetadata: {name: b}\n",
+        );
         w(
             "overlay/kustomization.yaml",
             "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: ns\n\
@@ -514,7 +527,10 @@ mod tests {
         assert!(r.objects.iter().all(|o| o.namespace() == Some("ns")));
         assert_eq!(
             r.files,
-            [PathBuf::from("base/cm.yaml"), PathBuf::from("comp/extra.yaml")]
+            [
+                PathBuf::from("base/cm.yaml"),
+                PathBuf::from("comp/extra.yaml")
+            ]
         );
     }
 
@@ -536,7 +552,10 @@ mod tests {
         .expect("write");
         let e = render(&dir, Path::new("o")).expect_err("a component as a resource");
         let _ = std::fs::remove_dir_all(&dir);
-        assert!(format!("{e:#}").contains("listed under `components`"), "{e:#}");
+        assert!(
+            format!("{e:#}").contains("listed under `components`"),
+            "{e:#}"
+        );
     }
 
     #[test]

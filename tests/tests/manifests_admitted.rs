@@ -95,7 +95,10 @@ fn every_rendered_object_matches_the_api_servers_schemas() {
             }
         }
     }
-    for kind in ["monitoring.coreos.com/v1 PodMonitor", "monitoring.coreos.com/v1 PrometheusRule"] {
+    for kind in [
+        "monitoring.coreos.com/v1 PodMonitor",
+        "monitoring.coreos.com/v1 PrometheusRule",
+    ] {
         assert!(seen.contains(kind), "{kind} not rendered: {seen:?}");
     }
     eprintln!("validated: {seen:?}");

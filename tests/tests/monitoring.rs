@@ -77,7 +77,10 @@ fn operator_scrape_job(node: &str, agent_pod: &str, metrics_addr: &str) -> Value
         }
     })
     .expect("targets");
-    assert!(targets.len() >= 2, "the agent has a metrics and a health port: {targets:?}");
+    assert!(
+        targets.len() >= 2,
+        "the agent has a metrics and a health port: {targets:?}"
+    );
     scrape::pod_monitor_scrape_config(pm, 0, &targets, Some("1s")).expect("the scrape job")
 }
 
@@ -90,7 +93,8 @@ fn exported_in_process() -> Exported {
 
 #[test]
 fn prometheus_rule_is_generated_from_the_rules_file() {
-    let generated = monitoring::prometheus_rule(&read(&monitoring::rules_file())).expect("generate");
+    let generated =
+        monitoring::prometheus_rule(&read(&monitoring::rules_file())).expect("generate");
     let path = monitoring::prometheus_rule_file();
     if std::env::var_os("HOLDFAST_REGENERATE").is_some() {
         std::fs::write(&path, &generated).expect("write the PrometheusRule");
@@ -137,7 +141,10 @@ fn promtool_checks_the_rules() {
     let bad = dir.join("bad.rules.yaml");
     std::fs::write(
         &bad,
-        read(&rules).replace("expr: up{job=\"holdfast\"} == 0", "expr: up{job=\"holdfast\" == 0"),
+        read(&rules).replace(
+            "expr: up{job=\"holdfast\"} == 0",
+            "expr: up{job=\"holdfast\" == 0",
+        ),
     )
     .expect("write");
     let (ok, out) = promtool(&["check", "rules", &bad.display().to_string()]);
@@ -189,7 +196,11 @@ fn promtool_unit_tests_cover_every_alert_and_pass() {
         assert!(fires.contains(&a), "no unit test makes {a} fire");
         assert!(quiet.contains(&a), "no unit test expects {a} quiet");
     }
-    let (ok, out) = promtool(&["test", "rules", &monitoring::rules_test_file().display().to_string()]);
+    let (ok, out) = promtool(&[
+        "test",
+        "rules",
+        &monitoring::rules_test_file().display().to_string(),
+    ]);
     assert!(ok, "{out}");
 }
 
@@ -198,8 +209,11 @@ fn promtool_unit_tests_cover_every_alert_and_pass() {
 /// none). Run per alert, with only that alert's tests.
 #[test]
 fn every_alerts_unit_tests_fail_when_the_alert_is_broken() {
-    if prometheus::required("every_alerts_unit_tests_fail_when_the_alert_is_broken", "promtool")
-        .is_none()
+    if prometheus::required(
+        "every_alerts_unit_tests_fail_when_the_alert_is_broken",
+        "promtool",
+    )
+    .is_none()
     {
         return;
     }
@@ -234,7 +248,10 @@ fn every_alerts_unit_tests_fail_when_the_alert_is_broken() {
         } else {
             "vector(1)".to_string()
         };
-        for (what, mutant) in [("never fires", "vector(1) == 2".to_string()), ("fires on healthy series", loud)] {
+        for (what, mutant) in [
+            ("never fires", "vector(1) == 2".to_string()),
+            ("fires on healthy series", loud),
+        ] {
             let mut r = rules.clone();
             for rule in r["groups"][0]["rules"].as_array_mut().expect("rules") {
                 if rule["alert"] == alert.as_str() {
@@ -251,7 +268,9 @@ fn every_alerts_unit_tests_fail_when_the_alert_is_broken() {
             let (ok, out) = promtool(&["test", "rules", &test_path.display().to_string()]);
             checked += 1;
             if ok || !out.contains(&format!("alertname: {alert},")) {
-                failures.push(format!("{alert} with `{mutant}` ({what}): the unit tests did not fail on it:\n{out}"));
+                failures.push(format!(
+                    "{alert} with `{mutant}` ({what}): the unit tests did not fail on it:\n{out}"
+                ));
             }
         }
     }
@@ -279,9 +298,8 @@ fn every_rule_and_panel_names_only_what_the_agent_exports() {
 
     // A deliberately wrong name in a rule and in a panel fails, naming it.
     let mut d = dashboard();
-    d["panels"][1]["targets"][0]["expr"] = json!(
-        "sum by (node) (rate(holdfast_holds_begun_total[5m]))"
-    );
+    d["panels"][1]["targets"][0]["expr"] =
+        json!("sum by (node) (rate(holdfast_holds_begun_total[5m]))");
     let mut r = rules();
     r["groups"][0]["rules"][3]["expr"] =
         json!("increase(holdfast_holds_released_total{result=\"deadline\"}[15m]) > 0");
@@ -289,12 +307,16 @@ fn every_rule_and_panel_names_only_what_the_agent_exports() {
     wrong.extend(monitoring::dashboard_queries(&d).expect("dashboard"));
     let c = monitoring::check_queries(&wrong, &exported_in_process(), &targets, true);
     assert!(
-        c.errors.iter().any(|e| e.contains("holdfast_holds_begun_total is not exported")),
+        c.errors
+            .iter()
+            .any(|e| e.contains("holdfast_holds_begun_total is not exported")),
         "{:?}",
         c.errors
     );
     assert!(
-        c.errors.iter().any(|e| e.contains("has no label \"result\"")),
+        c.errors
+            .iter()
+            .any(|e| e.contains("has no label \"result\"")),
         "{:?}",
         c.errors
     );
@@ -350,11 +372,19 @@ fn the_dashboard_covers_holds_drains_jobs_and_the_agents() {
         .iter()
         .filter(|p| p["type"] == "heatmap")
         .count();
-    assert!(heatmaps >= 3, "hold duration, release latency and drain duration as heatmaps");
+    assert!(
+        heatmaps >= 3,
+        "hold duration, release latency and drain duration as heatmaps"
+    );
     // Per node: the node variable, and every per-node query filtered by it.
     for q in &queries {
         if q.origin.starts_with("panel") {
-            assert!(q.expr.contains("$node"), "{}: not filtered by $node: {}", q.origin, q.expr);
+            assert!(
+                q.expr.contains("$node"),
+                "{}: not filtered by $node: {}",
+                q.origin,
+                q.expr
+            );
         }
     }
 }
@@ -378,7 +408,9 @@ fn every_alert_has_a_runbook_section() {
         .collect();
     for r in rules()["groups"][0]["rules"].as_array().expect("rules") {
         let name = r["alert"].as_str().expect("alert");
-        let url = r["annotations"]["runbook_url"].as_str().expect("runbook_url");
+        let url = r["annotations"]["runbook_url"]
+            .as_str()
+            .expect("runbook_url");
         assert_eq!(
             url,
             format!(
@@ -391,7 +423,10 @@ fn every_alert_has_a_runbook_section() {
             .get(name)
             .unwrap_or_else(|| panic!("docs/operations.md has no `### {name}` section"));
         for part in ["**Means**", "**Check**", "**Change**", "Carries"] {
-            assert!(body.contains(part), "{name}'s runbook has no {part}:\n{body}");
+            assert!(
+                body.contains(part),
+                "{name}'s runbook has no {part}:\n{body}"
+            );
         }
         if name != "HoldfastAgentsAbsent" {
             assert!(
@@ -400,13 +435,21 @@ fn every_alert_has_a_runbook_section() {
             );
             for a in ["summary", "description"] {
                 assert!(
-                    r["annotations"][a].as_str().is_some_and(|s| s.contains("$labels.node")),
+                    r["annotations"][a]
+                        .as_str()
+                        .is_some_and(|s| s.contains("$labels.node")),
                     "{name}: its {a} does not name the node"
                 );
             }
         }
     }
-    assert_eq!(sections.keys().filter(|k| k.starts_with("Holdfast")).count(), alert_names().len());
+    assert_eq!(
+        sections
+            .keys()
+            .filter(|k| k.starts_with("Holdfast"))
+            .count(),
+        alert_names().len()
+    );
 }
 
 // --- a real Prometheus -------------------------------------------------------------------------
@@ -434,9 +477,14 @@ fn docs_scrape_job(targets: &[scrape::ScrapeTarget]) -> Value {
         .0;
     let v: Value = serde_saphyr::from_str(block).expect("the docs' scrape job is YAML");
     let mut job = v["scrape_configs"][0].clone();
-    assert_eq!(job["job_name"], "holdfast", "the rules select job=\"holdfast\"");
+    assert_eq!(
+        job["job_name"], "holdfast",
+        "the rules select job=\"holdfast\""
+    );
     assert_eq!(job["kubernetes_sd_configs"][0]["role"], "pod");
-    job.as_object_mut().expect("a job").remove("kubernetes_sd_configs");
+    job.as_object_mut()
+        .expect("a job")
+        .remove("kubernetes_sd_configs");
     job["static_configs"] = Value::Array(
         targets
             .iter()
@@ -488,7 +536,11 @@ fn alerts(p: &Prometheus) -> Vec<(String, String, serde_json::Map<String, Value>
         .map(|a| {
             let labels = a["labels"].as_object().cloned().unwrap_or_default();
             (
-                labels.get("alertname").and_then(Value::as_str).unwrap_or("").to_string(),
+                labels
+                    .get("alertname")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
                 a["state"].as_str().unwrap_or("").to_string(),
                 labels,
             )
@@ -544,12 +596,22 @@ fn a_real_prometheus_scrapes_a_real_agent_through_holds_drains_and_a_job() {
     let objects = monitoring::render_install_with_monitoring().expect("render");
     let ds = monitoring::one_of(&objects, "DaemonSet").expect("DaemonSet");
     let targets = scrape::daemonset_targets(ds, agent_pod, node.node_name(), |p| {
-        if p == "metrics" { metrics_addr.clone() } else { "127.0.0.1:1".into() }
+        if p == "metrics" {
+            metrics_addr.clone()
+        } else {
+            "127.0.0.1:1".into()
+        }
     })
     .expect("targets");
-    let plain = Prometheus::start("prom-plain", &prometheus_config(&[docs_scrape_job(&targets)], false))
-        .expect("start the second Prometheus");
-    eprintln!("agent and two Prometheus servers up after {:?}", t0.elapsed());
+    let plain = Prometheus::start(
+        "prom-plain",
+        &prometheus_config(&[docs_scrape_job(&targets)], false),
+    )
+    .expect("start the second Prometheus");
+    eprintln!(
+        "agent and two Prometheus servers up after {:?}",
+        t0.elapsed()
+    );
 
     // The agent is a target with the labels the rules and panels use.
     let up = prom
@@ -566,12 +628,18 @@ fn a_real_prometheus_scrapes_a_real_agent_through_holds_drains_and_a_job() {
         ("endpoint", "metrics"),
         ("instance", metrics_addr.as_str()),
     ] {
-        assert_eq!(up.get(label).and_then(Value::as_str), Some(want), "{label}: {up:?}");
+        assert_eq!(
+            up.get(label).and_then(Value::as_str),
+            Some(want),
+            "{label}: {up:?}"
+        );
     }
     let t = prom.api("/api/v1/targets").expect("targets");
     assert_eq!(t["activeTargets"].as_array().map(Vec::len), Some(1), "{t}");
     assert!(
-        t["droppedTargets"].as_array().is_some_and(|d| !d.is_empty()),
+        t["droppedTargets"]
+            .as_array()
+            .is_some_and(|d| !d.is_empty()),
         "the health port is dropped by the PodMonitor's port filter: {t}"
     );
 
@@ -584,18 +652,28 @@ fn a_real_prometheus_scrapes_a_real_agent_through_holds_drains_and_a_job() {
             .call_timeout(Duration::from_secs(20))
     };
     let s = Duration::from_secs;
-    node.add_pod(boot("held", Duration::from_millis(500), AppScript::CallAtStart { calls: 1 }))
-        .expect("add");
+    node.add_pod(boot(
+        "held",
+        Duration::from_millis(500),
+        AppScript::CallAtStart { calls: 1 },
+    ))
+    .expect("add");
     // Its own hold deadline (`holdfast.io/hold-timeout`), which its proxy (6 s late) misses;
     // the others keep the agent's 120 s (Envoy took up to 3 s to be ready on a loaded machine).
     node.add_pod(boot("late", Duration::from_secs(6), AppScript::Idle).hold_timeout(s(2)))
         .expect("add");
-    node.add_pod(meshed("drained", Duration::from_millis(300), s(10), s(10))).expect("add");
-    node.add_pod(meshed("stuck", s(30), s(2), s(2))).expect("add");
-    node.add_pod(meshed("early", s(3), s(10), s(1))).expect("add");
+    node.add_pod(meshed("drained", Duration::from_millis(300), s(10), s(10)))
+        .expect("add");
+    node.add_pod(meshed("stuck", s(30), s(2), s(2)))
+        .expect("add");
+    node.add_pod(meshed("early", s(3), s(10), s(1)))
+        .expect("add");
     node.add_pod(
         PodSpec::new("batch")
-            .app(AppScript::Batch { calls: 1, exit_code: 0 })
+            .app(AppScript::Batch {
+                calls: 1,
+                exit_code: 0,
+            })
             .app_init(s(1))
             .call_timeout(s(10))
             .job(),
@@ -608,29 +686,50 @@ fn a_real_prometheus_scrapes_a_real_agent_through_holds_drains_and_a_job() {
             .unwrap_or_else(|e| panic!("{pod}: {e:#}"));
     }
     for pod in ["drained", "stuck", "early"] {
-        node.wait_report(pod, s(30), "successful calls", |r| r.calls(Phase::Running).ok >= 2)
-            .expect("the app calls out through Envoy");
+        node.wait_report(pod, s(30), "successful calls", |r| {
+            r.calls(Phase::Running).ok >= 2
+        })
+        .expect("the app calls out through Envoy");
         node.delete_pod(pod).expect("delete");
     }
-    node.wait_phase("batch", PodPhase::Succeeded, s(30)).expect("the Job completes");
+    node.wait_phase("batch", PodPhase::Succeeded, s(30))
+        .expect("the Job completes");
     for pod in ["drained", "stuck", "early"] {
-        node.wait_gone(pod, s(20)).expect("the deleted pod terminates");
+        node.wait_gone(pod, s(20))
+            .expect("the deleted pod terminates");
     }
     // The agent's view, which the series must match.
     let rows = agent.status().expect("/status").pods;
-    let row = |n: &str| rows.iter().find(|r| r.name == n).unwrap_or_else(|| panic!("no row {n}"));
-    assert_eq!(row("late").hold.as_ref().and_then(|h| h.outcome), Some(HoldOutcome::Deadline));
-    assert_eq!(row("held").hold.as_ref().and_then(|h| h.outcome), Some(HoldOutcome::Ready));
+    let row = |n: &str| {
+        rows.iter()
+            .find(|r| r.name == n)
+            .unwrap_or_else(|| panic!("no row {n}"))
+    };
+    assert_eq!(
+        row("late").hold.as_ref().and_then(|h| h.outcome),
+        Some(HoldOutcome::Deadline)
+    );
+    assert_eq!(
+        row("held").hold.as_ref().and_then(|h| h.outcome),
+        Some(HoldOutcome::Ready)
+    );
     let drain = |n: &str| row(n).drain.as_ref().map(|d| d.outcome);
     assert_eq!(drain("drained"), Some(DrainOutcome::AppDone));
     assert_eq!(drain("stuck"), Some(DrainOutcome::Deadline));
     assert_eq!(drain("early"), Some(DrainOutcome::ProxyGoneEarly));
-    assert_eq!(row("batch").job.as_ref().map(|j| j.outcome), Some(JobOutcome::Completed));
+    assert_eq!(
+        row("batch").job.as_ref().map(|j| j.outcome),
+        Some(JobOutcome::Completed)
+    );
     let deadline_holds = rows
         .iter()
         .filter(|r| r.hold.as_ref().and_then(|h| h.outcome) == Some(HoldOutcome::Deadline))
         .count() as f64;
-    let held: u64 = rows.iter().filter_map(|r| r.hold.as_ref()).map(|h| h.connections_held).sum();
+    let held: u64 = rows
+        .iter()
+        .filter_map(|r| r.hold.as_ref())
+        .map(|h| h.connections_held)
+        .sum();
     eprintln!("scenario done after {:?}", t0.elapsed());
 
     // Prometheus has every holdfast_* series the agent serves, with its value (the process
@@ -663,21 +762,53 @@ fn a_real_prometheus_scrapes_a_real_agent_through_holds_drains_and_a_job() {
     };
     let n = node.node_name();
     for (q, want) in [
-        (format!("holdfast_holds_released_total{{node=\"{n}\",outcome=\"deadline\"}}"), deadline_holds),
-        (format!("holdfast_drains_total{{node=\"{n}\",outcome=\"app-done\"}}"), 1.0),
-        (format!("holdfast_drains_total{{node=\"{n}\",outcome=\"deadline\"}}"), 1.0),
-        (format!("holdfast_drains_total{{node=\"{n}\",outcome=\"proxy-gone-early\"}}"), 1.0),
-        (format!("holdfast_jobs_total{{node=\"{n}\",outcome=\"completed\"}}"), 1.0),
-        (format!("holdfast_held_connections_total{{node=\"{n}\"}}"), held as f64),
-        (format!("holdfast_drain_duration_seconds_count{{node=\"{n}\"}}"), 3.0),
+        (
+            format!("holdfast_holds_released_total{{node=\"{n}\",outcome=\"deadline\"}}"),
+            deadline_holds,
+        ),
+        (
+            format!("holdfast_drains_total{{node=\"{n}\",outcome=\"app-done\"}}"),
+            1.0,
+        ),
+        (
+            format!("holdfast_drains_total{{node=\"{n}\",outcome=\"deadline\"}}"),
+            1.0,
+        ),
+        (
+            format!("holdfast_drains_total{{node=\"{n}\",outcome=\"proxy-gone-early\"}}"),
+            1.0,
+        ),
+        (
+            format!("holdfast_jobs_total{{node=\"{n}\",outcome=\"completed\"}}"),
+            1.0,
+        ),
+        (
+            format!("holdfast_held_connections_total{{node=\"{n}\"}}"),
+            held as f64,
+        ),
+        (
+            format!("holdfast_drain_duration_seconds_count{{node=\"{n}\"}}"),
+            3.0,
+        ),
         (format!("holdfast_ready{{node=\"{n}\"}}"), 1.0),
-        (format!("holdfast_pods_failed_open_total{{node=\"{n}\"}}"), 0.0),
+        (
+            format!("holdfast_pods_failed_open_total{{node=\"{n}\"}}"),
+            0.0,
+        ),
     ] {
         assert_eq!(value(&q), want, "{q}");
     }
     assert!(deadline_holds >= 1.0 && held >= 1);
-    assert!(value(&format!("holdfast_process_cpu_seconds_total{{node=\"{n}\"}}")) > 0.0);
-    assert!(value(&format!("holdfast_process_resident_memory_bytes{{node=\"{n}\"}}")) > 1e6);
+    assert!(
+        value(&format!(
+            "holdfast_process_cpu_seconds_total{{node=\"{n}\"}}"
+        )) > 0.0
+    );
+    assert!(
+        value(&format!(
+            "holdfast_process_resident_memory_bytes{{node=\"{n}\"}}"
+        )) > 1e6
+    );
 
     // What the rules and panels name is exported by this agent (its real /metrics) ...
     let exported = Exported::parse(&served).expect("parse /metrics");
@@ -693,9 +824,15 @@ fn a_real_prometheus_scrapes_a_real_agent_through_holds_drains_and_a_job() {
     for (origin, sel) in &checked.selectors {
         let text = selector_text(sel, n);
         let found = prom.query(&format!("count({text})")).expect("query");
-        let is_pending = pending.iter().any(|p| p.starts_with(&format!("{origin}:")) && sel.metric.as_deref().is_some_and(|m| p.contains(m)));
+        let is_pending = pending.iter().any(|p| {
+            p.starts_with(&format!("{origin}:"))
+                && sel.metric.as_deref().is_some_and(|m| p.contains(m))
+        });
         if is_pending {
-            assert!(found.is_empty(), "{origin}: {text} exists now: remove it from PENDING");
+            assert!(
+                found.is_empty(),
+                "{origin}: {text} exists now: remove it from PENDING"
+            );
             eprintln!("PENDING {origin}: {text}");
             continue;
         }
@@ -704,7 +841,9 @@ fn a_real_prometheus_scrapes_a_real_agent_through_holds_drains_and_a_job() {
     // Every panel shows data for this node (a finite value; rates over the last minute).
     for q in monitoring::dashboard_queries(&dashboard()).expect("dashboard") {
         let expr = grafana(&q.expr, n);
-        let r = prom.query(&expr).unwrap_or_else(|e| panic!("{}: {e:#}", q.origin));
+        let r = prom
+            .query(&expr)
+            .unwrap_or_else(|e| panic!("{}: {e:#}", q.origin));
         assert!(
             r.iter().any(|(_, v)| v.is_finite()),
             "{}: no data for {expr}: {r:?}",
@@ -728,7 +867,10 @@ fn a_real_prometheus_scrapes_a_real_agent_through_holds_drains_and_a_job() {
             let got: BTreeSet<(String, Option<String>)> = a
                 .iter()
                 .map(|(name, _, l)| {
-                    (name.clone(), l.get("outcome").and_then(Value::as_str).map(String::from))
+                    (
+                        name.clone(),
+                        l.get("outcome").and_then(Value::as_str).map(String::from),
+                    )
                 })
                 .collect();
             let all_firing = a.iter().all(|(_, state, _)| state == "firing");
@@ -736,7 +878,11 @@ fn a_real_prometheus_scrapes_a_real_agent_through_holds_drains_and_a_job() {
         })
         .expect("alerts");
     for (name, _, labels) in &firing {
-        assert_eq!(labels.get("node").and_then(Value::as_str), Some(n), "{name}: {labels:?}");
+        assert_eq!(
+            labels.get("node").and_then(Value::as_str),
+            Some(n),
+            "{name}: {labels:?}"
+        );
     }
 
     // The docs' scrape job (no operator) gives the agent the same labels.
@@ -748,9 +894,16 @@ fn a_real_prometheus_scrapes_a_real_agent_through_holds_drains_and_a_job() {
         .expect("up");
     let mut operator_labels = up.clone();
     operator_labels.remove("endpoint");
-    assert_eq!(plain_up, operator_labels, "the docs' job and the PodMonitor label the agent alike");
+    assert_eq!(
+        plain_up, operator_labels,
+        "the docs' job and the PodMonitor label the agent alike"
+    );
     let pt = plain.api("/api/v1/targets").expect("targets");
-    assert_eq!(pt["activeTargets"].as_array().map(Vec::len), Some(1), "{pt}");
+    assert_eq!(
+        pt["activeTargets"].as_array().map(Vec::len),
+        Some(1),
+        "{pt}"
+    );
 
     // The remaining pods go while the agent runs (it drains them at once).
     for pod in ["held", "late", "batch"] {

@@ -154,7 +154,10 @@ pub fn rule_queries(rules: &Value) -> Result<Vec<Query>> {
 pub fn dashboard_queries(dashboard: &Value) -> Result<Vec<Query>> {
     fn panels(list: &Value, out: &mut Vec<Query>) {
         for p in list.as_array().into_iter().flatten() {
-            let title = p.get("title").and_then(Value::as_str).unwrap_or("(untitled)");
+            let title = p
+                .get("title")
+                .and_then(Value::as_str)
+                .unwrap_or("(untitled)");
             for (i, t) in p
                 .get("targets")
                 .and_then(Value::as_array)
@@ -290,8 +293,8 @@ pub fn check_queries(
     target_labels: &BTreeSet<String>,
     allow_pending: bool,
 ) -> Checked {
-    let plain_alternation = regex::Regex::new(r"^[A-Za-z0-9_.:-]+(\|[A-Za-z0-9_.:-]+)*$")
-        .expect("a valid regex");
+    let plain_alternation =
+        regex::Regex::new(r"^[A-Za-z0-9_.:-]+(\|[A-Za-z0-9_.:-]+)*$").expect("a valid regex");
     let no_labels = BTreeMap::new();
     let mut out = Checked::default();
     for q in queries {
@@ -436,10 +439,10 @@ pub fn one_of<'a>(objects: &'a [crate::kustomize::Object], kind: &str) -> Result
 
 /// Reads and parses a YAML file as JSON values.
 pub fn yaml_file(path: &std::path::Path) -> Result<Value> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading {}", path.display()))?;
-    let v: Value = serde_saphyr::from_str(&text)
-        .with_context(|| format!("{}: not YAML", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let v: Value =
+        serde_saphyr::from_str(&text).with_context(|| format!("{}: not YAML", path.display()))?;
     if v.is_null() {
         bail!("{} is empty", path.display());
     }
@@ -493,7 +496,9 @@ mod tests {
     fn a_query_naming_what_the_agent_does_not_export_fails() {
         let e = Exported::parse(EXPOSITION).expect("parse");
         let ok = check_queries(
-            &q(r#"sum by (node, outcome) (increase(holdfast_drains_total{outcome=~"deadline|app-done", node=~"$node"}[5m])) > 0 or up{job="holdfast"} == 0 or histogram_quantile(0.9, sum by (le) (rate(holdfast_hold_duration_seconds_bucket[1m])))"#),
+            &q(
+                r#"sum by (node, outcome) (increase(holdfast_drains_total{outcome=~"deadline|app-done", node=~"$node"}[5m])) > 0 or up{job="holdfast"} == 0 or histogram_quantile(0.9, sum by (le) (rate(holdfast_hold_duration_seconds_bucket[1m])))"#,
+            ),
             &e,
             &targets(),
             true,
@@ -520,7 +525,12 @@ mod tests {
     #[test]
     fn pending_series_are_reported_until_exported_then_fail() {
         let e = Exported::parse(EXPOSITION).expect("parse");
-        let c = check_queries(&q("increase(holdfast_sidecars_lost_total[5m])"), &e, &targets(), true);
+        let c = check_queries(
+            &q("increase(holdfast_sidecars_lost_total[5m])"),
+            &e,
+            &targets(),
+            true,
+        );
         assert!(c.errors.is_empty(), "{:?}", c.errors);
         assert_eq!(c.pending.len(), 1, "{:?}", c.pending);
         let c = check_queries(
@@ -532,16 +542,24 @@ mod tests {
         assert!(c.errors.is_empty() && c.pending.len() == 1, "{c:?}");
         let landed = Exported::parse(&format!("{EXPOSITION}holdfast_sidecars_lost_total 0\n"))
             .expect("parse");
-        let c = check_queries(&q("holdfast_sidecars_lost_total"), &landed, &targets(), true);
+        let c = check_queries(
+            &q("holdfast_sidecars_lost_total"),
+            &landed,
+            &targets(),
+            true,
+        );
         assert!(
-            c.errors.iter().any(|x| x.contains("remove it from PENDING")),
+            c.errors
+                .iter()
+                .any(|x| x.contains("remove it from PENDING")),
             "{c:?}"
         );
     }
 
     #[test]
     fn the_prometheus_rule_embeds_the_rules_under_spec() {
-        let rules = "# header\n# more\ngroups:\n- name: g\n  rules:\n\n  - alert: A\n    expr: up == 0\n";
+        let rules =
+            "# header\n# more\ngroups:\n- name: g\n  rules:\n\n  - alert: A\n    expr: up == 0\n";
         let pr = prometheus_rule(rules).expect("generate");
         assert!(pr.contains("kind: PrometheusRule\n"));
         assert!(pr.ends_with("spec:\n  groups:\n  - name: g\n    rules:\n\n    - alert: A\n      expr: up == 0\n"), "{pr}");

@@ -61,8 +61,14 @@ impl Prometheus {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let log = std::fs::File::create(dir.join("prometheus.log"))?;
         let child = Command::new(bin)
-            .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+            .arg(format!(
+                "--config.file={}",
+                dir.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
             .arg(format!("--web.listen-address={addr}"))
             .arg("--log.level=info")
             .stdin(Stdio::null())
@@ -101,7 +107,10 @@ impl Prometheus {
         let mut s = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1))?;
         s.set_read_timeout(Some(Duration::from_secs(10)))?;
         // HTTP/1.0: Go's server then answers without chunking and closes.
-        write!(s, "GET {path_and_query} HTTP/1.0\r\nHost: prometheus\r\n\r\n")?;
+        write!(
+            s,
+            "GET {path_and_query} HTTP/1.0\r\nHost: prometheus\r\n\r\n"
+        )?;
         let mut raw = Vec::new();
         s.read_to_end(&mut raw)?;
         let raw = String::from_utf8_lossy(&raw);

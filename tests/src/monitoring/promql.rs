@@ -33,8 +33,9 @@ pub fn tokenize(query: &str) -> Result<Vec<Token>> {
     // Inside `[...]` a `:` is a subquery's colon (lex.go: bracketOpen), elsewhere it may
     // start a recording rule's name.
     let mut in_brackets = false;
-    let is_ident_start =
-        |c: char, in_brackets: bool| c.is_ascii_alphabetic() || c == '_' || (c == ':' && !in_brackets);
+    let is_ident_start = |c: char, in_brackets: bool| {
+        c.is_ascii_alphabetic() || c == '_' || (c == ':' && !in_brackets)
+    };
     let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
     while i < chars.len() {
         let c = chars[i];
@@ -56,7 +57,9 @@ pub fn tokenize(query: &str) -> Result<Vec<Token>> {
             } else {
                 out.push(Token::Ident(word));
             }
-        } else if c.is_ascii_digit() || (c == '.' && chars.get(i + 1).is_some_and(char::is_ascii_digit)) {
+        } else if c.is_ascii_digit()
+            || (c == '.' && chars.get(i + 1).is_some_and(char::is_ascii_digit))
+        {
             let start = i;
             while i < chars.len() {
                 let ch = chars[i];
@@ -245,7 +248,11 @@ pub fn names(query: &str) -> Result<Names> {
                     matchers: Vec::new(),
                 };
                 i = matchers(&t, i, query, &mut sel.matchers)?;
-                if let Some(n) = sel.matchers.iter().find(|m| m.label == "__name__" && m.op == "=") {
+                if let Some(n) = sel
+                    .matchers
+                    .iter()
+                    .find(|m| m.label == "__name__" && m.op == "=")
+                {
                     sel.metric = n.value.clone();
                 }
                 out.selectors.push(sel);
@@ -273,12 +280,16 @@ fn matchers(t: &[Token], open: usize, query: &str, out: &mut Vec<Matcher>) -> Re
             Some(Token::Ident(label)) => {
                 let op = match t.get(i + 1) {
                     Some(Token::Op(op)) if matches!(op.as_str(), "=" | "!=" | "=~" | "!~") => op,
-                    other => bail!("{query:?}: label {label} is followed by {other:?}, not a matcher"),
+                    other => {
+                        bail!("{query:?}: label {label} is followed by {other:?}, not a matcher")
+                    }
                 };
                 let value = match t.get(i + 2) {
                     Some(Token::Str(s)) => {
                         // A value made of one Grafana variable is not checked.
-                        if s.starts_with('$') && tokenize(s).is_ok_and(|x| matches!(x.as_slice(), [Token::Var(_)])) {
+                        if s.starts_with('$')
+                            && tokenize(s).is_ok_and(|x| matches!(x.as_slice(), [Token::Var(_)]))
+                        {
                             None
                         } else {
                             Some(s.clone())
@@ -324,7 +335,10 @@ mod tests {
         .expect("parse");
         assert_eq!(
             n.selectors,
-            [sel("holdfast_hold_duration_seconds_bucket", &[("node", "=~", None)])]
+            [sel(
+                "holdfast_hold_duration_seconds_bucket",
+                &[("node", "=~", None)]
+            )]
         );
         assert_eq!(n.grouping, ["le", "node"]);
 

@@ -101,7 +101,12 @@ pub fn daemonset_targets(
         .context("the DaemonSet's pod has no containers")?
     {
         let container = c.get("name").and_then(Value::as_str).unwrap_or_default();
-        for p in c.get("ports").and_then(Value::as_array).into_iter().flatten() {
+        for p in c
+            .get("ports")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             let port_name = p.get("name").and_then(Value::as_str).unwrap_or_default();
             let port_number = p
                 .get("containerPort")
@@ -161,7 +166,9 @@ pub fn pod_monitor_scrape_config(
     let ep = pod_monitor
         .pointer(&format!("/spec/podMetricsEndpoints/{index}"))
         .with_context(|| format!("the PodMonitor has no podMetricsEndpoints[{index}]"))?;
-    let spec = pod_monitor.get("spec").context("the PodMonitor has no spec")?;
+    let spec = pod_monitor
+        .get("spec")
+        .context("the PodMonitor has no spec")?;
     let mut cfg = Map::new();
     cfg.insert(
         "job_name".into(),
@@ -228,14 +235,20 @@ pub fn pod_monitor_scrape_config(
                         format!("__meta_kubernetes_pod_labelpresent_{k}")
                     ]),
                 ),
-                ("regex", json!(format!("({});true", v.as_str().unwrap_or("")))),
+                (
+                    "regex",
+                    json!(format!("({});true", v.as_str().unwrap_or(""))),
+                ),
             ]));
         }
     }
     if spec.pointer("/selector/matchExpressions").is_some() {
         bail!("selector.matchExpressions: not translated here (tests/src/monitoring/scrape.rs)");
     }
-    let port = ep.get("port").and_then(Value::as_str).filter(|p| !p.is_empty());
+    let port = ep
+        .get("port")
+        .and_then(Value::as_str)
+        .filter(|p| !p.is_empty());
     match (port, ep.get("portNumber").and_then(Value::as_u64)) {
         (Some(p), _) => r.push(relabel(&[
             ("action", json!("keep")),
@@ -428,7 +441,15 @@ mod tests {
         assert_eq!(r.last().expect("node")["action"], "replace");
         assert_eq!(
             target_label_names(&cfg).into_iter().collect::<Vec<_>>(),
-            ["container", "endpoint", "instance", "job", "namespace", "node", "pod"]
+            [
+                "container",
+                "endpoint",
+                "instance",
+                "job",
+                "namespace",
+                "node",
+                "pod"
+            ]
         );
         let mut bad = pod_monitor();
         bad["spec"]["podMetricsEndpoints"][0]["tlsConfig"] = json!({});
