@@ -54,7 +54,7 @@ struct StatusArgs {
     )]
     agent: String,
 
-    /// Print the status document (JSON) as the agent serves it.
+    /// Print the status document (JSON) as the agent serves it; with POD, that pod's row.
     #[arg(long)]
     json: bool,
 

@@ -433,6 +433,12 @@ fn every_alert_has_a_runbook_section() {
                 body.contains("holdfast status --node"),
                 "{name}'s runbook names no holdfast status command"
             );
+            // ... and the one for a pod's timeline (`holdfast status POD`).
+            assert!(
+                body.replace('\n', " ")
+                    .contains("holdfast status --node NODE NAMESPACE/POD"),
+                "{name}'s runbook names no `holdfast status --node NODE NAMESPACE/POD`"
+            );
             for a in ["summary", "description"] {
                 assert!(
                     r["annotations"][a]
