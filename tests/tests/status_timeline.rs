@@ -2,14 +2,17 @@
 //! held (its Envoy starts late), released, and drained when it is deleted; the real `holdfast
 //! status` binary then prints the pod's timeline — after the pod is gone, while its row stays
 //! on the board — by namespace/name and by uid, and `--json` carries the same steps. The steps
-//! must come in the order the pod lived them, with times that fit what the test did.
+//! must come in the order the pod lived them, with times that fit what the test did. A native
+//! sidecar killed during its pod's termination is a `sidecar-lost` step (issue 22's outcome,
+//! end to end).
 
 use std::process::Command;
 use std::time::{Duration, SystemTime};
 
-use holdfast::api::{HoldOutcome, PodStatus, StepKind};
+use holdfast::api::{DrainOutcome, HoldOutcome, PodStatus, SidecarMode, StepKind};
 use holdfast_tests::agent::{holdfast_binary, AgentProcess};
-use holdfast_tests::sim::{privileged, AppScript, NodeOptions, PodSpec, SimNode};
+use holdfast_tests::sim::process::children;
+use holdfast_tests::sim::{privileged, AppScript, NodeOptions, Phase, PodSpec, SimNode};
 
 fn node(test: &str) -> SimNode {
     let opts = NodeOptions {
@@ -233,6 +236,106 @@ fn timeline_of_a_held_released_and_drained_pod() {
     // A malformed one: a usage error before any request.
     let (code, _, err) = status_cli(&agent, &["default/"]);
     assert_eq!(code, 2, "{err}");
+
+    drop(agent);
+    let left = node.finish();
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+/// A native-sidecar pod (Istio 1.28's injection, the kubelet stand-in's native rules) whose Envoy
+/// is SIGKILLed while the pod terminates and the app still calls out: the kubelet does not
+/// restart it, the agent's drain ends `sidecar-lost`, and the pod's timeline shows that step
+/// between the drain's start and its end.
+#[test]
+fn timeline_of_a_native_pod_that_loses_its_sidecar() {
+    if !privileged("timeline_of_a_native_pod_that_loses_its_sidecar") {
+        return;
+    }
+    let mut node = node("tlnat");
+    let agent = AgentProcess::for_node(&node).expect("start the holdfast agent");
+    node.add_pod(
+        PodSpec::new("term")
+            .native()
+            .app(AppScript::CallThroughShutdown {
+                every: Duration::from_millis(100),
+                pool: 1,
+                after_sigterm: Duration::from_secs(3),
+            })
+            .call_timeout(Duration::from_secs(10))
+            .grace(Duration::from_secs(10)),
+    )
+    .expect("add pod");
+    node.start_pods().expect("start");
+    node.wait_report("term", Duration::from_secs(30), "5 calls", |r| {
+        r.calls(Phase::Running).ok >= 5
+    })
+    .expect("the app calls out");
+    let row = agent
+        .wait_pod("default", "term", Duration::from_secs(10), "tracked", |r| {
+            r.mode == Some(SidecarMode::Native)
+        })
+        .expect("the native pod is tracked");
+    assert!(
+        row.hold.is_none(),
+        "no startup hold for a native pod: {row:#?}"
+    );
+
+    let deleted = SystemTime::now();
+    node.delete_pod("term").expect("delete");
+    node.wait_report("term", Duration::from_secs(10), "SIGTERM", |r| {
+        r.calls(Phase::AfterSigterm).ok >= 5
+    })
+    .expect("the app calls out after SIGTERM");
+    let pilot = node
+        .pod("term")
+        .and_then(|v| v.proxy().and_then(|c| c.pid))
+        .expect("pilot-agent runs");
+    let envoy = *children(pilot).first().expect("Envoy under pilot-agent");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(envoy as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill Envoy");
+    node.wait_gone("term", Duration::from_secs(30))
+        .expect("the pod goes");
+    let row = agent
+        .wait_pod(
+            "default",
+            "term",
+            Duration::from_secs(10),
+            "the drain's end",
+            |r| r.drain.is_some(),
+        )
+        .expect("the drain's report");
+    let drain = row.drain.as_ref().expect("checked");
+    assert_eq!(drain.outcome, DrainOutcome::SidecarLost, "{row:#?}");
+    let tl = row.timeline.as_ref().expect("timeline");
+    let kinds: Vec<StepKind> = tl.steps.iter().map(|s| s.step).collect();
+    let pos = |k: StepKind| {
+        kinds
+            .iter()
+            .position(|x| *x == k)
+            .unwrap_or_else(|| panic!("no {k:?}: {kinds:?}"))
+    };
+    assert!(
+        pos(StepKind::FirstSeen) < pos(StepKind::DrainStarted),
+        "{kinds:?}"
+    );
+    assert!(
+        pos(StepKind::DrainStarted) < pos(StepKind::SidecarLost),
+        "{kinds:?}"
+    );
+    assert_eq!(kinds.last(), Some(&StepKind::DrainFinished), "{kinds:?}");
+    assert!(!kinds.contains(&StepKind::HoldIn), "{kinds:?}");
+    let lost = &tl.steps[pos(StepKind::SidecarLost)];
+    assert!(lost.at >= deleted, "{lost:?}");
+
+    let (code, text, err) = status_cli(&agent, &["default/term"]);
+    assert_eq!(code, 0, "{err}");
+    eprintln!("{text}");
+    assert!(text.contains("sidecar-lost"), "{text}");
+    assert!(text.contains("native sidecar, phase"), "{text}");
+    assert!(text.contains("drain: sidecar-lost after"), "{text}");
 
     drop(agent);
     let left = node.finish();
