@@ -595,7 +595,7 @@ fn a_real_prometheus_scrapes_a_real_agent_through_holds_drains_and_a_job() {
     };
     let agent_pod = "holdfast-agent-sim01";
     let job = operator_scrape_job(node.node_name(), agent_pod, &metrics_addr);
-    let prom = Prometheus::start("prom", &prometheus_config(&[job.clone()], true))
+    let prom = Prometheus::start("prom", &prometheus_config(std::slice::from_ref(&job), true))
         .expect("start Prometheus");
     // The docs' scrape job for clusters without the operator, in a second Prometheus (in one,
     // two jobs scraping one agent would double every sum).
@@ -752,7 +752,7 @@ fn a_real_prometheus_scrapes_a_real_agent_through_holds_drains_and_a_job() {
     assert!(samples.len() > 50, "{served}");
     prom.wait("Prometheus' values equal the agent's", s(15), |p| {
         for (sel, want) in &samples {
-            let got = p.query(&format!("{sel}"))?;
+            let got = p.query(sel)?;
             if got.len() != 1 || got[0].1 != *want {
                 return Err(anyhow::anyhow!("{sel}: agent {want}, Prometheus {got:?}"));
             }

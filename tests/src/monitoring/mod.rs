@@ -238,10 +238,7 @@ impl Exported {
                 let sel = promql::names(&line[..=close])
                     .with_context(|| format!("labels of {line:?}"))?;
                 for m in sel.selectors.into_iter().flat_map(|s| s.matchers) {
-                    labels
-                        .entry(m.label)
-                        .or_default()
-                        .extend(m.value.into_iter());
+                    labels.entry(m.label).or_default().extend(m.value);
                 }
             }
         }
