@@ -497,3 +497,45 @@ fn a_sidecar_lost_is_a_step() {
         "{kinds:?}"
     );
 }
+
+/// A Job's end on the timeline: the app finished (and how it was seen), the quit and why, the
+/// proxy's exit, the Job watch's end with its outcome.
+#[test]
+fn a_jobs_end_is_on_the_timeline() {
+    let mut h = Harness::new(facts(RestartPolicy::Never, false));
+    h.feed(vec![
+        Input::NetnsFound {
+            netns: NetnsId { dev: 1, ino: 2 },
+        },
+        Input::Readiness(Seen::Ready),
+    ]);
+    h.rec
+        .drain_step(&DrainStep::JobFinished(FinishedBy::Status));
+    h.rec.drain_step(&DrainStep::Quitting(QuitReason::NoFilter));
+    let mut r = JobReport::new(JobOutcome::Completed);
+    r.proxy_exit_seen_at = Some(SystemTime::now());
+    r.app_finished_to_quit = Some(Duration::from_millis(14));
+    h.feed(vec![Input::QuitStarted, Input::JobFinished(Box::new(r))]);
+    let row = h.row();
+    assert_eq!(
+        step_kinds(&row),
+        [
+            "first-seen",
+            "proxy-running",
+            "netns-found",
+            "proxy-ready",
+            "job-app-finished",
+            "quitting",
+            "proxy-exited",
+            "job-finished",
+        ]
+    );
+    let tl = row.timeline.as_ref().expect("timeline");
+    let detail = |i: usize| tl.steps[i].detail.clone().unwrap_or_default();
+    assert_eq!(detail(4), "seen in the pod's status");
+    assert!(detail(5).starts_with("the holdfast filter is not installed"));
+    assert_eq!(
+        detail(7),
+        "completed: proxy quit 14.0 ms after the app finished"
+    );
+}
