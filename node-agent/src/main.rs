@@ -25,15 +25,26 @@ struct Cli {
 enum Command {
     /// Run the node agent (one per node, as a DaemonSet with hostPID).
     Agent(Box<AgentArgs>),
-    /// Print the node's table: every tracked pod's phase, hold, drain and Job outcome.
+    /// Print the node's table (every tracked pod's phase, hold, drain and Job outcome), or with
+    /// POD that pod's timeline.
     ///
     /// Read from the agent's status API (`GET /status` on its loopback `--status-listen`;
     /// `--json` prints it as served; `--node` reads a node's agent over a port-forward).
+    /// `holdfast status default/web-0` prints each step of the pod's life (netns found, hold
+    /// in, first connection held, proxy running, Envoy listening/LIVE/ready, released; on
+    /// deletion: drain started, inbound drained, each app container's exit, the quit and why,
+    /// the proxy's exit) with its time since the pod was first seen and since the step before,
+    /// then the outcome and its reason. A deleted pod stays readable while its row is kept.
     Status(StatusArgs),
 }
 
 #[derive(Args)]
 struct StatusArgs {
+    /// One pod: namespace/name (e.g. default/web-0) or its uid. Prints its timeline; with
+    /// --json its row, steps included; with --watch follows it live.
+    #[arg(value_name = "POD")]
+    pod: Option<String>,
+
     /// The agent's status API (its --status-listen address), as http://HOST:PORT.
     #[arg(
         long,
@@ -43,7 +54,7 @@ struct StatusArgs {
     )]
     agent: String,
 
-    /// Print the status document (JSON) as the agent serves it.
+    /// Print the status document (JSON) as the agent serves it; with POD, that pod's row.
     #[arg(long)]
     json: bool,
 
@@ -319,6 +330,7 @@ fn main() -> anyhow::Result<()> {
                 watch: args.watch,
                 node: args.node,
                 timeout: args.timeout,
+                pod: args.pod,
             };
             let stdout = std::io::stdout();
             if let Err(e) = holdfast::cli::status::run(&opts, &mut stdout.lock()) {

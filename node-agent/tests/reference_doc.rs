@@ -13,7 +13,8 @@ use std::time::{Duration, SystemTime};
 
 use holdfast::api::{
     DrainOutcome, DrainReport, FilterCounts, FinishedBy, HoldRecord, IdleReason, JobOutcome,
-    JobReport, NodeStatus, Phase, PodStatus, QuitReason, SidecarMode, SourceProblem,
+    JobReport, NodeStatus, Phase, PodStatus, QuitReason, SidecarMode, SourceProblem, Step,
+    StepKind, Timeline,
 };
 
 fn root() -> PathBuf {
@@ -309,6 +310,14 @@ fn every_status_document_field() {
             }),
             last_error: None,
             skipped_reason: None,
+            timeline: Some(Timeline {
+                steps: vec![Step {
+                    at: t,
+                    step: StepKind::FirstSeen,
+                    detail: Some("d".into()),
+                }],
+                dropped: 0,
+            }),
         }],
         source_problems: vec![SourceProblem {
             entry: "e".into(),

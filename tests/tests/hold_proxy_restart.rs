@@ -133,6 +133,23 @@ fn a_restarted_proxy_holds_the_apps_calls_again() {
     assert_eq!(hold.outcome, Some(HoldOutcome::Ready), "{hold:?}");
     assert!(hold.connections_held >= 1, "calls were held: {hold:?}");
     assert_eq!(row.phase, AgentPhase::Ready);
+    // The pod's timeline (`holdfast status default/oom`): the first start, the proxy gone
+    // after the kill (seen on its pidfd), then a second hold until the restarted Envoy is
+    // ready, in that order.
+    let tl = row.timeline.as_ref().expect("a timeline");
+    let kinds: Vec<&str> = tl.steps.iter().map(|s| s.step.as_str()).collect();
+    let after = |k: &str, from: usize| {
+        kinds[from..]
+            .iter()
+            .position(|x| *x == k)
+            .map(|i| i + from)
+            .unwrap_or_else(|| panic!("no {k} after step {from}: {kinds:?}"))
+    };
+    let first_release = after("hold-released", after("hold-in", 0));
+    let gone = after("proxy-gone", first_release);
+    assert!(tl.steps[gone].at >= killed_at, "{tl:#?}");
+    let ready_again = after("proxy-ready", after("hold-in", gone));
+    after("hold-released", ready_again);
     drop(agent);
     let left = node.finish();
     assert!(left.is_empty(), "left behind: {left:#?}");

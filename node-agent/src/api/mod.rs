@@ -1,10 +1,11 @@
-//! The wire types: the `/status` document's rows, phases, outcomes and reports, and their serde
-//! helpers. A leaf: it imports nothing from the agent, so the agent, the status API and
+//! The wire types: the `/status` document's rows, phases, outcomes, reports and per-pod
+//! timelines, and their serde helpers. A leaf: it imports nothing from the agent, so the agent, the status API and
 //! `holdfast status` all depend on it and it depends on none of them.
 
 pub mod reports;
 pub mod status;
 pub mod time;
+pub mod timeline;
 
 pub use reports::{
     DirectionCounts, DrainOutcome, DrainReport, FilterCounts, FinishedBy, IdleReason, JobOutcome,
@@ -13,3 +14,4 @@ pub use reports::{
 pub use status::{
     HoldOutcome, HoldRecord, NodeStatus, Phase, PodStatus, SidecarMode, SourceProblem,
 };
+pub use timeline::{Step, StepKind, Timeline, MAX_STEPS};

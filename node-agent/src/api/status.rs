@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::reports::{DrainReport, JobReport};
 use super::time::rfc3339;
+use super::timeline::Timeline;
 
 /// How a pod's sidecar runs, which decides what holdfast does for it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -143,6 +144,10 @@ pub struct PodStatus {
     /// Why a pod in phase `skipped` is left alone (gateway, native sidecar, TPROXY...).
     #[serde(default)]
     pub skipped_reason: Option<String>,
+    /// The pod's steps, first sight to the end (`holdfast status POD`). Always present from
+    /// this agent on; `None` in a document from an older agent, which recorded none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<Timeline>,
 }
 
 /// The JSON document served at `/status`.

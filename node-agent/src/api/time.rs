@@ -8,7 +8,8 @@ pub mod rfc3339 {
     use k8s_openapi::jiff::Timestamp;
     use serde::{Deserialize, Deserializer, Serializer};
 
-    fn format(t: SystemTime) -> String {
+    /// `t` as the document writes it (also for `holdfast status POD`).
+    pub fn format(t: SystemTime) -> String {
         Timestamp::try_from(t)
             .map(|ts| {
                 ts.round(k8s_openapi::jiff::Unit::Millisecond)

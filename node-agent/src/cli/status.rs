@@ -1,4 +1,5 @@
-//! `holdfast status`: the node's table, read from the agent's status API (`GET /status`).
+//! `holdfast status`: the node's table, read from the agent's status API (`GET /status`);
+//! `holdfast status POD`: one pod's timeline from the same document ([`super::timeline`]).
 //!
 //! This module owns the client side of the status API: parsing `--agent`, one bounded HTTP/1.1
 //! `GET` on the agent's one HTTP client ([`crate::effects::http1_client`], hyper), decoding the
@@ -14,6 +15,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::api::NodeStatus;
+use crate::cli::timeline::{render_timeline, PodSelector};
 use crate::effects::http1_client::{Connection, Failure};
 
 pub use super::table::{
@@ -50,6 +52,20 @@ pub enum StatusCliError {
         status: String,
         body: String,
     },
+    #[error("POD {pod:?}: {why}")]
+    BadPod { pod: String, why: String },
+    #[error("no pod {pod} on the board of {url}: it is not on this node, not meshed, or gone longer than its row is kept{}; run `holdfast status` (with the same --agent/--node) to list the pods it tracks", hint.as_deref().map(|h| format!(" ({h})")).unwrap_or_default())]
+    PodNotFound {
+        pod: String,
+        url: String,
+        hint: Option<String>,
+    },
+    #[error("the agent at {url} (holdfast {agent_version}) records no timeline for {pod}: it is older than this holdfast; upgrade the agent, or run `holdfast status` for its row")]
+    NoTimeline {
+        pod: String,
+        url: String,
+        agent_version: String,
+    },
     #[error("cannot write the status to stdout: {0}")]
     Output(#[source] std::io::Error),
     #[error("the answer from {url} is not a holdfast status document ({why}); is --agent the holdfast agent's --status-listen address, and is this holdfast the agent's version? (`--json` prints what was served)")]
@@ -61,7 +77,10 @@ pub enum StatusCliError {
 pub const EXIT_CODES: &[(i32, &str)] = &[
     (0, "ok"),
     (1, "writing to stdout failed"),
-    (2, "usage: a bad --agent URL, or no kubeconfig for --node"),
+    (
+        2,
+        "usage: a bad --agent URL or POD, or no kubeconfig for --node",
+    ),
     (
         3,
         "no agent answers: not running, a wrong --agent, or no agent pod on --node's node",
@@ -72,6 +91,14 @@ pub const EXIT_CODES: &[(i32, &str)] = &[
         6,
         "--node: the API server refused (RBAC: list pods, get and create pods/portforward in \
          holdfast-system; Role holdfast-status-reader)",
+    ),
+    (
+        7,
+        "POD is not on the agent's board (`holdfast status` lists the pods it tracks)",
+    ),
+    (
+        8,
+        "POD: the agent is older than the timeline and recorded no steps",
     ),
 ];
 
@@ -88,7 +115,9 @@ impl StatusCliError {
     /// The process exit code for this error: one of [`EXIT_CODES`].
     pub fn exit_code(&self) -> i32 {
         match self {
-            StatusCliError::BadUrl { .. } => 2,
+            StatusCliError::BadUrl { .. } | StatusCliError::BadPod { .. } => 2,
+            StatusCliError::PodNotFound { .. } => 7,
+            StatusCliError::NoTimeline { .. } => 8,
             StatusCliError::Remote { source, .. } => match source {
                 crate::cli::remote::RemoteError::Config(_) => 2,
                 crate::cli::remote::RemoteError::Forbidden { .. } => 6,
@@ -304,16 +333,85 @@ pub struct StatusOptions {
     pub node: Option<String>,
     /// Bound of one request.
     pub timeout: Duration,
+    /// `POD` (`namespace/name` or uid, see [`PodSelector::parse`]): that pod's timeline
+    /// instead of the node's table (with `--json`: its row, steps included).
+    pub pod: Option<String>,
+}
+
+/// The pod `opts` names, if any (a usage error when it is malformed).
+pub fn pod_selector(opts: &StatusOptions) -> Result<Option<PodSelector>> {
+    opts.pod
+        .as_deref()
+        .map(|p| {
+            PodSelector::parse(p).map_err(|why| StatusCliError::BadPod {
+                pod: p.to_string(),
+                why,
+            })
+        })
+        .transpose()
+}
+
+/// One pod's text from a `/status` body: its timeline, or with `json` its row as served.
+/// Errors: the pod is not on the board, or the agent records no steps.
+pub fn pod_text(
+    label: &str,
+    status: &NodeStatus,
+    body: &str,
+    pod: &PodSelector,
+    json: bool,
+    now: SystemTime,
+) -> Result<String> {
+    let Some(index) = status.pods.iter().position(|p| pod.matches(p)) else {
+        return Err(StatusCliError::PodNotFound {
+            pod: pod.to_string(),
+            url: label.to_string(),
+            hint: pod.hint(status),
+        });
+    };
+    let row = &status.pods[index];
+    if row.timeline.is_none() {
+        return Err(StatusCliError::NoTimeline {
+            pod: pod.to_string(),
+            url: label.to_string(),
+            agent_version: status.agent_version.clone(),
+        });
+    }
+    if !json {
+        return Ok(render_timeline(status, row, now));
+    }
+    // The row as served (every field, also those this holdfast does not know).
+    let bad_document = |why: String| StatusCliError::BadDocument {
+        url: label.to_string(),
+        why,
+    };
+    let doc: serde_json::Value =
+        serde_json::from_str(body).map_err(|e| bad_document(e.to_string()))?;
+    let served = doc
+        .get("pods")
+        .and_then(|p| p.get(index))
+        .ok_or_else(|| bad_document("the pod's row is missing from the document".into()))?;
+    let mut text = serde_json::to_string_pretty(served).map_err(|e| bad_document(e.to_string()))?;
+    text.push('\n');
+    Ok(text)
 }
 
 /// Runs `holdfast status`, writing to `out`. Returns only on error or, without `--watch`, when
 /// done.
 pub fn run(opts: &StatusOptions, out: &mut impl Write) -> Result<()> {
+    let pod = pod_selector(opts)?;
     let source = Source::new(opts)?;
     let agent = &source.label;
     let write_err = StatusCliError::Output;
+    // One pod's timeline (or row), from the same document.
+    let pod_frame = |body: &str| -> Result<String> {
+        let pod = pod.as_ref().expect("only called with a pod");
+        let status = source.parse(body)?;
+        pod_text(agent, &status, body, pod, opts.json, SystemTime::now())
+    };
     if !opts.watch {
-        let text = if opts.json {
+        let text = if pod.is_some() {
+            pod_frame(&source.body(opts.timeout)?)?
+        } else if opts.json {
             let body = source.body(opts.timeout)?;
             // Served as is (scripts get every field), but checked to be JSON at all.
             serde_json::from_str::<serde_json::Value>(&body).map_err(|e| {
@@ -339,7 +437,11 @@ pub fn run(opts: &StatusOptions, out: &mut impl Write) -> Result<()> {
     loop {
         let started = Instant::now();
         // In watch mode a failed fetch is shown and retried: the agent may be restarting.
+        // A pod not (or no longer) on the board is shown and watched for: it may appear.
         let text = match source.body(opts.timeout) {
+            Ok(body) if pod.is_some() => {
+                pod_frame(&body).unwrap_or_else(|e| wrap(&e.to_string(), TABLE_WIDTH))
+            }
             Ok(body) if opts.json => body,
             Ok(body) => match source.parse(&body) {
                 Ok(status) => render_table(&status, SystemTime::now()),

@@ -307,13 +307,14 @@ impl Driver {
                             stop_sent = true;
                             Input::AgentStop
                         }
-                        Some(step) = self.steps_rx.recv() => match step {
-                            DrainStep::Quitting(_) => Input::QuitStarted,
-                            other => {
-                                tracing::debug!(step = ?other, "drain step");
-                                continue;
+                        Some(step) = self.steps_rx.recv() => {
+                            // Every step on the pod's timeline; the quit also to the machine.
+                            self.rec.drain_step(&step);
+                            match step {
+                                DrainStep::Quitting(_) => Input::QuitStarted,
+                                _ => continue,
                             }
-                        },
+                        }
                         input = async { executor.expect("guarded").await }, if has_executor => {
                             executor_done = true;
                             input
@@ -380,6 +381,7 @@ impl Driver {
             match effect {
                 Effect::SetPhase(p) => self.rec.phase(p),
                 Effect::Record(o) => self.rec.outcome(&o),
+                Effect::Step(kind, detail) => self.rec.step(kind, detail),
                 Effect::Problem(m) => self.rec.problem(m),
                 Effect::Exit => exit = true,
                 Effect::Schedule(t, at) => {
@@ -556,7 +558,8 @@ impl Driver {
             if self.last_progress.elapsed() >= STATUS_EVERY {
                 self.last_progress = Instant::now();
                 let held = q.held();
-                self.rec.hold_progress(held.packets, held.connections);
+                self.rec
+                    .hold_progress(held.packets, held.connections, held.first_held_at);
             }
         }
         // Made when first needed, and dropped once the machine is past the hold (see
@@ -581,7 +584,8 @@ impl Driver {
                 Readiness::Ready => Seen::Ready,
                 Readiness::PortsClosed => Seen::Down,
                 Readiness::Starting => Seen::Starting,
-                Readiness::NotLive | Readiness::FilterNotLoaded => Seen::Up,
+                Readiness::NotLive => Seen::Up,
+                Readiness::FilterNotLoaded => Seen::Live,
                 Readiness::OverBound => {
                     let why = p
                         .take_violation()
@@ -590,7 +594,7 @@ impl Driver {
                 }
             },
         };
-        if seen == Seen::Up {
+        if matches!(seen, Seen::Up | Seen::Live) {
             self.up_since.get_or_insert_with(Instant::now);
         } else {
             self.up_since = None;
@@ -646,6 +650,7 @@ impl Driver {
             Ok(Ok(report)) => Input::HoldReleased(Released {
                 connections: report.stats.connections,
                 packets: report.stats.packets,
+                first_held_at: report.stats.first_held_at,
                 // Held connections go at the accept verdict; the rule removal follows it.
                 ready_to_release: ready_at
                     .map(|t| release_started.saturating_duration_since(t) + report.verdict_after),

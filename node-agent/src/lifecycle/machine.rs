@@ -14,7 +14,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::api::{DrainOutcome, DrainReport, HoldOutcome, JobOutcome, JobReport, Phase};
+use crate::api::{DrainOutcome, DrainReport, HoldOutcome, JobOutcome, JobReport, Phase, StepKind};
 use crate::effects::netns::NetnsId;
 
 mod afterwards;
@@ -103,7 +103,7 @@ pub const LIVE_WINDOW_POLL: Duration = Duration::from_millis(1);
 /// container runs by the pod's status).
 pub fn next_check_after(seen: Seen, ready_poll: Duration, proxy_running: bool) -> Duration {
     match seen {
-        Seen::Up | Seen::Starting => ready_poll.min(LIVE_WINDOW_POLL),
+        Seen::Up | Seen::Live | Seen::Starting => ready_poll.min(LIVE_WINDOW_POLL),
         Seen::Down if proxy_running => ready_poll.min(LIVE_WINDOW_POLL),
         Seen::Down | Seen::Ready => ready_poll,
     }
@@ -126,6 +126,11 @@ pub struct State {
     /// is being looked up again: the next hold is a re-hold (for a native sidecar the only kind
     /// there is; for a classic one not "late", the app runs by design).
     pub proxy_restarted: bool,
+    /// The proxy container ran by the last pod view (for the timeline's `proxy-running`).
+    pub proxy_running: bool,
+    /// How far the proxy got in the current start, as [`readiness_step`] ranks it (for the
+    /// timeline: each level once per start; a proxy restart starts over).
+    pub readiness_seen: u8,
 }
 
 impl State {
@@ -140,9 +145,12 @@ impl State {
                 fresh: None,
                 left_alone: false,
                 proxy_restarted: false,
+                proxy_running: false,
+                readiness_seen: 0,
             };
             return (state, vec![Effect::SetPhase(Phase::Done)]);
         }
+        let proxy_running = pod.proxy_running();
         let state = State {
             stage: Stage::WaitingForNetns {
                 waiting_since: now.mono,
@@ -155,14 +163,18 @@ impl State {
             fresh: None,
             left_alone: false,
             proxy_restarted: false,
+            proxy_running,
+            readiness_seen: 0,
         };
-        (
-            state,
-            vec![
-                Effect::SetPhase(Phase::WaitingForNetns),
-                Effect::LookForNetns,
-            ],
-        )
+        let mut fx = vec![Effect::SetPhase(Phase::WaitingForNetns)];
+        if proxy_running {
+            fx.push(Effect::Step(
+                StepKind::ProxyRunning,
+                Some("already running when first seen".into()),
+            ));
+        }
+        fx.push(Effect::LookForNetns);
+        (state, fx)
     }
 
     fn deleting(&self) -> bool {
@@ -202,6 +214,7 @@ pub fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>) {
         Input::AgentStop => s.stopping = true,
         _ => {}
     }
+    timeline_steps(&mut s, &input, &mut fx);
     let stage = std::mem::replace(&mut s.stage, Stage::Exited);
     s.stage = match (stage, input) {
         // The agent stops: holds stay for the successor; executors end themselves (they watch
@@ -310,6 +323,66 @@ pub fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>) {
     (s, fx)
 }
 
+/// The timeline's steps an input marks, whatever the stage: the proxy container seen running
+/// (again), and each readiness level the first time in this start of the proxy.
+fn timeline_steps(s: &mut State, input: &Input, fx: &mut Vec<Effect>) {
+    match input {
+        Input::Pod(Some(p)) => {
+            let running = p.proxy_running();
+            if running && !s.proxy_running {
+                fx.push(Effect::Step(StepKind::ProxyRunning, None));
+            }
+            s.proxy_running = running;
+        }
+        Input::Readiness(seen) => {
+            let (level, kind, detail) = readiness_step(*seen);
+            if level > s.readiness_seen {
+                s.readiness_seen = level;
+                if let Some(kind) = kind {
+                    fx.push(Effect::Step(kind, detail.map(str::to_string)));
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// How far a readiness observation says the proxy got (0: nothing listens), and the step that
+/// marks it. Levels only rise within one start of the proxy (a look may see an earlier level
+/// after a later one: an Envoy shutting down), so each step is recorded once per start.
+pub fn readiness_step(seen: Seen) -> (u8, Option<StepKind>, Option<&'static str>) {
+    match seen {
+        Seen::Down => (0, None, None),
+        Seen::Starting => (
+            1,
+            Some(StepKind::EnvoyStarted),
+            Some("its admin port listens"),
+        ),
+        Seen::Up => (
+            2,
+            Some(StepKind::EnvoyListening),
+            Some("its capture ports listen"),
+        ),
+        Seen::Live => (
+            3,
+            Some(StepKind::EnvoyLive),
+            Some("LIVE, workers started; the filter not ready on every worker yet"),
+        ),
+        Seen::Ready => (
+            4,
+            Some(StepKind::ProxyReady),
+            Some("LIVE, workers started, the filter ready on every worker"),
+        ),
+    }
+}
+
+/// A new start of the proxy (restarted, or a new sandbox): its readiness steps are recorded
+/// again.
+pub(super) fn proxy_starts_over(s: &mut State, fx: &mut Vec<Effect>, kind: StepKind, why: &str) {
+    fx.push(Effect::Step(kind, Some(why.to_string())));
+    s.readiness_seen = 0;
+}
+
 pub(super) fn exit(fx: &mut Vec<Effect>) -> Stage {
     fx.push(Effect::Exit);
     Stage::Exited
@@ -336,6 +409,7 @@ pub(super) fn release(
 }
 
 pub(super) fn start_drain(fx: &mut Vec<Effect>, netns: NetnsId) -> Stage {
+    fx.push(Effect::Step(StepKind::DrainStarted, None));
     fx.push(Effect::SetPhase(Phase::Draining));
     fx.push(Effect::StartDrain);
     Stage::Draining { netns }

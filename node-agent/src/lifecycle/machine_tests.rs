@@ -94,8 +94,18 @@ fn kind(e: &Effect) -> String {
         Effect::Record(Outcome::Job(r)) => format!("rec:job-{}", r.outcome.as_str()),
         Effect::Record(Outcome::FailedOpen { .. }) => "rec:failed-open".into(),
         Effect::Problem(_) => "problem".into(),
+        Effect::Step(k, _) => format!("step:{}", k.as_str()),
         Effect::Exit => "exit".into(),
     }
+}
+
+/// The effects' kinds but the timeline's steps (checked on their own, in
+/// `timeline_steps_follow_the_pods_life`): the scripts below are about what the agent does.
+fn acts(fx: &[Effect]) -> Vec<String> {
+    fx.iter()
+        .filter(|e| !matches!(e, Effect::Step(..)))
+        .map(kind)
+        .collect()
 }
 
 struct Run {
@@ -114,7 +124,7 @@ impl Run {
                 wall: SystemTime::now(),
             },
         );
-        assert_eq!(fx.iter().map(kind).collect::<Vec<_>>(), expect, "start");
+        assert_eq!(acts(&fx), expect, "start");
         Run { state, now }
     }
 
@@ -136,7 +146,7 @@ impl Run {
         for (i, (input, expect)) in steps.into_iter().enumerate() {
             let what = format!("{name}: step {i} ({input:?})");
             let fx = self.feed(input);
-            assert_eq!(fx.iter().map(kind).collect::<Vec<_>>(), expect, "{what}");
+            assert_eq!(acts(&fx), expect, "{what}");
         }
     }
 }
@@ -639,7 +649,7 @@ fn waiting_backs_off_and_a_pod_update_resets_it() {
     assert_eq!(scheduled(&fx, r.now), Duration::from_millis(500));
     // A pod update: look now, and poll fast again.
     let fx = r.feed(Input::Pod(Some(pod(RestartPolicy::Always))));
-    assert_eq!(fx.iter().map(kind).collect::<Vec<_>>(), ["look"]);
+    assert_eq!(acts(&fx), ["look"]);
     let fx = r.feed(Input::NetnsNotYet);
     assert_eq!(scheduled(&fx, r.now), Duration::from_millis(5));
 }
@@ -1022,7 +1032,10 @@ fn a_native_pod_is_not_held_at_start_but_across_a_proxy_restart() {
     r.feed(Input::NetnsFound { netns: ns(1) });
     r.feed(Input::Readiness(Seen::Ready));
     let fx = r.feed(Input::ProxyGone);
-    assert_eq!(fx.iter().map(kind).collect::<Vec<_>>(), ["check"]);
+    assert_eq!(
+        fx.iter().map(kind).collect::<Vec<_>>(),
+        ["step:proxy-gone", "check"]
+    );
 }
 
 /// A native proxy's restart seen first in the Pod status (a new container id; the pidfd
@@ -1128,4 +1141,75 @@ fn a_native_deletion_records_kubelet_ordered_or_sidecar_lost() {
             ],
         );
     }
+}
+
+/// The timeline's steps as the machine marks them, in order over a pod's life: the proxy
+/// container running, the netns found, each readiness level once per start of the proxy (a
+/// look that sees an earlier level again adds nothing), the drain started; a proxy restart
+/// starts the levels over.
+#[test]
+fn timeline_steps_follow_the_pods_life() {
+    let steps = |fx: &[Effect]| -> Vec<String> {
+        fx.iter()
+            .filter(|e| matches!(e, Effect::Step(..)))
+            .map(kind)
+            .collect()
+    };
+    let mut waiting_proxy = pod(RestartPolicy::Always);
+    waiting_proxy.proxy = Some(waiting());
+    let mut r = Run::start(waiting_proxy, START);
+    let mut seen = Vec::new();
+    for input in [
+        Input::NetnsFound { netns: ns(1) },
+        Input::Readiness(Seen::Down),
+        Input::HoldSetUp {
+            adopted: false,
+            late: false,
+        },
+        Input::Pod(Some(pod(RestartPolicy::Always))),
+        Input::Readiness(Seen::Starting),
+        Input::Readiness(Seen::Up),
+        Input::Readiness(Seen::Starting),
+        Input::Readiness(Seen::Live),
+        Input::Readiness(Seen::Live),
+        Input::Readiness(Seen::Ready),
+    ] {
+        seen.extend(steps(&r.feed(input)));
+    }
+    assert_eq!(
+        seen,
+        [
+            "step:netns-found",
+            "step:proxy-running",
+            "step:envoy-started",
+            "step:envoy-listening",
+            "step:envoy-live",
+            "step:proxy-ready",
+        ]
+    );
+    // Released, running; the proxy restarts: its levels are marked again.
+    r.feed(Input::HoldReleased(Released::default()));
+    assert_eq!(
+        steps(&r.feed(Input::ProxyGone)),
+        ["step:proxy-gone"],
+        "{:?}",
+        r.state.stage
+    );
+    assert_eq!(
+        steps(&r.feed(Input::Readiness(Seen::Ready))),
+        ["step:proxy-ready"]
+    );
+    // Deleted: the drain's start is a step.
+    let fx = r.feed(Input::Pod(Some(deleted(pod(RestartPolicy::Always)))));
+    assert_eq!(steps(&fx), ["step:drain-started"], "{fx:?}");
+    // A pod first seen with its proxy already running says so.
+    let (_, fx) = State::new(
+        pod(RestartPolicy::Always),
+        POLL,
+        Now {
+            mono: Instant::now(),
+            wall: SystemTime::now(),
+        },
+    );
+    assert_eq!(steps(&fx), ["step:proxy-running"]);
 }

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::api::{DrainReport, HoldOutcome, JobReport, Phase};
+use crate::api::{DrainReport, HoldOutcome, JobReport, Phase, StepKind};
 use crate::effects::netns::NetnsId;
 
 use super::facts::PodFacts;
@@ -24,6 +24,9 @@ pub enum Seen {
     Up,
     /// Envoy runs (its admin port listens) but its capture ports do not listen yet.
     Starting,
+    /// Envoy is LIVE with its workers started, but the filter is not ready on every worker
+    /// (not ready: held like `Up`; told apart for the pod's timeline).
+    Live,
     /// Nothing listens on the proxy's ports.
     Down,
 }
@@ -35,6 +38,8 @@ pub struct Released {
     pub packets: u64,
     /// From the proxy seen ready to every held packet accepted.
     pub ready_to_release: Option<Duration>,
+    /// When the first packet was held (`None`: nothing was held), for the timeline.
+    pub first_held_at: Option<SystemTime>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -135,6 +140,9 @@ pub enum Effect {
     /// Drain the deleted pod (answer: `QuitStarted`, then `DrainFinished`).
     StartDrain,
     Record(Outcome),
+    /// A step of the pod's life for its timeline (dated now by the recorder), with what the
+    /// machine knows about it.
+    Step(StepKind, Option<String>),
     /// A problem for the row's `last_error` (and the log).
     Problem(String),
     /// Nothing left to do: the task ends.

@@ -1,14 +1,22 @@
 //! The one place where a pod's outcomes are recorded: each call updates the status board row,
 //! the metrics, the Kubernetes Event and the log line together, so an outcome can never reach
 //! one of them and skip the others (the shape of ztunnel's `Recorder`).
+//!
+//! The row's timeline (`holdfast status POD`) is written here too, and only here: a step for
+//! every outcome recorded (the hold in and released, the drain's and the Job's end, failed
+//! open, problems), for the lifecycle machine's step effects ([`Recorder::step`]: netns found,
+//! proxy running, each readiness level, the drain started, the proxy gone) and for the drain
+//! and Job executors' steps ([`Recorder::drain_step`]: inbound drained, each app container's
+//! exit, the app gone, the quit and why).
 
 use std::time::SystemTime;
 
 use crate::api::{
-    DrainOutcome, DrainReport, HoldOutcome, HoldRecord, JobOutcome, JobReport, Phase, PodStatus,
-    SidecarMode,
+    DrainOutcome, DrainReport, FinishedBy, HoldOutcome, HoldRecord, IdleReason, JobOutcome,
+    JobReport, Phase, PodStatus, QuitReason, SidecarMode, StepKind, Timeline,
 };
 use crate::config::format_duration;
+use crate::lifecycle::drain::DrainStep;
 use crate::lifecycle::machine::Outcome;
 use crate::pod::PodKey;
 use crate::report::board::StatusBoard;
@@ -30,18 +38,22 @@ impl Recorder {
         for p in problems.iter() {
             tracing::warn!("{p}");
         }
+        let now = SystemTime::now();
+        let mut timeline = Timeline::default();
+        timeline.push(now, StepKind::FirstSeen, problems.clone());
         self.board.put(PodStatus {
             namespace: self.key.namespace.clone(),
             name: self.key.name.clone(),
             uid: self.key.uid.clone(),
             phase: Phase::WaitingForNetns,
             mode: Some(mode),
-            tracked_since: SystemTime::now(),
+            tracked_since: now,
             hold: None,
             drain: None,
             job: None,
             last_error: problems,
             skipped_reason: None,
+            timeline: Some(timeline),
         });
     }
 
@@ -49,18 +61,23 @@ impl Recorder {
     /// and one info line (the caller calls this once per pod).
     pub fn skipped(board: &StatusBoard, key: &PodKey, reason: &str) {
         tracing::info!(pod = %key, uid = %key.uid, %reason, "pod has the proxy container but is not tracked");
+        let now = SystemTime::now();
+        let mut timeline = Timeline::default();
+        timeline.push(now, StepKind::FirstSeen, None);
+        timeline.push(now, StepKind::Skipped, Some(reason.to_string()));
         board.put(PodStatus {
             namespace: key.namespace.clone(),
             name: key.name.clone(),
             uid: key.uid.clone(),
             phase: Phase::Skipped,
             mode: None,
-            tracked_since: SystemTime::now(),
+            tracked_since: now,
             hold: None,
             drain: None,
             job: None,
             last_error: None,
             skipped_reason: Some(reason.to_string()),
+            timeline: Some(timeline),
         });
     }
 
@@ -69,19 +86,80 @@ impl Recorder {
         self.row(|row| row.phase = phase);
     }
 
-    /// A problem worth the operator's attention: the log and the row's `last_error`.
+    /// A problem worth the operator's attention: the log, the row's `last_error` and a step.
     pub fn problem(&self, message: String) {
         tracing::warn!("{message}");
-        self.row(|row| row.last_error = Some(message));
+        self.row(|row| {
+            push_step(
+                row,
+                SystemTime::now(),
+                StepKind::Problem,
+                Some(message.clone()),
+            );
+            row.last_error = Some(message);
+        });
     }
 
-    /// The held counts so far (cosmetic, while holding).
-    pub fn hold_progress(&self, packets: u64, connections: u64) {
+    /// The held counts so far (while holding); the app's first held connection is a step,
+    /// dated when its first packet was held.
+    pub fn hold_progress(&self, packets: u64, connections: u64, first_held_at: Option<SystemTime>) {
         self.row(|row| {
             let h = row.hold.get_or_insert_with(HoldRecord::default);
             h.packets_held = packets;
             h.connections_held = connections;
+            first_connection_step(row, first_held_at);
         });
+    }
+
+    /// A step of the pod's life the lifecycle machine saw (`Effect::Step`), dated now.
+    pub fn step(&self, kind: StepKind, detail: Option<String>) {
+        tracing::debug!(step = kind.as_str(), detail = detail.as_deref(), "step");
+        self.row(|row| push_step(row, SystemTime::now(), kind, detail));
+    }
+
+    /// A step the drain or Job executor told ([`DrainStep`]), dated now.
+    pub fn drain_step(&self, step: &DrainStep) {
+        let (kind, detail) = match step {
+            DrainStep::InboundDrained {
+                drained,
+                envoy_version,
+            } => (
+                StepKind::InboundDrained,
+                format!(
+                    "{} (Envoy {})",
+                    if *drained {
+                        "Envoy drains its inbound listeners; outbound untouched"
+                    } else {
+                        "the inbound drain request failed; the drain goes on"
+                    },
+                    envoy_version.as_deref().unwrap_or("version unknown")
+                ),
+            ),
+            DrainStep::AppContainerExited {
+                container,
+                exit_code,
+            } => (
+                StepKind::AppContainerExited,
+                match exit_code {
+                    Some(code) => format!("{container} (exit code {code}, by its status)"),
+                    None => format!("{container} (its processes are gone)"),
+                },
+            ),
+            DrainStep::AppGone => (
+                StepKind::AppGone,
+                "every app process is gone; waiting only for what is in flight".into(),
+            ),
+            DrainStep::JobFinished(by) => (
+                StepKind::JobAppFinished,
+                match by {
+                    FinishedBy::Status => "seen in the pod's status",
+                    FinishedBy::Procfs => "seen by procfs: its processes are gone",
+                }
+                .into(),
+            ),
+            DrainStep::Quitting(reason) => (StepKind::Quitting, quit_reason(*reason)),
+        };
+        self.step(kind, Some(detail));
     }
 
     pub fn outcome(&self, outcome: &Outcome) {
@@ -108,6 +186,12 @@ impl Recorder {
         self.events
             .emit(&self.key, Reason::FailedOpen, note.clone());
         self.row(|row| {
+            push_step(
+                row,
+                SystemTime::now(),
+                StepKind::FailedOpen,
+                Some(why.to_string()),
+            );
             row.phase = Phase::Skipped;
             row.skipped_reason = Some(note.clone());
             row.last_error = Some(note);
@@ -115,6 +199,11 @@ impl Recorder {
     }
 
     fn hold_started(&self, adopted: bool, late: bool) {
+        let step_detail = match (adopted, late) {
+            (true, _) => Some("adopted from the previous agent".to_string()),
+            (false, true) => Some("late: an app container was already running".to_string()),
+            _ => None,
+        };
         self.metrics.holds_started.inc();
         tracing::info!(
             adopted,
@@ -129,6 +218,7 @@ impl Recorder {
             tracing::warn!("{n}");
         }
         self.row(|row| {
+            push_step(row, SystemTime::now(), StepKind::HoldIn, step_detail);
             row.hold = Some(HoldRecord {
                 started_at: Some(SystemTime::now()),
                 adopted,
@@ -202,8 +292,16 @@ impl Recorder {
                 .map(|d| d.as_micros() as u64),
             "hold ended"
         );
+        let step_detail = hold_released_detail(outcome, released, held_ms, connections, timeout);
         // One update, so a reader never sees the outcome without its consequences.
         self.row(|row| {
+            first_connection_step(row, released.and_then(|r| r.first_held_at));
+            push_step(
+                row,
+                SystemTime::now(),
+                StepKind::HoldReleased,
+                Some(step_detail),
+            );
             let h = row.hold.get_or_insert_with(HoldRecord::default);
             if let Some(r) = released {
                 h.packets_held = r.packets;
@@ -292,6 +390,7 @@ impl Recorder {
             .clone()
             .or_else(|| report.errors.last().cloned());
         self.row(|row| {
+            drain_end_steps(row, report);
             row.drain = Some(report.clone());
             if problem.is_some() {
                 row.last_error = problem;
@@ -328,6 +427,15 @@ impl Recorder {
         );
         let problem = report.errors.last().cloned();
         self.row(|row| {
+            if let Some(at) = report.proxy_exit_seen_at {
+                push_step(row, at, StepKind::ProxyExited, None);
+            }
+            push_step(
+                row,
+                SystemTime::now(),
+                StepKind::JobFinished,
+                Some(job_finished(report)),
+            );
             row.job = Some(report.clone());
             if problem.is_some() {
                 row.last_error = problem;
@@ -344,6 +452,164 @@ impl Recorder {
                 }
             });
     }
+}
+
+/// Adds a step to the row's timeline (made on first use: a row put by an older code path).
+fn push_step(row: &mut PodStatus, at: SystemTime, kind: StepKind, detail: Option<String>) {
+    row.timeline
+        .get_or_insert_with(Timeline::default)
+        .push(at, kind, detail);
+}
+
+/// Records the app's first held connection, at `first_held_at`, once per hold (after the
+/// latest `hold-in`).
+fn first_connection_step(row: &mut PodStatus, first_held_at: Option<SystemTime>) {
+    let Some(at) = first_held_at else { return };
+    let recorded = row.timeline.as_ref().is_some_and(|t| {
+        t.steps
+            .iter()
+            .rev()
+            .take_while(|s| s.step != StepKind::HoldIn)
+            .any(|s| s.step == StepKind::FirstConnectionHeld)
+    });
+    if !recorded {
+        push_step(row, at, StepKind::FirstConnectionHeld, None);
+    }
+}
+
+/// The hold's end in words: its outcome and why.
+fn hold_released_detail(
+    outcome: HoldOutcome,
+    released: Option<super::machine::Released>,
+    held_ms: u128,
+    connections: u64,
+    timeout: std::time::Duration,
+) -> String {
+    match outcome {
+        HoldOutcome::Ready => {
+            format!(
+                "ready: held {connections} connection(s) for {held_ms} ms; released {} after the \
+             proxy was ready",
+                released.and_then(|r| r.ready_to_release).map_or(
+                    "(unknown)".to_string(),
+                    |d| format!("{:.1} ms", d.as_secs_f64() * 1e3)
+                )
+            )
+        }
+        HoldOutcome::Deadline => format!(
+            "deadline: {} passed before the proxy was ready; {connections} connection(s) \
+             released to a proxy that may refuse them (fail open)",
+            format_duration(timeout)
+        ),
+        HoldOutcome::PodDeleted => "pod-deleted: released, the pod is being deleted".into(),
+        HoldOutcome::AgentStopped => {
+            "agent-stopped: left in place for the next agent, which adopts it".into()
+        }
+        HoldOutcome::Failed => "failed: released, as without holdfast".into(),
+    }
+}
+
+/// The drain's last steps: the proxy's exit as seen (a native sidecar lost during the
+/// termination is its own step), then the drain's end with its outcome and reason.
+fn drain_end_steps(row: &mut PodStatus, report: &DrainReport) {
+    if let Some(at) = report.proxy_exit_seen_at {
+        let (kind, detail) = match report.outcome {
+            DrainOutcome::SidecarLost => (
+                StepKind::SidecarLost,
+                Some(format!(
+                    "the native sidecar exited while {} app process(es) still ran; the kubelet \
+                     does not restart it during termination",
+                    report.app_processes_left
+                )),
+            ),
+            DrainOutcome::KubeletOrdered => (
+                StepKind::ProxyExited,
+                Some(
+                    "the kubelet ended the native sidecar after the app (Istio's preStop drained \
+                     inbound)"
+                        .to_string(),
+                ),
+            ),
+            _ => (
+                StepKind::ProxyExited,
+                report
+                    .app_gone_to_proxy_exit
+                    .map(|d| format!("{:.1} ms after the app was gone", d.as_secs_f64() * 1e3)),
+            ),
+        };
+        push_step(row, at, kind, detail);
+    }
+    push_step(
+        row,
+        SystemTime::now(),
+        StepKind::DrainFinished,
+        Some(drain_finished(report)),
+    );
+}
+
+/// What decided the quit, in words (what the in-flight sample said, or the deadline).
+fn quit_reason(reason: QuitReason) -> String {
+    match reason {
+        QuitReason::Idle(IdleReason::NoOutboundConnections) => {
+            "nothing in flight: no outbound connection open".into()
+        }
+        QuitReason::Idle(IdleReason::NoBytesMoved { idle_for }) => format!(
+            "nothing in flight: connections open but no byte moved for {} ms",
+            idle_for.as_millis()
+        ),
+        QuitReason::NoFilter => {
+            "the holdfast filter is not installed: the app's exit decided".into()
+        }
+        QuitReason::StatsUnavailable => {
+            "the proxy's counts could not be read: the app's exit decided".into()
+        }
+        QuitReason::OutOfTime => {
+            "out of time: the drain's deadline, or the Job's wait for traffic in flight".into()
+        }
+    }
+}
+
+/// The drain's end in words: its outcome, how long, what the last sample said.
+fn drain_finished(r: &DrainReport) -> String {
+    let mut out = format!("{} after {} ms", r.outcome.as_str(), r.elapsed.as_millis());
+    if let Some(c) = &r.last_counts {
+        let n = |x: Option<u64>| x.map_or("?".to_string(), |n| n.to_string());
+        out.push_str(&format!(
+            "; last sample: {} outbound and {} inbound connection(s) open",
+            n(c.outbound.cx_active),
+            n(c.inbound.cx_active)
+        ));
+    }
+    if let Some(b) = r.last_traffic_bytes {
+        out.push_str(&format!(", {b} bytes through the pod's listeners"));
+    }
+    if r.outcome == DrainOutcome::Deadline {
+        out.push_str(&format!(
+            "; {} app process(es) still alive",
+            r.app_processes_left
+        ));
+    }
+    if let Some(a) = &r.advice {
+        out.push_str(&format!("; {a}"));
+    } else if let Some(e) = r.errors.last() {
+        out.push_str(&format!("; {e}"));
+    }
+    out
+}
+
+/// The Job watch's end in words.
+fn job_finished(r: &JobReport) -> String {
+    let mut out = r.outcome.as_str().to_string();
+    if let Some(d) = r.app_finished_to_quit {
+        out.push_str(&format!(
+            ": proxy quit {:.1} ms after the app finished",
+            d.as_secs_f64() * 1e3
+        ));
+    }
+    if let Some(e) = r.errors.last() {
+        out.push_str(&format!("; {e}"));
+    }
+    out
 }
 
 #[cfg(test)]

@@ -85,6 +85,7 @@ impl Harness {
                 Effect::Record(o) => self.rec.outcome(&o),
                 Effect::SetPhase(p) => self.rec.phase(p),
                 Effect::Problem(m) => self.rec.problem(m),
+                Effect::Step(k, d) => self.rec.step(k, d),
                 _ => {}
             }
         }
@@ -148,6 +149,7 @@ fn released(connections: u64) -> Input {
         connections,
         packets: connections + 1,
         ready_to_release: Some(Duration::from_micros(700)),
+        first_held_at: None,
     })
 }
 
@@ -385,4 +387,155 @@ fn a_job_whose_proxy_was_already_gone_is_counted_without_an_event() {
         1.0
     );
     assert!(h.reasons().is_empty());
+}
+
+fn step_kinds(row: &crate::api::PodStatus) -> Vec<&'static str> {
+    row.timeline
+        .as_ref()
+        .expect("this agent's rows have a timeline")
+        .steps
+        .iter()
+        .map(|s| s.step.as_str())
+        .collect()
+}
+
+/// The recorder writes the row's timeline from the machine's steps, its own outcomes and the
+/// drain executor's steps, in time order: first sight to the proxy's exit, with the first held
+/// connection dated when its packet was held, and the quit's reason in words.
+#[test]
+fn the_timeline_follows_hold_release_and_drain_in_order() {
+    let mut h = Harness::new(facts(RestartPolicy::Always, false));
+    h.hold();
+    let first_held = SystemTime::now();
+    h.feed(vec![
+        Input::Readiness(Seen::Live),
+        Input::Readiness(Seen::Ready),
+    ]);
+    h.feed(vec![Input::HoldReleased(Released {
+        connections: 2,
+        packets: 3,
+        ready_to_release: Some(Duration::from_micros(700)),
+        first_held_at: Some(first_held),
+    })]);
+    h.feed(vec![Input::Pod(Some(facts(RestartPolicy::Always, true)))]);
+    h.rec.drain_step(&DrainStep::InboundDrained {
+        drained: true,
+        envoy_version: Some("1.40.0".into()),
+    });
+    h.rec.drain_step(&DrainStep::AppContainerExited {
+        container: "app".into(),
+        exit_code: Some(0),
+    });
+    h.rec.drain_step(&DrainStep::AppGone);
+    h.rec.drain_step(&DrainStep::Quitting(QuitReason::Idle(
+        IdleReason::NoOutboundConnections,
+    )));
+    let mut report = DrainReport::new(DrainOutcome::AppDone, SystemTime::now());
+    report.proxy_exit_seen_at = Some(SystemTime::now());
+    report.app_gone_to_proxy_exit = Some(Duration::from_millis(3));
+    h.feed(vec![
+        Input::QuitStarted,
+        Input::DrainFinished(Box::new(report)),
+    ]);
+    let row = h.row();
+    assert_eq!(
+        step_kinds(&row),
+        [
+            "first-seen",
+            "proxy-running",
+            "netns-found",
+            "hold-in",
+            "first-connection-held",
+            "envoy-live",
+            "proxy-ready",
+            "hold-released",
+            "drain-started",
+            "inbound-drained",
+            "app-container-exited",
+            "app-gone",
+            "quitting",
+            "proxy-exited",
+            "drain-finished",
+        ]
+    );
+    let tl = row.timeline.as_ref().expect("timeline");
+    assert!(tl.steps.windows(2).all(|w| w[0].at <= w[1].at), "{tl:#?}");
+    let step = |k: &str| tl.steps.iter().find(|s| s.step.as_str() == k).expect(k);
+    assert_eq!(step("first-connection-held").at, first_held);
+    let detail = |k: &str| step(k).detail.clone().unwrap_or_default();
+    assert!(detail("hold-released").starts_with("ready: held 2 connection(s)"));
+    assert_eq!(
+        detail("app-container-exited"),
+        "app (exit code 0, by its status)"
+    );
+    assert_eq!(
+        detail("quitting"),
+        "nothing in flight: no outbound connection open"
+    );
+    assert!(detail("drain-finished").starts_with("app-done after "));
+    assert_eq!(tl.dropped, 0);
+}
+
+/// A native sidecar lost during the termination is its own step, with the drain's end after it.
+#[test]
+fn a_sidecar_lost_is_a_step() {
+    let mut h = Harness::new(facts(RestartPolicy::Always, true));
+    h.feed(vec![
+        Input::NetnsFound {
+            netns: NetnsId { dev: 1, ino: 2 },
+        },
+        Input::Readiness(Seen::Up),
+    ]);
+    let mut report = DrainReport::new(DrainOutcome::SidecarLost, SystemTime::now());
+    report.proxy_exit_seen_at = Some(SystemTime::now());
+    report.app_processes_left = 1;
+    h.feed(vec![Input::DrainFinished(Box::new(report))]);
+    let kinds = step_kinds(&h.row());
+    assert_eq!(
+        kinds[kinds.len() - 3..],
+        ["drain-started", "sidecar-lost", "drain-finished"],
+        "{kinds:?}"
+    );
+}
+
+/// A Job's end on the timeline: the app finished (and how it was seen), the quit and why, the
+/// proxy's exit, the Job watch's end with its outcome.
+#[test]
+fn a_jobs_end_is_on_the_timeline() {
+    let mut h = Harness::new(facts(RestartPolicy::Never, false));
+    h.feed(vec![
+        Input::NetnsFound {
+            netns: NetnsId { dev: 1, ino: 2 },
+        },
+        Input::Readiness(Seen::Ready),
+    ]);
+    h.rec
+        .drain_step(&DrainStep::JobFinished(FinishedBy::Status));
+    h.rec.drain_step(&DrainStep::Quitting(QuitReason::NoFilter));
+    let mut r = JobReport::new(JobOutcome::Completed);
+    r.proxy_exit_seen_at = Some(SystemTime::now());
+    r.app_finished_to_quit = Some(Duration::from_millis(14));
+    h.feed(vec![Input::QuitStarted, Input::JobFinished(Box::new(r))]);
+    let row = h.row();
+    assert_eq!(
+        step_kinds(&row),
+        [
+            "first-seen",
+            "proxy-running",
+            "netns-found",
+            "proxy-ready",
+            "job-app-finished",
+            "quitting",
+            "proxy-exited",
+            "job-finished",
+        ]
+    );
+    let tl = row.timeline.as_ref().expect("timeline");
+    let detail = |i: usize| tl.steps[i].detail.clone().unwrap_or_default();
+    assert_eq!(detail(4), "seen in the pod's status");
+    assert!(detail(5).starts_with("the holdfast filter is not installed"));
+    assert_eq!(
+        detail(7),
+        "completed: proxy quit 14.0 ms after the app finished"
+    );
 }

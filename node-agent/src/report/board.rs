@@ -80,6 +80,7 @@ mod tests {
             job: None,
             last_error: None,
             skipped_reason: None,
+            timeline: None,
         };
         let v = serde_json::to_value(&row).unwrap();
         assert_eq!(v["tracked_since"], "2026-11-22T06:00:37.458Z");

@@ -1,7 +1,8 @@
 //! `just demo`: the three sidecar failures on a simulated node of 3 pods started at once, first
 //! without holdfast, then with the `holdfast agent` running on the node from before the pods
 //! start; one side-by-side table of what each pod's app saw, then the agent's own view
-//! (`holdfast status`).
+//! (`holdfast status`), and the shutdown pod's timeline as `holdfast status default/flusher`
+//! printed it on the node, from first sight to the proxy's quit.
 //!
 //! Each run is a fresh node (real netns, iptables, Envoy, apps; kubelet and pilot-agent
 //! stand-ins); with `--runtime containerd` every pod is a real container of a private
@@ -139,7 +140,26 @@ struct RunResult {
     /// With holdfast: each pod's last row as the agent served it (a deleted pod's row goes
     /// when the pod does, so its drain record is kept from the last sample before that).
     status: Option<NodeStatus>,
+    /// With holdfast: what `holdfast status default/flusher` printed on the node once every
+    /// scenario was done (the pod is gone by then; its row stays on the board).
+    flusher_timeline: Option<String>,
     took: Duration,
+}
+
+/// The shutdown pod's timeline, from the real `holdfast status POD` against the node's agent.
+fn pod_timeline(url: &AgentUrl, pod: &str) -> anyhow::Result<String> {
+    let out = std::process::Command::new(holdfast_binary()?)
+        .args(["status", pod, "--agent", &url.to_string()])
+        .output()
+        .context("running holdfast status")?;
+    if !out.status.success() {
+        bail!(
+            "holdfast status {pod} exited {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn secs(d: Duration) -> String {
@@ -401,20 +421,26 @@ fn run(r: Run) -> anyhow::Result<RunResult> {
                 }
             }
         }
-        // One last sample, so the table shows the end state.
+        // One last sample, so the table shows the end state, and the shutdown pod's timeline
+        // while the agent still runs.
+        let mut timeline = None;
         if let Some(url) = &agent {
             if let Ok(s) = status_cli::fetch_status(url, Duration::from_secs(1)) {
                 samples.lock().unwrap_or_else(|e| e.into_inner()).add(s);
             }
+            timeline = Some(
+                pod_timeline(url, &format!("default/{}", Scenario::Shutdown.pod()))
+                    .unwrap_or_else(|e| format!("{e:#}\n")),
+            );
         }
         stop.store(true, Ordering::Relaxed);
         match first_err {
             Some(e) => Err(e),
-            None => Ok(outcomes),
+            None => Ok((outcomes, timeline)),
         }
     });
     let left_over = node.finish();
-    let outcomes = outcomes?;
+    let (outcomes, flusher_timeline) = outcomes?;
     anyhow::ensure!(left_over.is_empty(), "the demo node left {left_over:?}");
     Ok(RunResult {
         outcomes,
@@ -422,6 +448,7 @@ fn run(r: Run) -> anyhow::Result<RunResult> {
             .into_inner()
             .unwrap_or_else(|e| e.into_inner())
             .merged(),
+        flusher_timeline,
         took: started.elapsed(),
     })
 }
@@ -510,13 +537,23 @@ fn main() -> anyhow::Result<()> {
         .map(|(n, r)| (*n, r.outcomes.as_slice()))
         .collect();
     print!("{}", render(&table));
+    println!("\n(total {})", secs(started.elapsed()));
     if let Some(status) = results.iter().find_map(|(_, r)| r.status.as_ref()) {
         println!(
             "\n$ holdfast status    # the node with holdfast; deleted pods: last row served\n"
         );
         print!("{}", status_cli::render_table(status, SystemTime::now()));
     }
-    println!("\n(total {})", secs(started.elapsed()));
+    if let Some(timeline) = results
+        .iter()
+        .find_map(|(_, r)| r.flusher_timeline.as_ref())
+    {
+        println!(
+            "\n$ holdfast status default/{}    # one pod's steps, first sight to the proxy's quit\n",
+            Scenario::Shutdown.pod()
+        );
+        print!("{timeline}");
+    }
     Ok(())
 }
 

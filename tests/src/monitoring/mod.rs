@@ -25,11 +25,7 @@ use serde_json::Value;
 /// adds it. The checks report each as PENDING (never as a pass) and fail once the agent does
 /// export it, so the line is removed when the metric lands. `pending_series_are_exported` in
 /// tests/tests/monitoring.rs (ignored until then) checks them without this allowance.
-pub const PENDING: [(&str, &str); 2] = [
-    (
-        "holdfast_sidecars_lost_total",
-        "issue 22 (native sidecars): native sidecars lost during termination",
-    ),
+pub const PENDING: [(&str, &str); 1] = [
     (
         "holdfast_jobs_total{outcome=\"proxy-not-stopped\"}",
         "issue 23 part 2 (this branch, after the lifecycle refactor): a Job whose proxy still answers after /quitquitquit",
@@ -521,15 +517,6 @@ mod tests {
 
     #[test]
     fn pending_series_are_reported_until_exported_then_fail() {
-        let e = Exported::parse(EXPOSITION).expect("parse");
-        let c = check_queries(
-            &q("increase(holdfast_sidecars_lost_total[5m])"),
-            &e,
-            &targets(),
-            true,
-        );
-        assert!(c.errors.is_empty(), "{:?}", c.errors);
-        assert_eq!(c.pending.len(), 1, "{:?}", c.pending);
         let c = check_queries(
             &q(r#"holdfast_jobs_total{outcome="proxy-not-stopped"}"#),
             &Exported::parse("holdfast_jobs_total{outcome=\"completed\"} 0\n").expect("parse"),
@@ -537,10 +524,12 @@ mod tests {
             true,
         );
         assert!(c.errors.is_empty() && c.pending.len() == 1, "{c:?}");
-        let landed = Exported::parse(&format!("{EXPOSITION}holdfast_sidecars_lost_total 0\n"))
-            .expect("parse");
+        let landed = Exported::parse(&format!(
+            "{EXPOSITION}holdfast_jobs_total{{outcome=\"proxy-not-stopped\"}} 0\n"
+        ))
+        .expect("parse");
         let c = check_queries(
-            &q("holdfast_sidecars_lost_total"),
+            &q(r#"holdfast_jobs_total{outcome="proxy-not-stopped"}"#),
             &landed,
             &targets(),
             true,

@@ -25,6 +25,7 @@ fn pod(name: &str, phase: Phase) -> PodStatus {
         job: None,
         last_error: None,
         skipped_reason: None,
+        timeline: None,
     }
 }
 
@@ -637,6 +638,17 @@ fn exit_codes_come_from_the_documented_table() {
         },
         StatusCliError::Output(std::io::Error::other("closed")),
         StatusCliError::BadDocument { url: s(), why: s() },
+        StatusCliError::BadPod { pod: s(), why: s() },
+        StatusCliError::PodNotFound {
+            pod: s(),
+            url: s(),
+            hint: None,
+        },
+        StatusCliError::NoTimeline {
+            pod: s(),
+            url: s(),
+            agent_version: s(),
+        },
     ];
     let table: Vec<i32> = EXIT_CODES.iter().map(|(c, _)| *c).collect();
     let used: std::collections::BTreeSet<i32> = errors.iter().map(|e| e.exit_code()).collect();
@@ -656,4 +668,267 @@ fn exit_codes_come_from_the_documented_table() {
     for (code, what) in EXIT_CODES {
         assert!(help.contains(&format!("{code}  {what}")), "{help}");
     }
+}
+
+/// `holdfast status POD`: namespace/name or a uid; anything else is a usage error (exit 2)
+/// that says what to give.
+#[test]
+fn pod_argument_is_namespace_name_or_uid() {
+    use crate::cli::timeline::PodSelector;
+    assert_eq!(
+        PodSelector::parse("default/flusher"),
+        Ok(PodSelector::Name {
+            namespace: "default".into(),
+            name: "flusher".into()
+        })
+    );
+    assert_eq!(
+        PodSelector::parse(" 5a7e2c1b-0000-4000-8000-000000000001 "),
+        Ok(PodSelector::Uid(
+            "5a7e2c1b-0000-4000-8000-000000000001".into()
+        ))
+    );
+    for bad in [
+        "",
+        "  ",
+        "/flusher",
+        "default/",
+        "a/b/c",
+        "default/fl usher",
+        "x\u{1b}y",
+    ] {
+        let opts = StatusOptions {
+            agent: DEFAULT_AGENT_URL.into(),
+            json: false,
+            watch: false,
+            node: None,
+            timeout: Duration::from_secs(1),
+            pod: Some(bad.into()),
+        };
+        let e = pod_selector(&opts).expect_err(bad);
+        assert_eq!(e.exit_code(), 2, "{bad:?}");
+        assert!(e.to_string().contains("namespace/name"), "{e}");
+        // Parsed before any connection: `run` fails with the usage error, not "unreachable".
+        let e = run(&opts, &mut Vec::new()).expect_err(bad);
+        assert!(matches!(e, StatusCliError::BadPod { .. }), "{e}");
+    }
+}
+
+/// A pod with every kind of step a classic pod's life has, from first sight to the proxy's
+/// exit.
+fn flusher_with_timeline() -> PodStatus {
+    use crate::api::{StepKind as K, Timeline};
+    let mut p = pod("flusher", Phase::Done);
+    p.mode = Some(crate::api::SidecarMode::Classic);
+    p.hold = Some(hold(3, 2, Some(HoldOutcome::Ready)));
+    p.drain = Some(drain(DrainOutcome::AppDone, 8_123));
+    let mut tl = Timeline::default();
+    let at = |ms: u64| t(0) + Duration::from_millis(ms);
+    for (ms, kind, detail) in [
+        (0, K::FirstSeen, None),
+        (12, K::NetnsFound, None),
+        (14, K::HoldIn, None),
+        (180, K::FirstConnectionHeld, None),
+        (420, K::ProxyRunning, None),
+        (1_900, K::EnvoyListening, Some("its capture ports listen")),
+        (1_901, K::EnvoyLive, Some("LIVE, workers started; the filter not ready on every worker yet")),
+        (2_004, K::ProxyReady, Some("LIVE, workers started, the filter ready on every worker")),
+        (2_005, K::HoldReleased, Some("ready: held 3 connection(s) for 1991 ms; released 0.4 ms after the proxy was ready")),
+        (10_000, K::DrainStarted, None),
+        (10_003, K::InboundDrained, Some("Envoy drains its inbound listeners; outbound untouched (Envoy 1.40.0)")),
+        (18_000, K::AppContainerExited, Some("flusher (its processes are gone)")),
+        (18_000, K::AppGone, Some("every app process is gone; waiting only for what is in flight")),
+        (18_012, K::Quitting, Some("nothing in flight: no outbound connection open")),
+        (18_035, K::ProxyExited, Some("35.0 ms after the app was gone")),
+        (18_123, K::DrainFinished, Some("app-done after 8123 ms; last sample: 0 outbound and 0 inbound connection(s) open, 0 bytes through the pod's listeners")),
+    ] {
+        tl.push(at(ms), kind, detail.map(str::to_string));
+    }
+    p.timeline = Some(tl);
+    p
+}
+
+fn node_with(pods: Vec<PodStatus>) -> NodeStatus {
+    NodeStatus {
+        node: "worker-1".into(),
+        agent_version: "0.1.0".into(),
+        pods,
+        source_problems: vec![],
+    }
+}
+
+/// The timeline: each step with its time since first sight and since the step before, the
+/// detail wrapped under its column, the outcome last; every line within 80 columns, also with
+/// hostile and extreme values.
+#[test]
+fn timeline_renders_each_step_with_both_times_in_80_columns() {
+    use crate::cli::timeline::render_timeline;
+    let p = flusher_with_timeline();
+    let s = node_with(vec![p.clone()]);
+    let text = render_timeline(&s, &p, t(60));
+    println!("{text}");
+    let line = |step: &str| {
+        text.lines()
+            .find(|l| l.split_whitespace().nth(2) == Some(step))
+            .unwrap_or_else(|| panic!("no {step} line:\n{text}"))
+            .to_string()
+    };
+    assert!(text.starts_with("pod default/flusher\n"), "{text}");
+    assert!(
+        line("first-seen").starts_with("   0.00ms       -  first-seen"),
+        "{text}"
+    );
+    assert!(
+        line("hold-in").contains(" 14.0ms  2.00ms  hold-in"),
+        "{text}"
+    );
+    assert!(
+        line("drain-started").contains(" 10.000s  7.995s  drain-started"),
+        "{text}"
+    );
+    assert!(
+        line("proxy-ready").contains(" 2.004s   103ms  proxy-ready"),
+        "{text}"
+    );
+    assert!(
+        line("quitting").contains("18.012s  12.0ms  quitting  "),
+        "{text}"
+    );
+    // The steps in the recorded order.
+    let recorded: Vec<&str> = p
+        .timeline
+        .as_ref()
+        .expect("timeline")
+        .steps
+        .iter()
+        .map(|s| s.step.as_str())
+        .collect();
+    let shown: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .filter(|w| recorded.contains(w))
+        .collect();
+    assert_eq!(shown, recorded);
+    // A long detail continues under the detail column.
+    assert!(
+        text.contains(&format!("\n{:40}", "")),
+        "no continuation line:\n{text}"
+    );
+    // The outcome, last.
+    let tail: Vec<&str> = text.lines().rev().take(3).collect();
+    assert!(
+        text.contains("OUTCOME  hold: ready, 3 connection(s) held for 2.0s"),
+        "{text}"
+    );
+    assert!(
+        text.contains("drain: app-done after 8.1s, proxy gone 35.0ms after the app"),
+        "{tail:?}"
+    );
+    for l in text.lines() {
+        assert!(
+            l.chars().count() <= TABLE_WIDTH,
+            "{} chars: {l:?}",
+            l.chars().count()
+        );
+    }
+
+    // Extreme values: a huge name, details of any length and control characters, a clock that
+    // stepped back.
+    let mut p = flusher_with_timeline();
+    p.namespace = "ns".repeat(60);
+    p.uid = "u".repeat(200);
+    p.last_error = Some("\u{1b}]0;pwned\u{7} e ".repeat(80));
+    if let Some(tl) = &mut p.timeline {
+        tl.push(
+            t(0) - Duration::from_secs(5),
+            crate::api::StepKind::Problem,
+            Some("x".repeat(290)),
+        );
+        tl.dropped = u64::MAX;
+        for s in &mut tl.steps {
+            s.detail = Some("\u{1b}[2J word ".repeat(40));
+        }
+    }
+    let s = node_with(vec![p.clone()]);
+    let text = render_timeline(&s, &p, t(1 << 40));
+    for l in text.lines() {
+        assert!(
+            l.chars().count() <= TABLE_WIDTH,
+            "{} chars: {l:?}",
+            l.chars().count()
+        );
+        assert!(
+            !l.chars().any(needs_escape),
+            "raw control character in {l:?}"
+        );
+    }
+    assert!(
+        text.contains(&format!("({} earlier step(s) dropped", u64::MAX)),
+        "{text}"
+    );
+}
+
+/// The pod is found by namespace/name or uid; an unknown pod is exit 7 naming it and pointing
+/// at `holdfast status`; a row from an agent without timelines is exit 8, not an empty story;
+/// `--json` prints the pod's row as served, steps included.
+#[test]
+fn pod_lookup_errors_and_json() {
+    use crate::cli::timeline::PodSelector;
+    let p = flusher_with_timeline();
+    let s = node_with(vec![p.clone(), pod("old", Phase::Ready)]);
+    let body = serde_json::to_string(&s).expect("json");
+    let sel = |x: &str| PodSelector::parse(x).expect("selector");
+
+    let text = pod_text("agent", &s, &body, &sel("default/flusher"), false, t(60)).expect("found");
+    assert!(text.contains("drain-finished"), "{text}");
+    let by_uid = pod_text("agent", &s, &body, &sel(&p.uid), false, t(60)).expect("by uid");
+    assert_eq!(by_uid, text);
+
+    let e = pod_text("agent", &s, &body, &sel("default/nope"), false, t(60)).expect_err("unknown");
+    assert_eq!(e.exit_code(), 7);
+    let msg = e.to_string();
+    assert!(
+        msg.contains("default/nope") && msg.contains("`holdfast status`"),
+        "{msg}"
+    );
+    // A bare name is taken for a uid; the error suggests the pod it may mean.
+    let e = pod_text("agent", &s, &body, &sel("flusher"), false, t(60)).expect_err("bare name");
+    assert!(
+        e.to_string().contains("did you mean default/flusher?"),
+        "{e}"
+    );
+
+    let e = pod_text("agent", &s, &body, &sel("default/old"), false, t(60)).expect_err("old agent");
+    assert_eq!(e.exit_code(), 8);
+    assert!(
+        e.to_string().contains("holdfast 0.1.0") && e.to_string().contains("older"),
+        "{e}"
+    );
+    // An older agent's document (no `timeline` key at all) parses, and says the same.
+    let mut v: serde_json::Value = serde_json::from_str(&body).expect("json");
+    v["pods"][0]
+        .as_object_mut()
+        .expect("row")
+        .remove("timeline");
+    let old_body = v.to_string();
+    let old: NodeStatus = serde_json::from_str(&old_body).expect("an old document parses");
+    let e = pod_text(
+        "agent",
+        &old,
+        &old_body,
+        &sel("default/flusher"),
+        false,
+        t(60),
+    )
+    .expect_err("old agent");
+    assert_eq!(e.exit_code(), 8);
+
+    let json = pod_text("agent", &s, &body, &sel("default/flusher"), true, t(60)).expect("json");
+    let row: serde_json::Value = serde_json::from_str(&json).expect("a JSON row");
+    assert_eq!(row["name"], "flusher");
+    let steps = row["timeline"]["steps"].as_array().expect("steps");
+    assert_eq!(steps.len(), 16);
+    assert_eq!(steps[0]["step"], "first-seen");
+    assert_eq!(steps[15]["step"], "drain-finished");
+    assert_eq!(row["timeline"]["dropped"], 0);
 }

@@ -115,8 +115,10 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
     let mut app_gone: Option<Instant> = None;
     let mut samples_since_gone = 0u32;
     let mut next_rescan = Instant::now() + settings.rescan_every;
+    let mut exits_told: Vec<String> = Vec::new();
     loop {
         let now = Instant::now();
+        tell_container_exits(&d, &snapshot, &mut exits_told);
         if snapshot.gone_for_drain() && app_gone.is_none() {
             app_gone = Some(app.last_exit().unwrap_or(now));
             d.tell(DrainStep::AppGone);
@@ -313,6 +315,29 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
             next_rescan = Instant::now() + settings.rescan_every;
             snapshot = app.refresh(&current).await;
         }
+    }
+}
+
+/// Tells each app container's end once (for the pod's timeline), as the snapshots show it.
+fn tell_container_exits<A: ProxyAdmin>(
+    d: &Drainer<'_, A>,
+    snapshot: &super::app_exit::AppSnapshot,
+    told: &mut Vec<String>,
+) {
+    for (name, c) in &snapshot.containers {
+        let exit_code = match c {
+            AppContainer::Exited => None,
+            AppContainer::Terminated { exit_code } => Some(*exit_code),
+            _ => continue,
+        };
+        if told.iter().any(|t| t == name) {
+            continue;
+        }
+        told.push(name.clone());
+        d.tell(DrainStep::AppContainerExited {
+            container: name.clone(),
+            exit_code,
+        });
     }
 }
 

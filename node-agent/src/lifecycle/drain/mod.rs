@@ -90,6 +90,12 @@ pub enum DrainStep {
         drained: bool,
         envoy_version: Option<String>,
     },
+    /// One app container is gone: its processes all exited (`exit_code` `None`: seen by the
+    /// agent first), or its status says it terminated (with its code). Told once per container.
+    AppContainerExited {
+        container: String,
+        exit_code: Option<i32>,
+    },
     /// Every app process was seen gone (the drain now waits only for what is in flight).
     AppGone,
     /// The Job's app finished for good, by this signal.

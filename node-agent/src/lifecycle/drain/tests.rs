@@ -347,8 +347,8 @@ async fn job_during(
     tokio::join!(run, meanwhile).0
 }
 
-/// A drain tells its steps as they happen, in order: the inbound drain (with the version), the
-/// app gone, the quit and why — what the driver shows (phase `quitting`) and tests wait on.
+/// A drain tells its steps as they happen, in order: the inbound drain (with the version), each
+/// app container's exit, the app gone, the quit and why — what the driver shows (phase `quitting`) and tests wait on.
 #[tokio::test]
 async fn a_drain_tells_its_steps_in_order() {
     let mut pod = Pod::new();
@@ -381,6 +381,11 @@ async fn a_drain_tells_its_steps_in_order() {
             DrainStep::InboundDrained {
                 drained: true,
                 envoy_version: Some("1.40.0".into()),
+            },
+            // Seen by procfs before any status says so: no exit code.
+            DrainStep::AppContainerExited {
+                container: "app".into(),
+                exit_code: None,
             },
             DrainStep::AppGone,
             DrainStep::Quitting(QuitReason::Idle(IdleReason::NoOutboundConnections)),

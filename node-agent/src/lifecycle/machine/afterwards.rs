@@ -26,6 +26,12 @@ pub(super) fn step(
                     // The proxy container restarted (OOM-kill...) while the app runs: hold the
                     // app's new connections again until the new Envoy is ready. The sandbox
                     // (and so the netns) may be new as well: look again.
+                    proxy_starts_over(
+                        s,
+                        fx,
+                        StepKind::ProxyGone,
+                        "the proxy container restarted while the app runs",
+                    );
                     fx.push(Effect::SetPhase(Phase::WaitingForNetns));
                     fx.push(Effect::LookForNetns);
                     s.fresh = Some(false);
@@ -59,6 +65,12 @@ pub(super) fn step(
                             .to_string(),
                     ));
                 }
+                proxy_starts_over(
+                    s,
+                    fx,
+                    StepKind::ProxyGone,
+                    "a process of the ready proxy exited while the app runs",
+                );
                 s.fresh = Some(false);
                 fx.push(Effect::CheckReadiness);
                 Stage::Checking {
@@ -71,6 +83,12 @@ pub(super) fn step(
         },
         // The netns changed under the same uid (sandbox recreated): start over in the new one.
         (Stage::Running { netns, .. }, Input::NetnsFound { netns: new }) if new != netns => {
+            proxy_starts_over(
+                s,
+                fx,
+                StepKind::NetnsFound,
+                "a new network namespace: the pod's sandbox was recreated",
+            );
             s.fresh = Some(true);
             fx.push(Effect::CheckReadiness);
             Stage::Checking {

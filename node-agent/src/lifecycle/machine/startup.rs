@@ -89,6 +89,7 @@ pub(super) fn step(
         }
         (Stage::WaitingForNetns { .. }, Input::NetnsFound { netns }) => {
             let fresh = *s.fresh.get_or_insert(false);
+            fx.push(Effect::Step(StepKind::NetnsFound, None));
             fx.push(Effect::CheckReadiness);
             // A proxy restart seen in the Pod status (before, or without, its process's exit)
             // is held like one seen on the pidfd: a native sidecar's too.
@@ -125,7 +126,7 @@ pub(super) fn step(
                 // Deleted, and Envoy up but not ready: it is draining (a previous agent began
                 // the drain, or pilot-agent did) — adopt the drain. Envoy down (or without its
                 // listeners yet): it never came up, nothing to drain.
-                (Seen::Up, Some(p)) if p.deletion.is_some() => {
+                (Seen::Up | Seen::Live, Some(p)) if p.deletion.is_some() => {
                     fx.push(Effect::RemoveLeftoverHold);
                     start_drain(fx, netns)
                 }
