@@ -289,7 +289,12 @@ fn every_rule_and_panel_names_only_what_the_agent_exports() {
     let targets = scrape::target_label_names(&job);
     let queries = all_queries();
     assert!(queries.len() > 20, "{queries:#?}");
-    let checked = monitoring::check_queries(&queries, &exported_in_process(), &targets, true);
+    let checked = monitoring::check_queries(
+        &queries,
+        &exported_in_process(),
+        &targets,
+        &monitoring::PENDING,
+    );
     for p in &checked.pending {
         eprintln!("PENDING {p}");
     }
@@ -305,7 +310,12 @@ fn every_rule_and_panel_names_only_what_the_agent_exports() {
         json!("increase(holdfast_holds_released_total{result=\"deadline\"}[15m]) > 0");
     let mut wrong = monitoring::rule_queries(&r).expect("rules");
     wrong.extend(monitoring::dashboard_queries(&d).expect("dashboard"));
-    let c = monitoring::check_queries(&wrong, &exported_in_process(), &targets, true);
+    let c = monitoring::check_queries(
+        &wrong,
+        &exported_in_process(),
+        &targets,
+        &monitoring::PENDING,
+    );
     assert!(
         c.errors
             .iter()
@@ -322,18 +332,16 @@ fn every_rule_and_panel_names_only_what_the_agent_exports() {
     );
 }
 
-/// The PENDING series, checked without their allowance: fails until each lands in the agent.
-/// When it does, remove its line from `PENDING` in tests/src/monitoring/mod.rs and this
-/// `#[ignore]` (the other tests fail until then, saying so).
+/// The PENDING series, checked without their allowance: fails while any is not exported (mark
+/// it `#[ignore]` while `PENDING` in tests/src/monitoring/mod.rs has entries; it is empty now).
 #[test]
-#[ignore = "PENDING: holdfast_jobs_total{outcome=\"proxy-not-stopped\"} (issue 23 part 2) is not exported yet; see PENDING in tests/src/monitoring/mod.rs"]
 fn pending_series_are_exported() {
     let job = operator_scrape_job("node-1", "holdfast-agent-aaaaa", "127.0.0.1:15302");
     let checked = monitoring::check_queries(
         &all_queries(),
         &exported_in_process(),
         &scrape::target_label_names(&job),
-        false,
+        &[],
     );
     assert!(checked.errors.is_empty(), "{}", checked.errors.join("\n"));
 }
@@ -836,7 +844,7 @@ fn a_real_prometheus_scrapes_a_real_agent_through_holds_drains_and_a_job() {
         &all_queries(),
         &exported,
         &scrape::target_label_names(&job),
-        true,
+        &monitoring::PENDING,
     );
     assert!(checked.errors.is_empty(), "{}", checked.errors.join("\n"));
     // ... and every selector finds its series in Prometheus (PENDING ones reported).

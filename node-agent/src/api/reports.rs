@@ -122,6 +122,9 @@ pub enum JobOutcome {
     Completed,
     /// The app finished for good, but the proxy had already exited.
     ProxyAlreadyGone,
+    /// The app finished for good and the proxy was asked to quit, but it still answered
+    /// afterwards (`quit_confirm`): the pod does not complete; `errors` says what was seen.
+    ProxyNotStopped,
     /// `restartPolicy: Always` (or unknown): the kubelet restarts the app; nothing to do.
     NotAJob,
     /// The pod is being deleted: the drain takes over.
@@ -140,6 +143,7 @@ impl JobOutcome {
         match self {
             JobOutcome::Completed => "completed",
             JobOutcome::ProxyAlreadyGone => "proxy-already-gone",
+            JobOutcome::ProxyNotStopped => "proxy-not-stopped",
             JobOutcome::NotAJob => "not-a-job",
             JobOutcome::Deleting => "deleting",
             JobOutcome::PodGone => "pod-gone",

@@ -404,6 +404,20 @@ impl Recorder {
             .get_or_create(&Metrics::outcome(report.outcome.as_str()))
             .inc();
         m.drain_errors.inc_by(report.error_count as u64);
+        if report.outcome == JobOutcome::ProxyNotStopped {
+            self.events.emit(
+                &self.key,
+                Reason::JobProxyNotStopped,
+                format!(
+                    "the job's app finished, but its proxy still ran after the agent asked it to \
+                     quit: the pod does not complete ({})",
+                    report
+                        .errors
+                        .last()
+                        .map_or("no error recorded", String::as_str)
+                ),
+            );
+        }
         if report.outcome == JobOutcome::Completed {
             self.events.emit(
                 &self.key,

@@ -349,6 +349,36 @@ fn a_completed_job_posts_job_proxy_stopped() {
 }
 
 #[test]
+fn a_job_whose_proxy_was_not_stopped_posts_a_warning_and_counts() {
+    let mut h = Harness::new(facts(RestartPolicy::Never, false));
+    h.feed(vec![
+        Input::NetnsFound {
+            netns: NetnsId { dev: 1, ino: 2 },
+        },
+        Input::Readiness(Seen::Ready),
+    ]);
+    let mut r = JobReport::new(JobOutcome::ProxyNotStopped);
+    r.errors = vec!["the proxy still answered 1s after /quitquitquit".into()];
+    r.error_count = 1;
+    h.feed(vec![Input::JobFinished(Box::new(r))]);
+    assert_eq!(
+        h.metric("holdfast_jobs_total{outcome=\"proxy-not-stopped\"}"),
+        1.0
+    );
+    assert_eq!(h.metric("holdfast_jobs_total{outcome=\"completed\"}"), 0.0);
+    assert_eq!(h.reasons(), [Reason::JobProxyNotStopped]);
+    let row = h.row();
+    assert_eq!(row.job.expect("job").outcome, JobOutcome::ProxyNotStopped);
+    assert!(
+        row.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("still answered")),
+        "{:?}",
+        row.last_error
+    );
+}
+
+#[test]
 fn skipped_pods_get_a_row_and_a_phase_count() {
     let handle = MetricsHandle::new();
     let board = StatusBoard::default();

@@ -36,6 +36,9 @@ pub enum Reason {
     ProxyExitedBeforeApp,
     /// A finished Job's proxy was stopped so the pod completes (Normal).
     JobProxyStopped,
+    /// A finished Job's proxy still ran after the agent asked it to quit: the pod does not
+    /// complete (Warning).
+    JobProxyNotStopped,
     /// The pod broke one of the agent's bounds and is left alone, its hold released (Warning).
     FailedOpen,
     /// The drain could not start; the proxy ends as without holdfast (Warning).
@@ -54,6 +57,7 @@ impl Reason {
             Reason::DrainDeadline => "DrainDeadline",
             Reason::ProxyExitedBeforeApp => "ProxyExitedBeforeApp",
             Reason::JobProxyStopped => "JobProxyStopped",
+            Reason::JobProxyNotStopped => "JobProxyNotStopped",
             Reason::FailedOpen => "FailedOpen",
             Reason::DrainNotStarted => "DrainNotStarted",
             Reason::SidecarLostDuringTermination => "SidecarLostDuringTermination",
@@ -69,6 +73,7 @@ impl Reason {
                 | Reason::FailedOpen
                 | Reason::DrainNotStarted
                 | Reason::SidecarLostDuringTermination
+                | Reason::JobProxyNotStopped
         )
     }
 
@@ -81,7 +86,7 @@ impl Reason {
             | Reason::ProxyExitedBeforeApp
             | Reason::DrainNotStarted => "DrainProxy",
             Reason::SidecarLostDuringTermination => "WatchProxy",
-            Reason::JobProxyStopped => "StopProxy",
+            Reason::JobProxyStopped | Reason::JobProxyNotStopped => "StopProxy",
             Reason::FailedOpen => "LeavePodAlone",
         }
     }

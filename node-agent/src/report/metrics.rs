@@ -162,7 +162,7 @@ impl Metrics {
         );
         r.register(
             "jobs",
-            "Finished Jobs whose proxy the agent stopped, by outcome (completed, proxy-already-gone, not-started)",
+            "Finished Jobs whose proxy the agent stopped, by outcome (completed, proxy-already-gone, proxy-not-stopped, not-started)",
             m.jobs.clone(),
         );
         r.register(
@@ -221,7 +221,12 @@ impl Metrics {
         ] {
             let _ = m.drains.get_or_create(&Metrics::outcome(o));
         }
-        for o in ["completed", "proxy-already-gone", "not-started"] {
+        for o in [
+            "completed",
+            "proxy-already-gone",
+            "proxy-not-stopped",
+            "not-started",
+        ] {
             let _ = m.jobs.get_or_create(&Metrics::outcome(o));
         }
         m

@@ -24,13 +24,10 @@ use serde_json::Value;
 /// Series the rules or the dashboard name that the agent does not export yet, each with what
 /// adds it. The checks report each as PENDING (never as a pass) and fail once the agent does
 /// export it, so the line is removed when the metric lands. `pending_series_are_exported` in
-/// tests/tests/monitoring.rs (ignored until then) checks them without this allowance.
-pub const PENDING: [(&str, &str); 1] = [
-    (
-        "holdfast_jobs_total{outcome=\"proxy-not-stopped\"}",
-        "issue 23 part 2 (this branch, after the lifecycle refactor): a Job whose proxy still answers after /quitquitquit",
-    ),
-];
+/// tests/tests/monitoring.rs checks them without this allowance. Empty: every series the rules
+/// and panels name is exported (the last, `holdfast_jobs_total{outcome="proxy-not-stopped"}`,
+/// landed with the Job outcome of that name).
+pub const PENDING: [(&str, &str); 0] = [];
 
 /// Series Prometheus itself makes for every target (scrape/scrape.go), with the target's labels.
 pub const SCRAPE_SERIES: [&str; 5] = [
@@ -259,8 +256,11 @@ pub struct Checked {
 
 /// The PENDING entry that `sel` is, if any (by metric name, and label value where the entry
 /// names one).
-fn pending_entry(sel: &promql::Selector) -> Option<&'static (&'static str, &'static str)> {
-    PENDING.iter().find(|(p, _)| {
+fn pending_entry<'a>(
+    sel: &promql::Selector,
+    pending: &'a [(&'static str, &'static str)],
+) -> Option<&'a (&'static str, &'static str)> {
+    pending.iter().find(|(p, _)| {
         let (name, matcher) = match p.split_once('{') {
             Some((n, m)) => (n, Some(m.trim_end_matches('}'))),
             None => (*p, None),
@@ -279,13 +279,16 @@ fn pending_entry(sel: &promql::Selector) -> Option<&'static (&'static str, &'sta
 /// metric or among `target_labels` (the scrape config's); `=` values among those exported, `=~`
 /// alternations of plain words each among them (target labels' values are checked by the
 /// real-Prometheus test); grouping labels on some metric of the query, a target label, or `le`
-/// on a `_bucket` series. `allow_pending`: [`PENDING`] series are reported, not errors.
+/// on a `_bucket` series. `pending` (normally [`PENDING`], or none): series reported as
+/// PENDING while not exported, and an error once they are.
 pub fn check_queries(
     queries: &[Query],
     exported: &Exported,
     target_labels: &BTreeSet<String>,
-    allow_pending: bool,
+    pending: &[(&'static str, &'static str)],
 ) -> Checked {
+    let allow_pending = !pending.is_empty();
+    let pending_list = pending;
     let plain_alternation =
         regex::Regex::new(r"^[A-Za-z0-9_.:-]+(\|[A-Za-z0-9_.:-]+)*$").expect("a valid regex");
     let no_labels = BTreeMap::new();
@@ -306,7 +309,7 @@ pub fn check_queries(
                     .push(format!("{}: a selector without a metric name", q.origin));
                 continue;
             };
-            let pending = pending_entry(sel);
+            let pending = pending_entry(sel, pending_list);
             let known = exported.series.get(metric);
             let scrape_series = SCRAPE_SERIES.contains(&metric);
             let Some(labels) = known.or(scrape_series.then_some(&no_labels)) else {
@@ -494,7 +497,7 @@ mod tests {
             ),
             &e,
             &targets(),
-            true,
+            &[],
         );
         assert!(ok.errors.is_empty(), "{:?}", ok.errors);
         assert_eq!(ok.selectors.len(), 3);
@@ -506,7 +509,7 @@ mod tests {
             (r#"sum by (phase) (holdfast_drains_total)"#, "grouping label \"phase\""),
             (r#"holdfast_sidecars_lost_total"#, "not exported"),
         ] {
-            let c = check_queries(&q(expr), &e, &targets(), false);
+            let c = check_queries(&q(expr), &e, &targets(), &[]);
             assert!(
                 c.errors.iter().any(|x| x.contains(expect)),
                 "{expr}: {:?}",
@@ -517,22 +520,34 @@ mod tests {
 
     #[test]
     fn pending_series_are_reported_until_exported_then_fail() {
+        const SOON: [(&str, &str); 1] = [(
+            "holdfast_jobs_total{outcome=\"proxy-wedged\"}",
+            "a Job outcome not built yet",
+        )];
         let c = check_queries(
-            &q(r#"holdfast_jobs_total{outcome="proxy-not-stopped"}"#),
+            &q(r#"holdfast_jobs_total{outcome="proxy-wedged"}"#),
             &Exported::parse("holdfast_jobs_total{outcome=\"completed\"} 0\n").expect("parse"),
             &targets(),
-            true,
+            &SOON,
         );
         assert!(c.errors.is_empty() && c.pending.len() == 1, "{c:?}");
+        // Without the allowance it is an error, as for any name the agent does not export.
+        let c = check_queries(
+            &q(r#"holdfast_jobs_total{outcome="proxy-wedged"}"#),
+            &Exported::parse("holdfast_jobs_total{outcome=\"completed\"} 0\n").expect("parse"),
+            &targets(),
+            &[],
+        );
+        assert!(c.errors.len() == 1 && c.pending.is_empty(), "{c:?}");
         let landed = Exported::parse(&format!(
-            "{EXPOSITION}holdfast_jobs_total{{outcome=\"proxy-not-stopped\"}} 0\n"
+            "{EXPOSITION}holdfast_jobs_total{{outcome=\"proxy-wedged\"}} 0\n"
         ))
         .expect("parse");
         let c = check_queries(
-            &q(r#"holdfast_jobs_total{outcome="proxy-not-stopped"}"#),
+            &q(r#"holdfast_jobs_total{outcome="proxy-wedged"}"#),
             &landed,
             &targets(),
-            true,
+            &SOON,
         );
         assert!(
             c.errors

@@ -145,10 +145,11 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
     report.quit_sent_at = sent;
     report.proxy_exit_seen_at = exited;
     report.quit_reason = Some(reason);
-    let outcome = if sent.is_none() && exited.is_some() {
-        JobOutcome::ProxyAlreadyGone
-    } else {
-        JobOutcome::Completed
+    let outcome = match (sent, exited) {
+        (None, Some(_)) => JobOutcome::ProxyAlreadyGone,
+        (_, Some(_)) => JobOutcome::Completed,
+        // Asked (or the ask failed) and Envoy still answers: the pod will not complete.
+        (_, None) => JobOutcome::ProxyNotStopped,
     };
     finish(report, outcome, d)
 }

@@ -1205,3 +1205,33 @@ async fn a_kubelet_ordered_drain_whose_pod_object_goes_first_is_still_kubelet_or
     .await;
     assert_eq!(report.outcome, DrainOutcome::PodGone, "{report:?}");
 }
+
+/// A finished Job whose Envoy still answers after `/quitquitquit` (a wedged proxy, a
+/// pilot-agent that restarts it) is `proxy-not-stopped`, with what was seen in `errors` — the
+/// pod will not complete, and the operator must hear of it. The control: the same Job whose
+/// Envoy exits on the quit is `completed`.
+#[tokio::test]
+async fn a_job_whose_proxy_still_answers_after_the_quit_is_proxy_not_stopped() {
+    let settings = fast_settings();
+    let finished = || {
+        view(
+            RestartPolicy::Never,
+            ContainerState::Terminated { exit_code: 0 },
+            None,
+        )
+    };
+    let admin = FakeAdmin::new(Some(counts(0)));
+    admin.with(|s| s.quit_exits = false);
+    let report = job_of(&admin, finished(), &settings).await;
+    assert_eq!(report.outcome, JobOutcome::ProxyNotStopped, "{report:?}");
+    assert!(report.quit_sent_at.is_some(), "{report:?}");
+    assert!(report.proxy_exit_seen_at.is_none(), "{report:?}");
+    assert!(
+        report.errors.iter().any(|e| e.contains("still answered")),
+        "{report:?}"
+    );
+
+    let admin = FakeAdmin::new(Some(counts(0)));
+    let report = job_of(&admin, finished(), &settings).await;
+    assert_eq!(report.outcome, JobOutcome::Completed, "{report:?}");
+}

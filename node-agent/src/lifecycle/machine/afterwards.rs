@@ -100,7 +100,7 @@ pub(super) fn step(
 
         // --- executors ---------------------------------------------------------------------
         (Stage::JobWatch { netns }, Input::JobFinished(report)) => match report.outcome {
-            JobOutcome::Completed | JobOutcome::ProxyAlreadyGone => {
+            JobOutcome::Completed | JobOutcome::ProxyAlreadyGone | JobOutcome::ProxyNotStopped => {
                 fx.push(Effect::Record(Outcome::Job(report)));
                 fx.push(Effect::SetPhase(Phase::Done));
                 if s.stopping {
