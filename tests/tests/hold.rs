@@ -524,7 +524,8 @@ fn the_filters_stat_prefix_is_set_on_the_agent() {
             "mesh_hf",
             // Room for an Envoy with the Wasm filter on a loaded 2-core machine: on the
             // containerd backend CI saw one start its Envoy 5 s after the hold and be ready 4 s
-            // later. The other pod's own deadline (its annotation, 30 s) is shorter; on the containerd backend a quiet run saw the ready pod take 16 s.
+            // later. The other pod's own deadline (its annotation, 30 s) is shorter; on the
+            // containerd backend a quiet run saw the ready pod take 16 s.
             "--hold-timeout",
             "60s",
         ],
@@ -533,8 +534,13 @@ fn the_filters_stat_prefix_is_set_on_the_agent() {
     let other_deadline = Duration::from_secs(30);
     node.add_pod(boot_caller("custom", late, 1).filter_config(r#"{"stat_prefix":"mesh_hf"}"#))
         .expect("add pod");
-    node.add_pod(boot_caller("default", late, 1).hold_timeout(other_deadline))
-        .expect("add pod");
+    // Its boot call is held to that deadline, so the app waits longer than the hold.
+    node.add_pod(
+        boot_caller("default", late, 1)
+            .hold_timeout(other_deadline)
+            .call_timeout(other_deadline + Duration::from_secs(20)),
+    )
+    .expect("add pod");
     node.start_pods().expect("start");
     let hold = |pod: &str| {
         agent
