@@ -42,6 +42,7 @@ use super::exit_watch::ExitTimes;
 use super::runtime::{Containerd, BASE_IMAGE};
 use super::status::{info_netns, info_pid, parse_info};
 use crate::sim::kubelet::{PodEvent, PodWorker};
+use crate::sim::native::NativeState;
 use crate::sim::node::{NodeEnv, Shared};
 use crate::sim::pod_object::{now_ts, CState, ContainerView, PodView, ProbeState, Terminated};
 use crate::sim::pod_object::{INIT_CONTAINER, PROXY_CONTAINER, PROXY_IMAGE};
@@ -96,8 +97,10 @@ pub(crate) struct CriPodWorker {
     admitted: Instant,
     /// The proxy's prober, when the spec asks for probes.
     probe: Option<ProbeTarget>,
-    /// A native sidecar's kubelet state ([`sidecar`]).
-    native: sidecar::NativeState,
+    /// A native sidecar's kubelet state ([`crate::sim::native`]).
+    native: NativeState,
+    /// Container starts of the native sidecar so far (its CRI `attempt`).
+    sidecar_attempts: u32,
 }
 
 /// With `HOLDFAST_SIM_TRACE` set, prints one line per runtime step (wall clock in ms, the pod,
@@ -140,7 +143,7 @@ impl CriPodWorker {
             unused_tx,
         );
         let pod_dir = env.work_dir.join(&name);
-        let native = sidecar::NativeState::new(env.restart_backoff);
+        let native = NativeState::new(env.restart_backoff);
         CriPodWorker {
             name,
             env,
@@ -164,6 +167,7 @@ impl CriPodWorker {
             admitted: Instant::now(),
             probe: None,
             native,
+            sidecar_attempts: 0,
         }
     }
 

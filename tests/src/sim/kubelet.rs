@@ -36,6 +36,7 @@ mod sidecar;
 use super::bootstrap::{IstioStatsMatcher, SidecarConfig, XdsRest, SHIPPED_MESH_CONFIG};
 use super::cgroup::Cgroup;
 use super::istio_init::{INBOUND_PORT, OUTBOUND_PORT, PROXY_UID};
+use super::native::NativeState;
 use super::netns::{NetNs, REMOTE_IP6};
 use super::node::{NodeEnv, Shared};
 use super::pod_object::{
@@ -99,8 +100,10 @@ pub(crate) struct PodWorker {
     admitted: Instant,
     /// The proxy's prober, when the spec asks for probes.
     probe: Option<ProbeTarget>,
-    /// A native sidecar's kubelet state ([`sidecar`]).
-    native: sidecar::NativeState,
+    /// A native sidecar's kubelet state ([`crate::sim::native`]).
+    native: NativeState,
+    /// The native sidecar's preStop hook process, while it runs.
+    pre_stop_pid: Option<u32>,
     /// A native pod's stop: when each stopped container gets SIGKILL (its own timeout).
     kill_at: HashMap<Slot, Instant>,
 }
@@ -115,7 +118,7 @@ impl PodWorker {
         tx: Sender<PodEvent>,
     ) -> PodWorker {
         let pod_dir = env.work_dir.join(&name);
-        let native = sidecar::NativeState::new(env.restart_backoff);
+        let native = NativeState::new(env.restart_backoff);
         PodWorker {
             name,
             index,
@@ -133,6 +136,7 @@ impl PodWorker {
             deleting: false,
             shutting_down: false,
             native,
+            pre_stop_pid: None,
             pod_dir,
             stopping: Arc::new(AtomicBool::new(false)),
             admitted: Instant::now(),

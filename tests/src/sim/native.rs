@@ -26,6 +26,9 @@
 
 use std::time::{Duration, Instant};
 
+use super::pod_object::{now_ts, CState, PodView, ProbeState, Terminated};
+use super::prober::ProbeResult;
+
 /// kubelet's `MaxContainerBackOff`.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
 /// kubelet's `minimumGracePeriodInSeconds`.
@@ -168,6 +171,233 @@ impl SidecarStop {
     }
 }
 
+/// What a kubelet stand-in keeps about a pod's native sidecar, on both backends: its restart
+/// back-off, whether the pod is being killed, and its ordered stop. The backends keep only how
+/// they run a container (a process or a CRI call) to themselves.
+#[derive(Debug)]
+pub struct NativeState {
+    backoff: CrashLoopBackOff,
+    /// In back-off: started again at this time.
+    restart_at: Option<Instant>,
+    /// When the sidecar last exited (the back-off counts from its `finishedAt`).
+    finished_at: Option<Instant>,
+    /// The pod is being killed (deleted, or a Job whose app is done): nothing restarts.
+    killing: bool,
+    /// The sidecar's ordered stop, once begun.
+    stop: Option<SidecarStop>,
+    /// Its preStop hook has returned (or there is none).
+    hook_done: bool,
+}
+
+/// What follows a native sidecar's exit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterExit {
+    /// Started again at once (no back-off entry yet, or it expired).
+    StartNow,
+    /// `CrashLoopBackOff` until then.
+    BackOffUntil(Instant),
+    /// The pod is being killed: it stays terminated.
+    Stays,
+}
+
+impl NativeState {
+    pub fn new(initial_backoff: Duration) -> NativeState {
+        NativeState {
+            backoff: CrashLoopBackOff::new(initial_backoff),
+            restart_at: None,
+            finished_at: None,
+            killing: false,
+            stop: None,
+            hook_done: false,
+        }
+    }
+
+    /// The pod is being killed (deleted, or a Job's end): nothing restarts from now on.
+    pub fn kill(&mut self) {
+        self.killing = true;
+        self.restart_at = None;
+    }
+
+    pub fn killing(&self) -> bool {
+        self.killing
+    }
+
+    /// Whether the sidecar's ordered stop has begun.
+    pub fn stopping(&self) -> bool {
+        self.stop.is_some()
+    }
+
+    /// The sidecar exited at `finished`; `pod_stopping`: the pod is deleted or the node shuts
+    /// down. Restarts at once, in back-off, or not at all ([`CrashLoopBackOff`]).
+    pub fn exited(&mut self, finished: Instant, now: Instant, pod_stopping: bool) -> AfterExit {
+        self.stop = None;
+        self.finished_at = Some(finished);
+        if pod_stopping || self.killing {
+            return AfterExit::Stays;
+        }
+        match self.backoff.sync(finished, now) {
+            None => AfterExit::StartNow,
+            Some(at) => {
+                self.restart_at = Some(at);
+                AfterExit::BackOffUntil(at)
+            }
+        }
+    }
+
+    /// At a timer: whether the sidecar starts again now. The pod worker syncs again at the
+    /// back-off's end, and `doBackOff` lets it start (the back-off moves on).
+    pub fn restart_due(&mut self, now: Instant, pod_stopping: bool) -> bool {
+        if self.restart_at.is_none_or(|t| t > now) {
+            return false;
+        }
+        self.restart_at = None;
+        if pod_stopping || self.killing {
+            return false;
+        }
+        let finished = self.finished_at.unwrap_or(now);
+        match self.backoff.sync(finished, now) {
+            None => true,
+            Some(t) => {
+                self.restart_at = Some(t);
+                false
+            }
+        }
+    }
+
+    /// Begins the sidecar's ordered stop: its preStop hook (if `hook`) now, then its turn.
+    pub fn begin_stop(&mut self, grace: u64, hook: bool, now: Instant) {
+        self.stop = Some(SidecarStop::begin(grace, hook, now));
+        self.hook_done = !hook;
+    }
+
+    /// The preStop hook returned (or could not run).
+    pub fn hook_done(&mut self) {
+        self.hook_done = true;
+    }
+
+    /// The stop's next step ([`SidecarStop::advance`]): the timeout to stop the sidecar with,
+    /// once, when its hook returned and its `turn` came (or the grace period ran out).
+    pub fn advance_stop(&mut self, now: Instant, turn: bool) -> Option<u64> {
+        let hook_done = self.hook_done;
+        self.stop.as_mut()?.advance(now, hook_done, turn)
+    }
+
+    /// Whether a stop deadline passed (call [`NativeState::advance_stop`]).
+    pub fn stop_due(&self, now: Instant) -> bool {
+        self.stop
+            .as_ref()
+            .and_then(SidecarStop::deadline)
+            .is_some_and(|d| d <= now)
+    }
+
+    /// The next time something must happen without an event.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.restart_at
+            .into_iter()
+            .chain(self.stop.as_ref().and_then(SidecarStop::deadline))
+            .min()
+    }
+}
+
+/// What a probe result did to the pod's status ([`apply_probe`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probed {
+    /// For no running container (a stale result).
+    Ignored,
+    Applied,
+    /// The native sidecar's startup probe passed before any regular container started
+    /// (`computeInitContainerActions`: the last init container is initialized; the regular
+    /// containers start).
+    SidecarStarted,
+}
+
+/// Applies a probe result to the running container it names: `started` by the startup probe,
+/// `ready` by the readiness probe.
+pub fn apply_probe(v: &mut PodView, r: &ProbeResult) -> Probed {
+    let (id, started, ready) = match r {
+        ProbeResult::Started { container_id } => (container_id.as_str(), true, None),
+        ProbeResult::Ready {
+            container_id,
+            ready,
+        } => (container_id.as_str(), false, Some(*ready)),
+    };
+    let c = v
+        .containers
+        .iter_mut()
+        .chain(v.sidecar.iter_mut())
+        .find(|c| c.id.as_deref() == Some(id) && c.is_running());
+    let Some(c) = c else {
+        return Probed::Ignored;
+    };
+    let p = c.probed.get_or_insert_with(ProbeState::default);
+    p.started |= started;
+    if let Some(ready) = ready {
+        p.ready = ready;
+    }
+    let first = v
+        .sidecar
+        .as_ref()
+        .is_some_and(|s| s.id.as_deref() == Some(id))
+        && v.containers.iter().all(|c| c.id.is_none());
+    if started && first {
+        Probed::SidecarStarted
+    } else {
+        Probed::Applied
+    }
+}
+
+/// Records the sidecar's container `id` running (a restart counts).
+pub fn record_sidecar_start(v: &mut PodView, id: &str, pid: Option<u32>, restarting: bool) {
+    if let Some(c) = v.sidecar.as_mut() {
+        if restarting {
+            c.restart_count += 1;
+        }
+        c.id = Some(id.to_string());
+        c.pid = pid;
+        c.state = CState::Running {
+            started_at: now_ts(),
+        };
+        c.probed = Some(ProbeState::default());
+    }
+}
+
+/// Records that the sidecar's container could not be started.
+pub fn record_sidecar_start_error(v: &mut PodView, e: &dyn std::fmt::Display) {
+    if let Some(c) = v.sidecar.as_mut() {
+        c.state = CState::Waiting {
+            reason: format!("RunContainerError: {e}"),
+        };
+    }
+}
+
+/// Records the sidecar's exit `t` and what follows: `CrashLoopBackOff` while it waits, its last
+/// state kept when it restarts.
+pub fn record_sidecar_exit(v: &mut PodView, t: Terminated, next: AfterExit) {
+    let Some(c) = v.sidecar.as_mut() else { return };
+    c.pid = None;
+    match next {
+        AfterExit::BackOffUntil(_) => {
+            c.last = Some(t);
+            c.state = CState::Waiting {
+                reason: "CrashLoopBackOff".into(),
+            };
+        }
+        AfterExit::StartNow => {
+            c.last = Some(t.clone());
+            c.state = CState::Terminated(t);
+        }
+        AfterExit::Stays => c.state = CState::Terminated(t),
+    }
+}
+
+/// Every regular container has run and none runs or will start again (`computePodActions`:
+/// `keepCount == 0` and nothing to start, so `KillPod`, sidecars included).
+pub fn regular_done_for_good(v: &PodView) -> bool {
+    v.containers
+        .iter()
+        .all(|c| c.id.is_some() && !c.is_running() && !v.will_restart(c))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,6 +467,46 @@ mod tests {
         // A zero grace period: signalled at once.
         let mut z = SidecarStop::begin(0, true, t0);
         assert_eq!(z.advance(t0, false, false), Some(MIN_GRACE_SECS));
+    }
+
+    #[test]
+    fn a_sidecar_restarts_in_backoff_while_the_pod_runs_and_not_once_it_is_killed() {
+        let t0 = Instant::now();
+        let mut n = NativeState::new(10 * S);
+        assert_eq!(n.exited(t0, t0, false), AfterExit::StartNow);
+        let t1 = t0 + S;
+        assert_eq!(
+            n.exited(t1, t1, false),
+            AfterExit::BackOffUntil(t1 + 10 * S)
+        );
+        assert_eq!(n.deadline(), Some(t1 + 10 * S));
+        assert!(!n.restart_due(t1 + 9 * S, false), "still in back-off");
+        assert!(n.restart_due(t1 + 10 * S, false), "back-off over");
+        assert_eq!(n.deadline(), None);
+        // Killed while in back-off: the restart is dropped, and a later exit stays.
+        let t2 = t1 + 11 * S;
+        assert!(matches!(
+            n.exited(t2, t2, false),
+            AfterExit::BackOffUntil(_)
+        ));
+        n.kill();
+        assert!(!n.restart_due(t2 + 60 * S, false));
+        assert_eq!(n.exited(t2 + 61 * S, t2 + 61 * S, false), AfterExit::Stays);
+        // A deleted pod's sidecar stays too, killed or not.
+        let mut d = NativeState::new(10 * S);
+        assert_eq!(d.exited(t0, t0, true), AfterExit::Stays);
+    }
+
+    #[test]
+    fn the_stop_waits_for_the_hook_and_the_turn() {
+        let t0 = Instant::now();
+        let mut n = NativeState::new(10 * S);
+        n.begin_stop(30, true, t0);
+        assert!(n.stopping());
+        assert_eq!(n.advance_stop(t0, true), None, "hook still running");
+        n.hook_done();
+        assert_eq!(n.advance_stop(t0 + S, true), Some(29));
+        assert!(!n.stop_due(t0 + 60 * S), "signalled: no deadline left");
     }
 
     #[test]

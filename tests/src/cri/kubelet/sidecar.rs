@@ -11,37 +11,13 @@ use k8s_cri::v1::{ExecSyncRequest, StopContainerRequest};
 
 use super::{CriPodWorker, Slot};
 use crate::sim::kubelet::PodEvent;
-use crate::sim::native::{grace_secs, CrashLoopBackOff, SidecarStop, MIN_GRACE_SECS};
-use crate::sim::pod_object::{now_ts, CState, ProbeState, Terminated, PRE_STOP_DRAIN};
+use crate::sim::native::{
+    apply_probe, grace_secs, record_sidecar_exit, record_sidecar_start, record_sidecar_start_error,
+    regular_done_for_good, AfterExit, Probed, MIN_GRACE_SECS,
+};
+use crate::sim::pod_object::{now_ts, Terminated, PRE_STOP_DRAIN};
 use crate::sim::prober::{self, ProbeResult, ProbeTarget};
 use crate::sim::PROXY_CONTAINER;
-
-/// What the kubelet stand-in keeps about a pod's native sidecar.
-#[derive(Debug)]
-pub(crate) struct NativeState {
-    backoff: CrashLoopBackOff,
-    restart_at: Option<Instant>,
-    finished_at: Option<Instant>,
-    killing: bool,
-    stop: Option<SidecarStop>,
-    hook_done: bool,
-    /// Container starts of the sidecar so far (its CRI `attempt`).
-    attempts: u32,
-}
-
-impl NativeState {
-    pub(crate) fn new(initial_backoff: Duration) -> NativeState {
-        NativeState {
-            backoff: CrashLoopBackOff::new(initial_backoff),
-            restart_at: None,
-            finished_at: None,
-            killing: false,
-            stop: None,
-            hook_done: false,
-            attempts: 0,
-        }
-    }
-}
 
 /// `finishedAt` as an `Instant` of this process (the back-off counts from it).
 fn instant_of(t: &Terminated) -> Instant {
@@ -92,78 +68,37 @@ impl CriPodWorker {
 
     /// A probe result (see the netns backend's `on_probe`).
     pub(super) fn on_probe(&mut self, r: ProbeResult) {
-        let (id, started, ready) = match &r {
-            ProbeResult::Started { container_id } => (container_id.clone(), true, None),
-            ProbeResult::Ready {
-                container_id,
-                ready,
-            } => (container_id.clone(), false, Some(*ready)),
-        };
-        let applied = self.update(|v| {
-            let c = v
-                .containers
-                .iter_mut()
-                .chain(v.sidecar.iter_mut())
-                .find(|c| c.id.as_deref() == Some(id.as_str()) && c.is_running());
-            let Some(c) = c else { return false };
-            let p = c.probed.get_or_insert_with(ProbeState::default);
-            p.started |= started;
-            if let Some(ready) = ready {
-                p.ready = ready;
-            }
-            true
-        });
-        if !applied || !started || self.deleting || self.shutting_down || self.native.killing {
-            return;
-        }
-        let first_start = self.view(|v| {
-            v.sidecar
-                .as_ref()
-                .is_some_and(|s| s.id.as_deref() == Some(id.as_str()))
-                && v.containers.iter().all(|c| c.id.is_none())
-        });
-        if first_start {
+        let probed = self.update(|v| apply_probe(v, &r));
+        if probed == Probed::SidecarStarted && !self.pod_stopping() && !self.native.killing() {
             self.start_regular_containers();
         }
     }
 
+    /// The pod is deleted or the node shuts down.
+    fn pod_stopping(&self) -> bool {
+        self.deleting || self.shutting_down
+    }
+
     /// Creates and starts the sidecar's container (a new attempt on a restart).
     pub(super) fn start_sidecar(&mut self) {
-        let restarting = self.native.attempts > 0;
+        let restarting = self.sidecar_attempts > 0;
         if !restarting {
             if let Err(e) = self.argv.write_sidecar_config() {
                 eprintln!("sim: pod {}: {e}", self.name);
             }
         }
-        let attempt = self.native.attempts;
-        self.native.attempts += 1;
+        let attempt = self.sidecar_attempts;
+        self.sidecar_attempts += 1;
         let args = self.argv.proxy_args();
         match self.create_and_start(PROXY_CONTAINER, attempt, args, None) {
             Ok((cid, pid)) => {
                 self.running.insert(cid.clone(), Slot::Sidecar);
-                self.update(|v| {
-                    if let Some(c) = v.sidecar.as_mut() {
-                        if restarting {
-                            c.restart_count += 1;
-                        }
-                        c.id = Some(cid.clone());
-                        c.pid = pid;
-                        c.state = CState::Running {
-                            started_at: now_ts(),
-                        };
-                        c.probed = Some(ProbeState::default());
-                    }
-                });
+                self.update(|v| record_sidecar_start(v, &cid, pid, restarting));
                 self.probe_running(&cid);
             }
             Err(e) => {
                 eprintln!("sim: pod {}: cannot start the sidecar: {e}", self.name);
-                let reason = format!("RunContainerError: {e}");
-                self.update(|v| {
-                    if let Some(c) = v.sidecar.as_mut() {
-                        c.state = CState::Waiting { reason };
-                    }
-                });
+                self.update(|v| record_sidecar_start_error(v, &e));
             }
         }
     }
@@ -171,53 +106,26 @@ impl CriPodWorker {
     /// The sidecar's container exited: restart it with back-off while the pod runs.
     pub(super) fn on_sidecar_exit(&mut self, t: Terminated) {
         self.probe_stopped();
-        let killing = self.deleting || self.shutting_down || self.native.killing;
-        let finished = instant_of(&t);
-        self.native.stop = None;
-        self.native.finished_at = Some(finished);
-        let restart = (!killing).then(|| self.native.backoff.sync(finished, Instant::now()));
-        self.update(|v| {
-            let Some(c) = v.sidecar.as_mut() else { return };
-            c.pid = None;
-            match restart {
-                Some(Some(_)) => {
-                    c.last = Some(t);
-                    c.state = CState::Waiting {
-                        reason: "CrashLoopBackOff".into(),
-                    };
-                }
-                Some(None) => {
-                    c.last = Some(t.clone());
-                    c.state = CState::Terminated(t);
-                }
-                None => c.state = CState::Terminated(t),
-            }
-        });
-        match restart {
-            Some(Some(at)) => self.native.restart_at = Some(at),
-            Some(None) => self.start_sidecar(),
-            None => {}
+        let next = self
+            .native
+            .exited(instant_of(&t), Instant::now(), self.pod_stopping());
+        self.update(|v| record_sidecar_exit(v, t, next));
+        if next == AfterExit::StartNow {
+            self.start_sidecar();
         }
     }
 
     /// A regular container exited (recorded): the sidecar's turn, or a Job's end.
     pub(super) fn after_regular_exit(&mut self) {
-        if self.deleting || self.native.killing {
+        if self.deleting || self.native.killing() {
             self.advance_sidecar_stop();
             return;
         }
         if self.shutting_down {
             return;
         }
-        let done = self.view(|v| {
-            v.containers
-                .iter()
-                .all(|c| c.id.is_some() && !c.is_running() && !v.will_restart(c))
-        });
-        if done {
-            // computePodActions: nothing runs or will start: KillPod, sidecars included.
-            self.native.killing = true;
-            self.native.restart_at = None;
+        if self.view(regular_done_for_good) {
+            self.native.kill();
             self.begin_sidecar_stop();
         }
     }
@@ -225,8 +133,7 @@ impl CriPodWorker {
     /// Deletion: `StopContainer(grace)` for the regular containers at once, the sidecar's hook
     /// and ordered stop.
     pub(super) fn on_native_delete(&mut self) {
-        self.native.killing = true;
-        self.native.restart_at = None;
+        self.native.kill();
         let grace = self.view(|v| grace_secs(v.spec.grace)).max(MIN_GRACE_SECS);
         let regular: Vec<String> = self
             .running
@@ -237,7 +144,7 @@ impl CriPodWorker {
         for cid in regular {
             self.stop_container(cid, grace);
         }
-        if self.native.stop.is_none() {
+        if !self.native.stopping() {
             self.begin_sidecar_stop();
         }
     }
@@ -254,8 +161,7 @@ impl CriPodWorker {
             return;
         };
         let (grace, hook) = self.view(|v| (grace_secs(v.spec.grace), v.spec.istio_pre_stop()));
-        self.native.stop = Some(SidecarStop::begin(grace, hook, Instant::now()));
-        self.native.hook_done = !hook;
+        self.native.begin_stop(grace, hook, Instant::now());
         if hook {
             // The kubelet's exec hook: ExecSync in the container, bounded by the grace period.
             let (rt, tx, name) = (self.rt, self.tx.clone(), self.name.clone());
@@ -281,18 +187,14 @@ impl CriPodWorker {
     }
 
     pub(super) fn on_hook_done(&mut self) {
-        self.native.hook_done = true;
+        self.native.hook_done();
         self.advance_sidecar_stop();
     }
 
     /// `StopContainer` for the sidecar once its hook returned and its turn came.
     fn advance_sidecar_stop(&mut self) {
         let turn = !self.running.values().any(|s| *s != Slot::Sidecar);
-        let hook_done = self.native.hook_done;
-        let Some(stop) = self.native.stop.as_mut() else {
-            return;
-        };
-        let Some(timeout) = stop.advance(Instant::now(), hook_done, turn) else {
+        let Some(timeout) = self.native.advance_stop(Instant::now(), turn) else {
             return;
         };
         if let Some(cid) = self.sidecar_cid() {
@@ -317,33 +219,16 @@ impl CriPodWorker {
     /// Every turn of the worker's loop: a back-off that ended, a stop deadline that passed.
     pub(super) fn on_native_tick(&mut self) {
         let now = Instant::now();
-        if self.native.restart_at.is_some_and(|t| t <= now) {
-            self.native.restart_at = None;
-            if !(self.deleting || self.shutting_down || self.native.killing) {
-                let finished = self.native.finished_at.unwrap_or(now);
-                match self.native.backoff.sync(finished, now) {
-                    None => self.start_sidecar(),
-                    Some(t) => self.native.restart_at = Some(t),
-                }
-            }
+        if self.native.restart_due(now, self.pod_stopping()) {
+            self.start_sidecar();
         }
-        if self
-            .native
-            .stop
-            .as_ref()
-            .and_then(SidecarStop::deadline)
-            .is_some_and(|d| d <= now)
-        {
+        if self.native.stop_due(now) {
             self.advance_sidecar_stop();
         }
     }
 
     /// The next native timer, to bound the worker's wait.
     pub(super) fn native_deadline(&self) -> Option<Instant> {
-        self.native
-            .restart_at
-            .into_iter()
-            .chain(self.native.stop.as_ref().and_then(SidecarStop::deadline))
-            .min()
+        self.native.deadline()
     }
 }

@@ -9,50 +9,14 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 
 use super::{terminated, PodEvent, PodWorker, Slot};
-use crate::sim::native::{grace_secs, CrashLoopBackOff, SidecarStop, MIN_GRACE_SECS};
-use crate::sim::pod_object::{now_ts, CState, ProbeState, PRE_STOP_DRAIN};
+use crate::sim::native::{
+    apply_probe, grace_secs, record_sidecar_exit, record_sidecar_start, record_sidecar_start_error,
+    regular_done_for_good, AfterExit, Probed, MIN_GRACE_SECS,
+};
+use crate::sim::pod_object::PRE_STOP_DRAIN;
 use crate::sim::prober::{self, ProbeResult, ProbeTarget};
 use crate::sim::process::{notify_exit, reap, spawn_in, Exit};
 use crate::sim::random_hex;
-
-/// What the kubelet stand-in keeps about a pod's native sidecar.
-#[derive(Debug)]
-pub(crate) struct NativeState {
-    backoff: CrashLoopBackOff,
-    /// In back-off: started again at this time.
-    restart_at: Option<Instant>,
-    /// When the sidecar last exited (the back-off counts from its `finishedAt`).
-    finished_at: Option<Instant>,
-    /// The pod is being killed (deleted, or a Job whose app is done): nothing restarts.
-    killing: bool,
-    /// The sidecar's ordered stop, once begun.
-    stop: Option<SidecarStop>,
-    /// The preStop hook's process, while it runs.
-    hook_pid: Option<u32>,
-    hook_done: bool,
-}
-
-impl NativeState {
-    pub(crate) fn new(initial_backoff: Duration) -> NativeState {
-        NativeState {
-            backoff: CrashLoopBackOff::new(initial_backoff),
-            restart_at: None,
-            finished_at: None,
-            killing: false,
-            stop: None,
-            hook_pid: None,
-            hook_done: false,
-        }
-    }
-
-    /// The next time something must happen without an event.
-    pub(crate) fn deadline(&self) -> Option<Instant> {
-        self.restart_at
-            .into_iter()
-            .chain(self.stop.as_ref().and_then(SidecarStop::deadline))
-            .min()
-    }
-}
 
 impl PodWorker {
     pub(super) fn is_native(&self) -> bool {
@@ -95,41 +59,15 @@ impl PodWorker {
     /// A probe result: update the container's `started`/`ready`; a native sidecar's first
     /// startup success lets the regular containers start.
     pub(super) fn on_probe(&mut self, r: ProbeResult) {
-        let (id, started, ready) = match &r {
-            ProbeResult::Started { container_id } => (container_id.clone(), true, None),
-            ProbeResult::Ready {
-                container_id,
-                ready,
-            } => (container_id.clone(), false, Some(*ready)),
-        };
-        let applied = self.update(|v| {
-            let c = v
-                .containers
-                .iter_mut()
-                .chain(v.sidecar.iter_mut())
-                .find(|c| c.id.as_deref() == Some(id.as_str()) && c.is_running());
-            let Some(c) = c else { return false };
-            let p = c.probed.get_or_insert_with(ProbeState::default);
-            p.started |= started;
-            if let Some(ready) = ready {
-                p.ready = ready;
-            }
-            true
-        });
-        if !applied || !started || self.deleting || self.shutting_down || self.native.killing {
-            return;
-        }
-        let sidecar_started = self.view(|v| {
-            v.sidecar
-                .as_ref()
-                .is_some_and(|s| s.id.as_deref() == Some(id.as_str()))
-                && v.containers.iter().all(|c| c.id.is_none())
-        });
-        if sidecar_started {
-            // computeInitContainerActions: the last init container is initialized; the regular
-            // containers start.
+        let probed = self.update(|v| apply_probe(v, &r));
+        if probed == Probed::SidecarStarted && !self.pod_stopping() && !self.native.killing() {
             self.start_regular_containers();
         }
+    }
+
+    /// The pod is deleted or the node shuts down.
+    fn pod_stopping(&self) -> bool {
+        self.deleting || self.shutting_down
     }
 
     /// Starts (or restarts) the native sidecar: pilot-agent and Envoy, in a new container.
@@ -144,29 +82,12 @@ impl PodWorker {
         let args = self.proxy_args();
         match self.spawn(Slot::Sidecar, &id, &args, crate::sim::PROXY_CONTAINER) {
             Ok(pid) => {
-                self.update(|v| {
-                    if let Some(c) = v.sidecar.as_mut() {
-                        if restarting {
-                            c.restart_count += 1;
-                        }
-                        c.id = Some(id.clone());
-                        c.pid = Some(pid);
-                        c.state = CState::Running {
-                            started_at: now_ts(),
-                        };
-                        c.probed = Some(ProbeState::default());
-                    }
-                });
+                self.update(|v| record_sidecar_start(v, &id, Some(pid), restarting));
                 self.probe_running(&id);
             }
             Err(e) => {
                 eprintln!("sim: pod {}: cannot start the sidecar: {e}", self.name);
-                let reason = format!("RunContainerError: {e}");
-                self.update(|v| {
-                    if let Some(c) = v.sidecar.as_mut() {
-                        c.state = CState::Waiting { reason };
-                    }
-                });
+                self.update(|v| record_sidecar_start_error(v, &e));
             }
         }
     }
@@ -180,41 +101,18 @@ impl PodWorker {
         let finished = Instant::now();
         let t = self.view(|v| v.sidecar.as_ref().map(|c| terminated(c, exit)));
         let Some(t) = t else { return };
-        let killing = self.deleting || self.shutting_down || self.native.killing;
+        let killing = self.pod_stopping() || self.native.killing();
         if !killing && !self.env.status_lag.is_zero() {
             // The kubelet sees the exit at its next PLEG relist (NodeOptions::status_lag).
             std::thread::sleep(self.env.status_lag);
         }
-        let now = Instant::now();
-        self.native.stop = None;
-        self.native.hook_pid = None;
-        self.native.finished_at = Some(finished);
-        let restart = if killing {
-            None
-        } else {
-            Some(self.native.backoff.sync(finished, now))
-        };
-        self.update(|v| {
-            let Some(c) = v.sidecar.as_mut() else { return };
-            c.pid = None;
-            match restart {
-                Some(Some(_)) => {
-                    c.last = Some(t);
-                    c.state = CState::Waiting {
-                        reason: "CrashLoopBackOff".into(),
-                    };
-                }
-                Some(None) => {
-                    c.last = Some(t.clone());
-                    c.state = CState::Terminated(t);
-                }
-                None => c.state = CState::Terminated(t),
-            }
-        });
-        match restart {
-            Some(Some(at)) => self.native.restart_at = Some(at),
-            Some(None) => self.start_sidecar(),
-            None => {}
+        self.pre_stop_pid = None;
+        let next = self
+            .native
+            .exited(finished, Instant::now(), self.pod_stopping());
+        self.update(|v| record_sidecar_exit(v, t, next));
+        if next == AfterExit::StartNow {
+            self.start_sidecar();
         }
     }
 
@@ -222,22 +120,15 @@ impl PodWorker {
     /// now have its turn; otherwise a Job whose regular containers are all done for good is
     /// killed, sidecar included.
     pub(super) fn after_regular_exit(&mut self) {
-        if self.deleting || self.native.killing {
+        if self.deleting || self.native.killing() {
             self.advance_sidecar_stop();
             return;
         }
         if self.shutting_down {
             return;
         }
-        let done = self.view(|v| {
-            v.containers
-                .iter()
-                .all(|c| c.id.is_some() && !c.is_running() && !v.will_restart(c))
-        });
-        if done {
-            // computePodActions: keepCount == 0 and nothing to start: KillPod.
-            self.native.killing = true;
-            self.native.restart_at = None;
+        if self.view(regular_done_for_good) {
+            self.native.kill();
             self.begin_sidecar_stop();
         }
     }
@@ -245,8 +136,7 @@ impl PodWorker {
     /// Deletion of a native pod: SIGTERM to the regular containers at once (SIGKILL after the
     /// grace period, at least 2 s), the sidecar's hook and ordered stop.
     pub(super) fn on_native_delete(&mut self) {
-        self.native.killing = true;
-        self.native.restart_at = None;
+        self.native.kill();
         let grace = self.view(|v| grace_secs(v.spec.grace)).max(MIN_GRACE_SECS);
         let kill_at = Instant::now() + Duration::from_secs(grace);
         let regular: Vec<(u32, Slot)> = self
@@ -259,7 +149,7 @@ impl PodWorker {
             crate::sim::process::signal(pid, Signal::SIGTERM);
             self.kill_at.insert(slot, kill_at);
         }
-        if self.native.stop.is_none() {
+        if !self.native.stopping() {
             self.begin_sidecar_stop();
         }
     }
@@ -271,8 +161,7 @@ impl PodWorker {
             return;
         }
         let (grace, hook) = self.view(|v| (grace_secs(v.spec.grace), v.spec.istio_pre_stop()));
-        self.native.stop = Some(SidecarStop::begin(grace, hook, Instant::now()));
-        self.native.hook_done = !hook;
+        self.native.begin_stop(grace, hook, Instant::now());
         if hook {
             self.run_pre_stop();
         }
@@ -285,7 +174,7 @@ impl PodWorker {
     fn run_pre_stop(&mut self) {
         let (Some(netns), Some(cg)) = (self.netns_file.as_ref(), self.cgroups.get(&Slot::Sidecar))
         else {
-            self.native.hook_done = true;
+            self.native.hook_done();
             return;
         };
         let mut cmd = Command::new(&self.env.sim_app);
@@ -297,12 +186,12 @@ impl PodWorker {
             Ok(child) => {
                 let pid = child.id();
                 drop(child); // Reaped by pid on its exit event.
-                self.native.hook_pid = Some(pid);
+                self.pre_stop_pid = Some(pid);
                 notify_exit(pid, self.tx.clone(), PodEvent::HookDone { pid });
             }
             Err(e) => {
                 eprintln!("sim: pod {}: preStop hook: {e}", self.name);
-                self.native.hook_done = true;
+                self.native.hook_done();
             }
         }
     }
@@ -310,9 +199,9 @@ impl PodWorker {
     /// The preStop hook's process exited.
     pub(super) fn on_hook_done(&mut self, pid: u32) {
         let exit = reap(pid);
-        if self.native.hook_pid == Some(pid) {
-            self.native.hook_pid = None;
-            self.native.hook_done = true;
+        if self.pre_stop_pid == Some(pid) {
+            self.pre_stop_pid = None;
+            self.native.hook_done();
             if exit.code != 0 {
                 // kubelet records a FailedPreStopHook event and goes on.
                 eprintln!("sim: pod {}: preStop hook exited {}", self.name, exit.code);
@@ -328,11 +217,7 @@ impl PodWorker {
             .live
             .values()
             .any(|s| matches!(s, Slot::Container(_) | Slot::Init | Slot::UserInit));
-        let hook_done = self.native.hook_done;
-        let Some(stop) = self.native.stop.as_mut() else {
-            return;
-        };
-        let Some(timeout) = stop.advance(Instant::now(), hook_done, turn) else {
+        let Some(timeout) = self.native.advance_stop(Instant::now(), turn) else {
             return;
         };
         let pid = self
@@ -350,25 +235,10 @@ impl PodWorker {
     /// Timers of a native pod: the sidecar's restart after its back-off, its stop's deadlines,
     /// and SIGKILL of containers whose stop timeout ran out.
     pub(super) fn on_native_timer(&mut self, now: Instant) {
-        if self.native.restart_at.is_some_and(|t| t <= now) {
-            self.native.restart_at = None;
-            if !(self.deleting || self.shutting_down || self.native.killing) {
-                // The pod worker syncs again at the back-off's end: doBackOff lets it start
-                // (and the back-off moves on).
-                let finished = self.native.finished_at.unwrap_or(now);
-                match self.native.backoff.sync(finished, now) {
-                    None => self.start_sidecar(),
-                    Some(t) => self.native.restart_at = Some(t),
-                }
-            }
+        if self.native.restart_due(now, self.pod_stopping()) {
+            self.start_sidecar();
         }
-        if self
-            .native
-            .stop
-            .as_ref()
-            .and_then(SidecarStop::deadline)
-            .is_some_and(|d| d <= now)
-        {
+        if self.native.stop_due(now) {
             self.advance_sidecar_stop();
         }
         let due: Vec<Slot> = self
