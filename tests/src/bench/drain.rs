@@ -31,7 +31,7 @@ use holdfast::lifecycle::drain::{DrainOutcome, DrainReport};
 use crate::agent::AgentProcess;
 pub use crate::bench_opts::SimBenchOpts;
 
-use super::{load_average, percentile, start_agent, yes_no};
+use super::{load_average, percentile, side_by_side, yes_no, Side};
 use crate::sim::pod_object::{CState, ContainerView};
 use crate::sim::{AppScript, NodeOptions, Phase, PodSpec, PodView, SimNode};
 
@@ -53,8 +53,8 @@ enum Variant {
     ExitOnZero,
 }
 
-impl Variant {
-    const ALL: [Variant; 3] = [Variant::Holdfast, Variant::Fixed, Variant::ExitOnZero];
+impl Side for Variant {
+    const HOLDFAST: Variant = Variant::Holdfast;
 
     fn label(self) -> &'static str {
         match self {
@@ -71,6 +71,10 @@ impl Variant {
             Variant::ExitOnZero => "bdzero",
         }
     }
+}
+
+impl Variant {
+    const ALL: [Variant; 3] = [Variant::Holdfast, Variant::Fixed, Variant::ExitOnZero];
 
     fn spec(self, name: &str, app: App, after: Duration) -> PodSpec {
         let after = match app {
@@ -179,25 +183,12 @@ fn run_round(opts: &SimBenchOpts, after: Duration) -> Result<Vec<(Variant, App, 
         ..NodeOptions::default()
     };
     let names = pod_names();
-    let mut nodes = Vec::new();
-    for v in Variant::ALL {
-        let mut node = SimNode::with_options(v.node_name(), node_opts.clone())
-            .with_context(|| format!("building the {} node", v.label()))?;
-        for (app, name) in &names {
-            node.add_pod(v.spec(name, *app, after))?;
-        }
-        nodes.push((v, node));
-    }
-    let agent = {
-        let (_, node) = nodes
+    let (nodes, agent) = side_by_side(&Variant::ALL, &node_opts, |v| {
+        names
             .iter()
-            .find(|(v, _)| *v == Variant::Holdfast)
-            .context("no holdfast node")?;
-        start_agent(node)?
-    };
-    for (_, node) in &mut nodes {
-        node.start_pods()?;
-    }
+            .map(|(app, name)| v.spec(name, *app, after))
+            .collect()
+    })?;
     // Every app calling through its Envoy before the deletion.
     for (v, node) in &nodes {
         for (_, name) in &names {

@@ -30,7 +30,7 @@ use holdfast::report::board::{HoldOutcome, PodStatus};
 
 pub use crate::bench_opts::SimBenchOpts;
 
-use super::{load_average, percentile, start_agent, yes_no};
+use super::{boot_times, load_average, percentile, pod_start_us, side_by_side, yes_no, Side};
 use crate::sim::istio_init::{INBOUND_PORT, OUTBOUND_PORT};
 use crate::sim::pod_object::CState;
 use crate::sim::report::{now_us, AppEvent};
@@ -54,13 +54,8 @@ enum Variant {
     Nothing,
 }
 
-impl Variant {
-    const ALL: [Variant; 4] = [
-        Variant::Holdfast,
-        Variant::Serial,
-        Variant::Drop,
-        Variant::Nothing,
-    ];
+impl Side for Variant {
+    const HOLDFAST: Variant = Variant::Holdfast;
 
     fn label(self) -> &'static str {
         match self {
@@ -80,6 +75,15 @@ impl Variant {
             Variant::Nothing => "hbn",
         }
     }
+}
+
+impl Variant {
+    const ALL: [Variant; 4] = [
+        Variant::Holdfast,
+        Variant::Serial,
+        Variant::Drop,
+        Variant::Nothing,
+    ];
 
     fn spec(self, name: &str, opts: &SimBenchOpts) -> PodSpec {
         let spec = PodSpec::new(name)
@@ -225,26 +229,9 @@ fn run_round(opts: &SimBenchOpts) -> Result<Vec<(Variant, PodSample)>> {
         ..NodeOptions::default()
     };
     let names: Vec<String> = (0..opts.hold_pods).map(|i| format!("p{i}")).collect();
-    let mut nodes = Vec::new();
-    for v in Variant::ALL {
-        let mut node = SimNode::with_options(v.node_name(), node_opts.clone())
-            .with_context(|| format!("building the {} node", v.label()))?;
-        for name in &names {
-            node.add_pod(v.spec(name, opts))?;
-        }
-        nodes.push((v, node));
-    }
-    // The agent watches only its own node's pods directory, so it holds only holdfast's pods.
-    let agent = {
-        let (_, node) = nodes
-            .iter()
-            .find(|(v, _)| *v == Variant::Holdfast)
-            .context("no holdfast node")?;
-        start_agent(node)?
-    };
-    for (_, node) in &mut nodes {
-        node.start_pods()?;
-    }
+    let (nodes, agent) = side_by_side(&Variant::ALL, &node_opts, |v| {
+        names.iter().map(|name| v.spec(name, opts)).collect()
+    })?;
 
     // Longest a pod may take: Envoy late, app init, kubelet's 10 s back-off, and slack.
     let budget = opts.proxy_delay + opts.app_init + Duration::from_secs(40);
@@ -336,31 +323,18 @@ fn sample(node: &SimNode, name: &str) -> Result<PodSample> {
     let view = node
         .pod(name)
         .with_context(|| format!("pod {name} vanished"))?;
+    let (app_start_us, first_ok_us) = boot_times(&report);
     let mut s = PodSample {
-        pod_start_us: view.init.as_ref().and_then(|c| match &c.state {
-            CState::Terminated(t) => u64::try_from(t.finished_at.as_microsecond()).ok(),
-            _ => None,
-        }),
+        pod_start_us: pod_start_us(&view),
+        app_start_us,
+        first_ok_us,
         ..PodSample::default()
     };
-    for e in &report.events {
-        match e {
-            AppEvent::Start { at_ms, at_us, .. } => {
-                s.app_start_us = s.app_start_us.or(Some(at_us.unwrap_or(at_ms * 1000)));
-            }
-            AppEvent::Call {
-                at_ms,
-                at_us,
-                phase: Phase::Startup,
-                ok: true,
-                ..
-            } => {
-                s.first_ok_us = s.first_ok_us.or(Some(at_us.unwrap_or(at_ms * 1000)));
-            }
-            AppEvent::Exit { code, .. } if *code != 0 => s.crashes += 1,
-            _ => {}
-        }
-    }
+    s.crashes = report
+        .events
+        .iter()
+        .filter(|e| matches!(e, AppEvent::Exit { code, .. } if *code != 0))
+        .fold(0, |n, _| n + 1);
     let calls = report.all_calls();
     s.refused = calls.errors(CallError::ConnectionRefused);
     s.other_failures = calls.failed - s.refused;

@@ -37,8 +37,7 @@ use anyhow::{ensure, Context as _, Result};
 
 pub use crate::bench_opts::SimBenchOpts;
 
-use super::{load_average, percentile, start_agent};
-use crate::sim::pod_object::CState;
+use super::{boot_times, load_average, percentile, pod_start_us, side_by_side, Side};
 use crate::sim::process::children;
 use crate::sim::report::{now_us, AppEvent};
 use crate::sim::{AppReport, AppScript, CallError, NodeOptions, Phase, PodSpec, SimNode};
@@ -65,8 +64,8 @@ enum Variant {
     Holdfast,
 }
 
-impl Variant {
-    const ALL: [Variant; 3] = [Variant::Native, Variant::Serial, Variant::Holdfast];
+impl Side for Variant {
+    const HOLDFAST: Variant = Variant::Holdfast;
 
     fn label(self) -> &'static str {
         match self {
@@ -83,6 +82,10 @@ impl Variant {
             Variant::Holdfast => "lfh",
         }
     }
+}
+
+impl Variant {
+    const ALL: [Variant; 3] = [Variant::Native, Variant::Serial, Variant::Holdfast];
 
     /// Envoy kills per pod: a native sidecar's first exit is restarted at once, its second
     /// after the back-off; a classic proxy's first waits the back-off already.
@@ -198,25 +201,12 @@ fn run_round(
         ..NodeOptions::default()
     };
     let names: Vec<String> = (0..opts.pods).map(|i| format!("p{i}")).collect();
-    let mut nodes = Vec::new();
-    for v in Variant::ALL {
-        let mut node = SimNode::with_options(v.node_name(), node_opts.clone())
-            .with_context(|| format!("building the {} node", v.label()))?;
-        for name in &names {
-            node.add_pod(v.spec(name, app_init, opts))?;
-        }
-        nodes.push((v, node));
-    }
-    let agent = {
-        let (_, node) = nodes
+    let (nodes, agent) = side_by_side(&Variant::ALL, &node_opts, |v| {
+        names
             .iter()
-            .find(|(v, _)| *v == Variant::Holdfast)
-            .context("no holdfast node")?;
-        start_agent(node)?
-    };
-    for (_, node) in &mut nodes {
-        node.start_pods()?;
-    }
+            .map(|name| v.spec(name, app_init, opts))
+            .collect()
+    })?;
     let budget = opts.xds_delay + app_init + Duration::from_secs(60);
 
     // Start: Envoy LIVE and pod Ready watched for every pod, then its first call.
@@ -330,11 +320,11 @@ fn start_sample(node: &SimNode, name: &str, budget: Duration) -> Result<PodSampl
     let view = node
         .pod(name)
         .with_context(|| format!("pod {name} vanished"))?;
-    let mut s = PodSample {
-        pod_start_us: view.init.as_ref().and_then(|c| match &c.state {
-            CState::Terminated(t) => u64::try_from(t.finished_at.as_microsecond()).ok(),
-            _ => None,
-        }),
+    let (app_start_us, first_ok_us) = boot_times(&report);
+    Ok(PodSample {
+        pod_start_us: pod_start_us(&view),
+        app_start_us,
+        first_ok_us,
         live_us,
         serving_us,
         ready_us: Some(ready_us),
@@ -342,25 +332,7 @@ fn start_sample(node: &SimNode, name: &str, budget: Duration) -> Result<PodSampl
             .calls(Phase::Startup)
             .errors(CallError::ConnectionRefused),
         ..PodSample::default()
-    };
-    for e in &report.events {
-        match e {
-            AppEvent::Start { at_ms, at_us, .. } => {
-                s.app_start_us = s.app_start_us.or(Some(at_us.unwrap_or(at_ms * 1000)));
-            }
-            AppEvent::Call {
-                at_ms,
-                at_us,
-                phase: Phase::Startup,
-                ok: true,
-                ..
-            } => {
-                s.first_ok_us = s.first_ok_us.or(Some(at_us.unwrap_or(at_ms * 1000)));
-            }
-            _ => {}
-        }
-    }
-    Ok(s)
+    })
 }
 
 /// When Envoy first said LIVE, and when its holdfast filter first said loaded after that
