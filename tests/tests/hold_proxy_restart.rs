@@ -8,7 +8,6 @@ use std::time::{Duration, SystemTime};
 
 use holdfast::report::board::{HoldOutcome, Phase as AgentPhase};
 use holdfast_tests::agent::AgentProcess;
-use holdfast_tests::sim::process::children;
 use holdfast_tests::sim::{privileged, AppScript, CallError, NodeOptions, Phase, PodSpec, SimNode};
 
 /// The kubelet's first restart back-off, shortened from 10 s.
@@ -63,20 +62,10 @@ fn kill_envoy_while_calling(
             })
             .expect("the agent follows the ready pod");
     }
-    let view = node.pod("oom").expect("pod view");
-    let proxy = view.proxy().expect("proxy container");
-    let pilot = proxy.pid.expect("pilot-agent runs");
-    let envoy = *children(pilot)
-        .first()
-        .expect("Envoy runs under pilot-agent");
     let before = node.report("oom").expect("report").calls(Phase::Running);
 
     let killed_at = SystemTime::now();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(envoy as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .expect("kill Envoy");
+    node.kill_envoy("oom").expect("kill Envoy");
     node.wait_for("oom", Duration::from_secs(20), "proxy restarted", |p| {
         p.proxy()
             .is_some_and(|c| c.restart_count >= 1 && c.is_running())

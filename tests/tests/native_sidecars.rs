@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 use holdfast::api::{DrainOutcome, HoldOutcome, PodStatus, SidecarMode};
 use holdfast_tests::agent::AgentProcess;
 use holdfast_tests::sim::pod_object::{CState, ContainerView, Terminated};
-use holdfast_tests::sim::process::children;
 use holdfast_tests::sim::report::now_us;
 use holdfast_tests::sim::{
     privileged, AppScript, CallError, NodeOptions, Phase, PodPhase, PodSpec, PodView, SimNode,
@@ -452,15 +451,9 @@ fn kill_native_envoy(test: &str, with_agent: bool, crashes: usize) -> Vec<Crash>
                 .expect("the agent follows the running native pod");
         }
         let restarts = view.proxy().expect("proxy").restart_count;
-        let pilot = view.proxy().and_then(|c| c.pid).expect("pilot-agent runs");
-        let envoy = *children(pilot).first().expect("Envoy under pilot-agent");
         let before = node.report("oom").expect("report").calls(Phase::Running);
         let killed_at = std::time::SystemTime::now();
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(envoy as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .expect("kill Envoy");
+        node.kill_envoy("oom").expect("kill Envoy");
         // Every state the pod showed until the restarted proxy is ready (a waiter may miss a
         // short one, not the seconds until the new Envoy passes its startup probe).
         let not_ready_seen = std::cell::Cell::new(false);
@@ -638,13 +631,7 @@ fn kill_envoy_during_termination(test: &str, with_agent: bool) -> Lost {
     .expect("the app calls out after SIGTERM");
     let view = node.pod("term").expect("pod");
     let restarts = view.proxy().expect("proxy").restart_count;
-    let pilot = view.proxy().and_then(|c| c.pid).expect("pilot-agent runs");
-    let envoy = *children(pilot).first().expect("Envoy under pilot-agent");
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(envoy as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .expect("kill Envoy");
+    node.kill_envoy("term").expect("kill Envoy");
     let gone = node
         .wait_gone("term", Duration::from_secs(30))
         .expect("the pod goes");

@@ -11,7 +11,6 @@ use std::time::{Duration, SystemTime};
 
 use holdfast::api::{DrainOutcome, HoldOutcome, PodStatus, SidecarMode, StepKind};
 use holdfast_tests::agent::{holdfast_binary, AgentProcess};
-use holdfast_tests::sim::process::children;
 use holdfast_tests::sim::{privileged, AppScript, NodeOptions, Phase, PodSpec, SimNode};
 
 fn node(test: &str) -> SimNode {
@@ -286,16 +285,7 @@ fn timeline_of_a_native_pod_that_loses_its_sidecar() {
         r.calls(Phase::AfterSigterm).ok >= 5
     })
     .expect("the app calls out after SIGTERM");
-    let pilot = node
-        .pod("term")
-        .and_then(|v| v.proxy().and_then(|c| c.pid))
-        .expect("pilot-agent runs");
-    let envoy = *children(pilot).first().expect("Envoy under pilot-agent");
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(envoy as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .expect("kill Envoy");
+    node.kill_envoy("term").expect("kill Envoy");
     node.wait_gone("term", Duration::from_secs(30))
         .expect("the pod goes");
     let row = agent

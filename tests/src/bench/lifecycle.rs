@@ -38,7 +38,6 @@ use anyhow::{ensure, Context as _, Result};
 pub use crate::bench_opts::SimBenchOpts;
 
 use super::{boot_times, load_average, percentile, pod_start_us, side_by_side, Side};
-use crate::sim::process::children;
 use crate::sim::report::{now_us, AppEvent};
 use crate::sim::{AppReport, AppScript, CallError, NodeOptions, Phase, PodSpec, SimNode};
 
@@ -408,17 +407,9 @@ fn crash_pod(node: &SimNode, name: &str, kills: usize, wait: Duration) -> Result
         })?;
         let proxy = view.proxy().context("no proxy")?;
         let restarts = proxy.restart_count;
-        let pilot = proxy.pid.context("pilot-agent does not run")?;
-        let envoy = *children(pilot)
-            .first()
-            .context("no Envoy under pilot-agent")?;
         let before = node.report(name)?.calls(Phase::Running);
         let killed_us = now_us();
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(envoy as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .context("kill Envoy")?;
+        node.kill_envoy(name)?;
         node.wait_for(name, wait, "proxy restarted and ready", |p| {
             p.proxy()
                 .is_some_and(|c| c.restart_count > restarts && c.is_ready())

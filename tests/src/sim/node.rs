@@ -632,6 +632,28 @@ impl SimNode {
         })
     }
 
+    /// The Envoy of `pod`: the child of its pilot-agent (the proxy container's main process),
+    /// if it runs.
+    pub fn envoy_pid(&self, pod: &str) -> Option<u32> {
+        let pilot = self.pod(pod)?.proxy()?.pid?;
+        crate::sim::process::children(pilot).first().copied()
+    }
+
+    /// SIGKILLs the Envoy of `pod`, as an OOM kill or a crash would end it: pilot-agent exits
+    /// with it, and the kubelet stand-in restarts the proxy container (or not, as the kubelet
+    /// would). Returns the pid it killed.
+    pub fn kill_envoy(&self, pod: &str) -> Result<u32, SimError> {
+        let pid = self.envoy_pid(pod).ok_or_else(|| {
+            SimError::Setup(format!("pod {pod}: no Envoy runs under its pilot-agent"))
+        })?;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .map_err(|e| SimError::Setup(format!("pod {pod}: kill Envoy {pid}: {e}")))?;
+        Ok(pid)
+    }
+
     /// Waits until the pod has been removed (deleted and every process gone).
     pub fn wait_gone(&self, name: &str, timeout: Duration) -> Result<PodView, SimError> {
         self.wait_for(name, timeout, "removed", |p| p.gone)

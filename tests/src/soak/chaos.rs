@@ -14,7 +14,7 @@ use nix::sys::signal::Signal;
 
 use super::plan::AgentEnd;
 use crate::agent::AgentProcess;
-use crate::sim::process::{children, signal};
+use crate::sim::process::signal;
 use crate::sim::report::now_us;
 use crate::sim::SimNode;
 
@@ -168,15 +168,9 @@ fn supervise(
     agent
 }
 
-/// The Envoy of `pod` (the child of its pilot-agent), if it runs.
-pub fn envoy_pid(node: &SimNode, pod: &str) -> Option<u32> {
-    let pilot = node.pod(pod)?.proxy()?.pid?;
-    children(pilot).first().copied()
-}
-
 /// Sends `sig` to the Envoy of `pod`; returns its pid when there was one.
 pub fn signal_envoy(node: &SimNode, pod: &str, sig: Signal) -> Option<u32> {
-    let pid = envoy_pid(node, pod)?;
+    let pid = node.envoy_pid(pod)?;
     signal(pid, sig);
     Some(pid)
 }
