@@ -49,6 +49,20 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason (the reference's table is checked against it).
+    pub const ALL: [Reason; 10] = [
+        Reason::HoldReleased,
+        Reason::HoldDeadline,
+        Reason::DrainCompleted,
+        Reason::DrainDeadline,
+        Reason::ProxyExitedBeforeApp,
+        Reason::JobProxyStopped,
+        Reason::JobProxyNotStopped,
+        Reason::FailedOpen,
+        Reason::DrainNotStarted,
+        Reason::SidecarLostDuringTermination,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::HoldReleased => "HoldReleased",
@@ -64,7 +78,7 @@ impl Reason {
         }
     }
 
-    fn is_warning(self) -> bool {
+    pub fn is_warning(self) -> bool {
         matches!(
             self,
             Reason::HoldDeadline
@@ -78,7 +92,7 @@ impl Reason {
     }
 
     /// The `action` field: what holdfast did.
-    fn action(self) -> &'static str {
+    pub fn action(self) -> &'static str {
         match self {
             Reason::HoldReleased | Reason::HoldDeadline => "ReleaseHold",
             Reason::DrainCompleted
@@ -296,6 +310,24 @@ mod tests {
         // The repeated HoldDeadline was not posted.
         let extra = tokio::time::timeout(Duration::from_millis(300), handle.next_request()).await;
         assert!(extra.is_err(), "a rate-limited event was posted");
+    }
+
+    /// docs/reference.md's Events table has a row per reason with its type and `action`.
+    #[test]
+    fn the_reference_names_each_reasons_type_and_action() {
+        let doc = include_str!("../../../docs/reference.md");
+        for r in Reason::ALL {
+            let row = doc
+                .lines()
+                .find(|l| l.starts_with(&format!("| `{}` |", r.as_str())))
+                .unwrap_or_else(|| panic!("docs/reference.md has no Events row for {r:?}"));
+            let ty = if r.is_warning() { "Warning" } else { "Normal" };
+            assert!(
+                row.contains(&format!("| {ty} | `{}` |", r.action())),
+                "{r:?}: the row should say `| {ty} | `{}` |`: {row}",
+                r.action()
+            );
+        }
     }
 
     #[test]
