@@ -14,7 +14,7 @@ use std::ffi::CString;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use holdfast::effects::netns::NetnsId;
 use holdfast::effects::procfs::pod_procs::{NetnsLookup, PodProcs};
@@ -164,6 +164,26 @@ fn unshare() -> PathBuf {
         .expect("unshare (util-linux)")
 }
 
+/// Waits until `pid` runs `comm` (unshare or nsenter has exec'd it) and, with `own_netns`, is in
+/// a network namespace other than this test's (unshare -n made it): the signals that the
+/// process is set up, instead of a sleep that a loaded machine outlasts.
+fn exec_done(pid: i32, comm: &str, own_netns: bool) {
+    let ours = std::fs::read_link("/proc/self/ns/net").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let ns = std::fs::read_link(format!("/proc/{pid}/ns/net")).ok();
+        if name.trim_end() == comm && (!own_netns || ns.is_some_and(|n| n != ours)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pid {pid} did not exec {comm} within 10 s (comm {name:?})"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 #[test]
 fn a_pid_given_to_another_pod_never_leads_to_its_namespace() {
     if !privileged() {
@@ -188,7 +208,7 @@ fn a_pid_given_to_another_pod_never_leads_to_its_namespace() {
     let a1_pid = a1.id() as i32;
     move_into(&a1_dir, a1.id());
     scene.children.push(a1);
-    std::thread::sleep(Duration::from_millis(100)); // unshare has exec'd sleep
+    exec_done(a1_pid, "sleep", true);
     let a2 = Command::new("nsenter")
         .arg(format!("--net=/proc/{a1_pid}/ns/net"))
         .args(["sleep", "600"])
@@ -197,7 +217,7 @@ fn a_pid_given_to_another_pod_never_leads_to_its_namespace() {
     let a2_pid = a2.id() as i32;
     move_into(&a2_dir, a2.id());
     scene.children.push(a2);
-    std::thread::sleep(Duration::from_millis(100));
+    exec_done(a2_pid, "sleep", true);
     let ns_a = netns_of(a1_pid);
     assert_eq!(netns_of(a2_pid), ns_a);
     assert!(a1_pid < a2_pid, "pids in order (no wrap during the test)");
@@ -221,7 +241,7 @@ fn a_pid_given_to_another_pod_never_leads_to_its_namespace() {
     .expect("clone3 with set_tid (Linux 5.5+, CAP_SYS_ADMIN)");
     scene.pids.push(b_pid);
     assert_eq!(b_pid, a1_pid, "pod B's process has pod A's old pid");
-    std::thread::sleep(Duration::from_millis(100));
+    exec_done(b_pid, "sleep", true);
     let ns_b = netns_of(b_pid);
     assert_ne!(ns_b, ns_a);
 

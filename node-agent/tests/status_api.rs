@@ -490,24 +490,32 @@ fn liveness_is_answered_beside_seventy_busy_clients() {
         }
         ok
     };
-    for (what, targets) in [
+    // Each load names how many of its clients must have been answered at least once (proof the
+    // listener's slots were really taken: a per-peer or a whole-listener limit full), and for the
+    // metrics listener a control: the same kubelet-style probe sent to the busy listener itself
+    // fails, so the load would have starved a shared listener (the state before the split).
+    use holdfast::report::server::{MAX_CONNECTIONS, PER_PEER_CONNECTIONS};
+    let from = |n: u8| std::net::Ipv4Addr::new(127, 0, 0, n);
+    for (what, targets, min_served_clients, control) in [
         (
             "70 clients of /metrics from 127.0.0.2",
-            (0..70)
-                .map(|_| (metrics, std::net::Ipv4Addr::new(127, 0, 0, 2)))
-                .collect::<Vec<_>>(),
+            (0..70).map(|_| (metrics, from(2))).collect::<Vec<_>>(),
+            PER_PEER_CONNECTIONS,
+            None,
         ),
         (
             "70 clients of /metrics from 70 addresses",
             (0..70)
                 .map(|i| (metrics, std::net::Ipv4Addr::new(127, 0, 1, i + 1)))
                 .collect(),
+            MAX_CONNECTIONS,
+            Some(metrics),
         ),
         (
             "70 clients of the health listener from 127.0.0.3",
-            (0..70)
-                .map(|_| (health, std::net::Ipv4Addr::new(127, 0, 0, 3)))
-                .collect(),
+            (0..70).map(|_| (health, from(3))).collect(),
+            PER_PEER_CONNECTIONS,
+            None,
         ),
     ] {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -516,13 +524,44 @@ fn liveness_is_answered_beside_seventy_busy_clients() {
             .map(|(t, src)| slot_holder(t, src, Duration::from_secs(4), stop.clone()))
             .collect();
         std::thread::sleep(Duration::from_millis(500));
+        // The control probes the busy listener at the same time, from its own address.
+        let control = control.map(|busy| {
+            std::thread::spawn(move || {
+                let mut ok = 0;
+                for _ in 0..10 {
+                    let t = Instant::now();
+                    if get(busy, "/healthz").is_ok() {
+                        ok += 1;
+                    }
+                    std::thread::sleep(Duration::from_secs(1).saturating_sub(t.elapsed()));
+                }
+                ok
+            })
+        });
         let answered = probe(10);
+        let control = control.map(|c| c.join().unwrap_or(10));
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let served: u32 = holders.into_iter().map(|h| h.join().unwrap_or(0)).sum();
+        let served: Vec<u32> = holders.into_iter().map(|h| h.join().unwrap_or(0)).collect();
+        let served_clients = served.iter().filter(|&&n| n > 0).count();
+        let requests: u32 = served.iter().sum();
         println!(
-            "{what}: liveness answered {answered} of 10; the clients' requests answered: {served}"
+            "{what}: liveness answered {answered} of 10; clients answered at least once: \
+             {served_clients}, their requests answered: {requests}; control (a probe of the busy \
+             listener): {control:?} of 10"
         );
         assert!(answered >= 9, "{what}: liveness answered {answered} of 10");
+        assert!(
+            served_clients >= min_served_clients,
+            "{what}: only {served_clients} clients were ever answered (at least \
+             {min_served_clients} must hold a slot, or the load proves nothing)"
+        );
+        if let Some(control) = control {
+            assert!(
+                control <= 2,
+                "{what}: the busy listener itself answered {control} of 10 probes: the load did \
+                 not take its slots, so the liveness figure proves nothing"
+            );
+        }
     }
     // The same 70 clients against a baseline build with one listener for everything (the
     // figure before this change, for docs/benchmarks.md): HOLDFAST_BASELINE_BIN=path.
