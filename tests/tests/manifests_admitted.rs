@@ -537,3 +537,62 @@ fn without_the_opt_in_a_baseline_cluster_refuses_the_agent() {
         assert!(text.contains(needed), "{needed}: {text}");
     }
 }
+
+/// GKE limits the critical priority classes by default (its quota admission configuration,
+/// holdfast_tests::resource_quota): the agent's DaemonSet pod, `system-node-critical` in
+/// holdfast-system, is admitted there because the install ships a ResourceQuota matching that
+/// class, as istio-cni does — and refused with GKE's message without it (0 agent pods, issue
+/// 30), so the check is not vacuous. The pod counts against the quota: a node count past its
+/// `pods` is refused too.
+#[test]
+fn the_agent_is_admitted_where_gke_limits_its_priority_class() {
+    use holdfast_tests::resource_quota::{admit_pod, gke_limited_resources, synced, Refused};
+    use k8s_openapi::api::core::v1::ResourceQuota;
+    let gke = gke_limited_resources();
+    for dir in INSTALLS {
+        let objects = render(dir);
+        let ds = objects
+            .iter()
+            .find(|o| o.kind() == "DaemonSet")
+            .expect("the agent's DaemonSet");
+        let ns = ds.namespace().expect("a namespaced DaemonSet");
+        let (_, spec) = pod_template(&ds.value).expect("a pod template");
+        assert_eq!(
+            spec.priority_class_name.as_deref(),
+            Some("system-node-critical")
+        );
+        let quotas: Vec<ResourceQuota> = objects
+            .iter()
+            .filter(|o| o.kind() == "ResourceQuota" && o.namespace() == Some(ns))
+            .map(|o| serde_json::from_value(o.value.clone()).expect("a ResourceQuota"))
+            .collect();
+        assert_eq!(quotas.len(), 1, "manifests/{dir}: one quota in {ns}");
+        let hard: i64 = quotas[0].spec.as_ref().unwrap().hard.as_ref().unwrap()["pods"]
+            .0
+            .parse()
+            .expect("a plain pod count");
+        // The first agent, and one on a node of a 4500-node cluster during a rolling update.
+        for used in [0, 4500] {
+            let synced_quotas: Vec<_> = quotas.iter().cloned().map(|q| synced(q, used)).collect();
+            assert_eq!(
+                admit_pod(&gke, &synced_quotas, &spec),
+                Ok(()),
+                "manifests/{dir}: agent pod {used} in {ns}"
+            );
+        }
+        let full: Vec<_> = quotas.iter().cloned().map(|q| synced(q, hard)).collect();
+        assert!(
+            matches!(admit_pod(&gke, &full, &spec), Err(Refused(m)) if m.starts_with("exceeded quota: holdfast-critical-pods")),
+            "past its pod count the quota refuses"
+        );
+        assert_eq!(
+            admit_pod(&gke, &[], &spec),
+            Err(Refused(
+                "insufficient quota to match these scopes: [{PriorityClass In \
+                 [system-node-critical system-cluster-critical]}]"
+                    .into()
+            )),
+            "without the quota GKE refuses the agent"
+        );
+    }
+}

@@ -34,6 +34,7 @@ K8S_KINDS = {
     # apiVersion/kind: kubernetes-validate's file name
     "v1/Namespace": "namespace-v1.json",
     "v1/ServiceAccount": "serviceaccount-v1.json",
+    "v1/ResourceQuota": "resourcequota-v1.json",
     "rbac.authorization.k8s.io/v1/ClusterRole": "clusterrole-rbac-v1.json",
     "rbac.authorization.k8s.io/v1/ClusterRoleBinding": "clusterrolebinding-rbac-v1.json",
     "rbac.authorization.k8s.io/v1/Role": "role-rbac-v1.json",
