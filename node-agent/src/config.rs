@@ -190,8 +190,8 @@ pub fn check_status_listen(addr: SocketAddr) -> Result<(), String> {
         Err(format!(
             "--status-listen {addr} is not a loopback address: /status and /config answer only \
              inside the agent's pod (127.0.0.1:15300; reached with `kubectl port-forward`); serve \
-             the kubelet's probes with --health-listen 0.0.0.0:15301 and Prometheus with \
-             --metrics-listen 0.0.0.0:15302"
+             the kubelet's probes with --health-listen [::]:15301 and Prometheus with \
+             --metrics-listen [::]:15302"
         ))
     }
 }

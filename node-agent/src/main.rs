@@ -107,12 +107,12 @@ struct AgentArgs {
 
     /// Also serve the kubelet's probes (/healthz, /readyz, nothing else) here, on a listener of
     /// their own that no other client can exhaust (one request per connection, a per-peer
-    /// limit). The DaemonSet uses 0.0.0.0:15301.
+    /// limit). The DaemonSet uses [::]:15301 (bound dual-stack).
     #[arg(long, env = "HOLDFAST_HEALTH_LISTEN", value_name = "ADDR")]
     health_listen: Option<SocketAddr>,
 
     /// Also serve /metrics (nothing else) here, for Prometheus outside the agent's pod, with a
-    /// per-peer connection limit. The DaemonSet uses 0.0.0.0:15302.
+    /// per-peer connection limit. The DaemonSet uses [::]:15302 (bound dual-stack).
     #[arg(long, env = "HOLDFAST_METRICS_LISTEN", value_name = "ADDR")]
     metrics_listen: Option<SocketAddr>,
 

@@ -84,9 +84,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
 
     crate::config::check_status_listen(config.status_listen).map_err(Error::StatusNotLocal)?;
     let bind = |role: Role, addr: std::net::SocketAddr| async move {
-        let l = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|source| Error::StatusListen {
+        let l =
+            crate::report::server::bind_listener(addr).map_err(|source| Error::StatusListen {
                 what: role.as_str(),
                 addr,
                 source,
