@@ -136,6 +136,16 @@ struct AgentArgs {
     #[arg(long, default_value_t = 15006, value_name = "PORT")]
     inbound_port: u16,
 
+    /// RuntimeClass names of sandboxed runtimes (gVisor, Kata) whose pods are left alone, with
+    /// the reason on their row; comma-separated, a trailing `*` matches any rest.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "gvisor,runsc,kata*",
+        value_name = "NAMES"
+    )]
+    sandboxed_runtime_classes: Vec<String>,
+
     /// Release a hold after this long even if the proxy never becomes ready (fail open).
     /// Per pod: annotation holdfast.io/hold-timeout.
     #[arg(long, default_value = "120s", value_parser = parse_duration, value_name = "DURATION")]
@@ -221,6 +231,7 @@ impl AgentArgs {
                 admin: self.admin_addr,
                 outbound_port: self.outbound_port,
                 inbound_port: self.inbound_port,
+                sandboxed_runtime_classes: self.sandboxed_runtime_classes,
             },
             hold: HoldSettings {
                 timeout: self.hold_timeout,
