@@ -1418,15 +1418,24 @@ fn mesh_config_keeps_envoy_for_the_whole_grace_period() {
             DEFAULT_POD_GRACE_SECONDS,
             "{what}: drain as long as the default grace period"
         );
-        let prefixes: Vec<&str> = at(dc, &["proxyStatsMatcher", "inclusionPrefixes"])
-            .and_then(Value::as_array)
-            .map(|s| s.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
+        // The filter's stats need no inclusion prefix: Istio keeps every `wasm*` stat
+        // (istio/istio pkg/bootstrap/config.go, master at 86c9f01:
+        // requiredEnvoyStatsMatcherInclusionPrefixes = "cluster_manager,listener_manager,
+        // server,cluster.xds-grpc,wasm", always prepended to the mesh's list), and a list of
+        // ours would replace the user's own (lists are never merged).
+        const ISTIO_REQUIRED_PREFIXES: [&str; 5] = [
+            "cluster_manager",
+            "listener_manager",
+            "server",
+            "cluster.xds-grpc",
+            "wasm",
+        ];
+        assert!(ISTIO_REQUIRED_PREFIXES
+            .iter()
+            .any(|p| "wasmcustom.holdfast.inbound.cx_active".starts_with(p)));
         assert!(
-            prefixes
-                .iter()
-                .any(|p| "wasmcustom.holdfast.inbound.cx_active".starts_with(p)),
-            "{what}: the filter's stats are kept: {prefixes:?}"
+            at(dc, &["proxyStatsMatcher", "inclusionPrefixes"]).is_none(),
+            "{what}: no inclusionPrefixes (a no-op that would replace the user's list)"
         );
         // Envoy's byte counters, which the drain's idle test reads, every one the agent's own
         // parser counts (Istio's default matcher keeps none: pkg/bootstrap/config.go).
@@ -1568,4 +1577,28 @@ fn envoyfilter_wasm_config_loads_in_real_envoy() {
         !text.contains("failed to load"),
         "the filter did not load:\n{text}"
     );
+}
+
+/// The EnvoyFilter's download cluster does not re-resolve its host every 5 s in every sidecar
+/// (Envoy's default dns_refresh_rate for STRICT_DNS and LOGICAL_DNS): once an hour, the host's
+/// TTL not trusted with the fleet's rate, a failed lookup retried with back-off.
+#[test]
+fn the_filter_download_cluster_resolves_dns_hourly() {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/envoyfilter/envoyfilter.yaml"),
+    )
+    .expect("envoyfilter.yaml");
+    let doc: Value = serde_saphyr::from_str(&text).expect("YAML");
+    let cluster = doc["spec"]["configPatches"]
+        .as_array()
+        .expect("configPatches")
+        .iter()
+        .find(|p| p["applyTo"] == "CLUSTER")
+        .map(|p| &p["patch"]["value"])
+        .expect("the download cluster");
+    assert_eq!(cluster["type"], "STRICT_DNS");
+    assert_eq!(cluster["dns_refresh_rate"], "3600s");
+    assert_eq!(cluster["respect_dns_ttl"], false);
+    assert_eq!(cluster["dns_failure_refresh_rate"]["base_interval"], "5s");
+    assert_eq!(cluster["dns_failure_refresh_rate"]["max_interval"], "300s");
 }
