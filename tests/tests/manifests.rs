@@ -168,11 +168,12 @@ fn every_manifest_is_in_a_kustomization_and_every_listed_file_exists() {
     let all = yaml_files(&manifests()).expect("listing manifests/");
     let default = rendered("");
     let envoyfilter = rendered("envoyfilter");
+    let trafficextension = rendered("trafficextension");
     // The optional monitoring component, rendered on its own (as `kustomize build` renders a
     // component directory; tests/tests/manifests_admitted.rs renders it with the install).
     let monitoring = rendered("monitoring");
     let mut covered: BTreeSet<PathBuf> = BTreeSet::new();
-    for r in [&default, &envoyfilter, &monitoring] {
+    for r in [&default, &envoyfilter, &trafficextension, &monitoring] {
         covered.extend(r.files.iter().cloned());
         covered.extend(r.kustomizations.iter().cloned());
     }
@@ -214,7 +215,15 @@ fn every_manifest_is_in_a_kustomization_and_every_listed_file_exists() {
         e.contains(&"EnvoyFilter".into()) && !e.contains(&"WasmPlugin".into()),
         "{e:?}"
     );
-    // Both carry the whole agent.
+    let t = kinds("trafficextension");
+    assert!(
+        t.iter().filter(|k| *k == "TrafficExtension").count() == 2
+            && !t.contains(&"WasmPlugin".into())
+            && !t.contains(&"EnvoyFilter".into()),
+        "{t:?}"
+    );
+    assert!(!d.contains(&"TrafficExtension".into()) && !e.contains(&"TrafficExtension".into()));
+    // Each carries the whole agent.
     for k in [
         "Namespace",
         "ServiceAccount",
@@ -225,6 +234,60 @@ fn every_manifest_is_in_a_kustomization_and_every_listed_file_exists() {
     ] {
         assert_eq!(d.iter().filter(|x| *x == k).count(), 1, "default: {k}");
         assert_eq!(e.iter().filter(|x| *x == k).count(), 1, "envoyfilter: {k}");
+        assert_eq!(
+            t.iter().filter(|x| *x == k).count(),
+            1,
+            "trafficextension: {k}"
+        );
+    }
+}
+
+/// The TrafficExtensions are the WasmPlugins as istiod 1.30 translates them (istio/istio 1.30.3
+/// pilot/pkg/config/kube/extensions/translate.go `translateWasmPlugin`: selector, phase,
+/// priority and match kept; url, sha256, imagePullPolicy, imagePullSecret, pluginConfig,
+/// pluginName, failStrategy, vmConfig and type moved under `wasm`): so they reach the same
+/// filter config, and what the WasmPlugins' tests prove holds for them.
+#[test]
+fn trafficextensions_are_the_wasmplugins_as_istio_translates_them() {
+    let plugins = objects("");
+    let exts = objects("trafficextension");
+    let by_name = |list: &[(PathBuf, Value)], kind: &str| -> BTreeMap<String, Value> {
+        list.iter()
+            .filter(|(_, v)| kind_of(v) == kind)
+            .map(|(_, v)| {
+                (
+                    v["metadata"]["name"].as_str().unwrap().to_string(),
+                    v.clone(),
+                )
+            })
+            .collect()
+    };
+    let (wps, tes) = (
+        by_name(&plugins, "WasmPlugin"),
+        by_name(&exts, "TrafficExtension"),
+    );
+    assert_eq!(
+        wps.keys().collect::<Vec<_>>(),
+        tes.keys().collect::<Vec<_>>()
+    );
+    for (name, wp) in &wps {
+        let mut want = serde_json::Map::new();
+        let mut wasm = serde_json::Map::new();
+        for (k, v) in wp["spec"].as_object().unwrap() {
+            match k.as_str() {
+                "selector" | "targetRefs" | "phase" | "priority" | "match" => {
+                    want.insert(k.clone(), v.clone());
+                }
+                "url" | "sha256" | "imagePullPolicy" | "imagePullSecret" | "pluginConfig"
+                | "pluginName" | "failStrategy" | "vmConfig" | "type" => {
+                    wasm.insert(k.clone(), v.clone());
+                }
+                other => panic!("{name}: WasmPlugin field {other} has no TrafficExtension place"),
+            }
+        }
+        want.insert("wasm".into(), Value::Object(wasm));
+        assert_eq!(tes[name]["spec"], Value::Object(want), "{name}");
+        assert_eq!(tes[name]["metadata"], wp["metadata"], "{name}");
     }
 }
 

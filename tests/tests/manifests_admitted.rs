@@ -26,7 +26,7 @@ fn manifests() -> PathBuf {
 }
 
 /// The installs `manifests/` offers: the default and the EnvoyFilter one.
-const INSTALLS: [&str; 2] = ["", "envoyfilter"];
+const INSTALLS: [&str; 3] = ["", "envoyfilter", "trafficextension"];
 
 fn render(dir: &str) -> Vec<Object> {
     kustomize::render(&manifests(), Path::new(dir))
@@ -595,4 +595,56 @@ fn the_agent_is_admitted_where_gke_limits_its_priority_class() {
             "without the quota GKE refuses the agent"
         );
     }
+}
+
+/// The TrafficExtension install against Istio 1.30.3's and master's CRDs: a bad one fails,
+/// naming the field or the CRD's rule; 1.24.6 has no TrafficExtension at all (use the
+/// WasmPlugins there).
+#[test]
+fn bad_trafficextensions_fail_naming_the_field() {
+    let sets = corpus();
+    let te = render("trafficextension")
+        .into_iter()
+        .find(|o| o.kind() == "TrafficExtension")
+        .expect("a TrafficExtension")
+        .value;
+    let with_it: Vec<&str> = sets
+        .iter()
+        .filter(|s| s.has("extensions.istio.io/v1alpha1", "TrafficExtension"))
+        .map(|s| s.name.as_str())
+        .collect();
+    assert_eq!(
+        with_it,
+        ["istio-1.30.3.json", "istio-master-86c9f01.json"],
+        "the CRD exists from 1.30"
+    );
+    assert!(violations(&sets, &te).is_empty());
+    fails(
+        &sets,
+        &te,
+        "url at the WasmPlugin's place",
+        |v| v["spec"]["url"] = json!("oci://x/y"),
+        &["unknown field \"spec.url\""],
+    );
+    fails(
+        &sets,
+        &te,
+        "wasm and lua",
+        |v| v["spec"]["lua"] = json!({"inlineCode": "function envoy_on_request(h) end"}),
+        &["exactly one of wasm or lua must be set"],
+    );
+    fails(
+        &sets,
+        &te,
+        "a bad url scheme",
+        |v| v["spec"]["wasm"]["url"] = json!("ftp://x/y"),
+        &["url must have schema one of"],
+    );
+    fails(
+        &sets,
+        &te,
+        "a bad type",
+        |v| v["spec"]["wasm"]["type"] = json!("L4"),
+        &["spec.wasm.type"],
+    );
 }
