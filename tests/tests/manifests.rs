@@ -337,10 +337,21 @@ fn daemonset_pod_shares_host_pids_not_host_network() {
         spec.priority_class_name.as_deref(),
         Some("system-node-critical")
     );
-    // Linux nodes only (the image is linux/amd64), as istio-cni's DaemonSet.
+    // Linux nodes only, as istio-cni's DaemonSet, of the one architecture the image is built
+    // for: an image without an index is pulled onto any node, and an arm64 node would
+    // crash-loop the agent (`exec format error`).
     assert_eq!(
         spec.node_selector,
-        Some([("kubernetes.io/os".to_string(), "linux".to_string())].into())
+        Some(
+            [
+                ("kubernetes.io/os".to_string(), "linux".to_string()),
+                (
+                    "kubernetes.io/arch".to_string(),
+                    holdfast_image::agent::AGENT_ARCHITECTURE.to_string()
+                ),
+            ]
+            .into()
+        )
     );
     let grace = spec
         .termination_grace_period_seconds
