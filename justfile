@@ -57,8 +57,9 @@ test: setup filter
 test-envoy-istio: setup filter
     just _envoy-istio
 
-envoy_istio := "1.36.4 1.37.0 1.38.2 1.39.3"
-envoy_istio_newest := "1.39.3"
+# The versions scripts/setup.sh pins and installs (ENVOY_ISTIO), oldest first: one list.
+envoy_istio := `sed -n 's/^ENVOY_ISTIO="\(.*\)"$/\1/p' scripts/setup.sh`
+envoy_istio_newest := `sed -n 's/^ENVOY_ISTIO="\(.*\)"$/\1/p' scripts/setup.sh | awk '{print $NF}'`
 
 _envoy-istio:
     for v in {{ envoy_istio }}; do \
