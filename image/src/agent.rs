@@ -30,6 +30,10 @@ use crate::Error;
 
 /// Where the agent's binary sits in the image (the DaemonSet runs the image's entrypoint).
 pub const AGENT_PATH: &str = "usr/local/bin/holdfast";
+/// The one platform the agent image is built for (its config's `architecture`; the layout has
+/// no index). The DaemonSet selects nodes of this `kubernetes.io/arch` (tests/tests/manifests.rs).
+pub const AGENT_ARCHITECTURE: &str = "amd64";
+
 /// The library directory of Debian's amd64 multiarch layout.
 const LIB_DIR: &str = "usr/lib/x86_64-linux-gnu";
 /// The names the agent runs iptables by, all `xtables-nft-multi` (it dispatches on argv[0]).
@@ -393,7 +397,12 @@ pub fn build(inputs: &AgentInputs<'_>, out: &Path, tag: &str) -> Result<BuiltIma
             "io.holdfast.debian-packages": packages.join(" "),
         },
     });
-    let config = image_config("amd64", inputs.epoch, container, &[&l.runtime, &l.agent])?;
+    let config = image_config(
+        AGENT_ARCHITECTURE,
+        inputs.epoch,
+        container,
+        &[&l.runtime, &l.agent],
+    )?;
     let layout = OciLayout::create(out)?;
     layout.write_image(
         tag,

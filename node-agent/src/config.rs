@@ -127,6 +127,26 @@ pub struct ProxyConfig {
     pub outbound_port: u16,
     /// Envoy's inbound capture port.
     pub inbound_port: u16,
+    /// `runtimeClassName`s of sandboxed runtimes, whose pods are left alone (a trailing `*`
+    /// matches any rest): see [`DEFAULT_SANDBOXED_RUNTIME_CLASSES`].
+    pub sandboxed_runtime_classes: Vec<String>,
+}
+
+/// The RuntimeClass names the sandboxed runtimes are installed under: GKE Sandbox's `gvisor`
+/// (its docs: `runtimeClassName: gvisor`), gVisor's own docs' `gvisor` (handler `runsc`, which
+/// some installs name the class after), and Kata's `kata*`: kata-deploy's `kata`, `kata-qemu`,
+/// `kata-clh`, `kata-fc`, …, AKS Pod Sandboxing's `kata-vm-isolation` (formerly
+/// `kata-mshv-vm-isolation`). A sandboxed pod's processes run under another kernel (Kata's VM)
+/// or behind gVisor's Sentry, not in the node's /proc view and network namespace as the agent
+/// expects, so a hold would only run to its deadline.
+pub const DEFAULT_SANDBOXED_RUNTIME_CLASSES: [&str; 3] = ["gvisor", "runsc", "kata*"];
+
+/// Whether `class` is one of `patterns` (exact, or a prefix for an entry ending in `*`).
+pub fn runtime_class_matches(patterns: &[String], class: &str) -> bool {
+    patterns.iter().any(|p| match p.strip_suffix('*') {
+        Some(prefix) => class.starts_with(prefix),
+        None => p == class,
+    })
 }
 
 /// Startup hold settings.
@@ -157,6 +177,10 @@ impl Default for ProxyConfig {
             admin: SocketAddr::from(([127, 0, 0, 1], 15000)),
             outbound_port: 15001,
             inbound_port: 15006,
+            sandboxed_runtime_classes: DEFAULT_SANDBOXED_RUNTIME_CLASSES
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
         }
     }
 }
@@ -190,8 +214,8 @@ pub fn check_status_listen(addr: SocketAddr) -> Result<(), String> {
         Err(format!(
             "--status-listen {addr} is not a loopback address: /status and /config answer only \
              inside the agent's pod (127.0.0.1:15300; reached with `kubectl port-forward`); serve \
-             the kubelet's probes with --health-listen 0.0.0.0:15301 and Prometheus with \
-             --metrics-listen 0.0.0.0:15302"
+             the kubelet's probes with --health-listen [::]:15301 and Prometheus with \
+             --metrics-listen [::]:15302"
         ))
     }
 }

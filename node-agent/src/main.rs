@@ -107,12 +107,12 @@ struct AgentArgs {
 
     /// Also serve the kubelet's probes (/healthz, /readyz, nothing else) here, on a listener of
     /// their own that no other client can exhaust (one request per connection, a per-peer
-    /// limit). The DaemonSet uses 0.0.0.0:15301.
+    /// limit). The DaemonSet uses [::]:15301 (bound dual-stack).
     #[arg(long, env = "HOLDFAST_HEALTH_LISTEN", value_name = "ADDR")]
     health_listen: Option<SocketAddr>,
 
     /// Also serve /metrics (nothing else) here, for Prometheus outside the agent's pod, with a
-    /// per-peer connection limit. The DaemonSet uses 0.0.0.0:15302.
+    /// per-peer connection limit. The DaemonSet uses [::]:15302 (bound dual-stack).
     #[arg(long, env = "HOLDFAST_METRICS_LISTEN", value_name = "ADDR")]
     metrics_listen: Option<SocketAddr>,
 
@@ -135,6 +135,16 @@ struct AgentArgs {
     /// Envoy's inbound capture port (Istio: 15006).
     #[arg(long, default_value_t = 15006, value_name = "PORT")]
     inbound_port: u16,
+
+    /// RuntimeClass names of sandboxed runtimes (gVisor, Kata) whose pods are left alone, with
+    /// the reason on their row; comma-separated, a trailing `*` matches any rest.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "gvisor,runsc,kata*",
+        value_name = "NAMES"
+    )]
+    sandboxed_runtime_classes: Vec<String>,
 
     /// Release a hold after this long even if the proxy never becomes ready (fail open).
     /// Per pod: annotation holdfast.io/hold-timeout.
@@ -221,6 +231,7 @@ impl AgentArgs {
                 admin: self.admin_addr,
                 outbound_port: self.outbound_port,
                 inbound_port: self.inbound_port,
+                sandboxed_runtime_classes: self.sandboxed_runtime_classes,
             },
             hold: HoldSettings {
                 timeout: self.hold_timeout,

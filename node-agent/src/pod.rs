@@ -200,8 +200,7 @@ impl PodView {
                 .map(|(k, v)| (k.as_str(), v.as_str())),
             hold,
         );
-        let (proxy_container, mode) =
-            shape::check(pod, spec, &proxy.container, &overrides, &annotation)?;
+        let (proxy_container, mode) = shape::check(pod, spec, proxy, &overrides, &annotation)?;
         let istio_prestop_drain =
             mode == SidecarMode::Native && istio_prestop_drain(proxy_container);
 

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 use holdfast::effects::node_taint::{
-    remove_startup_taint, remove_startup_taint_retrying, Error, Removal, ATTEMPTS,
-    FIRST_RETRY_PAUSE, MAX_RETRY_PAUSE, RETRIES, STARTUP_TAINT_KEY,
+    remove_startup_taint, remove_startup_taint_retrying, Error, Removal, TaintMetrics, ATTEMPTS,
+    FIRST_RETRY_PAUSE, MAX_RETRY_PAUSE, OVERDUE_AFTER, STARTUP_TAINT_KEY,
 };
 use http_body_util::BodyExt;
 use hyper::{Method, Request, Response, StatusCode};
@@ -270,47 +270,78 @@ async fn endless_contention_is_bounded() -> Result<()> {
     Ok(())
 }
 
-/// The outer loop (the agent's, around each bounded removal): on paused time, a GET that the
-/// API server keeps refusing (403 while RBAC is still being applied) is tried exactly
-/// [`RETRIES`] times, paused 1, 2, 4, … s (at most 60 s) between tries, then given up; one that
-/// succeeds on its third try stops there.
+/// The outer loop (the agent's, around each bounded removal), on paused time, against an API
+/// stand-in that refuses every try (403, as while RBAC or the admission policy is still being
+/// applied) for 10 minutes — longer than the ~4 min (8 tries) after which the agent used to give
+/// up and leave the node closed — and then lets the patch through: the loop keeps trying, paused
+/// 1, 2, 4, … s then every 60 s, with the pending metric 1 and each refusal counted, and opens the
+/// node on the first try after the refusal ends. A node without the taint stops the loop too.
 #[tokio::test(start_paused = true)]
-async fn the_retry_loop_counts_its_tries_and_doubles_its_pause() -> Result<()> {
-    for succeed_on in [None, Some(3u32)] {
+async fn a_tainted_node_opens_after_a_refusal_longer_than_four_minutes() -> Result<()> {
+    const REFUSED_FOR: Duration = Duration::from_secs(10 * 60);
+    for tainted in [true, false] {
         let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let client = kube::Client::new(service, "default");
+        let metrics = TaintMetrics::default();
         let started = tokio::time::Instant::now();
+        let watched = metrics.clone();
         let server = tokio::spawn(async move {
-            let mut at = Vec::new();
+            let mut gets = Vec::new();
+            let mut patched = None;
             loop {
                 let Some((req, send)) = handle.next_request().await else {
-                    return Ok::<_, anyhow::Error>(at);
+                    return Ok::<_, anyhow::Error>((gets, patched));
                 };
-                at.push(started.elapsed());
-                let n = at.len() as u32;
+                let now = started.elapsed();
                 match req.method() {
-                    &Method::GET if Some(n) == succeed_on => {
+                    &Method::GET if now < REFUSED_FOR => {
+                        gets.push(now);
+                        assert_eq!(watched.pending.get(), 1, "pending while refused");
+                        respond(send, StatusCode::FORBIDDEN, status(403, "Forbidden"))?
+                    }
+                    &Method::GET => {
+                        gets.push(now);
+                        let mut taints = others();
+                        if tainted {
+                            taints.push(ours());
+                        }
+                        respond(send, StatusCode::OK, node(Some(taints)))?
+                    }
+                    &Method::PATCH => {
+                        patched = Some(now);
                         respond(send, StatusCode::OK, node(Some(others())))?
                     }
-                    &Method::GET => respond(send, StatusCode::FORBIDDEN, status(403, "Forbidden"))?,
                     m => bail!("unexpected {m}"),
                 }
             }
         });
-        let removal = remove_startup_taint_retrying(client, NODE).await;
-        let at = server.await??;
-        let tries = at.len() as u32;
-        match succeed_on {
-            None => {
-                assert_eq!(removal, Removal::GaveUp { tries: RETRIES });
-                assert_eq!(tries, RETRIES, "one GET per try");
-            }
-            Some(n) => {
-                assert_eq!(removal, Removal::NotThere, "the node had no startup taint");
-                assert_eq!(tries, n, "no try after the one that worked");
-            }
+        let removal = remove_startup_taint_retrying(client, NODE, &metrics).await;
+        let (gets, patched) = server.await??;
+        let tries = gets.len() as u32;
+        let refused = gets.iter().filter(|t| **t < REFUSED_FOR).count() as u64;
+        if tainted {
+            assert_eq!(removal, Removal::Removed { tries });
+            let patched = patched.context("the taint was never patched away")?;
+            assert!(patched >= REFUSED_FOR, "patched at {patched:?}");
+            assert!(
+                patched < REFUSED_FOR + MAX_RETRY_PAUSE + STEP,
+                "the node opens within one pause of the refusal's end: {patched:?}"
+            );
+        } else {
+            assert_eq!(removal, Removal::NotThere);
+            assert!(patched.is_none(), "a node without the taint is not written");
         }
-        let pauses: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(
+            REFUSED_FOR > OVERDUE_AFTER && tries > 8,
+            "kept trying past the old budget: {tries} tries"
+        );
+        assert_eq!(
+            metrics.pending.get(),
+            0,
+            "not pending once the node is free"
+        );
+        assert_eq!(metrics.failures.get(), refused, "every refusal counted");
+        let pauses: Vec<Duration> = gets.windows(2).map(|w| w[1] - w[0]).collect();
         let mut want = FIRST_RETRY_PAUSE;
         for (i, p) in pauses.iter().enumerate() {
             assert_eq!(*p, want, "pause {i} of {pauses:?}");

@@ -11,6 +11,7 @@ pub mod istio_wasm;
 pub mod kustomize;
 pub mod monitoring;
 pub mod pod_security;
+pub mod resource_quota;
 pub mod schema;
 pub mod sim;
 pub mod soak;

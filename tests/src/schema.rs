@@ -489,7 +489,7 @@ fn keys_and_values(v: &Value) -> impl Iterator<Item = (&String, &Value)> {
 
 /// The CEL rules of the corpus's CRDs, each ported by hand: (message, rule, port). The port
 /// returns whether the value satisfies the rule.
-pub const CEL_RULES: [(&str, &str, CelPort); 12] = [
+pub const CEL_RULES: [(&str, &str, CelPort); 15] = [
     (
         "only one of targetRefs or selector can be set",
         "(has(self.selector) ? 1 : 0) + (has(self.targetRef) ? 1 : 0) + (has(self.targetRefs) ? 1 : 0) <= 1",
@@ -567,6 +567,31 @@ pub const CEL_RULES: [(&str, &str, CelPort); 12] = [
                 _ => !waypoint,
             }
         },
+    ),
+    // TrafficExtension (Istio 1.30+): the same url rule with its schemes in another order,
+    // the selector/targetRefs rule without the deprecated singular targetRef, and its union.
+    (
+        "url must have schema one of [http, https, file, oci]",
+        "isURL(self) ? (url(self).getScheme() in [\"\", \"http\", \"https\", \"file\", \"oci\"]) : (isURL(\"http://\" + self) &&\nurl(\"http://\" + self).getScheme() in [\"\", \"http\", \"https\", \"file\", \"oci\"])",
+        |v| {
+            let s = v.as_str().unwrap_or_default();
+            match s.split_once("://") {
+                Some((scheme, rest)) => {
+                    ["http", "https", "oci", "file"].contains(&scheme) && !rest.is_empty()
+                }
+                None => !s.is_empty() && !s.contains(char::is_whitespace),
+            }
+        },
+    ),
+    (
+        "only one of targetRefs or selector can be set",
+        "(has(self.selector) ? 1 : 0) + (has(self.targetRefs) ? 1 : 0) <= 1",
+        |v| ["selector", "targetRefs"].iter().filter(|k| has(v, k)).count() <= 1,
+    ),
+    (
+        "exactly one of wasm or lua must be set",
+        "has(self.wasm) != has(self.lua)",
+        |v| has(v, "wasm") != has(v, "lua"),
     ),
     (
         "port must be between 1-65535",

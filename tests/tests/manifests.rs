@@ -168,11 +168,12 @@ fn every_manifest_is_in_a_kustomization_and_every_listed_file_exists() {
     let all = yaml_files(&manifests()).expect("listing manifests/");
     let default = rendered("");
     let envoyfilter = rendered("envoyfilter");
+    let trafficextension = rendered("trafficextension");
     // The optional monitoring component, rendered on its own (as `kustomize build` renders a
     // component directory; tests/tests/manifests_admitted.rs renders it with the install).
     let monitoring = rendered("monitoring");
     let mut covered: BTreeSet<PathBuf> = BTreeSet::new();
-    for r in [&default, &envoyfilter, &monitoring] {
+    for r in [&default, &envoyfilter, &trafficextension, &monitoring] {
         covered.extend(r.files.iter().cloned());
         covered.extend(r.kustomizations.iter().cloned());
     }
@@ -214,7 +215,15 @@ fn every_manifest_is_in_a_kustomization_and_every_listed_file_exists() {
         e.contains(&"EnvoyFilter".into()) && !e.contains(&"WasmPlugin".into()),
         "{e:?}"
     );
-    // Both carry the whole agent.
+    let t = kinds("trafficextension");
+    assert!(
+        t.iter().filter(|k| *k == "TrafficExtension").count() == 2
+            && !t.contains(&"WasmPlugin".into())
+            && !t.contains(&"EnvoyFilter".into()),
+        "{t:?}"
+    );
+    assert!(!d.contains(&"TrafficExtension".into()) && !e.contains(&"TrafficExtension".into()));
+    // Each carries the whole agent.
     for k in [
         "Namespace",
         "ServiceAccount",
@@ -225,6 +234,60 @@ fn every_manifest_is_in_a_kustomization_and_every_listed_file_exists() {
     ] {
         assert_eq!(d.iter().filter(|x| *x == k).count(), 1, "default: {k}");
         assert_eq!(e.iter().filter(|x| *x == k).count(), 1, "envoyfilter: {k}");
+        assert_eq!(
+            t.iter().filter(|x| *x == k).count(),
+            1,
+            "trafficextension: {k}"
+        );
+    }
+}
+
+/// The TrafficExtensions are the WasmPlugins as istiod 1.30 translates them (istio/istio 1.30.3
+/// pilot/pkg/config/kube/extensions/translate.go `translateWasmPlugin`: selector, phase,
+/// priority and match kept; url, sha256, imagePullPolicy, imagePullSecret, pluginConfig,
+/// pluginName, failStrategy, vmConfig and type moved under `wasm`): so they reach the same
+/// filter config, and what the WasmPlugins' tests prove holds for them.
+#[test]
+fn trafficextensions_are_the_wasmplugins_as_istio_translates_them() {
+    let plugins = objects("");
+    let exts = objects("trafficextension");
+    let by_name = |list: &[(PathBuf, Value)], kind: &str| -> BTreeMap<String, Value> {
+        list.iter()
+            .filter(|(_, v)| kind_of(v) == kind)
+            .map(|(_, v)| {
+                (
+                    v["metadata"]["name"].as_str().unwrap().to_string(),
+                    v.clone(),
+                )
+            })
+            .collect()
+    };
+    let (wps, tes) = (
+        by_name(&plugins, "WasmPlugin"),
+        by_name(&exts, "TrafficExtension"),
+    );
+    assert_eq!(
+        wps.keys().collect::<Vec<_>>(),
+        tes.keys().collect::<Vec<_>>()
+    );
+    for (name, wp) in &wps {
+        let mut want = serde_json::Map::new();
+        let mut wasm = serde_json::Map::new();
+        for (k, v) in wp["spec"].as_object().unwrap() {
+            match k.as_str() {
+                "selector" | "targetRefs" | "phase" | "priority" | "match" => {
+                    want.insert(k.clone(), v.clone());
+                }
+                "url" | "sha256" | "imagePullPolicy" | "imagePullSecret" | "pluginConfig"
+                | "pluginName" | "failStrategy" | "vmConfig" | "type" => {
+                    wasm.insert(k.clone(), v.clone());
+                }
+                other => panic!("{name}: WasmPlugin field {other} has no TrafficExtension place"),
+            }
+        }
+        want.insert("wasm".into(), Value::Object(wasm));
+        assert_eq!(tes[name]["spec"], Value::Object(want), "{name}");
+        assert_eq!(tes[name]["metadata"], wp["metadata"], "{name}");
     }
 }
 
@@ -274,10 +337,21 @@ fn daemonset_pod_shares_host_pids_not_host_network() {
         spec.priority_class_name.as_deref(),
         Some("system-node-critical")
     );
-    // Linux nodes only (the image is linux/amd64), as istio-cni's DaemonSet.
+    // Linux nodes only, as istio-cni's DaemonSet, of the one architecture the image is built
+    // for: an image without an index is pulled onto any node, and an arm64 node would
+    // crash-loop the agent (`exec format error`).
     assert_eq!(
         spec.node_selector,
-        Some([("kubernetes.io/os".to_string(), "linux".to_string())].into())
+        Some(
+            [
+                ("kubernetes.io/os".to_string(), "linux".to_string()),
+                (
+                    "kubernetes.io/arch".to_string(),
+                    holdfast_image::agent::AGENT_ARCHITECTURE.to_string()
+                ),
+            ]
+            .into()
+        )
     );
     let grace = spec
         .termination_grace_period_seconds
@@ -1418,15 +1492,24 @@ fn mesh_config_keeps_envoy_for_the_whole_grace_period() {
             DEFAULT_POD_GRACE_SECONDS,
             "{what}: drain as long as the default grace period"
         );
-        let prefixes: Vec<&str> = at(dc, &["proxyStatsMatcher", "inclusionPrefixes"])
-            .and_then(Value::as_array)
-            .map(|s| s.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
+        // The filter's stats need no inclusion prefix: Istio keeps every `wasm*` stat
+        // (istio/istio pkg/bootstrap/config.go, master at 86c9f01:
+        // requiredEnvoyStatsMatcherInclusionPrefixes = "cluster_manager,listener_manager,
+        // server,cluster.xds-grpc,wasm", always prepended to the mesh's list), and a list of
+        // ours would replace the user's own (lists are never merged).
+        const ISTIO_REQUIRED_PREFIXES: [&str; 5] = [
+            "cluster_manager",
+            "listener_manager",
+            "server",
+            "cluster.xds-grpc",
+            "wasm",
+        ];
+        assert!(ISTIO_REQUIRED_PREFIXES
+            .iter()
+            .any(|p| "wasmcustom.holdfast.inbound.cx_active".starts_with(p)));
         assert!(
-            prefixes
-                .iter()
-                .any(|p| "wasmcustom.holdfast.inbound.cx_active".starts_with(p)),
-            "{what}: the filter's stats are kept: {prefixes:?}"
+            at(dc, &["proxyStatsMatcher", "inclusionPrefixes"]).is_none(),
+            "{what}: no inclusionPrefixes (a no-op that would replace the user's list)"
         );
         // Envoy's byte counters, which the drain's idle test reads, every one the agent's own
         // parser counts (Istio's default matcher keeps none: pkg/bootstrap/config.go).
@@ -1568,4 +1651,28 @@ fn envoyfilter_wasm_config_loads_in_real_envoy() {
         !text.contains("failed to load"),
         "the filter did not load:\n{text}"
     );
+}
+
+/// The EnvoyFilter's download cluster does not re-resolve its host every 5 s in every sidecar
+/// (Envoy's default dns_refresh_rate for STRICT_DNS and LOGICAL_DNS): once an hour, the host's
+/// TTL not trusted with the fleet's rate, a failed lookup retried with back-off.
+#[test]
+fn the_filter_download_cluster_resolves_dns_hourly() {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/envoyfilter/envoyfilter.yaml"),
+    )
+    .expect("envoyfilter.yaml");
+    let doc: Value = serde_saphyr::from_str(&text).expect("YAML");
+    let cluster = doc["spec"]["configPatches"]
+        .as_array()
+        .expect("configPatches")
+        .iter()
+        .find(|p| p["applyTo"] == "CLUSTER")
+        .map(|p| &p["patch"]["value"])
+        .expect("the download cluster");
+    assert_eq!(cluster["type"], "STRICT_DNS");
+    assert_eq!(cluster["dns_refresh_rate"], "3600s");
+    assert_eq!(cluster["respect_dns_ttl"], false);
+    assert_eq!(cluster["dns_failure_refresh_rate"]["base_interval"], "5s");
+    assert_eq!(cluster["dns_failure_refresh_rate"]["max_interval"], "300s");
 }

@@ -26,7 +26,7 @@ fn manifests() -> PathBuf {
 }
 
 /// The installs `manifests/` offers: the default and the EnvoyFilter one.
-const INSTALLS: [&str; 2] = ["", "envoyfilter"];
+const INSTALLS: [&str; 3] = ["", "envoyfilter", "trafficextension"];
 
 fn render(dir: &str) -> Vec<Object> {
     kustomize::render(&manifests(), Path::new(dir))
@@ -536,4 +536,115 @@ fn without_the_opt_in_a_baseline_cluster_refuses_the_agent() {
     ] {
         assert!(text.contains(needed), "{needed}: {text}");
     }
+}
+
+/// GKE limits the critical priority classes by default (its quota admission configuration,
+/// holdfast_tests::resource_quota): the agent's DaemonSet pod, `system-node-critical` in
+/// holdfast-system, is admitted there because the install ships a ResourceQuota matching that
+/// class, as istio-cni does — and refused with GKE's message without it (0 agent pods, issue
+/// 30), so the check is not vacuous. The pod counts against the quota: a node count past its
+/// `pods` is refused too.
+#[test]
+fn the_agent_is_admitted_where_gke_limits_its_priority_class() {
+    use holdfast_tests::resource_quota::{admit_pod, gke_limited_resources, synced, Refused};
+    use k8s_openapi::api::core::v1::ResourceQuota;
+    let gke = gke_limited_resources();
+    for dir in INSTALLS {
+        let objects = render(dir);
+        let ds = objects
+            .iter()
+            .find(|o| o.kind() == "DaemonSet")
+            .expect("the agent's DaemonSet");
+        let ns = ds.namespace().expect("a namespaced DaemonSet");
+        let (_, spec) = pod_template(&ds.value).expect("a pod template");
+        assert_eq!(
+            spec.priority_class_name.as_deref(),
+            Some("system-node-critical")
+        );
+        let quotas: Vec<ResourceQuota> = objects
+            .iter()
+            .filter(|o| o.kind() == "ResourceQuota" && o.namespace() == Some(ns))
+            .map(|o| serde_json::from_value(o.value.clone()).expect("a ResourceQuota"))
+            .collect();
+        assert_eq!(quotas.len(), 1, "manifests/{dir}: one quota in {ns}");
+        let hard: i64 = quotas[0].spec.as_ref().unwrap().hard.as_ref().unwrap()["pods"]
+            .0
+            .parse()
+            .expect("a plain pod count");
+        // The first agent, and one on a node of a 4500-node cluster during a rolling update.
+        for used in [0, 4500] {
+            let synced_quotas: Vec<_> = quotas.iter().cloned().map(|q| synced(q, used)).collect();
+            assert_eq!(
+                admit_pod(&gke, &synced_quotas, &spec),
+                Ok(()),
+                "manifests/{dir}: agent pod {used} in {ns}"
+            );
+        }
+        let full: Vec<_> = quotas.iter().cloned().map(|q| synced(q, hard)).collect();
+        assert!(
+            matches!(admit_pod(&gke, &full, &spec), Err(Refused(m)) if m.starts_with("exceeded quota: holdfast-critical-pods")),
+            "past its pod count the quota refuses"
+        );
+        assert_eq!(
+            admit_pod(&gke, &[], &spec),
+            Err(Refused(
+                "insufficient quota to match these scopes: [{PriorityClass In \
+                 [system-node-critical system-cluster-critical]}]"
+                    .into()
+            )),
+            "without the quota GKE refuses the agent"
+        );
+    }
+}
+
+/// The TrafficExtension install against Istio 1.30.3's and master's CRDs: a bad one fails,
+/// naming the field or the CRD's rule; 1.24.6 has no TrafficExtension at all (use the
+/// WasmPlugins there).
+#[test]
+fn bad_trafficextensions_fail_naming_the_field() {
+    let sets = corpus();
+    let te = render("trafficextension")
+        .into_iter()
+        .find(|o| o.kind() == "TrafficExtension")
+        .expect("a TrafficExtension")
+        .value;
+    let with_it: Vec<&str> = sets
+        .iter()
+        .filter(|s| s.has("extensions.istio.io/v1alpha1", "TrafficExtension"))
+        .map(|s| s.name.as_str())
+        .collect();
+    assert_eq!(
+        with_it,
+        ["istio-1.30.3.json", "istio-master-86c9f01.json"],
+        "the CRD exists from 1.30"
+    );
+    assert!(violations(&sets, &te).is_empty());
+    fails(
+        &sets,
+        &te,
+        "url at the WasmPlugin's place",
+        |v| v["spec"]["url"] = json!("oci://x/y"),
+        &["unknown field \"spec.url\""],
+    );
+    fails(
+        &sets,
+        &te,
+        "wasm and lua",
+        |v| v["spec"]["lua"] = json!({"inlineCode": "function envoy_on_request(h) end"}),
+        &["exactly one of wasm or lua must be set"],
+    );
+    fails(
+        &sets,
+        &te,
+        "a bad url scheme",
+        |v| v["spec"]["wasm"]["url"] = json!("ftp://x/y"),
+        &["url must have schema one of"],
+    );
+    fails(
+        &sets,
+        &te,
+        "a bad type",
+        |v| v["spec"]["wasm"]["type"] = json!("L4"),
+        &["spec.wasm.type"],
+    );
 }

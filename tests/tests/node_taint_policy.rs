@@ -110,14 +110,27 @@ fn admit(
     Ok(())
 }
 
+/// A node as the API server holds it: what a cloud node carries (an owner reference and a
+/// finalizer from its provider's controllers, addresses and conditions in its status).
 fn node(name: &str, taints: &[&str]) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "metadata": {
+            "name": name, "uid": "0b5c3d7e-0000-4000-8000-000000000001",
+            "labels": {"kubernetes.io/hostname": name},
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+            "ownerReferences": [{"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Machine", "name": format!("{name}-m"), "uid": "0b5c3d7e-0000-4000-8000-000000000002"}],
+            "finalizers": ["example.com/node-cleanup"],
+        },
         "spec": {
+            "podCIDR": "10.0.1.0/24",
             "podCIDRs": ["10.0.1.0/24"],
             "providerID": format!("kind://docker/{name}"),
             "taints": taints.iter().map(|k| json!({"key": k, "effect": "NoSchedule"})).collect::<Vec<_>>(),
+        },
+        "status": {
+            "addresses": [{"type": "InternalIP", "address": "10.0.0.5"}],
+            "conditions": [{"type": "Ready", "status": "True"}],
         }
     })
 }
@@ -219,5 +232,81 @@ fn other_users_are_not_this_policys_business() {
         "system:serviceaccount:kube-system:x",
     ] {
         assert_eq!(admit(&p, user, None, &old, &new), Ok(()), "{user}");
+    }
+}
+
+/// Every field of the Node the agent's patch could reach but must not change, each alone next to
+/// the taint's removal: refused, with a message naming that field; the same change of an absent
+/// field (added where the node had none) too.
+#[test]
+fn each_pinned_field_is_refused_by_name() {
+    let p = policy();
+    let own = node("node-a", &["example.com/gpu", TAINT]);
+    type Edit = fn(&mut Value);
+    let cases: [(&str, Edit); 15] = [
+        ("metadata.labels", |n| {
+            n["metadata"]["labels"]["x"] = json!("y")
+        }),
+        ("metadata.labels", |n| {
+            n["metadata"].as_object_mut().unwrap().remove("labels");
+        }),
+        ("metadata.annotations", |n| {
+            n["metadata"]["annotations"]["node.alpha.kubernetes.io/ttl"] = json!("30")
+        }),
+        ("metadata.ownerReferences", |n| {
+            n["metadata"]["ownerReferences"] = json!([])
+        }),
+        ("metadata.ownerReferences", |n| {
+            n["metadata"]["ownerReferences"][0]["name"] = json!("other")
+        }),
+        ("metadata.finalizers", |n| {
+            n["metadata"].as_object_mut().unwrap().remove("finalizers");
+        }),
+        ("metadata.finalizers", |n| {
+            n["metadata"]["finalizers"] = json!(["example.com/node-cleanup", "x/y"])
+        }),
+        ("spec.unschedulable", |n| {
+            n["spec"]["unschedulable"] = json!(true)
+        }),
+        ("spec.podCIDR", |n| {
+            n["spec"]["podCIDR"] = json!("10.9.0.0/24")
+        }),
+        ("spec.podCIDRs", |n| {
+            n["spec"]["podCIDRs"] = json!(["10.9.0.0/24"])
+        }),
+        ("spec.providerID", |n| {
+            n["spec"]["providerID"] = json!("aws:///x")
+        }),
+        ("spec.externalID", |n| {
+            n["spec"]["externalID"] = json!("i-123")
+        }),
+        (
+            "spec.configSource",
+            |n| n["spec"]["configSource"] = json!({"configMap": {"name": "kubelet", "namespace": "kube-system", "kubeletConfigKey": "kubelet"}}),
+        ),
+        ("status", |n| {
+            n["status"]["conditions"][0]["status"] = json!("False")
+        }),
+        ("status", |n| {
+            n.as_object_mut().unwrap().remove("status");
+        }),
+    ];
+    for (field, edit) in cases {
+        let mut new = node("node-a", &["example.com/gpu"]);
+        // The agent's own change alone is admitted ...
+        assert_eq!(
+            admit(&p, AGENT, Some("node-a"), &own, &new),
+            Ok(()),
+            "{field}"
+        );
+        // ... and with this field changed too, refused, naming the field.
+        edit(&mut new);
+        let why = admit(&p, AGENT, Some("node-a"), &own, &new)
+            .expect_err(&format!("{field} changed: admitted"));
+        assert!(
+            why.contains(&format!("({field})"))
+                || (field == "status" && why.ends_with("its status")),
+            "{field}: {why}"
+        );
     }
 }

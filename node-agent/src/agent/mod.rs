@@ -84,9 +84,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
 
     crate::config::check_status_listen(config.status_listen).map_err(Error::StatusNotLocal)?;
     let bind = |role: Role, addr: std::net::SocketAddr| async move {
-        let l = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|source| Error::StatusListen {
+        let l =
+            crate::report::server::bind_listener(addr).map_err(|source| Error::StatusListen {
                 what: role.as_str(),
                 addr,
                 source,
@@ -144,7 +143,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
                         tracing::info!("first pod list loaded; ready");
                         // Every pod already on the node is now followed: new pods may come.
                         if let Some(client) = kube_client.take() {
-                            tokio::spawn(remove_startup_taint(client, config.node_name.clone()));
+                            tokio::spawn(remove_startup_taint(client, config.node_name.clone(), shared.metrics.startup_taint.clone()));
                         }
                     }
                 }
@@ -365,17 +364,19 @@ impl Pods {
 }
 
 /// Removes the agent's startup taint from its node (docs/install.md, "New nodes"), retrying with
-/// a growing pause while the API server says no; never stops the agent.
-async fn remove_startup_taint(client: kube::Client, node: String) {
+/// a growing pause while the API server says no, for as long as the agent runs; never stops the
+/// agent.
+async fn remove_startup_taint(
+    client: kube::Client,
+    node: String,
+    metrics: crate::effects::node_taint::TaintMetrics,
+) {
     use crate::effects::node_taint::{self, Removal, STARTUP_TAINT_KEY};
-    match node_taint::remove_startup_taint_retrying(client, &node).await {
-        Removal::Removed { .. } => {
-            tracing::info!(node = %node, taint = STARTUP_TAINT_KEY, "removed the startup taint: pods may be scheduled here");
+    match node_taint::remove_startup_taint_retrying(client, &node, &metrics).await {
+        Removal::Removed { tries } => {
+            tracing::info!(node = %node, taint = STARTUP_TAINT_KEY, tries, "removed the startup taint: pods may be scheduled here");
         }
         Removal::NotThere => {}
-        Removal::GaveUp { tries } => {
-            tracing::error!(node = %node, taint = STARTUP_TAINT_KEY, tries, "gave up removing the startup taint: remove it by hand (kubectl taint nodes NODE holdfast.io/agent-not-ready-)");
-        }
     }
 }
 

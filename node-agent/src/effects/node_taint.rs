@@ -38,11 +38,13 @@ pub enum Error {
 /// Result of this module.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// How many times [`remove_startup_taint_retrying`] tries before it gives up, and its first
-/// pause (doubling, at most [`MAX_RETRY_PAUSE`]).
-pub const RETRIES: u32 = 8;
+/// The retry loop's first pause after a refused try, doubling up to [`MAX_RETRY_PAUSE`], which it
+/// then keeps for as long as the agent runs (one GET a minute: nothing for the API server).
 pub const FIRST_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
 pub const MAX_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_secs(60);
+/// After this long without removing the taint the loop logs an error (once) with the fix; the
+/// alert `HoldfastStartupTaintNotRemoved` fires on the metric a minute later.
+pub const OVERDUE_AFTER: std::time::Duration = std::time::Duration::from_secs(4 * 60);
 
 /// How [`remove_startup_taint_retrying`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,29 +53,57 @@ pub enum Removal {
     Removed { tries: u32 },
     /// The node did not carry the taint.
     NotThere,
-    /// Every try failed: the taint stays until someone removes it.
-    GaveUp { tries: u32 },
 }
 
-/// Removes the startup taint, trying again with a doubling pause (1 s, 2 s, … at most 60 s;
-/// [`RETRIES`] tries, about 4 minutes) while the API server says no (RBAC being set up, an
-/// apiserver restart, endless contention). Never fails: the outcome is logged by the caller.
-pub async fn remove_startup_taint_retrying(client: kube::Client, node: &str) -> Removal {
+/// What the loop reports to the agent's metrics while it runs: `pending` is 1 until the node is
+/// seen free of the taint (`holdfast_startup_taint_pending`), `failures` counts refused tries
+/// (`holdfast_startup_taint_removal_failures_total`).
+#[derive(Debug, Clone, Default)]
+pub struct TaintMetrics {
+    pub pending: prometheus_client::metrics::gauge::Gauge,
+    pub failures: prometheus_client::metrics::counter::Counter,
+}
+
+/// Removes the startup taint, trying again with a doubling pause (1 s, 2 s, … then every 60 s)
+/// for as long as the API server says no — RBAC or the admission policy being set up, an API
+/// server restart, endless contention — and the agent runs: giving up would keep the node
+/// closed to every pod until someone noticed (issue 30: it gave up after 8 tries, ~4 min, with
+/// one log line). Past [`OVERDUE_AFTER`] it logs an error with the manual fix, once; the metric
+/// stays 1, so the alert keeps saying so.
+pub async fn remove_startup_taint_retrying(
+    client: kube::Client,
+    node: &str,
+    metrics: &TaintMetrics,
+) -> Removal {
+    metrics.pending.set(1);
+    let started = tokio::time::Instant::now();
     let mut pause = FIRST_RETRY_PAUSE;
-    for attempt in 1..=RETRIES {
+    let mut said_overdue = false;
+    let mut attempt = 0u32;
+    loop {
+        attempt = attempt.saturating_add(1);
         match remove_startup_taint(client.clone(), node).await {
-            Ok(true) => return Removal::Removed { tries: attempt },
-            Ok(false) => return Removal::NotThere,
+            Ok(removed) => {
+                metrics.pending.set(0);
+                return if removed {
+                    Removal::Removed { tries: attempt }
+                } else {
+                    Removal::NotThere
+                };
+            }
             Err(e) => {
-                tracing::warn!(node = %node, attempt, error = %e, "cannot remove the startup taint yet; retrying");
-                if attempt < RETRIES {
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(MAX_RETRY_PAUSE);
+                metrics.failures.inc();
+                if !said_overdue && started.elapsed() >= OVERDUE_AFTER {
+                    said_overdue = true;
+                    tracing::error!(node = %node, attempt, error = %e, "the startup taint is still on the node; retrying every minute for as long as the agent runs. Fix the cause (RBAC, the ValidatingAdmissionPolicy, the API server) or remove it by hand: kubectl taint nodes NODE holdfast.io/agent-not-ready-");
+                } else {
+                    tracing::warn!(node = %node, attempt, error = %e, "cannot remove the startup taint yet; retrying");
                 }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(MAX_RETRY_PAUSE);
             }
         }
     }
-    Removal::GaveUp { tries: RETRIES }
 }
 
 /// Removes the startup taint from `node`. Returns `true` when this call removed it, `false` when

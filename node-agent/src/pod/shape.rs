@@ -5,7 +5,10 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 
 use super::{injected_init_containers, interception_modes};
 use crate::api::SidecarMode;
-use crate::config::{PodOverrides, ANNOTATION_ENABLED, ANNOTATION_ISTIO_SIDECAR_STATUS};
+use crate::config::{
+    runtime_class_matches, PodOverrides, ProxyConfig, ANNOTATION_ENABLED,
+    ANNOTATION_ISTIO_SIDECAR_STATUS,
+};
 
 /// The init steps Istio's sidecar template injects: `istio-init` writes the iptables rules;
 /// with the Istio CNI plugin `istio-validation` checks them (injection-template.yaml).
@@ -35,6 +38,10 @@ pub enum NotTracked {
     /// `hostUsers: false`: the pod has its own user namespace (see `check` for why holdfast
     /// stays out).
     HostUsers,
+    /// `runtimeClassName` names a sandboxed runtime (`--sandboxed-runtime-classes`): gVisor or
+    /// Kata run the pod's processes where the node's /proc and the pod's netns as the agent
+    /// reads them do not show them.
+    Sandboxed { runtime_class: String },
 }
 
 impl std::fmt::Display for NotTracked {
@@ -60,6 +67,11 @@ impl std::fmt::Display for NotTracked {
                 "hostUsers: false (own user namespace): the kernel refuses the hold rule's \
                  owner match from the node's user namespace",
             ),
+            NotTracked::Sandboxed { runtime_class } => write!(
+                f,
+                "sandboxed runtime (runtimeClassName {runtime_class}): its processes run in a VM or \
+                 behind gVisor, out of the agent's sight; a hold would only run to its deadline"
+            ),
         }
     }
 }
@@ -76,10 +88,11 @@ impl std::fmt::Display for NotTracked {
 pub(super) fn check<'a>(
     pod: &'a Pod,
     spec: &'a PodSpec,
-    proxy_name: &str,
+    proxy_config: &ProxyConfig,
     overrides: &PodOverrides,
     annotation: &dyn Fn(&str) -> Option<&'a String>,
 ) -> Result<(&'a Container, SidecarMode), NotTracked> {
+    let proxy_name = proxy_config.container.as_str();
     let regular = spec.containers.iter().find(|c| c.name == proxy_name);
     let native = spec
         .init_containers
@@ -94,6 +107,16 @@ pub(super) fn check<'a>(
     }
     if spec.host_network == Some(true) {
         return Err(NotTracked::HostNetwork);
+    }
+    // A sandboxed runtime (docs/reference.md, "Where holdfast acts"): gVisor runs the pod's
+    // processes under its own kernel (the Sentry), Kata in a VM: neither shows the app or Envoy
+    // in the node's /proc, so no process, cgroup or netns of theirs is what the agent reads.
+    if let Some(class) = spec.runtime_class_name.as_deref() {
+        if runtime_class_matches(&proxy_config.sandboxed_runtime_classes, class) {
+            return Err(NotTracked::Sandboxed {
+                runtime_class: class.to_string(),
+            });
+        }
     }
     // A native sidecar (Istio 1.27+ with kubelets >= 1.33: `DetectNativeSidecar` in
     // pkg/kube/inject/webhook.go) is an init container with `restartPolicy: Always`; the

@@ -373,6 +373,38 @@ fn not_injected_by_istio_stays_out() {
     assert!(err.to_string().contains("not Istio's JSON"), "{err}");
 }
 
+/// gVisor (GKE Sandbox's `gvisor`) and Kata (`kata*`: kata-deploy's, AKS' `kata-vm-isolation`)
+/// pods are left alone with the reason; other classes (`nvidia`, `runc`) are acted on; the list
+/// is the operator's (`--sandboxed-runtime-classes`).
+#[test]
+fn sandboxed_runtime_classes_stay_out() {
+    for class in ["gvisor", "runsc", "kata", "kata-qemu", "kata-vm-isolation"] {
+        let err = view(&pod_json(json!({"spec": {"runtimeClassName": class}}))).unwrap_err();
+        assert_eq!(
+            err,
+            NotTracked::Sandboxed {
+                runtime_class: class.into()
+            }
+        );
+        assert!(err.to_string().contains(class), "{err}");
+    }
+    for class in ["nvidia", "runc", "crun", "gvisor-not"] {
+        assert!(
+            view(&pod_json(json!({"spec": {"runtimeClassName": class}}))).is_ok(),
+            "{class}"
+        );
+    }
+    let only_mine = ProxyConfig {
+        sandboxed_runtime_classes: vec!["my-sandbox".into()],
+        ..ProxyConfig::default()
+    };
+    let pod = pod_json(json!({"spec": {"runtimeClassName": "my-sandbox"}}));
+    assert!(matches!(
+        PodView::from_pod(&pod, "node-a", &only_mine, &HoldSettings::default()),
+        Err(NotTracked::Sandboxed { .. })
+    ));
+}
+
 #[test]
 fn host_users_false_stays_out() {
     let err = view(&pod_json(json!({"spec": {"hostUsers": false}}))).unwrap_err();

@@ -80,6 +80,9 @@ pub struct Metrics {
     /// 1 while `/readyz` answers 200 (the first pod list is loaded), else 0: set at scrape
     /// time, so an alert can tell "runs but acts on no pod" from "down".
     pub ready: Gauge,
+    /// The startup taint's removal (effects/node_taint.rs): pending until the node is seen
+    /// free of it, and the refused tries.
+    pub startup_taint: crate::effects::node_taint::TaintMetrics,
     pods_by_phase: Family<PhaseLabel, Gauge>,
 }
 
@@ -108,6 +111,7 @@ impl Metrics {
             status_api_rejected: Counter::default(),
             pod_task_panics: Counter::default(),
             ready: Gauge::default(),
+            startup_taint: Default::default(),
             pods_by_phase: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("holdfast");
@@ -194,6 +198,16 @@ impl Metrics {
             "ready",
             "1 when the agent is ready (/readyz answers 200: its first pod list is loaded), else 0",
             m.ready.clone(),
+        );
+        r.register(
+            "startup_taint_pending",
+            "1 while the agent has not yet seen its node free of its startup taint holdfast.io/agent-not-ready (removing it, or retrying after the API server refused), else 0",
+            m.startup_taint.pending.clone(),
+        );
+        r.register(
+            "startup_taint_removal_failures",
+            "Refused tries to remove the startup taint from the agent's node (each retried: 1 s, doubling, then every 60 s)",
+            m.startup_taint.failures.clone(),
         );
         for k in ["connect", "timeout", "http", "malformed", "too-large", "io"] {
             let _ = m.admin_errors.get_or_create(&KindLabel { kind: k.into() });
@@ -353,6 +367,8 @@ mod tests {
             "holdfast_process_open_fds",
             "holdfast_source_problems",
             "holdfast_status_api_rejected_connections",
+            "holdfast_startup_taint_pending",
+            "holdfast_startup_taint_removal_failures",
         ] {
             assert!(
                 text.contains(&format!("# HELP {name} ")),

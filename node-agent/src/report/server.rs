@@ -17,13 +17,13 @@
 //!   `Authorization` header after authenticating the caller (k8s.io/apiserver
 //!   pkg/endpoints/filters/authentication.go), so a token never reaches the agent that way. See
 //!   docs/install.md, "Reaching the status API".
-//! - **health** (`--health-listen`, 0.0.0.0:15301 in the DaemonSet): `/healthz` and `/readyz`
+//! - **health** (`--health-listen`, `[::]:15301` dual-stack in the DaemonSet, [`bind_listener`]): `/healthz` and `/readyz`
 //!   only, for the kubelet. One request per connection (no keep-alive), a short head timeout,
 //!   a per-peer limit: a slot is held for at most [`HEALTH_HEAD_TIMEOUT`], so the probes cannot
 //!   be starved by clients of the other listeners (they have their own slots) nor by a few peers
 //!   of this one. The shipped NetworkPolicy admits nobody to it: the kubelet's probes come from
 //!   the node, which NetworkPolicy always admits.
-//! - **metrics** (`--metrics-listen`, 0.0.0.0:15302): `/metrics` only, for Prometheus; counts
+//! - **metrics** (`--metrics-listen`, `[::]:15302`): `/metrics` only, for Prometheus; counts
 //!   and durations, no pod names. Keep-alive, with a per-peer limit.
 //!
 //! **No client can starve the agent.** Each listener serves at most its [`Limits`]'
@@ -167,6 +167,54 @@ impl Drop for PeerSlot {
             }
         }
     }
+}
+
+/// Binds a status API listener. `[::]` (the DaemonSet's health and metrics listeners) is bound
+/// dual-stack whatever the node's `net.ipv6.bindv6only` says (`IPV6_V6ONLY` off): IPv6 peers,
+/// and IPv4 peers (as IPv4-mapped addresses, [`canonical`] per peer) where the pod has IPv4 —
+/// one listener for IPv4-only, dual-stack and IPv6-only clusters, where the kubelet probes the
+/// pod's IPv6 address (issue 30: `0.0.0.0` alone restarted the agent forever there). A kernel
+/// without IPv6 (`ipv6.disable=1`: no AF_INET6 sockets) gets `0.0.0.0` on the same port, said
+/// in a warning. Every other address is bound as given.
+pub fn bind_listener(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let std::net::SocketAddr::V6(v6) = addr else {
+        return bind_plain(addr);
+    };
+    if !v6.ip().is_unspecified() {
+        return bind_plain(addr);
+    }
+    let socket = match tokio::net::TcpSocket::new_v6() {
+        Ok(s) => s,
+        Err(e) => match ipv4_fallback(addr, &e) {
+            Some(v4) => {
+                tracing::warn!(%addr, listening = %v4, error = %e, "the node's kernel has no IPv6: listening on IPv4 only");
+                return bind_plain(v4);
+            }
+            None => return Err(e),
+        },
+    };
+    nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::Ipv6V6Only, &false)
+        .map_err(std::io::Error::from)?;
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
+fn bind_plain(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
+/// `0.0.0.0:<port>` when creating an IPv6 socket for `[::]:<port>` failed because the kernel has
+/// no IPv6 at all; any other failure is the caller's.
+fn ipv4_fallback(addr: std::net::SocketAddr, e: &std::io::Error) -> Option<std::net::SocketAddr> {
+    (addr.ip().is_unspecified() && e.raw_os_error() == Some(libc::EAFNOSUPPORT))
+        .then(|| std::net::SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), addr.port()))
 }
 
 /// An IPv4-mapped IPv6 peer as its IPv4 address (one peer, one count).
@@ -359,5 +407,44 @@ fn json<T: serde::Serialize>(value: &T) -> Response<Full<Bytes>> {
             r
         }
         Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "serialization failed\n"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_kernel_without_ipv6_falls_back_to_ipv4() {
+        let any6: std::net::SocketAddr = "[::]:15301".parse().unwrap();
+        let no_v6 = std::io::Error::from_raw_os_error(libc::EAFNOSUPPORT);
+        assert_eq!(
+            ipv4_fallback(any6, &no_v6),
+            Some("0.0.0.0:15301".parse().unwrap())
+        );
+        // A port in use, or no permission, is the caller's error, not a reason to go IPv4-only.
+        let in_use = std::io::Error::from_raw_os_error(libc::EADDRINUSE);
+        assert_eq!(ipv4_fallback(any6, &in_use), None);
+        assert_eq!(ipv4_fallback("[::1]:1".parse().unwrap(), &no_v6), None);
+    }
+
+    /// `[::]` takes IPv4 peers too, whatever `net.ipv6.bindv6only` says, and they count as
+    /// their IPv4 address.
+    #[tokio::test]
+    async fn unspecified_ipv6_is_dual_stack() {
+        let l = bind_listener("[::]:0".parse().unwrap()).expect("bind [::]:0");
+        let port = l.local_addr().unwrap().port();
+        let (c4, a4) = tokio::join!(
+            tokio::net::TcpStream::connect(("127.0.0.1", port)),
+            l.accept()
+        );
+        c4.expect("IPv4 client");
+        assert_eq!(canonical(a4.unwrap().1.ip()), IpAddr::from([127, 0, 0, 1]));
+        let (c6, a6) = tokio::join!(tokio::net::TcpStream::connect(("::1", port)), l.accept());
+        c6.expect("IPv6 client");
+        assert_eq!(
+            a6.unwrap().1.ip(),
+            IpAddr::from(std::net::Ipv6Addr::LOCALHOST)
+        );
     }
 }

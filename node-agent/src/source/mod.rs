@@ -73,6 +73,7 @@ pub fn slim(pod: Pod) -> Pod {
             node_name: s.node_name,
             host_network: s.host_network,
             host_users: s.host_users,
+            runtime_class_name: s.runtime_class_name,
             restart_policy: s.restart_policy,
             termination_grace_period_seconds: s.termination_grace_period_seconds,
             containers: s.containers.into_iter().map(slim_container).collect(),

@@ -6,7 +6,8 @@ and its binding) and without descriptions, to keep the repository small.
   pip download --no-deps kubernetes-validate==1.37.0      # Kubernetes' OpenAPI as JSON Schema
   git -C <istio/istio> show 1.24.6:manifests/charts/base/files/crd-all.gen.yaml > crd-1.24.6.yaml
   git -C <istio/istio> show 1.30.3:manifests/charts/base/files/crd-all.gen.yaml > crd-1.30.3.yaml
-  python3 trim.py kubernetes_validate-1.37.0-py3-none-any.whl crd-1.24.6.yaml crd-1.30.3.yaml
+  git -C <istio/istio> show 86c9f01:manifests/charts/base/files/crd-all.gen.yaml > crd-master-86c9f01.yaml
+  python3 trim.py kubernetes_validate-1.37.0-py3-none-any.whl crd-1.24.6.yaml crd-1.30.3.yaml crd-master-86c9f01.yaml
   for v in v0.73.2 v0.93.0; do for k in podmonitors prometheusrules; do
     git -C <prometheus-operator/prometheus-operator> show \
       $v:example/prometheus-operator-crd/monitoring.coreos.com_$k.yaml > monitoring-$k-$v.yaml
@@ -34,6 +35,7 @@ K8S_KINDS = {
     # apiVersion/kind: kubernetes-validate's file name
     "v1/Namespace": "namespace-v1.json",
     "v1/ServiceAccount": "serviceaccount-v1.json",
+    "v1/ResourceQuota": "resourcequota-v1.json",
     "rbac.authorization.k8s.io/v1/ClusterRole": "clusterrole-rbac-v1.json",
     "rbac.authorization.k8s.io/v1/ClusterRoleBinding": "clusterrolebinding-rbac-v1.json",
     "rbac.authorization.k8s.io/v1/Role": "role-rbac-v1.json",
@@ -45,7 +47,8 @@ K8S_KINDS = {
     "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicyBinding":
         "validatingadmissionpolicybinding-admissionregistration-v1.json",
 }
-ISTIO_KINDS = {("WasmPlugin", "v1alpha1"), ("EnvoyFilter", "v1alpha3")}
+# TrafficExtension: Istio 1.30+ (the 1.24.6 file has none).
+ISTIO_KINDS = {("WasmPlugin", "v1alpha1"), ("EnvoyFilter", "v1alpha3"), ("TrafficExtension", "v1alpha1")}
 PROMETHEUS_OPERATOR_KINDS = {("PodMonitor", "v1"), ("PrometheusRule", "v1")}
 PROMETHEUS_OPERATOR_CRDS = ["podmonitors", "prometheusrules"]
 REF_PREFIX = "/api/_definitions.json#/$defs/"
