@@ -23,6 +23,7 @@ use crate::effects::envoy_admin::AdminClient;
 use crate::effects::hold::{HoldConfig, HoldQueue};
 use crate::effects::netns::PodNetns;
 use crate::effects::procfs::pod_procs::NetnsLookup;
+use crate::effects::procfs::proxy_procs::proxy_pids_of;
 use crate::lifecycle::drain::app_exit::ExitWatcher;
 use crate::lifecycle::drain::{self, DrainCtx, DrainStep, PodProcsSource};
 use crate::lifecycle::readiness::{Readiness, ReadinessProbe};
@@ -253,7 +254,7 @@ struct Driver {
     /// Answers of performed effects, fed to the machine in order.
     pending: VecDeque<Input>,
     last_progress: Instant,
-    /// Pidfds of the ready proxy container's processes (while the machine `watches_proxy`):
+    /// Pidfds of the ready proxy's own processes (pilot-agent and Envoy; while the machine `watches_proxy`):
     /// the first exit is `ProxyGone`. No polling: a pidfd turns readable on exit.
     proxy_watch: Option<ExitWatcher>,
     /// The proxy container id the watch was armed for (armed once per id).
@@ -320,7 +321,7 @@ impl Driver {
                             input
                         }
                         (pid, _) = async { proxy_watch.expect("guarded").next_exit().await }, if has_proxy_watch => {
-                            tracing::info!(pid, "a process of the proxy container exited");
+                            tracing::info!(pid, "a process of the proxy (pilot-agent or Envoy) exited");
                             proxy_gone = true;
                             Input::ProxyGone
                         }
@@ -661,8 +662,9 @@ impl Driver {
     }
 
     /// Arms the proxy watch while the machine wants it (once per proxy container id), drops it
-    /// otherwise. The container's processes are found by container id in the pod's cgroup
-    /// (Envoy runs under pilot-agent in the `istio-proxy` container); an OOM-kill of either ends
+    /// otherwise. The container's processes are found by container id in the pod's cgroup, and
+    /// of those only the proxy's own are watched: the container's main process (pilot-agent)
+    /// and its children (Envoy), see `effects::procfs::proxy_procs`; an OOM-kill of either ends
     /// the container.
     async fn sync_proxy_watch(&mut self, state: &State) {
         if !state.watches_proxy() {
@@ -682,15 +684,26 @@ impl Driver {
             return;
         }
         self.proxy_watch_for = Some(proxy_id.clone());
-        let procs = self.shared.procs.of_pod(&self.key.uid).await;
+        let container: Vec<i32> = self
+            .shared
+            .procs
+            .of_pod(&self.key.uid)
+            .await
+            .iter()
+            .filter(|p| p.container_id.as_deref() == Some(proxy_id.as_str()))
+            .map(|p| p.pid)
+            .collect();
+        // Only the proxy itself (pilot-agent and Envoy), not every process of its container:
+        // an exec session or probe ending is not the proxy going (issue 29).
+        let proc_root = self.shared.procs.proc_root();
+        let proxy = tokio::task::spawn_blocking(move || proxy_pids_of(&proc_root, &container))
+            .await
+            .unwrap_or_default();
         let mut watcher = ExitWatcher::for_pod(&self.key);
         // A pid already gone is skipped, not taken as an exit: the process list can lag, and
         // the Pod status path (a new or no running proxy id) covers a container already down.
-        for p in procs
-            .iter()
-            .filter(|p| p.container_id.as_deref() == Some(proxy_id.as_str()))
-        {
-            let _ = watcher.watch(p.pid);
+        for pid in proxy {
+            let _ = watcher.watch(pid);
         }
         if watcher.live() > 0 {
             tracing::debug!(processes = watcher.live(), "watching the proxy's processes");

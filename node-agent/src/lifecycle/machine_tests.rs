@@ -829,6 +829,113 @@ fn a_proxy_exit_while_ready_holds_again_until_the_new_envoy_is_ready() {
     );
 }
 
+/// The proxy's processes exiting again and again while Envoy stays ready (issue 29: the pod's
+/// own pilot-agent forking children that exit, each one a re-check of readiness and the hold's
+/// rules): the first is re-checked at once, the next waits for its spacing (the proxy not
+/// watched meanwhile), and past the budget the pod is failed open and left alone — no hold, no
+/// drain, as without holdfast. Before, every exit was a re-check at once, without end.
+#[test]
+fn proxy_gone_rechecks_are_paced_and_budgeted() {
+    let mut r = ready(holding(pod(RestartPolicy::Always)));
+    let back_to_ready = (
+        Input::Readiness(Seen::Ready),
+        &["remove-leftover", "phase:ready"][..],
+    );
+    r.script(
+        "first exit",
+        vec![(Input::ProxyGone, &["check"]), back_to_ready.clone()],
+    );
+    // 5 ms later the next exit: its re-check waits 1 s, and the proxy is not watched.
+    r.now += Duration::from_millis(5);
+    r.script(
+        "too soon",
+        vec![(Input::ProxyGone, &["timer:ProxyRecheck"])],
+    );
+    assert!(
+        !r.state.watches_proxy(),
+        "not watched while a re-check waits"
+    );
+    assert_eq!(
+        r.state.stage,
+        Stage::Running {
+            netns: ns(1),
+            proxy_id: Some("proxy-1".into())
+        }
+    );
+    r.now += Duration::from_secs(1);
+    r.script(
+        "its time",
+        vec![
+            (Input::Timer(Timer::ProxyRecheck), &["check"]),
+            back_to_ready.clone(),
+        ],
+    );
+    assert!(r.state.watches_proxy(), "watched again");
+    // As fast as the pace allows: ten re-checks in all, then the budget is spent.
+    let mut rechecks = 2;
+    loop {
+        let fx = r.feed(Input::ProxyGone);
+        match acts(&fx).as_slice() {
+            [t] if t == "timer:ProxyRecheck" => {
+                let at = fx
+                    .iter()
+                    .find_map(|e| match e {
+                        Effect::Schedule(Timer::ProxyRecheck, at) => Some(*at),
+                        _ => None,
+                    })
+                    .expect("when");
+                r.now = at;
+                let fx = r.feed(Input::Timer(Timer::ProxyRecheck));
+                if acts(&fx) == ["check"] {
+                    rechecks += 1;
+                    assert_eq!(
+                        acts(&r.feed(Input::Readiness(Seen::Ready))),
+                        back_to_ready.1
+                    );
+                } else {
+                    assert_eq!(acts(&fx), ["rec:failed-open"]);
+                    break;
+                }
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(rechecks, PROXY_GONE_BUDGET);
+    assert!(r.state.left_alone && r.state.stage == Stage::Finished);
+    assert!(!r.state.watches_proxy());
+    // Left alone: its deletion is not drained, its end ends the task.
+    r.script(
+        "left alone",
+        vec![
+            (Input::ProxyGone, &[]),
+            (Input::Pod(Some(deleted(pod(RestartPolicy::Always)))), &[]),
+            (Input::Pod(None), &["phase:done", "exit"]),
+        ],
+    );
+
+    // A deferred re-check whose moment comes after the pod moved on (the status showed the
+    // proxy restarted meanwhile) does nothing there, and the watch comes back after.
+    let mut r = ready(holding(pod(RestartPolicy::Always)));
+    r.script(
+        "first",
+        vec![(Input::ProxyGone, &["check"]), back_to_ready.clone()],
+    );
+    r.script("second", vec![(Input::ProxyGone, &["timer:ProxyRecheck"])]);
+    let mut restarted = pod(RestartPolicy::Always);
+    restarted.proxy = Some(running("proxy-2"));
+    r.script(
+        "restart in the status",
+        vec![
+            (
+                Input::Pod(Some(restarted)),
+                &["phase:waiting-for-netns", "look"],
+            ),
+            (Input::Timer(Timer::ProxyRecheck), &[]),
+        ],
+    );
+    assert!(!r.state.proxy_gone.deferred);
+}
+
 #[test]
 fn a_proxy_exit_the_agent_caused_or_after_the_app_is_not_held() {
     // During a drain the agent itself ends Envoy: no hold, no watch.

@@ -87,6 +87,8 @@ pub enum Timer {
     NetnsPoll,
     ReadinessPoll,
     HoldDeadline,
+    /// A proxy-gone's re-check, deferred by its pace (`machine/proxy_gone.rs`).
+    ProxyRecheck,
 }
 
 /// An outcome, for the recorder (board + metrics + Event + log, together).
