@@ -29,8 +29,6 @@ use crate::lifecycle::drain::{self, DrainCtx, DrainStep, PodProcsSource};
 use crate::lifecycle::readiness::{Readiness, ReadinessProbe};
 use crate::pod::{PodKey, PodView};
 
-/// How long a gone pod's row stays on the status board.
-const GONE_ROW_RETENTION: Duration = Duration::from_secs(300);
 /// How often the held counts are copied to the status board.
 const STATUS_EVERY: Duration = Duration::from_millis(250);
 
@@ -215,17 +213,10 @@ pub(crate) async fn run(shared: Arc<Shared>, view: watch::Receiver<Option<PodVie
     };
     let ready_poll = d.shared.config.hold.ready_poll;
     let (state, fx) = State::new(PodFacts::of(&first), ready_poll, now());
-    let gone = d.drive(state, fx).await;
-    if gone {
-        // Keep the finished row a while, so `holdfast status` still shows how the pod's drain
-        // went after it is gone.
-        let board = d.shared.board.clone();
-        let key = d.key.clone();
+    if d.drive(state, fx).await {
+        // The row stays a while (the agent's `Pods` removes it once the pod is gone for good),
+        // so `holdfast status` still shows how the pod's drain went.
         tracing::info!("pod gone; no longer tracked");
-        tokio::spawn(async move {
-            tokio::time::sleep(GONE_ROW_RETENTION).await;
-            board.remove_if_uid(&key.namespace, &key.name, &key.uid);
-        });
     }
 }
 
