@@ -818,10 +818,7 @@ mod tests {
             1,
             "one pod, counted once"
         );
-        let row = shared
-            .board
-            .snapshot_row("shop", "web-1")
-            .expect("its row");
+        let row = shared.board.snapshot_row("shop", "web-1").expect("its row");
         assert_eq!(row.phase, Phase::Skipped);
         assert!(
             row.skipped_reason
@@ -861,10 +858,7 @@ mod tests {
         .await
         .expect("restarted");
         tokio::task::yield_now().await;
-        let row = shared
-            .board
-            .snapshot_row("shop", "web-1")
-            .expect("its row");
+        let row = shared.board.snapshot_row("shop", "web-1").expect("its row");
         let kinds: Vec<_> = row
             .timeline
             .as_ref()
@@ -890,10 +884,7 @@ mod tests {
         pods.apply(PodEvent::Applied(Box::new(pod_json(json!({})))), &shared);
         assert!(pods.tasks.is_empty(), "the next update starts no task");
         assert_eq!(*starts.lock().expect("starts"), 4);
-        let row = shared
-            .board
-            .snapshot_row("shop", "web-1")
-            .expect("its row");
+        let row = shared.board.snapshot_row("shop", "web-1").expect("its row");
         assert_eq!(row.phase, Phase::Skipped);
         let steps = &row.timeline.as_ref().expect("timeline").steps;
         assert_eq!(

@@ -289,6 +289,7 @@ impl Driver {
                     let has_executor = self.executor.is_some();
                     let executor = self.executor.as_mut();
                     let mut executor_done = false;
+                    let hold_stopped = self.queue.as_ref().map(HoldQueue::stopped);
                     let has_proxy_watch = self.proxy_watch.is_some();
                     let proxy_watch = self.proxy_watch.as_mut();
                     let mut proxy_gone = false;
@@ -310,6 +311,13 @@ impl Driver {
                         input = async { executor.expect("guarded").await }, if has_executor => {
                             executor_done = true;
                             input
+                        }
+                        _ = async { hold_stopped.as_ref().expect("guarded").notified().await }, if hold_stopped.is_some() => {
+                            // The hold stopped holding on its own: say why, at once.
+                            match self.hold_stopped_input() {
+                                Some(input) => input,
+                                None => continue,
+                            }
                         }
                         (pid, _) = async { proxy_watch.expect("guarded").next_exit().await }, if has_proxy_watch => {
                             tracing::info!(pid, "a process of the proxy (pilot-agent or Envoy) exited");
@@ -542,11 +550,20 @@ impl Driver {
         }
     }
 
+    /// Why the hold in force stopped holding on its own, as the machine's input: forged
+    /// messages on its queue (a broken bound) or its reader thread's failure.
+    fn hold_stopped_input(&self) -> Option<Input> {
+        let q = self.queue.as_ref()?;
+        q.tampered()
+            .map(Input::OverBound)
+            .or_else(|| q.failure().map(Input::HoldBroken))
+    }
+
     async fn check_readiness(&mut self) -> Input {
+        if let Some(input) = self.hold_stopped_input() {
+            return input;
+        }
         if let Some(q) = &self.queue {
-            if let Some(why) = q.tampered() {
-                return Input::OverBound(why);
-            }
             if self.last_progress.elapsed() >= STATUS_EVERY {
                 self.last_progress = Instant::now();
                 let held = q.held();

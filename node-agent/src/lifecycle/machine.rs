@@ -226,6 +226,16 @@ pub fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>) {
         Input::Timer(Timer::ProxyRecheck) => s.proxy_gone.deferred = false,
         _ => {}
     }
+    // The hold's NFQUEUE reader stopped: nothing holds any more (its queue closed, new SYNs
+    // bypass it), and the agent cannot tell the pod's doing from a kernel error: fail it open
+    // and leave it alone, as for a broken bound (row, Warning Event, counter, the hold's rules
+    // removed).
+    let input = match input {
+        Input::HoldBroken(why) => Input::OverBound(format!(
+            "the startup hold's queue reader stopped ({why}); the hold no longer held"
+        )),
+        other => other,
+    };
     timeline_steps(&mut s, &input, &mut fx);
     let stage = std::mem::replace(&mut s.stage, Stage::Exited);
     s.stage = match (stage, input) {

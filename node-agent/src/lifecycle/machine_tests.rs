@@ -219,6 +219,40 @@ fn checks_fast_while_envoy_starts() {
 /// A pod that breaks a bound while held (an oversized admin answer, forged netlink): its hold is
 /// released at once, as without the agent, and it is left alone from then on — no re-hold when
 /// its proxy restarts, no drain, no Job quit.
+/// Issue 28: the hold's NFQUEUE reader thread failed (nothing holds any more): the pod is
+/// failed open at once — a `FailedOpen` record (row, Warning Event, counter), the hold released
+/// as `failed` (its rules removed; the release reports the dead reader, and the leftover rules
+/// are removed again) — and left alone, instead of a row saying `holding` until the deadline.
+#[test]
+fn a_failed_holder_fails_the_pod_open_at_once() {
+    let mut r = holding(pod(RestartPolicy::Always));
+    let fx = r.feed(Input::HoldBroken(
+        "NFQUEUE 15015: netlink I/O failed: EBADF".into(),
+    ));
+    assert_eq!(acts(&fx), ["rec:failed-open", "release(ready=false)"]);
+    let why = fx.iter().find_map(|e| match e {
+        Effect::Record(Outcome::FailedOpen { why }) => Some(why.clone()),
+        _ => None,
+    });
+    assert!(
+        why.as_deref()
+            .is_some_and(|w| w.contains("queue reader stopped") && w.contains("EBADF")),
+        "{why:?}"
+    );
+    r.script(
+        "released",
+        vec![
+            (
+                Input::ReleaseFailed("the holder thread failed".into()),
+                &["remove-leftover", "rec:hold-failed", "problem"],
+            ),
+            (Input::Pod(Some(deleted(pod(RestartPolicy::Always)))), &[]),
+            (Input::Pod(None), &["phase:done", "exit"]),
+        ],
+    );
+    assert!(r.state.left_alone);
+}
+
 #[test]
 fn a_pod_over_a_bound_is_failed_open_and_left_alone() {
     let mut r = holding(pod(RestartPolicy::Always));

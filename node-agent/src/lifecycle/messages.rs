@@ -68,6 +68,10 @@ pub enum Input {
     /// from the kernel on its hold's queue): fail it open — release any hold as without the
     /// agent — and leave it alone from now on, saying why.
     OverBound(String),
+    /// The hold stopped holding on its own (its NFQUEUE reader thread failed; the reason): the
+    /// machine fails the pod open at once, as for a broken bound, rather than leave the row
+    /// `holding` until the deadline.
+    HoldBroken(String),
     /// The proxy's readiness cannot be looked at (no handle on the pod's netns, no probe could
     /// be made): as without the agent — no hold, a hold in force released — and the reason on
     /// the row.

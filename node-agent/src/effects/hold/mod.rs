@@ -182,6 +182,11 @@ struct Shared {
     tampered: Option<String>,
 }
 
+/// Wakes the hold's owner when the hold stops holding on its own (the holder thread failed, or
+/// stopped reading forged messages): see [`HoldQueue::stopped`]. A wake-up before anyone waits
+/// is kept (one permit), so it is never lost.
+pub type StopSignal = Arc<tokio::sync::Notify>;
+
 impl Shared {
     /// Counts packets that now wait for a verdict.
     fn record(&mut self, packets: &[QueuedPacket]) {
@@ -227,6 +232,8 @@ pub struct HoldQueue {
     stop: Arc<EventFd>,
     /// Wakes the holder thread to look at `Shared::pass_through` again.
     wake: Arc<EventFd>,
+    /// See [`HoldQueue::stopped`].
+    stopped: StopSignal,
     holder: Option<JoinHandle<Result<NfQueue, nfqueue::Error>>>,
     /// Why IPv6 is not held although the spec asked for it.
     ipv6_error: Option<String>,
@@ -356,17 +363,18 @@ impl HoldQueue {
         };
         let stop = eventfd()?;
         let wake = eventfd()?;
+        let stopped = StopSignal::default();
         let holder = {
             let shared = shared.clone();
             let stop = stop.clone();
             let wake = wake.clone();
+            let stopped = stopped.clone();
             std::thread::Builder::new()
                 .name(format!("holdfast-hold-{queue_num}"))
                 .spawn(move || {
-                    let result = hold_loop(nfq, &shared, &stop, &wake);
+                    let result = hold_loop(nfq, &shared, &stop, &wake, &stopped);
                     if let Err(e) = &result {
-                        tracing::error!(queue = queue_num, error = %e, "holder thread stopped; the hold no longer holds");
-                        lock(&shared).failure = Some(e.to_string());
+                        holder_failed(&shared, &stopped, queue_num, e);
                     }
                     result
                 })
@@ -384,6 +392,7 @@ impl HoldQueue {
             shared,
             stop,
             wake,
+            stopped,
             holder: Some(holder),
             ipv6_error: None,
             installed: Vec::new(),
@@ -449,6 +458,14 @@ impl HoldQueue {
     /// dropped (TCP retransmits them) and new ones bypass it. Call `release` to lift the rules.
     pub fn failure(&self) -> Option<String> {
         lock(&self.shared).failure.clone()
+    }
+
+    /// Notified (once) when this hold stops holding on its own: the holder thread failed
+    /// ([`failure`](Self::failure)) or a forged message stopped it reading
+    /// ([`tampered`](Self::tampered)). Await `notified()` on it beside other work, so the hold
+    /// is released at once rather than at the next readiness check or its deadline.
+    pub fn stopped(&self) -> StopSignal {
+        self.stopped.clone()
     }
 
     /// Lets every held connection go, losing none: accept everything read so far, remove the
@@ -555,6 +572,20 @@ impl Drop for HoldQueue {
     }
 }
 
+/// The holder thread stopped on an error: the hold no longer holds (its queue closes with the
+/// thread, so new SYNs bypass it). Say why where [`HoldQueue::failure`] reads it, and wake the
+/// owner ([`HoldQueue::stopped`]) so it fails the hold open at once.
+fn holder_failed(
+    shared: &Mutex<Shared>,
+    stopped: &tokio::sync::Notify,
+    queue: u16,
+    e: &nfqueue::Error,
+) {
+    tracing::error!(queue, error = %e, "holder thread stopped; the hold no longer holds");
+    lock(shared).failure = Some(e.to_string());
+    stopped.notify_one();
+}
+
 fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
     // Counters stay meaningful even if a holder panicked mid-update.
     shared
@@ -571,6 +602,7 @@ fn hold_loop(
     shared: &Mutex<Shared>,
     stop: &EventFd,
     wake: &EventFd,
+    stopped: &tokio::sync::Notify,
 ) -> Result<NfQueue, nfqueue::Error> {
     let mut batch = Vec::new();
     let mut reading = true;
@@ -601,6 +633,7 @@ fn hold_loop(
                     nfq.accept_up_to(max_id)?;
                 }
                 reading = false;
+                stopped.notify_one();
             }
         }
         let mut fds = vec![
@@ -638,5 +671,35 @@ fn hold_loop(
                 nfq.accept_up_to(max_id)?;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 28: a holder thread that stops on an error says why (`failure`) and wakes the
+    /// hold's owner, also when nobody waited yet at that moment (before, nothing read
+    /// `failure()` and the row said `holding` until the deadline).
+    #[tokio::test]
+    async fn a_failed_holder_says_why_and_wakes_the_owner() {
+        let shared = Mutex::new(Shared::default());
+        let stopped = StopSignal::default();
+        let e = nfqueue::Error::Io {
+            queue: 15015,
+            errno: nix::errno::Errno::EBADF,
+        };
+        holder_failed(&shared, &stopped, 15015, &e);
+        assert!(
+            lock(&shared)
+                .failure
+                .as_deref()
+                .is_some_and(|f| f.contains("netlink I/O failed")),
+            "{:?}",
+            lock(&shared).failure
+        );
+        tokio::time::timeout(Duration::from_secs(1), stopped.notified())
+            .await
+            .expect("the owner is woken");
     }
 }
