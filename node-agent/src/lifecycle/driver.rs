@@ -642,9 +642,16 @@ impl Driver {
         .await;
         match result {
             Ok((queue, adopted)) => {
+                let age = if adopted {
+                    std::time::SystemTime::now()
+                        .duration_since(queue.since())
+                        .unwrap_or_default()
+                } else {
+                    Duration::ZERO
+                };
                 self.queue = Some(queue);
                 let late = !adopted && !rehold && self.app_running().await;
-                Input::HoldSetUp { adopted, late }
+                Input::HoldSetUp { adopted, late, age }
             }
             Err(e) => Input::HoldFailed(e),
         }

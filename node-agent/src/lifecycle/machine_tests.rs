@@ -167,6 +167,7 @@ fn holding(p: PodFacts) -> Run {
                 Input::HoldSetUp {
                     adopted: false,
                     late: false,
+                    age: Duration::ZERO,
                 },
                 &[
                     "rec:hold-started(adopted=false,late=false)",
@@ -223,6 +224,46 @@ fn checks_fast_while_envoy_starts() {
 /// failed open at once — a `FailedOpen` record (row, Warning Event, counter), the hold released
 /// as `failed` (its rules removed; the release reports the dead reader, and the leftover rules
 /// are removed again) — and left alone, instead of a row saying `holding` until the deadline.
+/// Issue 28: the hold's deadline is the pod's, not each agent's. An agent that adopts a hold
+/// its predecessor installed 100 s ago (its rules say when) releases it 20 s later with a
+/// 120 s timeout, so agents crash-looping one after another never hold a pod past it (before:
+/// every adoption scheduled a whole new timeout). A hold adopted after its deadline is
+/// released at once; a new hold gets the whole timeout.
+#[test]
+fn an_adopted_hold_keeps_its_first_deadline() {
+    let adopt = |age: Duration| {
+        let mut r = Run::start(pod(RestartPolicy::Always), START);
+        r.script(
+            "to the hold",
+            vec![
+                (Input::NetnsFound { netns: ns(1) }, &["check"]),
+                (Input::Readiness(Seen::Down), &["install(fresh=false)"]),
+            ],
+        );
+        let fx = r.feed(Input::HoldSetUp {
+            adopted: true,
+            late: false,
+            age,
+        });
+        let deadline = fx.iter().find_map(|e| match e {
+            Effect::Schedule(Timer::HoldDeadline, at) => Some(*at),
+            _ => None,
+        });
+        (r, deadline.expect("a deadline"))
+    };
+    let (r, at) = adopt(Duration::from_secs(100));
+    assert_eq!(at, r.now + HOLD - Duration::from_secs(100));
+    let (mut r, at) = adopt(Duration::from_secs(500));
+    assert!(at <= r.now, "past already: due at once");
+    r.now = at.max(r.now);
+    r.script(
+        "the deadline",
+        vec![(Input::Timer(Timer::HoldDeadline), &["release(ready=false)"])],
+    );
+    let (r, at) = adopt(Duration::ZERO);
+    assert_eq!(at, r.now + HOLD);
+}
+
 #[test]
 fn a_failed_holder_fails_the_pod_open_at_once() {
     let mut r = holding(pod(RestartPolicy::Always));
@@ -302,6 +343,7 @@ fn a_pod_over_a_bound_is_failed_open_and_left_alone() {
                 Input::HoldSetUp {
                     adopted: false,
                     late: false,
+                    age: Duration::ZERO,
                 },
                 &[
                     "rec:hold-started(adopted=false,late=false)",
@@ -726,6 +768,7 @@ fn held_packets_pass_while_init_containers_run() {
                 Input::HoldSetUp {
                     adopted: false,
                     late: true,
+                    age: Duration::ZERO,
                 },
                 &[
                     "rec:hold-started(adopted=false,late=true)",
@@ -817,6 +860,7 @@ fn a_proxy_exit_while_ready_holds_again_until_the_new_envoy_is_ready() {
                 Input::HoldSetUp {
                     adopted: false,
                     late: true,
+                    age: Duration::ZERO,
                 },
                 &[
                     "rec:hold-started(adopted=false,late=true)",
@@ -1137,6 +1181,7 @@ fn a_native_pod_is_not_held_at_start_but_across_a_proxy_restart() {
                 Input::HoldSetUp {
                     adopted: false,
                     late: false,
+                    age: Duration::ZERO,
                 },
                 &[
                     "rec:hold-started(adopted=false,late=false)",
@@ -1306,6 +1351,7 @@ fn timeline_steps_follow_the_pods_life() {
         Input::HoldSetUp {
             adopted: false,
             late: false,
+            age: Duration::ZERO,
         },
         Input::Pod(Some(pod(RestartPolicy::Always))),
         Input::Readiness(Seen::Starting),

@@ -55,6 +55,10 @@ pub enum Input {
     HoldSetUp {
         adopted: bool,
         late: bool,
+        /// How long the hold has been in force already: zero for a new hold; for an adopted
+        /// one, since a previous agent installed it (its rules say when), so the deadline
+        /// counts from the hold's start, not this agent's.
+        age: Duration,
     },
     HoldFailed(String),
     HoldReleased(Released),

@@ -256,6 +256,10 @@ impl HoldQueue {
         cfg: &HoldConfig,
         existing: &rules::FoundPerFamily,
     ) -> Result<HoldQueue> {
+        // The hold starts now: its start goes into the rules for a successor (see `since`).
+        let mut cfg = cfg.clone();
+        cfg.rules.since = Some(unix_now());
+        let cfg = &cfg;
         let mut hold = HoldQueue::bind(netns, cfg, cfg.rules.queue_num)?;
         match rules::install_over(&hold.netns, &cfg.rules, existing) {
             Ok(installed) => hold.note_installed(installed),
@@ -297,6 +301,11 @@ impl HoldQueue {
         let queue_num = found.queue_num.unwrap_or(cfg.rules.queue_num);
         let mut cfg = cfg.clone();
         cfg.rules.queue_num = queue_num;
+        // The hold began when its first agent installed it: kept in the refreshed rules, so
+        // every successor counts the deadline from there. A start in the future (a clock set
+        // back, a forged marker) counts as now; a hold from an agent that wrote none starts now.
+        let now = unix_now();
+        cfg.rules.since = Some(found.since.filter(|&t| t <= now).unwrap_or(now));
         let mut hold = HoldQueue::bind(netns, &cfg, queue_num)?;
         match rules::install_over(&hold.netns, &cfg.rules, per_family) {
             Ok(installed) => hold.note_installed(installed),
@@ -407,6 +416,14 @@ impl HoldQueue {
     /// The queue number in use.
     pub fn queue_num(&self) -> u16 {
         self.cfg.rules.queue_num
+    }
+
+    /// When the hold began: when this agent installed it, or, for an adopted hold, when the
+    /// first agent did (as its rules say; now if they say nothing). The hold's deadline counts
+    /// from here, so agents restarting one after another never hold a pod past
+    /// `--max-hold-timeout` in all.
+    pub fn since(&self) -> SystemTime {
+        std::time::UNIX_EPOCH + Duration::from_secs(self.cfg.rules.since.unwrap_or_else(unix_now))
     }
 
     /// While `on`, packets are let through at once instead of held, and switching it on lets
@@ -584,6 +601,13 @@ fn holder_failed(
     tracing::error!(queue, error = %e, "holder thread stopped; the hold no longer holds");
     lock(shared).failure = Some(e.to_string());
     stopped.notify_one();
+}
+
+/// The wall clock in Unix seconds (what the hold's marker rule carries).
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
