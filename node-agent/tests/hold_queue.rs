@@ -320,7 +320,7 @@ fn adopt_keeps_the_holds_start() -> Result<()> {
     let since = hold.since();
     let listing = t.iptables(&["-S", "HOLDFAST_OUT"])?;
     ensure!(
-        listing.contains("--comment \"holdfast-since="),
+        listing.contains("--comment \"holdfast-since-ms="),
         "no start marker:\n{listing}"
     );
     drop(hold);

@@ -423,7 +423,7 @@ impl HoldQueue {
     /// from here, so agents restarting one after another never hold a pod past
     /// `--max-hold-timeout` in all.
     pub fn since(&self) -> SystemTime {
-        std::time::UNIX_EPOCH + Duration::from_secs(self.cfg.rules.since.unwrap_or_else(unix_now))
+        std::time::UNIX_EPOCH + Duration::from_millis(self.cfg.rules.since.unwrap_or_else(unix_now))
     }
 
     /// While `on`, packets are let through at once instead of held, and switching it on lets
@@ -603,11 +603,11 @@ fn holder_failed(
     stopped.notify_one();
 }
 
-/// The wall clock in Unix seconds (what the hold's marker rule carries).
+/// The wall clock in Unix milliseconds (what the hold's marker rule carries).
 fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {

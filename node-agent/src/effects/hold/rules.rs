@@ -89,7 +89,7 @@ pub struct RuleSpec {
     pub ip6tables: String,
     /// `ip6tables-restore` binary (same backend).
     pub ip6tables_restore: String,
-    /// When the hold began (Unix seconds), written into the chain as a marker rule so that an
+    /// When the hold began (Unix milliseconds), written into the chain as a marker rule so that an
     /// agent adopting the hold counts its deadline from the hold's start, not its own
     /// ([`SINCE_PREFIX`]). `None` writes no marker (what agents before it wrote).
     #[serde(skip)]
@@ -97,11 +97,11 @@ pub struct RuleSpec {
 }
 
 /// The comment of the marker rule that carries the hold's start: `-A HOLDFAST_OUT -m comment
-/// --comment holdfast-since=<unix seconds>`. It has no target, so it changes no packet's fate
+/// --comment holdfast-since-ms=<Unix milliseconds>`. It has no target, so it changes no packet's fate
 /// (a rule without `-j` only counts); the chain's flush at release removes it with the rest.
 /// A pod (it may write rules in its own namespace) can forge it only to shorten its own hold:
 /// the deadline is counted from it, never past `--max-hold-timeout` from the agent's own look.
-pub const SINCE_PREFIX: &str = "holdfast-since=";
+pub const SINCE_PREFIX: &str = "holdfast-since-ms=";
 
 /// An address family: iptables or ip6tables.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -631,28 +631,30 @@ mod tests {
     #[test]
     fn the_holds_start_is_kept_in_a_marker_rule() {
         let spec = RuleSpec {
-            since: Some(1_795_327_237),
+            since: Some(1_795_327_237_458),
             ..RuleSpec::default()
         };
         let script = install_script(&spec, Family::V4, &FoundHold::default());
         assert!(
-            script.contains("-A HOLDFAST_OUT -m comment --comment holdfast-since=1795327237\n"),
+            script
+                .contains("-A HOLDFAST_OUT -m comment --comment holdfast-since-ms=1795327237458\n"),
             "{script}"
         );
         // Unquoted (iptables-nft 1.8.9 quotes it for the `=`: below, and `hold_queue.rs`).
-        let listed =
-            format!("{LISTED}-A HOLDFAST_OUT -m comment --comment holdfast-since=1795327237\n");
+        let listed = format!(
+            "{LISTED}-A HOLDFAST_OUT -m comment --comment holdfast-since-ms=1795327237458\n"
+        );
         let found = parse_found(&listed);
-        assert_eq!(found.since, Some(1_795_327_237));
+        assert_eq!(found.since, Some(1_795_327_237_458));
         assert!(found.is_active());
         assert_eq!(found.queue_rules, 1 + 1, "the marker is not a queue rule");
         assert_eq!(parse_found(LISTED).since, None);
         // Quoted as iptables prints it, or forged twice: the earliest counts; garbage is ignored.
         let two = format!(
-            "{listed}-A HOLDFAST_IN -m comment --comment \"holdfast-since=1795327000\"\n\
-             -A HOLDFAST_IN -m comment --comment holdfast-since=soon\n"
+            "{listed}-A HOLDFAST_IN -m comment --comment \"holdfast-since-ms=1795327000000\"\n\
+             -A HOLDFAST_IN -m comment --comment holdfast-since-ms=soon\n"
         );
-        assert_eq!(parse_found(&two).since, Some(1_795_327_000));
+        assert_eq!(parse_found(&two).since, Some(1_795_327_000_000));
         // Without a start, no marker.
         let plain = install_script(&RuleSpec::default(), Family::V4, &FoundHold::default());
         assert!(!plain.contains(SINCE_PREFIX), "{plain}");
