@@ -306,6 +306,46 @@ fn adopt_after_agent_restart() -> Result<()> {
     t.assert_no_hold()
 }
 
+/// Issue 28: the hold's start survives the agent: it is written into the hold's chain (a
+/// marker rule without a target) and an adopting agent reads it back, so the deadline counts
+/// from the first agent's install, not each successor's. Real iptables: the marker as
+/// iptables prints it, and the release leaves nothing.
+#[test]
+fn adopt_keeps_the_holds_start() -> Result<()> {
+    if !privileged("adopt_keeps_the_holds_start") {
+        return Ok(());
+    }
+    let t = TestNetns::new("hf-hold-since")?;
+    let hold = HoldQueue::start(&t.ns, &HoldConfig::default())?;
+    let since = hold.since();
+    let listing = t.iptables(&["-S", "HOLDFAST_OUT"])?;
+    ensure!(
+        listing.contains("--comment \"holdfast-since-ms="),
+        "no start marker:\n{listing}"
+    );
+    drop(hold);
+    std::thread::sleep(Duration::from_millis(2100));
+    let adopted = HoldQueue::adopt(&t.ns, &HoldConfig::default())?.context("nothing adopted")?;
+    ensure!(
+        adopted.since() == since,
+        "adopted start {:?}, installed {:?}",
+        adopted.since(),
+        since
+    );
+    let age = std::time::SystemTime::now().duration_since(adopted.since())?;
+    ensure!(age >= Duration::from_secs(1), "age {age:?}");
+    // A second adoption (the refreshed rules keep the marker).
+    drop(adopted);
+    let again = HoldQueue::adopt(&t.ns, &HoldConfig::default())?.context("nothing adopted")?;
+    ensure!(
+        again.since() == since,
+        "lost on refresh: {:?}",
+        again.since()
+    );
+    again.release()?;
+    t.assert_no_hold()
+}
+
 #[test]
 fn proxy_uid_is_not_held() -> Result<()> {
     if !privileged("proxy_uid_is_not_held") {

@@ -339,6 +339,65 @@ fn startup_hold_survives_agent_restart() {
     assert_clean(node, agent);
 }
 
+/// Issue 28: the hold's deadline is the pod's, not each agent's. An agent restarted twice while
+/// a pod is held (a crash-looping or rolling agent) adopts the hold each time, and the hold
+/// still ends at the deadline counted from its first install (6 s here), not a whole timeout
+/// after the last adoption (before: ~10 s, and without end for an agent that keeps
+/// restarting).
+#[test]
+fn startup_hold_deadline_survives_agent_restarts() {
+    if !privileged("startup_hold_deadline_survives_agent_restarts") {
+        return;
+    }
+    const TIMEOUT: Duration = Duration::from_secs(6);
+    let mut node = node("holdrst2");
+    let mut agent = agent(&node, &["--hold-timeout", "6s"]);
+    // Envoy 40 s late: only the deadline ends the hold.
+    node.add_pod(boot_caller("crashy", Duration::from_secs(40), 1))
+        .expect("add pod");
+    node.start_pods().expect("start");
+    let row = agent
+        .wait_pod(
+            "default",
+            "crashy",
+            Duration::from_secs(20),
+            "holding",
+            |r| r.hold.as_ref().is_some_and(|h| h.started_at.is_some()),
+        )
+        .expect("holding");
+    let first = row
+        .hold
+        .and_then(|h| h.started_at)
+        .expect("the hold's start");
+    for _ in 0..2 {
+        std::thread::sleep(Duration::from_secs(2));
+        agent.terminate().expect("agent stops on SIGTERM");
+        agent.restart().expect("agent restarts");
+    }
+    let row = agent
+        .wait_hold_ended("default", "crashy", Duration::from_secs(30))
+        .expect("status");
+    let hold = row.hold.clone().expect("hold");
+    assert!(hold.adopted, "{hold:?}");
+    assert_eq!(hold.outcome, Some(HoldOutcome::Deadline), "{hold:?}");
+    let held = hold
+        .released_at
+        .expect("released")
+        .duration_since(first)
+        .expect("after the start");
+    eprintln!("held {held:?} in all over two agent restarts (timeout {TIMEOUT:?})");
+    assert!(
+        held < TIMEOUT + Duration::from_millis(1500),
+        "held {held:?} over two restarts: past the {TIMEOUT:?} deadline"
+    );
+    assert!(held >= TIMEOUT - Duration::from_secs(1), "held {held:?}");
+    assert!(
+        hold_rules(&node, "crashy").is_empty(),
+        "rule left after the deadline"
+    );
+    assert_clean(node, agent);
+}
+
 /// Agent SIGKILLed while holding and not restarted: the held SYN is dropped with the queue and
 /// its retransmission passes (`--queue-bypass`), so the app sees exactly what it would see with
 /// no agent. A later agent removes the rule it finds once the proxy is ready.

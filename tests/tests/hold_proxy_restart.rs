@@ -143,3 +143,137 @@ fn a_restarted_proxy_holds_the_apps_calls_again() {
     let left = node.finish();
     assert!(left.is_empty(), "left behind: {left:#?}");
 }
+
+/// The agent's CPU so far (utime + stime + its reaped children's, e.g. `iptables`), in seconds.
+fn agent_cpu_s(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let ticks: u64 = rest
+        .split_whitespace()
+        .skip(11) // state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt
+        .take(4) // utime stime cutime cstime
+        .filter_map(|x| x.parse::<u64>().ok())
+        .sum();
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100);
+    ticks as f64 / hz as f64
+}
+
+/// Issue 29: `while :; do sleep 0.005; done` run in the pod's proxy container (as `kubectl
+/// exec` runs it: the container's cgroup and netns, its parent outside the container), there
+/// before the agent starts watching the ready proxy, is not the proxy going, nor is an exec
+/// session (`sleep 5`) that ends once the proxy is ready: their processes
+/// ending cost the agent no re-check, and its CPU stays what it is once the loop is stopped
+/// (the control). The proxy is still watched: Envoy killed afterwards is seen going at once.
+/// Before the fix every process of the container was watched, and each `sleep` that ended
+/// was a re-check (a readiness look and two `iptables -S` in the pod's netns), re-arming the
+/// watch on the next `sleep`: without end.
+#[test]
+fn an_exec_loop_in_the_proxy_container_is_not_the_proxy_going() {
+    const TEST: &str = "an_exec_loop_in_the_proxy_container_is_not_the_proxy_going";
+    if !privileged(TEST) {
+        return;
+    }
+    const WINDOW: Duration = Duration::from_secs(10);
+    let opts = NodeOptions {
+        sim_app: Some(env!("CARGO_BIN_EXE_sim-app").into()),
+        restart_backoff: Some(BACKOFF),
+        ..NodeOptions::default()
+    };
+    let mut node = SimNode::for_test("execloop", opts);
+    let agent = AgentProcess::start(
+        node.node_name(),
+        node.pods_dir(),
+        &node.work_dir().join("agent.log"),
+        &[],
+    )
+    .expect("start the holdfast agent");
+    // Envoy starts 2 s after its container: the loop is in the container before the proxy is
+    // ready, so the agent's watch of the ready proxy sees the loop's processes.
+    node.add_pod(PodSpec::new("exec").proxy_delay(Duration::from_secs(1)))
+        .expect("add pod");
+    node.start_pods().expect("start");
+    node.wait_for("exec", Duration::from_secs(30), "proxy running", |p| {
+        p.proxy().is_some_and(|c| c.is_running() && c.pid.is_some())
+    })
+    .expect("the proxy container runs");
+    let exits_seen =
+        |agent: &AgentProcess| agent.log_text().matches("a process of the proxy").count();
+    let exits0 = exits_seen(&agent);
+    let mut sh = std::process::Command::new("sh");
+    sh.args(["-c", "while :; do sleep 0.005; done"]);
+    let looper = node.exec_in_proxy("exec", sh).expect("exec the loop");
+    // And an exec session that ends once the proxy is ready (an operator's `kubectl exec`).
+    let mut session = std::process::Command::new("sleep");
+    session.arg("5");
+    node.exec_in_proxy("exec", session).expect("exec a session");
+    agent
+        .wait_pod("default", "exec", Duration::from_secs(30), "ready", |row| {
+            row.phase == AgentPhase::Ready
+        })
+        .expect("the agent follows the ready pod");
+    let pid = agent.pid().expect("the agent's pid");
+
+    let cpu0 = agent_cpu_s(pid);
+    std::thread::sleep(WINDOW);
+    let loop_cpu = agent_cpu_s(pid) - cpu0;
+    let exits = exits_seen(&agent) - exits0;
+    let row = agent
+        .pod("default", "exec")
+        .expect("status")
+        .expect("the pod's row");
+    let tl = row.timeline.clone().expect("a timeline");
+    let gone = tl
+        .steps
+        .iter()
+        .filter(|s| s.step.as_str() == "proxy-gone")
+        .count() as u64;
+    node.stop_host_process(looper, Duration::from_millis(100))
+        .expect("stop the loop");
+
+    // The control: the same pod and agent, no loop.
+    std::thread::sleep(Duration::from_secs(1));
+    let cpu1 = agent_cpu_s(pid);
+    std::thread::sleep(WINDOW);
+    let idle_cpu = agent_cpu_s(pid) - cpu1;
+    eprintln!(
+        "{TEST}: agent CPU per {WINDOW:?}: {loop_cpu:.2} s with the loop, {idle_cpu:.2} s \
+         without; proxy exits seen with the loop: {exits}; proxy-gone steps: {gone} (+{} \
+         dropped steps)",
+        tl.dropped
+    );
+    assert_eq!(
+        exits, 0,
+        "the loop's processes were taken for the proxy ({exits} exits seen)"
+    );
+    assert_eq!(gone + tl.dropped, 0, "re-checks on the timeline: {tl:#?}");
+    assert_eq!(row.phase, AgentPhase::Ready);
+    assert!(
+        loop_cpu <= idle_cpu + 0.5,
+        "the loop costs the agent: {loop_cpu:.2} s of CPU in {WINDOW:?} against {idle_cpu:.2} s"
+    );
+
+    // The proxy itself is still watched.
+    let killed_at = SystemTime::now();
+    node.kill_envoy("exec").expect("kill Envoy");
+    agent
+        .wait_pod(
+            "default",
+            "exec",
+            Duration::from_secs(10),
+            "proxy gone after the kill",
+            |row| {
+                row.timeline.as_ref().is_some_and(|tl| {
+                    tl.steps
+                        .iter()
+                        .any(|s| s.step.as_str() == "proxy-gone" && s.at >= killed_at)
+                })
+            },
+        )
+        .expect("Envoy's exit is seen");
+    drop(agent);
+    let left = node.finish();
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}

@@ -133,10 +133,13 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let api_task = tokio::spawn(api.serve(listener, stop.clone().cancelled_owned()));
 
     let mut pods = Pods::default();
+    let mut expiry = tokio::time::interval(ROW_EXPIRY_EVERY);
+    expiry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
+            _ = expiry.tick() => pods.expire_rows(std::time::Instant::now(), &shared),
             event = rx.recv() => match event {
                 Some(PodEvent::Synced) => {
                     if !synced.swap(true, std::sync::atomic::Ordering::Relaxed) {
@@ -184,20 +187,45 @@ type PodTask = Arc<
 /// How often one pod's task may panic and be restarted before the pod is left alone.
 const MAX_TASK_RESTARTS: u32 = 3;
 
+/// How long a gone pod's row stays on the status board, so `holdfast status` still shows how
+/// its drain went.
+const GONE_ROW_RETENTION: Duration = Duration::from_secs(300);
+
+/// How often rows of gone pods are looked at for removal.
+const ROW_EXPIRY_EVERY: Duration = Duration::from_secs(10);
+
+/// What the agent remembers of a pod for as long as the pod exists (from its first sighting
+/// to its deletion), whatever becomes of its tasks: toggling `holdfast.io/enabled` or a
+/// task's panic starts a task anew, never the pod's record (issue 29 item 7, issue 28).
+#[derive(Debug)]
+struct PodLife {
+    /// How often the pod's task panicked and was restarted.
+    restarts: u32,
+    /// Why the pod is left alone (failed open by its task, or its task kept panicking): no task
+    /// is started for it again until it is deleted.
+    left_alone: Option<String>,
+}
+
 /// The pods being followed: one task per meshed pod, fed through a watch channel. `None` on the
 /// channel means the pod is gone. Tasks are supervised: one that panics is counted
-/// (`holdfast_pod_task_panics_total`), logged with its pod, and started again on the pod's
-/// latest view — its lifecycle begins anew and adopts its hold or drain, as after an agent
-/// restart — at most [`MAX_TASK_RESTARTS`] times, then the pod is left alone (as without the
-/// agent; a hold it left passes traffic by `--queue-bypass`) with the reason on its row.
+/// (`holdfast_pod_task_panics_total`), logged with its pod, noted on its row, and started again
+/// on the pod's latest view — its lifecycle begins anew on the kept row and adopts its hold or
+/// drain, as after an agent restart — at most [`MAX_TASK_RESTARTS`] times, then the pod is left
+/// alone (as without the agent; a hold it left passes traffic by `--queue-bypass`) with the
+/// reason on its row. A pod's rows and what it is owed live as long as the pod ([`PodLife`]):
+/// a gone pod's row is removed [`GONE_ROW_RETENTION`] after its task ended, unless a task or a
+/// `skipped` row of the same pod has it again.
 struct Pods {
     by_uid: HashMap<String, watch::Sender<Option<PodView>>>,
     /// Pods with the proxy container that are left alone (a `skipped` row each), by uid.
     skipped: HashMap<String, PodKey>,
     tasks: JoinSet<()>,
-    /// Which pod (uid) each task serves, and how often that pod's task was restarted.
-    task_pod: HashMap<tokio::task::Id, String>,
-    restarts: HashMap<String, u32>,
+    /// Which pod each task serves.
+    task_pod: HashMap<tokio::task::Id, PodKey>,
+    /// Every pod tracked at some point and not deleted since, by uid.
+    lives: HashMap<String, PodLife>,
+    /// Rows whose task ended, and when: removed after [`GONE_ROW_RETENTION`].
+    gone_rows: HashMap<String, (PodKey, std::time::Instant)>,
     start_task: PodTask,
 }
 
@@ -216,7 +244,8 @@ impl Pods {
             skipped: HashMap::new(),
             tasks: JoinSet::new(),
             task_pod: HashMap::new(),
-            restarts: HashMap::new(),
+            lives: HashMap::new(),
+            gone_rows: HashMap::new(),
             start_task,
         }
     }
@@ -226,11 +255,17 @@ impl Pods {
         let span = tracing::info_span!("pod", pod = %key, uid = %key.uid);
         let task = (self.start_task)(shared.clone(), rx).instrument(span);
         let handle = self.tasks.spawn(task);
-        self.task_pod.insert(handle.id(), key.uid.clone());
+        self.task_pod.insert(handle.id(), key.clone());
+        self.gone_rows.remove(&key.uid);
+        self.lives.entry(key.uid.clone()).or_insert(PodLife {
+            restarts: 0,
+            left_alone: None,
+        });
     }
 
-    /// A task ended: forget it; if it panicked, count it, say so and start the pod's lifecycle
-    /// again (see [`Pods`]).
+    /// A task ended: forget it; if it ended on its own, keep its row a while and remember
+    /// whether it left the pod alone; if it panicked, count it, say so on the row and start the
+    /// pod's lifecycle again (see [`Pods`]).
     fn task_ended(
         &mut self,
         done: Result<(tokio::task::Id, ()), tokio::task::JoinError>,
@@ -240,45 +275,101 @@ impl Pods {
             Ok((id, ())) => (id, None),
             Err(e) => (e.id(), Some(e)),
         };
-        let uid = self.task_pod.remove(&id);
-        let Some(e) = failure else { return };
+        let key = self.task_pod.remove(&id);
+        let Some(e) = failure else {
+            if let Some(key) = key {
+                self.task_finished(key, shared);
+            }
+            return;
+        };
         if !e.is_panic() {
             // Cancelled: only at shutdown.
             return;
         }
         shared.metrics.pod_task_panics.inc();
-        let Some(uid) = uid else {
+        let Some(key) = key else {
             tracing::error!(error = %e, "a pod task panicked (an agent bug)");
             return;
         };
+        let uid = key.uid.clone();
         let Some(tx) = self.by_uid.get(&uid) else {
             tracing::error!(uid = %uid, error = %e, "a pod task panicked (an agent bug); the pod is gone");
+            self.gone_rows.insert(uid, (key, std::time::Instant::now()));
             return;
         };
-        let Some(view) = tx.borrow().clone() else {
-            return;
+        let key = tx.borrow().as_ref().map_or(key, |v| v.key.clone());
+        let life = self.lives.entry(uid.clone()).or_insert(PodLife {
+            restarts: 0,
+            left_alone: None,
+        });
+        life.restarts += 1;
+        let restarts = life.restarts;
+        let rec = crate::lifecycle::record::Recorder {
+            key: key.clone(),
+            board: shared.board.clone(),
+            metrics: shared.metrics.clone(),
+            events: shared.events.clone(),
         };
-        let key = view.key.clone();
-        let restarts = self.restarts.entry(uid.clone()).or_default();
-        *restarts += 1;
-        if *restarts > MAX_TASK_RESTARTS {
+        if restarts > MAX_TASK_RESTARTS {
             tracing::error!(pod = %key, error = %e, restarts = MAX_TASK_RESTARTS, "a pod task panicked again (an agent bug); leaving the pod alone, as without holdfast");
-            self.by_uid.remove(&uid);
-            crate::lifecycle::record::Recorder::skipped(
-                &shared.board,
-                &key,
-                &format!(
-                    "the agent's task for this pod panicked {} times (an agent bug: please \
-                     report it); left alone, as without holdfast",
-                    MAX_TASK_RESTARTS + 1
-                ),
+            let reason = format!(
+                "the agent's task for this pod panicked {} times (an agent bug: please report \
+                 it); left alone, as without holdfast",
+                MAX_TASK_RESTARTS + 1
             );
+            life.left_alone = Some(reason.clone());
+            self.by_uid.remove(&uid);
+            crate::lifecycle::record::Recorder::left_alone(&shared.board, &key, &reason);
             self.skipped.insert(uid, key);
             return;
         }
-        tracing::error!(pod = %key, error = %e, restart = *restarts, "a pod task panicked (an agent bug: please report it); restarting the pod's lifecycle, which adopts its hold or drain");
+        tracing::error!(pod = %key, error = %e, restart = restarts, "a pod task panicked (an agent bug: please report it); restarting the pod's lifecycle, which adopts its hold or drain");
+        rec.problem(format!(
+            "the agent's task for this pod panicked (an agent bug: please report it): restarted \
+             ({restarts} of {MAX_TASK_RESTARTS}), adopting its hold or drain"
+        ));
         let rx = tx.subscribe();
         self.spawn(shared, &key, rx);
+    }
+
+    /// A pod's task ended on its own (the pod gone or no longer tracked): its row is removed
+    /// [`GONE_ROW_RETENTION`] later, and a pod it left alone (failed open: its row says
+    /// `skipped`, with the reason) stays alone if it is tracked again.
+    fn task_finished(&mut self, key: PodKey, shared: &Arc<Shared>) {
+        let failed_open = shared
+            .board
+            .snapshot_row(&key.namespace, &key.name)
+            .filter(|row| row.uid == key.uid && row.phase == crate::api::Phase::Skipped)
+            .map(|row| row.skipped_reason.unwrap_or_default());
+        if let (Some(why), Some(life)) = (failed_open, self.lives.get_mut(&key.uid)) {
+            life.left_alone.get_or_insert(why);
+        }
+        self.gone_rows
+            .insert(key.uid.clone(), (key, std::time::Instant::now()));
+    }
+
+    /// Removes the rows of pods gone for [`GONE_ROW_RETENTION`] (as of `now`), unless a task
+    /// or a `skipped` row of the same pod has the row again.
+    fn expire_rows(&mut self, now: std::time::Instant, shared: &Arc<Shared>) {
+        let due: Vec<String> = self
+            .gone_rows
+            .iter()
+            .filter(|(_, (_, at))| now.saturating_duration_since(*at) >= GONE_ROW_RETENTION)
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in due {
+            let Some((key, _)) = self.gone_rows.remove(&uid) else {
+                continue;
+            };
+            let kept = self.by_uid.contains_key(&uid)
+                || self.skipped.contains_key(&uid)
+                || self.lives.get(&uid).is_some_and(|l| l.left_alone.is_some());
+            if !kept {
+                shared
+                    .board
+                    .remove_if_uid(&key.namespace, &key.name, &key.uid);
+            }
+        }
     }
 
     fn apply(&mut self, event: PodEvent, shared: &Arc<Shared>) {
@@ -292,6 +383,18 @@ impl Pods {
                         // row. Hundreds of these (a ReplicaSet whose pods keep being rejected)
                         // cost a parsed view each, then nothing.
                         tracing::debug!(pod = %view.key, phase = ?view.phase, "pod in a terminal phase; not tracked");
+                    }
+                    Ok(view)
+                        if self
+                            .lives
+                            .get(&view.key.uid)
+                            .is_some_and(|l| l.left_alone.is_some()) =>
+                    {
+                        // Left alone for good (failed open, or its task kept panicking): an
+                        // update, or the opt-out annotation toggled, does not undo that.
+                        if let Some(tx) = self.by_uid.get(&view.key.uid) {
+                            tx.send_replace(Some(view));
+                        }
                     }
                     Ok(view) => {
                         let uid = view.key.uid.clone();
@@ -319,6 +422,8 @@ impl Pods {
                         if let Some(tx) = self.by_uid.remove(&uid) {
                             tracing::info!(uid = %uid, %reason, "pod no longer tracked");
                             tx.send_replace(None);
+                        } else if self.lives.get(&uid).is_some_and(|l| l.left_alone.is_some()) {
+                            // Its row says why it is left alone; keep that.
                         } else if !matches!(
                             reason,
                             NotTracked::NoProxy | NotTracked::OtherNode | NotTracked::Incomplete(_)
@@ -349,7 +454,7 @@ impl Pods {
             PodEvent::Synced => {}
             PodEvent::Deleted { uid } => {
                 let uid = uid.to_ascii_lowercase();
-                self.restarts.remove(&uid);
+                self.lives.remove(&uid);
                 if let Some(tx) = self.by_uid.remove(&uid) {
                     tx.send_replace(None);
                 }
@@ -573,6 +678,225 @@ mod tests {
                 .is_some_and(|r| r.contains("panicked 4 times")),
             "{rows:#?}"
         );
+    }
+
+    /// A test pod task that writes the pod's row as the driver does (`Recorder::start`),
+    /// counts its starts, panics on the starts `panic_on` names and fails the pod open (a
+    /// `FailedOpen` outcome, as the machine records a broken bound) on those `fail_open_on`
+    /// names; then runs until its pod is gone.
+    fn recording_task(
+        panic_on: &'static [u32],
+        fail_open_on: &'static [u32],
+    ) -> (PodTask, Arc<std::sync::Mutex<u32>>) {
+        let starts = Arc::new(std::sync::Mutex::new(0u32));
+        let count = starts.clone();
+        let task: PodTask = Arc::new(move |shared, mut rx| {
+            let count = count.clone();
+            Box::pin(async move {
+                let start = {
+                    let mut n = count.lock().expect("starts");
+                    *n += 1;
+                    *n
+                };
+                let Some(view) = rx.borrow_and_update().clone() else {
+                    return;
+                };
+                let rec = crate::lifecycle::record::Recorder {
+                    key: view.key.clone(),
+                    board: shared.board.clone(),
+                    metrics: shared.metrics.clone(),
+                    events: shared.events.clone(),
+                };
+                rec.start(None, view.mode);
+                if panic_on.contains(&start) {
+                    panic!("test fault hook: start {start} panics");
+                }
+                if fail_open_on.contains(&start) {
+                    rec.outcome(&crate::lifecycle::machine::Outcome::FailedOpen {
+                        why: "a test bound".into(),
+                    });
+                }
+                while rx.changed().await.is_ok() {
+                    if rx.borrow_and_update().is_none() {
+                        return;
+                    }
+                }
+            })
+        });
+        (task, starts)
+    }
+
+    fn opted_out(enabled: bool) -> k8s_openapi::api::core::v1::Pod {
+        pod_json(json!({"metadata": {"annotations": {
+            "holdfast.io/enabled": if enabled { "true" } else { "false" }
+        }}}))
+    }
+
+    /// Issue 29 item 7: `holdfast.io/enabled` false then true. The pod's row is kept (its
+    /// timeline goes on: the new task's start is a step on it) and the first task's end does
+    /// not remove it 300 s later while the second task runs (before: the old task's removal
+    /// timer deleted the live row). Uses the real lifecycle driver (the pod never shows a
+    /// process, so it waits for its netns).
+    #[tokio::test(start_paused = true)]
+    async fn toggling_the_opt_out_keeps_the_live_row() {
+        let shared = shared();
+        let mut pods = Pods::default();
+        pods.apply(PodEvent::Applied(Box::new(opted_out(true))), &shared);
+        let row = |shared: &Arc<Shared>| shared.board.snapshot_row("shop", "web-1");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let first = row(&shared).expect("a row");
+        pods.apply(PodEvent::Applied(Box::new(opted_out(false))), &shared);
+        reap(&mut pods, &shared, 1).await;
+        pods.apply(PodEvent::Applied(Box::new(opted_out(true))), &shared);
+        assert_eq!(pods.tasks.len(), 1, "tracked again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Past the retention of the first task's row, the second task's row is there, the
+        // same row: its first sighting and the new start on one timeline.
+        tokio::time::sleep(GONE_ROW_RETENTION + Duration::from_secs(1)).await;
+        pods.expire_rows(
+            std::time::Instant::now() + GONE_ROW_RETENTION + Duration::from_secs(1),
+            &shared,
+        );
+        let live = row(&shared).expect("the live task's row is kept");
+        assert_eq!(live.tracked_since, first.tracked_since, "{live:#?}");
+        let steps: Vec<_> = live
+            .timeline
+            .as_ref()
+            .expect("a timeline")
+            .steps
+            .iter()
+            .filter(|s| s.step == crate::api::StepKind::FirstSeen)
+            .map(|s| s.detail.clone())
+            .collect();
+        assert_eq!(steps.len(), 2, "{steps:?}");
+        assert!(steps[1]
+            .as_deref()
+            .is_some_and(|d| d.contains("tracked again")));
+
+        // Deleted: the row stays for the retention, then goes.
+        pods.apply(
+            PodEvent::Deleted {
+                uid: "2C48913C-b29f-4a8e-9c4b-0123456789ab".into(),
+            },
+            &shared,
+        );
+        reap(&mut pods, &shared, 1).await;
+        pods.expire_rows(std::time::Instant::now(), &shared);
+        assert!(row(&shared).is_some(), "kept a while after the pod is gone");
+        pods.expire_rows(std::time::Instant::now() + GONE_ROW_RETENTION, &shared);
+        assert!(row(&shared).is_none(), "then removed");
+        shared.stop.cancel();
+    }
+
+    /// Issue 29 item 7: a pod failed open stays alone when the opt-out annotation is toggled
+    /// (before: the toggle started a new task, which failed the pod open again — the
+    /// failed-open counter counted toggles, and "left alone" was forgotten).
+    #[tokio::test]
+    async fn toggling_the_opt_out_does_not_undo_left_alone() {
+        let shared = shared();
+        let (task, starts) = recording_task(&[], &[1, 2, 3]);
+        let mut pods = Pods::with_task(task);
+        pods.apply(PodEvent::Applied(Box::new(opted_out(true))), &shared);
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while shared.metrics.pods_failed_open.get() == 0 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("failed open");
+        for _ in 0..3 {
+            pods.apply(PodEvent::Applied(Box::new(opted_out(false))), &shared);
+            if !pods.tasks.is_empty() {
+                reap(&mut pods, &shared, 1).await;
+            }
+            pods.apply(PodEvent::Applied(Box::new(opted_out(true))), &shared);
+            tokio::task::yield_now().await;
+        }
+        assert!(pods.tasks.is_empty(), "no new task for a pod left alone");
+        assert_eq!(*starts.lock().expect("starts"), 1);
+        assert_eq!(
+            shared.metrics.pods_failed_open.get(),
+            1,
+            "one pod, counted once"
+        );
+        let row = shared.board.snapshot_row("shop", "web-1").expect("its row");
+        assert_eq!(row.phase, Phase::Skipped);
+        assert!(
+            row.skipped_reason
+                .as_deref()
+                .is_some_and(|r| r.contains("a test bound")),
+            "{row:#?}"
+        );
+        // Still there long after (a left-alone pod's row lives as long as the pod).
+        pods.expire_rows(std::time::Instant::now() + GONE_ROW_RETENTION * 2, &shared);
+        assert!(shared.board.snapshot_row("shop", "web-1").is_some());
+        // Deleted: forgotten; a pod of the same name later is a new pod.
+        pods.apply(
+            PodEvent::Deleted {
+                uid: "2C48913C-b29f-4a8e-9c4b-0123456789ab".into(),
+            },
+            &shared,
+        );
+        assert!(pods.lives.is_empty());
+    }
+
+    /// Issue 28: a task restarted after a panic keeps the pod's row (its timeline and
+    /// `last_error`, the panic a step on it), and a pod left alone after its task kept
+    /// panicking stays alone at the next Pod update (before: a fresh row at each restart, and
+    /// the next update started a task again).
+    #[tokio::test]
+    async fn a_panicked_task_keeps_the_row_and_left_alone_sticks() {
+        let shared = shared();
+        let (task, starts) = recording_task(&[1], &[]);
+        let mut pods = Pods::with_task(task);
+        pods.apply(PodEvent::Applied(Box::new(pod_json(json!({})))), &shared);
+        reap(&mut pods, &shared, 1).await;
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while *starts.lock().expect("starts") < 2 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("restarted");
+        tokio::task::yield_now().await;
+        let row = shared.board.snapshot_row("shop", "web-1").expect("its row");
+        let kinds: Vec<_> = row
+            .timeline
+            .as_ref()
+            .expect("timeline")
+            .steps
+            .iter()
+            .map(|s| s.step.as_str())
+            .collect();
+        assert_eq!(kinds, ["first-seen", "problem", "first-seen"], "{row:#?}");
+        assert!(
+            row.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("panicked")),
+            "{row:#?}"
+        );
+
+        // Always panicking: left alone after three restarts, and it stays so.
+        let shared = super::tests::shared();
+        let (task, starts) = recording_task(&[1, 2, 3, 4, 5, 6], &[]);
+        let mut pods = Pods::with_task(task);
+        pods.apply(PodEvent::Applied(Box::new(pod_json(json!({})))), &shared);
+        reap(&mut pods, &shared, 4).await;
+        pods.apply(PodEvent::Applied(Box::new(pod_json(json!({})))), &shared);
+        assert!(pods.tasks.is_empty(), "the next update starts no task");
+        assert_eq!(*starts.lock().expect("starts"), 4);
+        let row = shared.board.snapshot_row("shop", "web-1").expect("its row");
+        assert_eq!(row.phase, Phase::Skipped);
+        let steps = &row.timeline.as_ref().expect("timeline").steps;
+        assert_eq!(
+            steps
+                .iter()
+                .filter(|s| s.step.as_str() == "problem")
+                .count(),
+            3,
+            "each restart a step: {steps:#?}"
+        );
+        assert_eq!(steps.last().map(|s| s.step.as_str()), Some("skipped"));
     }
 
     /// A pod whose uid the source spells in capitals: its task is found (keys are lower case)

@@ -23,13 +23,12 @@ use crate::effects::envoy_admin::AdminClient;
 use crate::effects::hold::{HoldConfig, HoldQueue};
 use crate::effects::netns::PodNetns;
 use crate::effects::procfs::pod_procs::NetnsLookup;
+use crate::effects::procfs::proxy_procs::proxy_pids_of;
 use crate::lifecycle::drain::app_exit::ExitWatcher;
 use crate::lifecycle::drain::{self, DrainCtx, DrainStep, PodProcsSource};
 use crate::lifecycle::readiness::{Readiness, ReadinessProbe};
 use crate::pod::{PodKey, PodView};
 
-/// How long a gone pod's row stays on the status board.
-const GONE_ROW_RETENTION: Duration = Duration::from_secs(300);
 /// How often the held counts are copied to the status board.
 const STATUS_EVERY: Duration = Duration::from_millis(250);
 
@@ -214,17 +213,10 @@ pub(crate) async fn run(shared: Arc<Shared>, view: watch::Receiver<Option<PodVie
     };
     let ready_poll = d.shared.config.hold.ready_poll;
     let (state, fx) = State::new(PodFacts::of(&first), ready_poll, now());
-    let gone = d.drive(state, fx).await;
-    if gone {
-        // Keep the finished row a while, so `holdfast status` still shows how the pod's drain
-        // went after it is gone.
-        let board = d.shared.board.clone();
-        let key = d.key.clone();
+    if d.drive(state, fx).await {
+        // The row stays a while (the agent's `Pods` removes it once the pod is gone for good),
+        // so `holdfast status` still shows how the pod's drain went.
         tracing::info!("pod gone; no longer tracked");
-        tokio::spawn(async move {
-            tokio::time::sleep(GONE_ROW_RETENTION).await;
-            board.remove_if_uid(&key.namespace, &key.name, &key.uid);
-        });
     }
 }
 
@@ -253,7 +245,7 @@ struct Driver {
     /// Answers of performed effects, fed to the machine in order.
     pending: VecDeque<Input>,
     last_progress: Instant,
-    /// Pidfds of the ready proxy container's processes (while the machine `watches_proxy`):
+    /// Pidfds of the ready proxy's own processes (pilot-agent and Envoy; while the machine `watches_proxy`):
     /// the first exit is `ProxyGone`. No polling: a pidfd turns readable on exit.
     proxy_watch: Option<ExitWatcher>,
     /// The proxy container id the watch was armed for (armed once per id).
@@ -297,6 +289,7 @@ impl Driver {
                     let has_executor = self.executor.is_some();
                     let executor = self.executor.as_mut();
                     let mut executor_done = false;
+                    let hold_stopped = self.queue.as_ref().map(HoldQueue::stopped);
                     let has_proxy_watch = self.proxy_watch.is_some();
                     let proxy_watch = self.proxy_watch.as_mut();
                     let mut proxy_gone = false;
@@ -319,8 +312,15 @@ impl Driver {
                             executor_done = true;
                             input
                         }
+                        _ = async { hold_stopped.as_ref().expect("guarded").notified().await }, if hold_stopped.is_some() => {
+                            // The hold stopped holding on its own: say why, at once.
+                            match self.hold_stopped_input() {
+                                Some(input) => input,
+                                None => continue,
+                            }
+                        }
                         (pid, _) = async { proxy_watch.expect("guarded").next_exit().await }, if has_proxy_watch => {
-                            tracing::info!(pid, "a process of the proxy container exited");
+                            tracing::info!(pid, "a process of the proxy (pilot-agent or Envoy) exited");
                             proxy_gone = true;
                             Input::ProxyGone
                         }
@@ -550,11 +550,20 @@ impl Driver {
         }
     }
 
+    /// Why the hold in force stopped holding on its own, as the machine's input: forged
+    /// messages on its queue (a broken bound) or its reader thread's failure.
+    fn hold_stopped_input(&self) -> Option<Input> {
+        let q = self.queue.as_ref()?;
+        q.tampered()
+            .map(Input::OverBound)
+            .or_else(|| q.failure().map(Input::HoldBroken))
+    }
+
     async fn check_readiness(&mut self) -> Input {
+        if let Some(input) = self.hold_stopped_input() {
+            return input;
+        }
         if let Some(q) = &self.queue {
-            if let Some(why) = q.tampered() {
-                return Input::OverBound(why);
-            }
             if self.last_progress.elapsed() >= STATUS_EVERY {
                 self.last_progress = Instant::now();
                 let held = q.held();
@@ -633,9 +642,16 @@ impl Driver {
         .await;
         match result {
             Ok((queue, adopted)) => {
+                let age = if adopted {
+                    std::time::SystemTime::now()
+                        .duration_since(queue.since())
+                        .unwrap_or_default()
+                } else {
+                    Duration::ZERO
+                };
                 self.queue = Some(queue);
                 let late = !adopted && !rehold && self.app_running().await;
-                Input::HoldSetUp { adopted, late }
+                Input::HoldSetUp { adopted, late, age }
             }
             Err(e) => Input::HoldFailed(e),
         }
@@ -661,8 +677,9 @@ impl Driver {
     }
 
     /// Arms the proxy watch while the machine wants it (once per proxy container id), drops it
-    /// otherwise. The container's processes are found by container id in the pod's cgroup
-    /// (Envoy runs under pilot-agent in the `istio-proxy` container); an OOM-kill of either ends
+    /// otherwise. The container's processes are found by container id in the pod's cgroup, and
+    /// of those only the proxy's own are watched: the container's main process (pilot-agent)
+    /// and its children (Envoy), see `effects::procfs::proxy_procs`; an OOM-kill of either ends
     /// the container.
     async fn sync_proxy_watch(&mut self, state: &State) {
         if !state.watches_proxy() {
@@ -682,15 +699,26 @@ impl Driver {
             return;
         }
         self.proxy_watch_for = Some(proxy_id.clone());
-        let procs = self.shared.procs.of_pod(&self.key.uid).await;
+        let container: Vec<i32> = self
+            .shared
+            .procs
+            .of_pod(&self.key.uid)
+            .await
+            .iter()
+            .filter(|p| p.container_id.as_deref() == Some(proxy_id.as_str()))
+            .map(|p| p.pid)
+            .collect();
+        // Only the proxy itself (pilot-agent and Envoy), not every process of its container:
+        // an exec session or probe ending is not the proxy going (issue 29).
+        let proc_root = self.shared.procs.proc_root();
+        let proxy = tokio::task::spawn_blocking(move || proxy_pids_of(&proc_root, &container))
+            .await
+            .unwrap_or_default();
         let mut watcher = ExitWatcher::for_pod(&self.key);
         // A pid already gone is skipped, not taken as an exit: the process list can lag, and
         // the Pod status path (a new or no running proxy id) covers a container already down.
-        for p in procs
-            .iter()
-            .filter(|p| p.container_id.as_deref() == Some(proxy_id.as_str()))
-        {
-            let _ = watcher.watch(p.pid);
+        for pid in proxy {
+            let _ = watcher.watch(pid);
         }
         if watcher.live() > 0 {
             tracing::debug!(processes = watcher.live(), "watching the proxy's processes");

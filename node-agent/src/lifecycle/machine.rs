@@ -19,10 +19,12 @@ use crate::effects::netns::NetnsId;
 
 mod afterwards;
 mod holding;
+mod proxy_gone;
 mod startup;
 
 pub use super::facts::{netns_poll_after, pass_through, PodFacts, RestartPolicy};
 pub use super::messages::{Effect, Input, Now, Outcome, Released, Seen, Timer};
+pub use proxy_gone::{ProxyGonePace, PROXY_GONE_BUDGET, PROXY_GONE_WINDOW};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Stage {
@@ -131,6 +133,8 @@ pub struct State {
     /// How far the proxy got in the current start, as [`readiness_step`] ranks it (for the
     /// timeline: each level once per start; a proxy restart starts over).
     pub readiness_seen: u8,
+    /// The pace and budget of re-checks after the proxy was seen going (`machine/proxy_gone.rs`).
+    pub proxy_gone: ProxyGonePace,
 }
 
 impl State {
@@ -147,6 +151,7 @@ impl State {
                 proxy_restarted: false,
                 proxy_running: false,
                 readiness_seen: 0,
+                proxy_gone: ProxyGonePace::default(),
             };
             return (state, vec![Effect::SetPhase(Phase::Done)]);
         }
@@ -165,6 +170,7 @@ impl State {
             proxy_restarted: false,
             proxy_running,
             readiness_seen: 0,
+            proxy_gone: ProxyGonePace::default(),
         };
         let mut fx = vec![Effect::SetPhase(Phase::WaitingForNetns)];
         if proxy_running {
@@ -195,10 +201,14 @@ impl State {
 
     /// Whether the driver should watch the proxy container's processes for an exit (answer:
     /// `ProxyGone`): only while the proxy is ready and the pod runs on (`Running`), never during
-    /// a drain or a Job watch, where the agent itself ends Envoy. A watch costs one pidfd per
-    /// process and no polling.
+    /// a drain or a Job watch, where the agent itself ends Envoy, nor while a re-check waits
+    /// for its pace (`machine/proxy_gone.rs`). A watch costs one pidfd per process and no
+    /// polling.
     pub fn watches_proxy(&self) -> bool {
-        matches!(self.stage, Stage::Running { .. }) && !self.stopping && !self.deleting()
+        matches!(self.stage, Stage::Running { .. })
+            && !self.stopping
+            && !self.deleting()
+            && !self.proxy_gone.deferred
     }
 }
 
@@ -212,8 +222,20 @@ pub fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>) {
     match &input {
         Input::Pod(p) => s.pod = p.clone(),
         Input::AgentStop => s.stopping = true,
+        // A deferred proxy-gone re-check is due, whatever the stage now (`afterwards.rs`).
+        Input::Timer(Timer::ProxyRecheck) => s.proxy_gone.deferred = false,
         _ => {}
     }
+    // The hold's NFQUEUE reader stopped: nothing holds any more (its queue closed, new SYNs
+    // bypass it), and the agent cannot tell the pod's doing from a kernel error: fail it open
+    // and leave it alone, as for a broken bound (row, Warning Event, counter, the hold's rules
+    // removed).
+    let input = match input {
+        Input::HoldBroken(why) => Input::OverBound(format!(
+            "the startup hold's queue reader stopped ({why}); the hold no longer held"
+        )),
+        other => other,
+    };
     timeline_steps(&mut s, &input, &mut fx);
     let stage = std::mem::replace(&mut s.stage, Stage::Exited);
     s.stage = match (stage, input) {

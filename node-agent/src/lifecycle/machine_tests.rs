@@ -167,6 +167,7 @@ fn holding(p: PodFacts) -> Run {
                 Input::HoldSetUp {
                     adopted: false,
                     late: false,
+                    age: Duration::ZERO,
                 },
                 &[
                     "rec:hold-started(adopted=false,late=false)",
@@ -219,6 +220,80 @@ fn checks_fast_while_envoy_starts() {
 /// A pod that breaks a bound while held (an oversized admin answer, forged netlink): its hold is
 /// released at once, as without the agent, and it is left alone from then on — no re-hold when
 /// its proxy restarts, no drain, no Job quit.
+/// Issue 28: the hold's NFQUEUE reader thread failed (nothing holds any more): the pod is
+/// failed open at once — a `FailedOpen` record (row, Warning Event, counter), the hold released
+/// as `failed` (its rules removed; the release reports the dead reader, and the leftover rules
+/// are removed again) — and left alone, instead of a row saying `holding` until the deadline.
+/// Issue 28: the hold's deadline is the pod's, not each agent's. An agent that adopts a hold
+/// its predecessor installed 100 s ago (its rules say when) releases it 20 s later with a
+/// 120 s timeout, so agents crash-looping one after another never hold a pod past it (before:
+/// every adoption scheduled a whole new timeout). A hold adopted after its deadline is
+/// released at once; a new hold gets the whole timeout.
+#[test]
+fn an_adopted_hold_keeps_its_first_deadline() {
+    let adopt = |age: Duration| {
+        let mut r = Run::start(pod(RestartPolicy::Always), START);
+        r.script(
+            "to the hold",
+            vec![
+                (Input::NetnsFound { netns: ns(1) }, &["check"]),
+                (Input::Readiness(Seen::Down), &["install(fresh=false)"]),
+            ],
+        );
+        let fx = r.feed(Input::HoldSetUp {
+            adopted: true,
+            late: false,
+            age,
+        });
+        let deadline = fx.iter().find_map(|e| match e {
+            Effect::Schedule(Timer::HoldDeadline, at) => Some(*at),
+            _ => None,
+        });
+        (r, deadline.expect("a deadline"))
+    };
+    let (r, at) = adopt(Duration::from_secs(100));
+    assert_eq!(at, r.now + HOLD - Duration::from_secs(100));
+    let (mut r, at) = adopt(Duration::from_secs(500));
+    assert!(at <= r.now, "past already: due at once");
+    r.now = at.max(r.now);
+    r.script(
+        "the deadline",
+        vec![(Input::Timer(Timer::HoldDeadline), &["release(ready=false)"])],
+    );
+    let (r, at) = adopt(Duration::ZERO);
+    assert_eq!(at, r.now + HOLD);
+}
+
+#[test]
+fn a_failed_holder_fails_the_pod_open_at_once() {
+    let mut r = holding(pod(RestartPolicy::Always));
+    let fx = r.feed(Input::HoldBroken(
+        "NFQUEUE 15015: netlink I/O failed: EBADF".into(),
+    ));
+    assert_eq!(acts(&fx), ["rec:failed-open", "release(ready=false)"]);
+    let why = fx.iter().find_map(|e| match e {
+        Effect::Record(Outcome::FailedOpen { why }) => Some(why.clone()),
+        _ => None,
+    });
+    assert!(
+        why.as_deref()
+            .is_some_and(|w| w.contains("queue reader stopped") && w.contains("EBADF")),
+        "{why:?}"
+    );
+    r.script(
+        "released",
+        vec![
+            (
+                Input::ReleaseFailed("the holder thread failed".into()),
+                &["remove-leftover", "rec:hold-failed", "problem"],
+            ),
+            (Input::Pod(Some(deleted(pod(RestartPolicy::Always)))), &[]),
+            (Input::Pod(None), &["phase:done", "exit"]),
+        ],
+    );
+    assert!(r.state.left_alone);
+}
+
 #[test]
 fn a_pod_over_a_bound_is_failed_open_and_left_alone() {
     let mut r = holding(pod(RestartPolicy::Always));
@@ -268,6 +343,7 @@ fn a_pod_over_a_bound_is_failed_open_and_left_alone() {
                 Input::HoldSetUp {
                     adopted: false,
                     late: false,
+                    age: Duration::ZERO,
                 },
                 &[
                     "rec:hold-started(adopted=false,late=false)",
@@ -692,6 +768,7 @@ fn held_packets_pass_while_init_containers_run() {
                 Input::HoldSetUp {
                     adopted: false,
                     late: true,
+                    age: Duration::ZERO,
                 },
                 &[
                     "rec:hold-started(adopted=false,late=true)",
@@ -783,6 +860,7 @@ fn a_proxy_exit_while_ready_holds_again_until_the_new_envoy_is_ready() {
                 Input::HoldSetUp {
                     adopted: false,
                     late: true,
+                    age: Duration::ZERO,
                 },
                 &[
                     "rec:hold-started(adopted=false,late=true)",
@@ -827,6 +905,113 @@ fn a_proxy_exit_while_ready_holds_again_until_the_new_envoy_is_ready() {
             (Input::Readiness(Seen::Down), &["install(fresh=true)"]),
         ],
     );
+}
+
+/// The proxy's processes exiting again and again while Envoy stays ready (issue 29: the pod's
+/// own pilot-agent forking children that exit, each one a re-check of readiness and the hold's
+/// rules): the first is re-checked at once, the next waits for its spacing (the proxy not
+/// watched meanwhile), and past the budget the pod is failed open and left alone — no hold, no
+/// drain, as without holdfast. Before, every exit was a re-check at once, without end.
+#[test]
+fn proxy_gone_rechecks_are_paced_and_budgeted() {
+    let mut r = ready(holding(pod(RestartPolicy::Always)));
+    let back_to_ready = (
+        Input::Readiness(Seen::Ready),
+        &["remove-leftover", "phase:ready"][..],
+    );
+    r.script(
+        "first exit",
+        vec![(Input::ProxyGone, &["check"]), back_to_ready.clone()],
+    );
+    // 5 ms later the next exit: its re-check waits 1 s, and the proxy is not watched.
+    r.now += Duration::from_millis(5);
+    r.script(
+        "too soon",
+        vec![(Input::ProxyGone, &["timer:ProxyRecheck"])],
+    );
+    assert!(
+        !r.state.watches_proxy(),
+        "not watched while a re-check waits"
+    );
+    assert_eq!(
+        r.state.stage,
+        Stage::Running {
+            netns: ns(1),
+            proxy_id: Some("proxy-1".into())
+        }
+    );
+    r.now += Duration::from_secs(1);
+    r.script(
+        "its time",
+        vec![
+            (Input::Timer(Timer::ProxyRecheck), &["check"]),
+            back_to_ready.clone(),
+        ],
+    );
+    assert!(r.state.watches_proxy(), "watched again");
+    // As fast as the pace allows: ten re-checks in all, then the budget is spent.
+    let mut rechecks = 2;
+    loop {
+        let fx = r.feed(Input::ProxyGone);
+        match acts(&fx).as_slice() {
+            [t] if t == "timer:ProxyRecheck" => {
+                let at = fx
+                    .iter()
+                    .find_map(|e| match e {
+                        Effect::Schedule(Timer::ProxyRecheck, at) => Some(*at),
+                        _ => None,
+                    })
+                    .expect("when");
+                r.now = at;
+                let fx = r.feed(Input::Timer(Timer::ProxyRecheck));
+                if acts(&fx) == ["check"] {
+                    rechecks += 1;
+                    assert_eq!(
+                        acts(&r.feed(Input::Readiness(Seen::Ready))),
+                        back_to_ready.1
+                    );
+                } else {
+                    assert_eq!(acts(&fx), ["rec:failed-open"]);
+                    break;
+                }
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(rechecks, PROXY_GONE_BUDGET);
+    assert!(r.state.left_alone && r.state.stage == Stage::Finished);
+    assert!(!r.state.watches_proxy());
+    // Left alone: its deletion is not drained, its end ends the task.
+    r.script(
+        "left alone",
+        vec![
+            (Input::ProxyGone, &[]),
+            (Input::Pod(Some(deleted(pod(RestartPolicy::Always)))), &[]),
+            (Input::Pod(None), &["phase:done", "exit"]),
+        ],
+    );
+
+    // A deferred re-check whose moment comes after the pod moved on (the status showed the
+    // proxy restarted meanwhile) does nothing there, and the watch comes back after.
+    let mut r = ready(holding(pod(RestartPolicy::Always)));
+    r.script(
+        "first",
+        vec![(Input::ProxyGone, &["check"]), back_to_ready.clone()],
+    );
+    r.script("second", vec![(Input::ProxyGone, &["timer:ProxyRecheck"])]);
+    let mut restarted = pod(RestartPolicy::Always);
+    restarted.proxy = Some(running("proxy-2"));
+    r.script(
+        "restart in the status",
+        vec![
+            (
+                Input::Pod(Some(restarted)),
+                &["phase:waiting-for-netns", "look"],
+            ),
+            (Input::Timer(Timer::ProxyRecheck), &[]),
+        ],
+    );
+    assert!(!r.state.proxy_gone.deferred);
 }
 
 #[test]
@@ -996,6 +1181,7 @@ fn a_native_pod_is_not_held_at_start_but_across_a_proxy_restart() {
                 Input::HoldSetUp {
                     adopted: false,
                     late: false,
+                    age: Duration::ZERO,
                 },
                 &[
                     "rec:hold-started(adopted=false,late=false)",
@@ -1165,6 +1351,7 @@ fn timeline_steps_follow_the_pods_life() {
         Input::HoldSetUp {
             adopted: false,
             late: false,
+            age: Duration::ZERO,
         },
         Input::Pod(Some(pod(RestartPolicy::Always))),
         Input::Readiness(Seen::Starting),

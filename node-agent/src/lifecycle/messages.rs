@@ -55,6 +55,10 @@ pub enum Input {
     HoldSetUp {
         adopted: bool,
         late: bool,
+        /// How long the hold has been in force already: zero for a new hold; for an adopted
+        /// one, since a previous agent installed it (its rules say when), so the deadline
+        /// counts from the hold's start, not this agent's.
+        age: Duration,
     },
     HoldFailed(String),
     HoldReleased(Released),
@@ -68,6 +72,10 @@ pub enum Input {
     /// from the kernel on its hold's queue): fail it open — release any hold as without the
     /// agent — and leave it alone from now on, saying why.
     OverBound(String),
+    /// The hold stopped holding on its own (its NFQUEUE reader thread failed; the reason): the
+    /// machine fails the pod open at once, as for a broken bound, rather than leave the row
+    /// `holding` until the deadline.
+    HoldBroken(String),
     /// The proxy's readiness cannot be looked at (no handle on the pod's netns, no probe could
     /// be made): as without the agent — no hold, a hold in force released — and the reason on
     /// the row.
@@ -87,6 +95,8 @@ pub enum Timer {
     NetnsPoll,
     ReadinessPoll,
     HoldDeadline,
+    /// A proxy-gone's re-check, deferred by its pace (`machine/proxy_gone.rs`).
+    ProxyRecheck,
 }
 
 /// An outcome, for the recorder (board + metrics + Event + log, together).

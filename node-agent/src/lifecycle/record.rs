@@ -33,12 +33,33 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    /// The pod's first row (`problems`: invalid annotations, for `last_error`).
+    /// The pod's first row (`problems`: invalid annotations, for `last_error`). A row the same
+    /// pod already has (its task restarted after a panic, or it was opted out and in again) is
+    /// kept, timeline, hold, drain and `last_error` included: a row lives as long as its pod,
+    /// not its task; the new start is a step on it.
     pub fn start(&self, problems: Option<String>, mode: SidecarMode) {
         for p in problems.iter() {
             tracing::warn!("{p}");
         }
         let now = SystemTime::now();
+        let mut kept = false;
+        self.row(|row| {
+            kept = true;
+            let detail = match &problems {
+                Some(p) => format!("tracked again (the row is kept); {p}"),
+                None => "tracked again (the row is kept)".to_string(),
+            };
+            push_step(row, now, StepKind::FirstSeen, Some(detail));
+            row.phase = Phase::WaitingForNetns;
+            row.mode = Some(mode);
+            row.skipped_reason = None;
+            if problems.is_some() {
+                row.last_error = problems.clone();
+            }
+        });
+        if kept {
+            return;
+        }
         let mut timeline = Timeline::default();
         timeline.push(now, StepKind::FirstSeen, problems.clone());
         self.board.put(PodStatus {
@@ -79,6 +100,30 @@ impl Recorder {
             skipped_reason: Some(reason.to_string()),
             timeline: Some(timeline),
         });
+    }
+
+    /// The agent leaves a tracked pod alone (its task kept panicking): the pod's row, kept,
+    /// turns `skipped` with the reason as a step on its timeline (a fresh `skipped` row if it
+    /// has none).
+    pub fn left_alone(board: &StatusBoard, key: &PodKey, reason: &str) {
+        tracing::warn!(pod = %key, uid = %key.uid, %reason, "leaving the pod alone");
+        let mut kept = false;
+        board.update(&key.namespace, &key.name, |row| {
+            if row.uid == key.uid {
+                kept = true;
+                push_step(
+                    row,
+                    SystemTime::now(),
+                    StepKind::Skipped,
+                    Some(reason.to_string()),
+                );
+                row.phase = Phase::Skipped;
+                row.skipped_reason = Some(reason.to_string());
+            }
+        });
+        if !kept {
+            Recorder::skipped(board, key, reason);
+        }
     }
 
     pub fn phase(&self, phase: Phase) {

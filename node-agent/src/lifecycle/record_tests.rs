@@ -118,6 +118,7 @@ impl Harness {
             Input::HoldSetUp {
                 adopted: false,
                 late: false,
+                age: Duration::ZERO,
             },
         ])
     }
@@ -241,6 +242,7 @@ fn a_late_hold_is_on_the_row() {
         Input::HoldSetUp {
             adopted: false,
             late: true,
+            age: Duration::ZERO,
         },
     ]);
     let row = h.row();

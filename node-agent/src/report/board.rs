@@ -45,6 +45,11 @@ impl StatusBoard {
         }
     }
 
+    /// A copy of one pod's row, if it has one.
+    pub fn snapshot_row(&self, namespace: &str, name: &str) -> Option<PodStatus> {
+        self.lock().get(&format!("{namespace}/{name}")).cloned()
+    }
+
     /// A copy of every row, ordered by `namespace/name`.
     pub fn snapshot(&self) -> Vec<PodStatus> {
         self.lock().values().cloned().collect()

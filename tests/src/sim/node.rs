@@ -654,6 +654,38 @@ impl SimNode {
         Ok(pid)
     }
 
+    /// Runs `cmd` in pod `pod`'s proxy container as `kubectl exec` (and an exec probe) does:
+    /// `runc exec` puts the new process in the container's cgroup and namespaces, and its
+    /// parent is the runtime's shim, not the container's main process (here: this test
+    /// process). Joins the network namespace and cgroup of the proxy container's main process;
+    /// the process is SIGKILLed at teardown (and the container's cgroup is killed with the pod).
+    /// Returns its pid.
+    pub fn exec_in_proxy(&mut self, pod: &str, cmd: Command) -> Result<u32, SimError> {
+        let main = self
+            .pod(pod)
+            .and_then(|v| v.proxy().and_then(|c| c.pid))
+            .ok_or_else(|| SimError::Setup(format!("pod {pod}: no running proxy container")))?;
+        let io = |what: String| move |source| SimError::Io { what, source };
+        let cgroup = std::fs::read_to_string(format!("/proc/{main}/cgroup"))
+            .map_err(io(format!("read /proc/{main}/cgroup")))?;
+        let rel = cgroup
+            .lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .ok_or_else(|| SimError::Setup(format!("pid {main}: no cgroup v2 line")))?;
+        let procs = self
+            .env
+            .cgroup_root
+            .join(rel.trim_start_matches('/'))
+            .join("cgroup.procs");
+        let netns = std::fs::File::open(format!("/proc/{main}/ns/net"))
+            .map_err(io(format!("open /proc/{main}/ns/net")))?;
+        let mut cmd = cmd;
+        let child = super::process::spawn_in(&mut cmd, &netns, Some(&procs))?;
+        let pid = child.id();
+        self.host_processes.push(child);
+        Ok(pid)
+    }
+
     /// Waits until the pod has been removed (deleted and every process gone).
     pub fn wait_gone(&self, name: &str, timeout: Duration) -> Result<PodView, SimError> {
         self.wait_for(name, timeout, "removed", |p| p.gone)

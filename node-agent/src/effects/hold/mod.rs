@@ -182,6 +182,11 @@ struct Shared {
     tampered: Option<String>,
 }
 
+/// Wakes the hold's owner when the hold stops holding on its own (the holder thread failed, or
+/// stopped reading forged messages): see [`HoldQueue::stopped`]. A wake-up before anyone waits
+/// is kept (one permit), so it is never lost.
+pub type StopSignal = Arc<tokio::sync::Notify>;
+
 impl Shared {
     /// Counts packets that now wait for a verdict.
     fn record(&mut self, packets: &[QueuedPacket]) {
@@ -227,6 +232,8 @@ pub struct HoldQueue {
     stop: Arc<EventFd>,
     /// Wakes the holder thread to look at `Shared::pass_through` again.
     wake: Arc<EventFd>,
+    /// See [`HoldQueue::stopped`].
+    stopped: StopSignal,
     holder: Option<JoinHandle<Result<NfQueue, nfqueue::Error>>>,
     /// Why IPv6 is not held although the spec asked for it.
     ipv6_error: Option<String>,
@@ -249,6 +256,10 @@ impl HoldQueue {
         cfg: &HoldConfig,
         existing: &rules::FoundPerFamily,
     ) -> Result<HoldQueue> {
+        // The hold starts now: its start goes into the rules for a successor (see `since`).
+        let mut cfg = cfg.clone();
+        cfg.rules.since = Some(unix_now());
+        let cfg = &cfg;
         let mut hold = HoldQueue::bind(netns, cfg, cfg.rules.queue_num)?;
         match rules::install_over(&hold.netns, &cfg.rules, existing) {
             Ok(installed) => hold.note_installed(installed),
@@ -290,6 +301,11 @@ impl HoldQueue {
         let queue_num = found.queue_num.unwrap_or(cfg.rules.queue_num);
         let mut cfg = cfg.clone();
         cfg.rules.queue_num = queue_num;
+        // The hold began when its first agent installed it: kept in the refreshed rules, so
+        // every successor counts the deadline from there. A start in the future (a clock set
+        // back, a forged marker) counts as now; a hold from an agent that wrote none starts now.
+        let now = unix_now();
+        cfg.rules.since = Some(found.since.filter(|&t| t <= now).unwrap_or(now));
         let mut hold = HoldQueue::bind(netns, &cfg, queue_num)?;
         match rules::install_over(&hold.netns, &cfg.rules, per_family) {
             Ok(installed) => hold.note_installed(installed),
@@ -356,17 +372,18 @@ impl HoldQueue {
         };
         let stop = eventfd()?;
         let wake = eventfd()?;
+        let stopped = StopSignal::default();
         let holder = {
             let shared = shared.clone();
             let stop = stop.clone();
             let wake = wake.clone();
+            let stopped = stopped.clone();
             std::thread::Builder::new()
                 .name(format!("holdfast-hold-{queue_num}"))
                 .spawn(move || {
-                    let result = hold_loop(nfq, &shared, &stop, &wake);
+                    let result = hold_loop(nfq, &shared, &stop, &wake, &stopped);
                     if let Err(e) = &result {
-                        tracing::error!(queue = queue_num, error = %e, "holder thread stopped; the hold no longer holds");
-                        lock(&shared).failure = Some(e.to_string());
+                        holder_failed(&shared, &stopped, queue_num, e);
                     }
                     result
                 })
@@ -384,6 +401,7 @@ impl HoldQueue {
             shared,
             stop,
             wake,
+            stopped,
             holder: Some(holder),
             ipv6_error: None,
             installed: Vec::new(),
@@ -398,6 +416,14 @@ impl HoldQueue {
     /// The queue number in use.
     pub fn queue_num(&self) -> u16 {
         self.cfg.rules.queue_num
+    }
+
+    /// When the hold began: when this agent installed it, or, for an adopted hold, when the
+    /// first agent did (as its rules say; now if they say nothing). The hold's deadline counts
+    /// from here, so agents restarting one after another never hold a pod past
+    /// `--max-hold-timeout` in all.
+    pub fn since(&self) -> SystemTime {
+        std::time::UNIX_EPOCH + Duration::from_millis(self.cfg.rules.since.unwrap_or_else(unix_now))
     }
 
     /// While `on`, packets are let through at once instead of held, and switching it on lets
@@ -449,6 +475,14 @@ impl HoldQueue {
     /// dropped (TCP retransmits them) and new ones bypass it. Call `release` to lift the rules.
     pub fn failure(&self) -> Option<String> {
         lock(&self.shared).failure.clone()
+    }
+
+    /// Notified (once) when this hold stops holding on its own: the holder thread failed
+    /// ([`failure`](Self::failure)) or a forged message stopped it reading
+    /// ([`tampered`](Self::tampered)). Await `notified()` on it beside other work, so the hold
+    /// is released at once rather than at the next readiness check or its deadline.
+    pub fn stopped(&self) -> StopSignal {
+        self.stopped.clone()
     }
 
     /// Lets every held connection go, losing none: accept everything read so far, remove the
@@ -555,6 +589,27 @@ impl Drop for HoldQueue {
     }
 }
 
+/// The holder thread stopped on an error: the hold no longer holds (its queue closes with the
+/// thread, so new SYNs bypass it). Say why where [`HoldQueue::failure`] reads it, and wake the
+/// owner ([`HoldQueue::stopped`]) so it fails the hold open at once.
+fn holder_failed(
+    shared: &Mutex<Shared>,
+    stopped: &tokio::sync::Notify,
+    queue: u16,
+    e: &nfqueue::Error,
+) {
+    tracing::error!(queue, error = %e, "holder thread stopped; the hold no longer holds");
+    lock(shared).failure = Some(e.to_string());
+    stopped.notify_one();
+}
+
+/// The wall clock in Unix milliseconds (what the hold's marker rule carries).
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
     // Counters stay meaningful even if a holder panicked mid-update.
     shared
@@ -571,6 +626,7 @@ fn hold_loop(
     shared: &Mutex<Shared>,
     stop: &EventFd,
     wake: &EventFd,
+    stopped: &tokio::sync::Notify,
 ) -> Result<NfQueue, nfqueue::Error> {
     let mut batch = Vec::new();
     let mut reading = true;
@@ -601,6 +657,7 @@ fn hold_loop(
                     nfq.accept_up_to(max_id)?;
                 }
                 reading = false;
+                stopped.notify_one();
             }
         }
         let mut fds = vec![
@@ -638,5 +695,35 @@ fn hold_loop(
                 nfq.accept_up_to(max_id)?;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 28: a holder thread that stops on an error says why (`failure`) and wakes the
+    /// hold's owner, also when nobody waited yet at that moment (before, nothing read
+    /// `failure()` and the row said `holding` until the deadline).
+    #[tokio::test]
+    async fn a_failed_holder_says_why_and_wakes_the_owner() {
+        let shared = Mutex::new(Shared::default());
+        let stopped = StopSignal::default();
+        let e = nfqueue::Error::Io {
+            queue: 15015,
+            errno: nix::errno::Errno::EBADF,
+        };
+        holder_failed(&shared, &stopped, 15015, &e);
+        assert!(
+            lock(&shared)
+                .failure
+                .as_deref()
+                .is_some_and(|f| f.contains("netlink I/O failed")),
+            "{:?}",
+            lock(&shared).failure
+        );
+        tokio::time::timeout(Duration::from_secs(1), stopped.notified())
+            .await
+            .expect("the owner is woken");
     }
 }

@@ -89,7 +89,19 @@ pub struct RuleSpec {
     pub ip6tables: String,
     /// `ip6tables-restore` binary (same backend).
     pub ip6tables_restore: String,
+    /// When the hold began (Unix milliseconds), written into the chain as a marker rule so that an
+    /// agent adopting the hold counts its deadline from the hold's start, not its own
+    /// ([`SINCE_PREFIX`]). `None` writes no marker (what agents before it wrote).
+    #[serde(skip)]
+    pub since: Option<u64>,
 }
+
+/// The comment of the marker rule that carries the hold's start: `-A HOLDFAST_OUT -m comment
+/// --comment holdfast-since-ms=<Unix milliseconds>`. It has no target, so it changes no packet's fate
+/// (a rule without `-j` only counts); the chain's flush at release removes it with the rest.
+/// A pod (it may write rules in its own namespace) can forge it only to shorten its own hold:
+/// the deadline is counted from it, never past `--max-hold-timeout` from the agent's own look.
+pub const SINCE_PREFIX: &str = "holdfast-since-ms=";
 
 /// An address family: iptables or ip6tables.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,6 +165,7 @@ impl Default for RuleSpec {
             dns_port: None,
             ip6tables: "ip6tables".to_string(),
             ip6tables_restore: "ip6tables-restore".to_string(),
+            since: None,
         }
     }
 }
@@ -168,6 +181,8 @@ pub struct FoundHold {
     pub jumps: Vec<String>,
     /// Holdfast chains that exist.
     pub chains: Vec<String>,
+    /// When the hold began, by its marker rule ([`SINCE_PREFIX`]; the earliest if several).
+    pub since: Option<u64>,
 }
 
 impl FoundHold {
@@ -214,7 +229,18 @@ pub fn hold_rules(spec: &RuleSpec, family: Family) -> Vec<Vec<String>> {
         rule.extend(to_queue.iter().cloned());
         rule
     };
-    let mut rules = vec![outbound("tcp", spec.outbound_port)];
+    let mut rules = Vec::new();
+    if let Some(since) = spec.since {
+        rules.push(vec![
+            "-A".to_string(),
+            OUT_CHAIN.to_string(),
+            "-m".to_string(),
+            "comment".to_string(),
+            "--comment".to_string(),
+            format!("{SINCE_PREFIX}{since}"),
+        ]);
+    }
+    rules.push(outbound("tcp", spec.outbound_port));
     if let Some(dns) = spec.dns_port {
         rules.push(outbound("udp", dns));
         rules.push(outbound("tcp", dns));
@@ -332,7 +358,16 @@ pub fn parse_found(iptables_s: &str) -> FoundHold {
                         .and_then(|w| w[1].parse().ok());
                 }
             }
-            ["-A", chain, ..] if is_holdfast_chain(chain) => {}
+            ["-A", chain, ..] if is_holdfast_chain(chain) => {
+                let since = words
+                    .windows(2)
+                    .find(|w| w[0] == "--comment")
+                    .and_then(|w| w[1].trim_matches('"').strip_prefix(SINCE_PREFIX))
+                    .and_then(|t| t.parse::<u64>().ok());
+                if let Some(t) = since {
+                    found.since = Some(found.since.map_or(t, |f| f.min(t)));
+                }
+            }
             ["-A", _, ..] => {
                 let jumps_to_ours = words
                     .windows(2)
@@ -437,6 +472,10 @@ pub fn merge(found: &FoundPerFamily) -> FoundHold {
         merged.queue_rules += f.queue_rules;
         merged.jumps.extend(f.jumps.iter().cloned());
         merged.chains.extend(f.chains.iter().cloned());
+        merged.since = match (merged.since, f.since) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
     }
     merged
 }
@@ -584,6 +623,41 @@ mod tests {
         assert_eq!(found.queue_rules, 2);
         assert_eq!(found.jumps.len(), 2);
         assert_eq!(found.chains, vec![IN_CHAIN, OUT_CHAIN]);
+    }
+
+    /// The hold's start is written as a marker rule without a target and read back from the
+    /// listing, so a successor counts the deadline from it (issue 28); a listing without one
+    /// (an older agent's hold) reads `None`.
+    #[test]
+    fn the_holds_start_is_kept_in_a_marker_rule() {
+        let spec = RuleSpec {
+            since: Some(1_795_327_237_458),
+            ..RuleSpec::default()
+        };
+        let script = install_script(&spec, Family::V4, &FoundHold::default());
+        assert!(
+            script
+                .contains("-A HOLDFAST_OUT -m comment --comment holdfast-since-ms=1795327237458\n"),
+            "{script}"
+        );
+        // Unquoted (iptables-nft 1.8.9 quotes it for the `=`: below, and `hold_queue.rs`).
+        let listed = format!(
+            "{LISTED}-A HOLDFAST_OUT -m comment --comment holdfast-since-ms=1795327237458\n"
+        );
+        let found = parse_found(&listed);
+        assert_eq!(found.since, Some(1_795_327_237_458));
+        assert!(found.is_active());
+        assert_eq!(found.queue_rules, 1 + 1, "the marker is not a queue rule");
+        assert_eq!(parse_found(LISTED).since, None);
+        // Quoted as iptables prints it, or forged twice: the earliest counts; garbage is ignored.
+        let two = format!(
+            "{listed}-A HOLDFAST_IN -m comment --comment \"holdfast-since-ms=1795327000000\"\n\
+             -A HOLDFAST_IN -m comment --comment holdfast-since-ms=soon\n"
+        );
+        assert_eq!(parse_found(&two).since, Some(1_795_327_000_000));
+        // Without a start, no marker.
+        let plain = install_script(&RuleSpec::default(), Family::V4, &FoundHold::default());
+        assert!(!plain.contains(SINCE_PREFIX), "{plain}");
     }
 
     #[test]

@@ -10,6 +10,7 @@
 
 pub mod cgroup;
 pub mod pod_procs;
+pub mod proxy_procs;
 pub mod sock_diag;
 pub mod sockets;
 

@@ -49,38 +49,26 @@ pub(super) fn step(
                 }
             }
         },
-        // A proxy process exited while the app runs (OOM-kill): the kubelet restarts the proxy
-        // container after its back-off, and the Pod status says so only with the kubelet's
-        // lag (PLEG relist, status sync). Check at once; Envoy gone (`Down`) re-installs the
-        // hold in the same netns, released by the normal path when the new Envoy is ready.
-        // Envoy still ready (some other process of the container exited): back to `Running`.
-        (Stage::Running { netns, proxy_id }, Input::ProxyGone) => match &s.pod {
+        // A process of the proxy (pilot-agent or Envoy) exited while the app runs (OOM-kill):
+        // the kubelet restarts the proxy container after its back-off, and the Pod status says
+        // so only with the kubelet's lag (PLEG relist, status sync). Check at once; Envoy gone
+        // (`Down`) re-installs the hold in the same netns, released by the normal path when the
+        // new Envoy is ready. Envoy still ready: back to `Running`. Re-checks are paced and
+        // budgeted per pod (`proxy_gone.rs`): what makes them is the pod's.
+        (Stage::Running { netns, proxy_id }, Input::ProxyGone) => match s.pod.clone() {
             Some(p) if p.deletion.is_none() && p.app_may_run() && !s.stopping => {
-                if p.native() {
-                    fx.push(Effect::Problem(
-                        "the native sidecar's proxy exited while the app runs: the kubelet \
-                         restarts it after its CrashLoopBackOff back-off (10 s, doubling to 5 \
-                         min) and marks the pod not Ready meanwhile; the app's new connections are \
-                         held until the restarted Envoy is ready (at most the hold deadline)"
-                            .to_string(),
-                    ));
-                }
-                proxy_starts_over(
-                    s,
-                    fx,
-                    StepKind::ProxyGone,
-                    "a process of the ready proxy exited while the app runs",
-                );
-                s.fresh = Some(false);
-                fx.push(Effect::CheckReadiness);
-                Stage::Checking {
-                    netns,
-                    fresh: false,
-                    rehold: true,
-                }
+                proxy_gone::proxy_gone(s, fx, now, netns, proxy_id, &p)
             }
             _ => Stage::Running { netns, proxy_id },
         },
+        (Stage::Running { netns, proxy_id }, Input::Timer(Timer::ProxyRecheck)) => {
+            match s.pod.clone() {
+                Some(p) if p.deletion.is_none() && p.app_may_run() && !s.stopping => {
+                    proxy_gone::proxy_gone(s, fx, now, netns, proxy_id, &p)
+                }
+                _ => Stage::Running { netns, proxy_id },
+            }
+        }
         // The netns changed under the same uid (sandbox recreated): start over in the new one.
         (Stage::Running { netns, .. }, Input::NetnsFound { netns: new }) if new != netns => {
             proxy_starts_over(

@@ -12,8 +12,10 @@ pub(super) fn step(
 ) -> Stage {
     match (stage, input) {
         // --- the hold ----------------------------------------------------------------------
-        (Stage::SettingUpHold { netns }, Input::HoldSetUp { adopted, late }) => {
+        (Stage::SettingUpHold { netns }, Input::HoldSetUp { adopted, late, age }) => {
             let timeout = s.pod.as_ref().map_or(Duration::ZERO, |p| p.hold_timeout);
+            // An adopted hold began before this agent: its deadline counts from its start.
+            let started = now.mono.checked_sub(age).unwrap_or(now.mono);
             fx.push(Effect::Record(Outcome::HoldStarted { adopted, late }));
             fx.push(Effect::SetPhase(Phase::Holding));
             let pass = s.pod.as_ref().is_some_and(pass_through);
@@ -35,11 +37,11 @@ pub(super) fn step(
             } else if s.deleting() {
                 release(fx, netns, HoldOutcome::PodDeleted, now.mono, None)
             } else {
-                fx.push(Effect::Schedule(Timer::HoldDeadline, now.mono + timeout));
+                fx.push(Effect::Schedule(Timer::HoldDeadline, started + timeout));
                 fx.push(Effect::CheckReadiness);
                 Stage::Holding {
                     netns,
-                    started: now.mono,
+                    started,
                     pass_through: pass,
                 }
             }
