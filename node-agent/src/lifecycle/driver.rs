@@ -361,11 +361,21 @@ impl Driver {
                 }
             };
             let fx;
+            // Every input the machine gets, in order: the sequence a machine test replays
+            // (`RUST_LOG=holdfast::inputs=debug`; machine_tests.rs `replay_*`).
+            tracing::debug!(target: "holdfast::inputs", ?input);
             (state, fx) = machine::step(state, input, now());
             exited = self.perform(fx).await;
             if !state.checks_readiness() {
                 self.probe = None;
                 self.reset_pacing();
+            }
+            if !state.keeps_netns() && self.netns.is_some() {
+                // A finished pod (a completed Job may stay for days) keeps no fd on its netns,
+                // which would keep the kernel's netns alive after its last process.
+                tracing::debug!("pod finished: its network namespace handle is closed");
+                self.netns = None;
+                self.netns_claim = None;
             }
             if !exited && self.pending.is_empty() {
                 self.sync_proxy_watch(&state).await;
@@ -623,6 +633,15 @@ impl Driver {
         let (Some(netns), Some(cfg)) = (&self.netns, self.hold_config()) else {
             return Input::HoldFailed("the pod's network namespace is not known".into());
         };
+        let id = netns.id();
+        if !self.netns_in_use(id).await {
+            // Our handle keeps a dead netns alive: a hold there holds nothing of the pod's.
+            tracing::info!(netns = ?id, "no process of the pod is in its network namespace any more: no hold there");
+            return Input::NetnsGone;
+        }
+        let Some(netns) = &self.netns else {
+            return Input::HoldFailed("the pod's network namespace is not known".into());
+        };
         let result = blocking(netns, cfg, move |ns, c| {
             if fresh {
                 HoldQueue::start_fresh(&ns, &c).map(|q| (q, false))
@@ -696,6 +715,19 @@ impl Driver {
             tracing::debug!(processes = watcher.live(), "watching the proxy's processes");
             self.proxy_watch = Some(watcher);
         }
+    }
+
+    /// Whether a process of the pod's sandbox or containers is in netns `id` now (a sandbox that
+    /// died leaves none: the kubelet recreates it with a new netns).
+    async fn netns_in_use(&mut self, id: crate::effects::netns::NetnsId) -> bool {
+        let source = self.shared.procs.clone();
+        let uid = self.key.uid.clone();
+        let procs = source.of_pod(&uid).await;
+        let root = source.proc_root();
+        procs.iter().filter(|p| p.container_id.is_some()).any(|p| {
+            crate::effects::netns::NetnsId::of_path(&root.join(p.pid.to_string()).join("ns/net"))
+                .is_ok_and(|ns| ns == id)
+        })
     }
 
     /// Whether a process of an app container (not the sandbox, not the proxy) exists now.

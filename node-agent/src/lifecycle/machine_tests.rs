@@ -44,6 +44,8 @@ fn pod(policy: RestartPolicy) -> PodFacts {
         hold_timeout: HOLD,
         terminal: false,
         mode: SidecarMode::Classic,
+        restarting_in_place: false,
+        proxy_startup_probe: false,
     }
 }
 
@@ -611,12 +613,16 @@ fn a_restarted_proxy_or_a_new_netns_is_held_again() {
             ),
         ],
     );
-    // The sandbox was recreated under the same uid: a new netns.
+    // The sandbox was recreated under the same uid: the proxy's exit, no process of the pod
+    // for a while, then a new netns.
     let mut r = Run::start(pod(RestartPolicy::Always), START);
     ready(&mut r);
     r.script(
         "new netns",
         vec![
+            (Input::ProxyGone, &["phase:waiting-for-netns", "look"]),
+            (Input::NetnsNotYet, &["timer:NetnsPoll"]),
+            (Input::Timer(Timer::NetnsPoll), &["look"]),
             (Input::NetnsFound { netns: ns(2) }, &["check"]),
             (Input::Readiness(Seen::Down), &["install(fresh=true)"]),
         ],
@@ -773,8 +779,10 @@ fn a_proxy_exit_while_ready_holds_again_until_the_new_envoy_is_ready() {
     r.script(
         "proxy OOM-killed",
         vec![
-            // Envoy's exit, seen on its pidfd before the Pod status says anything.
-            (Input::ProxyGone, &["check"]),
+            // Envoy's exit, seen on its pidfd before the Pod status says anything: the netns
+            // is looked up again (the sandbox may be gone), and is the same.
+            (Input::ProxyGone, &["phase:waiting-for-netns", "look"]),
+            (Input::NetnsFound { netns: ns(1) }, &["check"]),
             (
                 Input::Readiness(Seen::Down),
                 &["install(fresh=false,rehold)"],
@@ -816,13 +824,15 @@ fn a_proxy_exit_while_ready_holds_again_until_the_new_envoy_is_ready() {
     r.script(
         "helper exit",
         vec![
-            (Input::ProxyGone, &["check"]),
+            (Input::ProxyGone, &["phase:waiting-for-netns", "look"]),
+            (Input::NetnsFound { netns: ns(1) }, &["check"]),
             (
                 Input::Readiness(Seen::Ready),
                 &["remove-leftover", "phase:ready"],
             ),
-            // Later a new sandbox (new netns) with Envoy not ready: a fresh hold, not a re-hold
-            // (the proxy exit that needed no hold is forgotten).
+            // Later the sandbox dies and comes back (a new netns) with Envoy not ready: a fresh
+            // hold in the new netns, not a re-hold.
+            (Input::ProxyGone, &["phase:waiting-for-netns", "look"]),
             (Input::NetnsFound { netns: ns(99) }, &["check"]),
             (Input::Readiness(Seen::Down), &["install(fresh=true)"]),
         ],
@@ -933,7 +943,8 @@ fn what_the_driver_cannot_do_the_machine_decides() {
         ],
     );
 
-    // The Job watch cannot start: the pod is `ready` again, a later deletion drains.
+    // The Job watch cannot start: the pod is `ready` again, the watch is tried again a moment
+    // later (before, it never was: the Job's proxy was never quit), a later deletion drains.
     let mut r = Run::start(pod(RestartPolicy::Never), START);
     r.script(
         "job watch not started",
@@ -945,19 +956,28 @@ fn what_the_driver_cannot_do_the_machine_decides() {
             ),
             (
                 Input::ExecutorNotStarted("no netns handle".into()),
-                &["rec:job-not-started", "phase:ready"],
+                &["rec:job-not-started", "phase:ready", "timer:JobWatchRetry"],
+            ),
+            (Input::Timer(Timer::JobWatchRetry), &["job-watch"]),
+            (
+                Input::ExecutorNotStarted("no netns handle".into()),
+                &["rec:job-not-started", "phase:ready", "timer:JobWatchRetry"],
             ),
             (
                 Input::Pod(Some(deleted(pod(RestartPolicy::Never)))),
                 &["phase:draining", "drain"],
             ),
+            // A retry due after the deletion starts nothing more.
+            (Input::Timer(Timer::JobWatchRetry), &[]),
         ],
     );
 }
 
+/// A native sidecar as Istio injects it by default: with its startup probe.
 fn native(p: PodFacts) -> PodFacts {
     PodFacts {
         mode: SidecarMode::Native,
+        proxy_startup_probe: true,
         ..p
     }
 }
@@ -987,7 +1007,11 @@ fn a_native_pod_is_not_held_at_start_but_across_a_proxy_restart() {
                 Input::Readiness(Seen::Starting),
                 &["remove-leftover", "phase:ready"],
             ),
-            (Input::ProxyGone, &["problem", "check"]),
+            (
+                Input::ProxyGone,
+                &["problem", "phase:waiting-for-netns", "look"],
+            ),
+            (Input::NetnsFound { netns: ns(1) }, &["check"]),
             (
                 Input::Readiness(Seen::Down),
                 &["install(fresh=false,rehold)"],
@@ -1034,7 +1058,7 @@ fn a_native_pod_is_not_held_at_start_but_across_a_proxy_restart() {
     let fx = r.feed(Input::ProxyGone);
     assert_eq!(
         fx.iter().map(kind).collect::<Vec<_>>(),
-        ["step:proxy-gone", "check"]
+        ["step:proxy-gone", "phase:waiting-for-netns", "look"]
     );
 }
 
@@ -1078,6 +1102,12 @@ fn a_native_proxy_restart_seen_in_the_status_is_held() {
     r.script(
         "new sandbox",
         vec![
+            (
+                Input::ProxyGone,
+                &["problem", "phase:waiting-for-netns", "look"],
+            ),
+            (Input::NetnsNotYet, &["timer:NetnsPoll"]),
+            (Input::Timer(Timer::NetnsPoll), &["look"]),
             (Input::NetnsFound { netns: ns(2) }, &["check"]),
             (
                 Input::Readiness(Seen::Down),
@@ -1194,6 +1224,10 @@ fn timeline_steps_follow_the_pods_life() {
         ["step:proxy-gone"],
         "{:?}",
         r.state.stage
+    );
+    assert_eq!(
+        steps(&r.feed(Input::NetnsFound { netns: ns(1) })),
+        ["step:netns-found"]
     );
     assert_eq!(
         steps(&r.feed(Input::Readiness(Seen::Ready))),

@@ -56,6 +56,9 @@ pub enum Input {
         adopted: bool,
         late: bool,
     },
+    /// The hold was not installed: no process of the pod is in the netns any more (its sandbox
+    /// died, or is being recreated). A hold is never put in a dead netns.
+    NetnsGone,
     HoldFailed(String),
     HoldReleased(Released),
     ReleaseFailed(String),
@@ -87,6 +90,8 @@ pub enum Timer {
     NetnsPoll,
     ReadinessPoll,
     HoldDeadline,
+    /// Start a Job watch again that could not start (`Input::ExecutorNotStarted`).
+    JobWatchRetry,
 }
 
 /// An outcome, for the recorder (board + metrics + Event + log, together).

@@ -29,8 +29,9 @@ pub use crate::api::status::SourceProblem;
 /// (uid, name, namespace, annotations, deletion, resource version), the spec's node, host
 /// network and users, restart policy and grace period, each container's name, args, env,
 /// restart policy and preStop exec command (whether a native proxy's preStop is Istio's drain:
-/// [`crate::pod::istio_prestop_drain`]), and the status's phase, IPs and container statuses.
-/// Everything else —
+/// [`crate::pod::istio_prestop_drain`]), whether it has a startup probe (an empty marker, not the
+/// probe), and the status's phase, IPs, container statuses and the one condition the agent reads
+/// (`AllContainersRestarting`, [`crate::pod::restarting_in_place`]). Everything else —
 /// `managedFields` (often the largest part), volumes, images, resources, probes, conditions —
 /// is dropped before the object enters the agent's queue (issue 25: a node of large pods must
 /// not fill the agent's memory with fields it never reads).
@@ -45,6 +46,10 @@ pub fn slim(pod: Pod) -> Pod {
         args: c.args,
         env: c.env,
         restart_policy: c.restart_policy,
+        // Only whether there is one (`PodView::proxy_startup_probe`): an empty probe.
+        startup_probe: c
+            .startup_probe
+            .map(|_| k8s_openapi::api::core::v1::Probe::default()),
         lifecycle: c
             .lifecycle
             .and_then(|l| l.pre_stop)
@@ -87,6 +92,20 @@ pub fn slim(pod: Pod) -> Pod {
             pod_ips: s.pod_ips,
             container_statuses: s.container_statuses,
             init_container_statuses: s.init_container_statuses,
+            // One condition at most, without its message.
+            conditions: s
+                .conditions
+                .and_then(|cs| {
+                    cs.into_iter()
+                        .find(|c| c.type_ == crate::pod::ALL_CONTAINERS_RESTARTING)
+                })
+                .map(|c| {
+                    vec![k8s_openapi::api::core::v1::PodCondition {
+                        type_: c.type_,
+                        status: c.status,
+                        ..Default::default()
+                    }]
+                }),
             ..PodStatus::default()
         }),
     }
