@@ -217,4 +217,62 @@ mod tests {
             assert!(!view(&slim(p)).istio_prestop_drain);
         }
     }
+
+    /// What the machine needs of a KEP-5532 in-place restart and of a proxy's startup probe
+    /// survives slimming: the condition `AllContainersRestarting` (its type and status only,
+    /// the shape of kubernetes/kubernetes pkg/kubelet/status/generate.go
+    /// `GenerateAllContainersRestartingCondition`) and whether the proxy has a startupProbe.
+    #[test]
+    fn a_slim_pod_keeps_the_in_place_restart_and_the_startup_probe() {
+        let mut restarting = pod_json(json!({
+            "status": {"phase": "Running",
+                       "conditions": [
+                           {"type": "Ready", "status": "False", "message": "x".repeat(300)},
+                           {"type": "AllContainersRestarting", "status": "True",
+                            "reason": "RestartAllContainersStarted",
+                            "message": "container exited with restart policy rule"}
+                       ]}
+        }));
+        for c in restarting
+            .spec
+            .as_mut()
+            .map(|s| s.containers.iter_mut())
+            .into_iter()
+            .flatten()
+            .filter(|c| c.name == "istio-proxy")
+        {
+            c.startup_probe = Some(
+                serde_json::from_value(json!({"httpGet": {"path": "/healthz/ready", "port": 15021}, "periodSeconds": 1}))
+                    .expect("a probe"),
+            );
+        }
+        let view = |p: &Pod| {
+            crate::pod::PodView::from_pod(
+                p,
+                "node-a",
+                &ProxyConfig::default(),
+                &HoldSettings::default(),
+            )
+            .expect("tracked")
+        };
+        let small = slim(restarting.clone());
+        let conditions = small
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.clone())
+            .unwrap_or_default();
+        assert_eq!(conditions.len(), 1, "{conditions:?}");
+        assert!(conditions[0].message.is_none());
+        let (big, small) = (view(&restarting), view(&small));
+        assert!(big.restarting_in_place && small.restarting_in_place);
+        assert!(big.proxy_startup_probe && small.proxy_startup_probe);
+        // False, and no probe: neither.
+        let after = pod_json(json!({
+            "status": {"phase": "Running",
+                       "conditions": [{"type": "AllContainersRestarting", "status": "False"}]}
+        }));
+        let v = view(&slim(after));
+        assert!(!v.restarting_in_place);
+        assert!(!v.proxy_startup_probe);
+    }
 }
