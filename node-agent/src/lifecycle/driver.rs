@@ -362,7 +362,7 @@ impl Driver {
             };
             let fx;
             // Every input the machine gets, in order: the sequence a machine test replays
-            // (`RUST_LOG=holdfast::inputs=debug`; machine_tests.rs `replay_*`).
+            // (`HOLDFAST_LOG=info,holdfast::inputs=debug`; machine_tests.rs `replay_*`).
             tracing::debug!(target: "holdfast::inputs", ?input);
             (state, fx) = machine::step(state, input, now());
             exited = self.perform(fx).await;

@@ -1375,35 +1375,39 @@ fn recreated(policy: RestartPolicy) -> PodFacts {
     }
 }
 
-/// A recreated sandbox, as the driver feeds it (the sequence recorded with
-/// `RUST_LOG=holdfast::inputs=debug` in tests/tests/hold_lifecycle.rs
-/// `a_recreated_sandbox_is_held_in_its_new_netns`): the proxy's process exits (the kubelet kills
-/// every container), a look still finds the old netns (the app's process not reaped yet), the
-/// hold is refused there because no process of the pod is left in it, the pod's status shows
-/// every container ended, then the new sandbox's netns appears: held there, released when the
-/// new Envoy is ready. Before, the hold went into the old, dead netns and the new one was
-/// never looked at.
+/// A recreated sandbox, as the driver fed it in tests/tests/hold_lifecycle.rs
+/// `a_recreated_sandbox_is_held_in_its_new_netns` (recorded with
+/// `HOLDFAST_LOG=info,holdfast::inputs=debug`; readiness polls and repeated inputs left out):
+/// the proxy's process exits (the kubelet kills every container), a look still finds the old
+/// netns and Envoy's sockets not yet closed (`Up`), the hold is refused there because no process
+/// of the pod is left in it (`NetnsGone`), the status shows the proxy, then every container,
+/// ended, the new sandbox's netns appears: held there, and released when the new Envoy is
+/// ready. Before, the hold went into the old, dead netns and the new one was never looked at.
 #[test]
 fn replay_a_recreated_sandbox_is_held_in_its_new_netns() {
     let mut r = ready(holding(pod(RestartPolicy::Always)));
+    let killed = |app: (Option<String>, ContainerState)| PodFacts {
+        apps: vec![app],
+        proxy: Some(terminated("proxy-1", 137)),
+        ..pod(RestartPolicy::Always)
+    };
     r.script(
         "sandbox recreated",
         vec![
             (Input::ProxyGone, &["phase:waiting-for-netns", "look"]),
             (Input::NetnsFound { netns: ns(1) }, &["check"]),
-            (
-                Input::Readiness(Seen::Down),
-                &["install(fresh=false,rehold)"],
-            ),
+            (Input::Readiness(Seen::Up), &["install(fresh=false,rehold)"]),
             // The driver found no process of the pod left in ns(1).
             (Input::NetnsGone, &["phase:waiting-for-netns", "look"]),
             (Input::NetnsNotYet, &["timer:NetnsPoll"]),
+            (Input::Timer(Timer::NetnsPoll), &["look"]),
+            (Input::NetnsNotYet, &["timer:NetnsPoll"]),
+            (Input::Pod(Some(killed(running("app-1")))), &["look"]),
+            (Input::NetnsNotYet, &["timer:NetnsPoll"]),
+            (Input::Timer(Timer::NetnsPoll), &["look"]),
+            (Input::NetnsNotYet, &["timer:NetnsPoll"]),
             (
-                Input::Pod(Some(PodFacts {
-                    apps: vec![terminated("app-1", 137)],
-                    proxy: Some(terminated("proxy-1", 137)),
-                    ..pod(RestartPolicy::Always)
-                })),
+                Input::Pod(Some(killed(terminated("app-1", 137)))),
                 &["look"],
             ),
             (Input::NetnsNotYet, &["timer:NetnsPoll"]),
@@ -1422,13 +1426,20 @@ fn replay_a_recreated_sandbox_is_held_in_its_new_netns() {
                     "check",
                 ],
             ),
-            // The status catches up: new container ids; the look finds the same new netns.
+            (Input::Readiness(Seen::Down), &["timer:ReadinessPoll"]),
+            (Input::Pod(Some(killed(terminated("app-1", 137)))), &[]),
+            // The status catches up: new container ids; each look finds the same new netns.
+            (Input::Pod(Some(killed(running("app-2")))), &["look"]),
+            (Input::NetnsFound { netns: ns(2) }, &[]),
             (
-                Input::Pod(Some(recreated(RestartPolicy::Always))),
+                Input::Pod(Some(PodFacts {
+                    apps: vec![running("app-2")],
+                    proxy: Some(running("proxy-2")),
+                    ..pod(RestartPolicy::Always)
+                })),
                 &["look"],
             ),
             (Input::NetnsFound { netns: ns(2) }, &[]),
-            (Input::Readiness(Seen::Down), &["timer:ReadinessPoll"]),
             (Input::Timer(Timer::ReadinessPoll), &["check"]),
             (Input::Readiness(Seen::Ready), &["release(ready=true)"]),
             (
@@ -1526,7 +1537,10 @@ fn restarting(policy: RestartPolicy) -> PodFacts {
 /// An in-place restart of every container (Kubernetes 1.35+, KEP-5532 `RestartAllContainers`):
 /// same sandbox and netns, init containers (istio-init) run again, then every container with a
 /// new id. Held like a proxy restart in the same netns: the condition alone starts the look
-/// (before any pidfd or new id); the new ids keep the hold where it is (same netns).
+/// (before any pidfd or new id); the new ids keep the hold where it is (same netns). The
+/// sequence as tests/tests/hold_lifecycle.rs `an_in_place_restart_of_every_container_is_held`
+/// recorded it (the condition's update came before the proxy's pidfd; Envoy's sockets still
+/// open at the first look: `Up`).
 #[test]
 fn replay_an_in_place_restart_is_held_in_the_same_netns() {
     let mut r = ready(holding(pod(RestartPolicy::Always)));
@@ -1538,10 +1552,7 @@ fn replay_an_in_place_restart_is_held_in_the_same_netns() {
                 &["phase:waiting-for-netns", "look"],
             ),
             (Input::NetnsFound { netns: ns(1) }, &["check"]),
-            (
-                Input::Readiness(Seen::Down),
-                &["install(fresh=false,rehold)"],
-            ),
+            (Input::Readiness(Seen::Up), &["install(fresh=false,rehold)"]),
             (
                 Input::HoldSetUp {
                     adopted: false,
@@ -1553,6 +1564,15 @@ fn replay_an_in_place_restart_is_held_in_the_same_netns() {
                     "timer:HoldDeadline",
                     "check",
                 ],
+            ),
+            // The proxy's pidfd fires while held: nothing more to do.
+            (Input::ProxyGone, &[]),
+            (
+                Input::Pod(Some(PodFacts {
+                    restarting_in_place: false,
+                    ..restarting(RestartPolicy::Always)
+                })),
+                &[],
             ),
             // The condition goes False, the containers start again under new ids.
             (
