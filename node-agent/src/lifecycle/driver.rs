@@ -634,14 +634,6 @@ impl Driver {
             return Input::HoldFailed("the pod's network namespace is not known".into());
         };
         let id = netns.id();
-        if !self.netns_in_use(id).await {
-            // Our handle keeps a dead netns alive: a hold there holds nothing of the pod's.
-            tracing::info!(netns = ?id, "no process of the pod is in its network namespace any more: no hold there");
-            return Input::NetnsGone;
-        }
-        let Some(netns) = &self.netns else {
-            return Input::HoldFailed("the pod's network namespace is not known".into());
-        };
         let result = blocking(netns, cfg, move |ns, c| {
             if fresh {
                 HoldQueue::start_fresh(&ns, &c).map(|q| (q, false))
@@ -652,6 +644,17 @@ impl Driver {
         .await;
         match result {
             Ok((queue, adopted)) => {
+                // Checked once the hold is in (a proxy's restart must not wait for this look:
+                // the app's calls are refused meanwhile): a netns no process of the pod is in
+                // any more is dead (our handle keeps it), and a hold there holds nothing of the
+                // pod's. It is released at once and the machine looks for the pod's new one.
+                if !self.netns_in_use(id).await {
+                    tracing::info!(netns = ?id, "no process of the pod is in its network namespace any more: no hold there");
+                    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || queue.release()).await {
+                        tracing::warn!(error = %e, "releasing the hold in a dead network namespace failed");
+                    }
+                    return Input::NetnsGone;
+                }
                 self.queue = Some(queue);
                 let late = !adopted && !rehold && self.app_running().await;
                 Input::HoldSetUp { adopted, late }

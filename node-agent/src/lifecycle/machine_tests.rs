@@ -620,7 +620,12 @@ fn a_restarted_proxy_or_a_new_netns_is_held_again() {
     r.script(
         "new netns",
         vec![
-            (Input::ProxyGone, &["phase:waiting-for-netns", "look"]),
+            (Input::ProxyGone, &["check"]),
+            (
+                Input::Readiness(Seen::Down),
+                &["install(fresh=false,rehold)"],
+            ),
+            (Input::NetnsGone, &["phase:waiting-for-netns", "look"]),
             (Input::NetnsNotYet, &["timer:NetnsPoll"]),
             (Input::Timer(Timer::NetnsPoll), &["look"]),
             (Input::NetnsFound { netns: ns(2) }, &["check"]),
@@ -779,10 +784,9 @@ fn a_proxy_exit_while_ready_holds_again_until_the_new_envoy_is_ready() {
     r.script(
         "proxy OOM-killed",
         vec![
-            // Envoy's exit, seen on its pidfd before the Pod status says anything: the netns
-            // is looked up again (the sandbox may be gone), and is the same.
-            (Input::ProxyGone, &["phase:waiting-for-netns", "look"]),
-            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            // Envoy's exit, seen on its pidfd before the Pod status says anything: checked at
+            // once in the pod's netns.
+            (Input::ProxyGone, &["check"]),
             (
                 Input::Readiness(Seen::Down),
                 &["install(fresh=false,rehold)"],
@@ -824,15 +828,19 @@ fn a_proxy_exit_while_ready_holds_again_until_the_new_envoy_is_ready() {
     r.script(
         "helper exit",
         vec![
-            (Input::ProxyGone, &["phase:waiting-for-netns", "look"]),
-            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (Input::ProxyGone, &["check"]),
             (
                 Input::Readiness(Seen::Ready),
                 &["remove-leftover", "phase:ready"],
             ),
-            // Later the sandbox dies and comes back (a new netns) with Envoy not ready: a fresh
-            // hold in the new netns, not a re-hold.
-            (Input::ProxyGone, &["phase:waiting-for-netns", "look"]),
+            // Later the sandbox dies and comes back (a new netns) with Envoy not ready: no
+            // hold in the dead netns, a fresh hold in the new one, not a re-hold.
+            (Input::ProxyGone, &["check"]),
+            (
+                Input::Readiness(Seen::Down),
+                &["install(fresh=false,rehold)"],
+            ),
+            (Input::NetnsGone, &["phase:waiting-for-netns", "look"]),
             (Input::NetnsFound { netns: ns(99) }, &["check"]),
             (Input::Readiness(Seen::Down), &["install(fresh=true)"]),
         ],
@@ -1007,11 +1015,7 @@ fn a_native_pod_is_not_held_at_start_but_across_a_proxy_restart() {
                 Input::Readiness(Seen::Starting),
                 &["remove-leftover", "phase:ready"],
             ),
-            (
-                Input::ProxyGone,
-                &["problem", "phase:waiting-for-netns", "look"],
-            ),
-            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (Input::ProxyGone, &["problem", "check"]),
             (
                 Input::Readiness(Seen::Down),
                 &["install(fresh=false,rehold)"],
@@ -1058,7 +1062,7 @@ fn a_native_pod_is_not_held_at_start_but_across_a_proxy_restart() {
     let fx = r.feed(Input::ProxyGone);
     assert_eq!(
         fx.iter().map(kind).collect::<Vec<_>>(),
-        ["step:proxy-gone", "phase:waiting-for-netns", "look"]
+        ["step:proxy-gone", "check"]
     );
 }
 
@@ -1102,10 +1106,12 @@ fn a_native_proxy_restart_seen_in_the_status_is_held() {
     r.script(
         "new sandbox",
         vec![
+            (Input::ProxyGone, &["problem", "check"]),
             (
-                Input::ProxyGone,
-                &["problem", "phase:waiting-for-netns", "look"],
+                Input::Readiness(Seen::Down),
+                &["install(fresh=false,rehold)"],
             ),
+            (Input::NetnsGone, &["phase:waiting-for-netns", "look"]),
             (Input::NetnsNotYet, &["timer:NetnsPoll"]),
             (Input::Timer(Timer::NetnsPoll), &["look"]),
             (Input::NetnsFound { netns: ns(2) }, &["check"]),
@@ -1224,10 +1230,6 @@ fn timeline_steps_follow_the_pods_life() {
         ["step:proxy-gone"],
         "{:?}",
         r.state.stage
-    );
-    assert_eq!(
-        steps(&r.feed(Input::NetnsFound { netns: ns(1) })),
-        ["step:netns-found"]
     );
     assert_eq!(
         steps(&r.feed(Input::Readiness(Seen::Ready))),
@@ -1378,9 +1380,9 @@ fn recreated(policy: RestartPolicy) -> PodFacts {
 /// A recreated sandbox, as the driver fed it in tests/tests/hold_lifecycle.rs
 /// `a_recreated_sandbox_is_held_in_its_new_netns` (recorded with
 /// `HOLDFAST_LOG=info,holdfast::inputs=debug`; readiness polls and repeated inputs left out):
-/// the proxy's process exits (the kubelet kills every container), a look still finds the old
-/// netns and Envoy's sockets not yet closed (`Up`), the hold is refused there because no process
-/// of the pod is left in it (`NetnsGone`), the status shows the proxy, then every container,
+/// the proxy's process exits (the kubelet kills every container), the check in the old netns
+/// sees Envoy's sockets not yet closed (`Up`), the hold is taken out at once because no process
+/// of the pod is left in that netns (`NetnsGone`), the status shows the proxy, then every container,
 /// ended, the new sandbox's netns appears: held there, and released when the new Envoy is
 /// ready. Before, the hold went into the old, dead netns and the new one was never looked at.
 #[test]
@@ -1394,8 +1396,7 @@ fn replay_a_recreated_sandbox_is_held_in_its_new_netns() {
     r.script(
         "sandbox recreated",
         vec![
-            (Input::ProxyGone, &["phase:waiting-for-netns", "look"]),
-            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (Input::ProxyGone, &["check"]),
             (Input::Readiness(Seen::Up), &["install(fresh=false,rehold)"]),
             // The driver found no process of the pod left in ns(1).
             (Input::NetnsGone, &["phase:waiting-for-netns", "look"]),
@@ -1463,8 +1464,7 @@ fn a_hold_left_in_a_dead_netns_moves_to_the_new_one() {
     r.script(
         "held in the old netns",
         vec![
-            (Input::ProxyGone, &["phase:waiting-for-netns", "look"]),
-            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (Input::ProxyGone, &["check"]),
             (
                 Input::Readiness(Seen::Down),
                 &["install(fresh=false,rehold)"],

@@ -54,11 +54,13 @@ pub(super) fn step(
         },
         // A proxy process exited while the app runs (OOM-kill, or the sandbox dying): the
         // kubelet restarts the proxy container after its back-off (or the whole sandbox), and
-        // the Pod status says so only with the kubelet's lag (PLEG relist, status sync). Look
-        // for the netns at once: the same one (Envoy gone: `Down`) re-installs the hold there,
-        // released by the normal path when the new Envoy is ready; none (the sandbox died)
-        // waits for the new sandbox's netns and holds there. Envoy still ready (some other
-        // process of the container exited): back to `Running`.
+        // the Pod status says so only with the kubelet's lag (PLEG relist, status sync). Check
+        // at once in the pod's netns (a look first would cost tens of milliseconds, each a
+        // refused call): Envoy gone (`Down`) re-installs the hold there, released by the
+        // normal path when the new Envoy is ready. The driver then checks a process of the pod
+        // is still in that netns: none (the sandbox died) is `NetnsGone`, and the netns is
+        // looked up again, so the new sandbox's is found and held. Envoy still ready (some
+        // other process of the container exited): back to `Running`.
         (Stage::Running { netns, proxy_id }, Input::ProxyGone) => match &s.pod {
             Some(p) if p.deletion.is_none() && p.app_may_run() && !s.stopping => {
                 if p.native() {
@@ -70,13 +72,19 @@ pub(super) fn step(
                             .to_string(),
                     ));
                 }
-                look_again_for_netns(
+                proxy_starts_over(
                     s,
                     fx,
-                    now,
                     StepKind::ProxyGone,
                     "a process of the ready proxy exited while the app runs",
-                )
+                );
+                s.fresh = Some(false);
+                fx.push(Effect::CheckReadiness);
+                Stage::Checking {
+                    netns,
+                    fresh: false,
+                    rehold: true,
+                }
             }
             _ => Stage::Running { netns, proxy_id },
         },
