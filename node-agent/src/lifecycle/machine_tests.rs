@@ -1703,3 +1703,60 @@ fn a_finished_pod_keeps_no_netns_handle() {
     assert_eq!(r.state.stage, Stage::Finished);
     assert!(!r.state.keeps_netns());
 }
+
+/// No pod update is dropped silently (issue 28 item 6). The stages whose catch-all arm ignores
+/// pod updates — `SettingUpHold` and `Releasing` (the driver feeds their answer before it reads
+/// anything else), `JobWatch` and `Draining` (their executors read the pod themselves),
+/// `Finished` — keep the update's facts, and what the update says is acted on at the stage's
+/// answer: a deletion during the set-up releases at once, a restart during it is looked at once
+/// the hold is in, a deletion during a release ends without a drain.
+#[test]
+fn a_pod_update_in_a_waiting_stage_is_kept_and_acted_on() {
+    // Deleted while the hold is set up: released as pod-deleted at HoldSetUp.
+    let mut r = Run::start(pod(RestartPolicy::Always), START);
+    r.feed(Input::NetnsFound { netns: ns(1) });
+    r.feed(Input::Readiness(Seen::Down));
+    assert!(matches!(r.state.stage, Stage::SettingUpHold { .. }));
+    r.script(
+        "deleted during set-up",
+        vec![
+            (Input::Pod(Some(deleted(pod(RestartPolicy::Always)))), &[]),
+            (
+                Input::HoldSetUp {
+                    adopted: false,
+                    late: false,
+                },
+                &[
+                    "rec:hold-started(adopted=false,late=false)",
+                    "phase:holding",
+                    "release(ready=false)",
+                ],
+            ),
+        ],
+    );
+    // Deleted while releasing: no drain after the release (the proxy was never ready).
+    let mut r = holding(pod(RestartPolicy::Always));
+    r.feed(Input::Readiness(Seen::Ready));
+    assert!(matches!(r.state.stage, Stage::Releasing { .. }));
+    r.script(
+        "deleted during release",
+        vec![
+            (Input::Pod(Some(deleted(pod(RestartPolicy::Always)))), &[]),
+            (
+                Input::HoldReleased(Released::default()),
+                &["rec:hold-ready", "phase:done"],
+            ),
+        ],
+    );
+    assert_eq!(r.state.stage, Stage::Finished);
+    // Every stage keeps the latest facts, whatever it does with them.
+    let mut r = Run::start(pod(RestartPolicy::Always), START);
+    r.feed(Input::NetnsFound { netns: ns(1) });
+    r.feed(Input::Readiness(Seen::Down));
+    let update = PodFacts {
+        user_init_running: true,
+        ..pod(RestartPolicy::Always)
+    };
+    r.feed(Input::Pod(Some(update.clone())));
+    assert_eq!(r.state.pod.as_ref(), Some(&update));
+}
