@@ -125,6 +125,28 @@ pub struct PodView {
     /// deletion pilot-agent drains at once, and exits the moment the kubelet sends it SIGTERM,
     /// which is after every regular container has exited (see [`istio_prestop_drain`]).
     pub istio_prestop_drain: bool,
+    /// The kubelet restarts every container of the pod in place (Kubernetes 1.35+, KEP-5532
+    /// `RestartAllContainers`): the condition `AllContainersRestarting` is `True` (see
+    /// [`restarting_in_place`]). Same sandbox, netns, IP and uid; init containers run again.
+    pub restarting_in_place: bool,
+    /// The proxy container has a `startupProbe` (Istio's injection template writes one on the
+    /// native sidecar unless `values.global.proxy.startupProbe.enabled=false`). Without it the
+    /// kubelet starts the app as soon as the native sidecar has started, not once it is ready.
+    pub proxy_startup_probe: bool,
+}
+
+/// The pod condition the kubelet sets while it restarts every container in place
+/// (kubernetes/kubernetes staging/src/k8s.io/api/core/v1/types.go `AllContainersRestarting`;
+/// pkg/kubelet/status/generate.go `GenerateAllContainersRestartingCondition`: `True` from the
+/// restart rule's trigger until every old container has been cleaned up, then `False` while the
+/// init containers and containers start again).
+pub const ALL_CONTAINERS_RESTARTING: &str = "AllContainersRestarting";
+
+/// Whether the pod's conditions say the kubelet is restarting every container in place.
+pub fn restarting_in_place(conditions: &[k8s_openapi::api::core::v1::PodCondition]) -> bool {
+    conditions
+        .iter()
+        .any(|c| c.type_ == ALL_CONTAINERS_RESTARTING && c.status == "True")
 }
 
 impl PodView {
@@ -300,6 +322,15 @@ impl PodView {
             istio_dual_stack,
             mode,
             istio_prestop_drain,
+            restarting_in_place: status
+                .and_then(|s| s.conditions.as_deref())
+                .is_some_and(restarting_in_place),
+            proxy_startup_probe: spec
+                .containers
+                .iter()
+                .chain(spec.init_containers.iter().flatten())
+                .find(|c| c.name == proxy.container)
+                .is_some_and(|c| c.startup_probe.is_some()),
         })
     }
 

@@ -79,6 +79,9 @@ pub enum HoldOutcome {
     AgentStopped,
     /// The hold could not be set up or released cleanly; traffic flows as without the agent.
     Failed,
+    /// The pod's network namespace went away while held (its sandbox was recreated: no process
+    /// of the pod is in it any more); the pod is held again in its new one.
+    SandboxGone,
 }
 
 impl HoldOutcome {
@@ -89,6 +92,7 @@ impl HoldOutcome {
             HoldOutcome::PodDeleted => "pod-deleted",
             HoldOutcome::AgentStopped => "agent-stopped",
             HoldOutcome::Failed => "failed",
+            HoldOutcome::SandboxGone => "sandbox-gone",
         }
     }
 }

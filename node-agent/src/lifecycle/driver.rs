@@ -361,11 +361,21 @@ impl Driver {
                 }
             };
             let fx;
+            // Every input the machine gets, in order: the sequence a machine test replays
+            // (`HOLDFAST_LOG=info,holdfast::inputs=debug`; machine_tests.rs `replay_*`).
+            tracing::debug!(target: "holdfast::inputs", ?input);
             (state, fx) = machine::step(state, input, now());
             exited = self.perform(fx).await;
             if !state.checks_readiness() {
                 self.probe = None;
                 self.reset_pacing();
+            }
+            if !state.keeps_netns() && self.netns.is_some() {
+                // A finished pod (a completed Job may stay for days) keeps no fd on its netns,
+                // which would keep the kernel's netns alive after its last process.
+                tracing::debug!("pod finished: its network namespace handle is closed");
+                self.netns = None;
+                self.netns_claim = None;
             }
             if !exited && self.pending.is_empty() {
                 self.sync_proxy_watch(&state).await;
@@ -632,6 +642,7 @@ impl Driver {
         let (Some(netns), Some(cfg)) = (&self.netns, self.hold_config()) else {
             return Input::HoldFailed("the pod's network namespace is not known".into());
         };
+        let id = netns.id();
         let result = blocking(netns, cfg, move |ns, c| {
             if fresh {
                 HoldQueue::start_fresh(&ns, &c).map(|q| (q, false))
@@ -642,6 +653,17 @@ impl Driver {
         .await;
         match result {
             Ok((queue, adopted)) => {
+                // Checked once the hold is in (a proxy's restart must not wait for this look:
+                // the app's calls are refused meanwhile): a netns no process of the pod is in
+                // any more is dead (our handle keeps it), and a hold there holds nothing of the
+                // pod's. It is released at once and the machine looks for the pod's new one.
+                if !self.netns_in_use(id).await {
+                    tracing::info!(netns = ?id, "no process of the pod is in its network namespace any more: no hold there");
+                    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || queue.release()).await {
+                        tracing::warn!(error = %e, "releasing the hold in a dead network namespace failed");
+                    }
+                    return Input::NetnsGone;
+                }
                 let age = if adopted {
                     std::time::SystemTime::now()
                         .duration_since(queue.since())
@@ -724,6 +746,19 @@ impl Driver {
             tracing::debug!(processes = watcher.live(), "watching the proxy's processes");
             self.proxy_watch = Some(watcher);
         }
+    }
+
+    /// Whether a process of the pod's sandbox or containers is in netns `id` now (a sandbox that
+    /// died leaves none: the kubelet recreates it with a new netns).
+    async fn netns_in_use(&mut self, id: crate::effects::netns::NetnsId) -> bool {
+        let source = self.shared.procs.clone();
+        let uid = self.key.uid.clone();
+        let procs = source.of_pod(&uid).await;
+        let root = source.proc_root();
+        procs.iter().filter(|p| p.container_id.is_some()).any(|p| {
+            crate::effects::netns::NetnsId::of_path(&root.join(p.pid.to_string()).join("ns/net"))
+                .is_ok_and(|ns| ns == id)
+        })
     }
 
     /// Whether a process of an app container (not the sandbox, not the proxy) exists now.

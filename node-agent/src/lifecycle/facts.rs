@@ -29,6 +29,12 @@ pub struct PodFacts {
     pub terminal: bool,
     /// Classic or native sidecar (see [`SidecarMode`]).
     pub mode: SidecarMode,
+    /// The kubelet restarts every container in place (KEP-5532, `PodView::restarting_in_place`):
+    /// nothing is finished while it does.
+    pub restarting_in_place: bool,
+    /// The proxy has a startup probe (`PodView::proxy_startup_probe`): for a native sidecar the
+    /// kubelet then starts the app only once the proxy is ready.
+    pub proxy_startup_probe: bool,
 }
 
 impl PodFacts {
@@ -51,6 +57,8 @@ impl PodFacts {
             hold_timeout: view.overrides.hold_timeout,
             terminal: view.is_terminal(),
             mode: view.mode,
+            restarting_in_place: view.restarting_in_place,
+            proxy_startup_probe: view.proxy_startup_probe,
         }
     }
 
@@ -82,17 +90,58 @@ impl PodFacts {
         )
     }
 
-    /// Every container, the proxy included, has terminated: the pod is finished (phase
-    /// Succeeded/Failed) and there is nothing left to hold, drain or quit.
+    /// The pod is finished: nothing will run in it again, so there is nothing left to hold,
+    /// drain or quit. A terminal phase; or every app container ended for good and the proxy
+    /// too, by the one rule ([`app_end()`]) — never while the kubelet will run a container
+    /// again: an exited app or proxy of a `restartPolicy: Always` pod (a sandbox being
+    /// recreated kills them all), a failed one under `OnFailure`, or every container of a pod
+    /// being restarted in place (`restarting_in_place`, whatever the policy).
     pub fn finished(&self) -> bool {
         if self.terminal {
             return true;
         }
-        self.app_end() >= AppEnd::Exited
-            && self
+        if self.restarting_in_place || self.app_end() != AppEnd::ForGood {
+            return false;
+        }
+        match &self.proxy {
+            None => true,
+            // A native sidecar is stopped by the kubelet once every regular container ended
+            // for good, and not started again (pkg/kubelet/kuberuntime `computePodActions`).
+            Some((_, state)) if self.native() => {
+                matches!(state, ContainerState::Terminated { .. })
+            }
+            // A classic proxy is a regular container: the same rule as the app's.
+            Some((_, state)) => {
+                app_end(
+                    self.restart_policy,
+                    [ContainerView {
+                        state: *state,
+                        ..ContainerView::default()
+                    }
+                    .app_end()],
+                ) == AppEnd::ForGood
+            }
+        }
+    }
+
+    /// Whether a container of the pod was restarted since `before`: the same container (app
+    /// or proxy) now runs with another runtime id (the kubelet's restart, a recreated sandbox,
+    /// an in-place restart of every container). A first start (no id before) is not one.
+    pub fn restarted_since(&self, before: &PodFacts) -> bool {
+        let changed = |was: &(Option<String>, ContainerState),
+                       now: &(Option<String>, ContainerState)| {
+            matches!((&was.0, now), (Some(a), (Some(b), ContainerState::Running)) if a != b)
+        };
+        before
+            .apps
+            .iter()
+            .zip(&self.apps)
+            .any(|(was, now)| changed(was, now))
+            || before
                 .proxy
                 .as_ref()
-                .is_none_or(|(_, s)| matches!(s, ContainerState::Terminated { .. }))
+                .zip(self.proxy.as_ref())
+                .is_some_and(|(was, now)| changed(was, now))
     }
 
     /// The proxy's container id while it runs.

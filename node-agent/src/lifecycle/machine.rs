@@ -87,6 +87,9 @@ pub enum Refused {
 /// the node's netns (docs/containerd-backend.md); that passes within milliseconds.
 pub const REFUSAL_NOTED_AFTER: Duration = Duration::from_secs(2);
 
+/// How long after a Job watch could not start it is started again.
+pub const JOB_WATCH_RETRY: Duration = Duration::from_secs(1);
+
 /// How often a holding pod is checked while its Envoy starts: the proxy container runs by the
 /// pod's status (pilot-agent launches Envoy at once), Envoy's admin port listens
 /// (`Seen::Starting`), or its capture ports listen but it is not LIVE yet (`Seen::Up`).
@@ -135,6 +138,14 @@ pub struct State {
     pub readiness_seen: u8,
     /// The pace and budget of re-checks after the proxy was seen going (`machine/proxy_gone.rs`).
     pub proxy_gone: ProxyGonePace,
+    /// The latest pod update showed a container restarted (`PodFacts::restarted_since`), or
+    /// the kubelet starting to restart every container in place: the pod's netns must be
+    /// looked up again (a recreated sandbox has a new one). Set by each pod update, read by
+    /// the stage that handles it.
+    pub containers_restarted: bool,
+    /// The netns the pod was last found in: one found after it that differs is new (the
+    /// sandbox was recreated).
+    pub last_netns: Option<NetnsId>,
 }
 
 impl State {
@@ -152,6 +163,8 @@ impl State {
                 proxy_running: false,
                 readiness_seen: 0,
                 proxy_gone: ProxyGonePace::default(),
+                containers_restarted: false,
+                last_netns: None,
             };
             return (state, vec![Effect::SetPhase(Phase::Done)]);
         }
@@ -171,6 +184,8 @@ impl State {
             proxy_running,
             readiness_seen: 0,
             proxy_gone: ProxyGonePace::default(),
+            containers_restarted: false,
+            last_netns: None,
         };
         let mut fx = vec![Effect::SetPhase(Phase::WaitingForNetns)];
         if proxy_running {
@@ -210,6 +225,13 @@ impl State {
             && !self.deleting()
             && !self.proxy_gone.deferred
     }
+
+    /// Whether the driver keeps a handle on the pod's netns: not once the pod is finished (a
+    /// completed Job may stay for days; its netns must not be kept alive by the agent's fd). A
+    /// pod that runs again is looked up anew.
+    pub fn keeps_netns(&self) -> bool {
+        !matches!(self.stage, Stage::Finished | Stage::Exited)
+    }
 }
 
 /// One transition.
@@ -220,7 +242,16 @@ pub fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>) {
     }
     // Facts first: every stage sees the latest pod.
     match &input {
-        Input::Pod(p) => s.pod = p.clone(),
+        Input::Pod(p) => {
+            s.containers_restarted = match (&s.pod, p) {
+                (Some(before), Some(now)) => {
+                    now.restarted_since(before)
+                        || (now.restarting_in_place && !before.restarting_in_place)
+                }
+                _ => false,
+            };
+            s.pod = p.clone();
+        }
         Input::AgentStop => s.stopping = true,
         // A deferred proxy-gone re-check is due, whatever the stage now (`afterwards.rs`).
         Input::Timer(Timer::ProxyRecheck) => s.proxy_gone.deferred = false,
@@ -322,6 +353,12 @@ pub fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>) {
             report.error_count = 1;
             fx.push(Effect::Record(Outcome::Job(Box::new(report))));
             fx.push(Effect::SetPhase(Phase::Ready));
+            // Tried again later (the netns handle may be had then); until then the pod runs as
+            // without the agent.
+            fx.push(Effect::Schedule(
+                Timer::JobWatchRetry,
+                now.mono + JOB_WATCH_RETRY,
+            ));
             Stage::Running {
                 netns,
                 proxy_id: s
@@ -403,6 +440,31 @@ pub fn readiness_step(seen: Seen) -> (u8, Option<StepKind>, Option<&'static str>
 pub(super) fn proxy_starts_over(s: &mut State, fx: &mut Vec<Effect>, kind: StepKind, why: &str) {
     fx.push(Effect::Step(kind, Some(why.to_string())));
     s.readiness_seen = 0;
+}
+
+/// The pod's containers went (or are going) and come back — the proxy's process exited, a
+/// container was restarted, the sandbox was recreated, every container restarts in place —
+/// so its netns is looked up again before anything is held: a recreated sandbox has a new one,
+/// and a hold is never put in the old, dead one. Whatever is found next is held as a re-hold
+/// (the app running then is expected, not a late hold).
+pub(super) fn look_again_for_netns(
+    s: &mut State,
+    fx: &mut Vec<Effect>,
+    now: Now,
+    kind: StepKind,
+    why: &str,
+) -> Stage {
+    proxy_starts_over(s, fx, kind, why);
+    fx.push(Effect::SetPhase(Phase::WaitingForNetns));
+    fx.push(Effect::LookForNetns);
+    s.fresh = Some(false);
+    s.proxy_restarted = true;
+    s.containers_restarted = false;
+    Stage::WaitingForNetns {
+        waiting_since: now.mono,
+        looked: false,
+        refused: Refused::Never,
+    }
 }
 
 pub(super) fn exit(fx: &mut Vec<Effect>) -> Stage {

@@ -44,6 +44,8 @@ fn pod(policy: RestartPolicy) -> PodFacts {
         hold_timeout: HOLD,
         terminal: false,
         mode: SidecarMode::Classic,
+        restarting_in_place: false,
+        proxy_startup_probe: false,
     }
 }
 
@@ -687,12 +689,21 @@ fn a_restarted_proxy_or_a_new_netns_is_held_again() {
             ),
         ],
     );
-    // The sandbox was recreated under the same uid: a new netns.
+    // The sandbox was recreated under the same uid: the proxy's exit, no process of the pod
+    // for a while, then a new netns.
     let mut r = Run::start(pod(RestartPolicy::Always), START);
     ready(&mut r);
     r.script(
         "new netns",
         vec![
+            (Input::ProxyGone, &["check"]),
+            (
+                Input::Readiness(Seen::Down),
+                &["install(fresh=false,rehold)"],
+            ),
+            (Input::NetnsGone, &["phase:waiting-for-netns", "look"]),
+            (Input::NetnsNotYet, &["timer:NetnsPoll"]),
+            (Input::Timer(Timer::NetnsPoll), &["look"]),
             (Input::NetnsFound { netns: ns(2) }, &["check"]),
             (Input::Readiness(Seen::Down), &["install(fresh=true)"]),
         ],
@@ -850,7 +861,8 @@ fn a_proxy_exit_while_ready_holds_again_until_the_new_envoy_is_ready() {
     r.script(
         "proxy OOM-killed",
         vec![
-            // Envoy's exit, seen on its pidfd before the Pod status says anything.
+            // Envoy's exit, seen on its pidfd before the Pod status says anything: checked at
+            // once in the pod's netns.
             (Input::ProxyGone, &["check"]),
             (
                 Input::Readiness(Seen::Down),
@@ -899,8 +911,21 @@ fn a_proxy_exit_while_ready_holds_again_until_the_new_envoy_is_ready() {
                 Input::Readiness(Seen::Ready),
                 &["remove-leftover", "phase:ready"],
             ),
-            // Later a new sandbox (new netns) with Envoy not ready: a fresh hold, not a re-hold
-            // (the proxy exit that needed no hold is forgotten).
+        ],
+    );
+    // Later (past the re-check pace of `proxy_gone.rs`) the sandbox dies and comes back (a new
+    // netns) with Envoy not ready: no hold in the dead netns, a fresh hold in the new one, not a
+    // re-hold.
+    r.now += Duration::from_secs(2);
+    r.script(
+        "sandbox dies",
+        vec![
+            (Input::ProxyGone, &["check"]),
+            (
+                Input::Readiness(Seen::Down),
+                &["install(fresh=false,rehold)"],
+            ),
+            (Input::NetnsGone, &["phase:waiting-for-netns", "look"]),
             (Input::NetnsFound { netns: ns(99) }, &["check"]),
             (Input::Readiness(Seen::Down), &["install(fresh=true)"]),
         ],
@@ -1118,7 +1143,8 @@ fn what_the_driver_cannot_do_the_machine_decides() {
         ],
     );
 
-    // The Job watch cannot start: the pod is `ready` again, a later deletion drains.
+    // The Job watch cannot start: the pod is `ready` again, the watch is tried again a moment
+    // later (before, it never was: the Job's proxy was never quit), a later deletion drains.
     let mut r = Run::start(pod(RestartPolicy::Never), START);
     r.script(
         "job watch not started",
@@ -1130,19 +1156,28 @@ fn what_the_driver_cannot_do_the_machine_decides() {
             ),
             (
                 Input::ExecutorNotStarted("no netns handle".into()),
-                &["rec:job-not-started", "phase:ready"],
+                &["rec:job-not-started", "phase:ready", "timer:JobWatchRetry"],
+            ),
+            (Input::Timer(Timer::JobWatchRetry), &["job-watch"]),
+            (
+                Input::ExecutorNotStarted("no netns handle".into()),
+                &["rec:job-not-started", "phase:ready", "timer:JobWatchRetry"],
             ),
             (
                 Input::Pod(Some(deleted(pod(RestartPolicy::Never)))),
                 &["phase:draining", "drain"],
             ),
+            // A retry due after the deletion starts nothing more.
+            (Input::Timer(Timer::JobWatchRetry), &[]),
         ],
     );
 }
 
+/// A native sidecar as Istio injects it by default: with its startup probe.
 fn native(p: PodFacts) -> PodFacts {
     PodFacts {
         mode: SidecarMode::Native,
+        proxy_startup_probe: true,
         ..p
     }
 }
@@ -1264,6 +1299,14 @@ fn a_native_proxy_restart_seen_in_the_status_is_held() {
     r.script(
         "new sandbox",
         vec![
+            (Input::ProxyGone, &["problem", "check"]),
+            (
+                Input::Readiness(Seen::Down),
+                &["install(fresh=false,rehold)"],
+            ),
+            (Input::NetnsGone, &["phase:waiting-for-netns", "look"]),
+            (Input::NetnsNotYet, &["timer:NetnsPoll"]),
+            (Input::Timer(Timer::NetnsPoll), &["look"]),
             (Input::NetnsFound { netns: ns(2) }, &["check"]),
             (
                 Input::Readiness(Seen::Down),
@@ -1399,4 +1442,520 @@ fn timeline_steps_follow_the_pods_life() {
         },
     );
     assert_eq!(steps(&fx), ["step:proxy-running"]);
+}
+
+/// "Finished" is the kubelet's "will run nothing of it again" (issue 28): an exited app of a
+/// `restartPolicy: Always` pod (its sandbox being recreated kills every container) or a failed
+/// one under `OnFailure` is not finished; every container ended for good is; a pod whose
+/// containers all restart in place (KEP-5532) is not, whatever its policy.
+#[test]
+fn finished_only_when_the_kubelet_runs_nothing_again() {
+    let with = |policy, app: (Option<String>, ContainerState), proxy| PodFacts {
+        apps: vec![app],
+        proxy: Some(proxy),
+        ..pod(policy)
+    };
+    for (p, want) in [
+        // Every container killed with its sandbox: the kubelet starts them all again.
+        (
+            with(
+                RestartPolicy::Always,
+                terminated("app-1", 137),
+                terminated("proxy-1", 137),
+            ),
+            false,
+        ),
+        (
+            with(
+                RestartPolicy::Always,
+                terminated("app-1", 0),
+                terminated("proxy-1", 0),
+            ),
+            false,
+        ),
+        (
+            with(
+                RestartPolicy::OnFailure,
+                terminated("app-1", 1),
+                terminated("proxy-1", 0),
+            ),
+            false,
+        ),
+        // OnFailure: the app succeeded but the proxy failed: the kubelet restarts the proxy.
+        (
+            with(
+                RestartPolicy::OnFailure,
+                terminated("app-1", 0),
+                terminated("proxy-1", 137),
+            ),
+            false,
+        ),
+        (
+            with(
+                RestartPolicy::OnFailure,
+                terminated("app-1", 0),
+                terminated("proxy-1", 0),
+            ),
+            true,
+        ),
+        (
+            with(
+                RestartPolicy::Never,
+                terminated("app-1", 1),
+                terminated("proxy-1", 137),
+            ),
+            true,
+        ),
+        // The app done, the proxy still up (a Job before its proxy is quit).
+        (
+            with(
+                RestartPolicy::Never,
+                terminated("app-1", 0),
+                running("proxy-1"),
+            ),
+            false,
+        ),
+        // Restarting in place: not finished even under Never.
+        (
+            PodFacts {
+                restarting_in_place: true,
+                ..with(
+                    RestartPolicy::Never,
+                    terminated("app-1", 42),
+                    terminated("proxy-1", 0),
+                )
+            },
+            false,
+        ),
+        // A terminal phase is finished whatever the statuses say.
+        (
+            PodFacts {
+                terminal: true,
+                ..pod(RestartPolicy::Always)
+            },
+            true,
+        ),
+    ] {
+        assert_eq!(p.finished(), want, "{p:?}");
+    }
+    // The machine: a running pod whose containers all ended, but the kubelet will restart
+    // them, stays followed (before, it went `Finished` and was never held again).
+    let mut r = ready(holding(pod(RestartPolicy::Always)));
+    r.script(
+        "all killed",
+        vec![(
+            Input::Pod(Some(with(
+                RestartPolicy::Always,
+                terminated("app-1", 137),
+                terminated("proxy-1", 137),
+            ))),
+            &[],
+        )],
+    );
+    assert!(matches!(r.state.stage, Stage::Running { .. }), "{r:?}");
+}
+
+impl std::fmt::Debug for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.state.stage)
+    }
+}
+
+/// The pod's status after its sandbox was recreated: every container a new id, the app
+/// running, the proxy not yet (the new Envoy is late), restartCount + 1.
+fn recreated(policy: RestartPolicy) -> PodFacts {
+    PodFacts {
+        apps: vec![running("app-2")],
+        proxy: Some((Some("proxy-2".into()), ContainerState::Waiting)),
+        ..pod(policy)
+    }
+}
+
+/// A recreated sandbox, as the driver fed it in tests/tests/hold_lifecycle.rs
+/// `a_recreated_sandbox_is_held_in_its_new_netns` (recorded with
+/// `HOLDFAST_LOG=info,holdfast::inputs=debug`; readiness polls and repeated inputs left out):
+/// the proxy's process exits (the kubelet kills every container), the check in the old netns
+/// sees Envoy's sockets not yet closed (`Up`), the hold is taken out at once because no process
+/// of the pod is left in that netns (`NetnsGone`), the status shows the proxy, then every container,
+/// ended, the new sandbox's netns appears: held there, and released when the new Envoy is
+/// ready. Before, the hold went into the old, dead netns and the new one was never looked at.
+#[test]
+fn replay_a_recreated_sandbox_is_held_in_its_new_netns() {
+    let mut r = ready(holding(pod(RestartPolicy::Always)));
+    let killed = |app: (Option<String>, ContainerState)| PodFacts {
+        apps: vec![app],
+        proxy: Some(terminated("proxy-1", 137)),
+        ..pod(RestartPolicy::Always)
+    };
+    r.script(
+        "sandbox recreated",
+        vec![
+            (Input::ProxyGone, &["check"]),
+            (Input::Readiness(Seen::Up), &["install(fresh=false,rehold)"]),
+            // The driver found no process of the pod left in ns(1).
+            (Input::NetnsGone, &["phase:waiting-for-netns", "look"]),
+            (Input::NetnsNotYet, &["timer:NetnsPoll"]),
+            (Input::Timer(Timer::NetnsPoll), &["look"]),
+            (Input::NetnsNotYet, &["timer:NetnsPoll"]),
+            (Input::Pod(Some(killed(running("app-1")))), &["look"]),
+            (Input::NetnsNotYet, &["timer:NetnsPoll"]),
+            (Input::Timer(Timer::NetnsPoll), &["look"]),
+            (Input::NetnsNotYet, &["timer:NetnsPoll"]),
+            (
+                Input::Pod(Some(killed(terminated("app-1", 137)))),
+                &["look"],
+            ),
+            (Input::NetnsNotYet, &["timer:NetnsPoll"]),
+            (Input::Timer(Timer::NetnsPoll), &["look"]),
+            (Input::NetnsFound { netns: ns(2) }, &["check"]),
+            (Input::Readiness(Seen::Down), &["install(fresh=true)"]),
+            (
+                Input::HoldSetUp {
+                    adopted: false,
+                    late: false,
+                    age: Duration::ZERO,
+                },
+                &[
+                    "rec:hold-started(adopted=false,late=false)",
+                    "phase:holding",
+                    "timer:HoldDeadline",
+                    "check",
+                ],
+            ),
+            (Input::Readiness(Seen::Down), &["timer:ReadinessPoll"]),
+            (Input::Pod(Some(killed(terminated("app-1", 137)))), &[]),
+            // The status catches up: new container ids; each look finds the same new netns.
+            (Input::Pod(Some(killed(running("app-2")))), &["look"]),
+            (Input::NetnsFound { netns: ns(2) }, &[]),
+            (
+                Input::Pod(Some(PodFacts {
+                    apps: vec![running("app-2")],
+                    proxy: Some(running("proxy-2")),
+                    ..pod(RestartPolicy::Always)
+                })),
+                &["look"],
+            ),
+            (Input::NetnsFound { netns: ns(2) }, &[]),
+            (Input::Timer(Timer::ReadinessPoll), &["check"]),
+            (Input::Readiness(Seen::Ready), &["release(ready=true)"]),
+            (
+                Input::HoldReleased(Released::default()),
+                &["rec:hold-ready", "phase:ready"],
+            ),
+        ],
+    );
+    assert!(
+        matches!(r.state.stage, Stage::Running { netns, .. } if netns == ns(2)),
+        "{r:?}"
+    );
+}
+
+/// The race the driver's check cannot close: the hold went into the old netns an instant
+/// before its last process went. The status's new container ids make the machine look: another
+/// netns (or none) releases the dead one's hold as `sandbox-gone` and holds in the new one.
+#[test]
+fn a_hold_left_in_a_dead_netns_moves_to_the_new_one() {
+    let mut r = ready(holding(pod(RestartPolicy::Always)));
+    r.script(
+        "held in the old netns",
+        vec![
+            (Input::ProxyGone, &["check"]),
+            (
+                Input::Readiness(Seen::Down),
+                &["install(fresh=false,rehold)"],
+            ),
+            (
+                Input::HoldSetUp {
+                    adopted: false,
+                    late: false,
+                    age: Duration::ZERO,
+                },
+                &[
+                    "rec:hold-started(adopted=false,late=false)",
+                    "phase:holding",
+                    "timer:HoldDeadline",
+                    "check",
+                ],
+            ),
+            (
+                Input::Pod(Some(recreated(RestartPolicy::Always))),
+                &["look"],
+            ),
+            (
+                Input::NetnsFound { netns: ns(2) },
+                &["release(ready=false)"],
+            ),
+            (
+                Input::HoldReleased(Released::default()),
+                &["rec:hold-sandbox-gone", "phase:waiting-for-netns", "look"],
+            ),
+            (Input::NetnsFound { netns: ns(2) }, &["check"]),
+            (Input::Readiness(Seen::Down), &["install(fresh=true)"]),
+        ],
+    );
+    // No process of the pod anywhere yet: the same, then the new netns is waited for.
+    let mut r = ready(holding(pod(RestartPolicy::Always)));
+    r.feed(Input::ProxyGone);
+    r.feed(Input::NetnsFound { netns: ns(1) });
+    r.feed(Input::Readiness(Seen::Down));
+    r.feed(Input::HoldSetUp {
+        adopted: false,
+        late: false,
+        age: Duration::ZERO,
+    });
+    r.script(
+        "no netns yet",
+        vec![
+            (
+                Input::Pod(Some(recreated(RestartPolicy::Always))),
+                &["look"],
+            ),
+            (Input::NetnsNotYet, &["release(ready=false)"]),
+            (
+                Input::HoldReleased(Released::default()),
+                &["rec:hold-sandbox-gone", "phase:waiting-for-netns", "look"],
+            ),
+            (Input::NetnsNotYet, &["timer:NetnsPoll"]),
+        ],
+    );
+}
+
+/// The status after the kubelet began a KEP-5532 in-place restart: the condition
+/// `AllContainersRestarting` True, the old containers (same ids) terminated.
+fn restarting(policy: RestartPolicy) -> PodFacts {
+    PodFacts {
+        restarting_in_place: true,
+        apps: vec![terminated("app-1", 42)],
+        proxy: Some(terminated("proxy-1", 137)),
+        ..pod(policy)
+    }
+}
+
+/// An in-place restart of every container (Kubernetes 1.35+, KEP-5532 `RestartAllContainers`):
+/// same sandbox and netns, init containers (istio-init) run again, then every container with a
+/// new id. Held like a proxy restart in the same netns: the condition alone starts the look
+/// (before any pidfd or new id); the new ids keep the hold where it is (same netns). The
+/// sequence as tests/tests/hold_lifecycle.rs `an_in_place_restart_of_every_container_is_held`
+/// recorded it (the condition's update came before the proxy's pidfd; Envoy's sockets still
+/// open at the first look: `Up`).
+#[test]
+fn replay_an_in_place_restart_is_held_in_the_same_netns() {
+    let mut r = ready(holding(pod(RestartPolicy::Always)));
+    r.script(
+        "restart all containers",
+        vec![
+            (
+                Input::Pod(Some(restarting(RestartPolicy::Always))),
+                &["phase:waiting-for-netns", "look"],
+            ),
+            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (Input::Readiness(Seen::Up), &["install(fresh=false,rehold)"]),
+            (
+                Input::HoldSetUp {
+                    adopted: false,
+                    late: false,
+                    age: Duration::ZERO,
+                },
+                &[
+                    "rec:hold-started(adopted=false,late=false)",
+                    "phase:holding",
+                    "timer:HoldDeadline",
+                    "check",
+                ],
+            ),
+            // The proxy's pidfd fires while held: nothing more to do.
+            (Input::ProxyGone, &[]),
+            (
+                Input::Pod(Some(PodFacts {
+                    restarting_in_place: false,
+                    ..restarting(RestartPolicy::Always)
+                })),
+                &[],
+            ),
+            // The condition goes False, the containers start again under new ids.
+            (
+                Input::Pod(Some(recreated(RestartPolicy::Always))),
+                &["look"],
+            ),
+            (Input::NetnsFound { netns: ns(1) }, &[]),
+            (Input::Readiness(Seen::Ready), &["release(ready=true)"]),
+            (
+                Input::HoldReleased(Released::default()),
+                &["rec:hold-ready", "phase:ready"],
+            ),
+        ],
+    );
+    // A Job's pod (`Never`) restarted in place by a rule after it finished: followed again.
+    let mut done = pod(RestartPolicy::Never);
+    done.apps = vec![terminated("app-1", 0)];
+    done.proxy = Some(terminated("proxy-1", 0));
+    let mut r = Run::start(pod(RestartPolicy::Never), START);
+    r.script(
+        "finished, then restarted in place",
+        vec![
+            (Input::Pod(Some(done.clone())), &["phase:done"]),
+            (
+                Input::Pod(Some(restarting(RestartPolicy::Never))),
+                &["phase:waiting-for-netns", "look"],
+            ),
+            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (
+                Input::Readiness(Seen::Down),
+                &["install(fresh=false,rehold)"],
+            ),
+        ],
+    );
+    // The control: a pod left alone stays alone, a deleted one is not followed again.
+    let mut r = Run::start(pod(RestartPolicy::Never), START);
+    r.feed(Input::Pod(Some(done.clone())));
+    r.state.left_alone = true;
+    r.script(
+        "left alone",
+        vec![(Input::Pod(Some(restarting(RestartPolicy::Never))), &[])],
+    );
+    let mut r = Run::start(pod(RestartPolicy::Never), START);
+    r.feed(Input::Pod(Some(done)));
+    r.script(
+        "deleted",
+        vec![(
+            Input::Pod(Some(deleted(restarting(RestartPolicy::Never)))),
+            &[],
+        )],
+    );
+}
+
+/// A container restarted while the pod runs (a new id in the status, whichever container):
+/// the netns is looked up again; the same netns with Envoy ready is no hold.
+#[test]
+fn an_app_restart_looks_again_and_a_ready_proxy_needs_no_hold() {
+    let mut r = ready(holding(pod(RestartPolicy::Always)));
+    r.script(
+        "app restarted",
+        vec![
+            (
+                Input::Pod(Some(PodFacts {
+                    apps: vec![running("app-2")],
+                    ..pod(RestartPolicy::Always)
+                })),
+                &["phase:waiting-for-netns", "look"],
+            ),
+            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (
+                Input::Readiness(Seen::Ready),
+                &["remove-leftover", "phase:ready"],
+            ),
+        ],
+    );
+    // The same update twice: the second one is no restart.
+    r.script(
+        "again",
+        vec![(
+            Input::Pod(Some(PodFacts {
+                apps: vec![running("app-2")],
+                ..pod(RestartPolicy::Always)
+            })),
+            &[],
+        )],
+    );
+}
+
+/// A native sidecar without a startup probe (Istio's `startupProbe.enabled=false`): the kubelet
+/// starts the app as soon as the sidecar runs, so its first start is held like a classic one;
+/// with the probe (the default) it is not (the control).
+#[test]
+fn a_native_sidecar_without_a_startup_probe_is_held_at_its_first_start() {
+    let unprobed = PodFacts {
+        proxy_startup_probe: false,
+        ..native(pod(RestartPolicy::Always))
+    };
+    let mut r = Run::start(unprobed, START);
+    r.script(
+        "no startup probe",
+        vec![
+            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (Input::Readiness(Seen::Down), &["install(fresh=false)"]),
+        ],
+    );
+    let mut r = Run::start(native(pod(RestartPolicy::Always)), START);
+    r.script(
+        "startup probe",
+        vec![
+            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (
+                Input::Readiness(Seen::Down),
+                &["remove-leftover", "phase:ready"],
+            ),
+        ],
+    );
+}
+
+/// The driver keeps no netns handle for a finished pod (a completed Job's netns is not kept
+/// alive by the agent), and keeps it at every other stage.
+#[test]
+fn a_finished_pod_keeps_no_netns_handle() {
+    let mut r = holding(pod(RestartPolicy::Never));
+    r.feed(Input::Readiness(Seen::Ready));
+    r.feed(Input::HoldReleased(Released::default()));
+    assert!(r.state.keeps_netns(), "{r:?}");
+    r.feed(Input::JobFinished(job_report(JobOutcome::Completed)));
+    assert_eq!(r.state.stage, Stage::Finished);
+    assert!(!r.state.keeps_netns());
+}
+
+/// No pod update is dropped silently (issue 28 item 6). The stages whose catch-all arm ignores
+/// pod updates — `SettingUpHold` and `Releasing` (the driver feeds their answer before it reads
+/// anything else), `JobWatch` and `Draining` (their executors read the pod themselves),
+/// `Finished` — keep the update's facts, and what the update says is acted on at the stage's
+/// answer: a deletion during the set-up releases at once, a restart during it is looked at once
+/// the hold is in, a deletion during a release ends without a drain.
+#[test]
+fn a_pod_update_in_a_waiting_stage_is_kept_and_acted_on() {
+    // Deleted while the hold is set up: released as pod-deleted at HoldSetUp.
+    let mut r = Run::start(pod(RestartPolicy::Always), START);
+    r.feed(Input::NetnsFound { netns: ns(1) });
+    r.feed(Input::Readiness(Seen::Down));
+    assert!(matches!(r.state.stage, Stage::SettingUpHold { .. }));
+    r.script(
+        "deleted during set-up",
+        vec![
+            (Input::Pod(Some(deleted(pod(RestartPolicy::Always)))), &[]),
+            (
+                Input::HoldSetUp {
+                    adopted: false,
+                    late: false,
+                    age: Duration::ZERO,
+                },
+                &[
+                    "rec:hold-started(adopted=false,late=false)",
+                    "phase:holding",
+                    "release(ready=false)",
+                ],
+            ),
+        ],
+    );
+    // Deleted while releasing: no drain after the release (the proxy was never ready).
+    let mut r = holding(pod(RestartPolicy::Always));
+    r.feed(Input::Readiness(Seen::Ready));
+    assert!(matches!(r.state.stage, Stage::Releasing { .. }));
+    r.script(
+        "deleted during release",
+        vec![
+            (Input::Pod(Some(deleted(pod(RestartPolicy::Always)))), &[]),
+            (
+                Input::HoldReleased(Released::default()),
+                &["rec:hold-ready", "phase:done"],
+            ),
+        ],
+    );
+    assert_eq!(r.state.stage, Stage::Finished);
+    // Every stage keeps the latest facts, whatever it does with them.
+    let mut r = Run::start(pod(RestartPolicy::Always), START);
+    r.feed(Input::NetnsFound { netns: ns(1) });
+    r.feed(Input::Readiness(Seen::Down));
+    let update = PodFacts {
+        user_init_running: true,
+        ..pod(RestartPolicy::Always)
+    };
+    r.feed(Input::Pod(Some(update.clone())));
+    assert_eq!(r.state.pod.as_ref(), Some(&update));
 }

@@ -60,6 +60,9 @@ pub enum Input {
         /// counts from the hold's start, not this agent's.
         age: Duration,
     },
+    /// The hold was not installed: no process of the pod is in the netns any more (its sandbox
+    /// died, or is being recreated). A hold is never put in a dead netns.
+    NetnsGone,
     HoldFailed(String),
     HoldReleased(Released),
     ReleaseFailed(String),
@@ -97,6 +100,8 @@ pub enum Timer {
     HoldDeadline,
     /// A proxy-gone's re-check, deferred by its pace (`machine/proxy_gone.rs`).
     ProxyRecheck,
+    /// Start a Job watch again that could not start (`Input::ExecutorNotStarted`).
+    JobWatchRetry,
 }
 
 /// An outcome, for the recorder (board + metrics + Event + log, together).

@@ -325,7 +325,7 @@ impl Recorder {
                 tracing::info!("agent stopping; leaving the hold for the next agent");
                 None
             }
-            HoldOutcome::PodDeleted | HoldOutcome::Failed => None,
+            HoldOutcome::PodDeleted | HoldOutcome::Failed | HoldOutcome::SandboxGone => None,
         };
         tracing::info!(
             outcome = outcome.as_str(),
@@ -565,6 +565,11 @@ fn hold_released_detail(
             "agent-stopped: left in place for the next agent, which adopts it".into()
         }
         HoldOutcome::Failed => "failed: released, as without holdfast".into(),
+        HoldOutcome::SandboxGone => {
+            "sandbox-gone: the pod's network namespace went away (its sandbox was recreated); \
+             held again in the new one"
+                .into()
+        }
     }
 }
 

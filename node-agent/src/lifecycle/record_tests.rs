@@ -45,6 +45,8 @@ fn facts(policy: RestartPolicy, deleting: bool) -> PodFacts {
         hold_timeout: Duration::from_secs(120),
         terminal: false,
         mode: SidecarMode::Classic,
+        restarting_in_place: false,
+        proxy_startup_probe: false,
     }
 }
 

@@ -122,7 +122,7 @@ impl Metrics {
         );
         r.register(
             "holds_released",
-            "Startup holds ended, by outcome (ready, deadline, pod-deleted, agent-stopped, failed)",
+            "Startup holds ended, by outcome (ready, deadline, pod-deleted, agent-stopped, failed, sandbox-gone)",
             m.holds_released.clone(),
         );
         r.register(
@@ -220,6 +220,7 @@ impl Metrics {
             "pod-deleted",
             "agent-stopped",
             "failed",
+            "sandbox-gone",
         ] {
             let _ = m.holds_released.get_or_create(&Metrics::outcome(o));
         }

@@ -29,8 +29,9 @@ pub use crate::api::status::SourceProblem;
 /// (uid, name, namespace, annotations, deletion, resource version), the spec's node, host
 /// network and users, restart policy and grace period, each container's name, args, env,
 /// restart policy and preStop exec command (whether a native proxy's preStop is Istio's drain:
-/// [`crate::pod::istio_prestop_drain`]), and the status's phase, IPs and container statuses.
-/// Everything else —
+/// [`crate::pod::istio_prestop_drain`]), whether it has a startup probe (an empty marker, not the
+/// probe), and the status's phase, IPs, container statuses and the one condition the agent reads
+/// (`AllContainersRestarting`, [`crate::pod::restarting_in_place`]). Everything else —
 /// `managedFields` (often the largest part), volumes, images, resources, probes, conditions —
 /// is dropped before the object enters the agent's queue (issue 25: a node of large pods must
 /// not fill the agent's memory with fields it never reads).
@@ -45,6 +46,10 @@ pub fn slim(pod: Pod) -> Pod {
         args: c.args,
         env: c.env,
         restart_policy: c.restart_policy,
+        // Only whether there is one (`PodView::proxy_startup_probe`): an empty probe.
+        startup_probe: c
+            .startup_probe
+            .map(|_| k8s_openapi::api::core::v1::Probe::default()),
         lifecycle: c
             .lifecycle
             .and_then(|l| l.pre_stop)
@@ -88,6 +93,20 @@ pub fn slim(pod: Pod) -> Pod {
             pod_ips: s.pod_ips,
             container_statuses: s.container_statuses,
             init_container_statuses: s.init_container_statuses,
+            // One condition at most, without its message.
+            conditions: s
+                .conditions
+                .and_then(|cs| {
+                    cs.into_iter()
+                        .find(|c| c.type_ == crate::pod::ALL_CONTAINERS_RESTARTING)
+                })
+                .map(|c| {
+                    vec![k8s_openapi::api::core::v1::PodCondition {
+                        type_: c.type_,
+                        status: c.status,
+                        ..Default::default()
+                    }]
+                }),
             ..PodStatus::default()
         }),
     }
@@ -198,5 +217,63 @@ mod tests {
             let p = crate::pod::tests::native_pod(other);
             assert!(!view(&slim(p)).istio_prestop_drain);
         }
+    }
+
+    /// What the machine needs of a KEP-5532 in-place restart and of a proxy's startup probe
+    /// survives slimming: the condition `AllContainersRestarting` (its type and status only,
+    /// the shape of kubernetes/kubernetes pkg/kubelet/status/generate.go
+    /// `GenerateAllContainersRestartingCondition`) and whether the proxy has a startupProbe.
+    #[test]
+    fn a_slim_pod_keeps_the_in_place_restart_and_the_startup_probe() {
+        let mut restarting = pod_json(json!({
+            "status": {"phase": "Running",
+                       "conditions": [
+                           {"type": "Ready", "status": "False", "message": "x".repeat(300)},
+                           {"type": "AllContainersRestarting", "status": "True",
+                            "reason": "RestartAllContainersStarted",
+                            "message": "container exited with restart policy rule"}
+                       ]}
+        }));
+        for c in restarting
+            .spec
+            .as_mut()
+            .map(|s| s.containers.iter_mut())
+            .into_iter()
+            .flatten()
+            .filter(|c| c.name == "istio-proxy")
+        {
+            c.startup_probe = Some(
+                serde_json::from_value(json!({"httpGet": {"path": "/healthz/ready", "port": 15021}, "periodSeconds": 1}))
+                    .expect("a probe"),
+            );
+        }
+        let view = |p: &Pod| {
+            crate::pod::PodView::from_pod(
+                p,
+                "node-a",
+                &ProxyConfig::default(),
+                &HoldSettings::default(),
+            )
+            .expect("tracked")
+        };
+        let small = slim(restarting.clone());
+        let conditions = small
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.clone())
+            .unwrap_or_default();
+        assert_eq!(conditions.len(), 1, "{conditions:?}");
+        assert!(conditions[0].message.is_none());
+        let (big, small) = (view(&restarting), view(&small));
+        assert!(big.restarting_in_place && small.restarting_in_place);
+        assert!(big.proxy_startup_probe && small.proxy_startup_probe);
+        // False, and no probe: neither.
+        let after = pod_json(json!({
+            "status": {"phase": "Running",
+                       "conditions": [{"type": "AllContainersRestarting", "status": "False"}]}
+        }));
+        let v = view(&slim(after));
+        assert!(!v.restarting_in_place);
+        assert!(!v.proxy_startup_probe);
     }
 }

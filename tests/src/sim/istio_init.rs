@@ -257,6 +257,17 @@ pub fn run_with(
     min_duration: Duration,
     started: Instant,
 ) -> Result<(), InitError> {
+    // A second run in the same netns (an in-place restart of every container, KEP-5532, runs
+    // the init containers again): Istio's rules are there already. Recent istio-iptables
+    // compares what is there with what it would write (tools/istio-iptables/pkg/capture/run.go,
+    // its `--reconcile` flag) and, when they differ, removes its own ISTIO_* chains and the jumps
+    // to them before it applies its rules again; identical rules are left as they are. The sim
+    // takes the remove-and-apply path every time: the harsher one for a hold already in the
+    // netns (the hold's chains are in the filter table, which Istio's cleanup does not touch).
+    remove_previous_run(iptables);
+    if opts.ipv6 {
+        remove_previous_run(ip6tables);
+    }
     if opts == &InitOptions::default() {
         install_by_invocations(iptables)?;
     } else {
@@ -278,6 +289,45 @@ pub fn run_with(
         std::thread::sleep(rest);
     }
     Ok(())
+}
+
+/// Removes what a previous run of this step left in the nat table (nothing on a first run): the
+/// jumps from the built-in chains, then Istio's chains, flushed and deleted. Errors (a rule or
+/// chain not there) are expected and ignored.
+fn remove_previous_run(iptables: &str) {
+    let exists = Command::new(iptables)
+        .args(["-t", "nat", "-S", "ISTIO_OUTPUT"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !exists {
+        return;
+    }
+    let run = |args: &[&str]| {
+        let _ = Command::new(iptables)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    };
+    run(&[
+        "-t",
+        "nat",
+        "-D",
+        "PREROUTING",
+        "-p",
+        "tcp",
+        "-j",
+        "ISTIO_INBOUND",
+    ]);
+    run(&["-t", "nat", "-D", "OUTPUT", "-j", "ISTIO_OUTPUT"]);
+    for chain in CHAINS.iter().chain(["ISTIO_OUTPUT_DNS"].iter()) {
+        run(&["-t", "nat", "-F", chain]);
+    }
+    for chain in CHAINS.iter().chain(["ISTIO_OUTPUT_DNS"].iter()) {
+        run(&["-t", "nat", "-X", chain]);
+    }
 }
 
 fn restore(program: &str, script: &str) -> Result<(), InitError> {

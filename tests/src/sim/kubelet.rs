@@ -73,6 +73,33 @@ pub(crate) enum PodEvent {
     Probe(ProbeResult),
     /// The native sidecar's preStop hook process exited (not yet reaped).
     HookDone { pid: u32 },
+    /// The kubelet restarts every container: a recreated sandbox or an in-place restart.
+    Restart(Restart),
+}
+
+/// A restart of every container of a (classic) pod, as the kubelet does it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Restart {
+    pub kind: RestartKind,
+    /// How long after the app the new proxy container starts (a late Envoy).
+    pub proxy_late: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartKind {
+    /// The sandbox dies (its pause process killed: a node or runtime problem): the kubelet
+    /// kills every container, stops the sandbox (CNI DEL, the netns goes) and creates a new one
+    /// — a new netns, init containers again, every container with a new id and restartCount + 1
+    /// (pkg/kubelet/kuberuntime/kuberuntime_manager.go `computePodActions`: `createPodSandbox`
+    /// with `KillPod`, attempt + 1).
+    Sandbox,
+    /// KEP-5532 `RestartAllContainers` (Kubernetes 1.35 alpha, 1.36 beta): the condition
+    /// `AllContainersRestarting` True, every container killed without preStop hooks, the
+    /// condition False once they are cleaned up, then init containers and containers again in
+    /// the same sandbox and netns (kubernetes/enhancements keps/sig-node/5532-restart-pod-on-
+    /// container-exits; pkg/kubelet/status/generate.go
+    /// `GenerateAllContainersRestartingCondition`).
+    InPlace,
 }
 
 /// One pod's worker.
@@ -106,6 +133,10 @@ pub(crate) struct PodWorker {
     pre_stop_pid: Option<u32>,
     /// A native pod's stop: when each stopped container gets SIGKILL (its own timeout).
     kill_at: HashMap<Slot, Instant>,
+    /// A restart of every container in progress (its old processes are being killed).
+    restart: Option<Restart>,
+    /// After a restart: start the proxy container this long after the app.
+    proxy_late: Option<Duration>,
 }
 
 impl PodWorker {
@@ -142,6 +173,8 @@ impl PodWorker {
             admitted: Instant::now(),
             probe: None,
             kill_at: HashMap::new(),
+            restart: None,
+            proxy_late: None,
         }
     }
 
@@ -175,6 +208,7 @@ impl PodWorker {
                 Ok(PodEvent::PostStarted(i)) => self.on_post_started(i),
                 Ok(PodEvent::Probe(r)) => self.on_probe(r),
                 Ok(PodEvent::HookDone { pid }) => self.on_hook_done(pid),
+                Ok(PodEvent::Restart(r)) => self.on_restart(r),
                 Err(RecvTimeoutError::Timeout) => self.on_timer(),
             }
         }
@@ -614,6 +648,24 @@ impl PodWorker {
                 eprintln!("sim: pod {}: {e}", self.name);
             }
         }
+        if self.restart.is_some() {
+            // Killed by the restart: terminated, not restarted on its own.
+            self.update(|v| {
+                let c = match slot {
+                    Slot::Container(i) => v.containers.get_mut(i),
+                    Slot::Init => v.init.as_mut(),
+                    Slot::UserInit => v.user_init.as_mut(),
+                    Slot::Sidecar => v.sidecar.as_mut(),
+                    Slot::Sandbox => None,
+                };
+                if let Some(c) = c {
+                    c.state = CState::Terminated(terminated(c, exit));
+                    c.pid = None;
+                }
+            });
+            self.finish_restart();
+            return;
+        }
         match slot {
             Slot::Sandbox => {}
             Slot::Sidecar => self.on_sidecar_exit(exit),
@@ -713,8 +765,12 @@ impl PodWorker {
         let n = self.view(|v| v.containers.len());
         let proxy = self.view(|v| v.containers.iter().position(|c| c.name == PROXY_CONTAINER));
         let delay = self.view(|v| v.spec.app_start_delay);
+        let proxy_late = self.proxy_late.take().filter(|d| !d.is_zero());
         for i in 0..n {
-            if Some(i) != proxy && !delay.is_zero() {
+            if let (true, Some(late)) = (Some(i) == proxy, proxy_late) {
+                // After a restart of every container: the new Envoy comes late.
+                self.restart_at.insert(i, Instant::now() + late);
+            } else if Some(i) != proxy && !delay.is_zero() {
                 // A slow image pull: the app container starts later (the timer that
                 // restarts containers starts it).
                 self.restart_at.insert(i, Instant::now() + delay);
@@ -889,6 +945,81 @@ impl PodWorker {
                 "sim: pod {}: cannot start the {what} poller: {e}",
                 self.name
             );
+        }
+    }
+
+    /// The kubelet restarts every container ([`Restart`]): kill them (and for a recreated
+    /// sandbox the pause process too); [`PodWorker::finish_restart`] goes on once they are gone.
+    fn on_restart(&mut self, r: Restart) {
+        if self.deleting || self.shutting_down || self.restart.is_some() || self.is_native() {
+            eprintln!("sim: pod {}: restart {r:?} ignored", self.name);
+            return;
+        }
+        self.restart_at.clear();
+        self.restart = Some(r);
+        if r.kind == RestartKind::InPlace {
+            self.update(|v| v.all_containers_restarting = Some(true));
+        }
+        for (slot, cg) in &self.cgroups {
+            if *slot != Slot::Sandbox || r.kind == RestartKind::Sandbox {
+                cg.kill_all();
+            }
+        }
+        self.finish_restart();
+    }
+
+    /// Once the restart's old processes are all gone: a new sandbox (new netns), or the same
+    /// one with the condition `AllContainersRestarting` back to False; then the init containers
+    /// and the containers again, each with a new id and restartCount + 1 (`start_container`).
+    fn finish_restart(&mut self) {
+        let Some(r) = self.restart else { return };
+        let left = match r.kind {
+            RestartKind::Sandbox => !self.live.is_empty(),
+            RestartKind::InPlace => !self.only_sandbox_left(),
+        };
+        if left {
+            return;
+        }
+        self.restart = None;
+        self.proxy_late = Some(r.proxy_late);
+        let started = match r.kind {
+            RestartKind::Sandbox => {
+                for (_, cg) in self.cgroups.drain() {
+                    let _ = cg.remove();
+                }
+                if let Some(cg) = self.pod_cg.take() {
+                    if let Err(e) = cg.remove() {
+                        eprintln!("sim: pod {}: {e}", self.name);
+                    }
+                }
+                if let Some(ns) = &self.netns {
+                    if let Err(e) = ns.unlink() {
+                        eprintln!("sim: pod {}: {e}", self.name);
+                    }
+                }
+                self.netns_file = None;
+                self.netns = None;
+                self.update(|v| {
+                    v.sandbox_ready = false;
+                    v.sandbox_pid = None;
+                });
+                self.start_sandbox_and_init()
+            }
+            RestartKind::InPlace => {
+                self.update(|v| v.all_containers_restarting = Some(false));
+                let (user_first, has_user) =
+                    self.view(|v| (!v.spec.cni, v.spec.user_init.is_some()));
+                if user_first && has_user {
+                    self.start_user_init()
+                } else {
+                    self.start_injected_init()
+                }
+            }
+        };
+        if let Err(e) = started {
+            eprintln!("sim: pod {}: restart: {e}", self.name);
+            let reason = e.to_string();
+            self.update(|v| v.failed_reason = Some(reason));
         }
     }
 

@@ -173,6 +173,15 @@ impl NetNs {
     }
 }
 
+impl NetNs {
+    /// Removes the pod's `eth0` and so its veth peer on the bridge, as the CNI plugin's DEL does
+    /// when the kubelet stops a sandbox: a peer name can then be used again at once, even while
+    /// someone (the agent) still holds the old namespace open.
+    pub fn unlink(&self) -> Result<(), SimError> {
+        self.ip(&["link", "del", "eth0"])
+    }
+}
+
 impl Drop for NetNs {
     fn drop(&mut self) {
         if let Err(e) = run("ip", &["netns", "delete", &self.name]) {

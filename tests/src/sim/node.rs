@@ -570,6 +570,38 @@ impl SimNode {
             .map_err(|_| SimError::Setup(format!("pod {name} is already gone")))
     }
 
+    /// The pod's sandbox dies and the kubelet recreates it: every container killed, a new netns,
+    /// init containers and containers again with new ids; the new proxy container starts
+    /// `proxy_late` after the app (classic pods; see [`super::kubelet::RestartKind::Sandbox`]).
+    pub fn recreate_sandbox(&self, name: &str, proxy_late: Duration) -> Result<(), SimError> {
+        self.restart(name, super::kubelet::RestartKind::Sandbox, proxy_late)
+    }
+
+    /// The kubelet restarts every container in place (KEP-5532 `RestartAllContainers`): same
+    /// sandbox and netns, istio-init runs again, the new proxy container starts `proxy_late`
+    /// after the app (classic pods; see [`super::kubelet::RestartKind::InPlace`]).
+    pub fn restart_in_place(&self, name: &str, proxy_late: Duration) -> Result<(), SimError> {
+        self.restart(name, super::kubelet::RestartKind::InPlace, proxy_late)
+    }
+
+    fn restart(
+        &self,
+        name: &str,
+        kind: super::kubelet::RestartKind,
+        proxy_late: Duration,
+    ) -> Result<(), SimError> {
+        let w = self
+            .workers
+            .iter()
+            .find(|w| w.name == name)
+            .ok_or_else(|| SimError::UnknownPod(name.to_string()))?;
+        w.tx.send(PodEvent::Restart(super::kubelet::Restart {
+            kind,
+            proxy_late,
+        }))
+        .map_err(|_| SimError::Setup(format!("pod {name} is already gone")))
+    }
+
     /// The remote services' IPv4 address: what an IPv4 pod's app calls (through its Envoy).
     pub fn remote_addr_v4(&self) -> std::net::SocketAddr {
         std::net::SocketAddr::from((REMOTE_IP, self.env.remote_port))

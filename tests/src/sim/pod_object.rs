@@ -204,6 +204,9 @@ pub struct PodView {
     pub failed_reason: Option<String>,
     /// The pod object is gone from the API (deleted and all containers stopped).
     pub gone: bool,
+    /// The condition `AllContainersRestarting` (KEP-5532), once the kubelet has restarted the
+    /// pod in place: `True` while the old containers are killed, `False` after.
+    pub all_containers_restarting: Option<bool>,
 }
 
 impl PodView {
@@ -277,6 +280,7 @@ impl PodView {
             sidecar,
             failed_reason: None,
             gone: false,
+            all_containers_restarting: None,
         }
     }
 
@@ -688,6 +692,16 @@ impl PodView {
                     .collect(),
             );
             st.container_statuses = Some(self.containers.iter().map(container_status).collect());
+        }
+        if let Some(on) = self.all_containers_restarting {
+            // kubernetes/kubernetes pkg/kubelet/status/generate.go
+            // `GenerateAllContainersRestartingCondition`.
+            let mut c = cond("AllContainersRestarting", on);
+            if on {
+                c.reason = Some("RestartAllContainersStarted".into());
+                c.message = Some("container exited with restart policy rule".into());
+            }
+            conditions.push(c);
         }
         st.conditions = Some(conditions);
         st.reason = self.failed_reason.clone();

@@ -21,26 +21,29 @@ pub(super) fn step(
             }
             Some(p) => {
                 let now_id = p.running_proxy().map(str::to_string);
-                let restarted = proxy_id.is_some() && now_id.as_ref() != proxy_id.as_ref();
-                if restarted && p.app_may_run() {
+                let proxy_went = proxy_id.is_some() && now_id.as_ref() != proxy_id.as_ref();
+                if s.containers_restarted && !s.stopping {
+                    // A container runs again under a new id (an app or proxy restart, a
+                    // recreated sandbox, every container restarted in place): the netns may be
+                    // new, and Envoy may not be ready. Look again; Envoy ready is no hold.
+                    look_again_for_netns(
+                        s,
+                        fx,
+                        now,
+                        StepKind::ProxyGone,
+                        "the pod's containers were restarted",
+                    )
+                } else if proxy_went && p.app_may_run() && !s.stopping {
                     // The proxy container restarted (OOM-kill...) while the app runs: hold the
                     // app's new connections again until the new Envoy is ready. The sandbox
                     // (and so the netns) may be new as well: look again.
-                    proxy_starts_over(
+                    look_again_for_netns(
                         s,
                         fx,
+                        now,
                         StepKind::ProxyGone,
                         "the proxy container restarted while the app runs",
-                    );
-                    fx.push(Effect::SetPhase(Phase::WaitingForNetns));
-                    fx.push(Effect::LookForNetns);
-                    s.fresh = Some(false);
-                    s.proxy_restarted = true;
-                    Stage::WaitingForNetns {
-                        waiting_since: now.mono,
-                        looked: false,
-                        refused: Refused::Never,
-                    }
+                    )
                 } else {
                     Stage::Running {
                         netns,
@@ -49,12 +52,16 @@ pub(super) fn step(
                 }
             }
         },
-        // A process of the proxy (pilot-agent or Envoy) exited while the app runs (OOM-kill):
-        // the kubelet restarts the proxy container after its back-off, and the Pod status says
-        // so only with the kubelet's lag (PLEG relist, status sync). Check at once; Envoy gone
-        // (`Down`) re-installs the hold in the same netns, released by the normal path when the
-        // new Envoy is ready. Envoy still ready: back to `Running`. Re-checks are paced and
-        // budgeted per pod (`proxy_gone.rs`): what makes them is the pod's.
+        // A process of the proxy (pilot-agent or Envoy) exited while the app runs (OOM-kill,
+        // or the sandbox dying): the kubelet restarts the proxy container after its back-off
+        // (or the whole sandbox), and the Pod status says so only with the kubelet's lag (PLEG
+        // relist, status sync). Check at once in the pod's netns (a look first would cost tens
+        // of milliseconds, each a refused call): Envoy gone (`Down`) re-installs the hold there,
+        // released by the normal path when the new Envoy is ready. The driver then checks a
+        // process of the pod is still in that netns: none (the sandbox died) is `NetnsGone`, and
+        // the netns is looked up again, so the new sandbox's is found and held. Envoy still
+        // ready: back to `Running`. Re-checks are paced and budgeted per pod (`proxy_gone.rs`):
+        // what makes them is the pod's.
         (Stage::Running { netns, proxy_id }, Input::ProxyGone) => match s.pod.clone() {
             Some(p) if p.deletion.is_none() && p.app_may_run() && !s.stopping => {
                 proxy_gone::proxy_gone(s, fx, now, netns, proxy_id, &p)
@@ -69,22 +76,14 @@ pub(super) fn step(
                 _ => Stage::Running { netns, proxy_id },
             }
         }
-        // The netns changed under the same uid (sandbox recreated): start over in the new one.
-        (Stage::Running { netns, .. }, Input::NetnsFound { netns: new }) if new != netns => {
-            proxy_starts_over(
-                s,
-                fx,
-                StepKind::NetnsFound,
-                "a new network namespace: the pod's sandbox was recreated",
-            );
-            s.fresh = Some(true);
-            fx.push(Effect::CheckReadiness);
-            Stage::Checking {
-                netns: new,
-                fresh: true,
-                rehold: false,
+        // A Job watch that could not start, tried again (while the pod still needs one).
+        (Stage::Running { netns, proxy_id }, Input::Timer(Timer::JobWatchRetry)) => match &s.pod {
+            Some(p) if p.is_job() && !p.native() && p.deletion.is_none() && !s.stopping => {
+                fx.push(Effect::StartJobWatch);
+                Stage::JobWatch { netns }
             }
-        }
+            _ => Stage::Running { netns, proxy_id },
+        },
 
         // --- executors ---------------------------------------------------------------------
         (Stage::JobWatch { netns }, Input::JobFinished(report)) => match report.outcome {
@@ -131,6 +130,23 @@ pub(super) fn step(
         (st @ (Stage::JobWatch { .. } | Stage::Draining { .. }), _) => st,
 
         (Stage::Finished, Input::Pod(None)) => done_and_exit(fx),
+        // Finished, and a container runs again under a new id, or every container restarts in
+        // place (a Job's pod under a `RestartAllContainers` rule): the kubelet runs the pod
+        // again, so the agent follows it again — unless it left the pod alone (a broken bound)
+        // or the pod is being deleted.
+        (Stage::Finished, Input::Pod(Some(p)))
+            if s.containers_restarted && !s.left_alone && !s.stopping && p.deletion.is_none() =>
+        {
+            look_again_for_netns(
+                s,
+                fx,
+                now,
+                StepKind::ProxyGone,
+                "the kubelet runs the pod's containers again",
+            )
+        }
+        // Every other input of `Finished` and `Running` changes nothing: `Running` handles
+        // every pod update above, `Finished` the ones that matter (the facts are kept).
         (st, _) => st,
     }
 }

@@ -49,6 +49,19 @@ pub(super) fn step(
         (Stage::SettingUpHold { netns }, Input::HoldFailed(why)) => {
             fail_open(s, fx, netns, format!("startup hold failed: {why}"))
         }
+        // The netns has no process of the pod left (the sandbox died before the hold went
+        // in): nothing installed; wait for the pod's next netns.
+        (Stage::SettingUpHold { .. }, Input::NetnsGone) => look_again_for_netns(
+            s,
+            fx,
+            now,
+            StepKind::ProxyGone,
+            "the pod's network namespace has no process left: its sandbox is being recreated",
+        ),
+        // The driver answers `InstallHold` before it reads anything else (its answers are fed
+        // first), so no other input reaches this stage but the agent stopping and a broken
+        // bound (both in `machine::step`); a pod update's facts are kept in `s.pod` and read
+        // at `HoldSetUp` (a deletion releases at once).
         (st @ Stage::SettingUpHold { .. }, _) => st,
         (
             Stage::Holding {
@@ -97,6 +110,12 @@ pub(super) fn step(
                 if pass != was {
                     fx.push(Effect::SetPassThrough(pass));
                 }
+                if std::mem::take(&mut s.containers_restarted) {
+                    // Containers restarted while held: in the same netns (an in-place restart,
+                    // the proxy's restart) the hold stands; in a new one (a recreated sandbox)
+                    // it must move. Look.
+                    fx.push(Effect::LookForNetns);
+                }
                 Stage::Holding {
                     netns,
                     started,
@@ -105,6 +124,41 @@ pub(super) fn step(
             }
             _ => release(fx, netns, HoldOutcome::PodDeleted, started, None),
         },
+        // The look after a restart: the hold's netns is still the pod's, or none is there yet
+        // (a moment of the runtime): the hold stands.
+        (st @ Stage::Holding { netns, .. }, Input::NetnsFound { netns: found })
+            if found == netns =>
+        {
+            st
+        }
+        (st @ Stage::Holding { .. }, Input::NetnsRefused(_)) => st,
+        // Another netns, or no process of the pod in any (the sandbox died): the hold is in a
+        // dead netns. Release it there and hold in the pod's new one.
+        (Stage::Holding { netns, started, .. }, Input::NetnsFound { .. } | Input::NetnsNotYet) => {
+            release(fx, netns, HoldOutcome::SandboxGone, started, None)
+        }
+        (
+            Stage::Releasing {
+                outcome: HoldOutcome::SandboxGone,
+                started,
+                ..
+            },
+            Input::HoldReleased(released),
+        ) if !s.stopping && !s.deleting() => {
+            fx.push(Effect::Record(Outcome::HoldEnded {
+                outcome: HoldOutcome::SandboxGone,
+                released: Some(released),
+                held_for: now.mono.saturating_duration_since(started),
+                timeout: s.pod.as_ref().map_or(Duration::ZERO, |p| p.hold_timeout),
+            }));
+            look_again_for_netns(
+                s,
+                fx,
+                now,
+                StepKind::ProxyGone,
+                "the held network namespace went away: the pod's sandbox was recreated",
+            )
+        }
         (
             Stage::Releasing {
                 netns,
@@ -124,7 +178,10 @@ pub(super) fn step(
         (Stage::Releasing { netns, .. }, Input::ReleaseFailed(why)) => {
             fail_open(s, fx, netns, format!("releasing the hold failed: {why}"))
         }
+        // As for `SettingUpHold`: the release's answer comes first; pod facts are kept.
         (st @ Stage::Releasing { .. }, _) => st,
+        // `Holding`: readiness, its timers, pod updates and the look above are handled; the
+        // rest (a stray `ProxyGone` or executor answer) cannot concern a hold.
         (st, _) => st,
     }
 }

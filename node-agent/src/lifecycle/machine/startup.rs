@@ -88,12 +88,24 @@ pub(super) fn step(
             }
         }
         (Stage::WaitingForNetns { .. }, Input::NetnsFound { netns }) => {
-            let fresh = *s.fresh.get_or_insert(false);
-            fx.push(Effect::Step(StepKind::NetnsFound, None));
+            let mut fresh = *s.fresh.get_or_insert(false);
+            match s.last_netns.replace(netns) {
+                Some(last) if last != netns => {
+                    // A new netns under the same uid: the sandbox was recreated, and the
+                    // new netns has nothing of a previous agent's to adopt.
+                    fresh = true;
+                    fx.push(Effect::Step(
+                        StepKind::NetnsFound,
+                        Some("a new network namespace: the pod's sandbox was recreated".into()),
+                    ));
+                }
+                _ => fx.push(Effect::Step(StepKind::NetnsFound, None)),
+            }
             fx.push(Effect::CheckReadiness);
             // A proxy restart seen in the Pod status (before, or without, its process's exit)
-            // is held like one seen on the pidfd: a native sidecar's too.
-            let rehold = std::mem::take(&mut s.proxy_restarted);
+            // is held like one seen on the pidfd: a native sidecar's too. In a new netns it is
+            // the new sandbox's first start (for a native sidecar the kubelet's to order).
+            let rehold = std::mem::take(&mut s.proxy_restarted) && !fresh;
             Stage::Checking {
                 netns,
                 fresh,
@@ -137,8 +149,12 @@ pub(super) fn step(
                 }
                 // A native sidecar's first start is the kubelet's to order: it starts the app
                 // only once the proxy's startup probe passed. Nothing to hold; follow the pod
-                // (its proxy's restarts are held: `rehold`).
-                (_, Some(p)) if p.native() && !rehold => {
+                // (its proxy's restarts are held: `rehold`). Without a startup probe (Istio's
+                // `values.global.proxy.startupProbe.enabled=false`) the kubelet starts the app
+                // as soon as the sidecar's container has started (pkg/kubelet/kuberuntime
+                // `computeInitContainerActions`: a restartable init container without a
+                // startup probe counts as started once it runs): held like a classic start.
+                (_, Some(p)) if p.native() && p.proxy_startup_probe && !rehold => {
                     fx.push(Effect::RemoveLeftoverHold);
                     enter_running(fx, netns, &p)
                 }
