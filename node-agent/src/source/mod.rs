@@ -30,7 +30,8 @@ pub use crate::api::status::SourceProblem;
 /// network and users, restart policy and grace period, each container's name, args, env,
 /// restart policy and preStop exec command (whether a native proxy's preStop is Istio's drain:
 /// [`crate::pod::istio_prestop_drain`]), and the status's phase, IPs and container statuses.
-/// Everything else —
+/// Of the annotations and env vars only those read ([`crate::pod::READ_ANNOTATIONS`],
+/// [`crate::pod::READ_ENV`]) are kept. Everything else —
 /// `managedFields` (often the largest part), volumes, images, resources, probes, conditions —
 /// is dropped before the object enters the agent's queue (issue 25: a node of large pods must
 /// not fill the agent's memory with fields it never reads).
@@ -43,7 +44,11 @@ pub fn slim(pod: Pod) -> Pod {
     let slim_container = |c: Container| Container {
         name: c.name,
         args: c.args,
-        env: c.env,
+        env: c.env.map(|env| {
+            env.into_iter()
+                .filter(|e| crate::pod::READ_ENV.contains(&e.name.as_str()))
+                .collect()
+        }),
         restart_policy: c.restart_policy,
         lifecycle: c
             .lifecycle
@@ -63,7 +68,10 @@ pub fn slim(pod: Pod) -> Pod {
             uid: m.uid,
             name: m.name,
             namespace: m.namespace,
-            annotations: m.annotations,
+            annotations: m.annotations.map(|mut a| {
+                a.retain(|k, _| crate::pod::READ_ANNOTATIONS.contains(&k.as_str()));
+                a
+            }),
             deletion_timestamp: m.deletion_timestamp,
             deletion_grace_period_seconds: m.deletion_grace_period_seconds,
             resource_version: m.resource_version,
