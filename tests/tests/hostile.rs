@@ -27,6 +27,7 @@ fn opts() -> Opts {
         legacy_listeners: false,
         window: WINDOW,
         prefix: "hs-".into(),
+        confine: true,
     }
 }
 
@@ -50,6 +51,10 @@ fn run(s: Scenario) -> Figures {
         "{}",
         f.line()
     );
+    // The agent under the DaemonSet's limits: never OOM-killed, and no node would have
+    // killed it (cgroup v2's memory.oom.group).
+    let g = f.cost.cgroup.expect("the agent ran in its cgroup");
+    assert!(!g.would_be_killed(), "{g:?}: {}", f.line());
     // The agent's budget.
     assert!(
         f.cost.rss_peak_kib < RSS_BOUND_KIB,

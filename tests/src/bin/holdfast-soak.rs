@@ -52,6 +52,10 @@ struct Args {
     /// slot-holders, pid-wrapper, terminal-pods).
     #[arg(long)]
     scenario: Option<String>,
+    /// Hostile suite: run the agent without the DaemonSet's cgroup limits (by default it runs
+    /// under cpu 200m and memory 128Mi, as a node runs it).
+    #[arg(long)]
+    unconfined: bool,
     /// Hostile suite: the measuring window in seconds.
     #[arg(long, default_value_t = 10)]
     window: u64,
@@ -93,6 +97,7 @@ fn hostile(args: &Args) -> ExitCode {
                 legacy_listeners: *legacy,
                 window: std::time::Duration::from_secs(args.window),
                 prefix: if *legacy { "hlb-".into() } else { "hl-".into() },
+                confine: !args.unconfined,
             };
             match run(s, &opts) {
                 Ok(f) => {
