@@ -588,9 +588,12 @@ mod tests {
             return; // entering even our own netns needs CAP_SYS_ADMIN
         }
         let ns = PodNetns::open_path(Path::new("/proc/self/ns/net")).expect("open own netns");
+        // A wall-time bound far above the CPU bound: on a loaded machine 2 s of CPU take longer
+        // than 2 s, and only the kind of stop is asserted (without the rlimits both commands
+        // run into this timeout instead, and say so).
         let limits = CommandLimits {
             max_output: 1024,
-            timeout: Duration::from_secs(8),
+            timeout: Duration::from_secs(60),
         };
         let t = Instant::now();
         let hog = ns
@@ -601,13 +604,11 @@ mod tests {
                 && hog.to_string().contains("MiB of memory"),
             "{hog}"
         );
-        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
-        let t = Instant::now();
+        assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
         let spin = ns
             .run_command_limited("sha256sum", &["/dev/zero".into()], None, limits)
             .unwrap_err();
         assert!(spin.to_string().contains("s of CPU"), "{spin}");
-        assert!(t.elapsed() < Duration::from_secs(6), "{:?}", t.elapsed());
     }
 
     #[test]
