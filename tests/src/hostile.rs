@@ -47,6 +47,11 @@ pub enum Scenario {
     PidWrapper,
     /// This many pod objects in a terminal phase (Failed: rejected by the kubelet).
     TerminalPods(u32),
+    /// A pod whose annotations the agent reads carry text with a forged log line, C1 and bidi
+    /// controls (8 KiB in `holdfast.io/hold-timeout`, 200 KiB in `holdfast.io/enabled`: the
+    /// API server allows 256 KiB of annotations) and an 8 KB YAML alias bomb in
+    /// `proxy.istio.io/config` (issue 29), parsed again on each of its updates.
+    PodText,
 }
 
 impl Scenario {
@@ -59,6 +64,7 @@ impl Scenario {
             Scenario::SlotHolders => "slot-holders".into(),
             Scenario::PidWrapper => "pid-wrapper".into(),
             Scenario::TerminalPods(n) => format!("terminal-pods-{n}"),
+            Scenario::PodText => "pod-text".into(),
         }
     }
 }
@@ -403,6 +409,25 @@ fn attacker_pod(s: Scenario, window: Duration) -> Option<PodSpec> {
             Duration::from_secs(3600),
         ),
         Scenario::PidWrapper => (Attack::ForkFlood { for_ms: ms }, Duration::from_millis(500)),
+        Scenario::PodText => {
+            return Some(
+                PodSpec::new("attacker")
+                    .app(AppScript::CallAtStart { calls: 1 })
+                    .proxy_delay(Duration::from_millis(500))
+                    .annotation(
+                        holdfast::config::ANNOTATION_HOLD_TIMEOUT,
+                        &hostile_text(8 << 10),
+                    )
+                    .annotation(
+                        holdfast::config::ANNOTATION_ENABLED,
+                        &hostile_text(200 << 10),
+                    )
+                    .annotation(
+                        holdfast::config::ANNOTATION_ISTIO_PROXY_CONFIG,
+                        &alias_bomb(),
+                    ),
+            )
+        }
         _ => return None,
     };
     Some(
@@ -410,6 +435,32 @@ fn attacker_pod(s: Scenario, window: Duration) -> Option<PodSpec> {
             .app(AppScript::Attack(attack))
             .proxy_delay(proxy_delay),
     )
+}
+
+/// `len` bytes of pod text that forges a log line and carries C1 and bidi controls.
+pub fn hostile_text(len: usize) -> String {
+    let mut t = String::from(
+        "1s\r\n2026-01-01T00:00:00.000000Z  INFO holdfast: all pods healthy \u{9b}2J \u{202e}lamron ",
+    );
+    while t.len() < len {
+        t.push_str("\u{85}x");
+    }
+    t
+}
+
+/// An 8 KB YAML alias bomb (8 levels of 8 aliases: 8^8 scalars if expanded), as a
+/// `proxy.istio.io/config` value.
+pub fn alias_bomb() -> String {
+    let mut bomb = String::from("a: &a [");
+    bomb.push_str(&vec!["\"xxxxxxxx\""; 8].join(","));
+    bomb.push_str("]\n");
+    let names = ["a", "b", "c", "d", "e", "f", "g", "h", "i"];
+    for w in names.windows(2) {
+        let refs = vec![format!("*{}", w[0]); 8].join(",");
+        bomb.push_str(&format!("{}: &{} [{}]\n", w[1], w[1], refs));
+    }
+    bomb.push_str("proxyMetadata: *i\n");
+    bomb
 }
 
 /// A Pod object the kubelet rejected (phase Failed, no container ever ran), shaped like an

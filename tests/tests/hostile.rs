@@ -113,4 +113,24 @@ fn hostile_pods_cannot_blind_crash_or_steer_the_agent() {
     assert!(f.attack_log.contains("fork flood"), "{}", f.attack_log);
 
     run(Scenario::TerminalPods(300));
+
+    // Issue 29: a pod's text reaches its row cut and escaped, whatever it writes.
+    let f = run(Scenario::PodText);
+    let row = f.attacker.as_ref().expect("attacker row");
+    let problem = row.last_error.as_deref().unwrap_or_default();
+    assert!(
+        problem.contains("bytes cut]") && problem.len() < 4096,
+        "{} bytes: {problem:.300}",
+        problem.len()
+    );
+    assert!(
+        !problem.chars().any(holdfast::api::text::is_unsafe_char),
+        "{problem:.300}"
+    );
+    let row_json = serde_json::to_string(row).expect("json");
+    assert!(
+        row_json.len() < 64 * 1024,
+        "row is {} bytes",
+        row_json.len()
+    );
 }

@@ -70,6 +70,11 @@ pub fn slim(pod: Pod) -> Pod {
             namespace: m.namespace,
             annotations: m.annotations.map(|mut a| {
                 a.retain(|k, _| crate::pod::READ_ANNOTATIONS.contains(&k.as_str()));
+                for v in a.values_mut() {
+                    if v.len() > MAX_ANNOTATION_BYTES {
+                        *v = oversized_annotation(v.len());
+                    }
+                }
                 a
             }),
             deletion_timestamp: m.deletion_timestamp,
@@ -98,6 +103,20 @@ pub fn slim(pod: Pod) -> Pod {
             ..PodStatus::default()
         }),
     }
+}
+
+/// The most bytes of one annotation the agent reads are kept by [`slim`]. Every annotation it
+/// reads is a few hundred bytes when valid (Istio's status JSON, a duration, a flag, a short
+/// ProxyConfig overlay); a larger one is replaced by [`oversized_annotation`], which is invalid
+/// for each of them, so the pod gets the same outcome (a problem on its row, or left alone as
+/// not injected) without the agent carrying, hashing and parsing the value on each update
+/// (issue 29: the API server allows 256 KiB of annotations).
+pub const MAX_ANNOTATION_BYTES: usize = 16 * 1024;
+
+/// What [`slim`] keeps of an annotation over [`MAX_ANNOTATION_BYTES`]: invalid as every
+/// annotation the agent reads, and says why.
+pub fn oversized_annotation(len: usize) -> String {
+    format!("(a value of {len} bytes, over the {MAX_ANNOTATION_BYTES} holdfast reads)")
 }
 
 /// The number of problems the pod source reports now ([`SourceProblems::set`] writes it; the
@@ -171,6 +190,54 @@ mod tests {
             "{} vs {}",
             size(&small),
             size(&big)
+        );
+    }
+
+    /// Issue 29: an annotation the agent reads over 16 KiB is replaced before it is queued,
+    /// with a value that reads as invalid (the same outcome as the value: a problem on the
+    /// row, or not injected), and an annotation it does not read is dropped.
+    #[test]
+    fn oversized_annotations_are_replaced_and_unread_ones_dropped() {
+        let big = "1s".to_string() + &" ".repeat(200 << 10);
+        let pod = slim(pod_json(json!({"metadata": {"annotations": {
+            "holdfast.io/hold-timeout": big,
+            "example.com/huge": "x".repeat(200 << 10),
+        }}})));
+        let a = pod.metadata.annotations.as_ref().expect("annotations");
+        assert!(!a.contains_key("example.com/huge"));
+        let kept = &a["holdfast.io/hold-timeout"];
+        assert!(
+            kept.len() < 100 && kept.contains("bytes, over the"),
+            "{kept}"
+        );
+        let view = crate::pod::PodView::from_pod(
+            &pod,
+            "node-a",
+            &ProxyConfig::default(),
+            &HoldSettings::default(),
+        )
+        .expect("tracked");
+        assert!(
+            view.overrides
+                .problems
+                .iter()
+                .any(|p| p.contains("bytes, over the")),
+            "{:?}",
+            view.overrides.problems
+        );
+        let status = slim(pod_json(json!({"metadata": {"annotations": {
+            "sidecar.istio.io/status": format!("{{\"initContainers\":[\"istio-init\"],\"x\":\"{}\"}}", "y".repeat(20 << 10)),
+        }}})));
+        let e = crate::pod::PodView::from_pod(
+            &status,
+            "node-a",
+            &ProxyConfig::default(),
+            &HoldSettings::default(),
+        )
+        .expect_err("not injected");
+        assert!(
+            matches!(e, crate::pod::NotTracked::NotInjected { .. }),
+            "{e}"
         );
     }
 

@@ -49,7 +49,7 @@ struct Args {
     #[arg(long)]
     hostile: bool,
     /// Hostile suite: only this scenario (none, fake-envoy, rule-flood, netlink-forger,
-    /// slot-holders, pid-wrapper, terminal-pods).
+    /// slot-holders, pid-wrapper, terminal-pods, pod-text).
     #[arg(long)]
     scenario: Option<String>,
     /// Hostile suite: run the agent without the DaemonSet's cgroup limits (by default it runs
@@ -75,6 +75,7 @@ fn hostile(args: &Args) -> ExitCode {
         Scenario::SlotHolders,
         Scenario::PidWrapper,
         Scenario::TerminalPods(300),
+        Scenario::PodText,
     ];
     let chosen: Vec<Scenario> = all
         .into_iter()
