@@ -452,7 +452,7 @@ pub fn hostile_text(len: usize) -> String {
 /// `proxy.istio.io/config` value.
 pub fn alias_bomb() -> String {
     let mut bomb = String::from("a: &a [");
-    bomb.push_str(&vec!["\"xxxxxxxx\""; 8].join(","));
+    bomb.push_str(&["\"xxxxxxxx\""; 8].join(","));
     bomb.push_str("]\n");
     let names = ["a", "b", "c", "d", "e", "f", "g", "h", "i"];
     for w in names.windows(2) {
