@@ -1235,3 +1235,53 @@ async fn a_job_whose_proxy_still_answers_after_the_quit_is_proxy_not_stopped() {
     let report = job_of(&admin, finished(), &settings).await;
     assert_eq!(report.outcome, JobOutcome::Completed, "{report:?}");
 }
+
+/// Counts the listings asked of a [`FakeProcs`].
+#[derive(Clone, Default)]
+struct CountingProcs(FakeProcs, Arc<std::sync::atomic::AtomicUsize>);
+
+impl PodProcessSource for CountingProcs {
+    async fn processes(&self) -> Vec<PodProcess> {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.0.processes().await
+    }
+}
+
+/// Issue 29: while the watched app processes live, the tracker lists the pod's processes less
+/// and less often (their exits come by pidfd), so a long drain or a Job's life of a pod with
+/// many processes no longer lists them all every 100 ms; "the app is gone" is still a
+/// listing's answer at once, and a new container id is listed at once. Before, each refresh
+/// listed (150 here).
+#[tokio::test]
+async fn listings_back_off_while_the_app_lives_and_confirm_its_end() {
+    let procs = CountingProcs::default();
+    let mut app = Proc::sleep();
+    procs.0.add(app.pid(), Some(APP_ID));
+    let mut tracker = AppTracker::new(&key(), procs.clone());
+    let running = deleted_running_app();
+    let listings = || procs.1.load(std::sync::atomic::Ordering::Relaxed);
+    for _ in 0..150 {
+        let snap = tracker.refresh(&running).await;
+        assert_eq!(snap.live, 1);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(listings() <= 12, "{} listings in 3 s", listings());
+    // A helper forked now is found within the longest gap.
+    let helper = Proc::sleep();
+    procs.0.add(helper.pid(), Some(APP_ID));
+    let until = Instant::now() + Duration::from_secs(3);
+    while tracker.refresh(&running).await.live < 2 {
+        assert!(Instant::now() < until, "the helper was never found");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(helper);
+    tracker.next_exit().await;
+    // The last watched process exits: the next refresh lists, and the app is gone.
+    app.kill();
+    tracker.next_exit().await;
+    procs.0 .0.lock().unwrap().clear();
+    let before = listings();
+    let snap = tracker.refresh(&running).await;
+    assert_eq!(listings(), before + 1, "the end is confirmed by a listing");
+    assert!(snap.gone_for_drain(), "{snap:?}");
+}
