@@ -352,23 +352,7 @@ pub struct AppTracker<S> {
     last_exit: Option<Instant>,
     /// App processes seen in total.
     processes_seen: usize,
-    /// When the pod's processes are listed again at the earliest ([`AppTracker::refresh`]).
-    next_scan: Option<Instant>,
-    /// Listings in a row that found no new app process (the back-off's exponent).
-    quiet_scans: u32,
-    /// The app container ids at the last listing.
-    scanned_ids: Vec<String>,
-    /// Listings made (for tests and figures).
-    scans: u64,
 }
-
-/// The first pause between two listings of a pod's processes while its watched processes live
-/// ([`AppTracker::refresh`]); it doubles after each listing that finds nothing new, up to
-/// [`MAX_SCAN_GAP`].
-const FIRST_SCAN_GAP: Duration = Duration::from_millis(100);
-/// The longest pause between two listings: a process forked in between is found this late at
-/// most, and never matters to "the app is gone" (that is always confirmed by a listing).
-const MAX_SCAN_GAP: Duration = Duration::from_secs(2);
 
 impl<S: PodProcessSource> AppTracker<S> {
     pub fn new(pod: &PodKey, source: S) -> AppTracker<S> {
@@ -380,16 +364,7 @@ impl<S: PodProcessSource> AppTracker<S> {
             visibility_proven: false,
             last_exit: None,
             processes_seen: 0,
-            next_scan: None,
-            quiet_scans: 0,
-            scanned_ids: Vec::new(),
-            scans: 0,
         }
-    }
-
-    /// Listings of the pod's processes made so far.
-    pub fn scans(&self) -> u64 {
-        self.scans
     }
 
     /// Re-scans the pod's processes, watches new app processes, and reports where each app
@@ -410,27 +385,7 @@ impl<S: PodProcessSource> AppTracker<S> {
             .containers_before_proxy_stops()
             .filter_map(|c| c.id.as_deref())
             .collect();
-        // Between listings the watched processes' exits come by pidfd, so the snapshot below
-        // stays true without one; a listing finds processes forked since. It is made when due
-        // (backing off while nothing new appears: a drain of a pod with thousands of processes,
-        // or a Job's whole life, no longer lists them all every 100 ms — issue 29), whenever
-        // no watched process is left (so "the app is gone" is always a listing's answer), and
-        // when the app's container ids changed.
-        let mut ids: Vec<String> = app_ids.iter().map(|s| s.to_string()).collect();
-        ids.sort_unstable();
-        let now = Instant::now();
-        let due = self.next_scan.is_none_or(|t| now >= t)
-            || self.watcher.live() == 0
-            || ids != self.scanned_ids;
-        let listed = if due {
-            self.scans += 1;
-            self.scanned_ids = ids;
-            self.source.processes().await
-        } else {
-            Vec::new()
-        };
-        let seen_before = self.processes_seen;
-        for p in listed {
+        for p in self.source.processes().await {
             let Some(cid) = p.container_id.as_deref() else {
                 continue;
             };
@@ -445,17 +400,6 @@ impl<S: PodProcessSource> AppTracker<S> {
                 self.seen_alive.insert(cid.to_string());
                 self.pid_container.insert(p.pid, cid.to_string());
             }
-        }
-        if due {
-            self.quiet_scans = if self.processes_seen > seen_before {
-                0
-            } else {
-                (self.quiet_scans + 1).min(8)
-            };
-            let gap = FIRST_SCAN_GAP
-                .saturating_mul(1 << self.quiet_scans.saturating_sub(1))
-                .min(MAX_SCAN_GAP);
-            self.next_scan = Some(Instant::now() + gap);
         }
         // Watched pids of containers no longer named (restarted under a new id) still count:
         // they are app processes until they exit.
