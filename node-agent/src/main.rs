@@ -253,13 +253,21 @@ impl AgentArgs {
 fn init_logging(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("HOLDFAST_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use holdfast::report::log_lines::{LogFormat, OneLineLog};
+    let format = if format == "json" {
+        LogFormat::Json
+    } else {
+        LogFormat::Text
+    };
+    // Each event stays one line whatever a pod put in its fields; no colour codes, which
+    // would be escaped too (and are noise in `kubectl logs`).
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if format == "json" {
-        builder.json().init();
-    } else {
-        builder.init();
+        .with_ansi(false)
+        .with_writer(move || OneLineLog::new(std::io::stderr(), format));
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
     }
 }
 

@@ -170,6 +170,25 @@ pub struct Deletion {
 /// Kubernetes' default `terminationGracePeriodSeconds`.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
 
+/// Every annotation [`PodView::from_pod`] reads; the pod source drops the others
+/// ([`crate::source::slim`]), so a pod's other annotations (labels' cousins, `kubectl
+/// annotate` in a loop, megabytes of last-applied-configuration) cost nothing past the source.
+pub const READ_ANNOTATIONS: [&str; 5] = [
+    crate::config::ANNOTATION_ENABLED,
+    crate::config::ANNOTATION_HOLD_TIMEOUT,
+    ANNOTATION_ISTIO_SIDECAR_STATUS,
+    ANNOTATION_ISTIO_INTERCEPTION_MODE,
+    ANNOTATION_ISTIO_PROXY_CONFIG,
+];
+
+/// Every container environment variable [`PodView::from_pod`] reads; the source drops the others.
+pub const READ_ENV: [&str; 4] = [
+    ENV_DNS_CAPTURE,
+    ENV_EXIT_ON_ZERO,
+    ENV_DUAL_STACK,
+    ENV_INTERCEPTION_MODE,
+];
+
 /// The proxy's environment variable that turns on Istio's DNS capture (redirect of port 53 to
 /// pilot-agent's 15053): pilot/cmd/pilot-agent/options/options.go `DNSCaptureByAgent`, and
 /// tools/istio-iptables/pkg/cmd/root.go for the redirect rule.
@@ -297,6 +316,8 @@ impl PodView {
                 )),
             }
         }
+
+        bound_problems(&mut overrides.problems);
 
         let deletion = meta.deletion_timestamp.as_ref().map(|t| Deletion {
             timestamp: t.0,
@@ -505,6 +526,24 @@ pub fn istio_prestop_drain(proxy: &Container) -> bool {
         && words.ends_with(&["POST", "drain"])
 }
 
+/// The most problems one pod's view keeps (each cut to [`crate::api::text::MAX_POD_TEXT`]).
+pub const MAX_POD_PROBLEMS: usize = 8;
+
+/// Keeps a pod's problems bounded before they reach its row and the log: at most
+/// [`MAX_POD_PROBLEMS`], each made safe with [`crate::api::text::pod_text`] (they quote the pod's
+/// annotations and env values, `Debug`-escaped, so one control byte became five), and the rest
+/// counted.
+fn bound_problems(problems: &mut Vec<String>) {
+    let more = problems.len().saturating_sub(MAX_POD_PROBLEMS);
+    problems.truncate(MAX_POD_PROBLEMS);
+    for p in problems.iter_mut() {
+        *p = crate::api::text::pod_text(p);
+    }
+    if more > 0 {
+        problems.push(format!("and {more} more problem(s) not shown"));
+    }
+}
+
 /// `containerd://abc` → `abc`. Returns `None` for an empty id.
 pub fn strip_runtime_prefix(id: &str) -> Option<String> {
     let bare = id.split_once("://").map_or(id, |(_, rest)| rest);
@@ -608,6 +647,14 @@ fn injected_init_containers(value: &str) -> Result<Vec<String>, String> {
     struct SidecarInjectionStatus {
         #[serde(default, rename = "initContainers")]
         init_containers: Option<Vec<String>>,
+    }
+    // Istio writes a few hundred bytes; a larger value is not its template's.
+    const MAX: usize = 16 * 1024;
+    if value.len() > MAX {
+        return Err(format!(
+            "{ANNOTATION_ISTIO_SIDECAR_STATUS} is {} bytes, above the {MAX} holdfast reads",
+            value.len()
+        ));
     }
     serde_json::from_str::<SidecarInjectionStatus>(value)
         .map(|s| s.init_containers.unwrap_or_default())

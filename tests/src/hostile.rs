@@ -47,6 +47,11 @@ pub enum Scenario {
     PidWrapper,
     /// This many pod objects in a terminal phase (Failed: rejected by the kubelet).
     TerminalPods(u32),
+    /// A pod whose annotations the agent reads carry text with a forged log line, C1 and bidi
+    /// controls (8 KiB in `holdfast.io/hold-timeout`, 200 KiB in `holdfast.io/enabled`: the
+    /// API server allows 256 KiB of annotations) and an 8 KB YAML alias bomb in
+    /// `proxy.istio.io/config` (issue 29), parsed again on each of its updates.
+    PodText,
 }
 
 impl Scenario {
@@ -59,6 +64,7 @@ impl Scenario {
             Scenario::SlotHolders => "slot-holders".into(),
             Scenario::PidWrapper => "pid-wrapper".into(),
             Scenario::TerminalPods(n) => format!("terminal-pods-{n}"),
+            Scenario::PodText => "pod-text".into(),
         }
     }
 }
@@ -76,6 +82,165 @@ pub struct Opts {
     pub window: Duration,
     /// A name part for the namespaces (`hf-<prefix><scenario>-…`).
     pub prefix: String,
+    /// Run the agent under the DaemonSet's cgroup limits ([`AgentCgroup`]) and read its cost
+    /// there too.
+    pub confine: bool,
+}
+
+/// The DaemonSet's limits (manifests/agent/daemonset.yaml `resources.limits`): cpu 200m,
+/// memory 128Mi.
+pub const DAEMONSET_CPU_MILLIS: u64 = 200;
+pub const DAEMONSET_MEMORY_BYTES: u64 = 128 << 20;
+
+/// The agent confined as a node confines it: a cgroup with the DaemonSet's CPU quota and memory
+/// limit, the agent (and so every child it starts: `iptables`) inside it, and its cost read
+/// from the cgroup, children included. This machine kind has the cpu, cpuacct and memory
+/// controllers on cgroup v1 only (/work/shared/reference/cgroup-limits.md): `cpu.cfs_quota_us`
+/// / `cpu.cfs_period_us`, `memory.limit_in_bytes`; cost from `cpuacct.usage`,
+/// `memory.max_usage_in_bytes`, `memory.failcnt` and `memory.oom_control`'s `oom_kill`. v1 has
+/// no `memory.oom.group`: here the kernel kills the largest process of the group, on a cgroup v2
+/// node with kubelet >= 1.28 the whole container would die, so "would have been killed" is
+/// counted from the peak and the failure count too. The directories are removed on drop (the
+/// agent is stopped first: a cgroup with a process cannot be removed).
+pub struct AgentCgroup {
+    dirs: Vec<PathBuf>,
+}
+
+impl AgentCgroup {
+    const ROOT: &'static str = "/sys/fs/cgroup";
+
+    /// `hf-<name>-agent` under the cpu, cpuacct and memory hierarchies, with the DaemonSet's
+    /// limits, and `pid` moved in.
+    pub fn confine(name: &str, pid: u32) -> anyhow::Result<AgentCgroup> {
+        let leaf = format!("hf-{name}-agent");
+        let mut cg = AgentCgroup { dirs: Vec::new() };
+        for controller in ["cpu", "cpuacct", "memory"] {
+            let base = PathBuf::from(Self::ROOT).join(controller);
+            let dir = base.join(&leaf);
+            // cpu and cpuacct are often one hierarchy under two names.
+            let same = cg
+                .dirs
+                .iter()
+                .any(|d| std::fs::canonicalize(d).ok() == std::fs::canonicalize(&dir).ok());
+            if same && dir.exists() {
+                continue;
+            }
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("cannot make {} (cgroup v1 here?)", dir.display()))?;
+            cg.dirs.push(dir);
+        }
+        let period: u64 = cg.read("cpu", "cpu.cfs_period_us").unwrap_or(100_000);
+        cg.write(
+            "cpu",
+            "cpu.cfs_quota_us",
+            period * DAEMONSET_CPU_MILLIS / 1000,
+        )?;
+        cg.write("memory", "memory.limit_in_bytes", DAEMONSET_MEMORY_BYTES)?;
+        // The agent's memory so far would move with it (v1 leaves a moved process's pages
+        // charged to its old group), but this kernel refuses the knob (EINVAL: deprecated):
+        // the group's peak then counts what the agent and its children allocate after the
+        // move, and the agent's own peak is its VmHWM ([`Cost::rss_peak_kib`]).
+        let _ = cg.write("memory", "memory.move_charge_at_immigrate", 3);
+        for controller in ["cpu", "cpuacct", "memory"] {
+            cg.write(controller, "cgroup.procs", u64::from(pid))?;
+        }
+        Ok(cg)
+    }
+
+    fn path(&self, controller: &str, file: &str) -> PathBuf {
+        let leaf = self.dirs[0].file_name().unwrap_or_default().to_owned();
+        PathBuf::from(Self::ROOT)
+            .join(controller)
+            .join(leaf)
+            .join(file)
+    }
+
+    fn write(&self, controller: &str, file: &str, value: u64) -> anyhow::Result<()> {
+        let path = self.path(controller, file);
+        std::fs::write(&path, value.to_string())
+            .with_context(|| format!("cannot write {value} to {}", path.display()))
+    }
+
+    fn read(&self, controller: &str, file: &str) -> Option<u64> {
+        std::fs::read_to_string(self.path(controller, file))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// CPU seconds the group used so far (the agent and every child it started).
+    pub fn cpu_s(&self) -> f64 {
+        self.read("cpuacct", "cpuacct.usage").unwrap_or(0) as f64 / 1e9
+    }
+
+    /// What the group's memory and CPU limits did so far.
+    pub fn limits(&self) -> CgroupFigures {
+        let oom_kills = std::fs::read_to_string(self.path("memory", "memory.oom_control"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
+            .unwrap_or(0);
+        let throttled = std::fs::read_to_string(self.path("cpu", "cpu.stat"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("nr_throttled ")?.trim().parse().ok())
+            .unwrap_or(0);
+        CgroupFigures {
+            memory_peak_bytes: self
+                .read("memory", "memory.max_usage_in_bytes")
+                .unwrap_or(0),
+            memory_failcnt: self.read("memory", "memory.failcnt").unwrap_or(0),
+            oom_kills,
+            cpu_throttled_periods: throttled,
+        }
+    }
+}
+
+impl Drop for AgentCgroup {
+    fn drop(&mut self) {
+        for dir in &self.dirs {
+            // Whatever is left (a child the agent started, an agent not yet reaped) goes back to
+            // the root group first; then the directory can go.
+            if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+                let root = dir.parent().map(|p| p.join("cgroup.procs"));
+                for pid in procs.lines() {
+                    if let Some(root) = &root {
+                        let _ = std::fs::write(root, pid);
+                    }
+                }
+            }
+            for _ in 0..50 {
+                if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// What the agent's cgroup says ([`AgentCgroup::limits`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CgroupFigures {
+    /// `memory.max_usage_in_bytes`: the group's peak, children and page cache included.
+    pub memory_peak_bytes: u64,
+    /// Times the group hit its memory limit.
+    pub memory_failcnt: u64,
+    /// Processes the kernel's OOM killer killed in the group.
+    pub oom_kills: u64,
+    /// CFS periods in which the group was throttled (used its 0.2 cores).
+    pub cpu_throttled_periods: u64,
+}
+
+impl CgroupFigures {
+    /// Whether a cgroup v2 node (kubelet >= 1.28, `memory.oom.group`) would have killed the
+    /// whole agent container.
+    pub fn would_be_killed(&self) -> bool {
+        self.oom_kills > 0
+            || self.memory_failcnt > 0
+            || self.memory_peak_bytes >= DAEMONSET_MEMORY_BYTES
+    }
 }
 
 /// The agent's cost over a window, from `/proc`.
@@ -90,6 +255,10 @@ pub struct Cost {
     pub rss_end_kib: u64,
     /// Most open fds seen (sampled every 100 ms).
     pub fds_max: usize,
+    /// CPU seconds in the window by the agent's cgroup (children included), when confined.
+    pub cgroup_cpu_s: Option<f64>,
+    /// The agent's cgroup at the window's end, when confined.
+    pub cgroup: Option<CgroupFigures>,
 }
 
 /// What the honest pod saw.
@@ -100,6 +269,9 @@ pub struct Honest {
     pub hold_outcome: Option<String>,
     /// From Envoy seen ready to the verdict that let the held connections go.
     pub release_ms: Option<f64>,
+    /// From the pod's netns seen to its hold in (its timeline's `netns-found` → `hold-in`):
+    /// what an attack beside it must not stretch, or the app's first connect meets no hold.
+    pub netns_to_hold_ms: Option<f64>,
     pub drain_outcome: Option<String>,
     /// From the app's exit to Envoy's.
     pub drain_exit_lag_ms: Option<f64>,
@@ -127,13 +299,24 @@ impl Figures {
     pub fn line(&self) -> String {
         let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));
         format!(
-            "{:<18} cpu {:>6.2} s / {:.0} s  rss peak {:>6.1} MiB  fds max {:>4}  honest: failed {} hold {} release {} ms drain {} lag {} ms{}{}{}",
+            "{:<18} cpu {:>6.2} s / {:.0} s  rss peak {:>6.1} MiB  fds max {:>4}{}  honest: failed {} netns→hold {} ms hold {} release {} ms drain {} lag {} ms{}{}{}",
             self.scenario.name(),
             self.cost.cpu_s,
             self.cost.window_s,
             self.cost.rss_peak_kib as f64 / 1024.0,
             self.cost.fds_max,
+            match (self.cost.cgroup_cpu_s, self.cost.cgroup) {
+                (Some(cpu), Some(g)) => format!(
+                    "  cgroup: cpu {cpu:.2} s, mem peak {:.1} MiB, failcnt {}, oom kills {}, throttled {}",
+                    g.memory_peak_bytes as f64 / 1048576.0,
+                    g.memory_failcnt,
+                    g.oom_kills,
+                    g.cpu_throttled_periods
+                ),
+                _ => String::new(),
+            },
             self.honest.failed_calls,
+            ms(self.honest.netns_to_hold_ms),
             self.honest.hold_outcome.as_deref().unwrap_or("-"),
             ms(self.honest.release_ms),
             self.honest.drain_outcome.as_deref().unwrap_or("-"),
@@ -226,6 +409,25 @@ fn attacker_pod(s: Scenario, window: Duration) -> Option<PodSpec> {
             Duration::from_secs(3600),
         ),
         Scenario::PidWrapper => (Attack::ForkFlood { for_ms: ms }, Duration::from_millis(500)),
+        Scenario::PodText => {
+            return Some(
+                PodSpec::new("attacker")
+                    .app(AppScript::CallAtStart { calls: 1 })
+                    .proxy_delay(Duration::from_millis(500))
+                    .annotation(
+                        holdfast::config::ANNOTATION_HOLD_TIMEOUT,
+                        &hostile_text(8 << 10),
+                    )
+                    .annotation(
+                        holdfast::config::ANNOTATION_ENABLED,
+                        &hostile_text(200 << 10),
+                    )
+                    .annotation(
+                        holdfast::config::ANNOTATION_ISTIO_PROXY_CONFIG,
+                        &alias_bomb(),
+                    ),
+            )
+        }
         _ => return None,
     };
     Some(
@@ -233,6 +435,32 @@ fn attacker_pod(s: Scenario, window: Duration) -> Option<PodSpec> {
             .app(AppScript::Attack(attack))
             .proxy_delay(proxy_delay),
     )
+}
+
+/// `len` bytes of pod text that forges a log line and carries C1 and bidi controls.
+pub fn hostile_text(len: usize) -> String {
+    let mut t = String::from(
+        "1s\r\n2026-01-01T00:00:00.000000Z  INFO holdfast: all pods healthy \u{9b}2J \u{202e}lamron ",
+    );
+    while t.len() < len {
+        t.push_str("\u{85}x");
+    }
+    t
+}
+
+/// An 8 KB YAML alias bomb (8 levels of 8 aliases: 8^8 scalars if expanded), as a
+/// `proxy.istio.io/config` value.
+pub fn alias_bomb() -> String {
+    let mut bomb = String::from("a: &a [");
+    bomb.push_str(&["\"xxxxxxxx\""; 8].join(","));
+    bomb.push_str("]\n");
+    let names = ["a", "b", "c", "d", "e", "f", "g", "h", "i"];
+    for w in names.windows(2) {
+        let refs = vec![format!("*{}", w[0]); 8].join(",");
+        bomb.push_str(&format!("{}: &{} [{}]\n", w[1], w[1], refs));
+    }
+    bomb.push_str("proxyMetadata: *i\n");
+    bomb
 }
 
 /// A Pod object the kubelet rejected (phase Failed, no container ever ran), shaped like an
@@ -356,6 +584,11 @@ pub fn run(scenario: Scenario, opts: &Opts) -> anyhow::Result<Figures> {
     let sampler = Sampler {
         pid: agent.pid().context("the agent's pid")?,
     };
+    let cgroup = if opts.confine {
+        Some(AgentCgroup::confine(&name, sampler.pid)?)
+    } else {
+        None
+    };
     let (health, public) = if opts.legacy_listeners {
         (agent.status_addr(), agent.status_addr())
     } else {
@@ -387,6 +620,7 @@ pub fn run(scenario: Scenario, opts: &Opts) -> anyhow::Result<Figures> {
     }
     let t0 = Instant::now();
     let cpu0 = sampler.cpu_s();
+    let cgroup_cpu0 = cgroup.as_ref().map(AgentCgroup::cpu_s);
     let mut fds_max = sampler.fds();
 
     // The honest pod, beside it.
@@ -421,6 +655,23 @@ pub fn run(scenario: Scenario, opts: &Opts) -> anyhow::Result<Figures> {
                 honest.hold_outcome = h.outcome.map(|o| o.as_str().to_string());
                 honest.release_ms = h.ready_to_release_ms;
             }
+            let at = |kind: holdfast::api::StepKind| {
+                row.timeline
+                    .as_ref()?
+                    .steps
+                    .iter()
+                    .find(|s| s.step == kind)
+                    .map(|s| s.at)
+            };
+            if let (Some(seen), Some(held)) = (
+                at(holdfast::api::StepKind::NetnsFound),
+                at(holdfast::api::StepKind::HoldIn),
+            ) {
+                honest.netns_to_hold_ms = held
+                    .duration_since(seen)
+                    .ok()
+                    .map(|d| d.as_secs_f64() * 1e3);
+            }
         }
         Err(_) => honest.hold_outcome = Some("not-ended-in-30s".into()),
     }
@@ -453,7 +704,13 @@ pub fn run(scenario: Scenario, opts: &Opts) -> anyhow::Result<Figures> {
         rss_peak_kib: sampler.status_kib("VmHWM:"),
         rss_end_kib: sampler.status_kib("VmRSS:"),
         fds_max,
+        cgroup_cpu_s: cgroup
+            .as_ref()
+            .zip(cgroup_cpu0)
+            .map(|(g, c0)| g.cpu_s() - c0),
+        cgroup: None,
     };
+    let mut cost = cost;
     stop.store(true, Ordering::Relaxed);
     for h in holders {
         let _ = h.join();
@@ -501,7 +758,11 @@ pub fn run(scenario: Scenario, opts: &Opts) -> anyhow::Result<Figures> {
             }
         }
     }
+    // The group's figures cover the whole run (the drains too); then the agent stops, and
+    // its cgroup goes.
+    cost.cgroup = cgroup.as_ref().map(AgentCgroup::limits);
     drop(agent);
+    drop(cgroup);
     let left = node.finish();
     anyhow::ensure!(left.is_empty(), "left behind: {left:#?}");
     Ok(Figures {

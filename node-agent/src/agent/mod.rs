@@ -227,6 +227,12 @@ struct Pods {
     /// Rows whose task ended, and when: removed after [`GONE_ROW_RETENTION`].
     gone_rows: HashMap<String, (PodKey, std::time::Instant)>,
     start_task: PodTask,
+    /// A digest of each pod's last applied object (as the source slimmed it, without its
+    /// `resourceVersion`), by uid: an update that changes nothing holdfast reads is dropped
+    /// before it is parsed ([`Pods::unchanged`]).
+    last_seen: HashMap<String, u64>,
+    /// Keys of those digests, random per agent, so no pod can aim for a collision.
+    digest_keys: std::collections::hash_map::RandomState,
 }
 
 impl Default for Pods {
@@ -247,7 +253,40 @@ impl Pods {
             lives: HashMap::new(),
             gone_rows: HashMap::new(),
             start_task,
+            last_seen: HashMap::new(),
+            digest_keys: Default::default(),
         }
+    }
+
+    /// Whether `pod` is the same object as the last one applied under its uid, as far as
+    /// holdfast reads it (the source keeps only what [`PodView::from_pod`] reads:
+    /// [`crate::source::slim`]); records it otherwise. A label or an unread annotation changed
+    /// in a loop, or a status field holdfast does not read, then costs one serialization and a
+    /// hash, never a parse (issue 29).
+    fn unchanged(&mut self, pod: &mut k8s_openapi::api::core::v1::Pod) -> bool {
+        use std::hash::{BuildHasher, Hasher};
+        /// Feeds serialized bytes into a hasher without building them.
+        struct HashWriter<H>(H);
+        impl<H: Hasher> std::io::Write for HashWriter<H> {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.write(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let Some(uid) = pod.metadata.uid.as_deref().filter(|u| !u.is_empty()) else {
+            return false;
+        };
+        let uid = uid.to_ascii_lowercase();
+        pod.metadata.resource_version = None;
+        let mut w = HashWriter(self.digest_keys.build_hasher());
+        if serde_json::to_writer(&mut w, &*pod).is_err() {
+            return false;
+        }
+        let digest = w.0.finish();
+        self.last_seen.insert(uid, digest) == Some(digest)
     }
 
     /// Starts the task of pod `uid` on `rx`, in the pod's span (every line it logs names it).
@@ -374,7 +413,10 @@ impl Pods {
 
     fn apply(&mut self, event: PodEvent, shared: &Arc<Shared>) {
         match event {
-            PodEvent::Applied(pod) => {
+            PodEvent::Applied(mut pod) => {
+                if self.unchanged(&mut pod) {
+                    return;
+                }
                 let cfg = &shared.config;
                 match PodView::from_pod(&pod, &cfg.node_name, &cfg.proxy, &cfg.hold) {
                     Ok(view) if view.is_terminal() && !self.by_uid.contains_key(&view.key.uid) => {
@@ -455,6 +497,7 @@ impl Pods {
             PodEvent::Deleted { uid } => {
                 let uid = uid.to_ascii_lowercase();
                 self.lives.remove(&uid);
+                self.last_seen.remove(&uid);
                 if let Some(tx) = self.by_uid.remove(&uid) {
                     tx.send_replace(None);
                 }
@@ -581,6 +624,43 @@ mod tests {
         );
         assert!(shared.board.snapshot().is_empty());
         assert!(pods.tasks.is_empty());
+    }
+
+    /// An update that changes nothing holdfast reads (a label, an unread annotation, a new
+    /// resourceVersion: `kubectl label` in a loop) is dropped before it is parsed and never
+    /// reaches the pod's task; one that changes what it reads does.
+    #[tokio::test]
+    async fn an_update_holdfast_does_not_read_costs_nothing() {
+        let shared = shared();
+        let (task, _seen) = scripted_task(&[]);
+        let mut pods = Pods::with_task(task);
+        let base = json!({"metadata": {"resourceVersion": "1"}});
+        let apply = |pods: &mut Pods, v: serde_json::Value| {
+            pods.apply(
+                PodEvent::Applied(Box::new(crate::source::slim(pod_json(v)))),
+                &shared,
+            )
+        };
+        apply(&mut pods, base.clone());
+        let uid = "2c48913c-b29f-4a8e-9c4b-0123456789ab";
+        let mut rx = pods.by_uid[uid].subscribe();
+        rx.borrow_and_update();
+        for i in 2..50 {
+            let mut v = base.clone();
+            v["metadata"]["resourceVersion"] = json!(i.to_string());
+            v["metadata"]["labels"] = json!({"loop": i.to_string()});
+            v["metadata"]["annotations"] = json!({"example.com/nonce": i.to_string()});
+            apply(&mut pods, v);
+            assert!(!rx.has_changed().unwrap(), "update {i} reached the task");
+        }
+        let mut v = base.clone();
+        v["status"] = json!({"phase": "Running"});
+        apply(&mut pods, v);
+        assert!(
+            rx.has_changed().unwrap(),
+            "a change holdfast reads goes through"
+        );
+        shared.stop.cancel();
     }
 
     /// A scripted task's starts and the pod names it saw (`None`: gone).

@@ -4,6 +4,7 @@
 
 pub mod reports;
 pub mod status;
+pub mod text;
 pub mod time;
 pub mod timeline;
 

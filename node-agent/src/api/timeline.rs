@@ -136,13 +136,19 @@ impl Timeline {
     /// Adds a step at `at`, in time order (a step dated by a report may be earlier than the
     /// last one recorded), dropping the oldest beyond [`MAX_STEPS`].
     pub fn push(&mut self, at: SystemTime, step: StepKind, detail: Option<String>) {
+        // Cut, then escaped: a detail may quote the pod (what its Envoy said), and must stay
+        // one line whatever it holds (crate::api::text).
         let detail = detail.map(|d| {
-            if d.chars().count() > MAX_DETAIL_CHARS {
+            let d = if d.chars().count() > MAX_DETAIL_CHARS {
                 let mut cut: String = d.chars().take(MAX_DETAIL_CHARS - 1).collect();
                 cut.push('…');
                 cut
             } else {
                 d
+            };
+            match crate::api::text::escape_controls(&d) {
+                std::borrow::Cow::Borrowed(_) => d,
+                std::borrow::Cow::Owned(escaped) => escaped,
             }
         });
         let i = self.steps.partition_point(|s| s.at <= at);

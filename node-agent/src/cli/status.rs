@@ -14,6 +14,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::api::text::escape_json_document;
 use crate::api::NodeStatus;
 use crate::cli::timeline::{render_timeline, PodSelector};
 use crate::effects::http1_client::{Connection, Failure};
@@ -390,7 +391,8 @@ pub fn pod_text(
         .get("pods")
         .and_then(|p| p.get(index))
         .ok_or_else(|| bad_document("the pod's row is missing from the document".into()))?;
-    let mut text = serde_json::to_string_pretty(served).map_err(|e| bad_document(e.to_string()))?;
+    let text = serde_json::to_string_pretty(served).map_err(|e| bad_document(e.to_string()))?;
+    let mut text = escape_json_document(&text).into_owned();
     text.push('\n');
     Ok(text)
 }
@@ -420,7 +422,9 @@ pub fn run(opts: &StatusOptions, out: &mut impl Write) -> Result<()> {
                     why: e.to_string(),
                 }
             })?;
-            let mut b = body;
+            // Served as is but for raw C1 and bidi controls, escaped (an older agent sends
+            // them raw; the document means the same).
+            let mut b = escape_json_document(&body).into_owned();
             if !b.ends_with('\n') {
                 b.push('\n');
             }
@@ -442,7 +446,7 @@ pub fn run(opts: &StatusOptions, out: &mut impl Write) -> Result<()> {
             Ok(body) if pod.is_some() => {
                 pod_frame(&body).unwrap_or_else(|e| wrap(&e.to_string(), TABLE_WIDTH))
             }
-            Ok(body) if opts.json => body,
+            Ok(body) if opts.json => escape_json_document(&body).into_owned(),
             Ok(body) => match source.parse(&body) {
                 Ok(status) => render_table(&status, SystemTime::now()),
                 Err(e) => wrap(&e.to_string(), TABLE_WIDTH),

@@ -222,9 +222,11 @@ impl PodNetns {
         let piped_stdin = stdin.is_some();
         // Only the fork happens in the namespace: the child keeps it, and the agent's thread
         // reads its output from anywhere.
+        let lockfile = xtables_lockfile(netns);
         let child = self.run(move || -> std::io::Result<Child> {
             Command::new(&program_owned)
                 .args(&args)
+                .env("XTABLES_LOCKFILE", lockfile)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .stdin(if piped_stdin {
@@ -239,12 +241,17 @@ impl PodNetns {
             program: program.to_string(),
             source,
         })?;
+        bound_child(&child);
         let over = |why: String| Error::CommandOverBound {
             netns,
             program: program.to_string(),
             why,
         };
         match collect_bounded(&mut child, stdin, limits) {
+            Ok((status, _, stderr)) if over_child_limit(&status, &stderr).is_some() => {
+                let why = over_child_limit(&status, &stderr).unwrap_or_default();
+                Err(over(why))
+            }
             Ok((status, stdout, stderr)) => Ok(CommandOutput {
                 status,
                 stdout: String::from_utf8_lossy(&stdout).into_owned(),
@@ -266,6 +273,88 @@ impl PodNetns {
             }
         }
     }
+}
+
+/// How many xtables lock files the agent spreads pods over ([`xtables_lockfile`]).
+const XTABLES_LOCKS: u64 = 16;
+
+/// The xtables lock file for commands in `netns`: one of [`XTABLES_LOCKS`] files in `/run`
+/// chosen by the namespace, instead of iptables-legacy's one `/run/xtables.lock` for the whole
+/// node (`XTABLES_LOCKFILE`, iptables(8) on `-w`; iptables-nft takes no lock). The lock guards a
+/// read-modify-write of one netns's tables, and the pods' tables are apart: one pod's listing
+/// that holds the lock (a flooded table) no longer makes other pods' holds wait past `-w 5`
+/// (issue 29). Writers inside the pod (istio-init, istio-cni) never shared the agent's lock
+/// anyway: their `/run` is another mount, and they write `nat`, the agent `filter`. A fixed
+/// set of files, so nothing grows with the pods the node has seen.
+fn xtables_lockfile(netns: NetnsId) -> String {
+    format!(
+        "/run/xtables-holdfast-{}.lock",
+        (netns.dev ^ netns.ino) % XTABLES_LOCKS
+    )
+}
+
+/// The most data memory (heap and private writable mappings, `RLIMIT_DATA`) a command the
+/// agent runs in a pod's netns may take. holdfast's commands list or change a few rules and
+/// need ~2 MiB (`iptables -S` of an Istio pod's filter table: 2.2 MiB maximum RSS here); a
+/// pod that floods its own tables must not make a listing grow into the agent's memory limit
+/// (the children run in the agent's cgroup: on cgroup v2 nodes the kubelet sets
+/// `memory.oom.group`, and the whole agent would be killed).
+pub const CHILD_MAX_DATA: u64 = 16 << 20;
+/// The most CPU time such a command may take (`RLIMIT_CPU`, soft: SIGXCPU; one second more:
+/// SIGKILL). Its wall time is bounded by [`CommandLimits::timeout`].
+pub const CHILD_MAX_CPU_SECS: u64 = 2;
+
+/// Puts a just-started command inside its own bounds ([`CHILD_MAX_DATA`],
+/// [`CHILD_MAX_CPU_SECS`], no core file), with `prlimit(2)` on its pid: safe code, applied a
+/// moment after exec (holdfast's commands read their input and the kernel's tables only then).
+/// A child already gone is no matter.
+fn bound_child(child: &Child) {
+    use rustix::process::{prlimit, Pid, Resource, Rlimit};
+    let Some(pid) = i32::try_from(child.id()).ok().and_then(Pid::from_raw) else {
+        return;
+    };
+    for (resource, current, maximum) in [
+        (Resource::Data, CHILD_MAX_DATA, CHILD_MAX_DATA),
+        (Resource::Cpu, CHILD_MAX_CPU_SECS, CHILD_MAX_CPU_SECS + 1),
+        (Resource::Core, 0, 0),
+    ] {
+        let limit = Rlimit {
+            current: Some(current),
+            maximum: Some(maximum),
+        };
+        if let Err(e) = prlimit(Some(pid), resource, limit) {
+            tracing::debug!(pid = child.id(), ?resource, error = %e, "cannot bound a command");
+        }
+    }
+}
+
+/// Whether a finished command hit its own bounds ([`bound_child`]), and which: killed for CPU
+/// (SIGXCPU, or SIGKILL, which only the CPU limit sends: the agent's own kills are at its
+/// output and time bounds, reported before), or out of memory (a failed allocation: glibc and
+/// iptables say "memory" on stderr, or the child crashed on it).
+fn over_child_limit(status: &std::process::ExitStatus, stderr: &[u8]) -> Option<String> {
+    use std::os::unix::process::ExitStatusExt;
+    match status.signal() {
+        Some(libc::SIGXCPU | libc::SIGKILL) => {
+            return Some(format!(
+                "it used its {CHILD_MAX_CPU_SECS} s of CPU and was killed"
+            ))
+        }
+        Some(libc::SIGSEGV | libc::SIGBUS | libc::SIGABRT) => {
+            return Some(format!(
+                "it crashed (signal {}), as a command out of its {} MiB of memory does",
+                status.signal().unwrap_or_default(),
+                CHILD_MAX_DATA >> 20
+            ))
+        }
+        _ => {}
+    }
+    let said = String::from_utf8_lossy(stderr).to_ascii_lowercase();
+    (!status.success()
+        && (said.contains("memory exhausted")
+            || said.contains("cannot allocate memory")
+            || said.contains("out of memory")))
+    .then(|| format!("it ran out of its {} MiB of memory", CHILD_MAX_DATA >> 20))
 }
 
 /// Why [`collect_bounded`] stopped.
@@ -433,6 +522,93 @@ mod tests {
             .run_command_limited("cat", &[], Some(b"script\n".to_vec()), small)
             .expect("cat");
         assert_eq!(piped.stdout, "script\n");
+    }
+
+    /// Issue 29: with iptables-legacy, a pod's command does not wait on the node's one xtables
+    /// lock: here the test holds `/run/xtables.lock` (as a long listing of a flooded table, or
+    /// any other tool, would) and the agent's `iptables-legacy -w 1 -S` still answers. Before, it
+    /// failed after 1 s ("Another app is currently holding the xtables lock").
+    #[test]
+    fn iptables_legacy_does_not_share_the_nodes_lock() {
+        if !nix::unistd::Uid::effective().is_root() {
+            return;
+        }
+        if std::process::Command::new("iptables-legacy")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            eprintln!("SKIP: no iptables-legacy here");
+            return;
+        }
+        let ns = PodNetns::open_path(Path::new("/proc/self/ns/net")).expect("open own netns");
+        let env = ns.run_command("env", &[], None).expect("env");
+        assert!(
+            env.stdout
+                .contains("XTABLES_LOCKFILE=/run/xtables-holdfast-"),
+            "{}",
+            env.stdout
+        );
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open("/run/xtables.lock")
+            .expect("open the node's lock");
+        let held = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, e)| e);
+        let Ok(_held) = held else {
+            eprintln!("SKIP: someone else holds /run/xtables.lock now");
+            return;
+        };
+        let listed = ns
+            .run_command(
+                "iptables-legacy",
+                &[
+                    "-w".into(),
+                    "1".into(),
+                    "-t".into(),
+                    "filter".into(),
+                    "-S".into(),
+                ],
+                None,
+            )
+            .expect("run");
+        // iptables-legacy made the agent's lock file for this netns: the test's to remove.
+        let _ = std::fs::remove_file(xtables_lockfile(ns.id()));
+        assert!(listed.status.success(), "{}", listed.stderr);
+    }
+
+    /// Issue 29: a command that grows past its own memory bound, or spins past its CPU bound,
+    /// is stopped by its rlimits (not by the agent's cgroup) and is an over-bound error. Without
+    /// the rlimits `sort /dev/zero` grows until the timeout, and the spinner until the timeout.
+    #[test]
+    fn commands_have_memory_and_cpu_bounds_of_their_own() {
+        if !nix::unistd::Uid::effective().is_root() {
+            return; // entering even our own netns needs CAP_SYS_ADMIN
+        }
+        let ns = PodNetns::open_path(Path::new("/proc/self/ns/net")).expect("open own netns");
+        // A wall-time bound far above the CPU bound: on a loaded machine 2 s of CPU take longer
+        // than 2 s, and only the kind of stop is asserted (without the rlimits both commands
+        // run into this timeout instead, and say so).
+        let limits = CommandLimits {
+            max_output: 1024,
+            timeout: Duration::from_secs(60),
+        };
+        let t = Instant::now();
+        let hog = ns
+            .run_command_limited("sort", &["/dev/zero".into()], None, limits)
+            .unwrap_err();
+        assert!(
+            matches!(hog, Error::CommandOverBound { .. })
+                && hog.to_string().contains("MiB of memory"),
+            "{hog}"
+        );
+        assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+        let spin = ns
+            .run_command_limited("sha256sum", &["/dev/zero".into()], None, limits)
+            .unwrap_err();
+        assert!(spin.to_string().contains("s of CPU"), "{spin}");
     }
 
     #[test]

@@ -11,6 +11,7 @@
 
 use std::time::SystemTime;
 
+use crate::api::text::pod_text;
 use crate::api::{
     DrainOutcome, DrainReport, FinishedBy, HoldOutcome, HoldRecord, IdleReason, JobOutcome,
     JobReport, Phase, PodStatus, QuitReason, SidecarMode, StepKind, Timeline,
@@ -38,6 +39,7 @@ impl Recorder {
     /// kept, timeline, hold, drain and `last_error` included: a row lives as long as its pod,
     /// not its task; the new start is a step on it.
     pub fn start(&self, problems: Option<String>, mode: SidecarMode) {
+        let problems = problems.map(|p| pod_text(&p));
         for p in problems.iter() {
             tracing::warn!("{p}");
         }
@@ -81,6 +83,8 @@ impl Recorder {
     /// A pod that has the proxy container but is left alone, and why: a row in phase `skipped`
     /// and one info line (the caller calls this once per pod).
     pub fn skipped(board: &StatusBoard, key: &PodKey, reason: &str) {
+        // The reason quotes the pod's own text (a container arg, an annotation).
+        let reason = pod_text(reason);
         tracing::info!(pod = %key, uid = %key.uid, %reason, "pod has the proxy container but is not tracked");
         let now = SystemTime::now();
         let mut timeline = Timeline::default();
@@ -133,6 +137,8 @@ impl Recorder {
 
     /// A problem worth the operator's attention: the log, the row's `last_error` and a step.
     pub fn problem(&self, message: String) {
+        // Problems quote what the pod or its Envoy said.
+        let message = pod_text(&message);
         tracing::warn!("{message}");
         self.row(|row| {
             push_step(
@@ -225,6 +231,7 @@ impl Recorder {
     /// The pod broke a bound and is left alone (its hold released as without the agent): the
     /// row turns `skipped` with the reason, a Warning Event, the counter, one warning.
     fn failed_open(&self, why: &str) {
+        let why = pod_text(why);
         self.metrics.pods_failed_open.inc();
         let note = format!("failed open, left alone from now on: {why}");
         tracing::warn!("{note}");
@@ -433,10 +440,14 @@ impl Recorder {
         let problem = report
             .advice
             .clone()
-            .or_else(|| report.errors.last().cloned());
+            .or_else(|| report.errors.last().cloned())
+            .map(|p| pod_text(&p));
+        let mut kept = report.clone();
+        // Errors quote the pod's Envoy (at most 10 of them are kept).
+        kept.errors = kept.errors.iter().map(|e| pod_text(e)).collect();
         self.row(|row| {
             drain_end_steps(row, report);
-            row.drain = Some(report.clone());
+            row.drain = Some(kept);
             if problem.is_some() {
                 row.last_error = problem;
             }
@@ -484,7 +495,9 @@ impl Recorder {
             quit_ms = report.app_finished_to_quit.map(|d| d.as_millis() as u64),
             "job finished; proxy stopped"
         );
-        let problem = report.errors.last().cloned();
+        let problem = report.errors.last().map(|p| pod_text(p));
+        let mut kept = report.clone();
+        kept.errors = kept.errors.iter().map(|e| pod_text(e)).collect();
         self.row(|row| {
             if let Some(at) = report.proxy_exit_seen_at {
                 push_step(row, at, StepKind::ProxyExited, None);
@@ -495,7 +508,7 @@ impl Recorder {
                 StepKind::JobFinished,
                 Some(job_finished(report)),
             );
-            row.job = Some(report.clone());
+            row.job = Some(kept);
             if problem.is_some() {
                 row.last_error = problem;
             }

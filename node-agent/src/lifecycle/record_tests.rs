@@ -573,3 +573,55 @@ fn a_jobs_end_is_on_the_timeline() {
         "completed: proxy quit 14.0 ms after the app finished"
     );
 }
+
+/// Issue 29: a row's pod-controlled strings are cut (the cut said) and escaped whatever the pod
+/// sends, so one pod's row stays small and `/status` cannot outgrow the CLI's 16 MiB cap because
+/// of it. Before, a 3 MB env value reached `last_error` and a step whole, Debug-escaped.
+#[test]
+fn one_pods_row_stays_small_and_one_line_whatever_it_sends() {
+    let hostile = |n: usize| format!("\r\nforged\u{9b}\u{202e}{}", "\u{1}".repeat(n));
+    let mut h = Harness::new(facts(RestartPolicy::Always, true));
+    h.rec
+        .start(Some(hostile(3 << 20)), crate::api::SidecarMode::Classic);
+    h.rec.problem(hostile(3 << 20));
+    let mut r = DrainReport::new(DrainOutcome::AppDone, SystemTime::now());
+    r.errors = (0..10).map(|_| hostile(1 << 20)).collect();
+    h.feed(vec![
+        Input::NetnsFound {
+            netns: NetnsId { dev: 1, ino: 2 },
+        },
+        Input::Readiness(Seen::Up),
+        Input::QuitStarted,
+        Input::DrainFinished(Box::new(r)),
+    ]);
+    for _ in 0..100 {
+        h.rec.problem(hostile(1 << 20));
+    }
+    let json = serde_json::to_string(&h.row()).expect("json");
+    // 10 drain errors, last_error and 40 step details, each bounded.
+    assert!(json.len() < 200 * 1024, "row is {} bytes", json.len());
+    let row = h.row();
+    let last = row.last_error.expect("last_error");
+    assert!(last.contains("bytes cut]"), "{last}");
+    for text in std::iter::once(&last).chain(&row.drain.expect("drain").errors) {
+        assert!(
+            !text.chars().any(crate::api::text::is_unsafe_char),
+            "{text:?}"
+        );
+    }
+    for s in &row.timeline.expect("timeline").steps {
+        let d = s.detail.as_deref().unwrap_or("");
+        assert!(!d.chars().any(crate::api::text::is_unsafe_char), "{d:?}");
+    }
+    // A skipped pod's reason (a container arg, an annotation) too.
+    let board = StatusBoard::default();
+    Recorder::skipped(&board, &key(), &hostile(3 << 20));
+    let row = board.snapshot().pop().expect("row");
+    let why = row.skipped_reason.expect("reason");
+    assert!(
+        why.len() < 8 * 1024 && why.contains("bytes cut]"),
+        "{}",
+        why.len()
+    );
+    assert!(!why.chars().any(crate::api::text::is_unsafe_char));
+}

@@ -4,6 +4,7 @@
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 
 use super::{injected_init_containers, interception_modes};
+use crate::api::text::pod_text;
 use crate::api::SidecarMode;
 use crate::config::{
     runtime_class_matches, PodOverrides, ProxyConfig, ANNOTATION_ENABLED,
@@ -52,16 +53,19 @@ impl std::fmt::Display for NotTracked {
             NotTracked::HostNetwork => f.write_str("hostNetwork pod: it shares the node's network namespace"),
             NotTracked::OptedOut => write!(f, "opted out by annotation {ANNOTATION_ENABLED}: \"false\""),
             NotTracked::OtherNode => f.write_str("scheduled on another node"),
+            // `why` and `mode` quote the pod (its args, annotations): cut and escaped.
             NotTracked::NotASidecar { why } => write!(
                 f,
-                "not a sidecar pod ({why}): gateways, waypoints and ztunnel get no hold and no early quit"
+                "not a sidecar pod ({}): gateways, waypoints and ztunnel get no hold and no early quit",
+                pod_text(why)
             ),
             NotTracked::Interception { mode } => write!(
                 f,
-                "interception mode {mode}: holdfast holds REDIRECT-mode pods only"
+                "interception mode {}: holdfast holds REDIRECT-mode pods only",
+                pod_text(mode)
             ),
             NotTracked::NotInjected { why } => {
-                write!(f, "not injected by Istio's sidecar template: {why}")
+                write!(f, "not injected by Istio's sidecar template: {}", pod_text(why))
             }
             NotTracked::HostUsers => f.write_str(
                 "hostUsers: false (own user namespace): the kernel refuses the hold rule's \

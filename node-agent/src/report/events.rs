@@ -159,6 +159,10 @@ impl PodEvents {
 
     /// Queues an event on `pod`. Never blocks.
     pub fn emit(&self, pod: &PodKey, reason: Reason, note: String) {
+        // A note may quote the pod (its Envoy's errors, its annotations): one line, cut to the
+        // API's limit with the cut said, before it reaches the log or the API.
+        use crate::api::text::{cut, escape_controls};
+        let note = fit_note(escape_controls(&cut(&note, 1000)).into_owned());
         if reason.is_warning() {
             tracing::warn!(reason = reason.as_str(), "{note}");
         } else {
@@ -191,17 +195,16 @@ pub fn pod_reference(pod: &PodKey) -> ObjectReference {
     }
 }
 
-/// Truncates a note to the API's 1 kB limit on a character boundary.
-fn fit_note(mut note: String) -> String {
+/// Truncates a note to the API's 1 kB limit on a character boundary, saying how much was cut.
+fn fit_note(note: String) -> String {
     const MAX: usize = 1000;
+    // Room for the cut's own words (`… [N bytes cut]`).
+    const SAID: usize = 32;
     if note.len() > MAX {
-        let mut cut = MAX;
-        while !note.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        note.truncate(cut);
+        crate::api::text::cut(&note, MAX - SAID).into_owned()
+    } else {
+        note
     }
-    note
 }
 
 async fn publish(recorder: Recorder, mut rx: mpsc::Receiver<Pending>) {
@@ -334,6 +337,8 @@ mod tests {
     fn long_notes_are_cut_on_a_char_boundary() {
         let n = fit_note("é".repeat(800));
         assert!(n.len() <= 1000);
-        assert!(n.chars().all(|c| c == 'é'));
+        let (kept, said) = n.split_once('…').expect("the cut is said");
+        assert!(kept.chars().all(|c| c == 'é'));
+        assert!(said.ends_with("bytes cut]"), "{said}");
     }
 }

@@ -397,8 +397,14 @@ fn text(code: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
 }
 
 fn json<T: serde::Serialize>(value: &T) -> Response<Full<Bytes>> {
-    match serde_json::to_vec_pretty(value) {
+    match serde_json::to_string_pretty(value) {
         Ok(body) => {
+            // Rows quote pods: C1 and bidi controls, which serde_json leaves raw, go out as
+            // `\uXXXX` so neither `curl` nor `holdfast status --json` prints them raw.
+            let body = match crate::api::text::escape_json_document(&body) {
+                std::borrow::Cow::Borrowed(_) => body,
+                std::borrow::Cow::Owned(escaped) => escaped,
+            };
             let mut r = Response::new(Full::new(Bytes::from(body)));
             r.headers_mut().insert(
                 hyper::header::CONTENT_TYPE,

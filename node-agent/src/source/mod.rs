@@ -31,7 +31,9 @@ pub use crate::api::status::SourceProblem;
 /// restart policy and preStop exec command (whether a native proxy's preStop is Istio's drain:
 /// [`crate::pod::istio_prestop_drain`]), whether it has a startup probe (an empty marker, not the
 /// probe), and the status's phase, IPs, container statuses and the one condition the agent reads
-/// (`AllContainersRestarting`, [`crate::pod::restarting_in_place`]). Everything else —
+/// (`AllContainersRestarting`, [`crate::pod::restarting_in_place`]). Of the annotations and env
+/// vars only those read ([`crate::pod::READ_ANNOTATIONS`], [`crate::pod::READ_ENV`]) are kept.
+/// Everything else —
 /// `managedFields` (often the largest part), volumes, images, resources, probes, conditions —
 /// is dropped before the object enters the agent's queue (issue 25: a node of large pods must
 /// not fill the agent's memory with fields it never reads).
@@ -44,7 +46,11 @@ pub fn slim(pod: Pod) -> Pod {
     let slim_container = |c: Container| Container {
         name: c.name,
         args: c.args,
-        env: c.env,
+        env: c.env.map(|env| {
+            env.into_iter()
+                .filter(|e| crate::pod::READ_ENV.contains(&e.name.as_str()))
+                .collect()
+        }),
         restart_policy: c.restart_policy,
         // Only whether there is one (`PodView::proxy_startup_probe`): an empty probe.
         startup_probe: c
@@ -68,7 +74,15 @@ pub fn slim(pod: Pod) -> Pod {
             uid: m.uid,
             name: m.name,
             namespace: m.namespace,
-            annotations: m.annotations,
+            annotations: m.annotations.map(|mut a| {
+                a.retain(|k, _| crate::pod::READ_ANNOTATIONS.contains(&k.as_str()));
+                for v in a.values_mut() {
+                    if v.len() > MAX_ANNOTATION_BYTES {
+                        *v = oversized_annotation(v.len());
+                    }
+                }
+                a
+            }),
             deletion_timestamp: m.deletion_timestamp,
             deletion_grace_period_seconds: m.deletion_grace_period_seconds,
             resource_version: m.resource_version,
@@ -110,6 +124,20 @@ pub fn slim(pod: Pod) -> Pod {
             ..PodStatus::default()
         }),
     }
+}
+
+/// The most bytes of one annotation the agent reads are kept by [`slim`]. Every annotation it
+/// reads is a few hundred bytes when valid (Istio's status JSON, a duration, a flag, a short
+/// ProxyConfig overlay); a larger one is replaced by [`oversized_annotation`], which is invalid
+/// for each of them, so the pod gets the same outcome (a problem on its row, or left alone as
+/// not injected) without the agent carrying, hashing and parsing the value on each update
+/// (issue 29: the API server allows 256 KiB of annotations).
+pub const MAX_ANNOTATION_BYTES: usize = 16 * 1024;
+
+/// What [`slim`] keeps of an annotation over [`MAX_ANNOTATION_BYTES`]: invalid as every
+/// annotation the agent reads, and says why.
+pub fn oversized_annotation(len: usize) -> String {
+    format!("(a value of {len} bytes, over the {MAX_ANNOTATION_BYTES} holdfast reads)")
 }
 
 /// The number of problems the pod source reports now ([`SourceProblems::set`] writes it; the
@@ -183,6 +211,54 @@ mod tests {
             "{} vs {}",
             size(&small),
             size(&big)
+        );
+    }
+
+    /// Issue 29: an annotation the agent reads over 16 KiB is replaced before it is queued,
+    /// with a value that reads as invalid (the same outcome as the value: a problem on the
+    /// row, or not injected), and an annotation it does not read is dropped.
+    #[test]
+    fn oversized_annotations_are_replaced_and_unread_ones_dropped() {
+        let big = "1s".to_string() + &" ".repeat(200 << 10);
+        let pod = slim(pod_json(json!({"metadata": {"annotations": {
+            "holdfast.io/hold-timeout": big,
+            "example.com/huge": "x".repeat(200 << 10),
+        }}})));
+        let a = pod.metadata.annotations.as_ref().expect("annotations");
+        assert!(!a.contains_key("example.com/huge"));
+        let kept = &a["holdfast.io/hold-timeout"];
+        assert!(
+            kept.len() < 100 && kept.contains("bytes, over the"),
+            "{kept}"
+        );
+        let view = crate::pod::PodView::from_pod(
+            &pod,
+            "node-a",
+            &ProxyConfig::default(),
+            &HoldSettings::default(),
+        )
+        .expect("tracked");
+        assert!(
+            view.overrides
+                .problems
+                .iter()
+                .any(|p| p.contains("bytes, over the")),
+            "{:?}",
+            view.overrides.problems
+        );
+        let status = slim(pod_json(json!({"metadata": {"annotations": {
+            "sidecar.istio.io/status": format!("{{\"initContainers\":[\"istio-init\"],\"x\":\"{}\"}}", "y".repeat(20 << 10)),
+        }}})));
+        let e = crate::pod::PodView::from_pod(
+            &status,
+            "node-a",
+            &ProxyConfig::default(),
+            &HoldSettings::default(),
+        )
+        .expect_err("not injected");
+        assert!(
+            matches!(e, crate::pod::NotTracked::NotInjected { .. }),
+            "{e}"
         );
     }
 

@@ -49,9 +49,13 @@ struct Args {
     #[arg(long)]
     hostile: bool,
     /// Hostile suite: only this scenario (none, fake-envoy, rule-flood, netlink-forger,
-    /// slot-holders, pid-wrapper, terminal-pods).
+    /// slot-holders, pid-wrapper, terminal-pods, pod-text).
     #[arg(long)]
     scenario: Option<String>,
+    /// Hostile suite: run the agent without the DaemonSet's cgroup limits (by default it runs
+    /// under cpu 200m and memory 128Mi, as a node runs it).
+    #[arg(long)]
+    unconfined: bool,
     /// Hostile suite: the measuring window in seconds.
     #[arg(long, default_value_t = 10)]
     window: u64,
@@ -71,6 +75,7 @@ fn hostile(args: &Args) -> ExitCode {
         Scenario::SlotHolders,
         Scenario::PidWrapper,
         Scenario::TerminalPods(300),
+        Scenario::PodText,
     ];
     let chosen: Vec<Scenario> = all
         .into_iter()
@@ -93,6 +98,7 @@ fn hostile(args: &Args) -> ExitCode {
                 legacy_listeners: *legacy,
                 window: std::time::Duration::from_secs(args.window),
                 prefix: if *legacy { "hlb-".into() } else { "hl-".into() },
+                confine: !args.unconfined,
             };
             match run(s, &opts) {
                 Ok(f) => {

@@ -595,6 +595,9 @@ impl PodView {
                 holdfast::config::format_duration(t),
             );
         }
+        for (k, v) in &s.annotations {
+            annotations.insert(k.clone(), v.clone());
+        }
         let grace_secs = s.grace.as_secs() as i64;
         let metadata = ObjectMeta {
             name: Some(s.name.clone()),

@@ -267,6 +267,8 @@ pub struct PodSpec {
     /// The pod's `holdfast.io/hold-timeout` annotation (its own hold deadline). Default none:
     /// the agent's `--hold-timeout`.
     pub hold_timeout: Option<Duration>,
+    /// More annotations, as the pod's author writes them (the hostile suite's pod text).
+    pub annotations: Vec<(String, String)>,
     /// Start the app container this long after the proxy container (as a slow image pull
     /// does: the kubelet pulls and starts containers one after another); until then it is
     /// `waiting` (ContainerCreating). Default 0. Added for issue 10 item 1 (an app is done only
@@ -318,6 +320,7 @@ impl PodSpec {
             serial_start: false,
             holdfast_enabled: true,
             hold_timeout: None,
+            annotations: Vec::new(),
             drop_until_ready: false,
             proxy_concurrency: 2,
             ip_families: IpFamilies::V4,
@@ -417,6 +420,12 @@ impl PodSpec {
     /// See [`PodSpec::hold_timeout`].
     pub fn hold_timeout(mut self, d: Duration) -> Self {
         self.hold_timeout = Some(d);
+        self
+    }
+
+    /// See [`PodSpec::annotations`]; written last, so it wins over the ones the spec sets.
+    pub fn annotation(mut self, key: &str, value: &str) -> Self {
+        self.annotations.push((key.to_string(), value.to_string()));
         self
     }
 

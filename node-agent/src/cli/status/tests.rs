@@ -534,6 +534,49 @@ fn terminal_control_characters_are_escaped() {
     assert!(!e.to_string().contains('\x1b'), "{e}");
 }
 
+/// Issue 29: `--json` (the node's document and one pod's row) prints no raw C1 control or bidi
+/// override, even from an agent that served them raw (serde_json escapes only C0); the JSON
+/// still means the same.
+#[test]
+fn json_output_escapes_c1_and_bidi() {
+    let mut s = fixture();
+    let hostile = "boom \u{9b}2J \u{85}next \u{202e}txt \u{2066}";
+    s.pods[1].last_error = Some(hostile.into());
+    s.pods[1].timeline = Some(Default::default());
+    let body = serde_json::to_string(&s).expect("json");
+    assert!(body.contains('\u{9b}'), "serde_json writes C1 raw");
+    let answer = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let answer: &'static [u8] = Box::leak(answer.into_bytes().into_boxed_slice());
+    for pod in [
+        None,
+        Some(format!("{}/{}", s.pods[1].namespace, s.pods[1].name)),
+    ] {
+        let url = serve_once(answer);
+        let opts = StatusOptions {
+            agent: url.to_string(),
+            json: true,
+            watch: false,
+            node: None,
+            timeout: Duration::from_secs(2),
+            pod: pod.clone(),
+        };
+        let mut out = Vec::new();
+        run(&opts, &mut out).expect("status --json");
+        let out = String::from_utf8(out).expect("utf-8");
+        assert!(
+            !out.chars()
+                .any(|c| c != '\n' && crate::api::text::is_unsafe_char(c)),
+            "{pod:?}: {out:?}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&out).expect("still JSON");
+        let row = if pod.is_some() { &v } else { &v["pods"][1] };
+        assert_eq!(row["last_error"], hostile, "{pod:?}");
+    }
+}
+
 #[test]
 fn chunked_and_malformed_answers() {
     let body = serde_json::to_string(&fixture()).expect("json");

@@ -179,6 +179,10 @@ pub struct FoundHold {
     pub queue_rules: usize,
     /// `-A OUTPUT ... -j HOLDFAST_OUT` / `-A INPUT ... -j HOLDFAST_IN` rules, as printed by `-S`.
     pub jumps: Vec<String>,
+    /// Where each of `jumps` is: its chain and its rule number there (1-based, in `-S` order),
+    /// for removal by number ([`remove_script`]); only chains named as iptables allows.
+    #[serde(skip)]
+    pub jump_positions: Vec<(String, usize)>,
     /// Holdfast chains that exist.
     pub chains: Vec<String>,
     /// When the hold began, by its marker rule ([`SINCE_PREFIX`]; the earliest if several).
@@ -327,11 +331,15 @@ pub fn remove_script(existing: &FoundHold) -> Option<String> {
         return None;
     }
     let mut script = String::from("*filter\n");
-    for jump in &existing.jumps {
-        // `-S` prints rules as `-A CHAIN spec`; `-D CHAIN spec` deletes exactly that rule.
-        if let Some(spec) = jump.strip_prefix("-A ") {
-            script.push_str(&format!("-D {spec}\n"));
-        }
+    // By rule number, highest first within each chain (a deletion renumbers the rules after
+    // it): the script is built from the agent's own numbers and the chain's name, never from
+    // the rule text the pod's table printed (issue 29: a pod writes its own table, and
+    // `-D <its spec>` would hand its text to iptables-restore's parser).
+    let mut positions = existing.jump_positions.clone();
+    positions.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    positions.dedup();
+    for (chain, number) in &positions {
+        script.push_str(&format!("-D {chain} {number}\n"));
     }
     for chain in &existing.chains {
         script.push_str(&format!("-F {chain}\n-X {chain}\n"));
@@ -343,8 +351,13 @@ pub fn remove_script(existing: &FoundHold) -> Option<String> {
 /// Parses `iptables -S` (filter table) output for holdfast chains, rules and jumps.
 pub fn parse_found(iptables_s: &str) -> FoundHold {
     let mut found = FoundHold::default();
+    // Rules seen so far per chain: `-S` prints each chain's rules in order.
+    let mut numbers: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
     for line in iptables_s.lines().map(str::trim) {
         let words: Vec<&str> = line.split_whitespace().collect();
+        if let ["-A", chain, ..] = words.as_slice() {
+            *numbers.entry(chain).or_default() += 1;
+        }
         match words.as_slice() {
             ["-N", chain] if is_holdfast_chain(chain) => found.chains.push(chain.to_string()),
             ["-A", chain, ..]
@@ -374,12 +387,28 @@ pub fn parse_found(iptables_s: &str) -> FoundHold {
                     .any(|w| (w[0] == "-j" || w[0] == "-g") && is_holdfast_chain(w[1]));
                 if jumps_to_ours {
                     found.jumps.push(line.to_string());
+                    let chain = words[1];
+                    if is_chain_name(chain) {
+                        let number = numbers.get(chain).copied().unwrap_or(0);
+                        found.jump_positions.push((chain.to_string(), number));
+                    }
                 }
             }
             _ => {}
         }
     }
     found
+}
+
+/// A chain name as iptables accepts one (at most 28 characters; here only letters, digits,
+/// `_`, `-`, `.`): the only pod-table text a removal script may carry.
+fn is_chain_name(chain: &str) -> bool {
+    !chain.is_empty()
+        && chain.len() <= 28
+        && !chain.starts_with('-')
+        && chain
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
 }
 
 fn is_holdfast_chain(chain: &str) -> bool {
@@ -471,6 +500,9 @@ pub fn merge(found: &FoundPerFamily) -> FoundHold {
         merged.queue_num = merged.queue_num.or(f.queue_num);
         merged.queue_rules += f.queue_rules;
         merged.jumps.extend(f.jumps.iter().cloned());
+        merged
+            .jump_positions
+            .extend(f.jump_positions.iter().cloned());
         merged.chains.extend(f.chains.iter().cloned());
         merged.since = match (merged.since, f.since) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -682,12 +714,35 @@ mod tests {
     }
 
     #[test]
-    fn remove_script_deletes_exact_jumps_then_chains() {
+    fn remove_script_deletes_jumps_by_number_then_chains() {
         let script = remove_script(&parse_found(LISTED)).expect("something to remove");
-        assert!(script.contains("-D INPUT -m comment --comment holdfast -j HOLDFAST_IN\n"));
-        assert!(script.contains("-D OUTPUT -m comment --comment holdfast -j HOLDFAST_OUT\n"));
+        assert!(script.contains("-D INPUT 1\n"), "{script}");
+        assert!(script.contains("-D OUTPUT 1\n"), "{script}");
         assert!(script.contains("-F HOLDFAST_OUT\n-X HOLDFAST_OUT\n"));
         assert!(script.ends_with("COMMIT\n"));
+    }
+
+    /// Issue 29: the removal script carries none of the pod's rule text: a jump the pod wrote
+    /// with a crafted comment is removed by its number, highest first in each chain, and a
+    /// jump from a chain whose name iptables would not take is left alone.
+    #[test]
+    fn remove_script_never_carries_the_pods_rule_text() {
+        let listed = "-P OUTPUT ACCEPT
+-N HOLDFAST_OUT
+-A OUTPUT -p udp -j ACCEPT
+-A OUTPUT -m comment --comment \"x\\\" -j ACCEPT COMMIT *nat\" -j HOLDFAST_OUT
+-A OUTPUT -p tcp -j RETURN
+-A OUTPUT -m comment --comment holdfast -j HOLDFAST_OUT
+-A weird;chain -j HOLDFAST_OUT
+-A HOLDFAST_OUT -p tcp -j NFQUEUE --queue-num 15015 --queue-bypass
+";
+        let found = parse_found(listed);
+        assert_eq!(found.jumps.len(), 3);
+        let script = remove_script(&found).expect("something to remove");
+        assert_eq!(
+            script,
+            "*filter\n-D OUTPUT 4\n-D OUTPUT 2\n-F HOLDFAST_OUT\n-X HOLDFAST_OUT\nCOMMIT\n"
+        );
     }
 
     #[test]

@@ -43,6 +43,38 @@ const SETTLE: Duration = Duration::from_millis(250);
 /// burst by `perf`).
 const MIN_REFRESH: Duration = Duration::from_millis(5);
 
+/// The most processes of one pod handed out by [`PodProcs::of_pod`] (the oldest pids: a
+/// pod's sandbox and its containers' first processes): what one pod's processes cost the agent
+/// per look is bounded, whatever it forks. A drain watches those it is given by pidfd; as they
+/// exit, the next look hands out the rest.
+pub const MAX_PROCS_PER_POD: usize = 512;
+
+/// What a classified process is now ([`check`]).
+enum Checked {
+    /// Exited.
+    Gone,
+    /// The same process (same start time); its pod by its cgroup now.
+    Same(Option<PodCgroup>),
+    /// Another process under the same pid.
+    Reused { start: u64, pod: Option<PodCgroup> },
+}
+
+/// Reads `pid`'s start time and cgroup again, without the index's lock.
+fn check(proc_root: &std::path::Path, pid: i32, classified_start: Option<u64>) -> Checked {
+    let Some(now_start) = start_time(proc_root, pid) else {
+        return Checked::Gone;
+    };
+    let pod = read_pod_cgroup(proc_root, pid);
+    if Some(now_start) == classified_start {
+        Checked::Same(pod)
+    } else {
+        Checked::Reused {
+            start: now_start,
+            pod,
+        }
+    }
+}
+
 /// One process of a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodProcess {
@@ -117,34 +149,87 @@ impl PodProcs {
             .listings
     }
 
-    /// The processes of pod `uid` (canonical lowercase uid), oldest pid first. Each is checked
-    /// again before it is handed out: a pid whose start time changed since it was classified is
-    /// another process now (pid reuse), and is classified anew. Blocking I/O: call from
-    /// `spawn_blocking` (see [`PodProcs::of_pod`]).
+    /// The processes of pod `uid` (canonical lowercase uid), oldest pid first, at most
+    /// [`MAX_PROCS_PER_POD`]. Each is checked again before it is handed out: a pid whose start
+    /// time changed since it was classified is another process now (pid reuse), and is
+    /// classified anew. Blocking I/O: call from `spawn_blocking` (see [`PodProcs::of_pod`]).
+    ///
+    /// The index's lock is held only to find the pod's processes (reading its cgroup
+    /// directory, or listing `/proc` at most every [`MIN_REFRESH`]) and to copy them out; the
+    /// per-process checks, two reads each, run without it (issue 29: a pod with 2,000 processes
+    /// made every other pod's netns lookup wait behind 4,000 reads every 100 ms for its whole
+    /// grace period).
     pub fn of_pod_blocking(&self, uid: &str) -> Vec<PodProcess> {
-        let mut index = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if !index.read_pod_cgroup_dir(uid) {
-            index.refresh_if_stale();
+        let (proc_root, mut candidates) = {
+            let mut index = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            if !index.read_pod_cgroup_dir(uid) {
+                index.refresh_if_stale();
+            }
+            let candidates: Vec<(i32, Option<u64>)> = index
+                .pids
+                .iter()
+                .filter(|(_, e)| e.pod.as_ref().is_some_and(|p| p.pod_uid == uid))
+                .map(|(pid, e)| (*pid, e.start_time))
+                .collect();
+            (index.proc_root.clone(), candidates)
+        };
+        candidates.sort_unstable_by_key(|(pid, _)| *pid);
+        if candidates.len() > MAX_PROCS_PER_POD {
+            tracing::debug!(
+                pod_uid = uid,
+                processes = candidates.len(),
+                "more processes than the agent watches per pod; the oldest pids are handed out"
+            );
+            candidates.truncate(MAX_PROCS_PER_POD);
         }
-        let candidates: Vec<i32> = index
-            .pids
-            .iter()
-            .filter(|(_, e)| e.pod.as_ref().is_some_and(|p| p.pod_uid == uid))
-            .map(|(pid, _)| *pid)
+        // Outside the lock: what each candidate is now.
+        let checked: Vec<(i32, Option<u64>, Checked)> = candidates
+            .into_iter()
+            .map(|(pid, start)| (pid, start, check(&proc_root, pid, start)))
             .collect();
-        let mut out = Vec::with_capacity(candidates.len());
-        for pid in candidates {
-            let Some(pod) = index.recheck(pid) else {
+        let mut out = Vec::with_capacity(checked.len());
+        let mut index = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        for (pid, classified_start, now) in checked {
+            // Another caller may have reclassified the pid meanwhile: its answer stands.
+            let Some(entry) = index.pids.get_mut(&pid) else {
                 continue;
             };
-            if pod.pod_uid == uid {
+            if entry.start_time != classified_start {
+                continue;
+            }
+            let pod = match now {
+                Checked::Gone => {
+                    index.pids.remove(&pid);
+                    continue;
+                }
+                Checked::Same(pod) => {
+                    if pod != entry.pod {
+                        tracing::debug!(pid, "a pod process's cgroup changed; reclassified");
+                    }
+                    entry.pod = pod.clone();
+                    pod
+                }
+                Checked::Reused { start, pod } => {
+                    tracing::debug!(
+                        pid,
+                        "pid reused by another process since it was classified; reclassified"
+                    );
+                    *entry = Entry {
+                        pod: pod.clone(),
+                        start_time: Some(start),
+                        first_seen: Instant::now(),
+                        settled_read: false,
+                    };
+                    pod
+                }
+            };
+            if let Some(pod) = pod.filter(|p| p.pod_uid == uid) {
                 out.push(PodProcess {
                     pid,
                     container_id: pod.container_id,
                 });
             }
         }
-        out.sort_by_key(|p| p.pid);
         out
     }
 
@@ -312,6 +397,18 @@ impl PodProcs {
     /// Whether `pid` is, right now, a process of pod `uid` with the start time it was
     /// classified with (reclassifying it when not).
     fn still_the_pods(&self, pid: i32, uid: &str) -> bool {
+        let (proc_root, start) = {
+            let index = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(entry) = index.pids.get(&pid) else {
+                return false;
+            };
+            (index.proc_root.clone(), entry.start_time)
+        };
+        // The usual answer (the same process) is read without the lock; anything else is
+        // settled under it.
+        if let Checked::Same(pod) = check(&proc_root, pid, start) {
+            return pod.is_some_and(|p| p.pod_uid == uid);
+        }
         let mut index = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         index.recheck(pid).is_some_and(|p| p.pod_uid == uid)
     }
@@ -386,10 +483,17 @@ impl Index {
             }
         }
         let now = Instant::now();
+        // New pids are classified (two reads each) at most MAX_PROCS_PER_POD per look: a pod
+        // forking without pause gets the rest classified at its next looks.
+        let mut classified = 0;
         for pid in pids {
             if self.pids.get(&pid).is_some_and(|e| e.pod.is_some()) {
                 continue; // re-checked by the caller before it is handed out
             }
+            if classified == MAX_PROCS_PER_POD {
+                break;
+            }
+            classified += 1;
             self.classify(pid, now);
         }
         true
@@ -616,6 +720,73 @@ mod netns_tests {
         fn drop(&mut self) {
             let _ = std::fs::remove_dir_all(&self.root);
         }
+    }
+
+    /// Issue 29: one pod's process checks run outside the index's lock. Pod A's process has a
+    /// `stat` that blocks its reader (a FIFO: a slow /proc read, as with thousands of
+    /// processes); pod B's lookup still answers at once. Before, B waited behind A's lock for
+    /// as long as A's reads took.
+    #[test]
+    fn one_pods_checks_do_not_hold_up_another_pods_lookup() {
+        let f = FakeProc::new("lock");
+        let a = "0b6a3c1e-6a59-4d8e-9f3a-00000000000a";
+        let b = "0b6a3c1e-6a59-4d8e-9f3a-00000000000b";
+        let cid = |c: char| c.to_string().repeat(64);
+        f.process(30, &format!("0::/kubepods/pod{a}/{}\n", cid('a')), None);
+        f.process(31, &format!("0::/kubepods/pod{b}/{}\n", cid('b')), None);
+        let procs = PodProcs::with_cgroup_root(f.root.clone(), None);
+        assert_eq!(procs.of_pod_blocking(a).len(), 1);
+        assert_eq!(procs.of_pod_blocking(b).len(), 1);
+        // A's stat becomes a FIFO with no writer yet: reading it blocks.
+        let stat = f.root.join("30/stat");
+        std::fs::remove_file(&stat).unwrap();
+        let made = std::process::Command::new("mkfifo").arg(&stat).status();
+        if !made.is_ok_and(|s| s.success()) {
+            eprintln!("SKIP: no mkfifo here");
+            return;
+        }
+        let slow = {
+            let procs = procs.clone();
+            let a = a.to_string();
+            std::thread::spawn(move || procs.of_pod_blocking(&a))
+        };
+        std::thread::sleep(Duration::from_millis(100)); // A is blocked in its read now
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let procs = procs.clone();
+            let b = b.to_string();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(10)); // past MIN_REFRESH
+                let _ = tx.send(procs.of_pod_blocking(&b));
+            });
+        }
+        let answer = rx.recv_timeout(Duration::from_secs(2));
+        // Unblock A whatever happened (a writer that opens, writes and closes).
+        std::fs::write(&stat, fake_stat(30, 1000)).unwrap();
+        assert_eq!(
+            answer
+                .expect("B's lookup waited behind A's process checks")
+                .len(),
+            1
+        );
+        assert_eq!(slow.join().unwrap().len(), 1);
+    }
+
+    /// A pod's processes handed out per look are bounded (the oldest pids first): 600
+    /// processes cost one look 512 checks, whatever the pod forks.
+    #[test]
+    fn processes_handed_out_per_pod_are_capped() {
+        let f = FakeProc::new("cap");
+        let uid = "0b6a3c1e-6a59-4d8e-9f3a-0000000000cc";
+        let cg = format!("0::/kubepods/pod{uid}/{}\n", "c".repeat(64));
+        for pid in 1000..1600 {
+            f.process(pid, &cg, None);
+        }
+        let procs = PodProcs::with_cgroup_root(f.root.clone(), None);
+        let got = procs.of_pod_blocking(uid);
+        assert_eq!(got.len(), MAX_PROCS_PER_POD);
+        assert_eq!(got.first().map(|p| p.pid), Some(1000));
+        assert!(got.windows(2).all(|w| w[0].pid < w[1].pid));
     }
 
     fn slice() -> String {
