@@ -500,6 +500,8 @@ impl StatsMatcher {
                 serde_json::json!({ "prefix": "wasmcustom.holdfast." }),
                 serde_json::json!({ "suffix": "downstream_cx_rx_bytes_total" }),
                 serde_json::json!({ "suffix": "downstream_cx_tx_bytes_total" }),
+                serde_json::json!({ "suffix": "downstream_cx_rx_bytes_buffered" }),
+                serde_json::json!({ "suffix": "downstream_cx_tx_bytes_buffered" }),
             ],
         };
         let path =

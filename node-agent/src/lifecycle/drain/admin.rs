@@ -39,25 +39,16 @@ impl std::fmt::Display for AdminFailure {
 
 impl From<crate::effects::envoy_admin::Error> for AdminFailure {
     fn from(e: crate::effects::envoy_admin::Error) -> Self {
-        // Only a refused connection means "nothing listens". Other connect failures (entering
-        // the netns failed, no thread could be spawned) say nothing about Envoy. The client
-        // keeps the cause as text only (the netns connector turns it into a string), so look
-        // for ECONNREFUSED's rendering.
-        let refused = match &e {
-            crate::effects::envoy_admin::Error::Connect { reason, .. } => is_refusal(reason),
-            _ => false,
-        };
+        // Only a refused connection means "nothing listens" ([`Error::is_refused`]: the
+        // connector keeps the `io::ErrorKind`). Other connect failures (entering the netns
+        // failed, no thread could be spawned) say nothing about Envoy.
+        //
+        // [`Error::is_refused`]: crate::effects::envoy_admin::Error::is_refused
         AdminFailure {
-            refused,
+            refused: e.is_refused(),
             message: e.to_string(),
         }
     }
-}
-
-/// True when an error text is a refused connection (`io::Error`'s rendering of ECONNREFUSED).
-pub(super) fn is_refusal(reason: &str) -> bool {
-    reason.contains("Connection refused")
-        || reason.contains(&format!("(os error {})", libc::ECONNREFUSED))
 }
 
 /// What the drain asks of a pod's Envoy admin API.
@@ -166,6 +157,12 @@ impl<'a, A> Drainer<'a, A> {
 }
 
 impl<A: ProxyAdmin> Drainer<'_, A> {
+    /// Whether Envoy has exited: its admin port refused enough connections in a row. The one
+    /// "Envoy gone" test of the drain and the Job watch.
+    pub(super) fn envoy_gone(&self) -> bool {
+        self.refusals >= self.settings.refusals_for_gone
+    }
+
     /// Tells a step to whoever follows the drain (nobody: fine).
     pub(super) fn tell(&self, step: DrainStep) {
         if let Some(tx) = &self.steps {
@@ -219,7 +216,7 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
                     return true;
                 }
                 Err(e) => {
-                    if self.refusals >= self.settings.refusals_for_gone {
+                    if self.envoy_gone() {
                         // Nothing listens: Envoy has exited. Not an error in itself; the drain
                         // judges it (proxy gone early, or gone with the app).
                         tracing::debug!(path, error = %e, "admin refused; Envoy has exited");

@@ -12,7 +12,6 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::admin::is_refusal;
 use super::decide::settle_wait;
 use super::in_flight::DirectionCounts;
 use super::*;
@@ -168,6 +167,7 @@ impl ProxyAdmin for FakeAdmin {
                 traffic: TrafficBytes {
                     total: s.traffic_bytes,
                     counters: 4,
+                    buffered: 0,
                     exposed: !s.bytes_unexposed,
                 },
             })
@@ -190,12 +190,13 @@ impl ProxyAdmin for FakeAdmin {
     }
 }
 
+/// The filter's counts with `outbound_active` outbound connections open and none other.
 fn counts(outbound_active: u64) -> FilterCounts {
     let dir = |active| DirectionCounts {
         cx_active: Some(active),
     };
     FilterCounts {
-        inbound: dir(1),
+        inbound: dir(0),
         outbound: dir(outbound_active),
         unknown: dir(0),
     }
@@ -375,8 +376,10 @@ async fn a_drain_tells_its_steps_in_order() {
     while let Ok(step) = steps.try_recv() {
         told.push(step);
     }
+    let quitting = told.pop();
+    told.push(quitting.clone().expect("told the quit"));
     assert_eq!(
-        told,
+        told[..told.len() - 1],
         vec![
             DrainStep::InboundDrained {
                 drained: true,
@@ -388,8 +391,15 @@ async fn a_drain_tells_its_steps_in_order() {
                 exit_code: None,
             },
             DrainStep::AppGone,
-            DrainStep::Quitting(QuitReason::Idle(IdleReason::NoOutboundConnections)),
         ]
+    );
+    // No byte moved for the idle window (Envoy keeps its byte counters here).
+    assert!(
+        matches!(
+            quitting,
+            Some(DrainStep::Quitting(QuitReason::Idle(IdleReason::NoBytesMoved { .. })))
+        ),
+        "{told:?}"
     );
 }
 
@@ -460,9 +470,13 @@ async fn quits_as_soon_as_the_app_exits() {
     assert!(report.inbound_drained);
     assert_eq!(report.envoy_version.as_deref(), Some("1.40.0"));
     assert_eq!(report.advice, None);
-    assert_eq!(
-        report.quit_reason,
-        Some(QuitReason::Idle(IdleReason::NoOutboundConnections))
+    // Nothing moved in the 150 ms before the exit: idle at once.
+    assert!(
+        matches!(
+            report.quit_reason,
+            Some(QuitReason::Idle(IdleReason::NoBytesMoved { .. }))
+        ),
+        "{report:?}"
     );
     assert_eq!(report.app_processes_seen, 1);
     assert_eq!(report.app_processes_left, 0);
@@ -500,7 +514,14 @@ async fn a_forked_helper_keeps_the_app_alive() {
     })
     .await;
     assert_eq!(report.outcome, DrainOutcome::AppDone);
-    assert_eq!(report.quit_reason, Some(QuitReason::NoFilter));
+    // No filter: Envoy's byte counters alone said nothing moved.
+    assert!(
+        matches!(
+            report.quit_reason,
+            Some(QuitReason::Idle(IdleReason::NoBytesMoved { .. }))
+        ),
+        "{report:?}"
+    );
     assert_eq!(report.app_processes_seen, 3);
 }
 
@@ -563,7 +584,7 @@ async fn drain_without_byte_counters(close_after: Duration) -> DrainReport {
     assert_eq!(report.outcome, DrainOutcome::AppDone);
     assert_eq!(
         report.quit_reason,
-        Some(QuitReason::Idle(IdleReason::NoOutboundConnections))
+        Some(QuitReason::Idle(IdleReason::NoConnections))
     );
     assert_eq!(report.last_traffic_bytes, None);
     report
@@ -753,7 +774,12 @@ async fn app_that_exited_before_the_first_scan_counts_as_gone() {
     )
     .await;
     assert_eq!(report.outcome, DrainOutcome::AppDone);
-    assert!(admin.quit_at().expect("quit").duration_since(t) < Duration::from_millis(50));
+    // No sample before: one idle window of unchanged bytes first.
+    let settings = fast_settings();
+    assert!(
+        admin.quit_at().expect("quit").duration_since(t)
+            < settings.idle_window + Duration::from_millis(50)
+    );
 }
 
 // Paused time: tokio's clock drives the deadline and the waits, so the bounds test the
@@ -813,7 +839,11 @@ async fn job_never_completes_from_procfs_before_the_status() {
         .quit_at()
         .expect("quit")
         .duration_since(killed.lock().unwrap().expect("killed"));
-    assert!(lag < Duration::from_millis(50), "exit to quit {lag:?}");
+    // The Job's in-flight wait starts with its first sample: one idle window of unchanged bytes.
+    assert!(
+        lag < settings.idle_window + Duration::from_millis(50),
+        "exit to quit {lag:?}"
+    );
 }
 
 #[tokio::test]
@@ -867,13 +897,20 @@ async fn job_waits_for_in_flight_then_quits() {
     let report = job_during(&admin, procs, rx, &settings, async {
         tokio::time::sleep(Duration::from_millis(150)).await;
         assert!(admin.quit_at().is_none(), "quit while bytes were moving");
-        admin.with(|s| s.counts = Some(counts(0)));
+        // The connection closes with the last byte; with byte counters the bytes decide.
+        admin.with(|s| {
+            s.counts = Some(counts(0));
+            s.bytes_per_sample = 0;
+        });
     })
     .await;
     assert_eq!(report.outcome, JobOutcome::Completed);
-    assert_eq!(
-        report.quit_reason,
-        Some(QuitReason::Idle(IdleReason::NoOutboundConnections))
+    assert!(
+        matches!(
+            report.quit_reason,
+            Some(QuitReason::Idle(IdleReason::NoBytesMoved { .. }))
+        ),
+        "{report:?}"
     );
 }
 
@@ -964,11 +1001,27 @@ fn settle_wait_backs_off_to_stats_every() {
 
 #[test]
 fn refusals_are_told_from_other_connect_failures() {
-    assert!(is_refusal("connect to 127.0.0.1:15000 inside network namespace NetnsId { dev: 4, ino: 1 } failed: Connection refused (os error 111)"));
-    assert!(!is_refusal(
-        "setns into network namespace NetnsId { dev: 4, ino: 1 } failed: EPERM"
-    ));
-    assert!(!is_refusal("connector task failed: task panicked"));
+    use crate::effects::envoy_admin::Error;
+    let addr = "127.0.0.1:15000".parse().expect("addr");
+    let refused = Error::Connect {
+        addr,
+        reason: "Connection refused (os error 111)".into(),
+        refused: true,
+    };
+    assert!(AdminFailure::from(refused).refused);
+    // Entering the netns failed, or the connector panicked: nothing said about Envoy, whatever
+    // the text says.
+    for reason in [
+        "setns into network namespace NetnsId { dev: 4, ino: 1 } failed: EPERM",
+        "connector task failed: task panicked (Connection refused)",
+    ] {
+        let other = Error::Connect {
+            addr,
+            reason: reason.into(),
+            refused: false,
+        };
+        assert!(!AdminFailure::from(other).refused, "{reason}");
+    }
 }
 
 #[test]
