@@ -394,9 +394,15 @@ fn an_agent_started_during_a_deletion_adopts_the_drain() {
             Seen::Ready,
             &["remove-leftover", "phase:draining", "drain"][..],
         ),
-        // Envoy never came up, or never got its listeners: nothing to drain.
+        // Envoy's admin answers but its inbound listener is closed: Envoy's --drain-time-s
+        // has passed in a drain begun before this agent started (issue 28) — adopt it, so
+        // Envoy ends with the app, not when pilot-agent's drain runs out. (Before the fix: done.)
+        (
+            Seen::Starting,
+            &["remove-leftover", "phase:draining", "drain"][..],
+        ),
+        // Nothing listens on Envoy's admin port: it never came up, or is gone.
         (Seen::Down, &["remove-leftover", "phase:done"][..]),
-        (Seen::Starting, &["remove-leftover", "phase:done"][..]),
     ] {
         let mut r = Run::start(deleted(pod(RestartPolicy::Always)), START);
         r.script(
@@ -418,6 +424,35 @@ fn an_agent_started_during_a_deletion_adopts_the_drain() {
     let successor = DrainPlan::new(deletion, stamp + Duration::from_secs(3));
     assert_eq!(first.deadline, successor.deadline);
     assert!(first.deadline.expect("deadline") < stamp + deletion.grace);
+}
+
+/// The driver's inputs when an agent starts 5 s into a drain, after Envoy's `--drain-time-s`
+/// (3 s) closed the inbound listener (issue 28, `tests/tests/drain_late.rs`): the pod is
+/// already deleted when first seen, its netns is found, the first readiness look sees Envoy's
+/// admin port but not 15006 (`Starting`), pod updates follow as the app's container ends, and
+/// the drain reports. The pod is drained, never marked done before the drain ended.
+#[test]
+fn a_drain_adopted_after_envoys_drain_time_replays_to_its_end() {
+    let p = deleted(pod(RestartPolicy::Always));
+    let mut r = Run::start(p.clone(), START);
+    r.script(
+        "agent restarted late in a drain",
+        vec![
+            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (
+                Input::Readiness(Seen::Starting),
+                &["remove-leftover", "phase:draining", "drain"],
+            ),
+            // The kubelet's status updates during the drain go to the executor, not here.
+            (Input::Pod(Some(p.clone())), &[]),
+            (Input::QuitStarted, &["phase:quitting"]),
+            (
+                Input::DrainFinished(drain_report(DrainOutcome::AppDone)),
+                &["rec:drain-app-done", "phase:done"],
+            ),
+            (Input::Pod(None), &["phase:done", "exit"]),
+        ],
+    );
 }
 
 #[test]
