@@ -1448,9 +1448,7 @@ fn mesh_config_keeps_envoy_for_the_whole_grace_period() {
             );
             let sample = DrainSample::from_stats("wasmcustom.holdfast", [(stat, 1u64)]);
             assert!(
-                sample.traffic.exposed
-                    || sample.traffic.total == 1
-                    || sample.traffic.buffered == 1,
+                sample.traffic.exposed || sample.traffic.total == 1 || sample.traffic.buffered == 1,
                 "the agent reads {stat}"
             );
         }

@@ -423,7 +423,10 @@ mod tests {
                 JobNext::Quit(QuitReason::Idle(IdleReason::NoConnections)),
             ),
             // Nothing can be seen: wait for the bounded wait's end, as for busy.
-            (seen(false, Some(InFlight::Unseen), false, false), JobNext::Wait),
+            (
+                seen(false, Some(InFlight::Unseen), false, false),
+                JobNext::Wait,
+            ),
             (
                 seen(false, Some(InFlight::Unseen), false, true),
                 JobNext::Quit(QuitReason::OutOfTime),

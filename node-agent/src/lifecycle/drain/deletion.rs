@@ -188,7 +188,15 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
         match decide::drain_next(seen) {
             decide::DrainNext::Wait => {}
             decide::DrainNext::End(end) => {
-                return d.end(report, end, &snapshot, app_gone, remaining, deletion.grace, &app);
+                return d.end(
+                    report,
+                    end,
+                    &snapshot,
+                    app_gone,
+                    remaining,
+                    deletion.grace,
+                    &app,
+                );
             }
             decide::DrainNext::DeadlineQuit => {
                 return d
@@ -369,8 +377,10 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
             }
             _ => {}
         }
-        if matches!(end.outcome, DrainOutcome::AppDone | DrainOutcome::KubeletOrdered)
-            && self.envoy_gone()
+        if matches!(
+            end.outcome,
+            DrainOutcome::AppDone | DrainOutcome::KubeletOrdered
+        ) && self.envoy_gone()
         {
             tracing::info!("the proxy has already exited");
         }

@@ -362,7 +362,12 @@ mod tests {
 
     /// A sample with the filter present, `inbound_active` and `outbound_active` connections
     /// open, `bytes` moved in all and `buffered` held, Envoy keeping its byte counters.
-    fn sample_io(inbound_active: u64, outbound_active: u64, bytes: u64, buffered: u64) -> DrainSample {
+    fn sample_io(
+        inbound_active: u64,
+        outbound_active: u64,
+        bytes: u64,
+        buffered: u64,
+    ) -> DrainSample {
         DrainSample {
             filter: Some(FilterCounts {
                 inbound: DirectionCounts {
@@ -490,7 +495,10 @@ mod tests {
             "http.inbound_0.0.0.0_8080.downstream_cx_rx_bytes_buffered",
             7,
         ),
-        ("tcp.InboundPassthroughCluster.downstream_cx_tx_bytes_buffered", 65_536),
+        (
+            "tcp.InboundPassthroughCluster.downstream_cx_tx_bytes_buffered",
+            65_536,
+        ),
         ("http.admin.downstream_cx_tx_bytes_buffered", 900),
         // Not byte counters, or not downstream ones: ignored.
         ("cluster.PassthroughCluster.upstream_cx_rx_bytes_total", 7),
@@ -535,8 +543,14 @@ mod tests {
             ("wasmcustom.holdfast.inbound.cx_active", true),
             ("wasmcustom.holdfast.workers_ready", true),
             ("wasmcustom.holdfast.inbound.cx_total", false),
-            ("http.inbound_0.0.0.0_8080.downstream_cx_tx_bytes_total", true),
-            ("tcp.InboundPassthroughCluster.downstream_cx_tx_bytes_buffered", true),
+            (
+                "http.inbound_0.0.0.0_8080.downstream_cx_tx_bytes_total",
+                true,
+            ),
+            (
+                "tcp.InboundPassthroughCluster.downstream_cx_tx_bytes_buffered",
+                true,
+            ),
             ("http.admin.downstream_cx_rx_bytes_total", true),
             ("cluster.x.upstream_cx_rx_bytes_total", false),
             ("server.state", false),
@@ -779,10 +793,7 @@ mod tests {
             InFlight::Idle(IdleReason::NoBytesMoved { .. })
         ));
         // An underflowed buffered gauge is garbage, not bytes held.
-        let t2 = TrafficBytes::from_stats([(
-            "tcp.x.downstream_cx_tx_bytes_buffered",
-            u64::MAX,
-        )]);
+        let t2 = TrafficBytes::from_stats([("tcp.x.downstream_cx_tx_bytes_buffered", u64::MAX)]);
         assert_eq!(t2.buffered, 0);
     }
 

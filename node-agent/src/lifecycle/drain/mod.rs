@@ -42,8 +42,8 @@ pub use app_exit::{
 };
 pub use deletion::drain;
 pub use in_flight::{
-    DrainSample, InFlight, InFlightJudge, TrafficBytes, DEFAULT_STAT_PREFIX, UNEXPOSED_BYTES_ADVICE,
-    UNSEEN_ADVICE,
+    DrainSample, InFlight, InFlightJudge, TrafficBytes, DEFAULT_STAT_PREFIX,
+    UNEXPOSED_BYTES_ADVICE, UNSEEN_ADVICE,
 };
 pub use job::finish_job;
 pub use plan::DrainPlan;

@@ -397,7 +397,9 @@ async fn a_drain_tells_its_steps_in_order() {
     assert!(
         matches!(
             quitting,
-            Some(DrainStep::Quitting(QuitReason::Idle(IdleReason::NoBytesMoved { .. })))
+            Some(DrainStep::Quitting(QuitReason::Idle(
+                IdleReason::NoBytesMoved { .. }
+            )))
         ),
         "{told:?}"
     );
