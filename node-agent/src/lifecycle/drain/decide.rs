@@ -197,6 +197,22 @@ pub fn job_finished(view: &PodView, snapshot: &AppSnapshot) -> Option<FinishedBy
     }
 }
 
+/// Longest pause between two samples while the app still runs.
+pub const SAMPLE_EVERY_MAX: Duration = Duration::from_secs(1);
+
+/// The pause between two samples while the app still runs, `running_for` into the drain:
+/// `stats_every` for the first 10 s, then doubling every 10 s up to [`SAMPLE_EVERY_MAX`], so a
+/// drain that lasts the whole of a long grace period asks Envoy a few times less often. These
+/// samples only give the judge its history; the app's exit is seen at once (pidfd), and from
+/// then on samples come every `settle_poll` ([`settle_wait`]), so the back-off never lets Envoy
+/// outlive the app by more than the idle window and a few polls.
+pub fn sample_every(settings: &DrainSettings, running_for: Duration) -> Duration {
+    let doublings = (running_for.as_secs() / 10).min(8) as u32;
+    let base = settings.stats_every;
+    base.saturating_mul(1 << doublings)
+        .min(SAMPLE_EVERY_MAX.max(base))
+}
+
 /// The pause before the `samples`-th sample while waiting for in-flight traffic to settle:
 /// `settle_poll` for the first ten (the usual case settles within milliseconds), then doubling
 /// every ten samples up to `stats_every`, so a long wait does not poll Envoy every 5 ms.
@@ -446,6 +462,27 @@ mod tests {
         ] {
             assert_eq!(job_next(s), want, "{s:?}");
         }
+    }
+
+    #[test]
+    fn samples_back_off_while_the_app_runs_but_stay_bounded() {
+        let s = DrainSettings::default();
+        let at = |secs| sample_every(&s, Duration::from_secs(secs));
+        assert_eq!(at(0), s.stats_every);
+        assert_eq!(at(9), s.stats_every);
+        assert_eq!(at(10), s.stats_every * 2);
+        assert_eq!(at(25), s.stats_every * 4);
+        assert_eq!(at(3600), SAMPLE_EVERY_MAX.max(s.stats_every));
+        assert_eq!(at(u64::MAX / 2), SAMPLE_EVERY_MAX.max(s.stats_every));
+        // A setting above the bound is kept, never shortened.
+        let slow = DrainSettings {
+            stats_every: Duration::from_secs(3),
+            ..DrainSettings::default()
+        };
+        assert_eq!(
+            sample_every(&slow, Duration::from_secs(100)),
+            Duration::from_secs(3)
+        );
     }
 
     /// The drain and the Job share the rule for "the app is done: may the proxy go?".

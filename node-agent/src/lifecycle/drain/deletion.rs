@@ -14,7 +14,7 @@ use super::app_exit::{AppContainer, AppTracker, PodProcessSource};
 use super::in_flight::{InFlight, InFlightJudge, UnexposedBytes};
 use super::plan::{self, DrainPlan};
 use super::{decide, envoy_version, DrainCtx, DrainOutcome, DrainReport, DrainStep, QuitReason};
-use crate::pod::{Deletion, SidecarMode, DEFAULT_GRACE};
+use crate::pod::{Deletion, PodView, SidecarMode, DEFAULT_GRACE};
 
 /// Drains a pod being deleted: see the module docs. Call once the pod has a
 /// `deletionTimestamp`; returns when the proxy was quit (or is gone), the pod is gone, or the
@@ -131,7 +131,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
         // Sample the counts: regularly while the app runs (idle history), every settle_poll
         // once it is gone; not once the deadline has passed (the quit is due now).
         if !deadline_passed && (gone || now >= next_stats) {
-            next_stats = now + settings.stats_every;
+            next_stats = now + decide::sample_every(settings, now.duration_since(t0));
             match d.sample().await {
                 Ok(sample) => {
                     report.filter_present = Some(sample.filter.is_some());
@@ -188,15 +188,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
         match decide::drain_next(seen) {
             decide::DrainNext::Wait => {}
             decide::DrainNext::End(end) => {
-                return d.end(
-                    report,
-                    end,
-                    &snapshot,
-                    app_gone,
-                    remaining,
-                    deletion.grace,
-                    &app,
-                );
+                return d.end(report, end, &snapshot, app_gone, remaining, &current, &app);
             }
             decide::DrainNext::DeadlineQuit => {
                 return d
@@ -254,7 +246,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                         let decide::DrainNext::End(end) = next else {
                             unreachable!("decide::drain_next ends every drain whose pod is removed")
                         };
-                        return d.end(report, end, &snapshot, app_gone, remaining, deletion.grace, &app);
+                        return d.end(report, end, &snapshot, app_gone, remaining, &current, &app);
                     }
                 }
                 true
@@ -324,7 +316,7 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
         snapshot: &super::app_exit::AppSnapshot,
         app_gone: Option<Instant>,
         remaining: Duration,
-        grace: Duration,
+        view: &PodView,
         app: &AppTracker<S>,
     ) -> DrainReport {
         let mut report = self.app_gone(report, app_gone);
@@ -356,14 +348,13 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
                 add_advice(&mut report, advice);
             }
             DrainOutcome::ProxyGoneEarly => {
+                // What to change depends on how pilot-agent ends Envoy for this pod
+                // (`EXIT_ON_ZERO_ACTIVE_CONNECTIONS` or not): the pod's own advice.
                 let advice = format!(
-                    "Envoy exited while {} app process(es) of the pod still ran: the mesh's drain \
-                     duration is shorter than the app's shutdown. Set terminationDrainDuration \
-                     (meshConfig.defaultConfig.terminationDrainDuration, or the \
-                     proxy.istio.io/config annotation) to the pod's grace period ({}s) so holdfast \
-                     can end the proxy when the app is done.",
+                    "{} ({} app process(es) still ran; the pod's grace period is {}s)",
+                    crate::pod::drain_advice(view),
                     snapshot.live,
-                    grace.as_secs()
+                    view.deletion.map_or(0, |d| d.grace.as_secs()),
                 );
                 tracing::warn!("{advice}");
                 add_advice(&mut report, advice);

@@ -674,6 +674,32 @@ async fn proxy_gone_before_the_app_is_reported_with_advice() {
     assert!(admin.quit_at().is_none());
 }
 
+/// A pod whose proxy sets `EXIT_ON_ZERO_ACTIVE_CONNECTIONS` gets the advice that helps it
+/// (remove that setting: with it pilot-agent ignores terminationDrainDuration), not the one
+/// that cannot (raise terminationDrainDuration). Issue 28: `pod.rs::drain_advice` had no
+/// caller.
+#[tokio::test]
+async fn proxy_gone_early_with_exit_on_zero_gets_its_own_advice() {
+    let pod = Pod::new();
+    let admin = FakeAdmin::new(Some(counts(0)));
+    let view = PodView {
+        exit_on_zero: true,
+        ..deleted_running_app()
+    };
+    let (_tx, rx) = watch::channel(Some(view));
+    let report = drain_during(&admin, pod.procs.clone(), rx, &fast_settings(), async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        admin.with(|s| s.gone = true);
+    })
+    .await;
+    assert_eq!(report.outcome, DrainOutcome::ProxyGoneEarly);
+    let advice = report.advice.expect("advice");
+    assert!(
+        advice.contains("EXIT_ON_ZERO_ACTIVE_CONNECTIONS") && advice.contains("Remove"),
+        "{advice}"
+    );
+}
+
 #[tokio::test]
 async fn app_already_gone_and_proxy_already_gone_is_app_done() {
     let procs = FakeProcs::default();
