@@ -43,9 +43,9 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
             }
         }
     };
-    let plan = DrainPlan::new(deletion, started_at);
-    let remaining = plan.remaining(started_at);
-    let deadline = t0 + remaining;
+    let mut plan = DrainPlan::new(deletion, started_at);
+    let mut remaining = plan.remaining(started_at);
+    let mut deadline = t0 + remaining;
     let mut d = Drainer::new(admin, settings, steps, t0, started_at);
     let mut report = DrainReport {
         deadline_at: plan.deadline,
@@ -237,7 +237,22 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
             }
             changed = view.changed() => {
                 match (changed, view.borrow_and_update().clone()) {
-                    (Ok(()), Some(v)) => current = v,
+                    (Ok(()), Some(v)) => {
+                        // A shortened grace period moves the kill, and so the deadline, earlier.
+                        let now = SystemTime::now();
+                        if let Some(next) = v.deletion.and_then(|d| plan.shortened(d, now)) {
+                            plan = next;
+                            remaining = plan.remaining(now);
+                            deadline = Instant::now() + remaining;
+                            report.deadline_at = plan.deadline;
+                            report.deadline_meaning = plan.meaning;
+                            tracing::info!(
+                                remaining_ms = remaining.as_millis() as u64,
+                                "the pod's grace period was shortened: the drain's deadline follows"
+                            );
+                        }
+                        current = v;
+                    }
                     _ => {
                         let next = decide::drain_next(decide::DrainSeen {
                             pod_removed: true,

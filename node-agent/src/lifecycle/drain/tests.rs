@@ -611,6 +611,39 @@ async fn without_byte_counters_a_connection_closing_at_once_gives_no_advice() {
     assert_eq!(report.advice, None);
 }
 
+/// `kubectl delete --grace-period=1` after a 30 s deletion: the pod update shortens the grace
+/// period, and the drain's deadline follows it (issue 28), instead of quitting 29 s after the
+/// kubelet's SIGKILL would have.
+#[tokio::test(start_paused = true)]
+async fn a_shortened_grace_period_is_followed() {
+    let pod = Pod::new();
+    let admin = FakeAdmin::new(Some(counts(1)));
+    let first = view(
+        RestartPolicy::Always,
+        ContainerState::Running,
+        Some(Duration::from_secs(30)),
+    );
+    let mut shorter = first.clone();
+    if let Some(d) = shorter.deletion.as_mut() {
+        d.grace = Duration::from_secs(1);
+    }
+    let (tx, rx) = watch::channel(Some(first));
+    let settings = fast_settings();
+    let t = Instant::now();
+    let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        tx.send_replace(Some(shorter));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    })
+    .await;
+    assert_eq!(report.outcome, DrainOutcome::Deadline, "{report:?}");
+    let quit_after = admin.quit_at().expect("quit").duration_since(t);
+    assert!(
+        quit_after < Duration::from_millis(1500),
+        "quit after {quit_after:?}"
+    );
+}
+
 // Paused time: tokio's clock drives the deadline and the waits, so the bounds test the
 // logic, not the load of a shared machine.
 #[tokio::test(start_paused = true)]
