@@ -166,7 +166,7 @@ fn holding(p: PodFacts) -> Run {
             (
                 Input::HoldSetUp {
                     adopted: false,
-                    late: false,
+                    app_running: false,
                 },
                 &[
                     "rec:hold-started(adopted=false,late=false)",
@@ -267,7 +267,7 @@ fn a_pod_over_a_bound_is_failed_open_and_left_alone() {
             (
                 Input::HoldSetUp {
                     adopted: false,
-                    late: false,
+                    app_running: false,
                 },
                 &[
                     "rec:hold-started(adopted=false,late=false)",
@@ -726,7 +726,7 @@ fn held_packets_pass_while_init_containers_run() {
             (
                 Input::HoldSetUp {
                     adopted: false,
-                    late: true,
+                    app_running: true,
                 },
                 &[
                     "rec:hold-started(adopted=false,late=true)",
@@ -817,10 +817,12 @@ fn a_proxy_exit_while_ready_holds_again_until_the_new_envoy_is_ready() {
             (
                 Input::HoldSetUp {
                     adopted: false,
-                    late: true,
+                    app_running: true,
                 },
+                // A re-hold: the app runs by design, the hold is not late (the driver used to
+                // decide this; the row fed it `late: true`, which the driver never sent).
                 &[
-                    "rec:hold-started(adopted=false,late=true)",
+                    "rec:hold-started(adopted=false,late=false)",
                     "phase:holding",
                     "timer:HoldDeadline",
                     "check",
@@ -1027,10 +1029,11 @@ fn a_native_pod_is_not_held_at_start_but_across_a_proxy_restart() {
                 Input::Readiness(Seen::Down),
                 &["install(fresh=false,rehold)"],
             ),
+            // The app runs, as it does by design after the proxy's exit: a re-hold, not late.
             (
                 Input::HoldSetUp {
                     adopted: false,
-                    late: false,
+                    app_running: true,
                 },
                 &[
                     "rec:hold-started(adopted=false,late=false)",
@@ -1199,7 +1202,7 @@ fn timeline_steps_follow_the_pods_life() {
         Input::Readiness(Seen::Down),
         Input::HoldSetUp {
             adopted: false,
-            late: false,
+            app_running: false,
         },
         Input::Pod(Some(pod(RestartPolicy::Always))),
         Input::Readiness(Seen::Starting),

@@ -117,7 +117,7 @@ impl Harness {
             Input::Readiness(Seen::Down),
             Input::HoldSetUp {
                 adopted: false,
-                late: false,
+                app_running: false,
             },
         ])
     }
@@ -240,7 +240,7 @@ fn a_late_hold_is_on_the_row() {
         Input::Readiness(Seen::Down),
         Input::HoldSetUp {
             adopted: false,
-            late: true,
+            app_running: true,
         },
     ]);
     let row = h.row();

@@ -12,7 +12,17 @@ pub(super) fn step(
 ) -> Stage {
     match (stage, input) {
         // --- the hold ----------------------------------------------------------------------
-        (Stage::SettingUpHold { netns }, Input::HoldSetUp { adopted, late }) => {
+        (
+            Stage::SettingUpHold { netns, rehold },
+            Input::HoldSetUp {
+                adopted,
+                app_running,
+            },
+        ) => {
+            // Late: a fresh hold (not adopted, not after the proxy's exit, where the app runs
+            // by design) that went in after the app had started: its first connections may
+            // have gone before the hold.
+            let late = !adopted && !rehold && app_running;
             let timeout = s.pod.as_ref().map_or(Duration::ZERO, |p| p.hold_timeout);
             fx.push(Effect::Record(Outcome::HoldStarted { adopted, late }));
             fx.push(Effect::SetPhase(Phase::Holding));
@@ -44,7 +54,7 @@ pub(super) fn step(
                 }
             }
         }
-        (Stage::SettingUpHold { netns }, Input::HoldFailed(why)) => {
+        (Stage::SettingUpHold { netns, .. }, Input::HoldFailed(why)) => {
             fail_open(s, fx, netns, format!("startup hold failed: {why}"))
         }
         (st @ Stage::SettingUpHold { .. }, _) => st,

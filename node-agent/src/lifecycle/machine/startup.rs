@@ -149,7 +149,7 @@ pub(super) fn step(
                 }
                 (_, Some(_)) => {
                     fx.push(Effect::InstallHold { fresh, rehold });
-                    Stage::SettingUpHold { netns }
+                    Stage::SettingUpHold { netns, rehold }
                 }
             }
         }
