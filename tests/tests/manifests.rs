@@ -1440,7 +1440,7 @@ fn mesh_config_keeps_envoy_for_the_whole_grace_period() {
             "tcp.outbound|9080||reviews.default.svc.cluster.local.downstream_cx_rx_bytes_total",
             "tcp.PassthroughCluster.downstream_cx_tx_bytes_total",
             "tcp.InboundPassthroughCluster.downstream_cx_tx_bytes_buffered",
-            "http.inbound_0.0.0.0_8080.downstream_cx_rx_bytes_buffered",
+            "http.inbound_0.0.0.0_8080.downstream_cx_tx_bytes_buffered",
         ] {
             assert!(
                 suffixes.iter().any(|x| stat.ends_with(x)),

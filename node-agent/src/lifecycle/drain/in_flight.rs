@@ -5,8 +5,8 @@
 //! (connections open now) as `wasmcustom.holdfast.<dir>.cx_active`. Envoy counts, for every
 //! `http_connection_manager` and `tcp_proxy`, the bytes it wrote to and read from downstream
 //! connections (`http.<stat_prefix>.downstream_cx_{rx,tx}_bytes_total`, `tcp.<stat_prefix>.…`,
-//! counted as they reach the socket) and the bytes it holds to write or still to process
-//! (`…downstream_cx_{tx,rx}_bytes_buffered`, gauges): envoyproxy/envoy
+//! counted as they reach the socket) and the bytes it holds to write
+//! (`…downstream_cx_tx_bytes_buffered`, a gauge): envoyproxy/envoy
 //! `docs/root/configuration/http/http_conn_man/stats.rst` and
 //! `docs/root/configuration/listeners/network_filters/tcp_proxy_filter.rst`. Nothing is in
 //! flight when
@@ -85,10 +85,12 @@ const BYTE_COUNTERS: [&str; 2] = [
     ".downstream_cx_tx_bytes_total",
 ];
 
-const BUFFERED_GAUGES: [&str; 2] = [
-    ".downstream_cx_rx_bytes_buffered",
-    ".downstream_cx_tx_bytes_buffered",
-];
+/// Only the write side: Envoy updates `…_tx_bytes_buffered` after every write, so it reads 0
+/// once a connection's output is flushed. `…_rx_bytes_buffered` is updated only when bytes are
+/// read, not when a filter drains them, and stays above 0 on an idle connection (seen on Envoy
+/// 1.40: 64 on an idle `tcp_proxy` connection, 328 on the admin's keep-alive), so it cannot say
+/// "nothing held".
+const BUFFERED_GAUGES: [&str; 1] = [".downstream_cx_tx_bytes_buffered"];
 
 /// The filter's stats a drain sample reads (the rest of its stats are not asked for).
 const FILTER_STATS: [&str; 5] = [
@@ -105,7 +107,7 @@ const FILTER_STATS: [&str; 5] = [
 /// routes lists only those that carried traffic.
 pub fn sample_regex(prefix: &str) -> String {
     format!(
-        "^(?:{}\\.(?:(?:inbound|outbound|unknown)\\.cx_active|loaded|workers_ready)|(?:http|tcp)\\..+\\.downstream_cx_(?:rx|tx)_bytes_(?:total|buffered))$",
+        "^(?:{}\\.(?:(?:inbound|outbound|unknown)\\.cx_active|loaded|workers_ready)|(?:http|tcp)\\..+\\.downstream_cx_(?:(?:rx|tx)_bytes_total|tx_bytes_buffered))$",
         regex_escape(prefix)
     )
 }
@@ -129,8 +131,8 @@ pub fn sample_keeps(prefix: &str, name: &str) -> bool {
 pub struct TrafficBytes {
     pub total: u64,
     pub counters: u32,
-    /// Bytes Envoy holds for the pod's traffic listeners' downstream connections, to write or
-    /// still to process (the `_buffered` gauges; 0 when Envoy does not keep them).
+    /// Bytes Envoy holds to write to the pod's traffic listeners' downstream connections (the
+    /// `downstream_cx_tx_bytes_buffered` gauges; 0 when Envoy does not keep them).
     pub buffered: u64,
     /// Envoy keeps these counters at all. A stats matcher can drop them, and Istio's default one
     /// does: its bootstrap includes only a few prefixes and suffixes (istio/istio
@@ -174,7 +176,7 @@ pub const UNEXPOSED_BYTES_ADVICE: &str = "a connection through the proxy is stil
      default), so an idle keep-alive cannot be told from traffic in flight: holdfast waits for \
      the connection to close, for pilot-agent's own drain or for its deadline. Add \
      inclusionSuffixes [downstream_cx_rx_bytes_total, downstream_cx_tx_bytes_total, \
-     downstream_cx_rx_bytes_buffered, downstream_cx_tx_bytes_buffered] to \
+     downstream_cx_tx_bytes_buffered] to \
      meshConfig.defaultConfig.proxyStatsMatcher (manifests/mesh-config) so holdfast can end it \
      once no byte moves.";
 
@@ -490,7 +492,7 @@ mod tests {
             4,
         ),
         ("tcp.PassthroughCluster.downstream_cx_tx_bytes_total", 5000),
-        // Buffered gauges of traffic listeners: bytes held, not moved.
+        // Bytes held to write on a traffic listener: counted; the read side is stale (ignored).
         (
             "http.inbound_0.0.0.0_8080.downstream_cx_rx_bytes_buffered",
             7,
@@ -517,7 +519,7 @@ mod tests {
             TrafficBytes {
                 total: 100 + 200 + 30 + 4 + 5000,
                 counters: 5,
-                buffered: 7 + 65_536,
+                buffered: 65_536,
                 exposed: true,
             }
         );
@@ -535,7 +537,7 @@ mod tests {
     fn sample_regex_asks_for_what_the_judge_reads_and_escapes_the_prefix() {
         assert_eq!(
             sample_regex("wasmcustom.holdfast"),
-            "^(?:wasmcustom\\.holdfast\\.(?:(?:inbound|outbound|unknown)\\.cx_active|loaded|workers_ready)|(?:http|tcp)\\..+\\.downstream_cx_(?:rx|tx)_bytes_(?:total|buffered))$"
+            "^(?:wasmcustom\\.holdfast\\.(?:(?:inbound|outbound|unknown)\\.cx_active|loaded|workers_ready)|(?:http|tcp)\\..+\\.downstream_cx_(?:(?:rx|tx)_bytes_total|tx_bytes_buffered))$"
         );
         assert!(sample_regex("wasmcustom.a+b").starts_with("^(?:wasmcustom\\.a\\+b\\.(?:"));
         // What is kept of an answer is what was asked for.
@@ -550,6 +552,10 @@ mod tests {
             (
                 "tcp.InboundPassthroughCluster.downstream_cx_tx_bytes_buffered",
                 true,
+            ),
+            (
+                "tcp.InboundPassthroughCluster.downstream_cx_rx_bytes_buffered",
+                false,
             ),
             ("http.admin.downstream_cx_rx_bytes_total", true),
             ("cluster.x.upstream_cx_rx_bytes_total", false),
