@@ -91,6 +91,8 @@ struct AdminState {
     /// Bytes added to Envoy's byte counters on every `/stats` (traffic moving).
     bytes_per_sample: u64,
     traffic_bytes: u64,
+    /// When a sample last saw the bytes move.
+    last_moved_at: Option<Instant>,
     /// Envoy keeps no byte counters (a stats matcher drops them).
     bytes_unexposed: bool,
     stats_calls: u32,
@@ -162,6 +164,9 @@ impl ProxyAdmin for FakeAdmin {
                 });
             }
             s.traffic_bytes += s.bytes_per_sample;
+            if s.bytes_per_sample > 0 {
+                s.last_moved_at = Some(Instant::now());
+            }
             Ok(DrainSample {
                 filter: s.counts,
                 traffic: TrafficBytes {
@@ -554,12 +559,16 @@ async fn idle_keepalives_do_not_hold_the_drain_but_moving_bytes_do() {
         ),
         "{report:?}"
     );
+    // The window runs from the last sample that saw bytes move (a sample interval at most
+    // before the test stopped them), and the quit follows its end within a few polls.
     let stopped = stopped_moving.lock().unwrap().expect("set");
-    let after = admin.quit_at().expect("quit").duration_since(stopped);
+    let quit = admin.quit_at().expect("quit");
+    let last_moved = admin.with(|s| s.last_moved_at).expect("bytes moved");
+    let idle = quit.duration_since(last_moved);
+    let after = quit.duration_since(stopped);
     assert!(
-        after >= settings.idle_window - Duration::from_millis(10)
-            && after < settings.idle_window + Duration::from_millis(60),
-        "quit {after:?} after bytes stopped (window {:?})",
+        idle >= settings.idle_window && after < settings.idle_window + Duration::from_millis(60),
+        "quit {idle:?} after the last bytes seen moving, {after:?} after they stopped (window {:?})",
         settings.idle_window
     );
 }
