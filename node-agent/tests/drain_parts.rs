@@ -1310,8 +1310,12 @@ async fn job_completes_against_real_envoy() -> Result<()> {
         "{report:?}"
     );
     // Target: the pod completes within 1 s of the app's exit; the proxy's part is this lag.
+    // The Job's in-flight wait starts at the app's end with no sample before it, so the bytes
+    // must stand still for one idle window (100 ms) first (issue 28: "no outbound connection"
+    // alone could cut a response still going out): 170–180 ms measured on an idle machine,
+    // the bound keeps the 150 ms of slack it had over the earlier ~0–70 ms.
     ensure!(
-        lag < Duration::from_millis(250),
+        lag < Duration::from_millis(350),
         "app exit → Envoy exit took {lag:?}"
     );
     Ok(())
