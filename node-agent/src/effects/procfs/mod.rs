@@ -35,9 +35,14 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// with the app still running. Told by procfs itself: its `self` link names the reading
 /// process's pid *in the namespace the procfs belongs to* (fs/proc/self.c `proc_self_get_link`,
 /// `task_tgid_nr_ns` with the mount's namespace), so it equals the agent's own pid only in the
-/// agent's namespace, and does not resolve at all where the agent is not visible.
+/// agent's namespace, and does not resolve at all where the agent is not visible. A directory
+/// without a `self` entry is no procfs (a test's fixture tree): nothing to check.
 pub fn check_proc_root(proc_root: &std::path::Path) -> std::result::Result<(), String> {
-    let link = std::fs::read_link(proc_root.join("self"))
+    let entry = proc_root.join("self");
+    if std::fs::symlink_metadata(&entry).is_err() {
+        return Ok(());
+    }
+    let link = std::fs::read_link(&entry)
         .map(|t| t.to_string_lossy().into_owned())
         .map_err(|e| e.to_string());
     proc_root_is_ours(proc_root, link, std::process::id())
@@ -87,8 +92,14 @@ mod proc_root_tests {
             assert!(e.starts_with("--proc-root /host/proc"), "{e}");
             assert!(e.contains("hostPID: true"), "{e}");
         }
-        // Not a procfs at all.
-        let dir = std::env::temp_dir();
-        assert!(check_proc_root(&dir).is_err());
+        // No procfs at all (a fixture tree without `self`): not checked.
+        let dir = std::env::temp_dir().join(format!("hf-procroot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        assert_eq!(check_proc_root(&dir), Ok(()));
+        // A `self` that names another pid (what a procfs of a parent pid namespace shows).
+        std::os::unix::fs::symlink("1", dir.join("self")).expect("symlink");
+        let e = check_proc_root(&dir).expect_err("refused");
+        assert!(e.contains("another pid namespace"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
