@@ -208,6 +208,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 impl AgentArgs {
     fn into_config(self) -> anyhow::Result<Config> {
         config::check_status_listen(self.status_listen).map_err(anyhow::Error::msg)?;
+        holdfast::effects::procfs::check_proc_root(&self.proc_root).map_err(anyhow::Error::msg)?;
         if self.hold_timeout > self.max_hold_timeout {
             anyhow::bail!(
                 "--hold-timeout {} is longer than --max-hold-timeout {}: raise the ceiling or lower the default",

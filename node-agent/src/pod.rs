@@ -30,7 +30,7 @@ pub mod app_end;
 mod shape;
 
 pub use app_end::{app_end, AppContainerEnd, AppEnd, AppNow, RestartPolicy};
-pub use shape::NotTracked;
+pub use shape::{NotTracked, ISTIO_INIT_STEPS};
 
 /// Stable identity of a pod: its UID, plus `namespace/name` for humans.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]

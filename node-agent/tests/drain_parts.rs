@@ -500,6 +500,7 @@ impl StatsMatcher {
                 serde_json::json!({ "prefix": "wasmcustom.holdfast." }),
                 serde_json::json!({ "suffix": "downstream_cx_rx_bytes_total" }),
                 serde_json::json!({ "suffix": "downstream_cx_tx_bytes_total" }),
+                serde_json::json!({ "suffix": "downstream_cx_tx_bytes_buffered" }),
             ],
         };
         let path =
@@ -918,21 +919,22 @@ async fn drain_against_real_envoy() -> Result<()> {
         "filter_present {:?}, filter configured {filter}",
         report.filter_present
     );
-    if filter {
-        ensure!(
-            matches!(
-                report.quit_reason,
-                Some(QuitReason::Idle(IdleReason::NoOutboundConnections))
-            ),
-            "quit reason {:?}",
-            report.quit_reason
-        );
-    } else {
-        ensure!(report.quit_reason == Some(QuitReason::NoFilter));
-    }
+    // Envoy keeps every stat here, its byte counters too: with or without the filter, the
+    // bytes decide (issue 28: no outbound connection is not enough, a response may still be
+    // going out inbound).
+    ensure!(
+        matches!(
+            report.quit_reason,
+            Some(QuitReason::Idle(IdleReason::NoBytesMoved { .. }))
+        ),
+        "quit reason {:?}",
+        report.quit_reason
+    );
     ensure!(report.proxy_exit_seen_at.is_some());
     ensure!(report.error_count == 0, "errors: {:?}", report.errors);
-    // The goal is ≤ 50 ms at p99 (see drain_lag_figures); one run on a busy 2-core test machine
+    // The app's last round trip moved bytes just before its exit, so the quit waits one idle
+    // window (100 ms) after it: the goal is the window plus ≤ 50 ms at p99 (see
+    // drain_lag_figures); one run on a busy 2-core test machine
     // gets a looser bound so the test fails on real regressions (a fixed sleep, a missed exit),
     // not on scheduling noise.
     ensure!(
@@ -1207,7 +1209,7 @@ async fn without_envoys_byte_counters_the_drain_waits_for_the_connection_and_say
     ensure!(status.success(), "Envoy exited with {status}");
     ensure!(report.outcome == DrainOutcome::AppDone, "{report:?}");
     ensure!(
-        report.quit_reason == Some(QuitReason::Idle(IdleReason::NoOutboundConnections)),
+        report.quit_reason == Some(QuitReason::Idle(IdleReason::NoConnections)),
         "quit reason {:?}",
         report.quit_reason
     );
@@ -1308,8 +1310,12 @@ async fn job_completes_against_real_envoy() -> Result<()> {
         "{report:?}"
     );
     // Target: the pod completes within 1 s of the app's exit; the proxy's part is this lag.
+    // The Job's in-flight wait starts at the app's end with no sample before it, so the bytes
+    // must stand still for one idle window (100 ms) first (issue 28: "no outbound connection"
+    // alone could cut a response still going out): 170–180 ms measured on an idle machine,
+    // the bound keeps the 150 ms of slack it had over the earlier ~0–70 ms.
     ensure!(
-        lag < Duration::from_millis(250),
+        lag < Duration::from_millis(350),
         "app exit → Envoy exit took {lag:?}"
     );
     Ok(())

@@ -1130,3 +1130,245 @@ fn drain_keeps_pooled_outbound_http1_and_http2_connections() {
     });
     assert_clean(node, agent);
 }
+
+/// The size of the download of [`slow_download_through_a_drain_arrives_whole`]: ~4.19 MB, as
+/// in issue 28's run.
+const DOWNLOAD_BYTES: u64 = 4_194_304;
+/// The client's read rate (bytes per second): a slow client, as over a thin link.
+const DOWNLOAD_RATE: f64 = 1.3e6;
+
+/// What a slow download saw.
+#[derive(Debug)]
+struct Download {
+    got: u64,
+    /// When the last byte arrived (wall clock).
+    last_byte: Option<SystemTime>,
+    /// How it ended, if not by the server's close after the whole response.
+    error: Option<String>,
+}
+
+/// A client in the remote namespace downloads from the pod's served port (through its
+/// sidecar's inbound listener), reading at [`DOWNLOAD_RATE`] with a small receive buffer so
+/// the bytes it has not read wait in Envoy and the kernel, not in its own buffer. Returns once
+/// the download began (the first bytes arrived); the thread ends at the server's close or an
+/// error.
+fn start_download(node: &SimNode, pod: &str) -> std::thread::JoinHandle<Download> {
+    use socket2::{Domain, Socket, Type};
+    let ip = node.pod_ip(pod).expect("pod ip");
+    let addr = SocketAddr::from((ip, SERVE_PORT));
+    let stream = node
+        .in_remote_netns(|| -> std::io::Result<TcpStream> {
+            let s = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+            s.set_recv_buffer_size(64 * 1024)?;
+            s.connect_timeout(&addr.into(), Duration::from_secs(2))?;
+            Ok(s.into())
+        })
+        .expect("enter the remote netns")
+        .expect("connect to the pod's served port");
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    let handle = std::thread::spawn(move || {
+        use std::io::Read;
+        let mut s = stream;
+        let mut d = Download {
+            got: 0,
+            last_byte: None,
+            error: None,
+        };
+        if let Err(e) = s
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .and_then(|()| s.write_all(b"get\n"))
+        {
+            d.error = Some(format!("request: {e}"));
+            let _ = started_tx.send(());
+            return d;
+        }
+        let t0 = Instant::now();
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    d.got += n as u64;
+                    d.last_byte = Some(SystemTime::now());
+                    if d.got >= 64 * 1024 {
+                        let _ = started_tx.send(());
+                    }
+                }
+                Err(e) => {
+                    d.error = Some(format!("read after {} bytes: {e}", d.got));
+                    break;
+                }
+            }
+            // Pace: never ahead of the rate.
+            let due = Duration::from_secs_f64(d.got as f64 / DOWNLOAD_RATE);
+            if let Some(wait) = due.checked_sub(t0.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+        let _ = started_tx.send(());
+        d
+    });
+    started_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the download begins");
+    handle
+}
+
+/// Issue 28, a response still in flight: a client outside the pod downloads ~4.2 MB through
+/// the sidecar's inbound side at ~1.3 MB/s; the app, a graceful server, writes the whole
+/// response and exits at SIGTERM while Envoy still sends it. Beside it the control, without
+/// the agent (Istio's fixed 5 s drain), on the same node at the same moment.
+///
+/// Both clients get every byte, and with holdfast Envoy ends within 2 s of the last byte (the
+/// drain waits until no byte moved for its idle window). Before the fix the drain quit Envoy
+/// as soon as the app's last outbound connection was gone: the client got ~1.6 MB.
+#[test]
+fn slow_download_through_a_drain_arrives_whole() {
+    if !privileged("slow_download_through_a_drain_arrives_whole") {
+        return;
+    }
+    let mut node = node("drdl");
+    let agent = agent(&node);
+    let grace = Duration::from_secs(20);
+    let app = AppScript::ServeDownload {
+        bytes: DOWNLOAD_BYTES,
+    };
+    node.add_pod(meshed("dl", app.clone(), grace).serve(SERVE_PORT))
+        .expect("add pod");
+    // The control: Istio alone, its default 5 s drain.
+    node.add_pod(
+        pod("dlctl")
+            .app(app)
+            .grace(grace)
+            .drain(Duration::from_secs(5))
+            .serve(SERVE_PORT)
+            .holdfast_enabled(false),
+    )
+    .expect("add control pod");
+    node.start_pods().expect("start");
+    recording(&agent, |rows| {
+        for p in ["dl", "dlctl"] {
+            node.wait_proxy_live(p, Duration::from_secs(30))
+                .expect("Envoy LIVE");
+        }
+        let downloads = ["dl", "dlctl"].map(|p| start_download(&node, p));
+        let deleted = SystemTime::now();
+        node.delete_pod("dl").expect("delete");
+        node.delete_pod("dlctl").expect("delete control");
+        let [with, control] = downloads.map(|h| h.join().expect("the client thread"));
+        let view = node
+            .wait_gone("dl", Duration::from_secs(40))
+            .expect("pod terminates");
+        let control_view = node
+            .wait_gone("dlctl", Duration::from_secs(40))
+            .expect("control terminates");
+        let drain = rows.drain(&agent, "dl", Duration::from_secs(5));
+        let proxy_end = exited_ms(view.proxy()).expect("the proxy exited");
+        let last_byte = ms_since_epoch(with.last_byte.expect("bytes arrived"));
+        eprintln!(
+            "with holdfast: {with:?}, Envoy ended {:.0} ms after the last byte, {:?} after the \
+             deletion, app→proxy {:.0} ms; control: {control:?}, ended {:?} after the deletion; \
+             drain {drain:#?}",
+            proxy_end - last_byte,
+            ended_after(&view, deleted),
+            app_to_proxy_exit_ms(&view),
+            ended_after(&control_view, deleted),
+        );
+        assert_eq!(
+            (control.got, control.error.as_deref()),
+            (DOWNLOAD_BYTES, None),
+            "the control (Istio alone) delivers the whole response"
+        );
+        assert_eq!(
+            (with.got, with.error.as_deref()),
+            (DOWNLOAD_BYTES, None),
+            "the response arrives whole with holdfast: {drain:#?}"
+        );
+        assert_eq!(drain.outcome, DrainOutcome::AppDone, "{drain:#?}");
+        assert!(
+            matches!(drain.quit_reason, Some(QuitReason::Idle(_))),
+            "{drain:#?}"
+        );
+        assert!(
+            proxy_end - last_byte < 2000.0,
+            "Envoy ends within 2 s of the last byte: {:.0} ms",
+            proxy_end - last_byte
+        );
+        assert_eq!(node.report("dl").expect("report").served(), 1);
+    });
+    assert_clean(node, agent);
+}
+
+/// Issue 28, a drain adopted late: the agent is killed as a pod's drain begins and its
+/// successor starts 5 s into the drain, after Envoy's `--drain-time-s` (3 s here, 45 s in
+/// Istio) closed the inbound listener. The app calls out for 8 s after SIGTERM; every call
+/// succeeds, and Envoy ends within 500 ms of the app, not when pilot-agent's 15 s drain runs
+/// out — the control without the agent beside it. Before the fix the successor read "15006
+/// not listening" as "never came up", marked the pod done, and Envoy ran to the drain's end.
+#[test]
+fn drain_adopted_after_envoys_drain_time() {
+    if !privileged("drain_adopted_after_envoys_drain_time") {
+        return;
+    }
+    let mut node = node("drlate");
+    let mut agent = agent(&node);
+    let grace = Duration::from_secs(15);
+    let late = |name: &str| {
+        meshed(name, caller(Duration::from_secs(8)), grace).envoy_drain_time(Duration::from_secs(3))
+    };
+    node.add_pod(late("late")).expect("add pod");
+    node.add_pod(late("latectl").holdfast_enabled(false))
+        .expect("add control pod");
+    node.start_pods().expect("start");
+    wait_calling(&node, "late", 2);
+    wait_calling(&node, "latectl", 2);
+    let (t, deleted) = (Instant::now(), SystemTime::now());
+    node.delete_pod("late").expect("delete");
+    node.delete_pod("latectl").expect("delete control");
+    agent
+        .wait_pod("default", "late", Duration::from_secs(5), "draining", |r| {
+            r.phase == AgentPhase::Draining
+        })
+        .expect("the first agent drains");
+    agent.kill();
+    // Past Envoy's drain time: its inbound listener is closed.
+    std::thread::sleep(Duration::from_secs(5).saturating_sub(t.elapsed()));
+    agent.restart().expect("the successor starts");
+    recording(&agent, |rows| {
+        let view = node
+            .wait_gone("late", Duration::from_secs(30))
+            .expect("pod terminates");
+        let control = node
+            .wait_gone("latectl", Duration::from_secs(30))
+            .expect("control terminates");
+        let drain = rows.drain(&agent, "late", Duration::from_secs(5));
+        let lag = app_to_proxy_exit_ms(&view);
+        eprintln!(
+            "successor 5 s into the drain: app→proxy {lag:.0} ms, ended {:?} after the deletion; \
+             control: app→proxy {:.0} ms, ended {:?}; drain {drain:#?}",
+            ended_after(&view, deleted),
+            app_to_proxy_exit_ms(&control),
+            ended_after(&control, deleted),
+        );
+        for p in ["late", "latectl"] {
+            let calls = node.report(p).expect("report").calls(Phase::AfterSigterm);
+            assert!(calls.ok > 0, "{p}: {calls:?}");
+            assert_eq!(
+                calls.failed, 0,
+                "{p}: calls after SIGTERM failed: {calls:?}"
+            );
+        }
+        assert_eq!(drain.outcome, DrainOutcome::AppDone, "{drain:#?}");
+        assert!(drain.quit_sent_at.is_some(), "the successor quit the proxy");
+        assert!(
+            (0.0..500.0).contains(&lag),
+            "Envoy ends within 500 ms of the app: {lag:.0} ms\n{}",
+            agent.log_tail()
+        );
+        assert!(
+            app_to_proxy_exit_ms(&control) > 3000.0,
+            "the control's Envoy runs to pilot-agent's drain"
+        );
+    });
+    assert_clean(node, agent);
+}

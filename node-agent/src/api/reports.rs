@@ -55,7 +55,8 @@ impl DrainOutcome {
 pub enum QuitReason {
     /// The filter's counts said nothing is in flight.
     Idle(IdleReason),
-    /// The filter is not installed: the app's exit alone decided.
+    /// The filter was not installed and the app's exit alone decided. Produced by builds before
+    /// issue 28 (it could cut a response still being sent); kept so their reports still parse.
     NoFilter,
     /// The counts could not be read; the app's exit alone decided.
     StatsUnavailable,
@@ -200,9 +201,13 @@ pub struct FilterCounts {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case", tag = "reason")]
 pub enum IdleReason {
-    /// No outbound connection is open.
+    /// No outbound connection was open. Produced by builds before issue 28 (it could cut a
+    /// response still being sent inbound); kept so their reports still parse.
     NoOutboundConnections,
-    /// Connections may be open, but no byte moved in any direction for at least this long.
+    /// No connection is open through the proxy in any direction (the filter's counts).
+    NoConnections,
+    /// Connections may be open, but no byte moved in any direction, and none waits in Envoy's
+    /// buffers, for at least this long.
     NoBytesMoved {
         #[serde(rename = "for_ms", with = "ms")]
         idle_for: Duration,

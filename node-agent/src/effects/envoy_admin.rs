@@ -392,6 +392,19 @@ impl AdminClient {
         used_only: bool,
         keep: impl Fn(&str) -> bool,
     ) -> Result<Stats> {
+        self.stats_keeping_capped(filter, used_only, self.max_body, keep)
+            .await
+    }
+
+    /// Like [`stats_keeping`](Self::stats_keeping), with the answer capped at `cap` bytes
+    /// (never above the client's cap): more is [`Error::TooLarge`], read no further.
+    pub async fn stats_keeping_capped(
+        &self,
+        filter: Option<&str>,
+        used_only: bool,
+        cap: usize,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<Stats> {
         let mut query = Vec::new();
         if used_only {
             query.push("usedonly".to_string());
@@ -404,7 +417,7 @@ impl AdminClient {
         } else {
             format!("/stats?{}", query.join("&"))
         };
-        let response = self.request("GET", &path).await?;
+        let response = self.request_capped("GET", &path, cap).await?;
         if response.status != 200 {
             return Err(self.http_error(&path, response.status, &response.body));
         }

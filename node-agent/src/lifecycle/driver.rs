@@ -412,8 +412,8 @@ impl Driver {
                     self.pending.push_back(answer);
                 }
                 Effect::RemoveLeftoverHold => self.remove_leftover().await,
-                Effect::InstallHold { fresh, rehold } => {
-                    let answer = self.install_hold(fresh, rehold).await;
+                Effect::InstallHold { fresh, .. } => {
+                    let answer = self.install_hold(fresh).await;
                     self.pending.push_back(answer);
                 }
                 Effect::SetPassThrough(on) => {
@@ -638,7 +638,7 @@ impl Driver {
         }
     }
 
-    async fn install_hold(&mut self, fresh: bool, rehold: bool) -> Input {
+    async fn install_hold(&mut self, fresh: bool) -> Input {
         let (Some(netns), Some(cfg)) = (&self.netns, self.hold_config()) else {
             return Input::HoldFailed("the pod's network namespace is not known".into());
         };
@@ -672,8 +672,12 @@ impl Driver {
                     Duration::ZERO
                 };
                 self.queue = Some(queue);
-                let late = !adopted && !rehold && self.app_running().await;
-                Input::HoldSetUp { adopted, late, age }
+                let app_running = self.app_running().await;
+                Input::HoldSetUp {
+                    adopted,
+                    app_running,
+                    age,
+                }
             }
             Err(e) => Input::HoldFailed(e),
         }

@@ -7,7 +7,9 @@ use std::time::Duration;
 pub use crate::api::SidecarMode;
 pub use crate::effects::hold::HoldScope;
 pub use crate::pod::RestartPolicy;
-use crate::pod::{app_end, AppEnd, ContainerState, ContainerView, Deletion, PodView};
+use crate::pod::{
+    app_end, AppEnd, ContainerState, ContainerView, Deletion, PodView, ISTIO_INIT_STEPS,
+};
 
 /// What the machine needs to know about the pod, from its latest [`PodView`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -177,9 +179,6 @@ pub fn hold_scope(view: &PodView) -> HoldScope {
         dns: view.dns_capture(),
     }
 }
-
-/// Istio's own init steps (injection-template.yaml): they send nothing through the capture ports.
-const ISTIO_INIT_STEPS: [&str; 2] = ["istio-init", "istio-validation"];
 
 /// Held packets pass (are accepted at once) while a user init container runs (vault-agent-init
 /// and the like): what it sends is never held, since the proxy cannot start before it ends

@@ -44,6 +44,8 @@ pub enum Stage {
     },
     SettingUpHold {
         netns: NetnsId,
+        /// The hold follows the proxy's exit while the app ran (see [`Stage::Checking`]).
+        rehold: bool,
     },
     Holding {
         netns: NetnsId,

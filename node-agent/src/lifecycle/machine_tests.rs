@@ -168,7 +168,7 @@ fn holding(p: PodFacts) -> Run {
             (
                 Input::HoldSetUp {
                     adopted: false,
-                    late: false,
+                    app_running: false,
                     age: Duration::ZERO,
                 },
                 &[
@@ -244,7 +244,7 @@ fn an_adopted_hold_keeps_its_first_deadline() {
         );
         let fx = r.feed(Input::HoldSetUp {
             adopted: true,
-            late: false,
+            app_running: false,
             age,
         });
         let deadline = fx.iter().find_map(|e| match e {
@@ -344,7 +344,7 @@ fn a_pod_over_a_bound_is_failed_open_and_left_alone() {
             (
                 Input::HoldSetUp {
                     adopted: false,
-                    late: false,
+                    app_running: false,
                     age: Duration::ZERO,
                 },
                 &[
@@ -472,9 +472,15 @@ fn an_agent_started_during_a_deletion_adopts_the_drain() {
             Seen::Ready,
             &["remove-leftover", "phase:draining", "drain"][..],
         ),
-        // Envoy never came up, or never got its listeners: nothing to drain.
+        // Envoy's admin answers but its inbound listener is closed: Envoy's --drain-time-s
+        // has passed in a drain begun before this agent started (issue 28) — adopt it, so
+        // Envoy ends with the app, not when pilot-agent's drain runs out. (Before the fix: done.)
+        (
+            Seen::Starting,
+            &["remove-leftover", "phase:draining", "drain"][..],
+        ),
+        // Nothing listens on Envoy's admin port: it never came up, or is gone.
         (Seen::Down, &["remove-leftover", "phase:done"][..]),
-        (Seen::Starting, &["remove-leftover", "phase:done"][..]),
     ] {
         let mut r = Run::start(deleted(pod(RestartPolicy::Always)), START);
         r.script(
@@ -496,6 +502,35 @@ fn an_agent_started_during_a_deletion_adopts_the_drain() {
     let successor = DrainPlan::new(deletion, stamp + Duration::from_secs(3));
     assert_eq!(first.deadline, successor.deadline);
     assert!(first.deadline.expect("deadline") < stamp + deletion.grace);
+}
+
+/// The driver's inputs when an agent starts 5 s into a drain, after Envoy's `--drain-time-s`
+/// (3 s) closed the inbound listener (issue 28, `tests/tests/drain_late.rs`): the pod is
+/// already deleted when first seen, its netns is found, the first readiness look sees Envoy's
+/// admin port but not 15006 (`Starting`), pod updates follow as the app's container ends, and
+/// the drain reports. The pod is drained, never marked done before the drain ended.
+#[test]
+fn a_drain_adopted_after_envoys_drain_time_replays_to_its_end() {
+    let p = deleted(pod(RestartPolicy::Always));
+    let mut r = Run::start(p.clone(), START);
+    r.script(
+        "agent restarted late in a drain",
+        vec![
+            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (
+                Input::Readiness(Seen::Starting),
+                &["remove-leftover", "phase:draining", "drain"],
+            ),
+            // The kubelet's status updates during the drain go to the executor, not here.
+            (Input::Pod(Some(p.clone())), &[]),
+            (Input::QuitStarted, &["phase:quitting"]),
+            (
+                Input::DrainFinished(drain_report(DrainOutcome::AppDone)),
+                &["rec:drain-app-done", "phase:done"],
+            ),
+            (Input::Pod(None), &["phase:done", "exit"]),
+        ],
+    );
 }
 
 #[test]
@@ -778,7 +813,7 @@ fn held_packets_pass_while_init_containers_run() {
             (
                 Input::HoldSetUp {
                     adopted: false,
-                    late: true,
+                    app_running: true,
                     age: Duration::ZERO,
                 },
                 &[
@@ -871,11 +906,13 @@ fn a_proxy_exit_while_ready_holds_again_until_the_new_envoy_is_ready() {
             (
                 Input::HoldSetUp {
                     adopted: false,
-                    late: true,
+                    app_running: true,
                     age: Duration::ZERO,
                 },
+                // A re-hold: the app runs by design, the hold is not late (the driver used to
+                // decide this; the row fed it `late: true`, which the driver never sent).
                 &[
-                    "rec:hold-started(adopted=false,late=true)",
+                    "rec:hold-started(adopted=false,late=false)",
                     "phase:holding",
                     "timer:HoldDeadline",
                     "check",
@@ -1212,10 +1249,11 @@ fn a_native_pod_is_not_held_at_start_but_across_a_proxy_restart() {
                 Input::Readiness(Seen::Down),
                 &["install(fresh=false,rehold)"],
             ),
+            // The app runs, as it does by design after the proxy's exit: a re-hold, not late.
             (
                 Input::HoldSetUp {
                     adopted: false,
-                    late: false,
+                    app_running: true,
                     age: Duration::ZERO,
                 },
                 &[
@@ -1393,7 +1431,7 @@ fn timeline_steps_follow_the_pods_life() {
         Input::Readiness(Seen::Down),
         Input::HoldSetUp {
             adopted: false,
-            late: false,
+            app_running: false,
             age: Duration::ZERO,
         },
         Input::Pod(Some(pod(RestartPolicy::Always))),
@@ -1612,7 +1650,7 @@ fn replay_a_recreated_sandbox_is_held_in_its_new_netns() {
             (
                 Input::HoldSetUp {
                     adopted: false,
-                    late: false,
+                    app_running: false,
                     age: Duration::ZERO,
                 },
                 &[
@@ -1667,7 +1705,7 @@ fn a_hold_left_in_a_dead_netns_moves_to_the_new_one() {
             (
                 Input::HoldSetUp {
                     adopted: false,
-                    late: false,
+                    app_running: false,
                     age: Duration::ZERO,
                 },
                 &[
@@ -1700,7 +1738,7 @@ fn a_hold_left_in_a_dead_netns_moves_to_the_new_one() {
     r.feed(Input::Readiness(Seen::Down));
     r.feed(Input::HoldSetUp {
         adopted: false,
-        late: false,
+        app_running: false,
         age: Duration::ZERO,
     });
     r.script(
@@ -1753,7 +1791,7 @@ fn replay_an_in_place_restart_is_held_in_the_same_netns() {
             (
                 Input::HoldSetUp {
                     adopted: false,
-                    late: false,
+                    app_running: false,
                     age: Duration::ZERO,
                 },
                 &[
@@ -1922,7 +1960,7 @@ fn a_pod_update_in_a_waiting_stage_is_kept_and_acted_on() {
             (
                 Input::HoldSetUp {
                     adopted: false,
-                    late: false,
+                    app_running: false,
                     age: Duration::ZERO,
                 },
                 &[

@@ -52,9 +52,12 @@ pub enum Input {
     },
     NetnsRefused(String),
     Readiness(Seen),
+    /// The hold is in (`adopted`: a previous agent's hold was taken over); `app_running`: an
+    /// app process of the pod was running when it went in (the machine decides whether that
+    /// makes the hold late).
     HoldSetUp {
         adopted: bool,
-        late: bool,
+        app_running: bool,
         /// How long the hold has been in force already: zero for a new hold; for an adopted
         /// one, since a previous agent installed it (its rules say when), so the deadline
         /// counts from the hold's start, not this agent's.
@@ -137,8 +140,8 @@ pub enum Effect {
     /// Remove a hold rule a previous agent may have left (the proxy is ready or the pod goes).
     RemoveLeftoverHold,
     /// Install the hold (`fresh`: the netns is new, nothing to adopt; `rehold`: after the
-    /// proxy's exit, so an app already running is expected — not a late hold) (answer:
-    /// `HoldSetUp` or `HoldFailed`).
+    /// proxy's exit, so an app already running is expected — the machine keeps it to judge
+    /// the hold late or not) (answer: `HoldSetUp` or `HoldFailed`).
     InstallHold {
         fresh: bool,
         rehold: bool,

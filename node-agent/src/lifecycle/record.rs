@@ -398,8 +398,13 @@ impl Recorder {
                 Reason::DrainDeadline,
                 format!(
                     "the drain deadline came after {elapsed_ms} ms with {} app process(es) \
-                     alive; the proxy was quit",
-                    report.app_processes_left
+                     alive; {}",
+                    report.app_processes_left,
+                    if report.quit_sent_at.is_some() {
+                        "the proxy was quit"
+                    } else {
+                        "the proxy was left to the kubelet, which ends it at the grace period's end"
+                    }
                 ),
             ),
             DrainOutcome::ProxyGoneEarly => self.events.emit(
@@ -630,8 +635,11 @@ fn quit_reason(reason: QuitReason) -> String {
         QuitReason::Idle(IdleReason::NoOutboundConnections) => {
             "nothing in flight: no outbound connection open".into()
         }
+        QuitReason::Idle(IdleReason::NoConnections) => {
+            "nothing in flight: no connection open through the proxy in any direction".into()
+        }
         QuitReason::Idle(IdleReason::NoBytesMoved { idle_for }) => format!(
-            "nothing in flight: connections open but no byte moved for {} ms",
+            "nothing in flight: connections open but no byte moved (nor buffered) for {} ms",
             idle_for.as_millis()
         ),
         QuitReason::NoFilter => {

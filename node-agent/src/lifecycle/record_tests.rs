@@ -119,7 +119,7 @@ impl Harness {
             Input::Readiness(Seen::Down),
             Input::HoldSetUp {
                 adopted: false,
-                late: false,
+                app_running: false,
                 age: Duration::ZERO,
             },
         ])
@@ -243,7 +243,7 @@ fn a_late_hold_is_on_the_row() {
         Input::Readiness(Seen::Down),
         Input::HoldSetUp {
             adopted: false,
-            late: true,
+            app_running: true,
             age: Duration::ZERO,
         },
     ]);

@@ -12,8 +12,9 @@ use crate::config::{
 };
 
 /// The init steps Istio's sidecar template injects: `istio-init` writes the iptables rules;
-/// with the Istio CNI plugin `istio-validation` checks them (injection-template.yaml).
-const ISTIO_INIT_STEPS: [&str; 2] = ["istio-init", "istio-validation"];
+/// with the Istio CNI plugin `istio-validation` checks them (injection-template.yaml). They
+/// send nothing through the capture ports.
+pub const ISTIO_INIT_STEPS: [&str; 2] = ["istio-init", "istio-validation"];
 
 /// Why a pod is not tracked.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -161,6 +161,10 @@ pub struct AppArgs {
     /// Serve inbound `ping` requests on this port (all addresses).
     #[arg(long)]
     pub serve: Option<u16>,
+    /// With --serve: answer each `get` request with this many bytes instead (a download), and
+    /// on SIGTERM exit only once every response begun is written ([`serve_downloads`]).
+    #[arg(long, requires = "serve")]
+    pub download_bytes: Option<u64>,
     /// Make the startup calls concurrently, each on its own connection.
     #[arg(long)]
     pub startup_parallel: bool,
@@ -364,12 +368,17 @@ pub fn run_app(args: &AppArgs, term: &TermSignal) -> io::Result<i32> {
         });
         Ok(code)
     };
+    let downloads = Arc::new(Downloads::default());
     if let Some(port) = args.serve {
         let listener = TcpListener::bind(("0.0.0.0", port))?;
         let report = report.clone();
+        let (bytes, downloads) = (args.download_bytes, downloads.clone());
         std::thread::Builder::new()
             .name("serve".into())
-            .spawn(move || serve(listener, Some(report)))?;
+            .spawn(move || match bytes {
+                Some(n) => serve_downloads(listener, n, &downloads, &report),
+                None => serve(listener, Some(report)),
+            })?;
     }
     let timeout = Duration::from_millis(args.call_timeout_ms);
     // The app's own initialisation before it needs the network (parsing config, warming caches).
@@ -474,6 +483,16 @@ pub fn run_app(args: &AppArgs, term: &TermSignal) -> io::Result<i32> {
     }
     let term_at = term.received_at_ms().unwrap_or_else(now_ms);
     report.record(&AppEvent::Sigterm { at_ms: term_at });
+    if args.download_bytes.is_some() {
+        // A graceful server: no new requests are taken (the accept loop checks the flag);
+        // the responses begun are written whole before the process exits.
+        downloads.stopping.store(true, Ordering::SeqCst);
+        let until = Instant::now() + Duration::from_secs(120);
+        while downloads.writing.load(Ordering::SeqCst) > 0 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        eprintln!("{} sim-app: every download written; exiting", now_ms());
+    }
 
     // Keep calling after SIGTERM (flush, deregister) for the scripted time.
     let until = Instant::now() + Duration::from_millis(args.after_sigterm_ms);
@@ -516,6 +535,63 @@ pub fn serve(listener: TcpListener, report: Option<Arc<ReportWriter>>) {
                         rep.record(&AppEvent::Served { at_ms: now_ms() });
                     }
                 }
+            });
+    }
+}
+
+/// The download server's state, shared by its connections and the main thread.
+#[derive(Debug, Default)]
+struct Downloads {
+    /// Responses begun and not yet written whole.
+    writing: AtomicU64,
+    /// SIGTERM came: take no new request.
+    stopping: std::sync::atomic::AtomicBool,
+}
+
+/// Serves downloads: each connection's `get\n` is answered with `bytes` bytes (written whole,
+/// blocking as Envoy and the client read), then the connection is closed. Recorded as served
+/// once written.
+fn serve_downloads(
+    listener: TcpListener,
+    bytes: u64,
+    state: &Arc<Downloads>,
+    report: &Arc<ReportWriter>,
+) {
+    for conn in listener.incoming() {
+        let Ok(conn) = conn else { continue };
+        if state.stopping.load(Ordering::SeqCst) {
+            continue;
+        }
+        let (state, report) = (state.clone(), report.clone());
+        let _ = std::thread::Builder::new()
+            .name("download".into())
+            .spawn(move || {
+                let mut r = BufReader::new(match conn.try_clone() {
+                    Ok(c) => c,
+                    Err(_) => return,
+                });
+                let mut line = String::new();
+                if !matches!(r.read_line(&mut line), Ok(n) if n > 0) || line != "get\n" {
+                    return;
+                }
+                state.writing.fetch_add(1, Ordering::SeqCst);
+                let mut w = conn;
+                let chunk = vec![b'x'; 64 * 1024];
+                let mut left = bytes;
+                let mut ok = true;
+                while left > 0 {
+                    let n = left.min(chunk.len() as u64) as usize;
+                    if w.write_all(&chunk[..n]).is_err() {
+                        ok = false;
+                        break;
+                    }
+                    left -= n as u64;
+                }
+                let _ = w.shutdown(Shutdown::Write);
+                if ok {
+                    report.record(&AppEvent::Served { at_ms: now_ms() });
+                }
+                state.writing.fetch_sub(1, Ordering::SeqCst);
             });
     }
 }

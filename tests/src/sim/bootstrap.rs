@@ -476,6 +476,7 @@ mod tests {
             "wasmcustom.holdfast.outbound.cx_active",
             "tcp.PassthroughCluster.downstream_cx_rx_bytes_total",
             "http.admin.downstream_cx_tx_bytes_total",
+            "tcp.InboundPassthroughCluster.downstream_cx_tx_bytes_buffered",
         ] {
             assert!(m.keeps(stat), "{stat} dropped by {m:?}");
         }

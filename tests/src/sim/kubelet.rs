@@ -529,6 +529,8 @@ impl PodWorker {
                 spec.proxy_delay.as_millis().to_string(),
                 "--drain-ms".into(),
                 spec.drain.as_millis().to_string(),
+                "--envoy-drain-time-s".into(),
+                spec.envoy_drain_time.as_secs().to_string(),
                 "--concurrency".into(),
                 spec.proxy_concurrency.to_string(),
             ];

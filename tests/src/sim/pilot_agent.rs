@@ -47,6 +47,9 @@ pub struct PilotAgentArgs {
     /// terminationDrainDuration in ms.
     #[arg(long, default_value_t = 5000)]
     pub drain_ms: u64,
+    /// Envoy's `--drain-time-s` (pilot-agent passes its `drainDuration`, 45 s by default).
+    #[arg(long, default_value_t = 45)]
+    pub envoy_drain_time_s: u64,
     /// EXIT_ON_ZERO_ACTIVE_CONNECTIONS.
     #[arg(long)]
     pub exit_on_zero_active: bool,
@@ -137,7 +140,7 @@ pub fn run(args: &PilotAgentArgs, term: &TermSignal) -> io::Result<i32> {
         .args([
             "--disable-hot-restart",
             "--drain-time-s",
-            "45",
+            args.envoy_drain_time_s.to_string().as_str(),
             "--drain-strategy",
             "immediate",
             "--parent-shutdown-time-s",

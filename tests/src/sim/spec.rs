@@ -119,6 +119,12 @@ pub enum AppScript {
     Batch { calls: u32, exit_code: i32 },
     /// Only serve inbound requests (see [`PodSpec::serve`]) until SIGTERM.
     Idle,
+    /// A graceful download server on the served port ([`PodSpec::serve`]): each request
+    /// (`get\n`) is answered with `bytes` bytes, written whole into the socket, then the
+    /// connection is closed. On SIGTERM it stops accepting, waits until every response it
+    /// started is written (into the kernel: what Envoy and the client have not read yet is
+    /// still on its way), and exits 0 (issue 28: a response still being sent).
+    ServeDownload { bytes: u64 },
     /// A hostile pod's app: runs the attack, then idles until SIGTERM (issue 25).
     Attack(super::attacks::Attack),
 }
@@ -190,6 +196,9 @@ impl AppScript {
                 ]);
             }
             AppScript::Idle => {}
+            AppScript::ServeDownload { bytes } => {
+                a.extend(["--download-bytes".into(), bytes.to_string()]);
+            }
             AppScript::Attack(attack) => a.extend(attack.args()),
         }
         if let Some(port) = serve {
@@ -217,6 +226,9 @@ pub struct PodSpec {
     pub drain: Duration,
     /// pilot-agent's `EXIT_ON_ZERO_ACTIVE_CONNECTIONS`. Default off.
     pub exit_on_zero_active: bool,
+    /// Envoy's `--drain-time-s` (pilot-agent passes `drainDuration`, 45 s by default): how long
+    /// after `/drain_listeners?inboundonly&graceful` the inbound listeners close. Default 45 s.
+    pub envoy_drain_time: Duration,
     /// `terminationGracePeriodSeconds` (whole seconds in the API). Default 30 s.
     pub grace: Duration,
     pub restart_policy: RestartPolicy,
@@ -308,6 +320,7 @@ impl PodSpec {
             proxy_delay: Duration::ZERO,
             drain: Duration::from_secs(5),
             exit_on_zero_active: false,
+            envoy_drain_time: Duration::from_secs(45),
             grace: Duration::from_secs(30),
             restart_policy: RestartPolicy::Always,
             job: false,
@@ -370,6 +383,12 @@ impl PodSpec {
         self.exit_on_zero_active = on;
         self
     }
+    /// Envoy's `--drain-time-s` (whole seconds, at least 1).
+    pub fn envoy_drain_time(mut self, d: Duration) -> Self {
+        self.envoy_drain_time = d.max(Duration::from_secs(1));
+        self
+    }
+
     pub fn grace(mut self, d: Duration) -> Self {
         self.grace = d;
         self

@@ -20,6 +20,17 @@ use crate::effects::envoy_admin::AdminClient;
 /// read.
 const SERVER_INFO_MAX: usize = 1 << 20;
 
+/// The cap of a drain sample's `/stats` answer. The sample asks only for what the judge reads
+/// ([`in_flight::sample_regex`], with `usedonly`: Envoy's `StatsParams::parse`,
+/// source/server/admin/stats_params.cc, lists only stats ever updated and matching the RE2
+/// filter, on 1.36 and 1.40 alike): the filter's five stats and four per HTTP or TCP listener
+/// prefix that carried traffic — ~350 bytes for the simulated sidecar, ~360 more per used TCP
+/// route that names its cluster. 64 KiB, four times the readiness cap
+/// ([`crate::lifecycle::readiness::READINESS_STATS_MAX`]), is ~170 used TCP routes: past a
+/// sidecar's usual share, and a bound on what a pod's Envoy can make the agent read every
+/// sample of a long drain. A larger answer is a failed sample.
+pub const DRAIN_SAMPLE_MAX: usize = 64 * 1024;
+
 /// Most errors kept in a report (the count is kept in full).
 const MAX_ERRORS_KEPT: usize = 10;
 
@@ -39,25 +50,16 @@ impl std::fmt::Display for AdminFailure {
 
 impl From<crate::effects::envoy_admin::Error> for AdminFailure {
     fn from(e: crate::effects::envoy_admin::Error) -> Self {
-        // Only a refused connection means "nothing listens". Other connect failures (entering
-        // the netns failed, no thread could be spawned) say nothing about Envoy. The client
-        // keeps the cause as text only (the netns connector turns it into a string), so look
-        // for ECONNREFUSED's rendering.
-        let refused = match &e {
-            crate::effects::envoy_admin::Error::Connect { reason, .. } => is_refusal(reason),
-            _ => false,
-        };
+        // Only a refused connection means "nothing listens" ([`Error::is_refused`]: the
+        // connector keeps the `io::ErrorKind`). Other connect failures (entering the netns
+        // failed, no thread could be spawned) say nothing about Envoy.
+        //
+        // [`Error::is_refused`]: crate::effects::envoy_admin::Error::is_refused
         AdminFailure {
-            refused,
+            refused: e.is_refused(),
             message: e.to_string(),
         }
     }
-}
-
-/// True when an error text is a refused connection (`io::Error`'s rendering of ECONNREFUSED).
-pub(super) fn is_refusal(reason: &str) -> bool {
-    reason.contains("Connection refused")
-        || reason.contains(&format!("(os error {})", libc::ECONNREFUSED))
 }
 
 /// What the drain asks of a pod's Envoy admin API.
@@ -85,8 +87,14 @@ impl ProxyAdmin for AdminClient {
     }
 
     async fn drain_sample(&self, prefix: &str) -> Result<DrainSample, AdminFailure> {
+        // Only the lines the judge reads are kept, whatever else the answer holds.
         let stats = self
-            .stats_with(Some(&in_flight::sample_regex(prefix)), true)
+            .stats_keeping_capped(
+                Some(&in_flight::sample_regex(prefix)),
+                true,
+                DRAIN_SAMPLE_MAX,
+                |name| in_flight::sample_keeps(prefix, name),
+            )
             .await?;
         Ok(DrainSample::from_stats(
             prefix,
@@ -166,6 +174,12 @@ impl<'a, A> Drainer<'a, A> {
 }
 
 impl<A: ProxyAdmin> Drainer<'_, A> {
+    /// Whether Envoy has exited: its admin port refused enough connections in a row. The one
+    /// "Envoy gone" test of the drain and the Job watch.
+    pub(super) fn envoy_gone(&self) -> bool {
+        self.refusals >= self.settings.refusals_for_gone
+    }
+
     /// Tells a step to whoever follows the drain (nobody: fine).
     pub(super) fn tell(&self, step: DrainStep) {
         if let Some(tx) = &self.steps {
@@ -219,7 +233,7 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
                     return true;
                 }
                 Err(e) => {
-                    if self.refusals >= self.settings.refusals_for_gone {
+                    if self.envoy_gone() {
                         // Nothing listens: Envoy has exited. Not an error in itself; the drain
                         // judges it (proxy gone early, or gone with the app).
                         tracing::debug!(path, error = %e, "admin refused; Envoy has exited");

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use crate::api::{FinishedBy, QuitReason};
+use crate::api::{DrainOutcome, FinishedBy, QuitReason};
 use crate::config::DrainSettings;
 use crate::pod::{AppEnd, PodView};
 
@@ -15,13 +15,15 @@ use super::app_exit::AppSnapshot;
 use super::in_flight::InFlight;
 
 /// Once the app is done, whether what is in flight lets the proxy go, and why: nothing in flight
-/// (by the filter's counts or Envoy's byte counters), no filter to ask, or the counts cannot be
-/// read (`stats_exhausted`: as many failed samples as allowed attempts). `None`: keep waiting.
+/// in either direction (by the filter's counts or Envoy's byte counters, [`InFlight::Idle`]), or
+/// the counts cannot be read (`stats_exhausted`: as many failed samples as allowed attempts).
+/// `None`: keep waiting — also when nothing can be seen ([`InFlight::Unseen`]: no filter and no
+/// byte counters), since a response may still be on its way out; pilot-agent's own drain then
+/// ends Envoy, as without holdfast.
 pub fn quit_when_idle(judgement: Option<InFlight>, stats_exhausted: bool) -> Option<QuitReason> {
     match judgement {
         Some(InFlight::Idle(why)) => Some(QuitReason::Idle(why)),
-        Some(InFlight::NoFilter) => Some(QuitReason::NoFilter),
-        Some(InFlight::Busy { .. }) => None,
+        Some(InFlight::Unseen | InFlight::Busy { .. }) => None,
         None if stats_exhausted => Some(QuitReason::StatsUnavailable),
         None => None,
     }
@@ -53,16 +55,26 @@ pub fn drain_kind(view: &PodView) -> DrainKind {
 pub enum DrainNext {
     /// Keep watching.
     Wait,
-    /// The app is done and nothing is in flight (or that cannot be known): quit the proxy.
+    /// The app is done and nothing is in flight (or that cannot be known): quit the proxy
+    /// (outcome `app-done`).
     Quit(QuitReason),
     /// The deadline came first: quit the proxy whatever the app and the counts say (outcome
     /// `deadline`).
-    Deadline,
-    /// Envoy exited by itself with the app (or with no app process visible): the drain is
-    /// done (outcome `app-done`); `app_unknown` when the app's end was not seen.
-    ProxyExited { app_unknown: bool },
-    /// Envoy exited while app processes still ran: the mesh's drain duration is too short.
-    ProxyGoneEarly,
+    DeadlineQuit,
+    /// The drain ends now, the proxy left as it is (gone, or the kubelet's to end).
+    End(DrainEnd),
+}
+
+/// How a drain that ends without a quit ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DrainEnd {
+    pub outcome: DrainOutcome,
+    /// Envoy exited but the app's end was not seen (its processes are not visible).
+    pub app_unknown: bool,
+    /// The proxy's exit is seen now: the report dates it (a kubelet-ordered end, a sidecar
+    /// lost). A classic Envoy that exited by itself is dated by nobody: its exit was not what
+    /// the drain waited for.
+    pub proxy_exit_seen: bool,
 }
 
 /// What was observed at one point of a drain.
@@ -72,7 +84,7 @@ pub struct DrainSeen {
     pub app_gone: bool,
     /// App processes alive.
     pub app_live: usize,
-    /// Enough consecutive refused admin connections: Envoy has exited.
+    /// Envoy has exited ([`super::admin::envoy_gone`]).
     pub proxy_gone: bool,
     /// The latest in-flight judgement (`None`: the last sample failed).
     pub judgement: Option<InFlight>,
@@ -82,20 +94,51 @@ pub struct DrainSeen {
     pub deadline_passed: bool,
     /// The kubelet ends the proxy ([`DrainKind::KubeletOrdered`]): never quit it.
     pub kubelet_ordered: bool,
+    /// A native sidecar (the kubelet does not restart it during termination).
+    pub native: bool,
+    /// The pod object was removed from the source.
+    pub pod_removed: bool,
 }
 
 pub fn drain_next(seen: DrainSeen) -> DrainNext {
+    let end = |outcome, app_unknown, proxy_exit_seen| {
+        DrainNext::End(DrainEnd {
+            outcome,
+            app_unknown,
+            proxy_exit_seen,
+        })
+    };
+    if seen.pod_removed {
+        // The kubelet removes the pod object only once every container has stopped, the proxy
+        // last: in a kubelet-ordered drain that is the end it was watching for, seen late.
+        return if seen.kubelet_ordered {
+            end(DrainOutcome::KubeletOrdered, false, true)
+        } else {
+            end(DrainOutcome::PodGone, false, false)
+        };
+    }
     if seen.proxy_gone {
         return if seen.app_gone || seen.app_live == 0 {
-            DrainNext::ProxyExited {
-                app_unknown: !seen.app_gone,
-            }
+            let outcome = if seen.kubelet_ordered {
+                DrainOutcome::KubeletOrdered
+            } else {
+                DrainOutcome::AppDone
+            };
+            end(outcome, !seen.app_gone, seen.kubelet_ordered)
+        } else if seen.native {
+            end(DrainOutcome::SidecarLost, false, true)
         } else {
-            DrainNext::ProxyGoneEarly
+            end(DrainOutcome::ProxyGoneEarly, false, false)
         };
     }
     if seen.deadline_passed {
-        return DrainNext::Deadline;
+        // The kubelet's to end in a kubelet-ordered drain: it kills the proxy at the grace
+        // period's end; holdfast never quits it.
+        return if seen.kubelet_ordered {
+            end(DrainOutcome::Deadline, false, false)
+        } else {
+            DrainNext::DeadlineQuit
+        };
     }
     if !seen.app_gone || seen.kubelet_ordered {
         return DrainNext::Wait;
@@ -154,6 +197,22 @@ pub fn job_finished(view: &PodView, snapshot: &AppSnapshot) -> Option<FinishedBy
     }
 }
 
+/// Longest pause between two samples while the app still runs.
+pub const SAMPLE_EVERY_MAX: Duration = Duration::from_secs(1);
+
+/// The pause between two samples while the app still runs, `running_for` into the drain:
+/// `stats_every` for the first 10 s, then doubling every 10 s up to [`SAMPLE_EVERY_MAX`], so a
+/// drain that lasts the whole of a long grace period asks Envoy a few times less often. These
+/// samples only give the judge its history; the app's exit is seen at once (pidfd), and from
+/// then on samples come every `settle_poll` ([`settle_wait`]), so the back-off never lets Envoy
+/// outlive the app by more than the idle window and a few polls.
+pub fn sample_every(settings: &DrainSettings, running_for: Duration) -> Duration {
+    let doublings = (running_for.as_secs() / 10).min(8) as u32;
+    let base = settings.stats_every;
+    base.saturating_mul(1 << doublings)
+        .min(SAMPLE_EVERY_MAX.max(base))
+}
+
 /// The pause before the `samples`-th sample while waiting for in-flight traffic to settle:
 /// `settle_poll` for the first ten (the usual case settles within milliseconds), then doubling
 /// every ten samples up to `stats_every`, so a long wait does not poll Envoy every 5 ms.
@@ -170,13 +229,14 @@ mod tests {
     use super::*;
     use crate::api::IdleReason;
 
-    #[test]
-    fn drain_decisions() {
-        let idle = Some(InFlight::Idle(IdleReason::NoOutboundConnections));
-        let busy = Some(InFlight::Busy {
-            outbound_active: Some(1),
-        });
-        let seen = |app_gone, app_live, proxy_gone, judgement, stats_exhausted| DrainSeen {
+    fn seen(
+        app_gone: bool,
+        app_live: usize,
+        proxy_gone: bool,
+        judgement: Option<InFlight>,
+        stats_exhausted: bool,
+    ) -> DrainSeen {
+        DrainSeen {
             app_gone,
             app_live,
             proxy_gone,
@@ -184,7 +244,25 @@ mod tests {
             stats_exhausted,
             deadline_passed: false,
             kubelet_ordered: false,
-        };
+            native: false,
+            pod_removed: false,
+        }
+    }
+
+    fn end(outcome: DrainOutcome, app_unknown: bool, proxy_exit_seen: bool) -> DrainNext {
+        DrainNext::End(DrainEnd {
+            outcome,
+            app_unknown,
+            proxy_exit_seen,
+        })
+    }
+
+    #[test]
+    fn drain_decisions() {
+        let idle = Some(InFlight::Idle(IdleReason::NoConnections));
+        let busy = Some(InFlight::Busy {
+            connections: Some(1),
+        });
         for (s, want) in [
             // The app runs: wait, whatever the counts say.
             (seen(false, 1, false, idle, false), DrainNext::Wait),
@@ -192,12 +270,14 @@ mod tests {
             (seen(false, 0, false, idle, true), DrainNext::Wait),
             (
                 seen(true, 0, false, idle, false),
-                DrainNext::Quit(QuitReason::Idle(IdleReason::NoOutboundConnections)),
+                DrainNext::Quit(QuitReason::Idle(IdleReason::NoConnections)),
             ),
             (seen(true, 0, false, busy, false), DrainNext::Wait),
+            // Nothing can be seen (no filter, no byte counters): a response may still be on its
+            // way out, so never quit; pilot-agent's drain or the deadline ends Envoy.
             (
-                seen(true, 0, false, Some(InFlight::NoFilter), false),
-                DrainNext::Quit(QuitReason::NoFilter),
+                seen(true, 0, false, Some(InFlight::Unseen), false),
+                DrainNext::Wait,
             ),
             (seen(true, 0, false, None, false), DrainNext::Wait),
             (
@@ -206,13 +286,16 @@ mod tests {
             ),
             (
                 seen(true, 0, true, None, false),
-                DrainNext::ProxyExited { app_unknown: false },
+                end(DrainOutcome::AppDone, false, false),
             ),
             (
                 seen(false, 0, true, None, false),
-                DrainNext::ProxyExited { app_unknown: true },
+                end(DrainOutcome::AppDone, true, false),
             ),
-            (seen(false, 2, true, busy, false), DrainNext::ProxyGoneEarly),
+            (
+                seen(false, 2, true, busy, false),
+                end(DrainOutcome::ProxyGoneEarly, false, false),
+            ),
         ] {
             assert_eq!(drain_next(s), want, "{s:?}");
         }
@@ -224,23 +307,97 @@ mod tests {
         };
         assert_eq!(
             drain_next(late(seen(false, 1, false, busy, false))),
-            DrainNext::Deadline
+            DrainNext::DeadlineQuit
         );
         assert_eq!(
             drain_next(late(seen(true, 0, false, busy, false))),
-            DrainNext::Deadline
+            DrainNext::DeadlineQuit
         );
         assert_eq!(
             drain_next(late(seen(false, 2, true, None, false))),
-            DrainNext::ProxyGoneEarly
+            end(DrainOutcome::ProxyGoneEarly, false, false)
         );
+    }
+
+    /// Every way a drain ends without its own quit is a row here, not a branch of the
+    /// executor: the outcome, whether the app's end is unknown, whether the proxy's exit is
+    /// dated now.
+    #[test]
+    fn how_a_drain_ends_without_a_quit() {
+        let with = |f: &dyn Fn(&mut DrainSeen)| {
+            let mut s = seen(false, 1, false, None, false);
+            f(&mut s);
+            drain_next(s)
+        };
+        for (what, next, want) in [
+            (
+                "classic pod object removed",
+                with(&|s| s.pod_removed = true),
+                end(DrainOutcome::PodGone, false, false),
+            ),
+            (
+                "kubelet-ordered pod object removed: its end, seen late",
+                with(&|s| {
+                    s.pod_removed = true;
+                    s.kubelet_ordered = true;
+                    s.native = true;
+                }),
+                end(DrainOutcome::KubeletOrdered, false, true),
+            ),
+            (
+                "kubelet-ordered deadline: left to the kubelet, no quit",
+                with(&|s| {
+                    s.deadline_passed = true;
+                    s.kubelet_ordered = true;
+                    s.native = true;
+                }),
+                end(DrainOutcome::Deadline, false, false),
+            ),
+            (
+                "native sidecar gone while the app runs: lost",
+                with(&|s| {
+                    s.proxy_gone = true;
+                    s.app_live = 2;
+                    s.native = true;
+                }),
+                end(DrainOutcome::SidecarLost, false, true),
+            ),
+            (
+                "native, kubelet-ordered, gone while the app runs: lost",
+                with(&|s| {
+                    s.proxy_gone = true;
+                    s.app_live = 2;
+                    s.native = true;
+                    s.kubelet_ordered = true;
+                }),
+                end(DrainOutcome::SidecarLost, false, true),
+            ),
+            (
+                "kubelet-ordered exit after the app",
+                with(&|s| {
+                    s.proxy_gone = true;
+                    s.app_gone = true;
+                    s.app_live = 0;
+                    s.kubelet_ordered = true;
+                    s.native = true;
+                }),
+                end(DrainOutcome::KubeletOrdered, false, true),
+            ),
+            (
+                "classic deadline: quit",
+                with(&|s| s.deadline_passed = true),
+                DrainNext::DeadlineQuit,
+            ),
+        ] {
+            assert_eq!(next, want, "{what}");
+        }
     }
 
     /// The kubelet ends a native sidecar with Istio's preStop: holdfast never quits it, it
     /// waits for the proxy's exit — after the app's (done), or before it (the sidecar lost).
     #[test]
     fn a_kubelet_ordered_drain_only_watches() {
-        let idle = Some(InFlight::Idle(IdleReason::NoOutboundConnections));
+        let idle = Some(InFlight::Idle(IdleReason::NoConnections));
         let seen = |app_gone, app_live, proxy_gone| DrainSeen {
             app_gone,
             app_live,
@@ -249,21 +406,26 @@ mod tests {
             stats_exhausted: true,
             deadline_passed: false,
             kubelet_ordered: true,
+            native: true,
+            pod_removed: false,
         };
         assert_eq!(drain_next(seen(true, 0, false)), DrainNext::Wait);
         assert_eq!(drain_next(seen(false, 1, false)), DrainNext::Wait);
         assert_eq!(
             drain_next(seen(true, 0, true)),
-            DrainNext::ProxyExited { app_unknown: false }
+            end(DrainOutcome::KubeletOrdered, false, true)
         );
-        assert_eq!(drain_next(seen(false, 2, true)), DrainNext::ProxyGoneEarly);
+        assert_eq!(
+            drain_next(seen(false, 2, true)),
+            end(DrainOutcome::SidecarLost, false, true)
+        );
     }
 
     #[test]
     fn job_decisions() {
-        let idle = Some(InFlight::Idle(IdleReason::NoOutboundConnections));
+        let idle = Some(InFlight::Idle(IdleReason::NoConnections));
         let busy = Some(InFlight::Busy {
-            outbound_active: Some(1),
+            connections: Some(1),
         });
         let seen = |proxy_gone, judgement, stats_exhausted, out_of_time| JobSeen {
             proxy_gone,
@@ -274,11 +436,16 @@ mod tests {
         for (s, want) in [
             (
                 seen(false, idle, false, false),
-                JobNext::Quit(QuitReason::Idle(IdleReason::NoOutboundConnections)),
+                JobNext::Quit(QuitReason::Idle(IdleReason::NoConnections)),
+            ),
+            // Nothing can be seen: wait for the bounded wait's end, as for busy.
+            (
+                seen(false, Some(InFlight::Unseen), false, false),
+                JobNext::Wait,
             ),
             (
-                seen(false, Some(InFlight::NoFilter), false, false),
-                JobNext::Quit(QuitReason::NoFilter),
+                seen(false, Some(InFlight::Unseen), false, true),
+                JobNext::Quit(QuitReason::OutOfTime),
             ),
             (seen(false, busy, false, false), JobNext::Wait),
             (
@@ -297,28 +464,44 @@ mod tests {
         }
     }
 
+    #[test]
+    fn samples_back_off_while_the_app_runs_but_stay_bounded() {
+        let s = DrainSettings::default();
+        let at = |secs| sample_every(&s, Duration::from_secs(secs));
+        assert_eq!(at(0), s.stats_every);
+        assert_eq!(at(9), s.stats_every);
+        assert_eq!(at(10), s.stats_every * 2);
+        assert_eq!(at(25), s.stats_every * 4);
+        assert_eq!(at(3600), SAMPLE_EVERY_MAX.max(s.stats_every));
+        assert_eq!(at(u64::MAX / 2), SAMPLE_EVERY_MAX.max(s.stats_every));
+        // A setting above the bound is kept, never shortened.
+        let slow = DrainSettings {
+            stats_every: Duration::from_secs(3),
+            ..DrainSettings::default()
+        };
+        assert_eq!(
+            sample_every(&slow, Duration::from_secs(100)),
+            Duration::from_secs(3)
+        );
+    }
+
     /// The drain and the Job share the rule for "the app is done: may the proxy go?".
     #[test]
     fn drain_and_job_quit_for_the_same_reasons() {
         let judgements = [
-            Some(InFlight::Idle(IdleReason::NoOutboundConnections)),
-            Some(InFlight::NoFilter),
+            Some(InFlight::Idle(IdleReason::NoConnections)),
+            Some(InFlight::Idle(IdleReason::NoBytesMoved {
+                idle_for: Duration::from_millis(100),
+            })),
+            Some(InFlight::Unseen),
             Some(InFlight::Busy {
-                outbound_active: Some(2),
+                connections: Some(2),
             }),
             None,
         ];
         for judgement in judgements {
             for stats_exhausted in [false, true] {
-                let drain = drain_next(DrainSeen {
-                    app_gone: true,
-                    app_live: 0,
-                    proxy_gone: false,
-                    judgement,
-                    stats_exhausted,
-                    deadline_passed: false,
-                    kubelet_ordered: false,
-                });
+                let drain = drain_next(seen(true, 0, false, judgement, stats_exhausted));
                 let job = job_next(JobSeen {
                     proxy_gone: false,
                     judgement,

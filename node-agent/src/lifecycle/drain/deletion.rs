@@ -11,10 +11,10 @@ use tokio::time::Instant;
 
 use super::admin::{Drainer, ProxyAdmin};
 use super::app_exit::{AppContainer, AppTracker, PodProcessSource};
-use super::in_flight::{InFlight, InFlightJudge, UnexposedBytes, UNEXPOSED_BYTES_ADVICE};
+use super::in_flight::{InFlight, InFlightJudge, UnexposedBytes};
 use super::plan::{self, DrainPlan};
 use super::{decide, envoy_version, DrainCtx, DrainOutcome, DrainReport, DrainStep, QuitReason};
-use crate::pod::{Deletion, SidecarMode, DEFAULT_GRACE};
+use crate::pod::{Deletion, PodView, SidecarMode, DEFAULT_GRACE};
 
 /// Drains a pod being deleted: see the module docs. Call once the pod has a
 /// `deletionTimestamp`; returns when the proxy was quit (or is gone), the pod is gone, or the
@@ -43,9 +43,9 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
             }
         }
     };
-    let plan = DrainPlan::new(deletion, started_at);
-    let remaining = plan.remaining(started_at);
-    let deadline = t0 + remaining;
+    let mut plan = DrainPlan::new(deletion, started_at);
+    let mut remaining = plan.remaining(started_at);
+    let mut deadline = t0 + remaining;
     let mut d = Drainer::new(admin, settings, steps, t0, started_at);
     let mut report = DrainReport {
         deadline_at: plan.deadline,
@@ -131,7 +131,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
         // Sample the counts: regularly while the app runs (idle history), every settle_poll
         // once it is gone; not once the deadline has passed (the quit is due now).
         if !deadline_passed && (gone || now >= next_stats) {
-            next_stats = now + settings.stats_every;
+            next_stats = now + decide::sample_every(settings, now.duration_since(t0));
             match d.sample().await {
                 Ok(sample) => {
                     report.filter_present = Some(sample.filter.is_some());
@@ -140,12 +140,12 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                         sample.traffic.exposed.then_some(sample.traffic.total);
                     let now = Instant::now();
                     let j = judge.observe(now.into_std(), &sample);
-                    if gone
-                        && !kubelet_ordered
-                        && unexposed.notice(now.into_std(), &sample, j, settings.idle_window)
+                    if let Some(advice) = unexposed
+                        .notice(now.into_std(), &sample, j, settings.idle_window)
+                        .filter(|_| gone && !kubelet_ordered)
                     {
-                        tracing::warn!("{UNEXPOSED_BYTES_ADVICE}");
-                        add_advice(&mut report, UNEXPOSED_BYTES_ADVICE.to_string());
+                        tracing::warn!("{advice}");
+                        add_advice(&mut report, advice.to_string());
                     }
                     judgement = Some(j);
                 }
@@ -163,7 +163,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
             }
         }
 
-        let proxy_gone = d.refusals >= settings.refusals_for_gone;
+        let proxy_gone = d.envoy_gone();
         if proxy_gone {
             // Envoy has exited. Before blaming the drain duration, look at the app once more:
             // it may have exited at the same moment.
@@ -174,7 +174,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                 }
             }
         }
-        let next = decide::drain_next(decide::DrainSeen {
+        let seen = decide::DrainSeen {
             app_gone: app_gone.is_some(),
             app_live: snapshot.live,
             proxy_gone,
@@ -182,63 +182,15 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
             stats_exhausted: failed_samples_while_gone >= settings.admin_attempts,
             deadline_passed,
             kubelet_ordered,
-        });
-        match next {
+            native,
+            pod_removed: false,
+        };
+        match decide::drain_next(seen) {
             decide::DrainNext::Wait => {}
-            decide::DrainNext::ProxyExited { app_unknown } => {
-                if app_unknown {
-                    d.errors.push(
-                        "the proxy exited on its own; whether the app had finished is unknown \
-                         (its processes are not visible)"
-                            .to_string(),
-                    );
-                }
-                tracing::info!("the proxy has already exited");
-                let mut report = d.app_gone(report, app_gone);
-                if kubelet_ordered {
-                    report.proxy_exit_seen_at = Some(d.wall(Instant::now()));
-                    return d.finish(report, DrainOutcome::KubeletOrdered, &app);
-                }
-                return d.finish(report, DrainOutcome::AppDone, &app);
+            decide::DrainNext::End(end) => {
+                return d.end(report, end, &snapshot, app_gone, remaining, &current, &app);
             }
-            decide::DrainNext::ProxyGoneEarly if native => {
-                let advice = format!(
-                    "the native sidecar's proxy exited during the pod's termination while {} app \
-                     process(es) still ran: the kubelet does not restart a sidecar then (KEP-4438 \
-                     is not in Kubernetes 1.33-1.35), so the app had no mesh egress for the rest of \
-                     its shutdown. Look for why Envoy or pilot-agent died (OOM-kill, a crash) in \
-                     the istio-proxy container's previous logs",
-                    snapshot.live
-                );
-                tracing::warn!("{advice}");
-                add_advice(&mut report, advice);
-                report.proxy_exit_seen_at = Some(d.wall(Instant::now()));
-                return d.finish(report, DrainOutcome::SidecarLost, &app);
-            }
-            decide::DrainNext::ProxyGoneEarly => {
-                let advice = format!(
-                    "Envoy exited while {} app process(es) of the pod still ran: the mesh's drain \
-                     duration is shorter than the app's shutdown. Set terminationDrainDuration \
-                     (meshConfig.defaultConfig.terminationDrainDuration, or the \
-                     proxy.istio.io/config annotation) to the pod's grace period ({}s) so holdfast \
-                     can end the proxy when the app is done.",
-                    snapshot.live,
-                    deletion.grace.as_secs()
-                );
-                tracing::warn!("{advice}");
-                add_advice(&mut report, advice);
-                return d.finish(report, DrainOutcome::ProxyGoneEarly, &app);
-            }
-            decide::DrainNext::Deadline if kubelet_ordered => {
-                d.errors.push(format!(
-                    "the drain deadline came ({} after the deletion was seen) with the proxy still \
-                     running; the kubelet ends it at the grace period's end",
-                    crate::config::format_duration(remaining)
-                ));
-                let report = d.app_gone(report, app_gone);
-                return d.finish(report, DrainOutcome::Deadline, &app);
-            }
-            decide::DrainNext::Deadline => {
+            decide::DrainNext::DeadlineQuit => {
                 return d
                     .deadline_quit(report, &app, snapshot.live, app_gone, remaining)
                     .await;
@@ -285,21 +237,32 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
             }
             changed = view.changed() => {
                 match (changed, view.borrow_and_update().clone()) {
-                    (Ok(()), Some(v)) => current = v,
-                    // The kubelet removes the pod object only once every container has
-                    // stopped, the proxy last: in a kubelet-ordered drain that is the end it
-                    // was watching for, seen a little late (the lag is an upper bound).
-                    _ if kubelet_ordered => {
-                        d.errors.push(
-                            "the pod object was removed before the proxy's exit was seen: the \
-                             app → proxy exit lag is an upper bound"
-                                .to_string(),
-                        );
-                        let mut report = d.app_gone(report, app_gone);
-                        report.proxy_exit_seen_at = Some(d.wall(Instant::now()));
-                        return d.finish(report, DrainOutcome::KubeletOrdered, &app);
+                    (Ok(()), Some(v)) => {
+                        // A shortened grace period moves the kill, and so the deadline, earlier.
+                        let now = SystemTime::now();
+                        if let Some(next) = v.deletion.and_then(|d| plan.shortened(d, now)) {
+                            plan = next;
+                            remaining = plan.remaining(now);
+                            deadline = Instant::now() + remaining;
+                            report.deadline_at = plan.deadline;
+                            report.deadline_meaning = plan.meaning;
+                            tracing::info!(
+                                remaining_ms = remaining.as_millis() as u64,
+                                "the pod's grace period was shortened: the drain's deadline follows"
+                            );
+                        }
+                        current = v;
                     }
-                    _ => return d.finish(report, DrainOutcome::PodGone, &app),
+                    _ => {
+                        let next = decide::drain_next(decide::DrainSeen {
+                            pod_removed: true,
+                            ..seen
+                        });
+                        let decide::DrainNext::End(end) = next else {
+                            unreachable!("decide::drain_next ends every drain whose pod is removed")
+                        };
+                        return d.end(report, end, &snapshot, app_gone, remaining, &current, &app);
+                    }
                 }
                 true
             }
@@ -356,6 +319,81 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
             report.app_gone_at = Some(self.wall(at));
         }
         report
+    }
+
+    /// Ends the drain as `decide::drain_next` said, without a quit: records what the outcome
+    /// needs (the advice, the proxy's exit) and finishes.
+    #[allow(clippy::too_many_arguments)]
+    fn end<S: PodProcessSource>(
+        mut self,
+        report: DrainReport,
+        end: decide::DrainEnd,
+        snapshot: &super::app_exit::AppSnapshot,
+        app_gone: Option<Instant>,
+        remaining: Duration,
+        view: &PodView,
+        app: &AppTracker<S>,
+    ) -> DrainReport {
+        let mut report = self.app_gone(report, app_gone);
+        match end.outcome {
+            DrainOutcome::AppDone | DrainOutcome::KubeletOrdered if end.app_unknown => {
+                self.errors.push(
+                    "the proxy exited on its own; whether the app had finished is unknown \
+                     (its processes are not visible)"
+                        .to_string(),
+                );
+            }
+            DrainOutcome::KubeletOrdered if !self.envoy_gone() => {
+                self.errors.push(
+                    "the pod object was removed before the proxy's exit was seen: the app → \
+                     proxy exit lag is an upper bound"
+                        .to_string(),
+                );
+            }
+            DrainOutcome::SidecarLost => {
+                let advice = format!(
+                    "the native sidecar's proxy exited during the pod's termination while {} app \
+                     process(es) still ran: the kubelet does not restart a sidecar then (KEP-4438 \
+                     is not in Kubernetes 1.33-1.35), so the app had no mesh egress for the rest of \
+                     its shutdown. Look for why Envoy or pilot-agent died (OOM-kill, a crash) in \
+                     the istio-proxy container's previous logs",
+                    snapshot.live
+                );
+                tracing::warn!("{advice}");
+                add_advice(&mut report, advice);
+            }
+            DrainOutcome::ProxyGoneEarly => {
+                // What to change depends on how pilot-agent ends Envoy for this pod
+                // (`EXIT_ON_ZERO_ACTIVE_CONNECTIONS` or not): the pod's own advice.
+                let advice = format!(
+                    "{} ({} app process(es) still ran; the pod's grace period is {}s)",
+                    crate::pod::drain_advice(view),
+                    snapshot.live,
+                    view.deletion.map_or(0, |d| d.grace.as_secs()),
+                );
+                tracing::warn!("{advice}");
+                add_advice(&mut report, advice);
+            }
+            DrainOutcome::Deadline => {
+                self.errors.push(format!(
+                    "the drain deadline came ({} after the deletion was seen) with the proxy still \
+                     running; the kubelet ends it at the grace period's end",
+                    crate::config::format_duration(remaining)
+                ));
+            }
+            _ => {}
+        }
+        if matches!(
+            end.outcome,
+            DrainOutcome::AppDone | DrainOutcome::KubeletOrdered
+        ) && self.envoy_gone()
+        {
+            tracing::info!("the proxy has already exited");
+        }
+        if end.proxy_exit_seen {
+            report.proxy_exit_seen_at = Some(self.wall(Instant::now()));
+        }
+        self.finish(report, end.outcome, app)
     }
 
     /// The deadline came: quit the proxy whatever the app and the counts say.

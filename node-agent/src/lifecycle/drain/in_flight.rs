@@ -1,18 +1,30 @@
-//! Is anything still in flight through the pod's proxy? Judged from one `/stats` sample: the
-//! holdfast filter's connection counts and Envoy's own byte counters.
+//! Is anything still in flight through the pod's proxy, in either direction? Judged from one
+//! `/stats` sample: the holdfast filter's connection counts and Envoy's own byte counters.
 //!
 //! The filter publishes, per direction (`inbound`, `outbound`, `unknown`), a `cx_active` gauge
 //! (connections open now) as `wasmcustom.holdfast.<dir>.cx_active`. Envoy counts, for every
-//! `http_connection_manager` and `tcp_proxy`, the bytes it read from and wrote to downstream
-//! connections (`http.<stat_prefix>.downstream_cx_{rx,tx}_bytes_total`, `tcp.<stat_prefix>.…`),
-//! updated on every read and write of a live connection. Nothing is in flight when either
+//! `http_connection_manager` and `tcp_proxy`, the bytes it wrote to and read from downstream
+//! connections (`http.<stat_prefix>.downstream_cx_{rx,tx}_bytes_total`, `tcp.<stat_prefix>.…`,
+//! counted as they reach the socket) and the bytes it holds to write
+//! (`…downstream_cx_tx_bytes_buffered`, a gauge): envoyproxy/envoy
+//! `docs/root/configuration/http/http_conn_man/stats.rst` and
+//! `docs/root/configuration/listeners/network_filters/tcp_proxy_filter.rst`. Nothing is in
+//! flight when
 //!
-//! - no outbound connection is open (`outbound.cx_active == 0`): the app's calls to other
-//!   services are finished, or
-//! - no byte moved through the pod's traffic listeners over an idle window: whatever
-//!   connections remain are idle keep-alives (a remote client's pooled connection *into* the
-//!   pod, say), which must not hold the drain, unlike pilot-agent's
-//!   `EXIT_ON_ZERO_ACTIVE_CONNECTIONS`.
+//! - Envoy keeps its byte counters, and no byte moved through the pod's traffic listeners, in
+//!   either direction, over an idle window, with none buffered: whatever connections remain
+//!   are idle keep-alives (a remote client's pooled connection *into* the pod, say), which must
+//!   not hold the drain, unlike pilot-agent's `EXIT_ON_ZERO_ACTIVE_CONNECTIONS`. The filter's
+//!   counts do not shorten this: it does not see every connection (Istio builds the outbound
+//!   catch-all chain without WasmPlugin filters, docs/install.md "Passthrough traffic");
+//! - Envoy keeps no byte counters, and no connection is open through the proxy in any
+//!   direction by the filter's counts: a response still being sent keeps its downstream
+//!   connection open until Envoy has written its last byte (a connection closed with
+//!   `FlushWrite` is counted open until the flush ends).
+//!
+//! "No outbound connection" alone (the rule before issue 28) is not enough: after the app wrote
+//! a large response and exited, Envoy still sends it to a slow client from its buffers and the
+//! kernel's, inbound, for seconds — quitting then cut a 4 MiB download at 1.6 MB.
 //!
 //! The byte test leaves out the listeners that move bytes during every drain without carrying
 //! the pod's traffic ([`PROXY_OWN_HTTP_PREFIXES`]): Envoy's admin (this agent's own polling,
@@ -22,11 +34,15 @@
 //! only if it moves bytes at least every idle window (100 ms), which probes and scrapes (seconds
 //! apart) do not.
 //!
-//! Istio's default stats matcher keeps none of Envoy's byte counters; holdfast's mesh config
-//! adds them ([`TrafficBytes::exposed`]). Without them the bytes never call anything idle: an
-//! outbound connection left open after the app's exit then holds the drain until it closes or
-//! the deadline (never a quit on what cannot be seen), and the drain says why
-//! ([`UNEXPOSED_BYTES_ADVICE`]).
+//! What Envoy keeps decides which rule can speak. Istio's default stats matcher keeps the
+//! filter's stats (its `wasm` prefix) and none of Envoy's byte counters; holdfast's mesh config
+//! adds them ([`TrafficBytes::exposed`]). Without them only "no connection at all" calls the pod
+//! idle: a connection left open (a client's keep-alive into the pod) then holds the drain until
+//! it closes, pilot-agent's own drain ends Envoy, or the deadline — never a quit on what cannot
+//! be seen — and the drain says why ([`UNEXPOSED_BYTES_ADVICE`]). Without the filter and without
+//! the byte counters nothing can be seen at all ([`InFlight::Unseen`]): the drain never quits
+//! then, and Envoy ends as with Istio alone. Either way holdfast never makes a drain longer than
+//! Istio's: pilot-agent still kills Envoy at the end of its `terminationDrainDuration`.
 //!
 //! (Earlier builds had the filter count the bytes itself, in a data callback on every chunk.
 //! Envoy's counters see the same bytes, and more — a response Envoy still flushes to a slow
@@ -69,14 +85,44 @@ const BYTE_COUNTERS: [&str; 2] = [
     ".downstream_cx_tx_bytes_total",
 ];
 
-/// The `/stats?filter=` regex (RE2) of one sample: the filter's stats under `prefix`, and every
-/// HCM and `tcp_proxy` downstream byte counter. Asked with `usedonly`, so a sidecar with
-/// thousands of configured `tcp_proxy` routes lists only those that carried traffic.
+/// Only the write side: Envoy updates `…_tx_bytes_buffered` after every write, so it reads 0
+/// once a connection's output is flushed. `…_rx_bytes_buffered` is updated only when bytes are
+/// read, not when a filter drains them, and stays above 0 on an idle connection (seen on Envoy
+/// 1.40: 64 on an idle `tcp_proxy` connection, 328 on the admin's keep-alive), so it cannot say
+/// "nothing held".
+const BUFFERED_GAUGES: [&str; 1] = [".downstream_cx_tx_bytes_buffered"];
+
+/// The filter's stats a drain sample reads (the rest of its stats are not asked for).
+const FILTER_STATS: [&str; 5] = [
+    "inbound.cx_active",
+    "outbound.cx_active",
+    "unknown.cx_active",
+    "loaded",
+    "workers_ready",
+];
+
+/// The `/stats?filter=` regex (RE2) of one sample: the filter's stats the judge reads under
+/// `prefix` ([`FILTER_STATS`]), and every HCM and `tcp_proxy` downstream byte counter and
+/// buffered gauge. Asked with `usedonly`, so a sidecar with thousands of configured `tcp_proxy`
+/// routes lists only those that carried traffic.
 pub fn sample_regex(prefix: &str) -> String {
     format!(
-        "^(?:{}\\.|(?:http|tcp)\\..+\\.downstream_cx_(?:rx|tx)_bytes_total$)",
+        "^(?:{}\\.(?:(?:inbound|outbound|unknown)\\.cx_active|loaded|workers_ready)|(?:http|tcp)\\..+\\.downstream_cx_(?:(?:rx|tx)_bytes_total|tx_bytes_buffered))$",
         regex_escape(prefix)
     )
+}
+
+/// Whether a sample keeps the line named `name`: what [`sample_regex`] asks for, so a pod's
+/// Envoy that answers more than it was asked costs the agent no memory for it.
+pub fn sample_keeps(prefix: &str, name: &str) -> bool {
+    if let Some(rest) = name.strip_prefix(prefix).and_then(|r| r.strip_prefix('.')) {
+        return FILTER_STATS.contains(&rest);
+    }
+    (name.starts_with("http.") || name.starts_with("tcp."))
+        && BYTE_COUNTERS
+            .iter()
+            .chain(BUFFERED_GAUGES.iter())
+            .any(|s| name.ends_with(s))
 }
 
 /// The sum of Envoy's downstream byte counters of the pod's traffic listeners, and how many
@@ -85,6 +131,9 @@ pub fn sample_regex(prefix: &str) -> String {
 pub struct TrafficBytes {
     pub total: u64,
     pub counters: u32,
+    /// Bytes Envoy holds to write to the pod's traffic listeners' downstream connections (the
+    /// `downstream_cx_tx_bytes_buffered` gauges; 0 when Envoy does not keep them).
+    pub buffered: u64,
     /// Envoy keeps these counters at all. A stats matcher can drop them, and Istio's default one
     /// does: its bootstrap includes only a few prefixes and suffixes (istio/istio
     /// pkg/bootstrap/config.go, `requiredEnvoyStatsMatcherInclusionPrefixes` and the
@@ -100,9 +149,14 @@ impl TrafficBytes {
         let mut t = TrafficBytes::default();
         for (name, value) in stats {
             let name = name.as_ref();
-            if counts_as_traffic(name) {
+            if counts_as_traffic(name, &BYTE_COUNTERS) {
                 t.total = t.total.wrapping_add(value);
                 t.counters = t.counters.saturating_add(1);
+            } else if counts_as_traffic(name, &BUFFERED_GAUGES) {
+                // An underflowed gauge reads near 2^64: taken as garbage, not as bytes held.
+                if value <= MAX_SANE_GAUGE {
+                    t.buffered = t.buffered.saturating_add(value);
+                }
             } else if BYTE_COUNTERS
                 .iter()
                 .any(|s| name.strip_suffix(s) == Some("http.admin"))
@@ -116,17 +170,20 @@ impl TrafficBytes {
 
 /// What the drain (or Job quit) says, once, when only the bytes could tell idle from busy and
 /// Envoy does not keep them.
-pub const UNEXPOSED_BYTES_ADVICE: &str = "an outbound connection is still open after the app \
-     exited, and Envoy does not keep its downstream byte counters (a stats matcher drops them: \
-     Istio's default), so an idle keep-alive cannot be told from traffic in flight: holdfast \
-     waits for the connection to close or for its deadline. Add inclusionSuffixes \
-     [downstream_cx_rx_bytes_total, downstream_cx_tx_bytes_total] to \
+pub const UNEXPOSED_BYTES_ADVICE: &str = "a connection through the proxy is still open after \
+     the app exited (a client's keep-alive into the pod, or a response still being sent), and \
+     Envoy does not keep its downstream byte counters (a stats matcher drops them: Istio's \
+     default), so an idle keep-alive cannot be told from traffic in flight: holdfast waits for \
+     the connection to close, for pilot-agent's own drain or for its deadline. Add \
+     inclusionSuffixes [downstream_cx_rx_bytes_total, downstream_cx_tx_bytes_total, \
+     downstream_cx_tx_bytes_buffered] to \
      meshConfig.defaultConfig.proxyStatsMatcher (manifests/mesh-config) so holdfast can end it \
      once no byte moves.";
 
-/// Whether `name` is a downstream byte counter of a listener that carries the pod's traffic.
-fn counts_as_traffic(name: &str) -> bool {
-    let Some(scope) = BYTE_COUNTERS.iter().find_map(|s| name.strip_suffix(s)) else {
+/// Whether `name` is one of `stats` (a byte counter or a buffered gauge) of a listener that
+/// carries the pod's traffic.
+fn counts_as_traffic(name: &str, stats: &[&str]) -> bool {
+    let Some(scope) = stats.iter().find_map(|s| name.strip_suffix(s)) else {
         return false;
     };
     if let Some(stat_prefix) = scope.strip_prefix("http.") {
@@ -222,12 +279,23 @@ impl DrainSample {
 /// One judgement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InFlight {
-    /// The filter is not installed: its counts cannot say; the caller decides without them.
-    NoFilter,
+    /// Neither the filter's counts nor Envoy's byte counters are there: nothing can tell a
+    /// response still being sent from an idle connection, so nothing is ever called idle.
+    Unseen,
     /// Nothing is in flight.
     Idle(IdleReason),
-    /// Something may still be in flight.
-    Busy { outbound_active: Option<u64> },
+    /// Something may still be in flight; `connections`: open through the proxy in every
+    /// direction by the filter's counts (`None`: no filter, or a count is garbage).
+    Busy { connections: Option<u64> },
+}
+
+impl FilterCounts {
+    /// Connections open through the proxy in every direction (`None`: a count is garbage).
+    pub fn open(&self) -> Option<u64> {
+        [self.inbound, self.outbound, self.unknown]
+            .iter()
+            .try_fold(0u64, |sum, d| d.cx_active.map(|n| sum.saturating_add(n)))
+    }
 }
 
 /// Judges successive samples.
@@ -235,7 +303,8 @@ pub enum InFlight {
 pub struct InFlightJudge {
     idle_window: Duration,
     last_bytes: Option<TrafficBytes>,
-    /// Time of the first sample in the current run of samples with unchanged bytes.
+    /// Time of the first sample in the current run of samples with unchanged bytes and nothing
+    /// buffered.
     unchanged_since: Option<Instant>,
 }
 
@@ -252,31 +321,35 @@ impl InFlightJudge {
     /// Takes the sample taken at `now` and judges. Samples must come in time order; a failed
     /// `/stats` request is no sample (call nothing).
     pub fn observe(&mut self, now: Instant, sample: &DrainSample) -> InFlight {
-        let Some(counts) = sample.filter else {
-            self.last_bytes = None;
-            self.unchanged_since = None;
-            return InFlight::NoFilter;
-        };
-        if !sample.traffic.exposed {
+        let bytes = sample.traffic;
+        if !bytes.exposed {
             // Envoy keeps no byte counters: never idle by bytes.
             self.unchanged_since = None;
-        } else if self.last_bytes != Some(sample.traffic) {
-            // Changed, or the first sample: a run of unchanged samples starts here.
+            self.last_bytes = None;
+        } else if self.last_bytes != Some(bytes) || bytes.buffered > 0 {
+            // Changed, bytes still held in Envoy's buffers, or the first sample: a run of
+            // unchanged samples (at best) starts here.
             self.unchanged_since = Some(now);
+            self.last_bytes = Some(bytes);
         }
-        self.last_bytes = Some(sample.traffic);
 
-        if counts.outbound.cx_active == Some(0) {
-            return InFlight::Idle(IdleReason::NoOutboundConnections);
-        }
-        if let Some(since) = self.unchanged_since {
-            let idle_for = now.saturating_duration_since(since);
-            if idle_for >= self.idle_window {
-                return InFlight::Idle(IdleReason::NoBytesMoved { idle_for });
+        let open = sample.filter.and_then(|f| f.open());
+        if bytes.exposed {
+            // The bytes decide, even when the filter counts no connection: it does not count
+            // every connection (Istio builds the outbound catch-all chain, PassthroughCluster,
+            // without WasmPlugin filters), Envoy's counters see them all.
+            if let Some(since) = self.unchanged_since {
+                let idle_for = now.saturating_duration_since(since);
+                if idle_for >= self.idle_window && bytes.buffered == 0 {
+                    return InFlight::Idle(IdleReason::NoBytesMoved { idle_for });
+                }
             }
+            return InFlight::Busy { connections: open };
         }
-        InFlight::Busy {
-            outbound_active: counts.outbound.cx_active,
+        match (sample.filter, open) {
+            (None, _) => InFlight::Unseen,
+            (Some(_), Some(0)) => InFlight::Idle(IdleReason::NoConnections),
+            (Some(_), open) => InFlight::Busy { connections: open },
         }
     }
 }
@@ -289,12 +362,19 @@ mod tests {
         FilterCounts::from_stats(DEFAULT_STAT_PREFIX, pairs.iter().map(|(k, v)| (*k, *v)))
     }
 
-    /// A sample with the filter present, `outbound_active` outbound connections and `bytes`
-    /// moved in all.
-    fn sample(outbound_active: u64, bytes: u64) -> DrainSample {
+    /// A sample with the filter present, `inbound_active` and `outbound_active` connections
+    /// open, `bytes` moved in all and `buffered` held, Envoy keeping its byte counters.
+    fn sample_io(
+        inbound_active: u64,
+        outbound_active: u64,
+        bytes: u64,
+        buffered: u64,
+    ) -> DrainSample {
         DrainSample {
             filter: Some(FilterCounts {
-                inbound: DirectionCounts { cx_active: Some(1) },
+                inbound: DirectionCounts {
+                    cx_active: Some(inbound_active),
+                },
                 outbound: DirectionCounts {
                     cx_active: Some(outbound_active),
                 },
@@ -303,9 +383,15 @@ mod tests {
             traffic: TrafficBytes {
                 total: bytes,
                 counters: 2,
+                buffered,
                 exposed: true,
             },
         }
+    }
+
+    /// One inbound connection open, `outbound_active` outbound, `bytes` moved.
+    fn sample(outbound_active: u64, bytes: u64) -> DrainSample {
+        sample_io(1, outbound_active, bytes, 0)
     }
 
     #[test]
@@ -406,11 +492,17 @@ mod tests {
             4,
         ),
         ("tcp.PassthroughCluster.downstream_cx_tx_bytes_total", 5000),
-        // Not byte counters, or not downstream ones: ignored.
+        // Bytes held to write on a traffic listener: counted; the read side is stale (ignored).
         (
             "http.inbound_0.0.0.0_8080.downstream_cx_rx_bytes_buffered",
             7,
         ),
+        (
+            "tcp.InboundPassthroughCluster.downstream_cx_tx_bytes_buffered",
+            65_536,
+        ),
+        ("http.admin.downstream_cx_tx_bytes_buffered", 900),
+        // Not byte counters, or not downstream ones: ignored.
         ("cluster.PassthroughCluster.upstream_cx_rx_bytes_total", 7),
         ("listener.0.0.0.0_15006.downstream_cx_total", 7),
         ("tcp.downstream_cx_rx_bytes_total", 7),
@@ -427,6 +519,7 @@ mod tests {
             TrafficBytes {
                 total: 100 + 200 + 30 + 4 + 5000,
                 counters: 5,
+                buffered: 65_536,
                 exposed: true,
             }
         );
@@ -441,21 +534,97 @@ mod tests {
     }
 
     #[test]
-    fn sample_regex_asks_for_both_and_escapes_the_prefix() {
+    fn sample_regex_asks_for_what_the_judge_reads_and_escapes_the_prefix() {
         assert_eq!(
             sample_regex("wasmcustom.holdfast"),
-            "^(?:wasmcustom\\.holdfast\\.|(?:http|tcp)\\..+\\.downstream_cx_(?:rx|tx)_bytes_total$)"
+            "^(?:wasmcustom\\.holdfast\\.(?:(?:inbound|outbound|unknown)\\.cx_active|loaded|workers_ready)|(?:http|tcp)\\..+\\.downstream_cx_(?:(?:rx|tx)_bytes_total|tx_bytes_buffered))$"
         );
-        assert!(sample_regex("wasmcustom.a+b").starts_with("^(?:wasmcustom\\.a\\+b\\.|"));
+        assert!(sample_regex("wasmcustom.a+b").starts_with("^(?:wasmcustom\\.a\\+b\\.(?:"));
+        // What is kept of an answer is what was asked for.
+        for (name, kept) in [
+            ("wasmcustom.holdfast.inbound.cx_active", true),
+            ("wasmcustom.holdfast.workers_ready", true),
+            ("wasmcustom.holdfast.inbound.cx_total", false),
+            (
+                "http.inbound_0.0.0.0_8080.downstream_cx_tx_bytes_total",
+                true,
+            ),
+            (
+                "tcp.InboundPassthroughCluster.downstream_cx_tx_bytes_buffered",
+                true,
+            ),
+            (
+                "tcp.InboundPassthroughCluster.downstream_cx_rx_bytes_buffered",
+                false,
+            ),
+            ("http.admin.downstream_cx_rx_bytes_total", true),
+            ("cluster.x.upstream_cx_rx_bytes_total", false),
+            ("server.state", false),
+            ("x".repeat(300).as_str(), false),
+        ] {
+            assert_eq!(sample_keeps(DEFAULT_STAT_PREFIX, name), kept, "{name}");
+        }
     }
 
     #[test]
-    fn zero_outbound_is_idle_at_once() {
+    fn with_byte_counters_no_connection_still_waits_for_the_window() {
+        // The filter does not see passthrough connections; Envoy's counters do.
         let mut j = InFlightJudge::new(Duration::from_millis(100));
         let t = Instant::now();
         assert_eq!(
-            j.observe(t, &sample(0, 10)),
-            InFlight::Idle(IdleReason::NoOutboundConnections)
+            j.observe(t, &sample_io(0, 0, 10, 0)),
+            InFlight::Busy {
+                connections: Some(0)
+            }
+        );
+        assert_eq!(
+            j.observe(t + Duration::from_millis(100), &sample_io(0, 0, 10, 0)),
+            InFlight::Idle(IdleReason::NoBytesMoved {
+                idle_for: Duration::from_millis(100)
+            })
+        );
+    }
+
+    /// Issue 28: the app wrote a 4 MiB response and exited; Envoy still sends it to a slow
+    /// client through the inbound connection. No outbound connection is open, which the rule
+    /// before called idle at once; the bytes moving (or held in Envoy's buffers) keep it busy
+    /// until the last one went out and the window passed.
+    #[test]
+    fn a_response_still_sent_inbound_is_busy_until_its_last_byte() {
+        let window = Duration::from_millis(100);
+        let mut j = InFlightJudge::new(window);
+        let t = Instant::now();
+        let ms = |n| t + Duration::from_millis(n);
+        // Flushing at ~1.3 MB/s: 130 KB per 100 ms.
+        for (i, at) in (0..20u64).map(|i| (i, ms(i * 50))) {
+            assert!(
+                matches!(
+                    j.observe(at, &sample_io(1, 0, 1_000 + i * 65_000, 0)),
+                    InFlight::Busy {
+                        connections: Some(1)
+                    }
+                ),
+                "sample {i}"
+            );
+        }
+        // The client stalls for 300 ms with 200 KB still in Envoy's buffers: no byte moves, but
+        // something is held: busy.
+        let stalled = sample_io(1, 0, 1_000 + 19 * 65_000, 200_000);
+        for at in [1000, 1100, 1200, 1300] {
+            assert!(
+                matches!(j.observe(ms(at), &stalled), InFlight::Busy { .. }),
+                "{at}"
+            );
+        }
+        // The buffers drain, the last byte goes at 1350: idle once the window has passed.
+        let done = sample_io(1, 0, 1_000 + 19 * 65_000 + 200_000, 0);
+        assert!(matches!(j.observe(ms(1350), &done), InFlight::Busy { .. }));
+        assert!(matches!(j.observe(ms(1400), &done), InFlight::Busy { .. }));
+        assert_eq!(
+            j.observe(ms(1450), &done),
+            InFlight::Idle(IdleReason::NoBytesMoved {
+                idle_for: Duration::from_millis(100)
+            })
         );
     }
 
@@ -468,7 +637,7 @@ mod tests {
         assert!(matches!(
             j.observe(t, &sample(1, 20)),
             InFlight::Busy {
-                outbound_active: Some(1)
+                connections: Some(2)
             }
         ));
         assert!(matches!(
@@ -512,11 +681,11 @@ mod tests {
     }
 
     #[test]
-    fn without_envoys_byte_counters_never_idle_by_bytes() {
+    fn without_envoys_byte_counters_only_no_connection_is_idle() {
         // Istio's default stats matcher: only the filter's stats and a few of Envoy's are kept.
         let istio_default: &[(&str, u64)] = &[
             ("wasmcustom.holdfast.workers_ready", 1),
-            ("wasmcustom.holdfast.outbound.cx_active", 1),
+            ("wasmcustom.holdfast.inbound.cx_active", 1),
         ];
         let s = DrainSample::from_stats(
             DEFAULT_STAT_PREFIX,
@@ -525,22 +694,24 @@ mod tests {
         assert!(!s.traffic.exposed);
         let mut j = InFlightJudge::new(Duration::from_millis(10));
         let t = Instant::now();
+        // An inbound connection stays open (a response being sent, or a keep-alive: cannot be
+        // told): busy, however long.
         for ms in [0, 50, 500] {
             assert!(matches!(
                 j.observe(t + Duration::from_millis(ms), &s),
                 InFlight::Busy {
-                    outbound_active: Some(1)
+                    connections: Some(1)
                 }
             ));
         }
-        // The outbound connection closes: idle by the filter's count alone.
+        // It closes: idle by the filter's counts alone.
         let mut closed = s;
         if let Some(f) = closed.filter.as_mut() {
-            f.outbound.cx_active = Some(0);
+            f.inbound.cx_active = Some(0);
         }
         assert_eq!(
             j.observe(t + Duration::from_millis(600), &closed),
-            InFlight::Idle(IdleReason::NoOutboundConnections)
+            InFlight::Idle(IdleReason::NoConnections)
         );
         // Only the admin API's counters kept: exposed, nothing of the pod's traffic moved yet.
         let t = TrafficBytes::from_stats([("http.admin.downstream_cx_tx_bytes_total", 9u64)]);
@@ -549,9 +720,41 @@ mod tests {
             TrafficBytes {
                 total: 0,
                 counters: 0,
+                buffered: 0,
                 exposed: true
             }
         );
+    }
+
+    #[test]
+    fn without_the_filter_the_bytes_decide_and_without_both_nothing_does() {
+        let mut j = InFlightJudge::new(Duration::from_millis(10));
+        let t = Instant::now();
+        let no_filter = |bytes, exposed| DrainSample {
+            filter: None,
+            traffic: TrafficBytes {
+                total: bytes,
+                counters: 1,
+                buffered: 0,
+                exposed,
+            },
+        };
+        assert!(matches!(
+            j.observe(t, &no_filter(5, true)),
+            InFlight::Busy { connections: None }
+        ));
+        assert!(matches!(
+            j.observe(t + Duration::from_millis(20), &no_filter(5, true)),
+            InFlight::Idle(IdleReason::NoBytesMoved { .. })
+        ));
+        // Neither the filter nor the counters: never idle.
+        let mut j = InFlightJudge::new(Duration::ZERO);
+        for ms in [0, 10, 10_000] {
+            assert_eq!(
+                j.observe(t + Duration::from_millis(ms), &no_filter(0, false)),
+                InFlight::Unseen
+            );
+        }
     }
 
     #[test]
@@ -571,30 +774,37 @@ mod tests {
             j.observe(Instant::now(), &sample(1, 3)),
             InFlight::Idle(_)
         ));
+        // Not with bytes held in Envoy's buffers.
+        let mut j = InFlightJudge::new(Duration::ZERO);
+        assert!(matches!(
+            j.observe(Instant::now(), &sample_io(1, 0, 3, 1)),
+            InFlight::Busy { .. }
+        ));
     }
 
     #[test]
-    fn a_garbage_outbound_gauge_leaves_the_bytes_to_decide() {
+    fn a_garbage_gauge_leaves_the_bytes_to_decide() {
         let mut j = InFlightJudge::new(Duration::from_millis(10));
         let t = Instant::now();
-        let mut g = sample(0, 9);
+        let mut g = sample_io(0, 0, 9, 0);
         if let Some(f) = g.filter.as_mut() {
             f.outbound.cx_active = None;
         }
         assert!(matches!(
             j.observe(t, &g),
-            InFlight::Busy {
-                outbound_active: None
-            }
+            InFlight::Busy { connections: None }
         ));
         assert!(matches!(
             j.observe(t + Duration::from_millis(10), &g),
             InFlight::Idle(IdleReason::NoBytesMoved { .. })
         ));
+        // An underflowed buffered gauge is garbage, not bytes held.
+        let t2 = TrafficBytes::from_stats([("tcp.x.downstream_cx_tx_bytes_buffered", u64::MAX)]);
+        assert_eq!(t2.buffered, 0);
     }
 
     #[test]
-    fn filter_gone_resets_history() {
+    fn filter_gone_keeps_the_bytes_history() {
         let mut j = InFlightJudge::new(Duration::from_millis(10));
         let t = Instant::now();
         j.observe(t, &sample(1, 3));
@@ -602,20 +812,30 @@ mod tests {
             filter: None,
             traffic: sample(1, 3).traffic,
         };
-        assert_eq!(
+        assert!(matches!(
             j.observe(t + Duration::from_millis(5), &no_filter),
-            InFlight::NoFilter
-        );
+            InFlight::Busy { connections: None }
+        ));
         assert!(matches!(
             j.observe(t + Duration::from_millis(20), &sample(1, 3)),
-            InFlight::Busy { .. }
+            InFlight::Idle(IdleReason::NoBytesMoved { .. })
         ));
     }
 }
-/// Notices a drain (or Job quit) that has waited a whole idle window only because Envoy keeps
-/// no byte counters: an outbound connection stays open, and the bytes, which could have said it
-/// is idle, are not there. Not at the first such sample: the app's own connections close a few
-/// milliseconds after its exit, and that wait costs nothing.
+/// What the drain (or Job quit) says, once, when neither the filter nor Envoy's byte counters
+/// are there: nothing can tell whether a response is still being sent.
+pub const UNSEEN_ADVICE: &str = "the holdfast filter is not in this pod's proxy and Envoy does \
+     not keep its downstream byte counters, so whether a response is still being sent after \
+     the app exited cannot be seen: holdfast does not end the proxy, which ends by pilot-agent's \
+     own drain (terminationDrainDuration) or at the drain's deadline, as without holdfast. \
+     Install the filter (manifests/wasmplugin.yaml) and add the byte counters to \
+     meshConfig.defaultConfig.proxyStatsMatcher (manifests/mesh-config) so holdfast can end it \
+     when nothing is in flight.";
+
+/// Notices a drain (or Job quit) that has waited a whole idle window only because what could
+/// tell idle from busy is not there: Envoy keeps no byte counters and a connection stays open,
+/// or neither the filter nor the counters are there. Not at the first such sample: the app's
+/// own connections close a few milliseconds after its exit, and that wait costs nothing.
 #[derive(Debug, Default)]
 pub(super) struct UnexposedBytes {
     since: Option<Instant>,
@@ -623,25 +843,29 @@ pub(super) struct UnexposedBytes {
 }
 
 impl UnexposedBytes {
-    /// True once, the first time it has mattered for `window`.
+    /// The advice, once, the first time it has mattered for `window`.
     pub(super) fn notice(
         &mut self,
         now: Instant,
         sample: &DrainSample,
         judgement: InFlight,
         window: Duration,
-    ) -> bool {
-        let waits = !sample.traffic.exposed
-            && matches!(judgement, InFlight::Busy { outbound_active: Some(n) } if n > 0);
-        if !waits {
-            self.since = None;
-            return false;
-        }
+    ) -> Option<&'static str> {
+        let advice = match judgement {
+            InFlight::Unseen => UNSEEN_ADVICE,
+            InFlight::Busy {
+                connections: Some(n),
+            } if n > 0 && !sample.traffic.exposed => UNEXPOSED_BYTES_ADVICE,
+            _ => {
+                self.since = None;
+                return None;
+            }
+        };
         let since = *self.since.get_or_insert(now);
         if self.said || now.saturating_duration_since(since) < window {
-            return false;
+            return None;
         }
         self.said = true;
-        true
+        Some(advice)
     }
 }

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::admin::{Drainer, ProxyAdmin};
 use super::app_exit::{AppTracker, PodProcessSource};
-use super::in_flight::{InFlightJudge, UnexposedBytes, UNEXPOSED_BYTES_ADVICE};
+use super::in_flight::{InFlightJudge, UnexposedBytes};
 use super::{decide, DrainCtx, DrainStep, JobOutcome, JobReport, QuitReason};
 
 /// Quits the proxy of a Job-like pod once its app has finished for good, so the pod completes.
@@ -97,9 +97,9 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
             Ok(sample) => {
                 let now = Instant::now().into_std();
                 let j = judge.observe(now, &sample);
-                if unexposed.notice(now, &sample, j, settings.idle_window) {
-                    tracing::warn!("{UNEXPOSED_BYTES_ADVICE}");
-                    d.errors.push(UNEXPOSED_BYTES_ADVICE.to_string());
+                if let Some(advice) = unexposed.notice(now, &sample, j, settings.idle_window) {
+                    tracing::warn!("{advice}");
+                    d.errors.push(advice.to_string());
                 }
                 Some(j)
             }
@@ -109,7 +109,7 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
             }
         };
         let next = decide::job_next(decide::JobSeen {
-            proxy_gone: d.refusals >= settings.refusals_for_gone,
+            proxy_gone: d.envoy_gone(),
             judgement,
             stats_exhausted: failed >= settings.admin_attempts,
             out_of_time: Instant::now() >= until,

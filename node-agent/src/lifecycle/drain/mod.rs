@@ -42,7 +42,8 @@ pub use app_exit::{
 };
 pub use deletion::drain;
 pub use in_flight::{
-    DrainSample, InFlight, InFlightJudge, TrafficBytes, DEFAULT_STAT_PREFIX, UNEXPOSED_BYTES_ADVICE,
+    DrainSample, InFlight, InFlightJudge, TrafficBytes, DEFAULT_STAT_PREFIX,
+    UNEXPOSED_BYTES_ADVICE, UNSEEN_ADVICE,
 };
 pub use job::finish_job;
 pub use plan::DrainPlan;
@@ -62,7 +63,7 @@ use crate::pod::{PodKey, PodView};
 /// Envoy admin paths the drain uses (the inbound drain's is decided in [`envoy_version`]).
 pub use envoy_version::DRAIN_INBOUND_PATH;
 pub const SERVER_INFO_PATH: &str = "/server_info";
-pub const QUIT_PATH: &str = "/quitquitquit";
+pub use crate::effects::envoy_admin::QUIT_PATH;
 
 /// What [`drain`] and [`finish_job`] work with.
 pub struct DrainCtx<'a, A, S> {

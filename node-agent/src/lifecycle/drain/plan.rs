@@ -86,6 +86,23 @@ impl DrainPlan {
         }
     }
 
+    /// The plan of `deletion`, observed at `observed`, when it moves the deadline earlier than
+    /// this plan's: a `kubectl delete --grace-period=5` after a longer one. The API server only
+    /// ever shortens a pending deletion's grace period, moving `deletionTimestamp` back by the
+    /// difference (kubernetes/kubernetes
+    /// staging/src/k8s.io/apiserver/pkg/registry/rest/delete.go `BeforeDelete`: "only a shorter
+    /// grace period may be provided by a user"; the new timestamp is the old minus the old
+    /// `deletionGracePeriodSeconds` plus the new), and the kubelet then kills sooner. `None`:
+    /// the same deadline or a later one (never followed: the kubelet does not wait longer).
+    pub fn shortened(&self, deletion: Deletion, observed: SystemTime) -> Option<DrainPlan> {
+        let next = DrainPlan::new(deletion, observed);
+        match (self.deadline, next.deadline) {
+            (None, Some(_)) => Some(next),
+            (Some(now), Some(then)) if then < now => Some(next),
+            _ => None,
+        }
+    }
+
     /// Time left until the deadline at `now`: zero once it passed, at most [`MAX_REMAINING`].
     pub fn remaining(&self, now: SystemTime) -> Duration {
         match self.deadline {
@@ -116,31 +133,15 @@ fn refine_whole_second(stamp: SystemTime, deletion: Deletion, observed: SystemTi
     estimate.clamp(stamp, latest)
 }
 
-/// A jiff timestamp as a `SystemTime` (jiff's own conversion needs its `std` feature, which
-/// k8s-openapi does not enable). Jiff's range (years -9999..=9999) fits `SystemTime` on Linux.
+/// A jiff timestamp as a `SystemTime` (jiff's own conversion; jiff's range, years
+/// -9999..=9999, fits `SystemTime` on Linux).
 pub fn system_time(ts: Timestamp) -> SystemTime {
-    let secs = ts.as_second();
-    // Jiff keeps the sub-second part with the sign of the whole; for negative times
-    // `as_second` is rounded toward zero and the nanoseconds are negative.
-    let nanos = ts.subsec_nanosecond();
-    let whole = Duration::from_secs(secs.unsigned_abs());
-    let part = Duration::from_nanos(u64::from(nanos.unsigned_abs()));
-    if secs < 0 || nanos < 0 {
-        SystemTime::UNIX_EPOCH - whole - part
-    } else {
-        SystemTime::UNIX_EPOCH + whole + part
-    }
+    SystemTime::from(ts)
 }
 
-/// A `SystemTime` as a jiff timestamp, saturating at jiff's range.
+/// A `SystemTime` as a jiff timestamp (jiff's own conversion), saturating at jiff's range.
 pub fn timestamp(t: SystemTime) -> Timestamp {
-    let (negative, d) = match t.duration_since(SystemTime::UNIX_EPOCH) {
-        Ok(d) => (false, d),
-        Err(e) => (true, e.duration()),
-    };
-    let nanos = i128::try_from(d.as_nanos()).unwrap_or(i128::MAX);
-    let nanos = if negative { -nanos } else { nanos };
-    Timestamp::from_nanosecond(nanos).unwrap_or(if negative {
+    Timestamp::try_from(t).unwrap_or(if t < SystemTime::UNIX_EPOCH {
         Timestamp::MIN
     } else {
         Timestamp::MAX
@@ -154,6 +155,41 @@ pub fn margin_for(grace: Duration) -> Duration {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_shortened_grace_period_moves_the_deadline_earlier() {
+        use super::*;
+        // Deleted at 10:00:00 with 30 s (stamp 10:00:30, seen at once); then
+        // `kubectl delete --grace-period=5` at 10:00:02: the API server moves the stamp to
+        // 10:00:30 - 30 s + 5 s = 10:00:05 and the grace to 5 s.
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let first = Deletion {
+            timestamp: timestamp(t0 + Duration::from_secs(30)),
+            grace: Duration::from_secs(30),
+        };
+        let plan = DrainPlan::new(first, t0);
+        let shorter = Deletion {
+            timestamp: timestamp(t0 + Duration::from_secs(5)),
+            grace: Duration::from_secs(5),
+        };
+        let next = plan
+            .shortened(shorter, t0 + Duration::from_secs(2))
+            .expect("followed");
+        assert_eq!(next.meaning, TimestampMeaning::KillTime);
+        let deadline = next.deadline.expect("deadline");
+        assert!(
+            // The whole-second stamp says the kill is in [10:00:05, 10:00:06); minus the margin.
+            deadline < t0 + Duration::from_secs(6) && deadline >= t0 + Duration::from_secs(4),
+            "{deadline:?}"
+        );
+        // The same deletion seen again, or a longer grace (the API server refuses it): kept.
+        assert_eq!(plan.shortened(first, t0 + Duration::from_secs(3)), None);
+        let longer = Deletion {
+            timestamp: timestamp(t0 + Duration::from_secs(60)),
+            grace: Duration::from_secs(60),
+        };
+        assert_eq!(plan.shortened(longer, t0 + Duration::from_secs(3)), None);
+    }
+
     use super::*;
 
     fn at(secs: i64) -> SystemTime {

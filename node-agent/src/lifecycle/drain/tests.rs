@@ -12,7 +12,6 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::admin::is_refusal;
 use super::decide::settle_wait;
 use super::in_flight::DirectionCounts;
 use super::*;
@@ -92,6 +91,8 @@ struct AdminState {
     /// Bytes added to Envoy's byte counters on every `/stats` (traffic moving).
     bytes_per_sample: u64,
     traffic_bytes: u64,
+    /// When a sample last saw the bytes move.
+    last_moved_at: Option<Instant>,
     /// Envoy keeps no byte counters (a stats matcher drops them).
     bytes_unexposed: bool,
     stats_calls: u32,
@@ -163,11 +164,15 @@ impl ProxyAdmin for FakeAdmin {
                 });
             }
             s.traffic_bytes += s.bytes_per_sample;
+            if s.bytes_per_sample > 0 {
+                s.last_moved_at = Some(Instant::now());
+            }
             Ok(DrainSample {
                 filter: s.counts,
                 traffic: TrafficBytes {
                     total: s.traffic_bytes,
                     counters: 4,
+                    buffered: 0,
                     exposed: !s.bytes_unexposed,
                 },
             })
@@ -190,12 +195,13 @@ impl ProxyAdmin for FakeAdmin {
     }
 }
 
+/// The filter's counts with `outbound_active` outbound connections open and none other.
 fn counts(outbound_active: u64) -> FilterCounts {
     let dir = |active| DirectionCounts {
         cx_active: Some(active),
     };
     FilterCounts {
-        inbound: dir(1),
+        inbound: dir(0),
         outbound: dir(outbound_active),
         unknown: dir(0),
     }
@@ -375,8 +381,10 @@ async fn a_drain_tells_its_steps_in_order() {
     while let Ok(step) = steps.try_recv() {
         told.push(step);
     }
+    let quitting = told.pop();
+    told.push(quitting.clone().expect("told the quit"));
     assert_eq!(
-        told,
+        told[..told.len() - 1],
         vec![
             DrainStep::InboundDrained {
                 drained: true,
@@ -388,8 +396,17 @@ async fn a_drain_tells_its_steps_in_order() {
                 exit_code: None,
             },
             DrainStep::AppGone,
-            DrainStep::Quitting(QuitReason::Idle(IdleReason::NoOutboundConnections)),
         ]
+    );
+    // No byte moved for the idle window (Envoy keeps its byte counters here).
+    assert!(
+        matches!(
+            quitting,
+            Some(DrainStep::Quitting(QuitReason::Idle(
+                IdleReason::NoBytesMoved { .. }
+            )))
+        ),
+        "{told:?}"
     );
 }
 
@@ -460,9 +477,13 @@ async fn quits_as_soon_as_the_app_exits() {
     assert!(report.inbound_drained);
     assert_eq!(report.envoy_version.as_deref(), Some("1.40.0"));
     assert_eq!(report.advice, None);
-    assert_eq!(
-        report.quit_reason,
-        Some(QuitReason::Idle(IdleReason::NoOutboundConnections))
+    // Nothing moved in the 150 ms before the exit: idle at once.
+    assert!(
+        matches!(
+            report.quit_reason,
+            Some(QuitReason::Idle(IdleReason::NoBytesMoved { .. }))
+        ),
+        "{report:?}"
     );
     assert_eq!(report.app_processes_seen, 1);
     assert_eq!(report.app_processes_left, 0);
@@ -500,7 +521,14 @@ async fn a_forked_helper_keeps_the_app_alive() {
     })
     .await;
     assert_eq!(report.outcome, DrainOutcome::AppDone);
-    assert_eq!(report.quit_reason, Some(QuitReason::NoFilter));
+    // No filter: Envoy's byte counters alone said nothing moved.
+    assert!(
+        matches!(
+            report.quit_reason,
+            Some(QuitReason::Idle(IdleReason::NoBytesMoved { .. }))
+        ),
+        "{report:?}"
+    );
     assert_eq!(report.app_processes_seen, 3);
 }
 
@@ -531,12 +559,16 @@ async fn idle_keepalives_do_not_hold_the_drain_but_moving_bytes_do() {
         ),
         "{report:?}"
     );
+    // The window runs from the last sample that saw bytes move (a sample interval at most
+    // before the test stopped them), and the quit follows its end within a few polls.
     let stopped = stopped_moving.lock().unwrap().expect("set");
-    let after = admin.quit_at().expect("quit").duration_since(stopped);
+    let quit = admin.quit_at().expect("quit");
+    let last_moved = admin.with(|s| s.last_moved_at).expect("bytes moved");
+    let idle = quit.duration_since(last_moved);
+    let after = quit.duration_since(stopped);
     assert!(
-        after >= settings.idle_window - Duration::from_millis(10)
-            && after < settings.idle_window + Duration::from_millis(60),
-        "quit {after:?} after bytes stopped (window {:?})",
+        idle >= settings.idle_window && after < settings.idle_window + Duration::from_millis(60),
+        "quit {idle:?} after the last bytes seen moving, {after:?} after they stopped (window {:?})",
         settings.idle_window
     );
 }
@@ -563,7 +595,7 @@ async fn drain_without_byte_counters(close_after: Duration) -> DrainReport {
     assert_eq!(report.outcome, DrainOutcome::AppDone);
     assert_eq!(
         report.quit_reason,
-        Some(QuitReason::Idle(IdleReason::NoOutboundConnections))
+        Some(QuitReason::Idle(IdleReason::NoConnections))
     );
     assert_eq!(report.last_traffic_bytes, None);
     report
@@ -586,6 +618,39 @@ async fn without_byte_counters_a_connection_closing_at_once_gives_no_advice() {
     let window = fast_settings().idle_window;
     let report = drain_without_byte_counters(window / 4).await;
     assert_eq!(report.advice, None);
+}
+
+/// `kubectl delete --grace-period=1` after a 30 s deletion: the pod update shortens the grace
+/// period, and the drain's deadline follows it (issue 28), instead of quitting 29 s after the
+/// kubelet's SIGKILL would have.
+#[tokio::test(start_paused = true)]
+async fn a_shortened_grace_period_is_followed() {
+    let pod = Pod::new();
+    let admin = FakeAdmin::new(Some(counts(1)));
+    let first = view(
+        RestartPolicy::Always,
+        ContainerState::Running,
+        Some(Duration::from_secs(30)),
+    );
+    let mut shorter = first.clone();
+    if let Some(d) = shorter.deletion.as_mut() {
+        d.grace = Duration::from_secs(1);
+    }
+    let (tx, rx) = watch::channel(Some(first));
+    let settings = fast_settings();
+    let t = Instant::now();
+    let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        tx.send_replace(Some(shorter));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    })
+    .await;
+    assert_eq!(report.outcome, DrainOutcome::Deadline, "{report:?}");
+    let quit_after = admin.quit_at().expect("quit").duration_since(t);
+    assert!(
+        quit_after < Duration::from_millis(1500),
+        "quit after {quit_after:?}"
+    );
 }
 
 // Paused time: tokio's clock drives the deadline and the waits, so the bounds test the
@@ -649,6 +714,32 @@ async fn proxy_gone_before_the_app_is_reported_with_advice() {
         "{advice}"
     );
     assert!(admin.quit_at().is_none());
+}
+
+/// A pod whose proxy sets `EXIT_ON_ZERO_ACTIVE_CONNECTIONS` gets the advice that helps it
+/// (remove that setting: with it pilot-agent ignores terminationDrainDuration), not the one
+/// that cannot (raise terminationDrainDuration). Issue 28: `pod.rs::drain_advice` had no
+/// caller.
+#[tokio::test]
+async fn proxy_gone_early_with_exit_on_zero_gets_its_own_advice() {
+    let pod = Pod::new();
+    let admin = FakeAdmin::new(Some(counts(0)));
+    let view = PodView {
+        exit_on_zero: true,
+        ..deleted_running_app()
+    };
+    let (_tx, rx) = watch::channel(Some(view));
+    let report = drain_during(&admin, pod.procs.clone(), rx, &fast_settings(), async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        admin.with(|s| s.gone = true);
+    })
+    .await;
+    assert_eq!(report.outcome, DrainOutcome::ProxyGoneEarly);
+    let advice = report.advice.expect("advice");
+    assert!(
+        advice.contains("EXIT_ON_ZERO_ACTIVE_CONNECTIONS") && advice.contains("Remove"),
+        "{advice}"
+    );
 }
 
 #[tokio::test]
@@ -753,7 +844,12 @@ async fn app_that_exited_before_the_first_scan_counts_as_gone() {
     )
     .await;
     assert_eq!(report.outcome, DrainOutcome::AppDone);
-    assert!(admin.quit_at().expect("quit").duration_since(t) < Duration::from_millis(50));
+    // No sample before: one idle window of unchanged bytes first.
+    let settings = fast_settings();
+    assert!(
+        admin.quit_at().expect("quit").duration_since(t)
+            < settings.idle_window + Duration::from_millis(50)
+    );
 }
 
 // Paused time: tokio's clock drives the deadline and the waits, so the bounds test the
@@ -813,7 +909,11 @@ async fn job_never_completes_from_procfs_before_the_status() {
         .quit_at()
         .expect("quit")
         .duration_since(killed.lock().unwrap().expect("killed"));
-    assert!(lag < Duration::from_millis(50), "exit to quit {lag:?}");
+    // The Job's in-flight wait starts with its first sample: one idle window of unchanged bytes.
+    assert!(
+        lag < settings.idle_window + Duration::from_millis(50),
+        "exit to quit {lag:?}"
+    );
 }
 
 #[tokio::test]
@@ -867,13 +967,20 @@ async fn job_waits_for_in_flight_then_quits() {
     let report = job_during(&admin, procs, rx, &settings, async {
         tokio::time::sleep(Duration::from_millis(150)).await;
         assert!(admin.quit_at().is_none(), "quit while bytes were moving");
-        admin.with(|s| s.counts = Some(counts(0)));
+        // The connection closes with the last byte; with byte counters the bytes decide.
+        admin.with(|s| {
+            s.counts = Some(counts(0));
+            s.bytes_per_sample = 0;
+        });
     })
     .await;
     assert_eq!(report.outcome, JobOutcome::Completed);
-    assert_eq!(
-        report.quit_reason,
-        Some(QuitReason::Idle(IdleReason::NoOutboundConnections))
+    assert!(
+        matches!(
+            report.quit_reason,
+            Some(QuitReason::Idle(IdleReason::NoBytesMoved { .. }))
+        ),
+        "{report:?}"
     );
 }
 
@@ -964,11 +1071,27 @@ fn settle_wait_backs_off_to_stats_every() {
 
 #[test]
 fn refusals_are_told_from_other_connect_failures() {
-    assert!(is_refusal("connect to 127.0.0.1:15000 inside network namespace NetnsId { dev: 4, ino: 1 } failed: Connection refused (os error 111)"));
-    assert!(!is_refusal(
-        "setns into network namespace NetnsId { dev: 4, ino: 1 } failed: EPERM"
-    ));
-    assert!(!is_refusal("connector task failed: task panicked"));
+    use crate::effects::envoy_admin::Error;
+    let addr = "127.0.0.1:15000".parse().expect("addr");
+    let refused = Error::Connect {
+        addr,
+        reason: "Connection refused (os error 111)".into(),
+        refused: true,
+    };
+    assert!(AdminFailure::from(refused).refused);
+    // Entering the netns failed, or the connector panicked: nothing said about Envoy, whatever
+    // the text says.
+    for reason in [
+        "setns into network namespace NetnsId { dev: 4, ino: 1 } failed: EPERM",
+        "connector task failed: task panicked (Connection refused)",
+    ] {
+        let other = Error::Connect {
+            addr,
+            reason: reason.into(),
+            refused: false,
+        };
+        assert!(!AdminFailure::from(other).refused, "{reason}");
+    }
 }
 
 #[test]

@@ -12,7 +12,18 @@ pub(super) fn step(
 ) -> Stage {
     match (stage, input) {
         // --- the hold ----------------------------------------------------------------------
-        (Stage::SettingUpHold { netns }, Input::HoldSetUp { adopted, late, age }) => {
+        (
+            Stage::SettingUpHold { netns, rehold },
+            Input::HoldSetUp {
+                adopted,
+                app_running,
+                age,
+            },
+        ) => {
+            // Late: a fresh hold (not adopted, not after the proxy's exit, where the app runs
+            // by design) that went in after the app had started: its first connections may
+            // have gone before the hold.
+            let late = !adopted && !rehold && app_running;
             let timeout = s.pod.as_ref().map_or(Duration::ZERO, |p| p.hold_timeout);
             // An adopted hold began before this agent: its deadline counts from its start.
             let started = now.mono.checked_sub(age).unwrap_or(now.mono);
@@ -46,7 +57,7 @@ pub(super) fn step(
                 }
             }
         }
-        (Stage::SettingUpHold { netns }, Input::HoldFailed(why)) => {
+        (Stage::SettingUpHold { netns, .. }, Input::HoldFailed(why)) => {
             fail_open(s, fx, netns, format!("startup hold failed: {why}"))
         }
         // The netns has no process of the pod left (the sandbox died before the hold went

@@ -135,14 +135,19 @@ pub(super) fn step(
                     fx.push(Effect::SetPhase(Phase::Done));
                     Stage::Finished
                 }
-                // Deleted, and Envoy up but not ready: it is draining (a previous agent began
-                // the drain, or pilot-agent did) — adopt the drain. Envoy down (or without its
-                // listeners yet): it never came up, nothing to drain.
-                (Seen::Up | Seen::Live, Some(p)) if p.deletion.is_some() => {
+                // Deleted, and Envoy's admin port answers: it is draining (a previous agent
+                // began the drain, or pilot-agent did) — adopt the drain, whatever its
+                // listeners say. `Starting` (admin up, a capture port closed) is also what a
+                // drain looks like once Envoy's `--drain-time-s` has closed the inbound
+                // listener: read as "never came up", the pod was marked done and Envoy lived
+                // until pilot-agent's drain ran out (issue 28). An Envoy still starting is
+                // drained as well: the drain quits it once the app is gone and nothing is in
+                // flight, never later than pilot-agent would. Envoy down: nothing to drain.
+                (Seen::Up | Seen::Live | Seen::Starting, Some(p)) if p.deletion.is_some() => {
                     fx.push(Effect::RemoveLeftoverHold);
                     start_drain(fx, netns)
                 }
-                (Seen::Down | Seen::Starting, Some(p)) if p.deletion.is_some() => {
+                (Seen::Down, Some(p)) if p.deletion.is_some() => {
                     fx.push(Effect::RemoveLeftoverHold);
                     fx.push(Effect::SetPhase(Phase::Done));
                     Stage::Finished
@@ -160,7 +165,7 @@ pub(super) fn step(
                 }
                 (_, Some(_)) => {
                     fx.push(Effect::InstallHold { fresh, rehold });
-                    Stage::SettingUpHold { netns }
+                    Stage::SettingUpHold { netns, rehold }
                 }
             }
         }
