@@ -36,7 +36,7 @@ pub mod plan;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-pub use admin::{AdminFailure, ProxyAdmin};
+pub use admin::{AdminFailure, PodProxy, ProxyAdmin};
 pub use app_exit::{
     AppContainer, AppTracker, ExitWatcher, PodProcessSource, PodProcsSource, Watch,
 };
