@@ -123,6 +123,8 @@ impl Kind {
 pub struct DiagSocket {
     pub local: IpAddr,
     pub port: u16,
+    /// The peer's port (0 for a listener or an unconnected socket).
+    pub remote_port: u16,
     pub state: u8,
     /// `idiag_wqueue` (see the module docs: for a TCP socket not listening, bytes not yet
     /// acknowledged by the peer).
@@ -293,13 +295,17 @@ impl SockDiag {
     /// Bytes the namespace's TCP sockets (IPv4 and IPv6) still hold for their peers: the sum of
     /// `idiag_wqueue` over every socket in [`TCP_SENDING_STATES`] — what the kernel would still
     /// send, or resend, after the process that wrote it exited, and what is lost when the
-    /// namespace is torn down first. A dump: the kernel walks the namespace's share of the
-    /// established hash (every bucket of it, like `ss -t`), so this is asked only while a drain
-    /// samples, not by the frequent readiness checks.
-    pub fn tcp_send_queued(&self) -> Result<u64> {
-        Ok(self
-            .sockets(Kind::TcpSending)?
+    /// namespace is torn down first — leaving out the connections with `skip_port` at either
+    /// end (the caller's own: Envoy's admin port, whose last answer to the agent's keep-alive
+    /// stays unacknowledged until the agent's delayed ACK or next request).
+    ///
+    /// A dump: the kernel walks the established hash (every bucket, like `ss -t`), so this is
+    /// asked only while a drain samples, not by the frequent readiness checks.
+    pub fn tcp_send_queued(&self, skip_port: u16) -> Result<u64> {
+        let sockets = self.sockets(Kind::TcpSending)?;
+        Ok(sockets
             .iter()
+            .filter(|s| s.port != skip_port && s.remote_port != skip_port)
             .map(|s| u64::from(s.wqueue))
             .sum())
     }
@@ -538,6 +544,7 @@ fn parse_socket(payload: &[u8]) -> Result<DiagSocket> {
     let state = payload[1];
     // inet_diag_sockid starts at offset 4: sport (big endian), dport, src[16], ...
     let port = u16::from_be_bytes([payload[4], payload[5]]);
+    let remote_port = u16::from_be_bytes([payload[6], payload[7]]);
     let mut src = [0u8; 16];
     src.copy_from_slice(&payload[8..24]);
     let local = match family {
@@ -554,6 +561,7 @@ fn parse_socket(payload: &[u8]) -> Result<DiagSocket> {
     Ok(DiagSocket {
         local,
         port,
+        remote_port,
         state,
         wqueue,
     })
@@ -702,7 +710,7 @@ mod tests {
             "{written} bytes written to a reader that does not read, {queued} queued by sock_diag"
         );
         // The total over the namespace includes ours (others' sockets can only add).
-        assert!(diag.tcp_send_queued().expect("dump") >= queued);
+        assert!(diag.tcp_send_queued(0).expect("dump") >= queued);
         // Read everything: the send queue empties (acknowledged on loopback at once).
         writer.set_nonblocking(false).expect("blocking");
         writer

@@ -133,8 +133,11 @@ impl ProxyAdmin for PodProxy {
 
     async fn send_queued(&self) -> Option<u64> {
         let diag = self.sockets.clone()?;
+        // Not the agent's own connections to the admin API (their last answer waits for the
+        // agent's delayed ACK: seen on every sample otherwise).
+        let admin_port = self.admin.addr().port();
         // A dump walks the namespace's established hash: off the async workers.
-        match tokio::task::spawn_blocking(move || diag.tcp_send_queued()).await {
+        match tokio::task::spawn_blocking(move || diag.tcp_send_queued(admin_port)).await {
             Ok(Ok(bytes)) => Some(bytes),
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "cannot read the pod's socket send queues");
