@@ -101,6 +101,9 @@ pub enum DrainStep {
     AppGone,
     /// The Job's app finished for good, by this signal.
     JobFinished(FinishedBy),
+    /// Envoy's counts said idle, but the pod's sockets still held `bytes` for their peers in
+    /// the kernel's send queues ([`InFlight::Sending`]): the quit waits. Told once.
+    KernelFlushing { bytes: u64 },
     /// `/quitquitquit` is about to be sent, for this reason.
     Quitting(QuitReason),
 }

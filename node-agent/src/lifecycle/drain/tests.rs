@@ -597,7 +597,18 @@ async fn bytes_queued_in_the_kernel_hold_the_drain_until_sent() {
     let (_tx, rx) = watch::channel(Some(deleted_running_app()));
     let settings = fast_settings();
     let flushed = Arc::new(Mutex::new(None));
-    let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
+    let (steps_tx, mut steps) = tokio::sync::mpsc::unbounded_channel();
+    let ctx = DrainCtx {
+        steps: Some(steps_tx),
+        ..ctx(
+            &admin,
+            pod.procs.clone(),
+            rx,
+            CancellationToken::new(),
+            &settings,
+        )
+    };
+    let (report, ()) = tokio::join!(drain(ctx), async {
         tokio::time::sleep(Duration::from_millis(20)).await;
         pod.app.kill();
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -607,9 +618,20 @@ async fn bytes_queued_in_the_kernel_hold_the_drain_until_sent() {
         );
         admin.with(|s| s.send_queued = Some(0));
         *flushed.lock().unwrap() = Some(Instant::now());
-    })
-    .await;
+    });
     assert_eq!(report.outcome, DrainOutcome::AppDone, "{report:?}");
+    // The timeline says why the quit waited, once.
+    let mut told = Vec::new();
+    while let Ok(step) = steps.try_recv() {
+        told.push(step);
+    }
+    assert_eq!(
+        told.iter()
+            .filter(|s| matches!(s, DrainStep::KernelFlushing { .. }))
+            .collect::<Vec<_>>(),
+        [&DrainStep::KernelFlushing { bytes: 400_000 }],
+        "{told:?}"
+    );
     assert!(
         matches!(
             report.quit_reason,
