@@ -62,6 +62,10 @@ pub enum StepKind {
     AppGone,
     /// A Job's app finished for good (the detail: seen by status or procfs).
     JobAppFinished,
+    /// Envoy's counts said idle but the pod's sockets still held bytes for their peers in the
+    /// kernel's send queues: the quit waits for them (the detail: how many). Once per drain or
+    /// Job watch.
+    KernelFlushing,
     /// `/quitquitquit` is being sent (the detail: why — what the in-flight sample said, or the
     /// deadline).
     Quitting,
@@ -102,6 +106,7 @@ impl StepKind {
             StepKind::AppContainerExited => "app-container-exited",
             StepKind::AppGone => "app-gone",
             StepKind::JobAppFinished => "job-app-finished",
+            StepKind::KernelFlushing => "kernel-flushing",
             StepKind::Quitting => "quitting",
             StepKind::ProxyExited => "proxy-exited",
             StepKind::DrainFinished => "drain-finished",

@@ -784,13 +784,16 @@ impl Driver {
         let admin = match self.netns.as_ref().map(PodNetns::try_clone) {
             Some(Ok(ns)) => {
                 let t = self.shared.config.drain.admin_timeout;
-                AdminClient::in_netns(ns, self.admin)
+                // The pod's sockets, asked in its netns too (the kernel's send queues).
+                let sockets = drain::PodProxy::open_sockets(&ns);
+                let client = AdminClient::in_netns(ns, self.admin)
                     .with_timeouts(t, t)
                     .with_error_callback({
                         let count =
                             crate::lifecycle::readiness::count_admin_errors(&self.shared.metrics);
                         move |kind| count(kind)
-                    })
+                    });
+                drain::PodProxy::new(client, sockets)
             }
             other => {
                 let why = match other {

@@ -208,6 +208,13 @@ impl Recorder {
                 }
                 .into(),
             ),
+            DrainStep::KernelFlushing { bytes } => (
+                StepKind::KernelFlushing,
+                format!(
+                    "Envoy's counts say idle, but the pod's sockets still hold {bytes} byte(s) \
+                     for their peers in the kernel: waiting for them to be sent"
+                ),
+            ),
             DrainStep::Quitting(reason) => (StepKind::Quitting, quit_reason(*reason)),
         };
         self.step(kind, Some(detail));

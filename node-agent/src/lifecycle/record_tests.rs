@@ -461,6 +461,7 @@ fn the_timeline_follows_hold_release_and_drain_in_order() {
         exit_code: Some(0),
     });
     h.rec.drain_step(&DrainStep::AppGone);
+    h.rec.drain_step(&DrainStep::KernelFlushing { bytes: 4096 });
     h.rec.drain_step(&DrainStep::Quitting(QuitReason::Idle(
         IdleReason::NoOutboundConnections,
     )));
@@ -487,6 +488,7 @@ fn the_timeline_follows_hold_release_and_drain_in_order() {
             "inbound-drained",
             "app-container-exited",
             "app-gone",
+            "kernel-flushing",
             "quitting",
             "proxy-exited",
             "drain-finished",

@@ -25,8 +25,14 @@
 //!   `struct inet_diag_msg { __u8 idiag_family; __u8 idiag_state; __u8 idiag_timer;
 //!   __u8 idiag_retrans; struct inet_diag_sockid id; __u32 idiag_expires; __u32 idiag_rqueue;
 //!   __u32 idiag_wqueue; __u32 idiag_uid; __u32 idiag_inode; }` (72 bytes).
-//! - `net/tcp_states.h`: `TCP_ESTABLISHED` = 1, `TCP_CLOSE` = 7, `TCP_LISTEN` = 10. A bound,
+//! - `net/tcp_states.h`: `TCP_ESTABLISHED` = 1, `TCP_FIN_WAIT1` = 4, `TCP_CLOSE` = 7,
+//!   `TCP_CLOSE_WAIT` = 8, `TCP_LAST_ACK` = 9, `TCP_LISTEN` = 10, `TCP_CLOSING` = 11. A bound,
 //!   unconnected UDP socket (a DNS server's) is in `TCP_CLOSE` (`ss -u` shows it as `UNCONN`).
+//! - `idiag_wqueue` of a TCP socket (`tcp_diag_get_info`, net/ipv4/tcp_diag.c): for a listener
+//!   its accept backlog limit, for any other TCP socket `tp->write_seq - tp->snd_una`: bytes
+//!   written and not yet acknowledged by the peer, unsent and sent alike (a FIN counts one, as
+//!   it takes a sequence number: `tcp_send_fin` increments `write_seq`). `ss` shows it as
+//!   `Send-Q`.
 //!
 //! The filter by port is done here, not with `INET_DIAG_REQ_BYTECODE`: a pod has a handful of
 //! listening sockets, and the bytecode's jump semantics are easy to get subtly wrong.
@@ -53,6 +59,12 @@ const INET_DIAG_REQ_V2_LEN: usize = 56;
 const INET_DIAG_MSG_LEN: usize = 72;
 const TCP_LISTEN: u8 = 10;
 const TCP_CLOSE: u8 = 7;
+/// The states in which a TCP socket can still hold bytes for its peer (include/net/tcp_states.h):
+/// ESTABLISHED (1) and CLOSE_WAIT (8) can still write; FIN_WAIT1 (4), LAST_ACK (9) and CLOSING
+/// (11) have sent or queued their FIN after data the peer may not have acknowledged. Left out:
+/// LISTEN (its `idiag_wqueue` is the backlog limit, not bytes), SYN_SENT/SYN_RECV (nothing
+/// written yet), FIN_WAIT2 and TIME_WAIT (everything, FIN included, was acknowledged), CLOSE.
+const TCP_SENDING_STATES: u32 = (1 << 1) | (1 << 4) | (1 << 8) | (1 << 9) | (1 << 11);
 const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
 const AF_INET: u8 = libc::AF_INET as u8;
@@ -92,6 +104,8 @@ pub enum Kind {
     TcpListen,
     /// UDP sockets bound and not connected (a server's, such as pilot-agent's DNS proxy).
     UdpBound,
+    /// TCP sockets that can still hold bytes for their peer ([`TCP_SENDING_STATES`]).
+    TcpSending,
 }
 
 impl Kind {
@@ -99,6 +113,7 @@ impl Kind {
         match self {
             Kind::TcpListen => (IPPROTO_TCP, 1 << TCP_LISTEN),
             Kind::UdpBound => (IPPROTO_UDP, 1 << TCP_CLOSE),
+            Kind::TcpSending => (IPPROTO_TCP, TCP_SENDING_STATES),
         }
     }
 }
@@ -108,7 +123,12 @@ impl Kind {
 pub struct DiagSocket {
     pub local: IpAddr,
     pub port: u16,
+    /// The peer's port (0 for a listener or an unconnected socket).
+    pub remote_port: u16,
     pub state: u8,
+    /// `idiag_wqueue` (see the module docs: for a TCP socket not listening, bytes not yet
+    /// acknowledged by the peer).
+    pub wqueue: u32,
 }
 
 /// A sock_diag netlink socket bound to one network namespace (the one it was created in).
@@ -270,6 +290,24 @@ impl SockDiag {
         self.inner
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Bytes the namespace's TCP sockets (IPv4 and IPv6) still hold for their peers: the sum of
+    /// `idiag_wqueue` over every socket in [`TCP_SENDING_STATES`] — what the kernel would still
+    /// send, or resend, after the process that wrote it exited, and what is lost when the
+    /// namespace is torn down first — leaving out the connections with `skip_port` at either
+    /// end (the caller's own: Envoy's admin port, whose last answer to the agent's keep-alive
+    /// stays unacknowledged until the agent's delayed ACK or next request).
+    ///
+    /// A dump: the kernel walks the established hash (every bucket, like `ss -t`), so this is
+    /// asked only while a drain samples, not by the frequent readiness checks.
+    pub fn tcp_send_queued(&self, skip_port: u16) -> Result<u64> {
+        let sockets = self.sockets(Kind::TcpSending)?;
+        Ok(sockets
+            .iter()
+            .filter(|s| s.port != skip_port && s.remote_port != skip_port)
+            .map(|s| u64::from(s.wqueue))
+            .sum())
     }
 
     /// Ports with a TCP socket in LISTEN state (IPv4 or IPv6).
@@ -506,6 +544,7 @@ fn parse_socket(payload: &[u8]) -> Result<DiagSocket> {
     let state = payload[1];
     // inet_diag_sockid starts at offset 4: sport (big endian), dport, src[16], ...
     let port = u16::from_be_bytes([payload[4], payload[5]]);
+    let remote_port = u16::from_be_bytes([payload[6], payload[7]]);
     let mut src = [0u8; 16];
     src.copy_from_slice(&payload[8..24]);
     let local = match family {
@@ -517,7 +556,15 @@ fn parse_socket(payload: &[u8]) -> Result<DiagSocket> {
             )))
         }
     };
-    Ok(DiagSocket { local, port, state })
+    // After the sockid (4..52): idiag_expires (52), idiag_rqueue (56), idiag_wqueue (60).
+    let wqueue = u32_at(payload, 60).unwrap_or_default();
+    Ok(DiagSocket {
+        local,
+        port,
+        remote_port,
+        state,
+        wqueue,
+    })
 }
 
 #[cfg(test)]
@@ -622,6 +669,61 @@ mod tests {
             Err(Error::Kernel(e)) => assert_eq!(e.raw_os_error(), Some(libc::ENOENT)),
             other => panic!("expected a kernel error, got {other:?}"),
         }
+    }
+
+    /// A real TCP pair on loopback whose reader does not read: the writer's send queue fills
+    /// (the reader's receive buffer, then the writer's send buffer), and the dump sees those
+    /// bytes; once the reader has read everything, nothing is queued.
+    #[test]
+    fn sees_bytes_queued_to_a_peer_that_does_not_read() {
+        use std::io::{Read, Write};
+        let diag = SockDiag::open_current().expect("sock_diag socket");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let mut writer =
+            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (mut reader, _) = listener.accept().expect("accept");
+        writer.set_nonblocking(true).expect("nonblocking");
+        let chunk = [7u8; 64 * 1024];
+        let mut written = 0u64;
+        loop {
+            match writer.write(&chunk) {
+                Ok(n) => written += n as u64,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("write: {e}"),
+            }
+        }
+        assert!(written > 0);
+        let port = writer.local_addr().expect("addr").port();
+        let ours = |diag: &SockDiag| -> u64 {
+            diag.sockets(Kind::TcpSending)
+                .expect("dump")
+                .iter()
+                .filter(|s| s.port == port)
+                .map(|s| u64::from(s.wqueue))
+                .sum()
+        };
+        // What the reader's kernel took in (acknowledged) is no longer in the writer's queue;
+        // what fills the writer's own send buffer is.
+        let queued = ours(&diag);
+        assert!(
+            queued > 0 && queued <= written,
+            "{written} bytes written to a reader that does not read, {queued} queued by sock_diag"
+        );
+        // The total over the namespace includes ours (others' sockets can only add).
+        assert!(diag.tcp_send_queued(0).expect("dump") >= queued);
+        // Read everything: the send queue empties (acknowledged on loopback at once).
+        writer.set_nonblocking(false).expect("blocking");
+        writer
+            .shutdown(std::net::Shutdown::Write)
+            .expect("shutdown");
+        let mut all = Vec::new();
+        reader.read_to_end(&mut all).expect("read");
+        assert_eq!(all.len() as u64, written);
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while ours(&diag) > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(ours(&diag), 0, "the writer's queue is empty once read");
     }
 
     #[test]

@@ -12,7 +12,11 @@ use tokio::time::Instant;
 use super::envoy_version;
 use super::in_flight::{self, DrainSample};
 use super::{DrainSettings, DrainStep, QuitReason, QUIT_PATH, SERVER_INFO_PATH};
+use std::sync::Arc;
+
 use crate::effects::envoy_admin::AdminClient;
+use crate::effects::netns::PodNetns;
+use crate::effects::procfs::sock_diag::SockDiag;
 
 /// The cap of `/server_info`'s answer, read once per drain: Envoy 1.36.4 and 1.40.0 answer
 /// 100–125 KB for a small sidecar (measured: the node's list of every compiled-in extension is
@@ -76,6 +80,75 @@ pub trait ProxyAdmin: Send + Sync {
     fn probe(&self) -> impl Future<Output = Result<(), AdminFailure>> + Send;
     /// The body of `GET /server_info` (JSON; its `version` decides the inbound drain call).
     fn server_info(&self) -> impl Future<Output = Result<Vec<u8>, AdminFailure>> + Send;
+    /// Bytes the pod's TCP sockets still hold for their peers in the kernel's send queues
+    /// ([`DrainSample::send_queued`]); `None` when it cannot be known (logged by the
+    /// implementation: the judgement then rests on Envoy's counts alone, as before).
+    fn send_queued(&self) -> impl Future<Output = Option<u64>> + Send;
+}
+
+/// What the agent drains a pod with: its Envoy's admin API ([`AdminClient`], made in the pod's
+/// netns) and a sock_diag socket made in the same netns, for the kernel's send queues that
+/// Envoy's counters cannot see ([`in_flight`]'s module docs).
+pub struct PodProxy {
+    pub admin: AdminClient,
+    sockets: Option<Arc<SockDiag>>,
+}
+
+impl PodProxy {
+    /// `admin` with the pod's sock_diag socket ([`PodProxy::open_sockets`]).
+    pub fn new(admin: AdminClient, sockets: Option<SockDiag>) -> PodProxy {
+        PodProxy {
+            admin,
+            sockets: sockets.map(Arc::new),
+        }
+    }
+
+    /// A sock_diag socket made in `netns`; without one (a kernel without `CONFIG_INET_DIAG`)
+    /// the send queues are unknown, and the drain judges as before.
+    pub fn open_sockets(netns: &PodNetns) -> Option<SockDiag> {
+        SockDiag::open_in(netns)
+            .inspect_err(|e| {
+                tracing::warn!(netns = ?netns.id(), error = %e, "sock_diag unavailable: the drain cannot see bytes still queued in the pod's sockets");
+            })
+            .ok()
+    }
+}
+
+impl ProxyAdmin for PodProxy {
+    async fn admin_post(&self, path: &str) -> Result<(), AdminFailure> {
+        self.admin.admin_post(path).await
+    }
+
+    async fn drain_sample(&self, prefix: &str) -> Result<DrainSample, AdminFailure> {
+        self.admin.drain_sample(prefix).await
+    }
+
+    async fn probe(&self) -> Result<(), AdminFailure> {
+        ProxyAdmin::probe(&self.admin).await
+    }
+
+    async fn server_info(&self) -> Result<Vec<u8>, AdminFailure> {
+        ProxyAdmin::server_info(&self.admin).await
+    }
+
+    async fn send_queued(&self) -> Option<u64> {
+        let diag = self.sockets.clone()?;
+        // Not the agent's own connections to the admin API (their last answer waits for the
+        // agent's delayed ACK: seen on every sample otherwise).
+        let admin_port = self.admin.addr().port();
+        // A dump walks the namespace's established hash: off the async workers.
+        match tokio::task::spawn_blocking(move || diag.tcp_send_queued(admin_port)).await {
+            Ok(Ok(bytes)) => Some(bytes),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "cannot read the pod's socket send queues");
+                None
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "the send-queue query did not finish");
+                None
+            }
+        }
+    }
 }
 
 impl ProxyAdmin for AdminClient {
@@ -120,6 +193,11 @@ impl ProxyAdmin for AdminClient {
             });
         }
         Ok(response.body)
+    }
+
+    /// An admin client alone does not see the pod's sockets ([`PodProxy`] does).
+    async fn send_queued(&self) -> Option<u64> {
+        None
     }
 }
 
@@ -279,7 +357,16 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
         let admin = self.admin;
         let prefix = self.settings.stat_prefix.as_str();
         match self.call("GET /stats", admin.drain_sample(prefix)).await {
-            Ok(c) => Ok(c),
+            // Then the kernel's send queues, which Envoy's counts cannot see: after them, so
+            // bytes Envoy wrote during the `/stats` request are seen queued, not lost between.
+            Ok(mut c) => {
+                c.send_queued =
+                    tokio::time::timeout(self.settings.admin_timeout, admin.send_queued())
+                        .await
+                        .ok()
+                        .flatten();
+                Ok(c)
+            }
             Err(e) if e.refused => {
                 tracing::debug!(error = %e, "admin refused the connection");
                 Err(())

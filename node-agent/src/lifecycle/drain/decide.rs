@@ -23,7 +23,7 @@ use super::in_flight::InFlight;
 pub fn quit_when_idle(judgement: Option<InFlight>, stats_exhausted: bool) -> Option<QuitReason> {
     match judgement {
         Some(InFlight::Idle(why)) => Some(QuitReason::Idle(why)),
-        Some(InFlight::Unseen | InFlight::Busy { .. }) => None,
+        Some(InFlight::Unseen | InFlight::Busy { .. } | InFlight::Sending { .. }) => None,
         None if stats_exhausted => Some(QuitReason::StatsUnavailable),
         None => None,
     }

@@ -112,6 +112,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
     let mut next_stats = Instant::now();
     let mut failed_samples_while_gone = 0u32;
     let mut unseen_warned = false;
+    let mut flushing_told = false;
     let mut app_gone: Option<Instant> = None;
     let mut samples_since_gone = 0u32;
     let mut next_rescan = Instant::now() + settings.rescan_every;
@@ -146,6 +147,10 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                     {
                         tracing::warn!("{advice}");
                         add_advice(&mut report, advice.to_string());
+                    }
+                    if let (InFlight::Sending { bytes }, true, false) = (j, gone, flushing_told) {
+                        flushing_told = true;
+                        d.tell(DrainStep::KernelFlushing { bytes });
                     }
                     judgement = Some(j);
                 }

@@ -49,6 +49,16 @@
 //! client after the app exited — without a VM entry per chunk, which cost 3–6 % of the request
 //! rate: docs/benchmarks.md.)
 //!
+//! Envoy's counters and its buffered gauge stop at the kernel: a byte counts as written once it
+//! is in the socket's send queue. What still sits there (unsent, or sent and not acknowledged)
+//! the kernel would send after Envoy exits — but the runtime deletes the pod's network
+//! namespace as soon as its containers have exited (the kubelet's `StopPodSandbox`), and those
+//! bytes are lost: a slow client got 3.77 of 4.19 MB through a containerd-run pod. So a sample
+//! also carries the bytes the pod's TCP sockets still hold for their peers, asked of the kernel
+//! in the pod's netns ([`DrainSample::send_queued`], sock_diag's `idiag_wqueue`); while any is
+//! held nothing is idle ([`InFlight::Sending`]), by either rule. An idle keep-alive holds none.
+//! Istio alone never quits early, so its drain lets the kernel flush.
+//!
 //! Everything here is pure: samples in, judgement out, with the clock passed in.
 
 use std::time::{Duration, Instant};
@@ -261,6 +271,11 @@ pub struct DrainSample {
     /// The filter's counts (`None`: the filter is not installed).
     pub filter: Option<FilterCounts>,
     pub traffic: TrafficBytes,
+    /// Bytes the pod's TCP sockets still hold for their peers (the kernel's send queues, in
+    /// states that can still send: `Send-Q` in `ss`), read with sock_diag in the pod's netns.
+    /// `None`: not known (no sock_diag socket, or the query failed): judged as before, by
+    /// Envoy's counts alone.
+    pub send_queued: Option<u64>,
 }
 
 impl DrainSample {
@@ -272,6 +287,7 @@ impl DrainSample {
         DrainSample {
             filter: FilterCounts::from_stats(prefix, stats.clone()),
             traffic: TrafficBytes::from_stats(stats),
+            send_queued: None,
         }
     }
 }
@@ -287,6 +303,10 @@ pub enum InFlight {
     /// Something may still be in flight; `connections`: open through the proxy in every
     /// direction by the filter's counts (`None`: no filter, or a count is garbage).
     Busy { connections: Option<u64> },
+    /// Envoy's counts say idle, but the pod's sockets still
+    /// hold `bytes` for their peers in the kernel: quitting now would lose them with the
+    /// namespace.
+    Sending { bytes: u64 },
 }
 
 impl FilterCounts {
@@ -322,18 +342,37 @@ impl InFlightJudge {
     /// `/stats` request is no sample (call nothing).
     pub fn observe(&mut self, now: Instant, sample: &DrainSample) -> InFlight {
         let bytes = sample.traffic;
+        let queued = sample.send_queued.unwrap_or(0);
         if !bytes.exposed {
             // Envoy keeps no byte counters: never idle by bytes.
             self.unchanged_since = None;
             self.last_bytes = None;
         } else if self.last_bytes != Some(bytes) || bytes.buffered > 0 {
             // Changed, bytes still held in Envoy's buffers, or the first sample: a run of
-            // unchanged samples (at best) starts here.
+            // unchanged samples (at best) starts here. (Bytes in the kernel's queues do not
+            // restart it: they were counted when written; once the peer has acknowledged them
+            // nothing of them is left to wait for.)
             self.unchanged_since = Some(now);
             self.last_bytes = Some(bytes);
         }
 
         let open = sample.filter.and_then(|f| f.open());
+        let judgement = self.by_counts(now, bytes, sample.filter, open);
+        match judgement {
+            // Idle by Envoy's counts, yet the kernel still holds bytes for a peer.
+            InFlight::Idle(_) if queued > 0 => InFlight::Sending { bytes: queued },
+            j => j,
+        }
+    }
+
+    /// The judgement by Envoy's counts and the filter's alone.
+    fn by_counts(
+        &self,
+        now: Instant,
+        bytes: TrafficBytes,
+        filter: Option<FilterCounts>,
+        open: Option<u64>,
+    ) -> InFlight {
         if bytes.exposed {
             // The bytes decide, even when the filter counts no connection: it does not count
             // every connection (Istio builds the outbound catch-all chain, PassthroughCluster,
@@ -346,7 +385,7 @@ impl InFlightJudge {
             }
             return InFlight::Busy { connections: open };
         }
-        match (sample.filter, open) {
+        match (filter, open) {
             (None, _) => InFlight::Unseen,
             (Some(_), Some(0)) => InFlight::Idle(IdleReason::NoConnections),
             (Some(_), open) => InFlight::Busy { connections: open },
@@ -386,6 +425,7 @@ mod tests {
                 buffered,
                 exposed: true,
             },
+            send_queued: None,
         }
     }
 
@@ -510,6 +550,75 @@ mod tests {
         ("udp.dns.downstream_cx_rx_bytes_total", 7),
         ("wasmcustom.holdfast.workers_ready", 1),
     ];
+
+    /// Bytes still in the kernel's send queues keep the pod busy, whatever Envoy's counts say:
+    /// Envoy counted them as written when they reached the socket. Once the queues are empty
+    /// an idle window must pass again; an empty queue (an idle keep-alive's) holds nothing, and
+    /// an unknown one (`None`) is judged as before.
+    #[test]
+    fn bytes_queued_in_the_kernel_keep_the_pod_busy() {
+        let queued = |mut s: DrainSample, q: Option<u64>| {
+            s.send_queued = q;
+            s
+        };
+        let t = Instant::now();
+        let ms = Duration::from_millis;
+        let mut j = InFlightJudge::new(Duration::from_millis(100));
+        // Envoy's bytes no longer move (it wrote the whole response into the socket), but the
+        // kernel still holds 420 KB for the slow client.
+        for at in [0, 100, 200, 500] {
+            assert_eq!(
+                j.observe(t + ms(at), &queued(sample(0, 4_194_304), Some(419_808))),
+                if at == 0 {
+                    InFlight::Busy {
+                        connections: Some(1),
+                    }
+                } else {
+                    InFlight::Sending { bytes: 419_808 }
+                },
+                "at {at} ms"
+            );
+        }
+        // Flushed (the client acknowledged every byte): idle at once, the bytes having stood
+        // still since the first sample.
+        assert_eq!(
+            j.observe(t + ms(550), &queued(sample(0, 4_194_304), Some(0))),
+            InFlight::Idle(IdleReason::NoBytesMoved {
+                idle_for: Duration::from_millis(550)
+            })
+        );
+        // Envoy writing more restarts the window, queued or not.
+        assert!(matches!(
+            j.observe(t + ms(600), &queued(sample(0, 4_194_305), Some(0))),
+            InFlight::Busy { .. }
+        ));
+
+        // The filter's rule (Envoy keeps no byte counters): no connection open by the filter's
+        // counts (Envoy closed it after its last write), yet the kernel still sends.
+        let mut j = InFlightJudge::new(Duration::from_millis(100));
+        let mut closed = sample_io(0, 0, 0, 0);
+        closed.traffic.exposed = false;
+        assert_eq!(
+            j.observe(t, &queued(closed, Some(1))),
+            InFlight::Sending { bytes: 1 }
+        );
+        assert_eq!(
+            j.observe(t + ms(10), &queued(closed, Some(0))),
+            InFlight::Idle(IdleReason::NoConnections)
+        );
+        assert_eq!(
+            j.observe(t + ms(20), &queued(closed, None)),
+            InFlight::Idle(IdleReason::NoConnections)
+        );
+        // An idle keep-alive: a connection open, nothing moves, nothing queued: idle after the
+        // window, as before.
+        let mut j = InFlightJudge::new(Duration::from_millis(100));
+        j.observe(t, &queued(sample(0, 7), Some(0)));
+        assert!(matches!(
+            j.observe(t + ms(100), &queued(sample(0, 7), Some(0))),
+            InFlight::Idle(IdleReason::NoBytesMoved { .. })
+        ));
+    }
 
     #[test]
     fn traffic_bytes_leave_out_the_proxys_own_listeners() {
@@ -738,6 +847,7 @@ mod tests {
                 buffered: 0,
                 exposed,
             },
+            send_queued: None,
         };
         assert!(matches!(
             j.observe(t, &no_filter(5, true)),
@@ -811,6 +921,7 @@ mod tests {
         let no_filter = DrainSample {
             filter: None,
             traffic: sample(1, 3).traffic,
+            send_queued: None,
         };
         assert!(matches!(
             j.observe(t + Duration::from_millis(5), &no_filter),

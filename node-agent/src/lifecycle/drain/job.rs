@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::admin::{Drainer, ProxyAdmin};
 use super::app_exit::{AppTracker, PodProcessSource};
-use super::in_flight::{InFlightJudge, UnexposedBytes};
+use super::in_flight::{InFlight, InFlightJudge, UnexposedBytes};
 use super::{decide, DrainCtx, DrainStep, JobOutcome, JobReport, QuitReason};
 
 /// Quits the proxy of a Job-like pod once its app has finished for good, so the pod completes.
@@ -91,12 +91,17 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
     let mut failed = 0u32;
     let mut samples = 0u32;
     let mut unexposed = UnexposedBytes::default();
+    let mut flushing_told = false;
     let reason = loop {
         samples += 1;
         let judgement = match d.sample().await {
             Ok(sample) => {
                 let now = Instant::now().into_std();
                 let j = judge.observe(now, &sample);
+                if let (InFlight::Sending { bytes }, false) = (j, flushing_told) {
+                    flushing_told = true;
+                    d.tell(DrainStep::KernelFlushing { bytes });
+                }
                 if let Some(advice) = unexposed.notice(now, &sample, j, settings.idle_window) {
                     tracing::warn!("{advice}");
                     d.errors.push(advice.to_string());

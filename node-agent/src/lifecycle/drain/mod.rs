@@ -36,7 +36,7 @@ pub mod plan;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-pub use admin::{AdminFailure, ProxyAdmin};
+pub use admin::{AdminFailure, PodProxy, ProxyAdmin};
 pub use app_exit::{
     AppContainer, AppTracker, ExitWatcher, PodProcessSource, PodProcsSource, Watch,
 };
@@ -101,6 +101,9 @@ pub enum DrainStep {
     AppGone,
     /// The Job's app finished for good, by this signal.
     JobFinished(FinishedBy),
+    /// Envoy's counts said idle, but the pod's sockets still held `bytes` for their peers in
+    /// the kernel's send queues ([`InFlight::Sending`]): the quit waits. Told once.
+    KernelFlushing { bytes: u64 },
     /// `/quitquitquit` is about to be sent, for this reason.
     Quitting(QuitReason),
 }

@@ -98,6 +98,10 @@ struct AdminState {
     stats_calls: u32,
     /// `/server_info`'s body (`None`: the request fails, not refused).
     server_info: Option<Vec<u8>>,
+    /// Bytes the pod's sockets hold in the kernel's send queues (`None`: unknown).
+    send_queued: Option<u64>,
+    /// When a sample last saw bytes queued in the kernel.
+    last_queued_at: Option<Instant>,
 }
 
 impl FakeAdmin {
@@ -175,12 +179,22 @@ impl ProxyAdmin for FakeAdmin {
                     buffered: 0,
                     exposed: !s.bytes_unexposed,
                 },
+                send_queued: None,
             })
         })
     }
 
     async fn probe(&self) -> Result<(), AdminFailure> {
         self.with(|s| if s.gone { Err(refused()) } else { Ok(()) })
+    }
+
+    async fn send_queued(&self) -> Option<u64> {
+        self.with(|s| {
+            if s.send_queued.is_some_and(|q| q > 0) {
+                s.last_queued_at = Some(Instant::now());
+            }
+            s.send_queued
+        })
     }
 
     async fn server_info(&self) -> Result<Vec<u8>, AdminFailure> {
@@ -569,6 +583,97 @@ async fn idle_keepalives_do_not_hold_the_drain_but_moving_bytes_do() {
     assert!(
         idle >= settings.idle_window && after < settings.idle_window + Duration::from_millis(60),
         "quit {idle:?} after the last bytes seen moving, {after:?} after they stopped (window {:?})",
+        settings.idle_window
+    );
+}
+
+/// Envoy wrote its last byte into the socket and its counters stopped, but the kernel still
+/// holds bytes for a slow client: the drain waits for the queue to empty, because the runtime deletes the pod's netns, and those bytes, right after Envoy exits.
+#[tokio::test]
+async fn bytes_queued_in_the_kernel_hold_the_drain_until_sent() {
+    let mut pod = Pod::new();
+    let admin = FakeAdmin::new(Some(counts(0)));
+    admin.with(|s| s.send_queued = Some(400_000));
+    let (_tx, rx) = watch::channel(Some(deleted_running_app()));
+    let settings = fast_settings();
+    let flushed = Arc::new(Mutex::new(None));
+    let (steps_tx, mut steps) = tokio::sync::mpsc::unbounded_channel();
+    let ctx = DrainCtx {
+        steps: Some(steps_tx),
+        ..ctx(
+            &admin,
+            pod.procs.clone(),
+            rx,
+            CancellationToken::new(),
+            &settings,
+        )
+    };
+    let (report, ()) = tokio::join!(drain(ctx), async {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        pod.app.kill();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            admin.quit_at().is_none(),
+            "quit while the kernel still held bytes for the client"
+        );
+        admin.with(|s| s.send_queued = Some(0));
+        *flushed.lock().unwrap() = Some(Instant::now());
+    });
+    assert_eq!(report.outcome, DrainOutcome::AppDone, "{report:?}");
+    // The timeline says why the quit waited, once.
+    let mut told = Vec::new();
+    while let Ok(step) = steps.try_recv() {
+        told.push(step);
+    }
+    assert_eq!(
+        told.iter()
+            .filter(|s| matches!(s, DrainStep::KernelFlushing { .. }))
+            .collect::<Vec<_>>(),
+        [&DrainStep::KernelFlushing { bytes: 400_000 }],
+        "{told:?}"
+    );
+    assert!(
+        matches!(
+            report.quit_reason,
+            Some(QuitReason::Idle(IdleReason::NoBytesMoved { .. }))
+        ),
+        "{report:?}"
+    );
+    let quit = admin.quit_at().expect("quit");
+    let last_queued = admin.with(|s| s.last_queued_at).expect("bytes were queued");
+    let flushed = flushed.lock().unwrap().expect("set");
+    assert!(quit > last_queued && quit >= flushed);
+    // ... and no longer: the bytes stood still all along, so the quit follows the flush within
+    // a few polls.
+    let after = quit.duration_since(flushed);
+    assert!(
+        after < settings.idle_window,
+        "quit {after:?} after the queue emptied"
+    );
+}
+
+/// An empty send queue (an idle keep-alive's) holds nothing: the drain quits as soon as the
+/// app is gone and no byte moved for a window, as without the check.
+#[tokio::test]
+async fn an_empty_send_queue_does_not_hold_the_drain() {
+    let mut pod = Pod::new();
+    let admin = FakeAdmin::new(Some(counts(2)));
+    admin.with(|s| s.send_queued = Some(0));
+    let (_tx, rx) = watch::channel(Some(deleted_running_app()));
+    let settings = fast_settings();
+    let killed = Arc::new(Mutex::new(None));
+    let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        pod.app.kill();
+        *killed.lock().unwrap() = Some(Instant::now());
+    })
+    .await;
+    assert_eq!(report.outcome, DrainOutcome::AppDone, "{report:?}");
+    let quit = admin.quit_at().expect("quit");
+    let after = quit.duration_since(killed.lock().unwrap().expect("set"));
+    assert!(
+        after < settings.idle_window + Duration::from_millis(100),
+        "quit {after:?} after the app exited (window {:?})",
         settings.idle_window
     );
 }
@@ -982,6 +1087,30 @@ async fn job_waits_for_in_flight_then_quits() {
         ),
         "{report:?}"
     );
+}
+
+/// The Job's quit waits for the kernel's send queues too (the same rule).
+#[tokio::test]
+async fn job_waits_for_bytes_queued_in_the_kernel() {
+    let procs = FakeProcs::default();
+    let admin = FakeAdmin::new(Some(counts(0)));
+    admin.with(|s| s.send_queued = Some(1));
+    let (_tx, rx) = watch::channel(Some(view(
+        RestartPolicy::Never,
+        ContainerState::Terminated { exit_code: 0 },
+        None,
+    )));
+    let settings = fast_settings();
+    let report = job_during(&admin, procs, rx, &settings, async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(admin.quit_at().is_none(), "quit while bytes were queued");
+        admin.with(|s| s.send_queued = Some(0));
+    })
+    .await;
+    assert_eq!(report.outcome, JobOutcome::Completed, "{report:?}");
+    let quit = admin.quit_at().expect("quit");
+    let last_queued = admin.with(|s| s.last_queued_at).expect("bytes were queued");
+    assert!(quit > last_queued);
 }
 
 /// The Job wait of a pod with no processes, as `view` shows it (the view stays open).
