@@ -171,7 +171,7 @@ impl Drop for PeerSlot {
 
 /// Binds a status API listener. `[::]` (the DaemonSet's health and metrics listeners) is bound
 /// dual-stack whatever the node's `net.ipv6.bindv6only` says (`IPV6_V6ONLY` off): IPv6 peers,
-/// and IPv4 peers (as IPv4-mapped addresses, [`canonical`] per peer) where the pod has IPv4 —
+/// and IPv4 peers (as IPv4-mapped addresses, `canonical` per peer) where the pod has IPv4 —
 /// one listener for IPv4-only, dual-stack and IPv6-only clusters, where the kubelet probes the
 /// pod's IPv6 address (issue 30: `0.0.0.0` alone restarted the agent forever there). A kernel
 /// without IPv6 (`ipv6.disable=1`: no AF_INET6 sockets) gets `0.0.0.0` on the same port, said

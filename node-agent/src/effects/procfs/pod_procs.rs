@@ -155,7 +155,7 @@ impl PodProcs {
     /// classified anew. Blocking I/O: call from `spawn_blocking` (see [`PodProcs::of_pod`]).
     ///
     /// The index's lock is held only to find the pod's processes (reading its cgroup
-    /// directory, or listing `/proc` at most every [`MIN_REFRESH`]) and to copy them out; the
+    /// directory, or listing `/proc` at most every `MIN_REFRESH`) and to copy them out; the
     /// per-process checks, two reads each, run without it (issue 29: a pod with 2,000 processes
     /// made every other pod's netns lookup wait behind 4,000 reads every 100 ms for its whole
     /// grace period).

@@ -104,7 +104,7 @@ pub enum Kind {
     TcpListen,
     /// UDP sockets bound and not connected (a server's, such as pilot-agent's DNS proxy).
     UdpBound,
-    /// TCP sockets that can still hold bytes for their peer ([`TCP_SENDING_STATES`]).
+    /// TCP sockets that can still hold bytes for their peer (`TCP_SENDING_STATES`).
     TcpSending,
 }
 
@@ -293,7 +293,7 @@ impl SockDiag {
     }
 
     /// Bytes the namespace's TCP sockets (IPv4 and IPv6) still hold for their peers: the sum of
-    /// `idiag_wqueue` over every socket in [`TCP_SENDING_STATES`] — what the kernel would still
+    /// `idiag_wqueue` over every socket in `TCP_SENDING_STATES` — what the kernel would still
     /// send, or resend, after the process that wrote it exited, and what is lost when the
     /// namespace is torn down first — leaving out the connections with `skip_port` at either
     /// end (the caller's own: Envoy's admin port, whose last answer to the agent's keep-alive

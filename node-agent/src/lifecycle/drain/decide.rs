@@ -84,7 +84,7 @@ pub struct DrainSeen {
     pub app_gone: bool,
     /// App processes alive.
     pub app_live: usize,
-    /// Envoy has exited ([`super::admin::envoy_gone`]).
+    /// Envoy has exited (`Drainer::envoy_gone` in `admin.rs`).
     pub proxy_gone: bool,
     /// The latest in-flight judgement (`None`: the last sample failed).
     pub judgement: Option<InFlight>,

@@ -112,7 +112,7 @@ const FILTER_STATS: [&str; 5] = [
 ];
 
 /// The `/stats?filter=` regex (RE2) of one sample: the filter's stats the judge reads under
-/// `prefix` ([`FILTER_STATS`]), and every HCM and `tcp_proxy` downstream byte counter and
+/// `prefix` (`FILTER_STATS`), and every HCM and `tcp_proxy` downstream byte counter and
 /// buffered gauge. Asked with `usedonly`, so a sidecar with thousands of configured `tcp_proxy`
 /// routes lists only those that carried traffic.
 pub fn sample_regex(prefix: &str) -> String {
