@@ -85,6 +85,11 @@ pub struct Opts {
     /// Run the agent under the DaemonSet's cgroup limits ([`AgentCgroup`]) and read its cost
     /// there too.
     pub confine: bool,
+    /// With `confine`: the DaemonSet's CPU quota too (200m), not only its memory limit. The
+    /// quota makes the agent slower on a loaded machine — a figure to measure (the long form),
+    /// not a bound the short form can assert; the memory limit is a bound (an OOM kill is a
+    /// crash loop).
+    pub cpu_quota: bool,
 }
 
 /// The DaemonSet's limits (manifests/agent/daemonset.yaml `resources.limits`): cpu 200m,
@@ -110,8 +115,8 @@ impl AgentCgroup {
     const ROOT: &'static str = "/sys/fs/cgroup";
 
     /// `hf-<name>-agent` under the cpu, cpuacct and memory hierarchies, with the DaemonSet's
-    /// limits, and `pid` moved in.
-    pub fn confine(name: &str, pid: u32) -> anyhow::Result<AgentCgroup> {
+    /// limits (its CPU quota only with `cpu_quota`), and `pid` moved in.
+    pub fn confine(name: &str, pid: u32, cpu_quota: bool) -> anyhow::Result<AgentCgroup> {
         let leaf = format!("hf-{name}-agent");
         let mut cg = AgentCgroup { dirs: Vec::new() };
         for controller in ["cpu", "cpuacct", "memory"] {
@@ -129,12 +134,14 @@ impl AgentCgroup {
                 .with_context(|| format!("cannot make {} (cgroup v1 here?)", dir.display()))?;
             cg.dirs.push(dir);
         }
-        let period: u64 = cg.read("cpu", "cpu.cfs_period_us").unwrap_or(100_000);
-        cg.write(
-            "cpu",
-            "cpu.cfs_quota_us",
-            period * DAEMONSET_CPU_MILLIS / 1000,
-        )?;
+        if cpu_quota {
+            let period: u64 = cg.read("cpu", "cpu.cfs_period_us").unwrap_or(100_000);
+            cg.write(
+                "cpu",
+                "cpu.cfs_quota_us",
+                period * DAEMONSET_CPU_MILLIS / 1000,
+            )?;
+        }
         cg.write("memory", "memory.limit_in_bytes", DAEMONSET_MEMORY_BYTES)?;
         // The agent's memory so far would move with it (v1 leaves a moved process's pages
         // charged to its old group), but this kernel refuses the knob (EINVAL: deprecated):
@@ -585,7 +592,7 @@ pub fn run(scenario: Scenario, opts: &Opts) -> anyhow::Result<Figures> {
         pid: agent.pid().context("the agent's pid")?,
     };
     let cgroup = if opts.confine {
-        Some(AgentCgroup::confine(&name, sampler.pid)?)
+        Some(AgentCgroup::confine(&name, sampler.pid, opts.cpu_quota)?)
     } else {
         None
     };

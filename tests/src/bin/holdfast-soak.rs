@@ -99,6 +99,7 @@ fn hostile(args: &Args) -> ExitCode {
                 window: std::time::Duration::from_secs(args.window),
                 prefix: if *legacy { "hlb-".into() } else { "hl-".into() },
                 confine: !args.unconfined,
+                cpu_quota: !args.unconfined,
             };
             match run(s, &opts) {
                 Ok(f) => {
