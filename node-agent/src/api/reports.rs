@@ -58,7 +58,8 @@ pub enum QuitReason {
     /// The filter was not installed and the app's exit alone decided. Produced by builds before
     /// issue 28 (it could cut a response still being sent); kept so their reports still parse.
     NoFilter,
-    /// The counts could not be read; the app's exit alone decided.
+    /// A finished Job's counts could not be read; the app's exit alone decided (a drain never
+    /// quits for this: it waits for the deadline).
     StatsUnavailable,
     /// The deadline (drain) or the bounded wait (Job) ran out.
     OutOfTime,

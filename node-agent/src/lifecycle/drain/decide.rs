@@ -55,8 +55,7 @@ pub fn drain_kind(view: &PodView) -> DrainKind {
 pub enum DrainNext {
     /// Keep watching.
     Wait,
-    /// The app is done and nothing is in flight (or that cannot be known): quit the proxy
-    /// (outcome `app-done`).
+    /// The app is done and nothing is in flight: quit the proxy (outcome `app-done`).
     Quit(QuitReason),
     /// The deadline came first: quit the proxy whatever the app and the counts say (outcome
     /// `deadline`).
@@ -144,6 +143,10 @@ pub fn drain_next(seen: DrainSeen) -> DrainNext {
         return DrainNext::Wait;
     }
     match quit_when_idle(seen.judgement, seen.stats_exhausted) {
+        // Counts that cannot be read say nothing of a response still on its way out: a pod's
+        // drain waits for Istio's own end (pilot-agent's drain) or the deadline, as without
+        // holdfast. (A finished Job's wait quits: without holdfast it would never complete.)
+        Some(QuitReason::StatsUnavailable) => DrainNext::Wait,
         Some(reason) => DrainNext::Quit(reason),
         None => DrainNext::Wait,
     }
@@ -280,10 +283,8 @@ mod tests {
                 DrainNext::Wait,
             ),
             (seen(true, 0, false, None, false), DrainNext::Wait),
-            (
-                seen(true, 0, false, None, true),
-                DrainNext::Quit(QuitReason::StatsUnavailable),
-            ),
+            // Counts that cannot be read: never a blind quit (a response may be in flight).
+            (seen(true, 0, false, None, true), DrainNext::Wait),
             (
                 seen(true, 0, true, None, false),
                 end(DrainOutcome::AppDone, false, false),
@@ -486,6 +487,8 @@ mod tests {
     }
 
     /// The drain and the Job share the rule for "the app is done: may the proxy go?".
+    /// The drain and the Job quit share the idle rule; they differ only on unreadable counts (a
+    /// drain waits for the deadline, a finished Job quits: without holdfast it never completes).
     #[test]
     fn drain_and_job_quit_for_the_same_reasons() {
         let judgements = [
@@ -509,6 +512,7 @@ mod tests {
                     out_of_time: false,
                 });
                 let as_drain = match job {
+                    JobNext::Quit(QuitReason::StatsUnavailable) => DrainNext::Wait,
                     JobNext::Quit(r) => DrainNext::Quit(r),
                     _ => DrainNext::Wait,
                 };

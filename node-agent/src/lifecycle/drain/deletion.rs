@@ -112,6 +112,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
     let mut next_stats = Instant::now();
     let mut failed_samples_while_gone = 0u32;
     let mut unseen_warned = false;
+    let mut unreadable_told = false;
     let mut flushing_told = false;
     let mut app_gone: Option<Instant> = None;
     let mut samples_since_gone = 0u32;
@@ -190,6 +191,16 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
             native,
             pod_removed: false,
         };
+        if seen.app_gone && seen.stats_exhausted && !seen.proxy_gone && !unreadable_told {
+            unreadable_told = true;
+            let why = format!(
+                "the app is gone but Envoy's counts could not be read {failed_samples_while_gone} \
+                 times: nothing says the last response was sent, so the drain waits for Istio's own \
+                 end or the deadline, as without holdfast"
+            );
+            tracing::warn!("{why}");
+            d.errors.push(why);
+        }
         match decide::drain_next(seen) {
             decide::DrainNext::Wait => {}
             decide::DrainNext::End(end) => {
