@@ -384,13 +384,15 @@ fn exited(fd: &std::os::fd::OwnedFd) -> bool {
     matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
 }
 
-/// The start time of `pid` (`/proc/<pid>/stat` field 22, clock ticks after boot).
+/// The start time of `pid` (`/proc/<pid>/stat` field 22, clock ticks after boot), parsed by the
+/// procfs crate (a command with spaces or parentheses included); `None` when it is gone or
+/// its stat does not parse.
 fn start_time(proc_root: &std::path::Path, pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
-    // The command (field 2) may hold spaces and parentheses: count from the last ')'.
-    let rest = stat.rsplit_once(')')?.1;
-    // Fields 3.. after it: state is field 3, starttime field 22.
-    rest.split_whitespace().nth(19)?.parse().ok()
+    let stat = procfs::process::Process::new_with_root(proc_root.join(pid.to_string()))
+        .ok()?
+        .stat()
+        .ok()?;
+    Some(stat.starttime)
 }
 
 impl PodProcs {
@@ -568,11 +570,15 @@ impl Index {
     }
 }
 
-/// A `/proc/<pid>/stat` line with start time `start` (field 22), for fake proc trees.
+/// A `/proc/<pid>/stat` line with start time `start` (field 22), for fake proc trees: the 52
+/// fields Linux writes since 3.5 (`fs/proc/array.c::do_task_stat`), with a command holding a
+/// space and a `)` as a container's may.
 #[cfg(test)]
 fn fake_stat(pid: i32, start: u64) -> String {
+    let tail = ["0"; 28].join(" ");
     format!(
-        "{pid} (sim app) S 1 {pid} {pid} 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 {start} 1000 10 0\n"
+        "{pid} (sim) app) S 1 {pid} {pid} 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 {start} 1000 10 \
+         {tail}\n"
     )
 }
 
