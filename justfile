@@ -47,7 +47,7 @@ build: filter
 test: setup filter
     cargo test -p holdfast-filter
     cargo test --workspace --exclude holdfast-filter
-    HOLDFAST_SIM_RUNTIME=containerd cargo test -p holdfast-tests --test failures --test hold --test drain --test which_pods --test native_sidecars
+    HOLDFAST_SIM_RUNTIME=containerd cargo test --workspace --exclude holdfast-filter --test failures --test hold --test drain --test which_pods --test native_sidecars
     just _envoy-istio
 
 # The Envoy of each Istio people run (istio/proxy ENVOY_VERSION.txt: 1.28 ships 1.36, 1.29 1.37, 1.30 1.38, 1.31 1.39;
@@ -64,18 +64,17 @@ envoy_istio_newest := `sed -n 's/^ENVOY_ISTIO="\(.*\)"$/\1/p' scripts/setup.sh |
 _envoy-istio:
     for v in {{ envoy_istio }}; do \
         echo "== Envoy $v"; \
-        HOLDFAST_ENVOY="$PWD/target/bin/envoy-$v" cargo test -p holdfast --test readiness --test drain_parts --test admin_client; \
-        HOLDFAST_ENVOY="$PWD/target/bin/envoy-$v" cargo test -p holdfast-tests --test filter_in_envoy --test filter_workers; \
+        HOLDFAST_ENVOY="$PWD/target/bin/envoy-$v" cargo test --workspace --exclude holdfast-filter --test readiness --test drain_parts --test admin_client --test filter_in_envoy --test filter_workers; \
     done
-    HOLDFAST_ENVOY="$PWD/target/bin/envoy-{{ envoy_istio_newest }}" cargo test -p holdfast-tests --test drain
+    HOLDFAST_ENVOY="$PWD/target/bin/envoy-{{ envoy_istio_newest }}" cargo test --workspace --exclude holdfast-filter --test drain
 
 # The end-to-end files (the three failures without holdfast, hold, drain, Jobs, status) with every pod a real
 # container of a private containerd (CRI, runc, CNI), one containerd per test binary. The files for pod shapes
 # this backend does not build (IPv6, DNS capture, CNI mode, user init containers) stay on the netns backend:
 # docs/containerd-backend.md says which and why.
 test-containerd: setup filter
-    cargo build -p holdfast -p holdfast-tests --bins
-    HOLDFAST_SIM_RUNTIME=containerd cargo test -p holdfast-tests --test failures --test hold --test drain --test which_pods --test native_sidecars
+    cargo build --workspace --exclude holdfast-filter --bins
+    HOLDFAST_SIM_RUNTIME=containerd cargo test --workspace --exclude holdfast-filter --test failures --test hold --test drain --test which_pods --test native_sidecars
 
 # Benchmarks against side-by-side baselines (`just bench filter|hold|drain|scale|lifecycle`; none = all). `scale` takes
 # --baseline-agent PATH through `holdfast-bench` directly (see docs/benchmarks.md).
@@ -90,7 +89,7 @@ bench *sections: setup filter
 # (root). `just soak --lifecycles 200 --seed 42`. Debug builds: overflow checks on. Figures:
 # docs/benchmarks.md, "Chaos soak". The short form runs in `just test` (tests/tests/soak.rs).
 soak *args: setup filter
-    cargo build -p holdfast -p holdfast-tests --bins
+    cargo build --workspace --exclude holdfast-filter --bins
     "${CARGO_TARGET_DIR:-target}"/debug/holdfast-soak {{ args }}
 
 # The three sidecar failures on a simulated node of 3 pods, without and with holdfast (root).
@@ -115,7 +114,7 @@ lint: setup filter
 
 # Every test (`just test`), then the repeats that take longer: a chaos soak of 100 lifecycles per variant.
 test-all: test
-    cargo build -p holdfast -p holdfast-tests --bins
+    cargo build --workspace --exclude holdfast-filter --bins
     "${CARGO_TARGET_DIR:-target}"/debug/holdfast-soak --lifecycles 100 --seed 777
 
 # Before every push (and what CI runs, .ci/run): formatting, lints as errors, every test and the repeats.
