@@ -1670,7 +1670,10 @@ fn loads_in_real_envoy(
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success(), "envoy rejected the {what}'s config:\n{text}");
+    assert!(
+        out.status.success(),
+        "envoy rejected the {what}'s config:\n{text}"
+    );
     assert!(text.contains("OK"), "{text}");
     assert!(
         !text.contains("failed to load"),
@@ -1748,7 +1751,11 @@ fn kuma_modifications(mpp: &Value) -> Result<Vec<KumaModification>> {
     ensure!(!list.is_empty(), "appendModifications: must not be empty");
     let mut out = Vec::new();
     for (i, m) in list.iter().enumerate() {
-        let present: Vec<&str> = KINDS.iter().copied().filter(|k| m.get(*k).is_some()).collect();
+        let present: Vec<&str> = KINDS
+            .iter()
+            .copied()
+            .filter(|k| m.get(*k).is_some())
+            .collect();
         ensure!(
             present.len() == 1,
             "appendModifications[{i}]: exactly one modification can be defined at a time. Currently, {} modifications are defined",
@@ -1823,8 +1830,14 @@ fn meshproxypatch_is_the_envoyfilters_filter_for_kuma() {
     };
     let mut origins = BTreeSet::new();
     for m in mods.iter().filter(|m| m.kind == "networkFilter") {
-        assert_eq!(m.operation, "AddFirst", "first in every chain, as INSERT_FIRST");
-        let origin = m.origin.clone().expect("a network filter matches an origin");
+        assert_eq!(
+            m.operation, "AddFirst",
+            "first in every chain, as INSERT_FIRST"
+        );
+        let origin = m
+            .origin
+            .clone()
+            .expect("a network filter matches an origin");
         let context = match origin.as_str() {
             "inbound" => "SIDECAR_INBOUND",
             "outbound" => "SIDECAR_OUTBOUND",
