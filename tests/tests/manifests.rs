@@ -366,21 +366,18 @@ fn daemonset_pod_shares_host_pids_not_host_network() {
         spec.priority_class_name.as_deref(),
         Some("system-node-critical")
     );
-    // Linux nodes only, as istio-cni's DaemonSet, of the one architecture the image is built
-    // for: an image without an index is pulled onto any node, and an arm64 node would
-    // crash-loop the agent (`exec format error`).
+    // Linux nodes only, as istio-cni's DaemonSet, of every architecture: the image is an index
+    // of one image per architecture `just image` builds (holdfast_image::arch::Arch::ALL:
+    // amd64 and arm64, tests/tests/agent_image.rs reads each back), and the runtime pulls its
+    // node's. An architecture selector would leave arm64 nodes without the agent.
     assert_eq!(
         spec.node_selector,
-        Some(
-            [
-                ("kubernetes.io/os".to_string(), "linux".to_string()),
-                (
-                    "kubernetes.io/arch".to_string(),
-                    holdfast_image::agent::AGENT_ARCHITECTURE.to_string()
-                ),
-            ]
-            .into()
-        )
+        Some([("kubernetes.io/os".to_string(), "linux".to_string())].into())
+    );
+    assert_eq!(
+        holdfast_image::arch::Arch::ALL.map(|a| a.name()),
+        ["amd64", "arm64"],
+        "the architectures docs/install.md names"
     );
     let grace = spec
         .termination_grace_period_seconds
