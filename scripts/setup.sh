@@ -53,6 +53,8 @@ command -v runc >/dev/null 2>&1 || need_apt+=(runc)
 command -v docker-registry >/dev/null 2>&1 || need_apt+=(docker-registry)
 command -v dpkg-deb >/dev/null 2>&1 || need_apt+=(dpkg)
 command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || need_apt+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
+# Starts the arm64 agent of the image under emulation (tests/tests/agent_image.rs).
+command -v qemu-aarch64-static >/dev/null 2>&1 || need_apt+=(qemu-user-static)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
