@@ -74,15 +74,17 @@ enum Cmd {
     Agent {
         #[arg(long)]
         binary: PathBuf,
-        /// The binary's architecture: amd64 or arm64 (the lock must be that architecture's).
+        /// The binary's architecture: amd64 or arm64.
         #[arg(long, default_value = "amd64")]
         arch: String,
         #[arg(long)]
         out: PathBuf,
         #[arg(long, default_value = env!("CARGO_PKG_VERSION"))]
         tag: String,
-        #[arg(long, default_value = debs::LOCK_FILE)]
-        lock: PathBuf,
+        /// The architecture's lock (default: image/agent-debs.lock for amd64,
+        /// image/agent-debs-arm64.lock for arm64).
+        #[arg(long)]
+        lock: Option<PathBuf>,
         #[arg(long, default_value = "target/image/debs")]
         deb_cache: PathBuf,
     },
@@ -177,7 +179,9 @@ fn main() -> Result<()> {
             lock,
             deb_cache,
         } => {
-            let lock = debs::DebLock::read_for(&lock, Arch::parse(&arch)?)?;
+            let arch = Arch::parse(&arch)?;
+            let lock = lock.unwrap_or_else(|| PathBuf::from(arch.lock_file()));
+            let lock = debs::DebLock::read_for(&lock, arch)?;
             let work = out.with_extension("work");
             let built = agent::build(
                 &agent::AgentInputs {
