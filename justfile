@@ -20,15 +20,18 @@ filter:
     cp target/wasm32-wasip1/wasm-release/holdfast_filter.wasm {{wasm}}
     @ls -l {{wasm}}
 
-# The agent from the release binary; OCI layouts in target/image; the registry is Debian's docker-registry on
+# The agent from the release binaries of amd64 and arm64 (cross-built: `just setup` installs the target and
+# its linker), one image index; OCI layouts in target/image; the registry is Debian's docker-registry on
 # port 5000 (`just image --registry-port 0`: any free one); SOURCE_DATE_EPOCH, if set, is every file's time
 # (default 0). docs/images.md says what is in each image and how to publish it.
 # Build both images reproducibly, push them to a loopback registry, print sizes, digests and the pinning edits.
 image *args: setup filter
     cargo build --release -p holdfast --locked
+    cargo build --release -p holdfast --locked --target aarch64-unknown-linux-gnu
     cargo run -q -p holdfast-image --locked -- release {{ args }}
 
-# Rewrites image/agent-debs.lock when a pinned version left the archive, or for security updates.
+# Rewrites image/agent-debs.lock and image/agent-debs-arm64.lock when a pinned version left the archive, or for
+# security updates.
 # Refresh the Debian packages the agent image is built from to the archive's current versions.
 image-lock:
     cargo run -q -p holdfast-image --locked -- lock
@@ -46,6 +49,7 @@ build: filter
 # drain-parts and filter tests again on the Envoy of each Istio 1.28-1.31 (as `test-envoy-istio`).
 test: setup filter
     cargo test -p holdfast-filter
+    cargo build -p holdfast --target aarch64-unknown-linux-gnu
     cargo test --workspace --exclude holdfast-filter
     HOLDFAST_SIM_RUNTIME=containerd cargo test --workspace --exclude holdfast-filter --test failures --test hold --test drain --test which_pods --test native_sidecars
     just _envoy-istio

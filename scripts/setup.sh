@@ -28,6 +28,12 @@ if ! rustup target list --installed | grep -qx wasm32-wasip1; then
     echo "setup: rustup target add wasm32-wasip1"
     rustup target add wasm32-wasip1
 fi
+# The arm64 agent (the image index's linux/arm64 image, tests/tests/agent_image.rs): cross-built
+# with Debian's aarch64 gcc as linker (.cargo/config.toml) and for ring's C code.
+if [ "$mode" = all ] && ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then
+    echo "setup: rustup target add aarch64-unknown-linux-gnu"
+    rustup target add aarch64-unknown-linux-gnu
+fi
 
 need_apt=()
 command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)
@@ -46,6 +52,9 @@ command -v runc >/dev/null 2>&1 || need_apt+=(runc)
 # distribution registry on loopback; dpkg-deb unpacks the agent image's pinned packages.
 command -v docker-registry >/dev/null 2>&1 || need_apt+=(docker-registry)
 command -v dpkg-deb >/dev/null 2>&1 || need_apt+=(dpkg)
+command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || need_apt+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
+# Starts the arm64 agent of the image under emulation (tests/tests/agent_image.rs).
+command -v qemu-aarch64-static >/dev/null 2>&1 || need_apt+=(qemu-user-static)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
@@ -76,22 +85,37 @@ if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2
     fi
 fi
 
-# The Debian packages the agent image is built from, pinned in image/agent-debs.lock (name,
-# version, .deb sha256): fetched once into target/image/debs so image builds need no network.
+# The Debian packages the agent image is built from, pinned per architecture in
+# image/agent-debs.lock and image/agent-debs-arm64.lock (name, version, .deb sha256): fetched
+# once into target/image/debs so image builds need no network. arm64 packages on an amd64
+# machine need apt to know the architecture (its package lists: apt-get update after adding it).
+if [ "$(dpkg --print-architecture)" != arm64 ] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "setup: apt does not know arm64 packages; run: sudo dpkg --add-architecture arm64 && sudo apt-get update" >&2
+        exit 1
+    fi
+    echo "setup: dpkg --add-architecture arm64"
+    dpkg --add-architecture arm64
+    apt-get update -qq
+fi
 mkdir -p target/image/debs
+for arch in amd64 arm64; do
+lock=image/agent-debs.lock
+[ "$arch" = amd64 ] || lock="image/agent-debs-$arch.lock"
 while read -r name version sha; do
     case "$name" in ''|'#'*) continue ;; esac
-    deb="target/image/debs/${name}_${version//:/%3a}_amd64.deb"
+    deb="target/image/debs/${name}_${version//:/%3a}_$arch.deb"
     [ -f "$deb" ] && echo "$sha  $deb" | sha256sum --check --status && continue
-    echo "setup: apt-get download $name=$version"
-    (cd target/image/debs && apt-get -q -o APT::Sandbox::User=root download "$name=$version" >/dev/null 2>&1) || {
+    echo "setup: apt-get download $name:$arch=$version"
+    (cd target/image/debs && apt-get -q -o APT::Sandbox::User=root download "$name:$arch=$version" >/dev/null 2>&1) || {
         [ "$(id -u)" -eq 0 ] && apt-get update -qq
-        (cd target/image/debs && apt-get -q -o APT::Sandbox::User=root download "$name=$version" >/dev/null)
+        (cd target/image/debs && apt-get -q -o APT::Sandbox::User=root download "$name:$arch=$version" >/dev/null)
     } || {
-        echo "setup: cannot download $name=$version: if the archive dropped it, refresh the pins with 'just image-lock'" >&2
+        echo "setup: cannot download $name:$arch=$version: if the archive dropped it, refresh the pins with 'just image-lock'" >&2
         exit 1
     }
-done < image/agent-debs.lock
+done < "$lock"
+done
 
 # overlayfs: containerd's snapshotter for the containerd backend.
 if ! grep -qw overlay /proc/filesystems; then

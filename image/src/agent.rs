@@ -16,13 +16,20 @@
 //!    listed by hand), the packages' copyright files, Debian's merged-`/usr` links (`/lib` →
 //!    `usr/lib`…) and empty `/proc`, `/sys`, `/dev`, `/run`, `/tmp` mount points;
 //! 2. `/usr/local/bin/holdfast`.
+//!
+//! One image per architecture ([`Arch`]: amd64 and arm64), each from its own binary and its own
+//! lock of the same Debian packages; [`build_index`] writes them as one OCI image index, each
+//! manifest under its platform, so a runtime pulls the one for its node's CPU (containerd
+//! resolves an index by platform; a single manifest it pulls whatever its architecture). Every
+//! ELF file of an image is checked to be of that image's machine.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use object::read::elf::{FileHeader, ProgramHeader};
-use serde_json::json;
+use serde_json::{json, Value};
 
+use crate::arch::{self, Arch};
 use crate::debs::{self, DebLock};
 use crate::layer::{Layer, LayerBuilder};
 use crate::layout::{image_config, BuiltImage, ManifestLayer, OciLayout, OCI_CONFIG};
@@ -30,12 +37,6 @@ use crate::Error;
 
 /// Where the agent's binary sits in the image (the DaemonSet runs the image's entrypoint).
 pub const AGENT_PATH: &str = "usr/local/bin/holdfast";
-/// The one platform the agent image is built for (its config's `architecture`; the layout has
-/// no index). The DaemonSet selects nodes of this `kubernetes.io/arch` (tests/tests/manifests.rs).
-pub const AGENT_ARCHITECTURE: &str = "amd64";
-
-/// The library directory of Debian's amd64 multiarch layout.
-const LIB_DIR: &str = "usr/lib/x86_64-linux-gnu";
 /// The names the agent runs iptables by, all `xtables-nft-multi` (it dispatches on argv[0]).
 pub const IPTABLES_NAMES: [&str; 12] = [
     "iptables",
@@ -57,9 +58,10 @@ pub const PATH_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/b
 /// What an agent image is built from.
 #[derive(Debug, Clone)]
 pub struct AgentInputs<'a> {
-    /// The `holdfast` binary (release for `just image`, the test profile's for the tests).
+    /// The `holdfast` binary (release for `just image`, the test profile's for the tests), of
+    /// the lock's architecture.
     pub binary: &'a Path,
-    /// The pinned Debian packages.
+    /// The pinned Debian packages; their architecture is the image's.
     pub lock: &'a DebLock,
     /// Where the `.deb` files are kept (downloaded when missing).
     pub deb_cache: &'a Path,
@@ -175,6 +177,22 @@ fn merged_usr(path: &str) -> String {
     path.to_string()
 }
 
+/// Fails unless `data` (an ELF file, `what`) is built for `arch`.
+fn check_machine(data: &[u8], arch: Arch, what: &str) -> Result<(), Error> {
+    match arch::elf_machine(data) {
+        Some(m) if m == arch.elf_machine() => Ok(()),
+        Some(m) => Err(Error::Input(format!(
+            "{what} is an ELF file for machine {m} ({}), not {arch} (machine {}): build it for {} \
+             (`cargo build --target {}`)",
+            Arch::of_elf_machine(m).map_or("another architecture", Arch::name),
+            arch.elf_machine(),
+            arch,
+            arch.rust_target()
+        ))),
+        None => Err(Error::Input(format!("{what} is not a 64-bit ELF file"))),
+    }
+}
+
 /// Adds `path` (an image path, resolved through the packages' symlinks) and what it links to.
 fn add_with_links(
     layer: &mut LayerBuilder,
@@ -239,15 +257,17 @@ fn normalize(p: &str) -> String {
 fn add_needed(
     layer: &mut LayerBuilder,
     unpacked: &Unpacked,
+    arch: Arch,
     roots: Vec<(String, ElfNeeds)>,
 ) -> Result<(), Error> {
+    let lib_dir = arch.lib_dir();
     let mut queue = roots;
     let mut seen: BTreeSet<String> = BTreeSet::new();
     while let Some((who, needs)) = queue.pop() {
         let mut wanted: Vec<String> = needs
             .needed
             .iter()
-            .map(|soname| format!("{LIB_DIR}/{soname}"))
+            .map(|soname| format!("{lib_dir}/{soname}"))
             .collect();
         wanted.extend(needs.interpreter.clone());
         for path in wanted {
@@ -265,6 +285,7 @@ fn add_needed(
             if let Some(more) =
                 elf_needs(&data).map_err(|e| Error::Input(format!("{file}: {e}")))?
             {
+                check_machine(&data, arch, &file)?;
                 queue.push((file, more));
             }
         }
@@ -283,6 +304,21 @@ pub fn layers(inputs: &AgentInputs<'_>) -> Result<AgentLayers, Error> {
     })?;
     let agent_needs = elf_needs(&binary)?
         .ok_or_else(|| Error::Input(format!("{} is not an ELF binary", inputs.binary.display())))?;
+    let arch = inputs.lock.arch;
+    check_machine(
+        &binary,
+        arch,
+        &format!("the agent binary {}", inputs.binary.display()),
+    )?;
+    if agent_needs.interpreter.as_deref() != Some(arch.interpreter()) {
+        return Err(Error::Input(format!(
+            "{}: program interpreter {:?}, not glibc's {} one {}",
+            inputs.binary.display(),
+            agent_needs.interpreter,
+            arch,
+            arch.interpreter()
+        )));
+    }
 
     let debs = debs::fetch(inputs.lock, inputs.deb_cache)?;
     let unpack_dir = inputs.work.join("debs-unpacked");
@@ -323,11 +359,13 @@ pub fn layers(inputs: &AgentInputs<'_>) -> Result<AgentLayers, Error> {
             source,
         })
     };
-    if let Some(n) = elf_needs(&read(&multi)?)? {
+    let multi_data = read(&multi)?;
+    check_machine(&multi_data, arch, &multi)?;
+    if let Some(n) = elf_needs(&multi_data)? {
         roots.push((multi.clone(), n));
     }
     // Every xtables extension (iptables loads them by name from this directory).
-    let ext_dir = format!("{LIB_DIR}/xtables/");
+    let ext_dir = format!("{}/xtables/", arch.lib_dir());
     let extensions: Vec<String> = unpacked
         .files
         .keys()
@@ -341,11 +379,13 @@ pub fn layers(inputs: &AgentInputs<'_>) -> Result<AgentLayers, Error> {
     }
     for ext in &extensions {
         let file = add_with_links(&mut rt, &unpacked, ext, "iptables")?;
-        if let Some(n) = elf_needs(&read(&file)?)? {
+        let data = read(&file)?;
+        if let Some(n) = elf_needs(&data)? {
+            check_machine(&data, arch, &file)?;
             roots.push((file, n));
         }
     }
-    add_needed(&mut rt, &unpacked, roots)?;
+    add_needed(&mut rt, &unpacked, arch, roots)?;
     // The licences of what the image redistributes. A package's doc directory may be a link
     // to another package's (libgcc-s1's is gcc-12-base's), which is then pinned for it.
     for d in &inputs.lock.debs {
@@ -382,8 +422,58 @@ pub fn layers(inputs: &AgentInputs<'_>) -> Result<AgentLayers, Error> {
     })
 }
 
-/// Builds the agent image into the layout at `out`, tagged `tag`.
+/// Builds the agent image of one architecture into the layout at `out`, tagged `tag`.
 pub fn build(inputs: &AgentInputs<'_>, out: &Path, tag: &str) -> Result<BuiltImage, Error> {
+    let layout = OciLayout::create(out)?;
+    let (config, l) = config_and_layers(inputs)?;
+    layout.write_image(
+        tag,
+        OCI_CONFIG,
+        &config,
+        &[
+            ManifestLayer::gzip(&l.runtime),
+            ManifestLayer::gzip(&l.agent),
+        ],
+    )
+}
+
+/// Builds the agent image of every architecture of `inputs` into one layout at `out`: each
+/// image's manifest under its platform (`linux/amd64`, `linux/arm64`) in an OCI image index
+/// tagged `tag`. Returns the index (its digest is what the install pins) and each image.
+pub fn build_index(
+    inputs: &[AgentInputs<'_>],
+    out: &Path,
+    tag: &str,
+) -> Result<(BuiltImage, Vec<(Arch, BuiltImage)>), Error> {
+    let layout = OciLayout::create(out)?;
+    let mut images = Vec::new();
+    let mut seen = BTreeSet::new();
+    for i in inputs {
+        let arch = i.lock.arch;
+        if !seen.insert(arch) {
+            return Err(Error::Input(format!("two agent images for {arch}")));
+        }
+        let (config, l) = config_and_layers(i)?;
+        let built = layout.write_manifest(
+            OCI_CONFIG,
+            &config,
+            &[
+                ManifestLayer::gzip(&l.runtime),
+                ManifestLayer::gzip(&l.agent),
+            ],
+        )?;
+        images.push((arch, built));
+    }
+    let platforms: Vec<(Value, &BuiltImage)> = images
+        .iter()
+        .map(|(arch, b)| (json!({ "architecture": arch.name(), "os": "linux" }), b))
+        .collect();
+    let index = layout.write_index(tag, &platforms)?;
+    Ok((index, images))
+}
+
+/// The image config and the layers of one architecture's image.
+fn config_and_layers(inputs: &AgentInputs<'_>) -> Result<(Vec<u8>, AgentLayers), Error> {
     let l = layers(inputs)?;
     let packages: Vec<String> = inputs.lock.debs.iter().map(|d| d.spec()).collect();
     let container = json!({
@@ -398,21 +488,12 @@ pub fn build(inputs: &AgentInputs<'_>, out: &Path, tag: &str) -> Result<BuiltIma
         },
     });
     let config = image_config(
-        AGENT_ARCHITECTURE,
+        inputs.lock.arch.name(),
         inputs.epoch,
         container,
         &[&l.runtime, &l.agent],
     )?;
-    let layout = OciLayout::create(out)?;
-    layout.write_image(
-        tag,
-        OCI_CONFIG,
-        &config,
-        &[
-            ManifestLayer::gzip(&l.runtime),
-            ManifestLayer::gzip(&l.agent),
-        ],
-    )
+    Ok((config, l))
 }
 
 #[cfg(test)]

@@ -1,9 +1,11 @@
 //! The Debian packages the agent image takes its run-time files from (iptables and the shared
-//! libraries), pinned in `image/agent-debs.lock` by version and by the `.deb` file's sha256, so
-//! an image's content depends on that file and never on what the build machine has installed.
+//! libraries), pinned per architecture in `image/agent-debs.lock` (amd64) and
+//! `image/agent-debs-arm64.lock` by version and by the `.deb` file's sha256, so an image's
+//! content depends on that file and never on what the build machine has installed.
 //!
-//! Packages are fetched with `apt-get download <name>=<version>` (apt checks them against the
-//! archive's signed index), kept in a cache directory (`target/image/debs`), checked against the
+//! Packages are fetched with `apt-get download <name>:<arch>=<version>` (apt checks them against
+//! the archive's signed index; a foreign architecture needs `dpkg --add-architecture arm64` and
+//! `apt-get update` first, which `just setup` does), kept in a cache directory (`target/image/debs`), checked against the
 //! lock and unpacked with `dpkg-deb -x`. A version the archive no longer carries (Debian keeps
 //! the newest of a release and its security updates) fails with the fix: `just image-lock`.
 
@@ -12,10 +14,11 @@ use std::process::Command;
 
 use sha2::{Digest as _, Sha256};
 
+use crate::arch::Arch;
 use crate::layout::hex;
 use crate::Error;
 
-/// The lock file, in the workspace.
+/// The amd64 lock file, in the workspace (each architecture's: [`Arch::lock_file`]).
 pub const LOCK_FILE: &str = "image/agent-debs.lock";
 
 /// The packages the agent image needs, for `just image-lock`: iptables (its nf_tables
@@ -41,33 +44,47 @@ pub struct PinnedDeb {
     pub version: String,
     /// sha256 of the `.deb` file, hex.
     pub sha256: String,
+    /// The package's architecture (its lock file's).
+    pub arch: Arch,
 }
 
 impl PinnedDeb {
     /// The file name `apt-get download` gives it (an epoch's `:` is written `%3a`).
     pub fn file_name(&self) -> String {
         format!(
-            "{}_{}_amd64.deb",
+            "{}_{}_{}.deb",
             self.name,
-            self.version.replace(':', "%3a")
+            self.version.replace(':', "%3a"),
+            self.arch
         )
     }
 
-    /// `name=version`, as apt takes it and as the image's label lists it.
+    /// `name=version`, as the image's label lists it.
     pub fn spec(&self) -> String {
         format!("{}={}", self.name, self.version)
     }
+
+    /// `name:arch=version`, as apt takes it.
+    pub fn apt_spec(&self) -> String {
+        format!("{}:{}={}", self.name, self.arch, self.version)
+    }
 }
 
-/// The parsed lock file.
+/// The parsed lock file of one architecture.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DebLock {
+    pub arch: Arch,
     pub debs: Vec<PinnedDeb>,
 }
 
 impl DebLock {
-    /// Parses `name version sha256` lines (`#` comments, blank lines ignored).
+    /// Parses `name version sha256` lines (`#` comments, blank lines ignored) of the amd64 lock.
     pub fn parse(text: &str, origin: &str) -> Result<DebLock, Error> {
+        DebLock::parse_for(text, origin, Arch::Amd64)
+    }
+
+    /// Parses the lock of `arch`.
+    pub fn parse_for(text: &str, origin: &str, arch: Arch) -> Result<DebLock, Error> {
         let mut debs = Vec::new();
         for (i, line) in text.lines().enumerate() {
             let line = line.trim();
@@ -97,28 +114,36 @@ impl DebLock {
                 name: name.to_string(),
                 version: version.to_string(),
                 sha256: sha256.to_ascii_lowercase(),
+                arch,
             });
         }
         if debs.is_empty() {
             return Err(Error::Input(format!("{origin}: no packages")));
         }
-        Ok(DebLock { debs })
+        Ok(DebLock { arch, debs })
     }
 
+    /// Reads the amd64 lock.
     pub fn read(path: &Path) -> Result<DebLock, Error> {
+        DebLock::read_for(path, Arch::Amd64)
+    }
+
+    /// Reads the lock of `arch`.
+    pub fn read_for(path: &Path, arch: Arch) -> Result<DebLock, Error> {
         let text = std::fs::read_to_string(path).map_err(|source| Error::File {
             what: format!("reading {}", path.display()),
             source,
         })?;
-        DebLock::parse(&text, &path.display().to_string())
+        DebLock::parse_for(&text, &path.display().to_string(), arch)
     }
 
     /// The lock file's text.
     pub fn render(&self) -> String {
-        let mut out = String::from(
-            "# The Debian packages (bookworm, amd64) the agent image takes its files from: name, version,\n\
+        let mut out = format!(
+            "# The Debian packages (bookworm, {}) the agent image takes its files from: name, version,\n\
              # sha256 of the .deb. Read by `just image` and the tests' image build (image/src/debs.rs);\n\
              # rewritten from the archive's current versions by `just image-lock`.\n",
+            self.arch
         );
         for d in &self.debs {
             out.push_str(&format!("{} {} {}\n", d.name, d.version, d.sha256));
@@ -152,6 +177,9 @@ pub(crate) fn run(cmd: &mut Command, what: &str) -> Result<String, Error> {
 }
 
 fn apt_download(spec: &str, dir: &Path) -> Result<(), Error> {
+    let foreign = spec
+        .split_once(':')
+        .is_some_and(|(_, rest)| !rest.starts_with(Arch::Amd64.name()));
     // As root apt drops to `_apt` for downloads, which cannot write a directory it does not
     // own: download as the caller instead.
     run(
@@ -164,8 +192,14 @@ fn apt_download(spec: &str, dir: &Path) -> Result<(), Error> {
     .map_err(|e| match e {
         Error::Command { stderr, .. } => Error::Input(format!(
             "apt-get download {spec} failed: {stderr}\n\
-             fix: if apt has no package lists, run `apt-get update`; if the archive no longer \
-             carries this version, refresh the pins with `just image-lock` (it rewrites {LOCK_FILE})"
+             fix: if apt has no package lists, run `apt-get update`{}; if the archive no longer \
+             carries this version, refresh the pins with `just image-lock` (it rewrites the lock files)",
+            if foreign {
+                " (for arm64 packages on an amd64 machine: `dpkg --add-architecture arm64` first, \
+                 as `just setup` does)"
+            } else {
+                ""
+            }
         )),
         other => other,
     })
@@ -181,21 +215,22 @@ pub fn fetch(lock: &DebLock, cache: &Path) -> Result<Vec<PathBuf>, Error> {
     for d in &lock.debs {
         let path = cache.join(d.file_name());
         if !path.is_file() {
-            apt_download(&d.spec(), cache)?;
+            apt_download(&d.apt_spec(), cache)?;
         }
         if !path.is_file() {
             return Err(Error::Input(format!(
                 "apt-get download {} left no {}",
-                d.spec(),
+                d.apt_spec(),
                 path.display()
             )));
         }
         let sum = sha256_file(&path)?;
         if sum != d.sha256 {
             return Err(Error::Input(format!(
-                "{}: sha256 {sum}, but {LOCK_FILE} pins {} (delete the file to download it again, \
+                "{}: sha256 {sum}, but {} pins {} (delete the file to download it again, \
                  or refresh the pins with `just image-lock`)",
                 path.display(),
+                d.arch.lock_file(),
                 d.sha256
             )));
         }
@@ -225,10 +260,10 @@ pub fn extract(debs: &[PathBuf], dir: &Path) -> Result<(), Error> {
     Ok(())
 }
 
-/// A lock of the archive's current candidate versions of [`PACKAGES`] (downloads them into
-/// `cache`).
-pub fn lock_current(cache: &Path) -> Result<DebLock, Error> {
-    let tmp = cache.join("lock-current");
+/// A lock of the archive's current candidate versions of [`PACKAGES`] for `arch` (downloads
+/// them into `cache`).
+pub fn lock_current(cache: &Path, arch: Arch) -> Result<DebLock, Error> {
+    let tmp = cache.join(format!("lock-current-{arch}"));
     if tmp.exists() {
         let _ = std::fs::remove_dir_all(&tmp);
     }
@@ -238,7 +273,7 @@ pub fn lock_current(cache: &Path) -> Result<DebLock, Error> {
     })?;
     let mut debs = Vec::new();
     for name in PACKAGES {
-        apt_download(name, &tmp)?;
+        apt_download(&format!("{name}:{arch}"), &tmp)?;
     }
     let mut files: Vec<PathBuf> = std::fs::read_dir(&tmp)
         .map_err(|source| Error::File {
@@ -262,6 +297,7 @@ pub fn lock_current(cache: &Path) -> Result<DebLock, Error> {
             name: field("Package")?,
             version: field("Version")?,
             sha256: sha256_file(&f)?,
+            arch: Arch::parse(&field("Architecture")?)?,
         };
         let dest = cache.join(deb.file_name());
         std::fs::rename(&f, &dest).map_err(|source| Error::File {
@@ -272,7 +308,7 @@ pub fn lock_current(cache: &Path) -> Result<DebLock, Error> {
     }
     let _ = std::fs::remove_dir_all(&tmp);
     debs.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(DebLock { debs })
+    Ok(DebLock { arch, debs })
 }
 
 #[cfg(test)]
@@ -295,8 +331,11 @@ mod tests {
             name: "x".into(),
             version: "1:2.0-1".into(),
             sha256: String::new(),
+            arch: Arch::Arm64,
         };
-        assert_eq!(epoch.file_name(), "x_1%3a2.0-1_amd64.deb");
+        assert_eq!(epoch.file_name(), "x_1%3a2.0-1_arm64.deb");
+        assert_eq!(epoch.apt_spec(), "x:arm64=1:2.0-1");
+        assert_eq!(epoch.spec(), "x=1:2.0-1");
     }
 
     #[test]
@@ -312,15 +351,39 @@ mod tests {
         }
     }
 
-    /// Each lock entry's name is one of the packages `just image-lock` pins.
+    /// Each lock pins exactly the packages `just image-lock` pins, and both architectures the
+    /// same versions (one Debian release: the images differ in the CPU only).
     #[test]
-    fn the_committed_lock_pins_exactly_the_packages() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("agent-debs.lock");
-        let lock = DebLock::read(&path).unwrap();
-        let mut names: Vec<&str> = lock.debs.iter().map(|d| d.name.as_str()).collect();
-        names.sort();
-        let mut expected = PACKAGES.to_vec();
-        expected.sort();
-        assert_eq!(names, expected);
+    fn the_committed_locks_pin_exactly_the_packages() {
+        let read = |arch: Arch| {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("..")
+                .join(arch.lock_file());
+            DebLock::read_for(&path, arch).unwrap()
+        };
+        let mut versions = Vec::new();
+        for arch in Arch::ALL {
+            let lock = read(arch);
+            let mut names: Vec<&str> = lock.debs.iter().map(|d| d.name.as_str()).collect();
+            names.sort();
+            let mut expected = PACKAGES.to_vec();
+            expected.sort();
+            assert_eq!(names, expected, "{arch}");
+            let mut v: Vec<(String, String)> = lock
+                .debs
+                .iter()
+                .map(|d| (d.name.clone(), d.version.clone()))
+                .collect();
+            v.sort();
+            versions.push(v);
+        }
+        assert_eq!(
+            versions[0], versions[1],
+            "amd64 and arm64 pin the same versions"
+        );
+        assert_eq!(
+            read(Arch::Amd64),
+            DebLock::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("agent-debs.lock")).unwrap()
+        );
     }
 }

@@ -213,24 +213,15 @@ impl OciLayout {
     }
 
     /// The manifest tagged `tag` in the index: (descriptor, manifest bytes, parsed manifest).
+    /// An image index tagged `tag` is refused: take one of its images with [`Self::image_for`].
     pub fn image(&self, tag: &str) -> Result<(Descriptor, Vec<u8>, Manifest), Error> {
-        let index = self.index()?;
-        let desc = index
-            .manifests
-            .iter()
-            .find(|d| {
-                d.annotations
-                    .as_ref()
-                    .and_then(|a| a.get(REF_NAME))
-                    .is_some_and(|t| t == tag)
-            })
-            .cloned()
-            .ok_or_else(|| {
-                Error::Input(format!(
-                    "{}: no image tagged {tag:?} in index.json",
-                    self.dir.display()
-                ))
-            })?;
+        let desc = self.tagged(tag)?;
+        if desc.media_type == OCI_INDEX {
+            return Err(Error::Input(format!(
+                "{}: {tag:?} is an image index: name the platform",
+                self.dir.display()
+            )));
+        }
         let bytes = self.blob(&desc.digest)?;
         let manifest: Manifest = serde_json::from_slice(&bytes)
             .map_err(|e| Error::Input(format!("manifest {}: {e}", desc.digest)))?;
@@ -242,6 +233,21 @@ impl OciLayout {
     pub fn write_image(
         &self,
         tag: &str,
+        config_media_type: &str,
+        config: &[u8],
+        layers: &[ManifestLayer<'_>],
+    ) -> Result<BuiltImage, Error> {
+        let mut built = self.write_manifest(config_media_type, config, layers)?;
+        let mut desc = Descriptor::of(OCI_MANIFEST, &built.manifest);
+        desc.annotations = Some([(REF_NAME.to_string(), tag.to_string())].into());
+        self.write_top(desc)?;
+        built.tag = tag.to_string();
+        Ok(built)
+    }
+
+    /// Writes an image's config, layers and manifest as blobs, untagged (an index names it).
+    pub fn write_manifest(
+        &self,
         config_media_type: &str,
         config: &[u8],
         layers: &[ManifestLayer<'_>],
@@ -266,22 +272,131 @@ impl OciLayout {
         let bytes = serde_json::to_vec(&manifest).map_err(|e| Error::Input(e.to_string()))?;
         let digest = self.put_blob(&bytes)?;
         compressed += bytes.len() as u64;
-        let mut desc = Descriptor::of(OCI_MANIFEST, &bytes);
+        Ok(BuiltImage {
+            digest,
+            manifest: bytes,
+            tag: String::new(),
+            compressed_size: compressed,
+            uncompressed_size: uncompressed,
+        })
+    }
+
+    /// Writes an OCI image index of `images` (each written by [`Self::write_manifest`], with
+    /// its platform: `{"architecture": "arm64", "os": "linux"}`) and tags it `tag` in
+    /// `index.json`. The result's `manifest` is the index's bytes, its sizes the sums of the
+    /// images'.
+    pub fn write_index(
+        &self,
+        tag: &str,
+        images: &[(Value, &BuiltImage)],
+    ) -> Result<BuiltImage, Error> {
+        let mut manifests = Vec::new();
+        let (mut compressed, mut uncompressed) = (0, 0);
+        for (platform, b) in images {
+            let mut d = Descriptor::of(OCI_MANIFEST, &b.manifest);
+            d.platform = Some(platform.clone());
+            manifests.push(d);
+            compressed += b.compressed_size;
+            uncompressed += b.uncompressed_size;
+        }
+        let index = Index {
+            schema_version: 2,
+            media_type: Some(OCI_INDEX.to_string()),
+            manifests,
+        };
+        let bytes = serde_json::to_vec(&index).map_err(|e| Error::Input(e.to_string()))?;
+        let digest = self.put_blob(&bytes)?;
+        let mut desc = Descriptor::of(OCI_INDEX, &bytes);
         desc.annotations = Some([(REF_NAME.to_string(), tag.to_string())].into());
+        self.write_top(desc)?;
+        Ok(BuiltImage {
+            digest,
+            compressed_size: compressed + bytes.len() as u64,
+            manifest: bytes,
+            tag: tag.to_string(),
+            uncompressed_size: uncompressed,
+        })
+    }
+
+    /// `index.json` naming `desc` alone.
+    fn write_top(&self, desc: Descriptor) -> Result<(), Error> {
         let index = Index {
             schema_version: 2,
             media_type: Some(OCI_INDEX.to_string()),
             manifests: vec![desc],
         };
         let index_bytes = serde_json::to_vec(&index).map_err(|e| Error::Input(e.to_string()))?;
-        self.write("index.json", &index_bytes)?;
-        Ok(BuiltImage {
-            digest,
-            manifest: bytes,
-            tag: tag.to_string(),
-            compressed_size: compressed,
-            uncompressed_size: uncompressed,
-        })
+        self.write("index.json", &index_bytes)
+    }
+
+    /// The tagged image index `tag` (a layout [`Self::write_index`] wrote): (descriptor, its
+    /// bytes, parsed).
+    pub fn image_index(&self, tag: &str) -> Result<(Descriptor, Vec<u8>, Index), Error> {
+        let desc = self.tagged(tag)?;
+        if desc.media_type != OCI_INDEX {
+            return Err(Error::Input(format!(
+                "{}: {tag:?} is a {}, not an image index",
+                self.dir.display(),
+                desc.media_type
+            )));
+        }
+        let bytes = self.blob(&desc.digest)?;
+        let index: Index = serde_json::from_slice(&bytes)
+            .map_err(|e| Error::Input(format!("index {}: {e}", desc.digest)))?;
+        Ok((desc, bytes, index))
+    }
+
+    /// The manifest for `os`/`architecture` in the image tagged `tag`: the tagged manifest
+    /// itself if its config says that platform, or the index's entry for it, as a runtime picks
+    /// it (containerd's platform matcher: the descriptor's `platform`).
+    pub fn image_for(
+        &self,
+        tag: &str,
+        architecture: &str,
+    ) -> Result<(Descriptor, Vec<u8>, Manifest), Error> {
+        let desc = self.tagged(tag)?;
+        if desc.media_type != OCI_INDEX {
+            return self.image(tag);
+        }
+        let (_, _, index) = self.image_index(tag)?;
+        let found = index
+            .manifests
+            .iter()
+            .find(|d| {
+                d.platform
+                    .as_ref()
+                    .is_some_and(|p| p["os"] == "linux" && p["architecture"] == architecture)
+            })
+            .cloned()
+            .ok_or_else(|| {
+                Error::Input(format!(
+                    "{}: the index {tag:?} has no linux/{architecture} image",
+                    self.dir.display()
+                ))
+            })?;
+        let bytes = self.blob(&found.digest)?;
+        let manifest: Manifest = serde_json::from_slice(&bytes)
+            .map_err(|e| Error::Input(format!("manifest {}: {e}", found.digest)))?;
+        Ok((found, bytes, manifest))
+    }
+
+    fn tagged(&self, tag: &str) -> Result<Descriptor, Error> {
+        self.index()?
+            .manifests
+            .iter()
+            .find(|d| {
+                d.annotations
+                    .as_ref()
+                    .and_then(|a| a.get(REF_NAME))
+                    .is_some_and(|t| t == tag)
+            })
+            .cloned()
+            .ok_or_else(|| {
+                Error::Input(format!(
+                    "{}: no image tagged {tag:?} in index.json",
+                    self.dir.display()
+                ))
+            })
     }
 }
 
@@ -290,6 +405,21 @@ impl OciLayout {
 /// here never delete a lower layer's file.
 pub fn unpack(layout: &OciLayout, tag: &str, dest: &Path) -> Result<(), Error> {
     let (_, _, manifest) = layout.image(tag)?;
+    unpack_manifest(layout, &manifest, dest)
+}
+
+/// Unpacks the `linux/<architecture>` image of the image (or index) tagged `tag`.
+pub fn unpack_for(
+    layout: &OciLayout,
+    tag: &str,
+    architecture: &str,
+    dest: &Path,
+) -> Result<(), Error> {
+    let (_, _, manifest) = layout.image_for(tag, architecture)?;
+    unpack_manifest(layout, &manifest, dest)
+}
+
+fn unpack_manifest(layout: &OciLayout, manifest: &Manifest, dest: &Path) -> Result<(), Error> {
     std::fs::create_dir_all(dest).map_err(io(format!("creating {}", dest.display())))?;
     for l in &manifest.layers {
         let blob = layout.blob(&l.digest)?;
@@ -375,6 +505,39 @@ mod tests {
             sha256_digest(b""),
             "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
         );
+    }
+
+    #[test]
+    fn an_index_names_each_platform_s_image() {
+        let dir = std::env::temp_dir().join(format!("hf-index-test-{}", std::process::id()));
+        let layout = OciLayout::create(&dir).unwrap();
+        let mut built = Vec::new();
+        for arch in ["amd64", "arm64"] {
+            let mut b = crate::layer::LayerBuilder::new();
+            b.file("arch", arch.as_bytes().to_vec(), 0o644).unwrap();
+            let layer = b.build(0).unwrap();
+            let config = image_config(arch, 0, json!({}), &[&layer]).unwrap();
+            let img = layout
+                .write_manifest(OCI_CONFIG, &config, &[ManifestLayer::gzip(&layer)])
+                .unwrap();
+            built.push((json!({"architecture": arch, "os": "linux"}), img));
+        }
+        let refs: Vec<(Value, &BuiltImage)> = built.iter().map(|(p, b)| (p.clone(), b)).collect();
+        let index = layout.write_index("t", &refs).unwrap();
+        let (desc, bytes, parsed) = layout.image_index("t").unwrap();
+        assert_eq!(desc.digest, index.digest);
+        assert_eq!(sha256_digest(&bytes), index.digest);
+        assert_eq!(parsed.manifests.len(), 2);
+        for (i, arch) in ["amd64", "arm64"].into_iter().enumerate() {
+            let (d, _, m) = layout.image_for("t", arch).unwrap();
+            assert_eq!(d.digest, built[i].1.digest, "{arch}");
+            let config: Value =
+                serde_json::from_slice(&layout.blob(&m.config.digest).unwrap()).unwrap();
+            assert_eq!(config["architecture"], arch);
+        }
+        assert!(layout.image_for("t", "riscv64").is_err());
+        assert!(layout.image("t").is_err(), "an index is not one image");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -6,10 +6,11 @@
 //! - [`layer`]: one layer's tar and gzip, deterministic (sorted entries, fixed mtimes, owners
 //!   and modes).
 //! - [`layout`]: the OCI image layout on disk, image manifest and config, unpacking for tests.
-//! - [`debs`]: the pinned Debian packages (`image/agent-debs.lock`) the agent's run time comes
-//!   from.
+//! - [`arch`]: the architectures of the agent image (amd64, arm64) and what differs between them.
+//! - [`debs`]: the pinned Debian packages (`image/agent-debs.lock`, `image/agent-debs-arm64.lock`)
+//!   the agent's run time comes from.
 //! - [`agent`]: the agent image (the `holdfast` binary, iptables-nft and exactly the shared
-//!   libraries they link).
+//!   libraries they link), one per architecture under an OCI image index.
 //! - [`filter`]: the filter image, in the Wasm image formats Istio's pilot-agent fetches.
 //! - [`registry`]: a registry on loopback (Debian's `docker-registry`) and the push/pull calls
 //!   of the distribution API.
@@ -19,6 +20,7 @@
 //! The binary (`holdfast-image`) only parses arguments and calls these.
 
 pub mod agent;
+pub mod arch;
 pub mod debs;
 pub mod filter;
 pub mod layer;

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
+use holdfast_image::arch::Arch;
 use holdfast_image::{agent, debs, filter, layout, registry, release};
 
 #[derive(Parser)]
@@ -35,17 +36,28 @@ enum Cmd {
     /// Build both images, push them to a registry on loopback and print digests, sizes and the
     /// kustomize edits that pin the install to them (`just image`).
     Release {
-        /// The agent binary (`cargo build --release -p holdfast`).
+        /// The amd64 agent binary (`cargo build --release -p holdfast`).
         #[arg(long, default_value = "target/release/holdfast")]
         agent_binary: PathBuf,
+        /// The arm64 agent binary (`cargo build --release -p holdfast --target
+        /// aarch64-unknown-linux-gnu`).
+        #[arg(
+            long,
+            default_value = "target/aarch64-unknown-linux-gnu/release/holdfast"
+        )]
+        agent_binary_arm64: PathBuf,
         /// The filter module (`just filter`).
         #[arg(long, default_value = "target/holdfast_filter.wasm")]
         wasm: PathBuf,
         /// Output directory: layouts, registry storage, overlay.
         #[arg(long, default_value = "target/image")]
         out: PathBuf,
+        /// The amd64 image's Debian packages.
         #[arg(long, default_value = debs::LOCK_FILE)]
         lock: PathBuf,
+        /// The arm64 image's Debian packages.
+        #[arg(long, default_value = "image/agent-debs-arm64.lock")]
+        lock_arm64: PathBuf,
         /// Where the .deb files are kept.
         #[arg(long, default_value = "target/image/debs")]
         deb_cache: PathBuf,
@@ -58,16 +70,21 @@ enum Cmd {
         #[arg(long, default_value_t = 5000)]
         registry_port: u16,
     },
-    /// Build the agent image into an OCI layout.
+    /// Build the agent image of one architecture into an OCI layout.
     Agent {
         #[arg(long)]
         binary: PathBuf,
+        /// The binary's architecture: amd64 or arm64.
+        #[arg(long, default_value = "amd64")]
+        arch: String,
         #[arg(long)]
         out: PathBuf,
         #[arg(long, default_value = env!("CARGO_PKG_VERSION"))]
         tag: String,
-        #[arg(long, default_value = debs::LOCK_FILE)]
-        lock: PathBuf,
+        /// The architecture's lock (default: image/agent-debs.lock for amd64,
+        /// image/agent-debs-arm64.lock for arm64).
+        #[arg(long)]
+        lock: Option<PathBuf>,
         #[arg(long, default_value = "target/image/debs")]
         deb_cache: PathBuf,
     },
@@ -100,10 +117,13 @@ enum Cmd {
         #[arg(long, default_value_t = 5000)]
         port: u16,
     },
-    /// Rewrite the Debian package pins (image/agent-debs.lock) from the archive's current versions.
+    /// Rewrite the Debian package pins (image/agent-debs.lock, image/agent-debs-arm64.lock) from
+    /// the archive's current versions.
     Lock {
         #[arg(long, default_value = debs::LOCK_FILE)]
         lock: PathBuf,
+        #[arg(long, default_value = "image/agent-debs-arm64.lock")]
+        lock_arm64: PathBuf,
         #[arg(long, default_value = "target/image/debs")]
         deb_cache: PathBuf,
     },
@@ -126,19 +146,23 @@ fn main() -> Result<()> {
     match cli.command {
         Cmd::Release {
             agent_binary,
+            agent_binary_arm64,
             wasm,
             out,
             lock,
+            lock_arm64,
             deb_cache,
             manifests,
             version,
             registry_port,
         } => {
             let report = release::run(&release::ReleaseInputs {
-                agent_binary,
+                agents: vec![
+                    (Arch::Amd64, agent_binary, lock),
+                    (Arch::Arm64, agent_binary_arm64, lock_arm64),
+                ],
                 wasm,
                 out,
-                lock,
                 deb_cache,
                 manifests,
                 version,
@@ -149,12 +173,15 @@ fn main() -> Result<()> {
         }
         Cmd::Agent {
             binary,
+            arch,
             out,
             tag,
             lock,
             deb_cache,
         } => {
-            let lock = debs::DebLock::read(&lock)?;
+            let arch = Arch::parse(&arch)?;
+            let lock = lock.unwrap_or_else(|| PathBuf::from(arch.lock_file()));
+            let lock = debs::DebLock::read_for(&lock, arch)?;
             let work = out.with_extension("work");
             let built = agent::build(
                 &agent::AgentInputs {
@@ -218,14 +245,20 @@ fn main() -> Result<()> {
                 std::thread::park();
             }
         }
-        Cmd::Lock { lock, deb_cache } => {
-            let current = debs::lock_current(&deb_cache)?;
-            std::fs::write(&lock, current.render())
-                .with_context(|| format!("writing {}", lock.display()))?;
-            for d in &current.debs {
-                println!("{}", d.spec());
+        Cmd::Lock {
+            lock,
+            lock_arm64,
+            deb_cache,
+        } => {
+            for (arch, lock) in [(Arch::Amd64, lock), (Arch::Arm64, lock_arm64)] {
+                let current = debs::lock_current(&deb_cache, arch)?;
+                std::fs::write(&lock, current.render())
+                    .with_context(|| format!("writing {}", lock.display()))?;
+                for d in &current.debs {
+                    println!("{}", d.apt_spec());
+                }
+                println!("wrote {}", lock.display());
             }
-            println!("wrote {}", lock.display());
         }
     }
     Ok(())

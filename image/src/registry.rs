@@ -213,7 +213,9 @@ impl Registry {
     }
 
     /// Pushes the image tagged `layout_tag` in `layout` as `repo:tag`; returns the manifest
-    /// digest the registry reports (checked against the layout's).
+    /// digest the registry reports (checked against the layout's). An image index is pushed
+    /// with every image it names: each image's blobs, its manifest by digest, then the index
+    /// under the tag (the registry refuses an index naming manifests it does not have).
     pub fn push(
         &self,
         layout: &OciLayout,
@@ -221,26 +223,74 @@ impl Registry {
         repo: &str,
         tag: &str,
     ) -> Result<String, Error> {
+        if let Ok((desc, index_bytes, index)) = layout.image_index(layout_tag) {
+            for m in &index.manifests {
+                let bytes = layout.blob(&m.digest)?;
+                let manifest: crate::layout::Manifest = serde_json::from_slice(&bytes)
+                    .map_err(|e| Error::Input(format!("manifest {}: {e}", m.digest)))?;
+                self.put_image(layout, repo, &m.digest, &m.media_type, &bytes, &manifest)?;
+            }
+            self.put_manifest(repo, tag, &desc.media_type, &index_bytes, &desc.digest)?;
+            return Ok(desc.digest);
+        }
         let (desc, manifest_bytes, manifest) = layout.image(layout_tag)?;
+        self.put_image(
+            layout,
+            repo,
+            tag,
+            &desc.media_type,
+            &manifest_bytes,
+            &manifest,
+        )?;
+        Ok(desc.digest)
+    }
+
+    /// Uploads an image's blobs and puts its manifest as `repo:reference`.
+    fn put_image(
+        &self,
+        layout: &OciLayout,
+        repo: &str,
+        reference: &str,
+        media_type: &str,
+        manifest_bytes: &[u8],
+        manifest: &crate::layout::Manifest,
+    ) -> Result<(), Error> {
         for blob in std::iter::once(&manifest.config).chain(&manifest.layers) {
             self.put_blob(repo, &layout.blob(&blob.digest)?)?;
         }
+        self.put_manifest(
+            repo,
+            reference,
+            media_type,
+            manifest_bytes,
+            &sha256_digest(manifest_bytes),
+        )
+    }
+
+    /// PUTs a manifest or index; the registry must store it under `digest` (unchanged bytes).
+    fn put_manifest(
+        &self,
+        repo: &str,
+        reference: &str,
+        media_type: &str,
+        bytes: &[u8],
+        digest: &str,
+    ) -> Result<(), Error> {
         let resp = self
             .agent
-            .put(&format!("{}/v2/{repo}/manifests/{tag}", self.base))
-            .set("Content-Type", &desc.media_type)
-            .send_bytes(&manifest_bytes)
-            .map_err(http(format!("putting the manifest {repo}:{tag}")))?;
+            .put(&format!("{}/v2/{repo}/manifests/{reference}", self.base))
+            .set("Content-Type", media_type)
+            .send_bytes(bytes)
+            .map_err(http(format!("putting the manifest {repo}:{reference}")))?;
         let served = resp.header("Docker-Content-Digest").map(str::to_string);
         if let Some(d) = served.as_deref() {
-            if d != desc.digest {
+            if d != digest {
                 return Err(Error::Registry(format!(
-                    "the registry stored {repo}:{tag} as {d}, not {}: it rewrote the manifest",
-                    desc.digest
+                    "the registry stored {repo}:{reference} as {d}, not {digest}: it rewrote the manifest"
                 )));
             }
         }
-        Ok(desc.digest)
+        Ok(())
     }
 
     /// GETs a manifest (or index) by tag or digest, accepting the OCI and Docker v2 types (as

@@ -5,6 +5,7 @@
 use std::path::{Component, Path, PathBuf};
 
 use crate::agent::{self, AgentInputs};
+use crate::arch::Arch;
 use crate::debs::DebLock;
 use crate::filter::{self, Variant};
 use crate::layout::{BuiltImage, OciLayout};
@@ -21,12 +22,13 @@ pub const ROOT_ID: &str = "holdfast";
 /// Inputs of a release build.
 #[derive(Debug, Clone)]
 pub struct ReleaseInputs {
-    pub agent_binary: PathBuf,
+    /// The agent binary of each architecture, with its lock of Debian packages: (arch, binary,
+    /// lock). `just image` passes amd64 and arm64.
+    pub agents: Vec<(Arch, PathBuf, PathBuf)>,
     pub wasm: PathBuf,
     /// `target/image`: layouts in `agent/` and `filter/`, the registry's storage in `registry/`,
     /// the overlay in `kustomization.yaml`.
     pub out: PathBuf,
-    pub lock: PathBuf,
     pub deb_cache: PathBuf,
     /// The workspace's `manifests/` (the overlay's base).
     pub manifests: PathBuf,
@@ -38,7 +40,10 @@ pub struct ReleaseInputs {
 /// What was built and where it went.
 #[derive(Debug, Clone)]
 pub struct ReleaseReport {
+    /// The agent's image index (its digest is what the install pins).
     pub agent: BuiltImage,
+    /// Each architecture's image in it.
+    pub agent_images: Vec<(Arch, BuiltImage)>,
     pub filter: BuiltImage,
     pub agent_ref: ImageRef,
     pub filter_ref: ImageRef,
@@ -47,24 +52,37 @@ pub struct ReleaseReport {
     pub out: PathBuf,
 }
 
-/// Builds the agent image into `out/agent`.
-pub fn build_agent(inputs: &ReleaseInputs) -> Result<BuiltImage, Error> {
-    let lock = DebLock::read(&inputs.lock)?;
-    let work = inputs.out.join("work");
-    let built = agent::build(
-        &AgentInputs {
-            binary: &inputs.agent_binary,
-            lock: &lock,
+/// Builds the agent's image index (one image per architecture) into `out/agent`.
+pub fn build_agent(inputs: &ReleaseInputs) -> Result<(BuiltImage, Vec<(Arch, BuiltImage)>), Error> {
+    let locks = inputs
+        .agents
+        .iter()
+        .map(|(arch, _, lock)| DebLock::read_for(lock, *arch))
+        .collect::<Result<Vec<_>, _>>()?;
+    let works: Vec<PathBuf> = inputs
+        .agents
+        .iter()
+        .map(|(arch, _, _)| inputs.out.join(format!("work-{arch}")))
+        .collect();
+    let agent_inputs: Vec<AgentInputs<'_>> = inputs
+        .agents
+        .iter()
+        .zip(&locks)
+        .zip(&works)
+        .map(|(((_, binary, _), lock), work)| AgentInputs {
+            binary,
+            lock,
             deb_cache: &inputs.deb_cache,
-            work: &work,
+            work,
             version: &inputs.version,
             epoch: inputs.epoch,
-        },
-        &inputs.out.join("agent"),
-        &inputs.version,
-    )?;
-    let _ = std::fs::remove_dir_all(&work);
-    Ok(built)
+        })
+        .collect();
+    let built = agent::build_index(&agent_inputs, &inputs.out.join("agent"), &inputs.version);
+    for w in &works {
+        let _ = std::fs::remove_dir_all(w);
+    }
+    built
 }
 
 /// Builds the filter image (compat variant) into `out/filter`.
@@ -104,7 +122,7 @@ pub fn relative(from: &Path, to: &Path) -> PathBuf {
 
 /// Builds, pushes and pins.
 pub fn run(inputs: &ReleaseInputs) -> Result<ReleaseReport, Error> {
-    let agent = build_agent(inputs)?;
+    let (agent, agent_images) = build_agent(inputs)?;
     let filter = build_filter(inputs)?;
     let registry = LocalRegistry::start(&inputs.out.join("registry"), inputs.registry_port)?;
     let client = registry.client()?;
@@ -135,6 +153,7 @@ pub fn run(inputs: &ReleaseInputs) -> Result<ReleaseReport, Error> {
         agent_ref: ImageRef::parse(&format!("{host}/{AGENT_REPO}:{}", inputs.version))?,
         filter_ref: ImageRef::parse(&format!("{host}/{FILTER_REPO}:{}", inputs.version))?,
         agent,
+        agent_images,
         filter,
         pins,
         overlay,
@@ -157,19 +176,31 @@ pub fn size(bytes: u64) -> String {
 /// The report `just image` prints.
 pub fn describe(r: &ReleaseReport) -> String {
     let mut s = String::new();
-    for (what, built, reference, dir) in [
-        ("agent", &r.agent, &r.agent_ref, "agent"),
-        ("filter", &r.filter, &r.filter_ref, "filter"),
-    ] {
+    // The agent: an index; a node downloads and unpacks its own platform's image only.
+    s.push_str(&format!(
+        "agent  {}\n       digest      {} (image index)\n       layout      oci:{}:{}\n",
+        r.agent_ref,
+        r.agent.digest,
+        r.out.join("agent").display(),
+        r.agent.tag,
+    ));
+    for (arch, b) in &r.agent_images {
         s.push_str(&format!(
-            "{what:6} {reference}\n       digest      {}\n       download    {}\n       unpacked    {}\n       layout      oci:{}:{}\n",
-            built.digest,
-            size(built.compressed_size),
-            size(built.uncompressed_size),
-            r.out.join(dir).display(),
-            built.tag,
+            "       linux/{arch:5} {}\n                   download {}, unpacked {}\n",
+            b.digest,
+            size(b.compressed_size),
+            size(b.uncompressed_size)
         ));
     }
+    s.push_str(&format!(
+        "filter {}\n       digest      {}\n       download    {}\n       unpacked    {}\n       layout      oci:{}:{}\n",
+        r.filter_ref,
+        r.filter.digest,
+        size(r.filter.compressed_size),
+        size(r.filter.uncompressed_size),
+        r.out.join("filter").display(),
+        r.filter.tag,
+    ));
     s.push_str(&format!(
         "\nPushed to the registry on loopback; its storage stays in {} (serve it again: \
          `holdfast-image serve`).\n\nPin the install to these digests, in manifests/:\n",
@@ -181,7 +212,8 @@ pub fn describe(r: &ReleaseReport) -> String {
     s.push_str(&format!(
         "or apply the overlay with the same edits: kubectl apply -k {}\n\
          (A cluster pulls from your registry, not this loopback one: copy the layouts there with \
-         `skopeo copy --preserve-digests oci:<layout>:<tag> docker://<registry>/<repo>:<tag>`, \
+         `skopeo copy --all --preserve-digests oci:<layout>:<tag> docker://<registry>/<repo>:<tag>` \
+         (`--all`: the agent's index with every platform's image), \
          which keeps the digests, and use your registry's name in the edits.)\n",
         r.overlay.parent().unwrap_or(Path::new(".")).display()
     ));

@@ -169,11 +169,21 @@ fn every_manifest_is_in_a_kustomization_and_every_listed_file_exists() {
     let default = rendered("");
     let envoyfilter = rendered("envoyfilter");
     let trafficextension = rendered("trafficextension");
+    let kuma = rendered("kuma");
     // The optional monitoring component, rendered on its own (as `kustomize build` renders a
     // component directory; tests/tests/manifests_admitted.rs renders it with the install).
     let monitoring = rendered("monitoring");
+    // Kuma's filter component, alone (manifests/kuma renders it with the agent).
+    let kuma_filter = rendered("kuma-filter");
     let mut covered: BTreeSet<PathBuf> = BTreeSet::new();
-    for r in [&default, &envoyfilter, &trafficextension, &monitoring] {
+    for r in [
+        &default,
+        &envoyfilter,
+        &trafficextension,
+        &kuma,
+        &monitoring,
+        &kuma_filter,
+    ] {
         covered.extend(r.files.iter().cloned());
         covered.extend(r.kustomizations.iter().cloned());
     }
@@ -223,6 +233,20 @@ fn every_manifest_is_in_a_kustomization_and_every_listed_file_exists() {
         "{t:?}"
     );
     assert!(!d.contains(&"TrafficExtension".into()) && !e.contains(&"TrafficExtension".into()));
+    // Kuma's install: the filter through its MeshProxyPatch, and no Istio kind (a cluster
+    // without Istio has none of their CRDs, and `kubectl apply` would refuse the install).
+    let k = kinds("kuma");
+    assert!(
+        k.iter().filter(|x| *x == "MeshProxyPatch").count() == 1
+            && !k
+                .iter()
+                .any(|x| ["WasmPlugin", "EnvoyFilter", "TrafficExtension"].contains(&x.as_str())),
+        "{k:?}"
+    );
+    for other in [&d, &e, &t] {
+        assert!(!other.contains(&"MeshProxyPatch".into()), "{other:?}");
+    }
+    assert_eq!(kinds("kuma-filter"), vec!["MeshProxyPatch".to_string()]);
     // Each carries the whole agent.
     for k in [
         "Namespace",
@@ -238,6 +262,11 @@ fn every_manifest_is_in_a_kustomization_and_every_listed_file_exists() {
             t.iter().filter(|x| *x == k).count(),
             1,
             "trafficextension: {k}"
+        );
+        assert_eq!(
+            kinds("kuma").iter().filter(|x| *x == k).count(),
+            1,
+            "kuma: {k}"
         );
     }
 }
@@ -337,21 +366,18 @@ fn daemonset_pod_shares_host_pids_not_host_network() {
         spec.priority_class_name.as_deref(),
         Some("system-node-critical")
     );
-    // Linux nodes only, as istio-cni's DaemonSet, of the one architecture the image is built
-    // for: an image without an index is pulled onto any node, and an arm64 node would
-    // crash-loop the agent (`exec format error`).
+    // Linux nodes only, as istio-cni's DaemonSet, of every architecture: the image is an index
+    // of one image per architecture `just image` builds (holdfast_image::arch::Arch::ALL:
+    // amd64 and arm64, tests/tests/agent_image.rs reads each back), and the runtime pulls its
+    // node's. An architecture selector would leave arm64 nodes without the agent.
     assert_eq!(
         spec.node_selector,
-        Some(
-            [
-                ("kubernetes.io/os".to_string(), "linux".to_string()),
-                (
-                    "kubernetes.io/arch".to_string(),
-                    holdfast_image::agent::AGENT_ARCHITECTURE.to_string()
-                ),
-            ]
-            .into()
-        )
+        Some([("kubernetes.io/os".to_string(), "linux".to_string())].into())
+    );
+    assert_eq!(
+        holdfast_image::arch::Arch::ALL.map(|a| a.name()),
+        ["amd64", "arm64"],
+        "the architectures docs/install.md names"
     );
     let grace = spec
         .termination_grace_period_seconds
@@ -1574,66 +1600,63 @@ fn skip_or_fail(why: &str) {
     eprintln!("SKIP: {why}");
 }
 
-#[test]
-fn envoyfilter_wasm_config_loads_in_real_envoy() {
-    let (envoy, wasm) = match (
+/// Envoy and the filter module, or `None` after skipping (fails under CI).
+fn envoy_and_filter() -> Option<(PathBuf, PathBuf)> {
+    match (
         holdfast_tests::envoy::envoy_binary(),
         holdfast_tests::envoy::filter_wasm(),
     ) {
-        (Ok(e), Ok(w)) => (e, w),
+        (Ok(e), Ok(w)) => Some((e, w)),
         (e, w) => {
             skip_or_fail(&format!(
                 "needs Envoy and the filter (`just setup`, `just filter`): {:?} {:?}",
                 e.err(),
                 w.err()
             ));
-            return;
+            None
         }
-    };
-    let f: EnvoyFilter = one("envoyfilter", "EnvoyFilter");
+    }
+}
+
+/// Loads `filters` (each the Wasm network filter as a manifest delivers it, with its listener
+/// direction) and `clusters` into real Envoy (`--mode validate`), the module from disk instead
+/// of the release URL, each filter first in a listener's chain before a tcp_proxy, as the
+/// manifest puts it. Fails with Envoy's words if Envoy rejects the config or the filter fails
+/// to load.
+fn loads_in_real_envoy(
+    what: &str,
+    envoy: &Path,
+    wasm: &Path,
+    filters: Vec<(&str, Value)>,
+    clusters: Vec<Value>,
+) {
     let mut listeners = Vec::new();
-    let mut clusters = Vec::new();
-    for (i, p) in f.spec.config_patches.iter().enumerate() {
-        let mut value: serde_json::Value =
-            serde_json::to_value(&p.patch.value).expect("patch value as JSON");
-        match p.apply_to.as_str() {
-            "NETWORK_FILTER" => {
-                // The same filter config, with the module from disk instead of the release URL.
-                value["typed_config"]["config"]["vm_config"]["code"] =
-                    serde_json::json!({ "local": { "filename": wasm } });
-                let ctx = p.match_.as_ref().and_then(|m| m.context.clone());
-                let direction = if ctx.as_deref() == Some("SIDECAR_INBOUND") {
-                    "INBOUND"
-                } else {
-                    "OUTBOUND"
-                };
-                listeners.push(serde_json::json!({
-                    "name": format!("l{i}"),
-                    "traffic_direction": direction,
-                    "address": { "socket_address": { "address": "127.0.0.1", "port_value": 0 } },
-                    "filter_chains": [{ "filters": [value, {
-                        "name": "envoy.filters.network.tcp_proxy",
-                        "typed_config": {
-                            "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
-                            "stat_prefix": "t",
-                            "cluster": "holdfast-filter-download"
-                        }
-                    }]}]
-                }));
-            }
-            "CLUSTER" => clusters.push(value),
-            other => panic!("unexpected applyTo {other}"),
-        }
+    for (i, (direction, mut value)) in filters.into_iter().enumerate() {
+        value["typed_config"]["config"]["vm_config"]["code"] =
+            serde_json::json!({ "local": { "filename": wasm } });
+        listeners.push(serde_json::json!({
+            "name": format!("l{i}"),
+            "traffic_direction": direction,
+            "address": { "socket_address": { "address": "127.0.0.1", "port_value": 0 } },
+            "filter_chains": [{ "filters": [value, {
+                "name": "envoy.filters.network.tcp_proxy",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+                    "stat_prefix": "t",
+                    "cluster": "holdfast-filter-download"
+                }
+            }]}]
+        }));
     }
     let bootstrap = serde_json::json!({
         "admin": { "address": { "socket_address": { "address": "127.0.0.1", "port_value": 0 } } },
         "static_resources": { "listeners": listeners, "clusters": clusters }
     });
-    let dir = std::env::temp_dir().join(format!("hf-manifests-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("hf-manifests-{what}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join("envoyfilter-bootstrap.json");
+    let path = dir.join("bootstrap.json");
     std::fs::write(&path, bootstrap.to_string()).expect("writing the bootstrap");
-    let out = std::process::Command::new(&envoy)
+    let out = std::process::Command::new(envoy)
         .args(["--mode", "validate", "--log-level", "warn", "-c"])
         .arg(&path)
         .output()
@@ -1646,13 +1669,265 @@ fn envoyfilter_wasm_config_loads_in_real_envoy() {
     );
     assert!(
         out.status.success(),
-        "envoy rejected the EnvoyFilter's config:\n{text}"
+        "envoy rejected the {what}'s config:\n{text}"
     );
     assert!(text.contains("OK"), "{text}");
     assert!(
         !text.contains("failed to load"),
         "the filter did not load:\n{text}"
     );
+}
+
+#[test]
+fn envoyfilter_wasm_config_loads_in_real_envoy() {
+    let Some((envoy, wasm)) = envoy_and_filter() else {
+        return;
+    };
+    let f: EnvoyFilter = one("envoyfilter", "EnvoyFilter");
+    let mut filters = Vec::new();
+    let mut clusters = Vec::new();
+    for p in &f.spec.config_patches {
+        let value: Value = serde_json::to_value(&p.patch.value).expect("patch value as JSON");
+        match p.apply_to.as_str() {
+            "NETWORK_FILTER" => {
+                let ctx = p.match_.as_ref().and_then(|m| m.context.clone());
+                let direction = if ctx.as_deref() == Some("SIDECAR_INBOUND") {
+                    "INBOUND"
+                } else {
+                    "OUTBOUND"
+                };
+                filters.push((direction, value));
+            }
+            "CLUSTER" => clusters.push(value),
+            other => panic!("unexpected applyTo {other}"),
+        }
+    }
+    loads_in_real_envoy("EnvoyFilter", &envoy, &wasm, filters, clusters);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kuma: the filter through a MeshProxyPatch (manifests/kuma-filter/).
+
+/// One `appendModifications` entry of the MeshProxyPatch, its `value` parsed as kuma-cp parses
+/// it (YAML, then an Envoy resource: pkg/plugins/policies/meshproxypatch/plugin/v1alpha1).
+struct KumaModification {
+    /// `networkFilter`, `cluster`, ...
+    kind: String,
+    operation: String,
+    origin: Option<String>,
+    value: Option<Value>,
+}
+
+fn meshproxypatch() -> Value {
+    let found: Vec<_> = objects("kuma-filter")
+        .into_iter()
+        .filter(|(_, v)| kind_of(v) == "MeshProxyPatch")
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(found.len(), 1, "manifests/kuma-filter: one MeshProxyPatch");
+    found.into_iter().next().expect("one")
+}
+
+/// The modifications of a MeshProxyPatch, checked as Kuma's admission validator checks them
+/// (kumahq/kuma v2.14.3 pkg/plugins/policies/meshproxypatch/api/v1alpha1/validator.go
+/// `validateDefault`: at least one; exactly one kind per entry; `validateNetworkFilterMod`:
+/// AddFirst / AddLast need a `value`; `validateClusterMod`: Add needs a `value` and no
+/// `match`), each failure an Err naming the entry.
+fn kuma_modifications(mpp: &Value) -> Result<Vec<KumaModification>> {
+    const KINDS: [&str; 5] = [
+        "cluster",
+        "listener",
+        "virtualHost",
+        "networkFilter",
+        "httpFilter",
+    ];
+    let list = mpp
+        .pointer("/spec/default/appendModifications")
+        .and_then(Value::as_array)
+        .context("spec.default.appendModifications")?;
+    ensure!(!list.is_empty(), "appendModifications: must not be empty");
+    let mut out = Vec::new();
+    for (i, m) in list.iter().enumerate() {
+        let present: Vec<&str> = KINDS
+            .iter()
+            .copied()
+            .filter(|k| m.get(*k).is_some())
+            .collect();
+        ensure!(
+            present.len() == 1,
+            "appendModifications[{i}]: exactly one modification can be defined at a time. Currently, {} modifications are defined",
+            present.len()
+        );
+        let kind = present[0];
+        let body = &m[kind];
+        let operation = body["operation"].as_str().unwrap_or_default().to_string();
+        let value = match body.get("value").and_then(Value::as_str) {
+            Some(text) => Some(
+                serde_saphyr::from_str::<Value>(text)
+                    .with_context(|| format!("appendModifications[{i}].{kind}.value: not YAML"))?,
+            ),
+            None => None,
+        };
+        match (kind, operation.as_str()) {
+            ("networkFilter", "AddFirst" | "AddLast") | ("cluster", "Add") => {
+                ensure!(
+                    value.is_some(),
+                    "appendModifications[{i}].{kind}.value: must be defined"
+                );
+            }
+            _ => bail!("appendModifications[{i}]: {kind} {operation} is not one holdfast uses"),
+        }
+        if kind == "cluster" {
+            ensure!(
+                body.get("match").is_none(),
+                "appendModifications[{i}].cluster.match: must not be defined"
+            );
+        }
+        out.push(KumaModification {
+            kind: kind.to_string(),
+            operation,
+            origin: body
+                .pointer("/match/origin")
+                .and_then(Value::as_str)
+                .map(String::from),
+            value,
+        });
+    }
+    Ok(out)
+}
+
+/// Kuma gets the very filter Istio's EnvoyFilter delivers (name, root id, vm id, direction,
+/// fail-open, code, and so the stat prefix the agent reads), first in every chain of the
+/// sidecar's inbound and outbound listeners, with the same download cluster; the policy covers
+/// the whole mesh from the control plane's namespace.
+#[test]
+fn meshproxypatch_is_the_envoyfilters_filter_for_kuma() {
+    let mpp = meshproxypatch();
+    assert_eq!(mpp["apiVersion"], "kuma.io/v1alpha1");
+    assert_eq!(mpp["metadata"]["namespace"], "kuma-system");
+    assert_eq!(mpp["metadata"]["labels"]["kuma.io/mesh"], "default");
+    assert_eq!(
+        mpp["spec"]["targetRef"],
+        serde_json::json!({ "kind": "Mesh" }),
+        "every data plane proxy of the mesh"
+    );
+    let mods = kuma_modifications(&mpp).unwrap_or_else(|e| panic!("{e:#}"));
+    let f: EnvoyFilter = one("envoyfilter", "EnvoyFilter");
+    let istio = |apply_to: &str, context: Option<&str>| -> Value {
+        let p = f
+            .spec
+            .config_patches
+            .iter()
+            .find(|p| {
+                p.apply_to == apply_to
+                    && p.match_.as_ref().and_then(|m| m.context.as_deref()) == context
+            })
+            .unwrap_or_else(|| panic!("the EnvoyFilter's {apply_to} {context:?} patch"));
+        serde_json::to_value(&p.patch.value).expect("JSON")
+    };
+    let mut origins = BTreeSet::new();
+    for m in mods.iter().filter(|m| m.kind == "networkFilter") {
+        assert_eq!(
+            m.operation, "AddFirst",
+            "first in every chain, as INSERT_FIRST"
+        );
+        let origin = m
+            .origin
+            .clone()
+            .expect("a network filter matches an origin");
+        let context = match origin.as_str() {
+            "inbound" => "SIDECAR_INBOUND",
+            "outbound" => "SIDECAR_OUTBOUND",
+            other => panic!("origin {other}: holdfast patches inbound and outbound only"),
+        };
+        assert_eq!(
+            m.value.as_ref(),
+            Some(&istio("NETWORK_FILTER", Some(context))),
+            "{origin}: the EnvoyFilter's filter, value for value"
+        );
+        assert!(origins.insert(origin.clone()), "{origin} patched twice");
+    }
+    assert_eq!(
+        origins,
+        ["inbound", "outbound"].map(String::from).into(),
+        "one filter per direction"
+    );
+    let clusters: Vec<_> = mods.iter().filter(|m| m.kind == "cluster").collect();
+    assert_eq!(clusters.len(), 1, "the download cluster");
+    assert_eq!(
+        clusters[0].value.as_ref(),
+        Some(&istio("CLUSTER", Some("SIDECAR_OUTBOUND"))),
+        "the EnvoyFilter's download cluster"
+    );
+    assert_eq!(mods.len(), 3, "two filters and the cluster, nothing else");
+}
+
+/// The ported validator refuses what Kuma's refuses (so the test above can fail).
+#[test]
+fn kuma_validator_port_refuses_what_kuma_refuses() {
+    let mpp = meshproxypatch();
+    let refused = |what: &str, edit: &dyn Fn(&mut Value), expect: &str| {
+        let mut v = mpp.clone();
+        edit(&mut v);
+        let e = match kuma_modifications(&v) {
+            Ok(_) => panic!("{what}: accepted"),
+            Err(e) => format!("{e:#}"),
+        };
+        assert!(e.contains(expect), "{what}: {e}");
+    };
+    refused(
+        "two kinds in one entry",
+        &|v| {
+            v["spec"]["default"]["appendModifications"][0]["cluster"] =
+                serde_json::json!({"operation": "Remove"})
+        },
+        "exactly one modification",
+    );
+    refused(
+        "AddFirst without value",
+        &|v| {
+            v["spec"]["default"]["appendModifications"][0]["networkFilter"]
+                .as_object_mut()
+                .expect("object")
+                .remove("value");
+        },
+        "value: must be defined",
+    );
+    refused(
+        "cluster Add with a match",
+        &|v| {
+            v["spec"]["default"]["appendModifications"][2]["cluster"]["match"] =
+                serde_json::json!({"name": "x"})
+        },
+        "cluster.match: must not be defined",
+    );
+    refused(
+        "no modifications",
+        &|v| v["spec"]["default"]["appendModifications"] = serde_json::json!([]),
+        "must not be empty",
+    );
+}
+
+/// What kuma-cp would put into a Kuma sidecar's listeners and clusters, loaded by real Envoy:
+/// the module loads from the MeshProxyPatch's filter config.
+#[test]
+fn meshproxypatch_wasm_config_loads_in_real_envoy() {
+    let Some((envoy, wasm)) = envoy_and_filter() else {
+        return;
+    };
+    let mods = kuma_modifications(&meshproxypatch()).unwrap_or_else(|e| panic!("{e:#}"));
+    let mut filters = Vec::new();
+    let mut clusters = Vec::new();
+    for m in mods {
+        let value = m.value.expect("value");
+        match (m.kind.as_str(), m.origin.as_deref()) {
+            ("networkFilter", Some("inbound")) => filters.push(("INBOUND", value)),
+            ("networkFilter", _) => filters.push(("OUTBOUND", value)),
+            ("cluster", _) => clusters.push(value),
+            (other, _) => panic!("unexpected modification {other}"),
+        }
+    }
+    loads_in_real_envoy("MeshProxyPatch", &envoy, &wasm, filters, clusters);
 }
 
 /// The EnvoyFilter's download cluster does not re-resolve its host every 5 s in every sidecar

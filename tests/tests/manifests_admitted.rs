@@ -3,7 +3,8 @@
 //!
 //! - every object against the API server's schemas (holdfast_tests::schema, the corpus in
 //!   tests/corpus/schemas/: Kubernetes 1.30.0 and 1.37.0, Istio's CRDs at 1.24.6 and 1.30.3,
-//!   the Prometheus Operator's at v0.73.2 and v0.93.0 for the optional monitoring component),
+//!   the Prometheus Operator's at v0.73.2 and v0.93.0 for the optional monitoring component,
+//!   Kuma's MeshProxyPatch at v2.13.10, v2.14.3 and master 348b652 for manifests/kuma/),
 //!   strictly: a misspelt or misplaced field fails, naming it; and bad inputs (an unknown field,
 //!   a wrong type, a missing required field, a broken pattern or CEL rule) fail with a message
 //!   that names the field;
@@ -25,8 +26,9 @@ fn manifests() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests")
 }
 
-/// The installs `manifests/` offers: the default and the EnvoyFilter one.
-const INSTALLS: [&str; 3] = ["", "envoyfilter", "trafficextension"];
+/// The installs `manifests/` offers: the default (WasmPlugins), the EnvoyFilter, the
+/// TrafficExtension and the Kuma one (MeshProxyPatch).
+const INSTALLS: [&str; 4] = ["", "envoyfilter", "trafficextension", "kuma"];
 
 fn render(dir: &str) -> Vec<Object> {
     kustomize::render(&manifests(), Path::new(dir))
@@ -348,6 +350,71 @@ fn bad_istio_manifests_fail_naming_the_field() {
         "an applyTo Istio does not have",
         |v| v["spec"]["configPatches"][0]["applyTo"] = json!("WASM_FILTER"),
         &["spec.configPatches[0].applyTo"],
+    );
+}
+
+/// The MeshProxyPatch fails validation against Kuma's CRDs on a misspelt or misplaced field, an
+/// operation Kuma does not have, or a missing required field, naming it.
+#[test]
+fn bad_kuma_manifests_fail_naming_the_field() {
+    let sets = corpus();
+    let mpp = render("kuma")
+        .into_iter()
+        .find(|o| o.kind() == "MeshProxyPatch")
+        .expect("the MeshProxyPatch")
+        .value;
+    assert!(violations(&sets, &mpp).is_empty());
+    fails(
+        &sets,
+        &mpp,
+        "misspelt field",
+        |v| {
+            let m = v["spec"]["default"].take();
+            v["spec"].as_object_mut().expect("object").remove("default");
+            v["spec"]["defaults"] = m;
+        },
+        &[
+            "kuma-v2.13.10.json: unknown field \"spec.defaults\"",
+            "kuma-v2.14.3.json: unknown field \"spec.defaults\"",
+            "kuma-master-348b652.json: missing required field \"spec.default\"",
+        ],
+    );
+    fails(
+        &sets,
+        &mpp,
+        "Istio's operation name",
+        |v| {
+            v["spec"]["default"]["appendModifications"][0]["networkFilter"]["operation"] =
+                json!("INSERT_FIRST")
+        },
+        &["spec.default.appendModifications[0].networkFilter.operation: \"INSERT_FIRST\" is not one of"],
+    );
+    fails(
+        &sets,
+        &mpp,
+        "the match at the wrong level",
+        |v| {
+            let nf = &mut v["spec"]["default"]["appendModifications"][1];
+            nf["match"] = nf["networkFilter"]["match"].take();
+        },
+        &["unknown field \"spec.default.appendModifications[1].match\""],
+    );
+    fails(
+        &sets,
+        &mpp,
+        "a value as YAML, not a string",
+        |v| {
+            v["spec"]["default"]["appendModifications"][2]["cluster"]["value"] =
+                json!({"name": "holdfast-filter-download"})
+        },
+        &["spec.default.appendModifications[2].cluster.value: must be string"],
+    );
+    fails(
+        &sets,
+        &mpp,
+        "a targetRef kind master no longer has",
+        |v| v["spec"]["targetRef"]["kind"] = json!("MeshService"),
+        &["kuma-master-348b652.json: spec.targetRef.kind: \"MeshService\" is not one of"],
     );
 }
 

@@ -13,6 +13,11 @@ and its binding) and without descriptions, to keep the repository small.
       $v:example/prometheus-operator-crd/monitoring.coreos.com_$k.yaml > monitoring-$k-$v.yaml
   done; done
   python3 trim.py --prometheus-operator v0.73.2 v0.93.0    # reads monitoring-*-<v>.yaml
+  for v in v2.13.10 v2.14.3 348b652; do
+    git -C <kumahq/kuma> show $v:deployments/charts/kuma/crds/kuma.io_meshproxypatches.yaml \
+      > kuma-meshproxypatches-$v.yaml
+  done
+  python3 trim.py --kuma v2.13.10 v2.14.3 348b652          # reads kuma-meshproxypatches-<v>.yaml
 
 Kubernetes: the "local-strict" schemas kubernetes-validate (PyPI, by Will Thames; Apache-2.0)
 generates from each release's api/openapi-spec/swagger.json (openapi2jsonschema): every object
@@ -21,7 +26,8 @@ field validation, the default) enforces. Istio: the openAPIV3Schema of the CRDs 
 istio/istio manifests/charts/base/files/crd-all.gen.yaml, CEL rules (x-kubernetes-validations)
 kept. Prometheus Operator: the openAPIV3Schema of its PodMonitor and PrometheusRule CRDs
 (example/prometheus-operator-crd/ in prometheus-operator/prometheus-operator), for the optional
-monitoring component (manifests/monitoring/).
+monitoring component (manifests/monitoring/). Kuma: the openAPIV3Schema of its MeshProxyPatch CRD
+(deployments/charts/kuma/crds/ in kumahq/kuma), for manifests/kuma-filter/.
 """
 import json
 import os
@@ -51,6 +57,7 @@ K8S_KINDS = {
 ISTIO_KINDS = {("WasmPlugin", "v1alpha1"), ("EnvoyFilter", "v1alpha3"), ("TrafficExtension", "v1alpha1")}
 PROMETHEUS_OPERATOR_KINDS = {("PodMonitor", "v1"), ("PrometheusRule", "v1")}
 PROMETHEUS_OPERATOR_CRDS = ["podmonitors", "prometheusrules"]
+KUMA_KINDS = {("MeshProxyPatch", "v1alpha1")}
 REF_PREFIX = "/api/_definitions.json#/$defs/"
 
 
@@ -192,14 +199,32 @@ def prometheus_operator(version, meta_defs):
     print(f"{path}: {sorted(kinds)}", file=sys.stderr)
 
 
+def kuma(version, meta_defs):
+    kinds = crd_kinds([f"kuma-meshproxypatches-{version}.yaml"], KUMA_KINDS)
+    name = version if version.startswith("v") else f"master-{version}"
+    out = {
+        "source": f"kumahq/kuma {name} deployments/charts/kuma/crds/kuma.io_meshproxypatches.yaml, "
+        f"openAPIV3Schema of the kinds below, descriptions removed, apiVersion/kind/metadata added "
+        f"as the API server adds them (metadata: Kubernetes {K8S_VERSIONS[0]}'s ObjectMeta), by "
+        f"tests/corpus/schemas/trim.py",
+        "kinds": kinds,
+        "$defs": meta_defs,
+    }
+    path = f"kuma-{name}.json"
+    with open(path, "w") as f:
+        json.dump(out, f, sort_keys=True, separators=(",", ":"))
+        f.write("\n")
+    print(f"{path}: {sorted(kinds)}", file=sys.stderr)
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "--prometheus-operator":
+    if sys.argv[1] in ("--prometheus-operator", "--kuma"):
         # ObjectMeta from the committed Istio file (the same floor release's), so this step
         # needs no Kubernetes wheel.
         istio_file = sorted(f for f in os.listdir(".") if f.startswith("istio-"))[0]
         meta = json.load(open(istio_file))["$defs"]
         for v in sys.argv[2:]:
-            prometheus_operator(v, meta)
+            (prometheus_operator if sys.argv[1] == "--prometheus-operator" else kuma)(v, meta)
         sys.exit(0)
     kubernetes(sys.argv[1])
     meta = object_meta(sys.argv[1])
