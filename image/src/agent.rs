@@ -37,7 +37,7 @@ use crate::Error;
 
 /// Where the agent's binary sits in the image (the DaemonSet runs the image's entrypoint).
 pub const AGENT_PATH: &str = "usr/local/bin/holdfast";
-/// The names the agent runs iptables by, all `xtables-nft-multi` (it dispatches on argv[0]).
+/// The names the agent runs iptables by, all `xtables-nft-multi` (it dispatches on `argv[0]`).
 pub const IPTABLES_NAMES: [&str; 12] = [
     "iptables",
     "iptables-restore",
