@@ -133,8 +133,9 @@ pub struct ReadinessProbe {
     stat_prefix: String,
     stats_filter: String,
     dns_port: Option<u16>,
-    /// Envoy's admin port: listening means Envoy runs.
-    admin_port: u16,
+    /// Envoy's admin port: listening means Envoy runs (`None`: the admin is a Unix socket, and
+    /// the capture ports alone say whether Envoy runs).
+    admin_port: Option<u16>,
     /// The admin port was seen listening: not looked up again (one lookup per check while
     /// Envoy starts, as before it starts).
     admin_seen: std::sync::atomic::AtomicBool,
@@ -152,8 +153,29 @@ impl ReadinessProbe {
         hold: &HoldSettings,
         options: impl Into<ProbeOptions>,
     ) -> crate::effects::netns::Result<Self> {
+        let admin = AdminClient::in_netns(netns.try_clone()?, admin_addr);
+        Self::with_admin(
+            netns,
+            admin,
+            Some(admin_addr.port()),
+            profile,
+            hold,
+            options,
+        )
+    }
+
+    /// A probe for the pod in `netns` whose admin API `admin` reaches (TCP in the netns, or
+    /// a Unix socket: `admin_port` `None`).
+    pub fn with_admin(
+        netns: &PodNetns,
+        admin: AdminClient,
+        admin_port: Option<u16>,
+        profile: &MeshProfile,
+        hold: &HoldSettings,
+        options: impl Into<ProbeOptions>,
+    ) -> crate::effects::netns::Result<Self> {
         let options = options.into();
-        let mut admin = AdminClient::in_netns(netns.try_clone()?, admin_addr)
+        let mut admin = admin
             .with_timeout(ADMIN_TIMEOUT)
             .with_max_body(READINESS_STATS_MAX);
         if let Some(on_error) = options.on_admin_error {
@@ -179,7 +201,7 @@ impl ReadinessProbe {
             stats_filter: stats_filter(&stat_prefix),
             stat_prefix,
             dns_port: options.dns_port,
-            admin_port: admin_addr.port(),
+            admin_port,
             admin_seen: Default::default(),
             violation: Default::default(),
         })
@@ -200,8 +222,8 @@ impl ReadinessProbe {
     /// admin connection is opened ahead (no request).
     pub async fn check(&self) -> Readiness {
         use std::sync::atomic::Ordering::Relaxed;
-        if !self.admin_seen.load(Relaxed) {
-            match self.listening(&[self.admin_port]).await {
+        if let (false, Some(admin_port)) = (self.admin_seen.load(Relaxed), self.admin_port) {
+            match self.listening(&[admin_port]).await {
                 Some(true) => self.admin_seen.store(true, Relaxed),
                 // Admin not reachable at a loopback address (a custom admin address, or a
                 // kernel that cannot say): judge by the capture ports alone.

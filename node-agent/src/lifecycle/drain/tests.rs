@@ -1201,9 +1201,12 @@ fn settle_wait_backs_off_to_stats_every() {
 #[test]
 fn refusals_are_told_from_other_connect_failures() {
     use crate::effects::envoy_admin::Error;
-    let addr = "127.0.0.1:15000".parse().expect("addr");
+    let addr: crate::effects::envoy_admin::AdminAddr = "127.0.0.1:15000"
+        .parse::<std::net::SocketAddr>()
+        .expect("addr")
+        .into();
     let refused = Error::Connect {
-        addr,
+        addr: addr.clone(),
         reason: "Connection refused (os error 111)".into(),
         refused: true,
     };
@@ -1215,7 +1218,7 @@ fn refusals_are_told_from_other_connect_failures() {
         "connector task failed: task panicked (Connection refused)",
     ] {
         let other = Error::Connect {
-            addr,
+            addr: addr.clone(),
             reason: reason.into(),
             refused: false,
         };
