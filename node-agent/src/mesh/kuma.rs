@@ -77,6 +77,7 @@ pub fn profile() -> MeshProfile {
         dns_port: Some(DNS_PORT),
         admin: AdminAt::Tcp(SocketAddr::from(([127, 0, 0, 1], ADMIN_PORT))),
         own_http_prefixes: &OWN_HTTP_PREFIXES,
+        fails_health_check_on_sigterm: true,
         readiness:
             "kuma-dp's /ready on 9902 (Unix-socket admin) or Envoy's /ready on the admin port",
     }
