@@ -772,3 +772,33 @@ async fn real_envoy_admin_on_a_unix_socket() -> Result<()> {
     ensure!(err.to_string().contains("unix:"), "{err}");
     Ok(())
 }
+
+/// A Unix admin socket the agent may not connect to (Kuma's is 0600 for uid 5678: the agent
+/// without CAP_DAC_OVERRIDE gets EACCES) is `denied`, which readiness turns into "cannot look"
+/// (the hold released, as without holdfast) instead of asking until the deadline.
+#[tokio::test]
+async fn a_denied_unix_socket_is_told_apart() -> Result<()> {
+    let admin = AdminClient::unix(
+        "/tmp/kuma-dp-1/kuma-envoy-admin.sock",
+        Arc::new(|_| {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                "permission denied",
+            ))
+        }),
+    );
+    let err = admin.ready().await.expect_err("denied");
+    ensure!(err.is_denied() && !err.is_refused(), "{err}");
+    ensure!(
+        err.to_string()
+            .contains("unix:/tmp/kuma-dp-1/kuma-envoy-admin.sock"),
+        "{err}"
+    );
+    let gone = AdminClient::unix(
+        "/tmp/kuma-dp-1/kuma-envoy-admin.sock",
+        Arc::new(|_| Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))),
+    );
+    let err = gone.ready().await.expect_err("refused");
+    ensure!(err.is_refused() && !err.is_denied(), "{err}");
+    Ok(())
+}

@@ -74,6 +74,9 @@ pub enum Error {
         reason: String,
         /// The connection was refused: nothing listens on the admin port.
         refused: bool,
+        /// The agent may not connect (a Unix socket it lacks the permission for): asking
+        /// again will not help.
+        denied: bool,
     },
     #[error("Envoy admin at {addr}: {what} timed out after {after:?}")]
     Timeout {
@@ -130,6 +133,11 @@ impl Error {
     /// or gone). Other connect failures (entering the netns failed) say nothing about Envoy.
     pub fn is_refused(&self) -> bool {
         matches!(self, Error::Connect { refused: true, .. })
+    }
+
+    /// Whether the agent may not connect at all (permission denied): asking again will not help.
+    pub fn is_denied(&self) -> bool {
+        matches!(self, Error::Connect { denied: true, .. })
     }
 
     /// Whether the answer broke the body cap: not a fault of the agent or the network, but of
@@ -687,6 +695,7 @@ impl AdminClient {
             addr: shown.clone(),
             reason: format!("connector task failed: {e}"),
             refused: false,
+            denied: false,
         })?;
         let std_stream = connected.map_err(|e| {
             if e.kind() == std::io::ErrorKind::TimedOut {
@@ -700,6 +709,7 @@ impl AdminClient {
                     addr: shown.clone(),
                     reason: e.to_string(),
                     refused: e.kind() == std::io::ErrorKind::ConnectionRefused,
+                    denied: e.kind() == std::io::ErrorKind::PermissionDenied,
                 }
             }
         })?;

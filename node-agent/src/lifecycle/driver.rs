@@ -701,6 +701,14 @@ impl Driver {
                         .unwrap_or_else(|| "the admin answer broke a bound".into());
                     return Input::OverBound(why);
                 }
+                Readiness::CannotReach => {
+                    let why = p
+                        .take_violation()
+                        .unwrap_or_else(|| "the admin API cannot be reached".into());
+                    // Not asked again: a new probe (and a new look) comes with the next start.
+                    self.probe = None;
+                    return Input::CannotLook(why);
+                }
             },
         };
         if matches!(seen, Seen::Up | Seen::Live) {

@@ -70,6 +70,10 @@ pub enum Readiness {
     FilterNotLoaded,
     /// Ready for traffic.
     Ready,
+    /// The agent may not reach the admin API at all (a Unix socket it lacks the permission
+    /// for): the hold is released as without holdfast, not held to its deadline.
+    /// [`ReadinessProbe::take_violation`] says why.
+    CannotReach,
     /// What answers on the pod's admin port broke one of the agent's bounds (an answer larger
     /// than [`READINESS_STATS_MAX`]): the pod is to be failed open, not asked again.
     /// [`ReadinessProbe::take_violation`] says what happened.
@@ -254,6 +258,10 @@ impl ReadinessProbe {
             Err(e) if e.is_too_large() => {
                 *self.violation.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
                 Readiness::OverBound
+            }
+            Err(e) if e.is_denied() => {
+                *self.violation.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                Readiness::CannotReach
             }
             // No answer: not known to be LIVE; the next poll asks again.
             Err(_) => Readiness::NotLive,

@@ -50,6 +50,11 @@ pub const ADMIN_PORT: u16 = 9901;
 pub const READINESS_PORT: u16 = 9902;
 /// kuma-dp's DNS proxy port (`builtinDNS.port`).
 pub const DNS_PORT: u16 = 15053;
+/// The sidecar's builtin-DNS switch and port, as the injector writes them
+/// (containers/factory.go: `KUMA_DNS_ENABLED` `"true"` with `KUMA_DNS_PROXY_PORT`, else
+/// `"false"`); kuma-init then redirects the pod's DNS to that port.
+pub const ENV_DNS_ENABLED: &str = "KUMA_DNS_ENABLED";
+pub const ENV_DNS_PROXY_PORT: &str = "KUMA_DNS_PROXY_PORT";
 /// The admin socket's work directory parent, prefix and name.
 pub const SOCKET_PARENT: &str = "/tmp";
 pub const SOCKET_DIR_PREFIX: &str = "kuma-dp-";

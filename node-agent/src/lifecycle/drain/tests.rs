@@ -1217,6 +1217,7 @@ fn refusals_are_told_from_other_connect_failures() {
         addr: addr.clone(),
         reason: "Connection refused (os error 111)".into(),
         refused: true,
+        denied: false,
     };
     assert!(AdminFailure::from(refused).refused);
     // Entering the netns failed, or the connector panicked: nothing said about Envoy, whatever
@@ -1229,6 +1230,7 @@ fn refusals_are_told_from_other_connect_failures() {
             addr: addr.clone(),
             reason: reason.into(),
             refused: false,
+            denied: false,
         };
         assert!(!AdminFailure::from(other).refused, "{reason}");
     }
