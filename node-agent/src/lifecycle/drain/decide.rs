@@ -250,6 +250,37 @@ pub fn settle_wait(settings: &DrainSettings, samples: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The mesh-dependent rules, as table rows: (mesh fails the health check on SIGTERM, drain
+    /// kind, health check failed now) → restore; (mesh waits after SIGTERM, Envoy's exit seen)
+    /// → SIGTERM its agent.
+    #[test]
+    fn mesh_dependent_drain_rules() {
+        for (mesh, kind, failed, restore) in [
+            (true, DrainKind::Full, true, true),
+            (true, DrainKind::Full, false, false),
+            (true, DrainKind::KubeletOrdered, true, false),
+            (false, DrainKind::Full, true, false),
+        ] {
+            assert_eq!(
+                restore_health(mesh, kind, failed),
+                restore,
+                "{mesh} {kind:?} {failed}"
+            );
+        }
+        for (waits, exit_seen, signal) in [
+            (true, true, true),
+            // Envoy not seen gone: a SIGTERM now would make kuma-dp kill it mid-response.
+            (true, false, false),
+            (false, true, false),
+        ] {
+            assert_eq!(
+                sigterm_after_quit(waits, exit_seen),
+                signal,
+                "{waits} {exit_seen}"
+            );
+        }
+    }
     use crate::api::IdleReason;
 
     fn seen(
