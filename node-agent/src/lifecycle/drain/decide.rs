@@ -54,7 +54,9 @@ pub fn drain_kind(view: &PodView) -> DrainKind {
 /// fails it on SIGTERM (kuma-dp: `/healthcheck/fail`, then a fixed `drainTime` of 30 s), which
 /// makes Envoy put `Connection: close` on every outbound HTTP/1 response and GOAWAY on HTTP/2
 /// while the app may still call out (Kuma sets no listener `drain_type`: kumahq/kuma has no
-/// `MODIFY_ONLY` anywhere). Inbound stays drained: the agent's own `drain_listeners
+/// `MODIFY_ONLY` anywhere). Envoy asks `server_.healthCheckFailed()` anew at every
+/// `DrainManagerImpl::drainClose` (source/server/drain_manager_impl.cc), so `/healthcheck/ok`
+/// ends that for every connection from then on. Inbound stays drained: the agent's own `drain_listeners
 /// ?inboundonly&graceful` keeps its listeners draining, and kuma-dp's readiness (9902, which the
 /// kubelet probes) says terminating whatever Envoy's health says. Not in a kubelet-ordered drain
 /// (the app is gone by the proxy's SIGTERM there).
