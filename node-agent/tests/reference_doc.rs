@@ -296,11 +296,14 @@ fn every_status_document_field() {
             uid: "uid".into(),
             phase: Phase::Done,
             mode: Some(SidecarMode::Classic),
+            mesh: Some(holdfast::api::Mesh::Istio),
             tracked_since: t,
             hold: Some(HoldRecord::default()),
             drain: Some(DrainReport {
                 last_counts: Some(FilterCounts::default()),
                 quit_reason: quit,
+                health_checks_restored: 1,
+                agent_signalled: true,
                 ..DrainReport::new(DrainOutcome::AppDone, t)
             }),
             job: Some(JobReport {

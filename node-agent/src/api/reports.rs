@@ -77,6 +77,13 @@ pub struct DrainReport {
     pub deadline_meaning: TimestampMeaning,
     /// `POST /drain_listeners?inboundonly&graceful` succeeded.
     pub inbound_drained: bool,
+    /// Times the drain undid the mesh's `/healthcheck/fail` (`POST /healthcheck/ok`: Kuma's
+    /// kuma-dp fails it on SIGTERM, which would drain-close the app's outbound connections).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub health_checks_restored: u32,
+    /// After the quit, the mesh's agent was sent SIGTERM to end its fixed wait (kuma-dp).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub agent_signalled: bool,
     /// The pod's Envoy version, from `/server_info` at the drain's start (`None`: not read).
     #[serde(default)]
     pub envoy_version: Option<String>,
@@ -238,6 +245,8 @@ impl DrainReport {
             deadline_at: None,
             deadline_meaning: TimestampMeaning::RequestTime,
             inbound_drained: false,
+            health_checks_restored: 0,
+            agent_signalled: false,
             envoy_version: None,
             app_gone_at: None,
             quit_sent_at: None,
@@ -273,4 +282,8 @@ impl JobReport {
             error_count: 0,
         }
     }
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }

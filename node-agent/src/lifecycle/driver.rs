@@ -19,6 +19,7 @@ use tokio::time::Instant;
 
 use super::machine::{self, Effect, Input, Now, PodFacts, Released, Seen, State, Timer};
 use super::record::Recorder;
+use crate::effects::admin_socket::AdminSocket;
 use crate::effects::envoy_admin::AdminClient;
 use crate::effects::hold::{HoldConfig, HoldQueue};
 use crate::effects::netns::PodNetns;
@@ -27,6 +28,7 @@ use crate::effects::procfs::proxy_procs::proxy_pids_of;
 use crate::lifecycle::drain::app_exit::ExitWatcher;
 use crate::lifecycle::drain::{self, DrainCtx, DrainStep, PodProcsSource};
 use crate::lifecycle::readiness::{Readiness, ReadinessProbe};
+use crate::mesh::AdminAt;
 use crate::pod::{PodKey, PodView};
 
 /// How often the held counts are copied to the status board.
@@ -178,10 +180,11 @@ pub(crate) async fn run(shared: Arc<Shared>, view: watch::Receiver<Option<PodVie
         events: shared.events.clone(),
     };
     let problems = Some(first.overrides.problems.join("; ")).filter(|p| !p.is_empty());
-    rec.start(problems, first.mode);
+    rec.start(problems, first.mode, first.profile.mesh);
     let (steps_tx, steps_rx) = mpsc::unbounded_channel();
     let hold_cfg = Some(HoldConfig::for_pod(
         &shared.config,
+        &first.profile,
         crate::lifecycle::facts::hold_scope(&first),
     ));
     let admin = first.admin_addr(&shared.config.proxy);
@@ -524,8 +527,103 @@ impl Driver {
                 &self.shared.metrics,
             )),
         };
-        ReadinessProbe::new(netns, admin_addr, &cfg.proxy, &cfg.hold, options)
+        let profile = self
+            .view
+            .borrow()
+            .as_ref()
+            .map(|v| v.profile.clone())
+            .unwrap_or_default();
+        let client = self
+            .admin_client(netns)
+            .map_err(|e| format!("cannot reach the pod's network namespace: {e}"))?;
+        let admin_port = matches!(profile.admin, AdminAt::Tcp(_)).then_some(admin_addr.port());
+        ReadinessProbe::with_admin(netns, client, admin_port, &profile, &cfg.hold, options)
             .map_err(|e| format!("cannot reach the pod's network namespace: {e}"))
+    }
+
+    /// The pod's Envoy admin client: TCP inside its netns, or the mesh's Unix socket in the
+    /// proxy's filesystem ([`crate::effects::admin_socket`]), found anew from the proxy
+    /// container's current processes whenever the one found last stops answering.
+    fn admin_client(&self, netns: &PodNetns) -> crate::effects::netns::Result<AdminClient> {
+        let profile = self
+            .view
+            .borrow()
+            .as_ref()
+            .map(|v| v.profile.clone())
+            .unwrap_or_default();
+        let AdminAt::UnixSocket {
+            parent,
+            dir_prefix,
+            name,
+        } = profile.admin
+        else {
+            return Ok(AdminClient::in_netns(netns.try_clone()?, self.admin));
+        };
+        let procs = self.shared.procs.clone();
+        let view = self.view.clone();
+        let uid = self.key.uid.clone();
+        let proxy_uid = profile.proxy_uid;
+        let found: Arc<std::sync::Mutex<Option<AdminSocket>>> = Default::default();
+        let connector =
+            move |timeout: Duration| -> std::io::Result<std::os::unix::net::UnixStream> {
+                let mut slot = found.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(socket) = slot.as_ref() {
+                    match socket.connect(timeout) {
+                        Ok(stream) => return Ok(stream),
+                        // A permission problem stays one: said as it is, not searched again.
+                        Err(e @ crate::effects::admin_socket::Error::Permission { .. }) => {
+                            return Err(e.into_io())
+                        }
+                        Err(_) => *slot = None,
+                    }
+                }
+                let proxy_id = view
+                    .borrow()
+                    .as_ref()
+                    .and_then(|v| v.proxy_container().and_then(|c| c.id.clone()))
+                    .ok_or_else(|| {
+                        std::io::Error::new(
+                            std::io::ErrorKind::NotFound,
+                            "the proxy container has no id yet",
+                        )
+                    })?;
+                let container: Vec<i32> = procs
+                    .of_pod_blocking(&uid)
+                    .iter()
+                    .filter(|p| p.container_id.as_deref() == Some(proxy_id.as_str()))
+                    .map(|p| p.pid)
+                    .collect();
+                let proc_root = procs.proc_root();
+                let proxy = proxy_pids_of(&proc_root, &container);
+                // Through Envoy's own root first (the mesh's agent's child made the socket, in
+                // the mount namespace it runs in), then the main process's.
+                let mut last = std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "no process of the proxy container yet",
+                );
+                let mut found_socket = None;
+                for &pid in proxy.iter().rev() {
+                    match AdminSocket::find(
+                        &proc_root, pid, &proxy, proxy_uid, parent, dir_prefix, name,
+                    ) {
+                        Ok(s) => {
+                            found_socket = Some(s);
+                            break;
+                        }
+                        Err(e) => last = e.into_io(),
+                    }
+                }
+                let socket = found_socket.ok_or(last)?;
+                let stream = socket
+                    .connect(timeout)
+                    .map_err(crate::effects::admin_socket::Error::into_io)?;
+                *slot = Some(socket);
+                Ok(stream)
+            };
+        Ok(AdminClient::unix(
+            &format!("{parent}/{dir_prefix}*/{name}"),
+            Arc::new(connector),
+        ))
     }
 
     /// Recomputes what depends on the pod's object (once per update, not per check). The admin
@@ -549,6 +647,7 @@ impl Driver {
         self.proxy_was_running = running;
         self.hold_cfg = Some(HoldConfig::for_pod(
             &self.shared.config,
+            &view.profile,
             crate::lifecycle::facts::hold_scope(&view),
         ));
         let admin = view.admin_addr(&self.shared.config.proxy);
@@ -610,6 +709,14 @@ impl Driver {
                         .take_violation()
                         .unwrap_or_else(|| "the admin answer broke a bound".into());
                     return Input::OverBound(why);
+                }
+                Readiness::CannotReach => {
+                    let why = p
+                        .take_violation()
+                        .unwrap_or_else(|| "the admin API cannot be reached".into());
+                    // Not asked again: a new probe (and a new look) comes with the next start.
+                    self.probe = None;
+                    return Input::CannotLook(why);
                 }
             },
         };
@@ -786,14 +893,23 @@ impl Driver {
                 let t = self.shared.config.drain.admin_timeout;
                 // The pod's sockets, asked in its netns too (the kernel's send queues).
                 let sockets = drain::PodProxy::open_sockets(&ns);
-                let client = AdminClient::in_netns(ns, self.admin)
-                    .with_timeouts(t, t)
-                    .with_error_callback({
-                        let count =
-                            crate::lifecycle::readiness::count_admin_errors(&self.shared.metrics);
-                        move |kind| count(kind)
-                    });
-                drain::PodProxy::new(client, sockets)
+                let client = match self.admin_client(&ns) {
+                    Ok(client) => client,
+                    Err(_) => AdminClient::in_netns(ns, self.admin),
+                }
+                .with_timeouts(t, t)
+                .with_error_callback({
+                    let count =
+                        crate::lifecycle::readiness::count_admin_errors(&self.shared.metrics);
+                    move |kind| count(kind)
+                });
+                let own = self
+                    .view
+                    .borrow()
+                    .as_ref()
+                    .map(|v| v.profile.own_http_prefixes)
+                    .unwrap_or(&crate::mesh::istio::OWN_HTTP_PREFIXES);
+                drain::PodProxy::new(client, sockets).with_own_listeners(own)
             }
             other => {
                 let why = match other {

@@ -20,11 +20,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::{HoldSettings, ProxyConfig};
+use crate::config::HoldSettings;
 use crate::effects::envoy_admin::{AdminClient, ErrorCallback, Stats};
 use crate::effects::netns::PodNetns;
 use crate::effects::procfs::sock_diag::SockDiag;
 use crate::effects::procfs::sockets::listening_ports_in_netns;
+use crate::mesh::MeshProfile;
 
 /// The filter's stat prefix as `/stats` shows it by default (the filter's `holdfast` inside
 /// Envoy's `wasmcustom.` namespace; `DrainSettings.stat_prefix` has the configured one).
@@ -69,6 +70,10 @@ pub enum Readiness {
     FilterNotLoaded,
     /// Ready for traffic.
     Ready,
+    /// The agent may not reach the admin API at all (a Unix socket it lacks the permission
+    /// for): the hold is released as without holdfast, not held to its deadline.
+    /// [`ReadinessProbe::take_violation`] says why.
+    CannotReach,
     /// What answers on the pod's admin port broke one of the agent's bounds (an answer larger
     /// than [`READINESS_STATS_MAX`]): the pod is to be failed open, not asked again.
     /// [`ReadinessProbe::take_violation`] says what happened.
@@ -126,13 +131,15 @@ enum Sockets {
 pub struct ReadinessProbe {
     admin: AdminClient,
     sockets: Sockets,
-    proxy: ProxyConfig,
+    /// The capture ports to see listening (the pod's mesh's).
+    capture_ports: [u16; 2],
     require_filter: bool,
     stat_prefix: String,
     stats_filter: String,
     dns_port: Option<u16>,
-    /// Envoy's admin port: listening means Envoy runs.
-    admin_port: u16,
+    /// Envoy's admin port: listening means Envoy runs (`None`: the admin is a Unix socket, and
+    /// the capture ports alone say whether Envoy runs).
+    admin_port: Option<u16>,
     /// The admin port was seen listening: not looked up again (one lookup per check while
     /// Envoy starts, as before it starts).
     admin_seen: std::sync::atomic::AtomicBool,
@@ -146,12 +153,33 @@ impl ReadinessProbe {
     pub fn new(
         netns: &PodNetns,
         admin_addr: std::net::SocketAddr,
-        proxy: &ProxyConfig,
+        profile: &MeshProfile,
+        hold: &HoldSettings,
+        options: impl Into<ProbeOptions>,
+    ) -> crate::effects::netns::Result<Self> {
+        let admin = AdminClient::in_netns(netns.try_clone()?, admin_addr);
+        Self::with_admin(
+            netns,
+            admin,
+            Some(admin_addr.port()),
+            profile,
+            hold,
+            options,
+        )
+    }
+
+    /// A probe for the pod in `netns` whose admin API `admin` reaches (TCP in the netns, or
+    /// a Unix socket: `admin_port` `None`).
+    pub fn with_admin(
+        netns: &PodNetns,
+        admin: AdminClient,
+        admin_port: Option<u16>,
+        profile: &MeshProfile,
         hold: &HoldSettings,
         options: impl Into<ProbeOptions>,
     ) -> crate::effects::netns::Result<Self> {
         let options = options.into();
-        let mut admin = AdminClient::in_netns(netns.try_clone()?, admin_addr)
+        let mut admin = admin
             .with_timeout(ADMIN_TIMEOUT)
             .with_max_body(READINESS_STATS_MAX);
         if let Some(on_error) = options.on_admin_error {
@@ -172,12 +200,12 @@ impl ReadinessProbe {
         Ok(Self {
             admin,
             sockets,
-            proxy: proxy.clone(),
+            capture_ports: [profile.outbound_port, profile.inbound_port],
             require_filter: hold.require_filter,
             stats_filter: stats_filter(&stat_prefix),
             stat_prefix,
             dns_port: options.dns_port,
-            admin_port: admin_addr.port(),
+            admin_port,
             admin_seen: Default::default(),
             violation: Default::default(),
         })
@@ -198,8 +226,8 @@ impl ReadinessProbe {
     /// admin connection is opened ahead (no request).
     pub async fn check(&self) -> Readiness {
         use std::sync::atomic::Ordering::Relaxed;
-        if !self.admin_seen.load(Relaxed) {
-            match self.listening(&[self.admin_port]).await {
+        if let (false, Some(admin_port)) = (self.admin_seen.load(Relaxed), self.admin_port) {
+            match self.listening(&[admin_port]).await {
                 Some(true) => self.admin_seen.store(true, Relaxed),
                 // Admin not reachable at a loopback address (a custom admin address, or a
                 // kernel that cannot say): judge by the capture ports alone.
@@ -230,6 +258,10 @@ impl ReadinessProbe {
             Err(e) if e.is_too_large() => {
                 *self.violation.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
                 Readiness::OverBound
+            }
+            Err(e) if e.is_denied() => {
+                *self.violation.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                Readiness::CannotReach
             }
             // No answer: not known to be LIVE; the next poll asks again.
             Err(_) => Readiness::NotLive,
@@ -277,7 +309,7 @@ impl ReadinessProbe {
 
     /// The capture ports (and the DNS port, when asked) listen.
     async fn ports_ready(&self) -> bool {
-        let mut wanted = vec![self.proxy.outbound_port, self.proxy.inbound_port];
+        let mut wanted = self.capture_ports.to_vec();
         wanted.extend(self.dns_port);
         if self.listening(&wanted).await != Some(true) {
             return false;

@@ -16,6 +16,9 @@ use super::plan::{self, DrainPlan};
 use super::{decide, envoy_version, DrainCtx, DrainOutcome, DrainReport, DrainStep, QuitReason};
 use crate::pod::{Deletion, PodView, SidecarMode, DEFAULT_GRACE};
 
+/// Envoy's admin call that undoes `/healthcheck/fail` ([`decide::restore_health`]).
+pub const HEALTHCHECK_OK_PATH: &str = "/healthcheck/ok";
+
 /// Drains a pod being deleted: see the module docs. Call once the pod has a
 /// `deletionTimestamp`; returns when the proxy was quit (or is gone), the pod is gone, or the
 /// agent stops. Never panics, never exceeds the deadline by more than one admin timeout plus
@@ -149,6 +152,18 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                         tracing::warn!("{advice}");
                         add_advice(&mut report, advice.to_string());
                     }
+                    if decide::restore_health(
+                        current.profile.fails_health_check_on_sigterm,
+                        kind,
+                        sample.health_check_failed,
+                    ) {
+                        let restored = d.post_retrying(HEALTHCHECK_OK_PATH).await;
+                        report.health_checks_restored += u32::from(restored);
+                        tracing::info!(
+                            restored,
+                            "the mesh's agent failed Envoy's health check (outbound would be drain-closed): restored it"
+                        );
+                    }
                     if let (InFlight::Sending { bytes }, true, false) = (j, gone, flushing_told) {
                         flushing_told = true;
                         d.tell(DrainStep::KernelFlushing { bytes });
@@ -215,6 +230,12 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                 report = d.app_gone(report, app_gone);
                 (report.quit_sent_at, report.proxy_exit_seen_at) = d.quit(reason).await;
                 report.quit_reason = Some(reason);
+                if decide::sigterm_after_quit(
+                    current.profile.sigterm_after_quit,
+                    report.proxy_exit_seen_at.is_some(),
+                ) {
+                    end_the_meshs_agent(&mut report, &current, app.source()).await;
+                }
                 tracing::info!(reason = ?reason, "app gone and nothing in flight: proxy quit");
                 return d.finish(report, DrainOutcome::AppDone, &app);
             }
@@ -293,6 +314,28 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
         if rescan {
             next_rescan = Instant::now() + settings.rescan_every;
             snapshot = app.refresh(&current).await;
+        }
+    }
+}
+
+/// Sends the mesh's agent the SIGTERM that ends its fixed wait ([`decide::sigterm_after_quit`]),
+/// recording what happened on the report.
+async fn end_the_meshs_agent<S: PodProcessSource>(
+    report: &mut DrainReport,
+    view: &PodView,
+    processes: &S,
+) {
+    let Some(proxy_id) = view.proxy_container().and_then(|c| c.id.clone()) else {
+        return;
+    };
+    match processes.terminate_main(&proxy_id).await {
+        Ok(pid) => {
+            report.agent_signalled = true;
+            tracing::info!(pid, "Envoy is gone: SIGTERM to the mesh's agent, which waits a fixed drain time otherwise");
+        }
+        Err(why) => {
+            tracing::warn!("{why}");
+            report.errors.push(why);
         }
     }
 }

@@ -70,25 +70,10 @@ pub use crate::api::{DirectionCounts, FilterCounts, IdleReason, DEFAULT_STAT_PRE
 /// Gauges above this are taken as garbage (an underflowed gauge reads near 2^64), not as counts.
 const MAX_SANE_GAUGE: u64 = 1 << 48;
 
-/// `http.<stat_prefix>` scopes whose bytes are not the pod's traffic, so the idle test skips
-/// them. `admin` is Envoy's admin API (its HCM's fixed stat prefix): this agent polls it through
-/// the drain, and pilot-agent scrapes it for its merged metrics. The others are Istio's
-/// bootstrap listeners, by their HCM `stat_prefix` in istio/istio
-/// `tools/packaging/common/envoy_bootstrap.json` (checked at 86c9f01fd73, master 2026-08):
-/// `agent` (the 15021 status port, routed to pilot-agent: the istio-proxy container's own
-/// readiness probe, `/healthz/ready` every 15 s by default per the injection template, and on
-/// gateways the cloud load balancers' health checks, which can come from many sources at once),
-/// `stats` (15090: Prometheus scrapes, routed to the admin API), `secure_stats` and
-/// `secure_merged_stats` (the TLS metrics ports, when enabled). Gateways use the same template.
-/// (The app containers' own probes, rewritten by the injector, go to pilot-agent on 15020
-/// without passing through Envoy.)
-pub const PROXY_OWN_HTTP_PREFIXES: [&str; 5] = [
-    "admin",
-    "agent",
-    "stats",
-    "secure_stats",
-    "secure_merged_stats",
-];
+/// Istio's `http.<stat_prefix>` scopes whose bytes are not the pod's traffic
+/// ([`crate::mesh::istio::OWN_HTTP_PREFIXES`]); each mesh's are in its profile
+/// (`MeshProfile::own_http_prefixes`), the idle test skips the pod's mesh's.
+pub const PROXY_OWN_HTTP_PREFIXES: [&str; 5] = crate::mesh::istio::OWN_HTTP_PREFIXES;
 
 const BYTE_COUNTERS: [&str; 2] = [
     ".downstream_cx_rx_bytes_total",
@@ -101,6 +86,10 @@ const BYTE_COUNTERS: [&str; 2] = [
 /// 1.40: 64 on an idle `tcp_proxy` connection, 328 on the admin's keep-alive), so it cannot say
 /// "nothing held".
 const BUFFERED_GAUGES: [&str; 1] = [".downstream_cx_tx_bytes_buffered"];
+
+/// Envoy's server state (0 LIVE, 1 DRAINING: its health check failed, `POST
+/// /healthcheck/fail`; envoyproxy/envoy envoy/admin/v3/server_info.proto `State`).
+pub const SERVER_STATE: &str = "server.state";
 
 /// The filter's stats a drain sample reads (the rest of its stats are not asked for).
 const FILTER_STATS: [&str; 5] = [
@@ -117,7 +106,7 @@ const FILTER_STATS: [&str; 5] = [
 /// routes lists only those that carried traffic.
 pub fn sample_regex(prefix: &str) -> String {
     format!(
-        "^(?:{}\\.(?:(?:inbound|outbound|unknown)\\.cx_active|loaded|workers_ready)|(?:http|tcp)\\..+\\.downstream_cx_(?:(?:rx|tx)_bytes_total|tx_bytes_buffered))$",
+        "^(?:server\\.state|{}\\.(?:(?:inbound|outbound|unknown)\\.cx_active|loaded|workers_ready)|(?:http|tcp)\\..+\\.downstream_cx_(?:(?:rx|tx)_bytes_total|tx_bytes_buffered))$",
         regex_escape(prefix)
     )
 }
@@ -125,6 +114,9 @@ pub fn sample_regex(prefix: &str) -> String {
 /// Whether a sample keeps the line named `name`: what [`sample_regex`] asks for, so a pod's
 /// Envoy that answers more than it was asked costs the agent no memory for it.
 pub fn sample_keeps(prefix: &str, name: &str) -> bool {
+    if name == SERVER_STATE {
+        return true;
+    }
     if let Some(rest) = name.strip_prefix(prefix).and_then(|r| r.strip_prefix('.')) {
         return FILTER_STATS.contains(&rest);
     }
@@ -154,15 +146,25 @@ pub struct TrafficBytes {
 }
 
 impl TrafficBytes {
-    /// Sums the byte counters among `(name, value)` stats; every other name is ignored.
+    /// Sums the byte counters among `(name, value)` stats of an Istio pod; every other name is
+    /// ignored.
     pub fn from_stats<K: AsRef<str>>(stats: impl IntoIterator<Item = (K, u64)>) -> TrafficBytes {
+        TrafficBytes::from_stats_skipping(&PROXY_OWN_HTTP_PREFIXES, stats)
+    }
+
+    /// Sums the byte counters among `(name, value)` stats, leaving out the HTTP listeners whose
+    /// stat prefix is in `own` (the pod's mesh's own listeners).
+    pub fn from_stats_skipping<K: AsRef<str>>(
+        own: &[&str],
+        stats: impl IntoIterator<Item = (K, u64)>,
+    ) -> TrafficBytes {
         let mut t = TrafficBytes::default();
         for (name, value) in stats {
             let name = name.as_ref();
-            if counts_as_traffic(name, &BYTE_COUNTERS) {
+            if counts_as_traffic(name, &BYTE_COUNTERS, own) {
                 t.total = t.total.wrapping_add(value);
                 t.counters = t.counters.saturating_add(1);
-            } else if counts_as_traffic(name, &BUFFERED_GAUGES) {
+            } else if counts_as_traffic(name, &BUFFERED_GAUGES, own) {
                 // An underflowed gauge reads near 2^64: taken as garbage, not as bytes held.
                 if value <= MAX_SANE_GAUGE {
                     t.buffered = t.buffered.saturating_add(value);
@@ -192,12 +194,12 @@ pub const UNEXPOSED_BYTES_ADVICE: &str = "a connection through the proxy is stil
 
 /// Whether `name` is one of `stats` (a byte counter or a buffered gauge) of a listener that
 /// carries the pod's traffic.
-fn counts_as_traffic(name: &str, stats: &[&str]) -> bool {
+fn counts_as_traffic(name: &str, stats: &[&str], own: &[&str]) -> bool {
     let Some(scope) = stats.iter().find_map(|s| name.strip_suffix(s)) else {
         return false;
     };
     if let Some(stat_prefix) = scope.strip_prefix("http.") {
-        !stat_prefix.is_empty() && !PROXY_OWN_HTTP_PREFIXES.contains(&stat_prefix)
+        !stat_prefix.is_empty() && !own.contains(&stat_prefix)
     } else if let Some(stat_prefix) = scope.strip_prefix("tcp.") {
         !stat_prefix.is_empty()
     } else {
@@ -276,18 +278,36 @@ pub struct DrainSample {
     /// `None`: not known (no sock_diag socket, or the query failed): judged as before, by
     /// Envoy's counts alone.
     pub send_queued: Option<u64>,
+    /// Envoy's health check is failed (`server.state` DRAINING): every listener of the default
+    /// drain type, outbound too, drain-closes its connections.
+    pub health_check_failed: bool,
 }
 
 impl DrainSample {
-    /// Reads a sample from the answer to `/stats?usedonly&filter=<sample_regex(prefix)>`.
+    /// Reads a sample of an Istio pod from the answer to
+    /// `/stats?usedonly&filter=<sample_regex(prefix)>`.
     pub fn from_stats<K: AsRef<str>>(
         prefix: &str,
         stats: impl IntoIterator<Item = (K, u64)> + Clone,
     ) -> DrainSample {
+        DrainSample::from_stats_skipping(prefix, &PROXY_OWN_HTTP_PREFIXES, stats)
+    }
+
+    /// [`DrainSample::from_stats`] for a pod whose mesh's own listeners are `own`.
+    pub fn from_stats_skipping<K: AsRef<str>>(
+        prefix: &str,
+        own: &[&str],
+        stats: impl IntoIterator<Item = (K, u64)> + Clone,
+    ) -> DrainSample {
+        let health_check_failed = stats
+            .clone()
+            .into_iter()
+            .any(|(name, value)| name.as_ref() == SERVER_STATE && value == 1);
         DrainSample {
             filter: FilterCounts::from_stats(prefix, stats.clone()),
-            traffic: TrafficBytes::from_stats(stats),
+            traffic: TrafficBytes::from_stats_skipping(own, stats),
             send_queued: None,
+            health_check_failed,
         }
     }
 }
@@ -426,6 +446,7 @@ mod tests {
                 exposed: true,
             },
             send_queued: None,
+            health_check_failed: false,
         }
     }
 
@@ -646,9 +667,10 @@ mod tests {
     fn sample_regex_asks_for_what_the_judge_reads_and_escapes_the_prefix() {
         assert_eq!(
             sample_regex("wasmcustom.holdfast"),
-            "^(?:wasmcustom\\.holdfast\\.(?:(?:inbound|outbound|unknown)\\.cx_active|loaded|workers_ready)|(?:http|tcp)\\..+\\.downstream_cx_(?:(?:rx|tx)_bytes_total|tx_bytes_buffered))$"
+            "^(?:server\\.state|wasmcustom\\.holdfast\\.(?:(?:inbound|outbound|unknown)\\.cx_active|loaded|workers_ready)|(?:http|tcp)\\..+\\.downstream_cx_(?:(?:rx|tx)_bytes_total|tx_bytes_buffered))$"
         );
-        assert!(sample_regex("wasmcustom.a+b").starts_with("^(?:wasmcustom\\.a\\+b\\.(?:"));
+        assert!(sample_regex("wasmcustom.a+b")
+            .starts_with("^(?:server\\.state|wasmcustom\\.a\\+b\\.(?:"));
         // What is kept of an answer is what was asked for.
         for (name, kept) in [
             ("wasmcustom.holdfast.inbound.cx_active", true),
@@ -668,7 +690,8 @@ mod tests {
             ),
             ("http.admin.downstream_cx_rx_bytes_total", true),
             ("cluster.x.upstream_cx_rx_bytes_total", false),
-            ("server.state", false),
+            ("server.state", true),
+            ("server.live", false),
             ("x".repeat(300).as_str(), false),
         ] {
             assert_eq!(sample_keeps(DEFAULT_STAT_PREFIX, name), kept, "{name}");
@@ -848,6 +871,7 @@ mod tests {
                 exposed,
             },
             send_queued: None,
+            health_check_failed: false,
         };
         assert!(matches!(
             j.observe(t, &no_filter(5, true)),
@@ -922,6 +946,7 @@ mod tests {
             filter: None,
             traffic: sample(1, 3).traffic,
             send_queued: None,
+            health_check_failed: false,
         };
         assert!(matches!(
             j.observe(t + Duration::from_millis(5), &no_filter),
