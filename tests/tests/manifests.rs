@@ -439,6 +439,41 @@ fn daemonset_pod_shares_host_pids_not_host_network() {
     }
 }
 
+/// Kuma's install adds exactly the two capabilities only Kuma's pods need (`KILL`: the second
+/// SIGTERM that ends kuma-dp's drainTime wait; `DAC_OVERRIDE`: Kuma 2.14's 0600 admin socket),
+/// each justified in docs/install.md; the default install grants neither.
+#[test]
+fn kuma_install_adds_only_kill_and_dac_override() {
+    let caps_of = |ds: &DaemonSet| -> BTreeSet<String> {
+        let sc = agent_container(ds).security_context.expect("securityContext");
+        sc.capabilities
+            .and_then(|c| c.add)
+            .unwrap_or_default()
+            .into_iter()
+            .collect()
+    };
+    let default = caps_of(&daemonset());
+    let kuma = caps_of(&one("kuma", "DaemonSet"));
+    let extra: BTreeSet<String> = kuma.difference(&default).cloned().collect();
+    assert_eq!(
+        extra,
+        BTreeSet::from(["DAC_OVERRIDE".to_string(), "KILL".to_string()]),
+        "{kuma:?}"
+    );
+    assert!(default.is_subset(&kuma));
+    let doc = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/install.md"),
+    )
+    .expect("docs/install.md");
+    for cap in ["`CAP_KILL`", "`CAP_DAC_OVERRIDE`"] {
+        assert!(
+            doc.lines()
+                .any(|l| l.starts_with(&format!("| {cap} (Kuma install)"))),
+            "docs/install.md's privileges table justifies {cap} for the Kuma install"
+        );
+    }
+}
+
 #[test]
 fn agent_container_has_exactly_the_justified_privileges() {
     let c = agent_container(&daemonset());
