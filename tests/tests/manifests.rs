@@ -445,7 +445,9 @@ fn daemonset_pod_shares_host_pids_not_host_network() {
 #[test]
 fn kuma_install_adds_only_kill_and_dac_override() {
     let caps_of = |ds: &DaemonSet| -> BTreeSet<String> {
-        let sc = agent_container(ds).security_context.expect("securityContext");
+        let sc = agent_container(ds)
+            .security_context
+            .expect("securityContext");
         sc.capabilities
             .and_then(|c| c.add)
             .unwrap_or_default()

@@ -14,7 +14,7 @@ use super::in_flight::{self, DrainSample};
 use super::{DrainSettings, DrainStep, QuitReason, QUIT_PATH, SERVER_INFO_PATH};
 use std::sync::Arc;
 
-use crate::effects::envoy_admin::AdminClient;
+use crate::effects::envoy_admin::{AdminClient, ServerState};
 use crate::effects::netns::PodNetns;
 use crate::effects::procfs::sock_diag::SockDiag;
 
@@ -80,6 +80,12 @@ pub trait ProxyAdmin: Send + Sync {
     fn probe(&self) -> impl Future<Output = Result<(), AdminFailure>> + Send;
     /// The body of `GET /server_info` (JSON; its `version` decides the inbound drain call).
     fn server_info(&self) -> impl Future<Output = Result<Vec<u8>, AdminFailure>> + Send;
+    /// Whether Envoy's health check is failed right now (`GET /ready` answers `DRAINING` once
+    /// `/healthcheck/fail` was called: `server_.healthCheckFailed()`, read at the request, in
+    /// Envoy's `source/server/admin/server_info_handler.cc::handlerReady`). The `server.state`
+    /// gauge in the drain's samples says the same only after Envoy's next stats flush (5 s by
+    /// default), too late for the outbound calls of an app still shutting down.
+    fn health_check_failed(&self) -> impl Future<Output = Result<bool, AdminFailure>> + Send;
     /// Bytes the pod's TCP sockets still hold for their peers in the kernel's send queues
     /// ([`DrainSample::send_queued`]); `None` when it cannot be known (logged by the
     /// implementation: the judgement then rests on Envoy's counts alone, as before).
@@ -135,6 +141,10 @@ impl ProxyAdmin for PodProxy {
 
     async fn probe(&self) -> Result<(), AdminFailure> {
         ProxyAdmin::probe(&self.admin).await
+    }
+
+    async fn health_check_failed(&self) -> Result<bool, AdminFailure> {
+        ProxyAdmin::health_check_failed(&self.admin).await
     }
 
     async fn server_info(&self) -> Result<Vec<u8>, AdminFailure> {
@@ -197,6 +207,13 @@ impl ProxyAdmin for AdminClient {
 
     async fn probe(&self) -> Result<(), AdminFailure> {
         self.ready().await.map(|_| ()).map_err(AdminFailure::from)
+    }
+
+    async fn health_check_failed(&self) -> Result<bool, AdminFailure> {
+        self.ready()
+            .await
+            .map(|state| state == ServerState::Draining)
+            .map_err(AdminFailure::from)
     }
 
     async fn server_info(&self) -> Result<Vec<u8>, AdminFailure> {
@@ -318,6 +335,16 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
             Err(_) => {}
         }
         result
+    }
+
+    /// Whether Envoy's health check is failed now ([`ProxyAdmin::health_check_failed`]); an
+    /// unanswered question counts as not failed (nothing is undone on a guess).
+    pub(super) async fn health_check_failed_now(&mut self) -> bool {
+        let admin = self.admin;
+        matches!(
+            self.call("GET /ready", admin.health_check_failed()).await,
+            Ok(true)
+        )
     }
 
     /// `POST path`, retried up to `admin_attempts` times; stops early once Envoy is known gone.

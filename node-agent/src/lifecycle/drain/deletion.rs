@@ -152,10 +152,20 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                         tracing::warn!("{advice}");
                         add_advice(&mut report, advice.to_string());
                     }
+                    // The gauge in the sample follows `/healthcheck/fail` (and `/ok`) only at
+                    // Envoy's next stats flush; `/ready` says it at once. Asked only of a mesh
+                    // that fails it, in a drain that may undo it.
+                    let health_check_failed = if current.profile.fails_health_check_on_sigterm
+                        && kind == decide::DrainKind::Full
+                    {
+                        d.health_check_failed_now().await
+                    } else {
+                        sample.health_check_failed
+                    };
                     if decide::restore_health(
                         current.profile.fails_health_check_on_sigterm,
                         kind,
-                        sample.health_check_failed,
+                        health_check_failed,
                     ) {
                         let restored = d.post_retrying(HEALTHCHECK_OK_PATH).await;
                         report.health_checks_restored += u32::from(restored);

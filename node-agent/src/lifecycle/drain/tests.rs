@@ -117,6 +117,9 @@ struct AdminState {
     last_queued_at: Option<Instant>,
     /// Envoy's health check is failed (`/healthcheck/fail`; `/healthcheck/ok` undoes it).
     health_check_failed: bool,
+    /// The `server.state` gauge in the samples still shows the state before the last change
+    /// (Envoy updates it at its stats flush, 5 s by default); `/ready` is always current.
+    gauge_stale: bool,
 }
 
 impl FakeAdmin {
@@ -200,13 +203,23 @@ impl ProxyAdmin for FakeAdmin {
                     exposed: !s.bytes_unexposed,
                 },
                 send_queued: None,
-                health_check_failed: s.health_check_failed,
+                health_check_failed: s.health_check_failed != s.gauge_stale,
             })
         })
     }
 
     async fn probe(&self) -> Result<(), AdminFailure> {
         self.with(|s| if s.gone { Err(refused()) } else { Ok(()) })
+    }
+
+    async fn health_check_failed(&self) -> Result<bool, AdminFailure> {
+        self.with(|s| {
+            if s.gone {
+                Err(refused())
+            } else {
+                Ok(s.health_check_failed)
+            }
+        })
     }
 
     async fn send_queued(&self) -> Option<u64> {
@@ -1597,6 +1610,37 @@ async fn kumas_failed_health_check_is_undone_while_the_app_calls_out() {
     .await;
     assert_eq!(report.outcome, DrainOutcome::KubeletOrdered, "{report:?}");
     assert_eq!(admin.paths(), Vec::<String>::new());
+}
+
+/// kuma-dp fails the health check at its SIGTERM, moments before the drain's samples; Envoy's
+/// `server.state` gauge shows it only at the next stats flush (5 s), so the drain asks `/ready`,
+/// which answers at once: undone within a sample, not 5 s later (the e2e saw 3 s with the gauge
+/// alone). Fails when the drain reads only the gauge.
+#[tokio::test]
+async fn kumas_failed_health_check_is_seen_before_the_gauge_flush() {
+    let mut pod = Pod::new();
+    let admin = FakeAdmin::new(Some(counts(0)));
+    admin.with(|s| {
+        s.health_check_failed = true;
+        s.gauge_stale = true;
+    });
+    let mut v = deleted_running_app();
+    v.profile = crate::mesh::kuma::profile();
+    v.containers[1].name = "kuma-sidecar".into();
+    let (_tx, rx) = watch::channel(Some(v));
+    let settings = fast_settings();
+    let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
+        tokio::time::sleep(settings.stats_every * 3).await;
+        assert!(
+            !admin.with(|s| s.health_check_failed),
+            "the failed health check is still failed {:?} into the drain",
+            settings.stats_every * 3
+        );
+        pod.app.kill();
+    })
+    .await;
+    assert_eq!(report.outcome, DrainOutcome::AppDone, "{report:?}");
+    assert_eq!(report.health_checks_restored, 1);
 }
 
 /// Consul's native sidecar has no preStop drain: consul-dataplane drains at its SIGTERM (after
