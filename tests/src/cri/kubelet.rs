@@ -754,6 +754,10 @@ pub(crate) fn unsupported(spec: &crate::sim::PodSpec) -> Option<&'static str> {
         (spec.dns_capture.is_some(), "DNS capture"),
         (spec.user_init.is_some(), "a user init container"),
         (spec.cni, "Istio CNI mode"),
+        (
+            spec.mesh != crate::sim::Mesh::Istio,
+            "a Kuma or Consul pod (the netns backend only, issue 31)",
+        ),
     ];
     checks.into_iter().find(|(on, _)| *on).map(|(_, what)| what)
 }

@@ -13,6 +13,9 @@
 //!   startup and readiness probes of `istio-proxy`.
 //! - [`pod_object`]: the `Pod` object (k8s-openapi) written to the pods directory.
 //! - [`istio_init`]: Istio's REDIRECT-mode nat rules (the init container).
+//! - [`mesh`]: which mesh injected a pod ([`Mesh`]: Istio, Kuma, Consul) and each mesh's facts
+//!   (containers, uid, ports, admin) and nat rules; [`dataplane`]: the kuma-dp and
+//!   consul-dataplane stand-ins (their SIGTERM, SIGUSR2, readiness and lifecycle endpoints).
 //! - [`pilot_agent`]: the pilot-agent stand-in (starts Envoy as uid 1337, drains on SIGTERM);
 //!   [`pilot_status`]: its status port (readiness, `/drain`) and `pilot-agent request`;
 //!   [`xds`]: its xDS stand-in (Envoy's config arriving late, as from istiod).
@@ -43,10 +46,12 @@ pub mod apps;
 pub mod attacks;
 pub mod bootstrap;
 pub mod cgroup;
+pub mod dataplane;
 pub mod dns;
 pub mod http_calls;
 pub mod istio_init;
 pub mod kubelet;
+pub mod mesh;
 pub mod native;
 pub mod netns;
 pub mod node;
@@ -62,6 +67,7 @@ pub mod xds;
 pub use node::{sim_app_binary, NodeOptions, Runtime, SimNode, REMOTE_PORT};
 pub use pod_object::{PodPhase, PodView, PROXY_CONTAINER};
 pub use report::{AppReport, CallCounts, CallError, HttpProto, HttpTally, Phase};
+pub use mesh::{KumaAdmin, Mesh};
 pub use spec::{AppScript, IpFamilies, PodSpec, RestartPolicy, SidecarMode};
 
 use std::io::Read;
