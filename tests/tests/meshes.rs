@@ -90,10 +90,16 @@ fn kuma_classic_boot_call_refused_without_holdfast() {
         startup.errors(CallError::ConnectionRefused) >= 1,
         "refused by the kernel (REDIRECT to 15001, nothing listening): {startup:?}"
     );
-    assert_eq!(view.app().and_then(|c| c.last_exit().map(|t| t.exit_code)), Some(1));
+    assert_eq!(
+        view.app().and_then(|c| c.last_exit().map(|t| t.exit_code)),
+        Some(1)
+    );
     // Kuma's rules, and the proxy as uid 5678 once it runs.
     let rules = nat_rules(&node, "web");
-    assert!(rules.contains("-A KUMA_MESH_OUTBOUND_REDIRECT -p tcp"), "{rules}");
+    assert!(
+        rules.contains("-A KUMA_MESH_OUTBOUND_REDIRECT -p tcp"),
+        "{rules}"
+    );
     assert!(rules.contains("--uid-owner 5678"), "{rules}");
     node.wait_proxy_live("web", Duration::from_secs(20))
         .expect("Envoy LIVE on 9901");
@@ -127,7 +133,9 @@ fn kuma_classic_drain_waits_drain_time_without_holdfast() {
         .wait_app_exited("idle", Duration::from_secs(10))
         .map(|_| t.elapsed())
         .expect("app exits on SIGTERM");
-    let view = node.wait_gone("idle", Duration::from_secs(30)).expect("gone");
+    let view = node
+        .wait_gone("idle", Duration::from_secs(30))
+        .expect("gone");
     let took = t.elapsed();
     eprintln!("kuma classic drainTime {drain:?}: app gone after {app_gone:?}, pod after {took:?}");
     assert!(app_gone < Duration::from_secs(2), "{app_gone:?}");
@@ -180,7 +188,9 @@ fn kuma_native_unix_socket_restart_refuses_calls_without_holdfast() {
     let dir = std::fs::metadata(sock.parent().expect("workdir")).expect("workdir");
     assert_eq!(dir.permissions().mode() & 0o777, 0o711);
     assert_eq!(
-        node.admin("svc", "GET", "/ready").expect("admin over the socket").trim(),
+        node.admin("svc", "GET", "/ready")
+            .expect("admin over the socket")
+            .trim(),
         "LIVE"
     );
     let tcp = node
@@ -196,7 +206,8 @@ fn kuma_native_unix_socket_restart_refuses_calls_without_holdfast() {
     node.kill_envoy("svc").expect("kill Envoy");
     let t = Instant::now();
     node.wait_for("svc", Duration::from_secs(20), "sidecar restarted", |p| {
-        p.proxy().is_some_and(|c| c.restart_count >= 1 && c.is_running())
+        p.proxy()
+            .is_some_and(|c| c.restart_count >= 1 && c.is_running())
     })
     .expect("restart");
     node.wait_proxy_live("svc", Duration::from_secs(20))
@@ -204,14 +215,19 @@ fn kuma_native_unix_socket_restart_refuses_calls_without_holdfast() {
     let down = t.elapsed();
     std::thread::sleep(Duration::from_millis(500));
     let after = node.report("svc").expect("report").calls(Phase::Running);
-    let refused = after.errors(CallError::ConnectionRefused) - before.errors(CallError::ConnectionRefused);
+    let refused =
+        after.errors(CallError::ConnectionRefused) - before.errors(CallError::ConnectionRefused);
     let failed = after.failed - before.failed;
     eprintln!(
         "kuma native (socket admin): Envoy back after {down:?}; {failed} calls failed, {refused} refused"
     );
-    assert!(refused >= 5, "calls refused while Envoy was down: {after:?}");
+    assert!(
+        refused >= 5,
+        "calls refused while Envoy was down: {after:?}"
+    );
     node.delete_pod("svc").expect("delete");
-    node.wait_gone("svc", Duration::from_secs(30)).expect("gone");
+    node.wait_gone("svc", Duration::from_secs(30))
+        .expect("gone");
     assert_clean(node);
 }
 
@@ -249,11 +265,16 @@ fn consul_classic_drain_waits_fixed_grace_without_holdfast() {
         .wait_app_exited("idle", Duration::from_secs(10))
         .map(|_| t.elapsed())
         .expect("app exits on SIGTERM");
-    let view = node.wait_gone("idle", Duration::from_secs(30)).expect("gone");
+    let view = node
+        .wait_gone("idle", Duration::from_secs(30))
+        .expect("gone");
     let took = t.elapsed();
     eprintln!("consul classic grace {grace:?}: app gone after {app_gone:?}, pod after {took:?}");
     assert!(app_gone < Duration::from_secs(2), "{app_gone:?}");
-    assert!(took >= grace, "pod gone after {took:?}, before the fixed wait");
+    assert!(
+        took >= grace,
+        "pod gone after {took:?}, before the fixed wait"
+    );
     assert_eq!(
         view.proxy().and_then(|c| c.exit_code()),
         Some(0),
@@ -307,6 +328,7 @@ fn consul_job_never_completes_without_holdfast() {
     assert_eq!(view.phase(), PodPhase::Running);
     assert!(view.proxy().is_some_and(|c| c.is_running()));
     node.delete_pod("batch").expect("delete");
-    node.wait_gone("batch", Duration::from_secs(30)).expect("gone");
+    node.wait_gone("batch", Duration::from_secs(30))
+        .expect("gone");
     assert_clean(node);
 }

@@ -21,12 +21,12 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use holdfast_tests::sim::apps::{self, AppArgs, TermSignal};
+use holdfast_tests::sim::dataplane::{self, ConsulDataplaneArgs, KumaDpArgs};
 use holdfast_tests::sim::dns::{self, NameTable};
 use holdfast_tests::sim::http_calls;
 use holdfast_tests::sim::istio_init::{self, InitOptions};
-use holdfast_tests::sim::netns::REMOTE_IP6;
-use holdfast_tests::sim::dataplane::{self, ConsulDataplaneArgs, KumaDpArgs};
 use holdfast_tests::sim::mesh::{self, Mesh};
+use holdfast_tests::sim::netns::REMOTE_IP6;
 use holdfast_tests::sim::pilot_agent::{self, PilotAgentArgs};
 use holdfast_tests::sim::pilot_status::{self, RequestArgs};
 

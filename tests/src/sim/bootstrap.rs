@@ -511,8 +511,14 @@ mod tests {
         let b = kuma.bootstrap(Path::new("/tmp/x"));
         assert_eq!(b["admin"]["address"]["socket_address"]["port_value"], 9901);
         let l = kuma.listeners();
-        assert_eq!(l["resources"][0]["address"]["socket_address"]["port_value"], 15001);
-        assert_eq!(l["resources"][1]["address"]["socket_address"]["port_value"], 15006);
+        assert_eq!(
+            l["resources"][0]["address"]["socket_address"]["port_value"],
+            15001
+        );
+        assert_eq!(
+            l["resources"][1]["address"]["socket_address"]["port_value"],
+            15006
+        );
         assert_eq!(l["resources"][1]["name"], "inbound:passthrough:ipv4");
         let consul = SidecarConfig {
             mesh: crate::sim::Mesh::Consul,
@@ -521,7 +527,10 @@ mod tests {
         let b = consul.bootstrap(Path::new("/tmp/x"));
         assert_eq!(b["admin"]["address"]["socket_address"]["port_value"], 19000);
         let l = consul.listeners();
-        assert_eq!(l["resources"][1]["address"]["socket_address"]["port_value"], 20000);
+        assert_eq!(
+            l["resources"][1]["address"]["socket_address"]["port_value"],
+            20000
+        );
     }
 
     #[test]

@@ -296,7 +296,10 @@ pub fn run_kuma_dp(args: &KumaDpArgs, term: &TermSignal) -> io::Result<i32> {
     let mut cmd = Command::new(&args.envoy);
     cmd.arg("--config-path")
         .arg(&bootstrap)
-        .args(["--drain-time-s", &(args.drain_time_ms / 1000).max(1).to_string()])
+        .args([
+            "--drain-time-s",
+            &(args.drain_time_ms / 1000).max(1).to_string(),
+        ])
         .args(["--drain-strategy", "immediate", "--disable-hot-restart"])
         .args(["--log-level", "warning", "--concurrency"])
         .arg(args.concurrency.to_string())
@@ -313,7 +316,11 @@ pub fn run_kuma_dp(args: &KumaDpArgs, term: &TermSignal) -> io::Result<i32> {
         }
         if usr2.swap(false, Ordering::SeqCst) && !draining {
             log(WHO, "SIGUSR2: draining Envoy connections (forever)");
-            if let Err(e) = admin_ok(&admin, "POST", "/drain_listeners?inboundonly&graceful&skip_exit") {
+            if let Err(e) = admin_ok(
+                &admin,
+                "POST",
+                "/drain_listeners?inboundonly&graceful&skip_exit",
+            ) {
                 log(WHO, &format!("could not drain connections: {e}"));
             }
             draining = true;
@@ -337,7 +344,10 @@ pub fn run_kuma_dp(args: &KumaDpArgs, term: &TermSignal) -> io::Result<i32> {
             Ok(_) => {
                 log(
                     WHO,
-                    &format!("waiting {} ms for connections to be drained", args.drain_time_ms),
+                    &format!(
+                        "waiting {} ms for connections to be drained",
+                        args.drain_time_ms
+                    ),
                 );
                 let end = Instant::now() + Duration::from_millis(args.drain_time_ms);
                 loop {
@@ -442,7 +452,6 @@ fn consul_graceful_shutdown(args: &ConsulDataplaneArgs, started: &AtomicBool) {
 pub fn run_consul_dataplane(args: &ConsulDataplaneArgs, term: &TermSignal) -> io::Result<i32> {
     const WHO: &str = "consul-dataplane";
     let shutdown_started = Arc::new(AtomicBool::new(false));
-    let envoy_ready = Arc::new(AtomicBool::new(false));
     {
         let listener = TcpListener::bind(SocketAddr::from((
             std::net::Ipv4Addr::LOCALHOST,
@@ -467,7 +476,6 @@ pub fn run_consul_dataplane(args: &ConsulDataplaneArgs, term: &TermSignal) -> io
             _ => (404, String::new()),
         })?;
     }
-    let _ = envoy_ready;
     if term.sleep(Duration::from_millis(args.start_delay_ms)) {
         // Run has not started the proxy: the signal goroutine's GracefulShutdown waits out the
         // grace period, then the process ends. Keep it simple: exit.
@@ -477,7 +485,12 @@ pub fn run_consul_dataplane(args: &ConsulDataplaneArgs, term: &TermSignal) -> io
     let mut cmd = Command::new(&args.envoy);
     cmd.arg("--config-path")
         .arg(&args.bootstrap)
-        .args(["--disable-hot-restart", "--log-level", "warning", "--concurrency"])
+        .args([
+            "--disable-hot-restart",
+            "--log-level",
+            "warning",
+            "--concurrency",
+        ])
         .arg(args.concurrency.to_string())
         .uid(args.uid)
         .gid(args.uid)

@@ -36,8 +36,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EnvVar, ExecAction, HTTPGetAction, Lifecycle, LifecycleHandler,
-    Probe, SecurityContext, TCPSocketAction,
+    Capabilities, Container, EnvVar, ExecAction, HTTPGetAction, Lifecycle, LifecycleHandler, Probe,
+    SecurityContext, TCPSocketAction,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
@@ -237,15 +237,102 @@ pub fn consul_rules() -> Vec<Vec<String>> {
     .map(|c| argv(&["-t", "nat", "-N", c]))
     .collect();
     out.extend([
-        argv(&["-t", "nat", "-A", "CONSUL_PROXY_REDIRECT", "-p", "tcp", "-j", "REDIRECT", "--to-port", "15001"]),
-        argv(&["-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-j", "CONSUL_PROXY_OUTPUT"]),
-        argv(&["-t", "nat", "-A", "CONSUL_PROXY_OUTPUT", "-m", "owner", "--uid-owner", &uid, "-j", "RETURN"]),
-        argv(&["-t", "nat", "-A", "CONSUL_PROXY_OUTPUT", "-d", "127.0.0.1/32", "-j", "RETURN"]),
-        argv(&["-t", "nat", "-A", "CONSUL_PROXY_OUTPUT", "-j", "CONSUL_PROXY_REDIRECT"]),
-        argv(&["-t", "nat", "-I", "CONSUL_PROXY_OUTPUT", "-m", "owner", "--uid-owner", &init_uid, "-j", "RETURN"]),
-        argv(&["-t", "nat", "-A", "CONSUL_PROXY_IN_REDIRECT", "-p", "tcp", "-j", "REDIRECT", "--to-port", "20000"]),
-        argv(&["-t", "nat", "-A", "PREROUTING", "-p", "tcp", "-j", "CONSUL_PROXY_INBOUND"]),
-        argv(&["-t", "nat", "-A", "CONSUL_PROXY_INBOUND", "-p", "tcp", "-j", "CONSUL_PROXY_IN_REDIRECT"]),
+        argv(&[
+            "-t",
+            "nat",
+            "-A",
+            "CONSUL_PROXY_REDIRECT",
+            "-p",
+            "tcp",
+            "-j",
+            "REDIRECT",
+            "--to-port",
+            "15001",
+        ]),
+        argv(&[
+            "-t",
+            "nat",
+            "-A",
+            "OUTPUT",
+            "-p",
+            "tcp",
+            "-j",
+            "CONSUL_PROXY_OUTPUT",
+        ]),
+        argv(&[
+            "-t",
+            "nat",
+            "-A",
+            "CONSUL_PROXY_OUTPUT",
+            "-m",
+            "owner",
+            "--uid-owner",
+            &uid,
+            "-j",
+            "RETURN",
+        ]),
+        argv(&[
+            "-t",
+            "nat",
+            "-A",
+            "CONSUL_PROXY_OUTPUT",
+            "-d",
+            "127.0.0.1/32",
+            "-j",
+            "RETURN",
+        ]),
+        argv(&[
+            "-t",
+            "nat",
+            "-A",
+            "CONSUL_PROXY_OUTPUT",
+            "-j",
+            "CONSUL_PROXY_REDIRECT",
+        ]),
+        argv(&[
+            "-t",
+            "nat",
+            "-I",
+            "CONSUL_PROXY_OUTPUT",
+            "-m",
+            "owner",
+            "--uid-owner",
+            &init_uid,
+            "-j",
+            "RETURN",
+        ]),
+        argv(&[
+            "-t",
+            "nat",
+            "-A",
+            "CONSUL_PROXY_IN_REDIRECT",
+            "-p",
+            "tcp",
+            "-j",
+            "REDIRECT",
+            "--to-port",
+            "20000",
+        ]),
+        argv(&[
+            "-t",
+            "nat",
+            "-A",
+            "PREROUTING",
+            "-p",
+            "tcp",
+            "-j",
+            "CONSUL_PROXY_INBOUND",
+        ]),
+        argv(&[
+            "-t",
+            "nat",
+            "-A",
+            "CONSUL_PROXY_INBOUND",
+            "-p",
+            "tcp",
+            "-j",
+            "CONSUL_PROXY_IN_REDIRECT",
+        ]),
     ]);
     out
 }
@@ -296,7 +383,9 @@ impl std::str::FromStr for Mesh {
             "kuma" => Ok(Mesh::Kuma(KumaAdmin::Tcp)),
             "kuma-uds" => Ok(Mesh::Kuma(KumaAdmin::UnixSocket)),
             "consul" => Ok(Mesh::Consul),
-            other => Err(format!("unknown mesh {other:?} (istio, kuma, kuma-uds, consul)")),
+            other => Err(format!(
+                "unknown mesh {other:?} (istio, kuma, kuma-uds, consul)"
+            )),
         }
     }
 }
@@ -312,6 +401,9 @@ impl std::fmt::Display for Mesh {
     }
 }
 
+/// Annotations or labels: `(key, value)` pairs.
+pub type Metadata = Vec<(&'static str, String)>;
+
 /// The pod's annotations and labels as Kuma's or Consul's injector adds them (Istio's are in
 /// [`super::pod_object`]).
 ///
@@ -322,9 +414,7 @@ impl std::fmt::Display for Mesh {
 ///   `consul.hashicorp.com/connect-inject-status: injected` as annotation and label,
 ///   `consul.hashicorp.com/transparent-proxy-status: enabled`, and the label
 ///   `consul.hashicorp.com/connect-inject-managed-by: consul-k8s-endpoints-controller`.
-pub fn injected_metadata(
-    mesh: Mesh,
-) -> (Vec<(&'static str, String)>, Vec<(&'static str, String)>) {
+pub fn injected_metadata(mesh: Mesh) -> (Metadata, Metadata) {
     match mesh {
         Mesh::Istio => (Vec::new(), Vec::new()),
         Mesh::Kuma(admin) => {
@@ -344,13 +434,22 @@ pub fn injected_metadata(
         }
         Mesh::Consul => (
             vec![
-                ("consul.hashicorp.com/connect-inject-status", "injected".into()),
-                ("consul.hashicorp.com/transparent-proxy-status", "enabled".into()),
+                (
+                    "consul.hashicorp.com/connect-inject-status",
+                    "injected".into(),
+                ),
+                (
+                    "consul.hashicorp.com/transparent-proxy-status",
+                    "enabled".into(),
+                ),
                 ("consul.hashicorp.com/connect-k8s-version", "v1.9.3".into()),
                 ("consul.hashicorp.com/consul-k8s-version", "v1.9.3".into()),
             ],
             vec![
-                ("consul.hashicorp.com/connect-inject-status", "injected".into()),
+                (
+                    "consul.hashicorp.com/connect-inject-status",
+                    "injected".into(),
+                ),
                 (
                     "consul.hashicorp.com/connect-inject-managed-by",
                     "consul-k8s-endpoints-controller".into(),
@@ -558,24 +657,28 @@ mod tests {
 -A KUMA_MESH_OUTBOUND -d 127.0.0.1/32 -m comment --comment "kuma/mesh/transparent/proxy/return traffic destined for localhost (127.0.0.1/32) to avoid redirection" -j RETURN
 -A KUMA_MESH_OUTBOUND -m comment --comment "kuma/mesh/transparent/proxy/redirect all other outbound traffic to our custom chain for further processing" -j KUMA_MESH_OUTBOUND_REDIRECT
 -A KUMA_MESH_OUTBOUND_REDIRECT -p tcp -m comment --comment "kuma/mesh/transparent/proxy/redirect TCP traffic to envoy (port 15001)" -j REDIRECT --to-ports 15001"#;
-        assert_eq!(save_lines(&kuma_rules()), golden.lines().collect::<Vec<_>>());
+        assert_eq!(
+            save_lines(&kuma_rules()),
+            golden.lines().collect::<Vec<_>>()
+        );
     }
 
     #[test]
     fn consul_rules_redirect_to_its_ports_and_exclude_its_uids() {
         let rules = consul_rules();
         let lines = save_lines(&rules);
-        assert!(lines.contains(
-            &"-A CONSUL_PROXY_OUTPUT -m owner --uid-owner 5995 -j RETURN".to_string()
-        ));
+        assert!(lines
+            .contains(&"-A CONSUL_PROXY_OUTPUT -m owner --uid-owner 5995 -j RETURN".to_string()));
         assert!(lines
             .contains(&"-A CONSUL_PROXY_IN_REDIRECT -p tcp -j REDIRECT --to-port 20000".into()));
         assert!(
             lines.contains(&"-A CONSUL_PROXY_REDIRECT -p tcp -j REDIRECT --to-port 15001".into())
         );
         // The init uid's exclusion is inserted at the top of the output chain.
-        assert!(rules.iter().any(|r| r.join(" ")
-            == "-t nat -I CONSUL_PROXY_OUTPUT -m owner --uid-owner 5996 -j RETURN"));
+        assert!(rules
+            .iter()
+            .any(|r| r.join(" ")
+                == "-t nat -I CONSUL_PROXY_OUTPUT -m owner --uid-owner 5996 -j RETURN"));
         // Chains before the rules that use them.
         let first_rule = rules.iter().position(|r| r[2] != "-N").expect("rules");
         assert!(rules[..first_rule].len() == 5);

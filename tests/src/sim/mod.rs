@@ -64,10 +64,10 @@ pub mod report;
 pub mod spec;
 pub mod xds;
 
+pub use mesh::{KumaAdmin, Mesh};
 pub use node::{sim_app_binary, NodeOptions, Runtime, SimNode, REMOTE_PORT};
 pub use pod_object::{PodPhase, PodView, PROXY_CONTAINER};
 pub use report::{AppReport, CallCounts, CallError, HttpProto, HttpTally, Phase};
-pub use mesh::{KumaAdmin, Mesh};
 pub use spec::{AppScript, IpFamilies, PodSpec, RestartPolicy, SidecarMode};
 
 use std::io::Read;

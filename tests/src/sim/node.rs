@@ -424,12 +424,13 @@ impl SimNode {
     pub fn admin(&self, pod: &str, method: &str, path: &str) -> Result<String, SimError> {
         let mesh = self.pod(pod).map(|v| v.spec.mesh).unwrap_or_default();
         if mesh != super::mesh::Mesh::Istio {
-            let addr = match mesh.admin_tcp() {
-                Some(a) => super::mesh::AdminAddr::Tcp(a),
-                None => super::mesh::AdminAddr::Unix(self.kuma_admin_socket(pod).ok_or_else(
-                    || SimError::Setup(format!("pod {pod}: no kuma-envoy-admin.sock yet")),
-                )?),
-            };
+            let addr =
+                match mesh.admin_tcp() {
+                    Some(a) => super::mesh::AdminAddr::Tcp(a),
+                    None => super::mesh::AdminAddr::Unix(self.kuma_admin_socket(pod).ok_or_else(
+                        || SimError::Setup(format!("pod {pod}: no kuma-envoy-admin.sock yet")),
+                    )?),
+                };
             let io = |source| SimError::Io {
                 what: format!("pod {pod}: Envoy admin {method} {path}"),
                 source,

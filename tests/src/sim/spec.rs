@@ -558,11 +558,9 @@ impl PodSpec {
             super::mesh::Mesh::Istio => self
                 .istio_pre_stop()
                 .then(|| super::pod_object::PRE_STOP_DRAIN.map(String::from).to_vec()),
-            super::mesh::Mesh::Kuma(_) => Some(
-                ["killall", "-USR2", "kuma-dp"]
-                    .map(String::from)
-                    .to_vec(),
-            ),
+            super::mesh::Mesh::Kuma(_) => {
+                Some(["killall", "-USR2", "kuma-dp"].map(String::from).to_vec())
+            }
             super::mesh::Mesh::Consul => None,
         }
     }
