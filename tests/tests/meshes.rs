@@ -187,6 +187,25 @@ fn kuma_native_unix_socket_restart_refuses_calls_without_holdfast() {
     assert_eq!(meta.uid(), 5678);
     let dir = std::fs::metadata(sock.parent().expect("workdir")).expect("workdir");
     assert_eq!(dir.permissions().mode() & 0o777, 0o711);
+    // Where a node agent finds it: in the sidecar's mount namespace, under its /tmp.
+    let envoy = node.envoy_pid("svc").expect("Envoy");
+    let workdir = sock
+        .parent()
+        .and_then(|d| d.file_name())
+        .expect("workdir name");
+    let seen = std::path::PathBuf::from(format!("/proc/{envoy}/root/tmp"))
+        .join(workdir)
+        .join("kuma-envoy-admin.sock");
+    assert_eq!(
+        std::fs::metadata(&seen).map(|m| m.ino()).ok(),
+        Some(meta.ino()),
+        "{} is the socket",
+        seen.display()
+    );
+    assert!(
+        !std::path::Path::new("/tmp").join(workdir).exists(),
+        "not in the host's /tmp"
+    );
     assert_eq!(
         node.admin("svc", "GET", "/ready")
             .expect("admin over the socket")
@@ -330,5 +349,59 @@ fn consul_job_never_completes_without_holdfast() {
     node.delete_pod("batch").expect("delete");
     node.wait_gone("batch", Duration::from_secs(30))
         .expect("gone");
+    assert_clean(node);
+}
+
+/// What ending Kuma's classic drain takes (app/kuma-dp/cmd/run.go): once SIGTERM came, kuma-dp
+/// waits `drainTime` in a `select` on the timer and the SECOND stop signal only; Envoy's exit
+/// (a `/quitquitquit`) does not end that wait, so the container runs on until `drainTime`. A
+/// second SIGTERM to kuma-dp ends it at once, with exit 0.
+#[test]
+fn kuma_classic_drain_ends_on_a_second_sigterm_not_on_quit() {
+    if !privileged("kuma_classic_drain_ends_on_a_second_sigterm_not_on_quit") {
+        return;
+    }
+    let drain = Duration::from_secs(8);
+    let mut node = node("kumaquit");
+    node.add_pod(
+        PodSpec::new("idle")
+            .mesh(Mesh::Kuma(KumaAdmin::Tcp))
+            .mesh_drain(drain)
+            .holdfast_enabled(false),
+    )
+    .expect("add pod");
+    node.start_pods().expect("start");
+    node.wait_proxy_live("idle", Duration::from_secs(20))
+        .expect("Envoy LIVE");
+    let kuma_dp = node
+        .pod("idle")
+        .and_then(|v| v.proxy().and_then(|c| c.pid))
+        .expect("kuma-dp");
+    let t = Instant::now();
+    node.delete_pod("idle").expect("delete");
+    node.wait_app_exited("idle", Duration::from_secs(10))
+        .expect("app exits");
+    std::thread::sleep(Duration::from_millis(300));
+    node.admin("idle", "POST", "/quitquitquit").expect("quit");
+    std::thread::sleep(Duration::from_secs(2));
+    let envoy_left = node.envoy_pid("idle");
+    let view = node.pod("idle").expect("pod");
+    assert!(
+        view.proxy().is_some_and(|c| c.is_running()),
+        "kuma-dp still waits its drainTime after Envoy quit"
+    );
+    assert_eq!(envoy_left, None, "Envoy is gone");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(kuma_dp as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("second SIGTERM");
+    let view = node
+        .wait_gone("idle", Duration::from_secs(10))
+        .expect("gone");
+    let took = t.elapsed();
+    eprintln!("kuma classic: quit did not end the drain; a second SIGTERM did, pod gone after {took:?} (drainTime {drain:?})");
+    assert!(took < drain, "{took:?}");
+    assert_eq!(view.proxy().and_then(|c| c.exit_code()), Some(0));
     assert_clean(node);
 }

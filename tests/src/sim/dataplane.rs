@@ -222,13 +222,56 @@ pub struct KumaDpArgs {
     pub concurrency: u32,
 }
 
-/// Makes kuma-dp's workdir and writes the bootstrap into it (the admin on the socket if asked);
-/// returns the workdir, the bootstrap's path and the admin address.
+/// The container's view of its `/tmp`: kuma-dp and its Envoy get a mount namespace of their
+/// own (the calling thread's, inherited by Envoy) in which `--tmpdir` (the sidecar's
+/// `kuma-sidecar-tmp` emptyDir, a directory of the pod on the host) is bind-mounted on `/tmp`,
+/// as the injector mounts it (injector.go, volume `kuma-sidecar-tmp`). So the admin socket is
+/// `/tmp/kuma-dp-<random>/kuma-envoy-admin.sock` inside the container, and
+/// `/proc/<envoy pid>/root/tmp/...` from the host, as on a real node. The rest of the
+/// filesystem is the host's; the bootstrap and its LDS/CDS files are read before `/tmp` is
+/// covered and written into the workdir.
+fn enter_container_tmp(tmpdir: &Path) -> io::Result<()> {
+    use nix::mount::{mount, MsFlags};
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).map_err(io::Error::from)?;
+    // Private, so the bind mount stays in this namespace.
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(io::Error::from)?;
+    mount(
+        Some(tmpdir),
+        "/tmp",
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(io::Error::from)
+}
+
+/// Makes kuma-dp's workdir (`os.MkdirTemp("", "kuma-dp-")` under the container's `/tmp`, then
+/// mode 0711) and writes the bootstrap into it (the admin on the socket if asked, mode 0600),
+/// with the LDS/CDS files it names; returns the workdir, the bootstrap's path and the admin
+/// address, all as paths inside the container.
 fn kuma_workdir(args: &KumaDpArgs) -> io::Result<(PathBuf, PathBuf, AdminAddr)> {
     use std::os::unix::fs::PermissionsExt;
-    let workdir = args
-        .tmpdir
-        .join(format!("kuma-dp-{}", &super::random_hex(5)[..9]));
+    // Read what the control plane's answer stands for before /tmp is covered.
+    let text = std::fs::read_to_string(&args.bootstrap)?;
+    let mut b: serde_json::Value = serde_json::from_str(&text).map_err(io::Error::other)?;
+    let mut xds_files = Vec::new();
+    for key in ["lds_config", "cds_config"] {
+        if let Some(p) = b["dynamic_resources"][key]["path_config_source"]["path"].as_str() {
+            let p = PathBuf::from(p);
+            let body = std::fs::read(&p)?;
+            let name = p.file_name().map(PathBuf::from).unwrap_or_default();
+            xds_files.push((key, name, body));
+        }
+    }
+    enter_container_tmp(&args.tmpdir)?;
+    let workdir = PathBuf::from("/tmp").join(format!("kuma-dp-{}", &super::random_hex(5)[..9]));
     std::fs::create_dir_all(&workdir)?;
     std::fs::set_permissions(&workdir, std::fs::Permissions::from_mode(0o711))?;
     // The whole container runs as the kuma-dp user, so the workdir is that user's.
@@ -238,8 +281,13 @@ fn kuma_workdir(args: &KumaDpArgs) -> io::Result<(PathBuf, PathBuf, AdminAddr)> 
         Some(nix::unistd::Gid::from_raw(args.uid)),
     )
     .map_err(io::Error::from)?;
-    let text = std::fs::read_to_string(&args.bootstrap)?;
-    let mut b: serde_json::Value = serde_json::from_str(&text).map_err(io::Error::other)?;
+    for (key, name, body) in xds_files {
+        let p = workdir.join(name);
+        std::fs::write(&p, body)?;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644))?;
+        b["dynamic_resources"][key]["path_config_source"]["path"] =
+            serde_json::Value::String(p.to_string_lossy().into_owned());
+    }
     let admin = if args.admin_socket {
         let sock = workdir.join(KUMA_ADMIN_SOCKET);
         b["admin"]["address"] = serde_json::json!({
@@ -266,10 +314,13 @@ pub fn run_kuma_dp(args: &KumaDpArgs, term: &TermSignal) -> io::Result<i32> {
     let (workdir, bootstrap, admin) = kuma_workdir(args)?;
     let terminating = Arc::new(AtomicBool::new(false));
     {
-        let listener = TcpListener::bind(SocketAddr::from((
-            std::net::Ipv4Addr::UNSPECIFIED,
-            args.readiness_port,
-        )))?;
+        // run.go: `readinessAddr` is the admin's address (TCP admin), else the wildcard in
+        // Kubernetes (the kubelet probes the pod IP).
+        let ip = match &admin {
+            AdminAddr::Tcp(a) => a.ip(),
+            AdminAddr::Unix(_) => std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+        };
+        let listener = TcpListener::bind(SocketAddr::from((ip, args.readiness_port)))?;
         let admin = admin.clone();
         let terminating = terminating.clone();
         serve_http(listener, "readiness", move |path| {

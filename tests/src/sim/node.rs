@@ -453,8 +453,9 @@ impl SimNode {
         })
     }
 
-    /// A Kuma pod's Envoy admin socket: `<sidecar tmp>/kuma-dp-*/kuma-envoy-admin.sock` in the
-    /// pod's directory (the sidecar's `/tmp` emptyDir), once kuma-dp made it and Envoy bound it.
+    /// A Kuma pod's Envoy admin socket, by its host path: `<pod dir>/kuma-sidecar-tmp/kuma-dp-*/
+    /// kuma-envoy-admin.sock` (the sidecar's `/tmp` emptyDir, which kuma-dp and Envoy see on
+    /// `/tmp`: [`super::dataplane`]), once kuma-dp made it and Envoy bound it.
     pub fn kuma_admin_socket(&self, pod: &str) -> Option<PathBuf> {
         let tmp = self.env.work_dir.join(pod).join("kuma-sidecar-tmp");
         std::fs::read_dir(tmp)
