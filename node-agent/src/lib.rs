@@ -21,6 +21,8 @@
 //!   ([`effects::procfs`]), the node taint ([`effects::node_taint`]).
 //! - [`source`]: where Pod objects come from (a pods directory, or the API server); [`pod`]:
 //!   what the agent reads from a Pod object, and which pods it acts on.
+//! - [`mesh`]: the mesh profiles (Istio, Kuma, Consul): which mesh injected a pod, and its
+//!   proxy's container, uid, capture ports, admin address and own listeners.
 //! - [`config`]: flags, defaults (Istio conventions), per-pod annotations, durations.
 //! - [`api`]: the wire types of the `/status` document (a leaf: imports nothing of the agent).
 //! - [`cli`]: `holdfast status`, the node's table read from the status API (imports [`api`] and
@@ -31,6 +33,7 @@ pub mod cli;
 pub mod config;
 pub mod effects;
 pub mod lifecycle;
+pub mod mesh;
 pub mod pod;
 pub mod report;
 pub mod source;

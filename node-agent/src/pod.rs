@@ -12,7 +12,7 @@
 //! too, but have no capture ports and must drain all listeners: holding or quitting them early
 //! is wrong.
 
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod};
@@ -31,6 +31,8 @@ mod shape;
 
 pub use app_end::{app_end, AppContainerEnd, AppEnd, AppNow, RestartPolicy};
 pub use shape::{NotTracked, ISTIO_INIT_STEPS};
+
+pub use crate::mesh::{Mesh, MeshProfile};
 
 /// Stable identity of a pod: its UID, plus `namespace/name` for humans.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -121,10 +123,14 @@ pub struct PodView {
     pub istio_dual_stack: bool,
     /// Classic (a regular container) or native (a restartable init container).
     pub mode: SidecarMode,
-    /// A native proxy with Istio's preStop drain (`pilot-agent request ... POST drain`): on
-    /// deletion pilot-agent drains at once, and exits the moment the kubelet sends it SIGTERM,
-    /// which is after every regular container has exited (see [`istio_prestop_drain`]).
-    pub istio_prestop_drain: bool,
+    /// The mesh that injected the sidecar, and its facts for this pod (proxy uid, capture
+    /// ports, admin address, its own listeners): `crate::mesh`.
+    pub profile: MeshProfile,
+    /// A native proxy with its mesh's preStop drain (Istio: `pilot-agent request ... POST
+    /// drain`; Kuma: `killall -USR2 kuma-dp`): on deletion the proxy drains at once, and exits
+    /// the moment the kubelet sends it SIGTERM, which is after every regular container has
+    /// exited (see [`MeshProfile::prestop_drain`]).
+    pub prestop_drain: bool,
     /// The kubelet restarts every container of the pod in place (Kubernetes 1.35+, KEP-5532
     /// `RestartAllContainers`): the condition `AllContainersRestarting` is `True` (see
     /// [`restarting_in_place`]). Same sandbox, netns, IP and uid; init containers run again.
@@ -173,13 +179,20 @@ pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
 /// Every annotation [`PodView::from_pod`] reads; the pod source drops the others
 /// ([`crate::source::slim`]), so a pod's other annotations (labels' cousins, `kubectl
 /// annotate` in a loop, megabytes of last-applied-configuration) cost nothing past the source.
-pub const READ_ANNOTATIONS: [&str; 5] = [
+pub const READ_ANNOTATIONS: [&str; 9] = [
     crate::config::ANNOTATION_ENABLED,
     crate::config::ANNOTATION_HOLD_TIMEOUT,
     ANNOTATION_ISTIO_SIDECAR_STATUS,
     ANNOTATION_ISTIO_INTERCEPTION_MODE,
     ANNOTATION_ISTIO_PROXY_CONFIG,
+    crate::mesh::kuma::ANNOTATION_SIDECAR_INJECTED,
+    crate::mesh::kuma::ANNOTATION_ENVOY_ADMIN_PORT,
+    crate::mesh::consul::KEY_INJECT_STATUS,
+    crate::mesh::consul::KEY_TRANSPARENT_PROXY_STATUS,
 ];
+
+/// Every label [`PodView::from_pod`] reads (the meshes' markers); the source drops the others.
+pub const READ_LABELS: [&str; 2] = crate::mesh::READ_LABELS;
 
 /// Every container environment variable [`PodView::from_pod`] reads; the source drops the others.
 pub const READ_ENV: [&str; 4] = [
@@ -241,9 +254,26 @@ impl PodView {
                 .map(|(k, v)| (k.as_str(), v.as_str())),
             hold,
         );
-        let (proxy_container, mode) = shape::check(pod, spec, proxy, &overrides, &annotation)?;
-        let istio_prestop_drain =
-            mode == SidecarMode::Native && istio_prestop_drain(proxy_container);
+        let shape::Shape {
+            proxy: proxy_container,
+            mode,
+            mut profile,
+            ignored,
+        } = shape::check(pod, spec, proxy, &overrides, &annotation)?;
+        for other in ignored {
+            overrides.problems.push(format!(
+                "also marked as injected by {other}, whose proxy container is not in the pod: \
+                 followed as a {} pod",
+                profile.mesh
+            ));
+        }
+        if profile.mesh == Mesh::Kuma {
+            profile.admin = crate::mesh::kuma::admin_for(
+                annotation(crate::mesh::kuma::ANNOTATION_ENVOY_ADMIN_PORT).map(String::as_str),
+                readiness_probe_port(proxy_container),
+            );
+        }
+        let prestop_drain = mode == SidecarMode::Native && profile.prestop_drain(proxy_container);
 
         // The proxy's settings: its env first (what pilot-agent reads), then the
         // proxy.istio.io/config annotation's proxyMetadata.
@@ -260,7 +290,7 @@ impl PodView {
                 EnvValue::FromElsewhere => {
                     overrides.problems.push(format!(
                         "{}'s {var} is set through valueFrom, which holdfast cannot read; assuming false",
-                        proxy.container
+                        proxy_container.name
                     ));
                     return false;
                 }
@@ -276,9 +306,11 @@ impl PodView {
                 false
             })
         };
-        let dns_capture = flag(ENV_DNS_CAPTURE);
-        let exit_on_zero = flag(ENV_EXIT_ON_ZERO);
-        let istio_dual_stack = flag(ENV_DUAL_STACK);
+        // Istio's settings; another mesh's proxy has none of these variables.
+        let istio = profile.mesh == Mesh::Istio;
+        let dns_capture = istio && flag(ENV_DNS_CAPTURE);
+        let exit_on_zero = istio && flag(ENV_EXIT_ON_ZERO);
+        let istio_dual_stack = istio && flag(ENV_DUAL_STACK);
 
         let status = pod.status.as_ref();
         let statuses: &[ContainerStatus] = status
@@ -290,7 +322,7 @@ impl PodView {
         let containers = spec
             .containers
             .iter()
-            .map(|c| container_view(c, statuses, &proxy.container, false))
+            .map(|c| container_view(c, statuses, &proxy_container.name, false))
             .collect();
         let init_containers = spec
             .init_containers
@@ -298,7 +330,7 @@ impl PodView {
             .flatten()
             .map(|c| {
                 let restartable = c.restart_policy.as_deref() == Some("Always");
-                container_view(c, init_statuses, &proxy.container, restartable)
+                container_view(c, init_statuses, &proxy_container.name, restartable)
             })
             .collect();
 
@@ -342,36 +374,39 @@ impl PodView {
             exit_on_zero,
             istio_dual_stack,
             mode,
-            istio_prestop_drain,
+            profile,
+            prestop_drain,
             restarting_in_place: status
                 .and_then(|s| s.conditions.as_deref())
                 .is_some_and(restarting_in_place),
-            proxy_startup_probe: spec
-                .containers
-                .iter()
-                .chain(spec.init_containers.iter().flatten())
-                .find(|c| c.name == proxy.container)
-                .is_some_and(|c| c.startup_probe.is_some()),
+            proxy_startup_probe: proxy_container.startup_probe.is_some(),
         })
     }
 
-    /// Envoy's admin address for this pod. Istio's bootstrap binds admin on its "localhost"
+    /// Envoy's TCP admin address for this pod (`None`: its admin is a Unix socket,
+    /// [`crate::mesh::AdminAt::UnixSocket`]). Istio's bootstrap binds admin on its "localhost"
     /// (tools/packaging/common/envoy_bootstrap.json), which pkg/bootstrap/config.go picks from
     /// the proxy's IPs — `status.podIP` first (pilot-agent's `INSTANCE_IP`, app/cmd.go), then the
     /// pod's other addresses: `::1` when every IP is IPv6, or when the first is IPv6 and
     /// `ISTIO_DUAL_STACK` is on; `127.0.0.1` otherwise (an IPv6-first dual-stack pod without
-    /// `ISTIO_DUAL_STACK` still binds IPv4). The port is the configured one either way.
+    /// `ISTIO_DUAL_STACK` still binds IPv4). Kuma and Consul bind `::1` when every IP is IPv6
+    /// (consul-k8s `Getv4orv6Str`, kuma-dp's IPv6 admin). The port is the profile's either way.
+    pub fn admin_tcp(&self) -> Option<SocketAddr> {
+        let all_v6 = !self.pod_ips.is_empty() && self.pod_ips.iter().all(IpAddr::is_ipv6);
+        let first_v6 = self.pod_ips.first().is_some_and(IpAddr::is_ipv6);
+        let v6_loopback = all_v6 || (first_v6 && self.istio_dual_stack);
+        self.profile.admin_tcp_for(v6_loopback)
+    }
+
+    /// [`PodView::admin_tcp`] for an Istio pod, with the agent's `--admin-addr` in `proxy`
+    /// (kept for the callers that predate the mesh profile); for a pod whose admin is a Unix
+    /// socket, the profile's default TCP address.
     pub fn admin_addr(&self, proxy: &ProxyConfig) -> SocketAddr {
-        let Some(first) = self.pod_ips.first() else {
-            return proxy.admin;
-        };
-        let all_v6 = self.pod_ips.iter().all(IpAddr::is_ipv6);
-        let v6_loopback = first.is_ipv6() && (all_v6 || self.istio_dual_stack);
-        if v6_loopback && proxy.admin.ip().is_loopback() {
-            SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), proxy.admin.port())
-        } else {
-            proxy.admin
+        let mut view = self.clone();
+        if view.profile.mesh == Mesh::Istio {
+            view.profile.admin = crate::mesh::AdminAt::Tcp(proxy.admin);
         }
+        view.admin_tcp().unwrap_or(proxy.admin)
     }
 
     /// Whether the pod has an IPv6 address (its IPv6 connections are then held too).
@@ -505,25 +540,24 @@ pub fn drain_advice(view: &PodView) -> String {
     }
 }
 
-/// Whether a native proxy's preStop is Istio's drain: `pilot-agent request --debug-port=15020
-/// POST drain` (injection-template.yaml, and the golden file
-/// pkg/kube/inject/testdata/inject/native-sidecar.yaml.injected, istio/istio 1.28). A mesh's
-/// `global.proxy.lifecycle` replaces it; then pilot-agent drains only after its SIGTERM, which
-/// the kubelet sends once the app has exited.
+/// Whether a native proxy's preStop is Istio's drain ([`crate::mesh::istio::prestop_drain`]).
 pub fn istio_prestop_drain(proxy: &Container) -> bool {
-    let Some(cmd) = proxy
-        .lifecycle
+    crate::mesh::istio::prestop_drain(proxy)
+}
+
+/// The port of the container's `readinessProbe` (HTTP GET or TCP), when it is a number.
+fn readiness_probe_port(c: &Container) -> Option<u16> {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let probe = c.readiness_probe.as_ref()?;
+    let port = probe
+        .http_get
         .as_ref()
-        .and_then(|l| l.pre_stop.as_ref())
-        .and_then(|h| h.exec.as_ref())
-        .and_then(|e| e.command.as_ref())
-    else {
-        return false;
-    };
-    let words: Vec<&str> = cmd.iter().map(String::as_str).collect();
-    matches!(words.first(), Some(w) if w.ends_with("pilot-agent"))
-        && words.contains(&"request")
-        && words.ends_with(&["POST", "drain"])
+        .map(|h| &h.port)
+        .or(probe.tcp_socket.as_ref().map(|t| &t.port))?;
+    match port {
+        IntOrString::Int(p) => u16::try_from(*p).ok(),
+        IntOrString::String(s) => s.parse().ok(),
+    }
 }
 
 /// The most problems one pod's view keeps (each cut to [`crate::api::text::MAX_POD_TEXT`]).
@@ -639,26 +673,6 @@ fn interception_modes<'a>(
         }
     }
     modes
-}
-
-/// Istio's status annotation's `initContainers` names.
-fn injected_init_containers(value: &str) -> Result<Vec<String>, String> {
-    #[derive(serde::Deserialize)]
-    struct SidecarInjectionStatus {
-        #[serde(default, rename = "initContainers")]
-        init_containers: Option<Vec<String>>,
-    }
-    // Istio writes a few hundred bytes; a larger value is not its template's.
-    const MAX: usize = 16 * 1024;
-    if value.len() > MAX {
-        return Err(format!(
-            "{ANNOTATION_ISTIO_SIDECAR_STATUS} is {} bytes, above the {MAX} holdfast reads",
-            value.len()
-        ));
-    }
-    serde_json::from_str::<SidecarInjectionStatus>(value)
-        .map(|s| s.init_containers.unwrap_or_default())
-        .map_err(|e| format!("{ANNOTATION_ISTIO_SIDECAR_STATUS} is not Istio's JSON ({e})"))
 }
 
 #[cfg(test)]

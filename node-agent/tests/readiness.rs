@@ -141,7 +141,7 @@ async fn real_envoy_with_the_filter_in_a_netns() -> Result<()> {
     );
     let t = TestNetns::new("hf-ready")?;
     let errors = Arc::new(AtomicUsize::new(0));
-    let proxy = ProxyConfig::default();
+    let proxy = holdfast::mesh::istio::profile(&ProxyConfig::default());
     let strict = HoldSettings {
         require_filter: true,
         ..HoldSettings::default()

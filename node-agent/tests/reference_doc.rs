@@ -296,6 +296,7 @@ fn every_status_document_field() {
             uid: "uid".into(),
             phase: Phase::Done,
             mode: Some(SidecarMode::Classic),
+            mesh: Some(holdfast::api::Mesh::Istio),
             tracked_since: t,
             hold: Some(HoldRecord::default()),
             drain: Some(DrainReport {

@@ -787,7 +787,7 @@ mod tests {
                     metrics: shared.metrics.clone(),
                     events: shared.events.clone(),
                 };
-                rec.start(None, view.mode);
+                rec.start(None, view.mode, view.profile.mesh);
                 if panic_on.contains(&start) {
                     panic!("test fault hook: start {start} panics");
                 }

@@ -13,6 +13,6 @@ pub use reports::{
     JobReport, QuitReason, TimestampMeaning, DEFAULT_STAT_PREFIX,
 };
 pub use status::{
-    HoldOutcome, HoldRecord, NodeStatus, Phase, PodStatus, SidecarMode, SourceProblem,
+    HoldOutcome, HoldRecord, Mesh, NodeStatus, Phase, PodStatus, SidecarMode, SourceProblem,
 };
 pub use timeline::{Step, StepKind, Timeline, MAX_STEPS};

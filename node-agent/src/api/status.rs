@@ -31,6 +31,38 @@ impl SidecarMode {
     }
 }
 
+/// Which mesh injected a pod's sidecar (the agent's mesh profile for it: `node-agent/src/mesh/`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mesh {
+    /// Istio's sidecar template (`istio-proxy`, pilot-agent).
+    #[default]
+    Istio,
+    /// Kuma / Kong Mesh (`kuma-sidecar`, kuma-dp).
+    Kuma,
+    /// Consul on Kubernetes (`consul-dataplane`).
+    Consul,
+}
+
+impl Mesh {
+    /// Every mesh the agent knows, in the order their markers are read.
+    pub const ALL: [Mesh; 3] = [Mesh::Istio, Mesh::Kuma, Mesh::Consul];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mesh::Istio => "istio",
+            Mesh::Kuma => "kuma",
+            Mesh::Consul => "consul",
+        }
+    }
+}
+
+impl std::fmt::Display for Mesh {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Lifecycle phase of a tracked pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -132,6 +164,10 @@ pub struct PodStatus {
     /// The sidecar's mode (`None`: a skipped pod, or an older agent).
     #[serde(default)]
     pub mode: Option<SidecarMode>,
+    /// The mesh that injected the sidecar (`None`: a pod left alone before its mesh was known,
+    /// or an older agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mesh: Option<Mesh>,
     /// When the agent first saw the pod.
     #[serde(with = "rfc3339")]
     pub tracked_since: SystemTime,

@@ -178,10 +178,11 @@ pub(crate) async fn run(shared: Arc<Shared>, view: watch::Receiver<Option<PodVie
         events: shared.events.clone(),
     };
     let problems = Some(first.overrides.problems.join("; ")).filter(|p| !p.is_empty());
-    rec.start(problems, first.mode);
+    rec.start(problems, first.mode, first.profile.mesh);
     let (steps_tx, steps_rx) = mpsc::unbounded_channel();
     let hold_cfg = Some(HoldConfig::for_pod(
         &shared.config,
+        &first.profile,
         crate::lifecycle::facts::hold_scope(&first),
     ));
     let admin = first.admin_addr(&shared.config.proxy);
@@ -524,7 +525,13 @@ impl Driver {
                 &self.shared.metrics,
             )),
         };
-        ReadinessProbe::new(netns, admin_addr, &cfg.proxy, &cfg.hold, options)
+        let profile = self
+            .view
+            .borrow()
+            .as_ref()
+            .map(|v| v.profile.clone())
+            .unwrap_or_default();
+        ReadinessProbe::new(netns, admin_addr, &profile, &cfg.hold, options)
             .map_err(|e| format!("cannot reach the pod's network namespace: {e}"))
     }
 
@@ -549,6 +556,7 @@ impl Driver {
         self.proxy_was_running = running;
         self.hold_cfg = Some(HoldConfig::for_pod(
             &self.shared.config,
+            &view.profile,
             crate::lifecycle::facts::hold_scope(&view),
         ));
         let admin = view.admin_addr(&self.shared.config.proxy);
@@ -793,7 +801,13 @@ impl Driver {
                             crate::lifecycle::readiness::count_admin_errors(&self.shared.metrics);
                         move |kind| count(kind)
                     });
-                drain::PodProxy::new(client, sockets)
+                let own = self
+                    .view
+                    .borrow()
+                    .as_ref()
+                    .map(|v| v.profile.own_http_prefixes)
+                    .unwrap_or(&crate::mesh::istio::OWN_HTTP_PREFIXES);
+                drain::PodProxy::new(client, sockets).with_own_listeners(own)
             }
             other => {
                 let why = match other {

@@ -7,9 +7,7 @@ use std::time::Duration;
 pub use crate::api::SidecarMode;
 pub use crate::effects::hold::HoldScope;
 pub use crate::pod::RestartPolicy;
-use crate::pod::{
-    app_end, AppEnd, ContainerState, ContainerView, Deletion, PodView, ISTIO_INIT_STEPS,
-};
+use crate::pod::{app_end, AppEnd, ContainerState, ContainerView, Deletion, PodView};
 
 /// What the machine needs to know about the pod, from its latest [`PodView`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,7 +51,7 @@ impl PodFacts {
             init_done: view.init_done(),
             user_init_running: view.init_containers.iter().any(|c| {
                 !c.restartable
-                    && !ISTIO_INIT_STEPS.contains(&c.name.as_str())
+                    && !view.profile.init_steps.contains(&c.name.as_str())
                     && c.state == ContainerState::Running
             }),
             hold_timeout: view.overrides.hold_timeout,

@@ -20,11 +20,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::{HoldSettings, ProxyConfig};
+use crate::config::HoldSettings;
 use crate::effects::envoy_admin::{AdminClient, ErrorCallback, Stats};
 use crate::effects::netns::PodNetns;
 use crate::effects::procfs::sock_diag::SockDiag;
 use crate::effects::procfs::sockets::listening_ports_in_netns;
+use crate::mesh::MeshProfile;
 
 /// The filter's stat prefix as `/stats` shows it by default (the filter's `holdfast` inside
 /// Envoy's `wasmcustom.` namespace; `DrainSettings.stat_prefix` has the configured one).
@@ -126,7 +127,8 @@ enum Sockets {
 pub struct ReadinessProbe {
     admin: AdminClient,
     sockets: Sockets,
-    proxy: ProxyConfig,
+    /// The capture ports to see listening (the pod's mesh's).
+    capture_ports: [u16; 2],
     require_filter: bool,
     stat_prefix: String,
     stats_filter: String,
@@ -146,7 +148,7 @@ impl ReadinessProbe {
     pub fn new(
         netns: &PodNetns,
         admin_addr: std::net::SocketAddr,
-        proxy: &ProxyConfig,
+        profile: &MeshProfile,
         hold: &HoldSettings,
         options: impl Into<ProbeOptions>,
     ) -> crate::effects::netns::Result<Self> {
@@ -172,7 +174,7 @@ impl ReadinessProbe {
         Ok(Self {
             admin,
             sockets,
-            proxy: proxy.clone(),
+            capture_ports: [profile.outbound_port, profile.inbound_port],
             require_filter: hold.require_filter,
             stats_filter: stats_filter(&stat_prefix),
             stat_prefix,
@@ -277,7 +279,7 @@ impl ReadinessProbe {
 
     /// The capture ports (and the DNS port, when asked) listen.
     async fn ports_ready(&self) -> bool {
-        let mut wanted = vec![self.proxy.outbound_port, self.proxy.inbound_port];
+        let mut wanted = self.capture_ports.to_vec();
         wanted.extend(self.dns_port);
         if self.listening(&wanted).await != Some(true) {
             return false;

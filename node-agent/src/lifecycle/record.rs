@@ -38,7 +38,7 @@ impl Recorder {
     /// pod already has (its task restarted after a panic, or it was opted out and in again) is
     /// kept, timeline, hold, drain and `last_error` included: a row lives as long as its pod,
     /// not its task; the new start is a step on it.
-    pub fn start(&self, problems: Option<String>, mode: SidecarMode) {
+    pub fn start(&self, problems: Option<String>, mode: SidecarMode, mesh: crate::api::Mesh) {
         let problems = problems.map(|p| pod_text(&p));
         for p in problems.iter() {
             tracing::warn!("{p}");
@@ -54,6 +54,7 @@ impl Recorder {
             push_step(row, now, StepKind::FirstSeen, Some(detail));
             row.phase = Phase::WaitingForNetns;
             row.mode = Some(mode);
+            row.mesh = Some(mesh);
             row.skipped_reason = None;
             if problems.is_some() {
                 row.last_error = problems.clone();
@@ -70,6 +71,7 @@ impl Recorder {
             uid: self.key.uid.clone(),
             phase: Phase::WaitingForNetns,
             mode: Some(mode),
+            mesh: Some(mesh),
             tracked_since: now,
             hold: None,
             drain: None,
@@ -96,6 +98,7 @@ impl Recorder {
             uid: key.uid.clone(),
             phase: Phase::Skipped,
             mode: None,
+            mesh: None,
             tracked_since: now,
             hold: None,
             drain: None,

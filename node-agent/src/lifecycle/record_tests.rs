@@ -60,7 +60,11 @@ impl Harness {
             metrics: handle.metrics.clone(),
             events,
         };
-        rec.start(None, crate::api::SidecarMode::Classic);
+        rec.start(
+            None,
+            crate::api::SidecarMode::Classic,
+            crate::api::Mesh::Istio,
+        );
         let now = Instant::now();
         let (state, fx) = State::new(
             pod,
@@ -583,8 +587,11 @@ fn a_jobs_end_is_on_the_timeline() {
 fn one_pods_row_stays_small_and_one_line_whatever_it_sends() {
     let hostile = |n: usize| format!("\r\nforged\u{9b}\u{202e}{}", "\u{1}".repeat(n));
     let mut h = Harness::new(facts(RestartPolicy::Always, true));
-    h.rec
-        .start(Some(hostile(3 << 20)), crate::api::SidecarMode::Classic);
+    h.rec.start(
+        Some(hostile(3 << 20)),
+        crate::api::SidecarMode::Classic,
+        crate::api::Mesh::Istio,
+    );
     h.rec.problem(hostile(3 << 20));
     let mut r = DrainReport::new(DrainOutcome::AppDone, SystemTime::now());
     r.errors = (0..10).map(|_| hostile(1 << 20)).collect();

@@ -3,18 +3,14 @@
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 
-use super::{injected_init_containers, interception_modes};
+use super::interception_modes;
 use crate::api::text::pod_text;
 use crate::api::SidecarMode;
-use crate::config::{
-    runtime_class_matches, PodOverrides, ProxyConfig, ANNOTATION_ENABLED,
-    ANNOTATION_ISTIO_SIDECAR_STATUS,
-};
+use crate::config::{runtime_class_matches, PodOverrides, ProxyConfig, ANNOTATION_ENABLED};
+use crate::mesh::{self, Markers, Mesh, MeshProfile, Recognised};
 
-/// The init steps Istio's sidecar template injects: `istio-init` writes the iptables rules;
-/// with the Istio CNI plugin `istio-validation` checks them (injection-template.yaml). They
-/// send nothing through the capture ports.
-pub const ISTIO_INIT_STEPS: [&str; 2] = ["istio-init", "istio-validation"];
+/// The init steps Istio's sidecar template injects (see [`crate::mesh::istio::INIT_STEPS`]).
+pub const ISTIO_INIT_STEPS: [&str; 2] = crate::mesh::istio::INIT_STEPS;
 
 /// Why a pod is not tracked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,8 +31,16 @@ pub enum NotTracked {
     NotASidecar { why: String },
     /// Interception mode other than REDIRECT (TPROXY, NONE): other rules and capture ports.
     Interception { mode: String },
-    /// Not injected by Istio's sidecar template (no status annotation naming its init step).
-    NotInjected { why: String },
+    /// A mesh's proxy container, but that mesh's injector did not mark the pod (Istio: no
+    /// status annotation naming its init step; Kuma, Consul: their injected markers).
+    NotInjected { mesh: Mesh, why: String },
+    /// Proxy containers of more than one mesh, each marked injected: whose rules are in the
+    /// netns cannot be told, so the pod runs as without holdfast.
+    SeveralMeshes { meshes: Vec<Mesh> },
+    /// More than one proxy container of the mesh (Consul's multi-port pods: one
+    /// `consul-dataplane-<service>` each, each its own Envoy and admin port): holdfast follows
+    /// one proxy per pod.
+    SeveralProxies { names: Vec<String> },
     /// `hostUsers: false`: the pod has its own user namespace (see `check` for why holdfast
     /// stays out).
     HostUsers,
@@ -65,9 +69,29 @@ impl std::fmt::Display for NotTracked {
                 "interception mode {}: holdfast holds REDIRECT-mode pods only",
                 pod_text(mode)
             ),
-            NotTracked::NotInjected { why } => {
-                write!(f, "not injected by Istio's sidecar template: {}", pod_text(why))
+            NotTracked::NotInjected { mesh, why } => {
+                let injector = match mesh {
+                    Mesh::Istio => "Istio's sidecar template",
+                    Mesh::Kuma => "Kuma's injector",
+                    Mesh::Consul => "consul-k8s's connect injector",
+                };
+                write!(f, "not injected by {injector}: {}", pod_text(why))
             }
+            NotTracked::SeveralMeshes { meshes } => {
+                let names: Vec<&str> = meshes.iter().map(|m| m.as_str()).collect();
+                write!(
+                    f,
+                    "proxies of several meshes ({}) in one pod: holdfast cannot tell whose rules \
+                     are in its netns",
+                    names.join(", ")
+                )
+            }
+            NotTracked::SeveralProxies { names } => write!(
+                f,
+                "{} proxy containers ({}): holdfast follows one proxy per pod",
+                names.len(),
+                pod_text(&names.join(", "))
+            ),
             NotTracked::HostUsers => f.write_str(
                 "hostUsers: false (own user namespace): the kernel refuses the hold rule's \
                  owner match from the node's user namespace",
@@ -81,8 +105,18 @@ impl std::fmt::Display for NotTracked {
     }
 }
 
-/// Checks that `pod` is a sidecar pod holdfast may act on and returns its proxy container and
-/// how it runs (a regular container: classic; a restartable init container: native).
+/// What [`check`] found: the proxy container, how it runs, the pod's mesh, and the meshes whose
+/// marker was there without their proxy (said on the row).
+pub(super) struct Shape<'a> {
+    pub proxy: &'a Container,
+    pub mode: SidecarMode,
+    pub profile: MeshProfile,
+    pub ignored: Vec<Mesh>,
+}
+
+/// Checks that `pod` is a sidecar pod holdfast may act on and returns its proxy container, how
+/// it runs (a regular container: classic; a restartable init container: native) and its mesh
+/// ([`crate::mesh::recognise`]).
 ///
 /// `hostUsers: false`: holdfast stays out. Its hold rule matches the app's SYNs "from any uid but
 /// the proxy's" with `xt_owner`, and the kernel rejects an owner match written into a network
@@ -96,15 +130,51 @@ pub(super) fn check<'a>(
     proxy_config: &ProxyConfig,
     overrides: &PodOverrides,
     annotation: &dyn Fn(&str) -> Option<&'a String>,
-) -> Result<(&'a Container, SidecarMode), NotTracked> {
-    let proxy_name = proxy_config.container.as_str();
-    let regular = spec.containers.iter().find(|c| c.name == proxy_name);
-    let native = spec
+) -> Result<Shape<'a>, NotTracked> {
+    let names: Vec<&str> = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .map(|c| c.name.as_str())
+        .collect();
+    let labels = pod.metadata.labels.as_ref();
+    let annotation_str = |k: &str| annotation(k).map(String::as_str);
+    let label_str = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
+    let recognised = mesh::recognise(
+        &Markers {
+            annotation: &annotation_str,
+            label: &label_str,
+            containers: &names,
+        },
+        proxy_config,
+    );
+    let (profile, ignored, not_injected) = match recognised {
+        Recognised::None => return Err(NotTracked::NoProxy),
+        Recognised::One { profile, ignored } => (profile, ignored, None),
+        Recognised::NotInjected { mesh, why } => (
+            mesh::profile_of(mesh, proxy_config),
+            Vec::new(),
+            Some(NotTracked::NotInjected { mesh, why }),
+        ),
+        Recognised::Several(meshes) => {
+            if !overrides.enabled {
+                return Err(NotTracked::OptedOut);
+            }
+            return Err(NotTracked::SeveralMeshes { meshes });
+        }
+    };
+    let regulars: Vec<&Container> = spec
+        .containers
+        .iter()
+        .filter(|c| profile.proxy.matches(&c.name))
+        .collect();
+    let natives: Vec<&Container> = spec
         .init_containers
         .iter()
         .flatten()
-        .find(|c| c.name == proxy_name && c.restart_policy.as_deref() == Some("Always"));
-    if regular.is_none() && native.is_none() {
+        .filter(|c| profile.proxy.matches(&c.name) && c.restart_policy.as_deref() == Some("Always"))
+        .collect();
+    if regulars.is_empty() && natives.is_empty() {
         return Err(NotTracked::NoProxy);
     }
     if !overrides.enabled {
@@ -123,30 +193,43 @@ pub(super) fn check<'a>(
             });
         }
     }
+    if regulars.len() + natives.len() > 1 {
+        return Err(NotTracked::SeveralProxies {
+            names: regulars
+                .iter()
+                .chain(natives.iter())
+                .map(|c| c.name.clone())
+                .collect(),
+        });
+    }
     // A native sidecar (Istio 1.27+ with kubelets >= 1.33: `DetectNativeSidecar` in
-    // pkg/kube/inject/webhook.go) is an init container with `restartPolicy: Always`; the
-    // kubelet starts it before the app and stops it after.
-    let (proxy, mode) = match (regular, native) {
-        (Some(p), _) => (p, SidecarMode::Classic),
-        (None, Some(p)) => (p, SidecarMode::Native),
+    // pkg/kube/inject/webhook.go; Kuma 2.14+ by default; Consul with
+    // `enable-consul-dataplane-as-sidecar`) is an init container with `restartPolicy: Always`;
+    // the kubelet starts it before the app and stops it after.
+    let (proxy, mode) = match (regulars.first(), natives.first()) {
+        (Some(p), _) => (*p, SidecarMode::Classic),
+        (None, Some(p)) => (*p, SidecarMode::Native),
         (None, None) => return Err(NotTracked::NoProxy),
     };
+    let proxy_name = proxy.name.as_str();
 
-    // pilot-agent's role is its second argument: `proxy sidecar` in the sidecar template,
-    // `proxy router` for gateways (gateway-injection-template.yaml), `proxy waypoint`
-    // (waypoint.yaml), `proxy ztunnel` (charts/ztunnel/templates/daemonset.yaml).
-    let args: Vec<&str> = proxy.args.iter().flatten().map(String::as_str).collect();
-    if let ["proxy", role, ..] = args.as_slice() {
-        if *role != "sidecar" {
-            let kind = match *role {
-                "router" => "a gateway",
-                "waypoint" => "a waypoint",
-                "ztunnel" => "ztunnel",
-                _ => "not a sidecar",
-            };
-            return Err(NotTracked::NotASidecar {
-                why: format!("{proxy_name} runs `proxy {role}`: {kind}"),
-            });
+    if profile.mesh == Mesh::Istio {
+        // pilot-agent's role is its second argument: `proxy sidecar` in the sidecar template,
+        // `proxy router` for gateways (gateway-injection-template.yaml), `proxy waypoint`
+        // (waypoint.yaml), `proxy ztunnel` (charts/ztunnel/templates/daemonset.yaml).
+        let args: Vec<&str> = proxy.args.iter().flatten().map(String::as_str).collect();
+        if let ["proxy", role, ..] = args.as_slice() {
+            if *role != "sidecar" {
+                let kind = match *role {
+                    "router" => "a gateway",
+                    "waypoint" => "a waypoint",
+                    "ztunnel" => "ztunnel",
+                    _ => "not a sidecar",
+                };
+                return Err(NotTracked::NotASidecar {
+                    why: format!("{proxy_name} runs `proxy {role}`: {kind}"),
+                });
+            }
         }
     }
     if !spec.containers.iter().any(|c| c.name != proxy_name) {
@@ -157,32 +240,28 @@ pub(super) fn check<'a>(
         });
     }
 
-    let Some(status) = annotation(ANNOTATION_ISTIO_SIDECAR_STATUS) else {
-        return Err(NotTracked::NotInjected {
-            why: format!("no {ANNOTATION_ISTIO_SIDECAR_STATUS} annotation"),
-        });
-    };
-    let inits = injected_init_containers(status).map_err(|why| NotTracked::NotInjected { why })?;
-    if !inits.iter().any(|i| ISTIO_INIT_STEPS.contains(&i.as_str())) {
-        return Err(NotTracked::NotInjected {
-            why: format!(
-                "{ANNOTATION_ISTIO_SIDECAR_STATUS} names neither istio-init nor istio-validation \
-                 (interception mode NONE, or another template)"
-            ),
-        });
+    if let Some(not_injected) = not_injected {
+        return Err(not_injected);
     }
 
-    for mode in interception_modes(pod, proxy, annotation) {
-        let mode = mode.trim();
-        if !mode.is_empty() && !mode.eq_ignore_ascii_case("REDIRECT") {
-            return Err(NotTracked::Interception {
-                mode: mode.to_ascii_uppercase(),
-            });
+    if profile.mesh == Mesh::Istio {
+        for mode in interception_modes(pod, proxy, annotation) {
+            let mode = mode.trim();
+            if !mode.is_empty() && !mode.eq_ignore_ascii_case("REDIRECT") {
+                return Err(NotTracked::Interception {
+                    mode: mode.to_ascii_uppercase(),
+                });
+            }
         }
     }
 
     if spec.host_users == Some(false) {
         return Err(NotTracked::HostUsers);
     }
-    Ok((proxy, mode))
+    Ok(Shape {
+        proxy,
+        mode,
+        profile,
+        ignored,
+    })
 }

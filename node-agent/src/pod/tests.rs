@@ -290,7 +290,7 @@ fn native_sidecar_is_tracked_in_native_mode() {
     ]);
     let v = view(&native(Some(istio))).expect("tracked");
     assert_eq!(v.mode, SidecarMode::Native);
-    assert!(v.istio_prestop_drain);
+    assert!(v.prestop_drain);
     let proxy = v
         .proxy_container()
         .expect("the proxy, among the init containers");
@@ -305,7 +305,7 @@ fn native_sidecar_is_tracked_in_native_mode() {
     for other in [Some(json!(["sleep", "5"])), None] {
         let v = view(&native(other)).expect("tracked");
         assert_eq!(v.mode, SidecarMode::Native);
-        assert!(!v.istio_prestop_drain);
+        assert!(!v.prestop_drain);
     }
 }
 
@@ -355,7 +355,7 @@ fn not_injected_by_istio_stays_out() {
         pod_json(json!({"metadata": {"annotations": {"sidecar.istio.io/status": null}}}));
     let err = view(&no_annotation).unwrap_err();
     assert!(
-        matches!(&err, NotTracked::NotInjected { why } if why.contains("no sidecar.istio.io/status")),
+        matches!(&err, NotTracked::NotInjected { why, .. } if why.contains("no sidecar.istio.io/status")),
         "{err:?}"
     );
     // interceptionMode NONE: the template injects no init container.

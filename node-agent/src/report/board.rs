@@ -76,6 +76,7 @@ mod tests {
             uid: "u".into(),
             phase: Phase::Holding,
             mode: None,
+            mesh: None,
             tracked_since: t,
             hold: Some(HoldRecord {
                 started_at: Some(t),

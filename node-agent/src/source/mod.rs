@@ -56,6 +56,25 @@ pub fn slim(pod: Pod) -> Pod {
         startup_probe: c
             .startup_probe
             .map(|_| k8s_openapi::api::core::v1::Probe::default()),
+        // Only the port of an HTTP or TCP readiness probe (which admin a Kuma pod's proxy
+        // has: `crate::mesh::kuma::admin_for`).
+        readiness_probe: c
+            .readiness_probe
+            .map(|p| k8s_openapi::api::core::v1::Probe {
+                http_get: p
+                    .http_get
+                    .map(|h| k8s_openapi::api::core::v1::HTTPGetAction {
+                        port: h.port,
+                        ..Default::default()
+                    }),
+                tcp_socket: p
+                    .tcp_socket
+                    .map(|t| k8s_openapi::api::core::v1::TCPSocketAction {
+                        port: t.port,
+                        ..Default::default()
+                    }),
+                ..Default::default()
+            }),
         lifecycle: c
             .lifecycle
             .and_then(|l| l.pre_stop)
@@ -83,6 +102,20 @@ pub fn slim(pod: Pod) -> Pod {
                 }
                 a
             }),
+            // Only the meshes' markers; none kept is no map, so a pod's other labels changing
+            // (`kubectl label` in a loop) leaves the slim object the same.
+            labels: m
+                .labels
+                .map(|mut l| {
+                    l.retain(|k, _| crate::pod::READ_LABELS.contains(&k.as_str()));
+                    for v in l.values_mut() {
+                        if v.len() > MAX_ANNOTATION_BYTES {
+                            *v = oversized_annotation(v.len());
+                        }
+                    }
+                    l
+                })
+                .filter(|l| !l.is_empty()),
             deletion_timestamp: m.deletion_timestamp,
             deletion_grace_period_seconds: m.deletion_grace_period_seconds,
             resource_version: m.resource_version,
@@ -285,13 +318,13 @@ mod tests {
         };
         let big = view(&native);
         let small = view(&slim(native.clone()));
-        assert!(big.istio_prestop_drain);
-        assert!(small.istio_prestop_drain);
+        assert!(big.prestop_drain);
+        assert!(small.prestop_drain);
         assert_eq!(format!("{small:?}"), format!("{big:?}"));
         // And its absence too (`global.proxy.lifecycle` with another hook, or none).
         for other in [Some(json!(["sleep", "5"])), None] {
             let p = crate::pod::tests::native_pod(other);
-            assert!(!view(&slim(p)).istio_prestop_drain);
+            assert!(!view(&slim(p)).prestop_drain);
         }
     }
 

@@ -19,6 +19,7 @@ fn pod(name: &str, phase: Phase) -> PodStatus {
         uid: "5a7e2c1b-0000-4000-8000-000000000001".into(),
         phase,
         mode: Some(SidecarMode::Classic),
+        mesh: Some(crate::api::Mesh::Istio),
         tracked_since: t(0),
         hold: None,
         drain: None,

@@ -73,9 +73,6 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// then reads "at least").
 pub const MAX_TRACKED_FLOWS: usize = 4096;
 
-/// pilot-agent's DNS proxy port, the target of Istio's DNS capture.
-pub const ISTIO_DNS_PORT: u16 = 15053;
-
 /// How to hold.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct HoldConfig {
@@ -103,23 +100,28 @@ impl Default for HoldConfig {
 pub struct HoldScope {
     /// Hold the pod's IPv6 connections too (ip6tables rules).
     pub ipv6: bool,
-    /// Hold DNS to pilot-agent's DNS proxy (Istio's DNS capture is on).
+    /// Hold DNS to the mesh's DNS proxy (its DNS capture is on: Istio's pilot-agent on 15053).
     pub dns: bool,
 }
 
 impl HoldConfig {
     /// The hold for one pod: the node's settings, and what the pod's own shape asks for.
-    pub fn for_pod(config: &crate::config::Config, scope: HoldScope) -> HoldConfig {
+    /// The proxy's uid and ports are its mesh's (`profile`), never held by the hold itself.
+    pub fn for_pod(
+        config: &crate::config::Config,
+        profile: &crate::mesh::MeshProfile,
+        scope: HoldScope,
+    ) -> HoldConfig {
         HoldConfig {
             rules: RuleSpec {
                 queue_num: config.hold.queue_num,
-                outbound_port: config.proxy.outbound_port,
-                inbound_port: Some(config.proxy.inbound_port),
-                proxy_uid: config.proxy.uid,
+                outbound_port: profile.outbound_port,
+                inbound_port: Some(profile.inbound_port),
+                proxy_uid: profile.proxy_uid,
                 ipv6: scope.ipv6,
-                // pilot-agent's DNS proxy listens on localhost:15053 (DefaultDNSProxyAddr in
-                // istio/istio pkg/config/constants/constants.go), where Istio redirects DNS.
-                dns_port: scope.dns.then_some(ISTIO_DNS_PORT),
+                // The mesh's DNS proxy (Istio: pilot-agent on localhost:15053,
+                // DefaultDNSProxyAddr in istio/istio pkg/config/constants/constants.go).
+                dns_port: if scope.dns { profile.dns_port } else { None },
                 ..RuleSpec::default()
             },
             ..HoldConfig::default()

@@ -92,6 +92,8 @@ pub trait ProxyAdmin: Send + Sync {
 pub struct PodProxy {
     pub admin: AdminClient,
     sockets: Option<Arc<SockDiag>>,
+    /// The mesh's own listeners, left out of the idle test (`MeshProfile::own_http_prefixes`).
+    own_http_prefixes: &'static [&'static str],
 }
 
 impl PodProxy {
@@ -100,7 +102,15 @@ impl PodProxy {
         PodProxy {
             admin,
             sockets: sockets.map(Arc::new),
+            own_http_prefixes: &crate::mesh::istio::OWN_HTTP_PREFIXES,
         }
+    }
+
+    /// The pod's mesh's own listeners (`MeshProfile::own_http_prefixes`), whose bytes the idle
+    /// test skips; Istio's by default.
+    pub fn with_own_listeners(mut self, own: &'static [&'static str]) -> PodProxy {
+        self.own_http_prefixes = own;
+        self
     }
 
     /// A sock_diag socket made in `netns`; without one (a kernel without `CONFIG_INET_DIAG`)
@@ -120,7 +130,7 @@ impl ProxyAdmin for PodProxy {
     }
 
     async fn drain_sample(&self, prefix: &str) -> Result<DrainSample, AdminFailure> {
-        self.admin.drain_sample(prefix).await
+        sample_with(&self.admin, prefix, self.own_http_prefixes).await
     }
 
     async fn probe(&self) -> Result<(), AdminFailure> {
@@ -151,6 +161,28 @@ impl ProxyAdmin for PodProxy {
     }
 }
 
+/// One drain sample from `admin`, the listeners in `own` left out of the traffic bytes.
+async fn sample_with(
+    admin: &AdminClient,
+    prefix: &str,
+    own: &[&str],
+) -> Result<DrainSample, AdminFailure> {
+    // Only the lines the judge reads are kept, whatever else the answer holds.
+    let stats = admin
+        .stats_keeping_capped(
+            Some(&in_flight::sample_regex(prefix)),
+            true,
+            DRAIN_SAMPLE_MAX,
+            |name| in_flight::sample_keeps(prefix, name),
+        )
+        .await?;
+    Ok(DrainSample::from_stats_skipping(
+        prefix,
+        own,
+        stats.values.iter().map(|(k, v)| (k.as_str(), *v)),
+    ))
+}
+
 impl ProxyAdmin for AdminClient {
     async fn admin_post(&self, path: &str) -> Result<(), AdminFailure> {
         self.post(path)
@@ -160,19 +192,7 @@ impl ProxyAdmin for AdminClient {
     }
 
     async fn drain_sample(&self, prefix: &str) -> Result<DrainSample, AdminFailure> {
-        // Only the lines the judge reads are kept, whatever else the answer holds.
-        let stats = self
-            .stats_keeping_capped(
-                Some(&in_flight::sample_regex(prefix)),
-                true,
-                DRAIN_SAMPLE_MAX,
-                |name| in_flight::sample_keeps(prefix, name),
-            )
-            .await?;
-        Ok(DrainSample::from_stats(
-            prefix,
-            stats.values.iter().map(|(k, v)| (k.as_str(), *v)),
-        ))
+        sample_with(self, prefix, &crate::mesh::istio::OWN_HTTP_PREFIXES).await
     }
 
     async fn probe(&self) -> Result<(), AdminFailure> {

@@ -43,7 +43,7 @@ pub enum DrainKind {
 }
 
 pub fn drain_kind(view: &PodView) -> DrainKind {
-    if view.mode == crate::pod::SidecarMode::Native && view.istio_prestop_drain {
+    if view.mode == crate::pod::SidecarMode::Native && view.prestop_drain {
         DrainKind::KubeletOrdered
     } else {
         DrainKind::Full

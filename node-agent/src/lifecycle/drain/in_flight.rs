@@ -70,25 +70,10 @@ pub use crate::api::{DirectionCounts, FilterCounts, IdleReason, DEFAULT_STAT_PRE
 /// Gauges above this are taken as garbage (an underflowed gauge reads near 2^64), not as counts.
 const MAX_SANE_GAUGE: u64 = 1 << 48;
 
-/// `http.<stat_prefix>` scopes whose bytes are not the pod's traffic, so the idle test skips
-/// them. `admin` is Envoy's admin API (its HCM's fixed stat prefix): this agent polls it through
-/// the drain, and pilot-agent scrapes it for its merged metrics. The others are Istio's
-/// bootstrap listeners, by their HCM `stat_prefix` in istio/istio
-/// `tools/packaging/common/envoy_bootstrap.json` (checked at 86c9f01fd73, master 2026-08):
-/// `agent` (the 15021 status port, routed to pilot-agent: the istio-proxy container's own
-/// readiness probe, `/healthz/ready` every 15 s by default per the injection template, and on
-/// gateways the cloud load balancers' health checks, which can come from many sources at once),
-/// `stats` (15090: Prometheus scrapes, routed to the admin API), `secure_stats` and
-/// `secure_merged_stats` (the TLS metrics ports, when enabled). Gateways use the same template.
-/// (The app containers' own probes, rewritten by the injector, go to pilot-agent on 15020
-/// without passing through Envoy.)
-pub const PROXY_OWN_HTTP_PREFIXES: [&str; 5] = [
-    "admin",
-    "agent",
-    "stats",
-    "secure_stats",
-    "secure_merged_stats",
-];
+/// Istio's `http.<stat_prefix>` scopes whose bytes are not the pod's traffic
+/// ([`crate::mesh::istio::OWN_HTTP_PREFIXES`]); each mesh's are in its profile
+/// (`MeshProfile::own_http_prefixes`), the idle test skips the pod's mesh's.
+pub const PROXY_OWN_HTTP_PREFIXES: [&str; 5] = crate::mesh::istio::OWN_HTTP_PREFIXES;
 
 const BYTE_COUNTERS: [&str; 2] = [
     ".downstream_cx_rx_bytes_total",
@@ -154,15 +139,25 @@ pub struct TrafficBytes {
 }
 
 impl TrafficBytes {
-    /// Sums the byte counters among `(name, value)` stats; every other name is ignored.
+    /// Sums the byte counters among `(name, value)` stats of an Istio pod; every other name is
+    /// ignored.
     pub fn from_stats<K: AsRef<str>>(stats: impl IntoIterator<Item = (K, u64)>) -> TrafficBytes {
+        TrafficBytes::from_stats_skipping(&PROXY_OWN_HTTP_PREFIXES, stats)
+    }
+
+    /// Sums the byte counters among `(name, value)` stats, leaving out the HTTP listeners whose
+    /// stat prefix is in `own` (the pod's mesh's own listeners).
+    pub fn from_stats_skipping<K: AsRef<str>>(
+        own: &[&str],
+        stats: impl IntoIterator<Item = (K, u64)>,
+    ) -> TrafficBytes {
         let mut t = TrafficBytes::default();
         for (name, value) in stats {
             let name = name.as_ref();
-            if counts_as_traffic(name, &BYTE_COUNTERS) {
+            if counts_as_traffic(name, &BYTE_COUNTERS, own) {
                 t.total = t.total.wrapping_add(value);
                 t.counters = t.counters.saturating_add(1);
-            } else if counts_as_traffic(name, &BUFFERED_GAUGES) {
+            } else if counts_as_traffic(name, &BUFFERED_GAUGES, own) {
                 // An underflowed gauge reads near 2^64: taken as garbage, not as bytes held.
                 if value <= MAX_SANE_GAUGE {
                     t.buffered = t.buffered.saturating_add(value);
@@ -192,12 +187,12 @@ pub const UNEXPOSED_BYTES_ADVICE: &str = "a connection through the proxy is stil
 
 /// Whether `name` is one of `stats` (a byte counter or a buffered gauge) of a listener that
 /// carries the pod's traffic.
-fn counts_as_traffic(name: &str, stats: &[&str]) -> bool {
+fn counts_as_traffic(name: &str, stats: &[&str], own: &[&str]) -> bool {
     let Some(scope) = stats.iter().find_map(|s| name.strip_suffix(s)) else {
         return false;
     };
     if let Some(stat_prefix) = scope.strip_prefix("http.") {
-        !stat_prefix.is_empty() && !PROXY_OWN_HTTP_PREFIXES.contains(&stat_prefix)
+        !stat_prefix.is_empty() && !own.contains(&stat_prefix)
     } else if let Some(stat_prefix) = scope.strip_prefix("tcp.") {
         !stat_prefix.is_empty()
     } else {
@@ -279,14 +274,24 @@ pub struct DrainSample {
 }
 
 impl DrainSample {
-    /// Reads a sample from the answer to `/stats?usedonly&filter=<sample_regex(prefix)>`.
+    /// Reads a sample of an Istio pod from the answer to
+    /// `/stats?usedonly&filter=<sample_regex(prefix)>`.
     pub fn from_stats<K: AsRef<str>>(
         prefix: &str,
         stats: impl IntoIterator<Item = (K, u64)> + Clone,
     ) -> DrainSample {
+        DrainSample::from_stats_skipping(prefix, &PROXY_OWN_HTTP_PREFIXES, stats)
+    }
+
+    /// [`DrainSample::from_stats`] for a pod whose mesh's own listeners are `own`.
+    pub fn from_stats_skipping<K: AsRef<str>>(
+        prefix: &str,
+        own: &[&str],
+        stats: impl IntoIterator<Item = (K, u64)> + Clone,
+    ) -> DrainSample {
         DrainSample {
             filter: FilterCounts::from_stats(prefix, stats.clone()),
-            traffic: TrafficBytes::from_stats(stats),
+            traffic: TrafficBytes::from_stats_skipping(own, stats),
             send_queued: None,
         }
     }

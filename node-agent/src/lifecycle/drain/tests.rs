@@ -1301,7 +1301,7 @@ fn native_view(istio_prestop: bool, shipper: bool) -> PodView {
     let mut v = deleted_running_app();
     let proxy = v.containers.remove(1);
     v.mode = crate::pod::SidecarMode::Native;
-    v.istio_prestop_drain = istio_prestop;
+    v.prestop_drain = istio_prestop;
     v.init_containers = vec![ContainerView {
         restartable: true,
         ..proxy

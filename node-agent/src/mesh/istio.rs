@@ -1,0 +1,135 @@
+//! Istio's sidecar, as its injection template writes it (istio/istio
+//! manifests/charts/istio-control/istio-discovery/files/injection-template.yaml) and as
+//! pilot-agent runs it. The values the agent's `--proxy-*` flags may change come from
+//! [`ProxyConfig`]; the rest are Istio's.
+//!
+//! - marker: the `sidecar.istio.io/status` annotation naming `istio-init` or `istio-validation`
+//!   (pkg/kube/inject/webhook.go `getInjectionStatus`);
+//! - proxy `istio-proxy`, uid 1337, capture 15001/15006, DNS capture to pilot-agent's 15053
+//!   (`DefaultDNSProxyAddr`, pkg/config/constants/constants.go);
+//! - admin 127.0.0.1:15000 (`::1` on IPv6 pods: [`super::MeshProfile::admin_tcp_for`], decided in
+//!   `PodView::admin_addr`);
+//! - readiness: the kubelet probes pilot-agent on 15021 (`/healthz/ready`);
+//! - drain: pilot-agent sends `drain_listeners?inboundonly&graceful` on SIGTERM (or at the
+//!   native sidecar's preStop, [`prestop_drain`]);
+//! - end: `POST /quitquitquit`; pilot-agent exits with code 0 when Envoy does (pkg/envoy/agent.go
+//!   `Run`: Envoy's exit ends the agent), so a Job pod ends Succeeded.
+
+use k8s_openapi::api::core::v1::Container;
+
+use super::{AdminAt, Markers, Mesh, MeshProfile, ProxyName};
+use crate::config::ProxyConfig;
+
+pub use crate::config::{
+    ANNOTATION_ISTIO_INTERCEPTION_MODE as ANNOTATION_INTERCEPTION_MODE,
+    ANNOTATION_ISTIO_PROXY_CONFIG as ANNOTATION_PROXY_CONFIG,
+    ANNOTATION_ISTIO_SIDECAR_STATUS as ANNOTATION_SIDECAR_STATUS,
+};
+
+/// The init steps Istio's sidecar template injects: `istio-init` writes the iptables rules;
+/// with the Istio CNI plugin `istio-validation` checks them (injection-template.yaml). They
+/// send nothing through the capture ports.
+pub const INIT_STEPS: [&str; 2] = ["istio-init", "istio-validation"];
+
+/// pilot-agent's DNS proxy port, the target of Istio's DNS capture (localhost:15053,
+/// `DefaultDNSProxyAddr` in istio/istio pkg/config/constants/constants.go).
+pub const DNS_PORT: u16 = 15053;
+
+/// `http.<stat_prefix>` scopes whose bytes are not the pod's traffic. `admin` is Envoy's admin
+/// API (its HCM's fixed stat prefix): the agent polls it through the drain, and pilot-agent
+/// scrapes it for its merged metrics. The others are Istio's bootstrap listeners, by their HCM
+/// `stat_prefix` in istio/istio `tools/packaging/common/envoy_bootstrap.json` (checked at
+/// 86c9f01fd73, master 2026-08): `agent` (the 15021 status port, routed to pilot-agent: the
+/// istio-proxy container's own readiness probe, `/healthz/ready` every 15 s by default per the
+/// injection template, and on gateways the cloud load balancers' health checks, which can come
+/// from many sources at once), `stats` (15090: Prometheus scrapes, routed to the admin API),
+/// `secure_stats` and `secure_merged_stats` (the TLS metrics ports, when enabled). (The app
+/// containers' own probes, rewritten by the injector, go to pilot-agent on 15020 without
+/// passing through Envoy.)
+pub const OWN_HTTP_PREFIXES: [&str; 5] = [
+    "admin",
+    "agent",
+    "stats",
+    "secure_stats",
+    "secure_merged_stats",
+];
+
+/// Istio's profile with the agent's `--proxy-*` flags.
+pub fn profile(flags: &ProxyConfig) -> MeshProfile {
+    MeshProfile {
+        mesh: Mesh::Istio,
+        proxy: ProxyName {
+            exact: flags.container.clone(),
+            prefix: None,
+        },
+        init_steps: &INIT_STEPS,
+        proxy_uid: flags.uid,
+        outbound_port: flags.outbound_port,
+        inbound_port: flags.inbound_port,
+        dns_port: Some(DNS_PORT),
+        admin: AdminAt::Tcp(flags.admin),
+        own_http_prefixes: &OWN_HTTP_PREFIXES,
+        readiness: "pilot-agent's /healthz/ready on 15021",
+    }
+}
+
+/// Istio injected the pod: its status annotation names one of its init steps (a pod with
+/// interception mode NONE, or another template, has none: no rules to hold by).
+pub(super) fn injected(markers: &Markers<'_>) -> Result<(), String> {
+    let Some(status) = (markers.annotation)(ANNOTATION_SIDECAR_STATUS) else {
+        return Err(format!("no {ANNOTATION_SIDECAR_STATUS} annotation"));
+    };
+    let inits = injected_init_containers(status)?;
+    if !inits.iter().any(|i| INIT_STEPS.contains(&i.as_str())) {
+        return Err(format!(
+            "{ANNOTATION_SIDECAR_STATUS} names neither istio-init nor istio-validation \
+             (interception mode NONE, or another template)"
+        ));
+    }
+    Ok(())
+}
+
+/// Istio's status annotation's `initContainers` names.
+fn injected_init_containers(value: &str) -> Result<Vec<String>, String> {
+    #[derive(serde::Deserialize)]
+    struct SidecarInjectionStatus {
+        #[serde(default, rename = "initContainers")]
+        init_containers: Option<Vec<String>>,
+    }
+    // Istio writes a few hundred bytes; a larger value is not its template's.
+    const MAX: usize = 16 * 1024;
+    if value.len() > MAX {
+        return Err(format!(
+            "{ANNOTATION_SIDECAR_STATUS} is {} bytes, above the {MAX} holdfast reads",
+            value.len()
+        ));
+    }
+    serde_json::from_str::<SidecarInjectionStatus>(value)
+        .map(|s| s.init_containers.unwrap_or_default())
+        .map_err(|e| format!("{ANNOTATION_SIDECAR_STATUS} is not Istio's JSON ({e})"))
+}
+
+/// Whether a native proxy's preStop is Istio's drain: `pilot-agent request --debug-port=15020
+/// POST drain` (injection-template.yaml, and the golden file
+/// pkg/kube/inject/testdata/inject/native-sidecar.yaml.injected, istio/istio 1.28). A mesh's
+/// `global.proxy.lifecycle` replaces it; then pilot-agent drains only after its SIGTERM, which
+/// the kubelet sends once the app has exited.
+pub fn prestop_drain(proxy: &Container) -> bool {
+    let Some(words) = prestop_command(proxy) else {
+        return false;
+    };
+    matches!(words.first(), Some(w) if w.ends_with("pilot-agent"))
+        && words.contains(&"request")
+        && words.ends_with(&["POST", "drain"])
+}
+
+/// The proxy's preStop exec command, word by word.
+pub(super) fn prestop_command(proxy: &Container) -> Option<Vec<&str>> {
+    let cmd = proxy
+        .lifecycle
+        .as_ref()
+        .and_then(|l| l.pre_stop.as_ref())
+        .and_then(|h| h.exec.as_ref())
+        .and_then(|e| e.command.as_ref())?;
+    Some(cmd.iter().map(String::as_str).collect())
+}

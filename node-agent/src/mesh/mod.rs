@@ -1,0 +1,220 @@
+//! The mesh profiles: what each Envoy sidecar mesh's injector writes into a pod, and how its
+//! proxy is reached, judged and ended. One file per mesh (`istio.rs`, `kuma.rs`, `consul.rs`);
+//! a pod's profile is chosen once, from its markers, by [`recognise`], and carried on its
+//! `PodView`. The machine and the executors never learn a mesh's name: they read the values of
+//! the pod's [`MeshProfile`].
+//!
+//! A fourth mesh is one file here (its `profile()` and its marker check, each fact cited from
+//! its source) and one line in [`profile_of`] (plus its variant of [`Mesh`] in `api`).
+
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+
+use k8s_openapi::api::core::v1::Container;
+use serde::Serialize;
+
+pub use crate::api::Mesh;
+use crate::config::ProxyConfig;
+
+pub mod consul;
+pub mod istio;
+pub mod kuma;
+
+/// The path that asks Envoy to exit (its admin API's `POST /quitquitquit`), which ends every
+/// mesh's proxy container with exit code 0: pilot-agent, kuma-dp and consul-dataplane each exit
+/// when their Envoy does (see each profile's `end` note).
+pub const QUIT_PATH: &str = "/quitquitquit";
+
+/// Where a mesh's Envoy serves its admin API.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdminAt {
+    /// A TCP address inside the pod's network namespace. A loopback IPv4 address becomes `::1`
+    /// where the mesh's bootstrap binds IPv6 (see [`MeshProfile::admin_tcp_for`]).
+    Tcp(SocketAddr),
+    /// A Unix socket inside the proxy container's mount namespace, reached through
+    /// `/proc/<envoy pid>/root<parent>/<dir_prefix>*/<name>` (Kuma 2.14+: the socket is in
+    /// kuma-dp's work directory, a `os.MkdirTemp` directory under the sidecar's `$TMPDIR`).
+    UnixSocket {
+        /// The directory holding the work directories, inside the container (`/tmp`).
+        parent: &'static str,
+        /// The work directory's name before its random part (`kuma-dp-`).
+        dir_prefix: &'static str,
+        /// The socket's file name in the work directory.
+        name: &'static str,
+    },
+}
+
+/// How a mesh's proxy container is named in the pod spec.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProxyName {
+    /// The name the injector gives the proxy container.
+    pub exact: String,
+    /// Another form of the name (Consul's multi-port pods: `consul-dataplane-<service>`, one
+    /// proxy per service).
+    pub prefix: Option<&'static str>,
+}
+
+impl ProxyName {
+    pub fn matches(&self, name: &str) -> bool {
+        name == self.exact
+            || self
+                .prefix
+                .is_some_and(|p| name.strip_prefix(p).is_some_and(|rest| !rest.is_empty()))
+    }
+}
+
+/// One mesh's facts, as the agent uses them for a pod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MeshProfile {
+    pub mesh: Mesh,
+    /// The proxy container.
+    pub proxy: ProxyName,
+    /// The init containers the injector adds (they write the iptables rules, or check them
+    /// with the mesh's CNI plugin); they send nothing through the capture ports.
+    pub init_steps: &'static [&'static str],
+    /// uid the proxy runs as: the mesh's iptables rules exclude it, and so does the hold.
+    pub proxy_uid: u32,
+    /// Envoy's outbound capture port (the app's outbound connections are redirected there).
+    pub outbound_port: u16,
+    /// Envoy's inbound capture port.
+    pub inbound_port: u16,
+    /// Where the mesh redirects the pod's DNS when its DNS capture is on (held until it
+    /// listens); `None`: the agent does not hold DNS for this mesh.
+    pub dns_port: Option<u16>,
+    /// Envoy's admin API.
+    pub admin: AdminAt,
+    /// `http.<stat_prefix>` scopes of the mesh's own listeners (probes, metrics, admin
+    /// proxies): their bytes are not the pod's traffic, so the drain's idle test skips them.
+    pub own_http_prefixes: &'static [&'static str],
+    /// What the kubelet probes the proxy's readiness on, for the reader (the agent judges
+    /// readiness by Envoy's own stats, the same for every mesh).
+    pub readiness: &'static str,
+}
+
+impl Default for MeshProfile {
+    /// Istio's, with the agent's default flags.
+    fn default() -> Self {
+        istio::profile(&ProxyConfig::default())
+    }
+}
+
+impl MeshProfile {
+    /// The admin TCP address for a pod with IPs `pod_ips`: a loopback admin becomes `::1` when
+    /// the mesh's bootstrap binds IPv6 for such a pod (`v6_loopback`, decided per mesh).
+    pub fn admin_tcp_for(&self, v6_loopback: bool) -> Option<SocketAddr> {
+        match &self.admin {
+            AdminAt::Tcp(addr) if v6_loopback && addr.ip().is_loopback() => Some(SocketAddr::new(
+                IpAddr::V6(Ipv6Addr::LOCALHOST),
+                addr.port(),
+            )),
+            AdminAt::Tcp(addr) => Some(*addr),
+            AdminAt::UnixSocket { .. } => None,
+        }
+    }
+
+    /// Whether the native proxy's preStop drains it at the deletion and its container exits at
+    /// the SIGTERM the kubelet sends after the app exited: the kubelet then orders the drain.
+    pub fn prestop_drain(&self, proxy: &Container) -> bool {
+        match self.mesh {
+            Mesh::Istio => istio::prestop_drain(proxy),
+            Mesh::Kuma => kuma::prestop_drain(proxy),
+            Mesh::Consul => false,
+        }
+    }
+}
+
+/// The profile of `mesh`; Istio's takes the agent's `--proxy-*` flags.
+pub fn profile_of(mesh: Mesh, istio: &ProxyConfig) -> MeshProfile {
+    match mesh {
+        Mesh::Istio => istio::profile(istio),
+        Mesh::Kuma => kuma::profile(),
+        Mesh::Consul => consul::profile(),
+    }
+}
+
+/// What a pod's markers say about its mesh.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recognised {
+    /// No mesh's marker and no mesh's proxy container: not meshed.
+    None,
+    /// One mesh: its profile. `ignored` names other meshes whose marker is there without their
+    /// proxy container (an annotation copied from another template): said on the pod's row.
+    One {
+        profile: MeshProfile,
+        ignored: Vec<Mesh>,
+    },
+    /// A proxy container of a mesh whose injection marker is missing (or says it did not inject).
+    NotInjected { mesh: Mesh, why: String },
+    /// More than one mesh's marker and proxy container: holdfast cannot tell whose rules are in
+    /// the netns, and leaves the pod alone.
+    Several(Vec<Mesh>),
+}
+
+/// A pod's metadata as the recognition reads it.
+pub struct Markers<'a> {
+    pub annotation: &'a dyn Fn(&str) -> Option<&'a str>,
+    pub label: &'a dyn Fn(&str) -> Option<&'a str>,
+    /// Every container name of the pod (regular and init).
+    pub containers: &'a [&'a str],
+}
+
+/// Chooses a pod's mesh: a mesh is the pod's when its proxy container is there; its injection
+/// marker must say it injected it. Two meshes' proxies in one pod: left alone.
+pub fn recognise(markers: &Markers<'_>, istio: &ProxyConfig) -> Recognised {
+    let profiles: Vec<MeshProfile> = Mesh::ALL.iter().map(|m| profile_of(*m, istio)).collect();
+    let with_proxy: Vec<&MeshProfile> = profiles
+        .iter()
+        .filter(|p| markers.containers.iter().any(|c| p.proxy.matches(c)))
+        .collect();
+    let marked: Vec<Mesh> = profiles
+        .iter()
+        .filter(|p| marker(p.mesh, markers).is_ok())
+        .map(|p| p.mesh)
+        .collect();
+    match with_proxy.as_slice() {
+        [] => Recognised::None,
+        [one] => match marker(one.mesh, markers) {
+            Ok(()) => Recognised::One {
+                profile: (*one).clone(),
+                ignored: marked.into_iter().filter(|m| *m != one.mesh).collect(),
+            },
+            Err(why) => Recognised::NotInjected {
+                mesh: one.mesh,
+                why,
+            },
+        },
+        several => {
+            let both: Vec<Mesh> = several
+                .iter()
+                .map(|p| p.mesh)
+                .filter(|m| marked.contains(m))
+                .collect();
+            match both.as_slice() {
+                [only] => Recognised::One {
+                    profile: profile_of(*only, istio),
+                    ignored: marked.into_iter().filter(|m| m != only).collect(),
+                },
+                [] => Recognised::NotInjected {
+                    mesh: several[0].mesh,
+                    why: "proxy containers of several meshes, none marked injected".into(),
+                },
+                _ => Recognised::Several(both),
+            }
+        }
+    }
+}
+
+/// Whether `mesh`'s injector marked the pod as injected (`Err`: why not).
+fn marker(mesh: Mesh, markers: &Markers<'_>) -> Result<(), String> {
+    match mesh {
+        Mesh::Istio => istio::injected(markers),
+        Mesh::Kuma => kuma::injected(markers),
+        Mesh::Consul => consul::injected(markers),
+    }
+}
+
+/// Every label a mesh's recognition reads (the pod source keeps these).
+pub const READ_LABELS: [&str; 2] = [kuma::LABEL_MESH, consul::KEY_INJECT_STATUS];
+
+#[cfg(test)]
+mod tests;
