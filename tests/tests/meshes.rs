@@ -5,16 +5,15 @@
 //!
 //! - Kuma classic (TCP admin): an app calling at boot before Envoy is ready is refused.
 //! - Kuma classic: on SIGTERM kuma-dp waits its fixed `drainTime` although the app is gone.
-//! - Kuma native (Unix-socket admin, 2.14's default): the admin is only on the socket; the
-//!   startup probe gates the app; an Envoy crash refuses the app's calls until the restarted
-//!   sidecar's Envoy is up.
+//! - Kuma native (Unix-socket admin, 2.14's default): in `meshes_native.rs` (netns backend
+//!   only).
 //! - Consul classic: consul-dataplane waits its fixed shutdown grace after SIGTERM although the
 //!   app is gone.
 //! - Consul Job: the app is done, consul-dataplane runs on, the Job never completes
 //!   (hashicorp/consul-k8s#1791).
 //!
-//! The netns backend only: the containerd backend does not build these shapes yet (its
-//! `unsupported` says so; docs/containerd-backend.md).
+//! Both backends: `just test` runs this file on the containerd backend too (the init steps and
+//! stand-ins as real containers, Kuma's sidecar with its emptyDir on `/tmp`).
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -141,112 +140,6 @@ fn kuma_classic_drain_waits_drain_time_without_holdfast() {
     assert!(app_gone < Duration::from_secs(2), "{app_gone:?}");
     assert!(took >= drain, "pod gone after {took:?}, before drainTime");
     assert_eq!(view.proxy().and_then(|c| c.exit_code()), Some(0));
-    assert_clean(node);
-}
-
-/// Kuma 2.14 native sidecar with the admin on its Unix socket: no TCP admin; the socket is in
-/// kuma-dp's 0711 workdir, 0600 and owned by 5678; the startup probe (`/ready` on 9902) gates
-/// the app; an Envoy crash refuses the app's calls until the restarted sidecar's Envoy is up.
-#[test]
-fn kuma_native_unix_socket_restart_refuses_calls_without_holdfast() {
-    if !privileged("kuma_native_unix_socket_restart_refuses_calls_without_holdfast") {
-        return;
-    }
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let late = Duration::from_secs(2);
-    let mut node = node("kumanative");
-    node.add_pod(
-        PodSpec::new("svc")
-            .mesh(Mesh::Kuma(KumaAdmin::UnixSocket))
-            .native()
-            .app(AppScript::BootThenCall {
-                every: Duration::from_millis(100),
-                pool: 1,
-                after_sigterm: Duration::ZERO,
-            })
-            .call_timeout(Duration::from_secs(1))
-            .proxy_delay(late)
-            .holdfast_enabled(false),
-    )
-    .expect("add pod");
-    node.start_pods().expect("start");
-    node.wait_report("svc", Duration::from_secs(30), "boot call", |r| {
-        r.calls(Phase::Startup).ok + r.calls(Phase::Startup).failed >= 1
-    })
-    .expect("boot call");
-    let report = node.report("svc").expect("report");
-    assert_eq!(
-        report.calls(Phase::Startup).failed,
-        0,
-        "the startup probe gates the app: {:?}",
-        report.calls(Phase::Startup)
-    );
-    let sock = node.kuma_admin_socket("svc").expect("admin socket");
-    let meta = std::fs::metadata(&sock).expect("socket");
-    assert_eq!(meta.mode() & 0o777, 0o600, "{}", sock.display());
-    assert_eq!(meta.uid(), 5678);
-    let dir = std::fs::metadata(sock.parent().expect("workdir")).expect("workdir");
-    assert_eq!(dir.permissions().mode() & 0o777, 0o711);
-    // Where a node agent finds it: in the sidecar's mount namespace, under its /tmp.
-    let envoy = node.envoy_pid("svc").expect("Envoy");
-    let workdir = sock
-        .parent()
-        .and_then(|d| d.file_name())
-        .expect("workdir name");
-    let seen = std::path::PathBuf::from(format!("/proc/{envoy}/root/tmp"))
-        .join(workdir)
-        .join("kuma-envoy-admin.sock");
-    assert_eq!(
-        std::fs::metadata(&seen).map(|m| m.ino()).ok(),
-        Some(meta.ino()),
-        "{} is the socket",
-        seen.display()
-    );
-    assert!(
-        !std::path::Path::new("/tmp").join(workdir).exists(),
-        "not in the host's /tmp"
-    );
-    assert_eq!(
-        node.admin("svc", "GET", "/ready")
-            .expect("admin over the socket")
-            .trim(),
-        "LIVE"
-    );
-    let tcp = node
-        .in_pod_netns("svc", || {
-            std::net::TcpStream::connect(("127.0.0.1", 9901)).is_err()
-        })
-        .expect("netns");
-    assert!(tcp, "no TCP admin on 9901");
-
-    // Envoy crashes: kuma-dp exits 1, the kubelet restarts the sidecar; its Envoy is `late`.
-    std::thread::sleep(Duration::from_millis(500));
-    let before = node.report("svc").expect("report").calls(Phase::Running);
-    node.kill_envoy("svc").expect("kill Envoy");
-    let t = Instant::now();
-    node.wait_for("svc", Duration::from_secs(20), "sidecar restarted", |p| {
-        p.proxy()
-            .is_some_and(|c| c.restart_count >= 1 && c.is_running())
-    })
-    .expect("restart");
-    node.wait_proxy_live("svc", Duration::from_secs(20))
-        .expect("Envoy LIVE again");
-    let down = t.elapsed();
-    std::thread::sleep(Duration::from_millis(500));
-    let after = node.report("svc").expect("report").calls(Phase::Running);
-    let refused =
-        after.errors(CallError::ConnectionRefused) - before.errors(CallError::ConnectionRefused);
-    let failed = after.failed - before.failed;
-    eprintln!(
-        "kuma native (socket admin): Envoy back after {down:?}; {failed} calls failed, {refused} refused"
-    );
-    assert!(
-        refused >= 5,
-        "calls refused while Envoy was down: {after:?}"
-    );
-    node.delete_pod("svc").expect("delete");
-    node.wait_gone("svc", Duration::from_secs(30))
-        .expect("gone");
     assert_clean(node);
 }
 

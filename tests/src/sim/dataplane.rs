@@ -196,9 +196,12 @@ pub struct KumaDpArgs {
     /// The bootstrap as the control plane returns it (JSON); kuma-dp writes it into its workdir.
     #[arg(long)]
     pub bootstrap: PathBuf,
-    /// The sidecar's `$TMPDIR` (kuma-dp's workdir is made in it).
+    /// The sidecar's `/tmp` emptyDir on the host (kuma-dp's workdir is made in it).
     #[arg(long)]
     pub tmpdir: PathBuf,
+    /// `/tmp` is the emptyDir already (a real container): no mount namespace of its own.
+    #[arg(long)]
+    pub tmp_is_mounted: bool,
     /// Envoy's admin on `<workdir>/kuma-envoy-admin.sock` (Kuma 2.14's default) instead of TCP.
     #[arg(long)]
     pub admin_socket: bool,
@@ -270,7 +273,9 @@ fn kuma_workdir(args: &KumaDpArgs) -> io::Result<(PathBuf, PathBuf, AdminAddr)> 
             xds_files.push((key, name, body));
         }
     }
-    enter_container_tmp(&args.tmpdir)?;
+    if !args.tmp_is_mounted {
+        enter_container_tmp(&args.tmpdir)?;
+    }
     let workdir = PathBuf::from("/tmp").join(format!("kuma-dp-{}", &super::random_hex(5)[..9]));
     std::fs::create_dir_all(&workdir)?;
     std::fs::set_permissions(&workdir, std::fs::Permissions::from_mode(0o711))?;

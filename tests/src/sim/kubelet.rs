@@ -564,6 +564,11 @@ impl PodWorker {
                 if admin == KumaAdmin::UnixSocket {
                     a.push("--admin-socket".into());
                 }
+                if self.env.cri.is_some() {
+                    // A real container: its /tmp is the emptyDir already (the containerd
+                    // kubelet stand-in mounts it).
+                    a.push("--tmp-is-mounted".into());
+                }
                 return a;
             }
             Mesh::Consul => {
@@ -1180,7 +1185,7 @@ impl PodWorker {
 }
 
 /// The Kuma sidecar's `/tmp` in the pod's directory (its `kuma-sidecar-tmp` emptyDir).
-const KUMA_SIDECAR_TMP: &str = "kuma-sidecar-tmp";
+pub(crate) const KUMA_SIDECAR_TMP: &str = "kuma-sidecar-tmp";
 
 /// Comment on the DROP baseline's rules.
 const DROP_COMMENT: &str = "hf-drop-until-ready";
