@@ -195,11 +195,13 @@ pub const READ_ANNOTATIONS: [&str; 9] = [
 pub const READ_LABELS: [&str; 2] = crate::mesh::READ_LABELS;
 
 /// Every container environment variable [`PodView::from_pod`] reads; the source drops the others.
-pub const READ_ENV: [&str; 4] = [
+pub const READ_ENV: [&str; 6] = [
     ENV_DNS_CAPTURE,
     ENV_EXIT_ON_ZERO,
     ENV_DUAL_STACK,
     ENV_INTERCEPTION_MODE,
+    crate::mesh::kuma::ENV_DNS_ENABLED,
+    crate::mesh::kuma::ENV_DNS_PROXY_PORT,
 ];
 
 /// The proxy's environment variable that turns on Istio's DNS capture (redirect of port 53 to
@@ -308,7 +310,27 @@ impl PodView {
         };
         // Istio's settings; another mesh's proxy has none of these variables.
         let istio = profile.mesh == Mesh::Istio;
-        let dns_capture = istio && flag(ENV_DNS_CAPTURE);
+        let dns_capture = match profile.mesh {
+            Mesh::Istio => flag(ENV_DNS_CAPTURE),
+            // kuma-dp's DNS proxy, where kuma-init redirects DNS when the injector turned the
+            // builtin DNS on (containers/factory.go writes both variables then).
+            Mesh::Kuma => {
+                let on = matches!(
+                    env_value(proxy_container, crate::mesh::kuma::ENV_DNS_ENABLED),
+                    EnvValue::Literal(v) if parse_go_bool(v) == Some(true)
+                );
+                if let EnvValue::Literal(port) =
+                    env_value(proxy_container, crate::mesh::kuma::ENV_DNS_PROXY_PORT)
+                {
+                    // A value that is no port: the default (15053) stays.
+                    if let Ok(p @ 1..) = port.trim().parse::<u16>() {
+                        profile.dns_port = Some(p);
+                    }
+                }
+                on
+            }
+            Mesh::Consul => false,
+        };
         let exit_on_zero = istio && flag(ENV_EXIT_ON_ZERO);
         let istio_dual_stack = istio && flag(ENV_DUAL_STACK);
 

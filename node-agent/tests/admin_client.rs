@@ -3,6 +3,7 @@
 //! through `PodNetns`).
 
 use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -681,5 +682,123 @@ async fn real_envoy_inside_a_netns() -> Result<()> {
     // Through the netns connector too, a closed admin port is told apart as a refusal.
     let err = admin.ready().await.expect_err("envoy is gone");
     ensure!(err.is_refused(), "{err}");
+    Ok(())
+}
+
+/// Envoy's admin on a Unix socket (mode 0600) in a `kuma-dp-*` work directory, as Kuma 2.14
+/// bootstraps it (`admin.address.pipe.path`: kumahq/kuma pkg/xds/bootstrap template,
+/// pkg/core/xds/sockets.go `AdminSocketName`): found through `/proc/<envoy pid>/root` and
+/// reached with the same client as the TCP admin — ready, stats, quit, and a gone Envoy.
+#[tokio::test]
+async fn real_envoy_admin_on_a_unix_socket() -> Result<()> {
+    use holdfast::effects::admin_socket::AdminSocket;
+    let Some(binary) = envoy_binary() else {
+        return Ok(());
+    };
+    let dir = std::env::temp_dir().join(format!("hf-admin-uds-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let work = dir.join("kuma-dp-3141");
+    std::fs::create_dir_all(&work)?;
+    let socket = work.join("kuma-envoy-admin.sock");
+    let config = dir.join("envoy.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "admin:\n  address:\n    pipe: {{ path: {}, mode: 384 }}\n",
+            socket.display()
+        ),
+    )?;
+    let child = Command::new(&binary)
+        .arg("-c")
+        .arg(&config)
+        .args([
+            "--disable-hot-restart",
+            "-l",
+            "warning",
+            "--concurrency",
+            "1",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting envoy")?;
+    let mut envoy = Envoy {
+        child,
+        dir: dir.clone(),
+    };
+    let pid = envoy.child.id() as i32;
+    let uid = nix::unistd::Uid::effective().as_raw();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !socket.exists() {
+        ensure!(
+            Instant::now() < deadline,
+            "envoy did not make its admin socket"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    ensure!(
+        std::fs::metadata(&socket)?.permissions().mode() & 0o777 == 0o600,
+        "the socket is the proxy's alone, as Kuma's"
+    );
+    let found = AdminSocket::find(
+        std::path::Path::new("/proc"),
+        pid,
+        &[pid],
+        uid,
+        dir.to_str().context("utf-8 dir")?,
+        "kuma-dp-",
+        "kuma-envoy-admin.sock",
+    )?;
+    ensure!(found
+        .shown()
+        .ends_with("kuma-dp-3141/kuma-envoy-admin.sock"));
+    let found = Arc::new(found);
+    let admin = AdminClient::unix(found.shown(), {
+        let found = found.clone();
+        Arc::new(move |timeout| found.connect(timeout).map_err(|e| e.into_io()))
+    });
+    let mut state = admin.ready().await?;
+    while !state.is_live() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        state = admin.ready().await?;
+    }
+    ensure!(state.is_live(), "state {state:?}");
+    let stats = admin.stats(Some("^server\\.state$")).await?;
+    ensure!(stats.get("server.state") == Some(0), "{stats:?}");
+    admin.post("/quitquitquit").await?;
+    let status = wait_exit(&mut envoy.child, Duration::from_secs(5))?;
+    ensure!(status.success(), "envoy exit {status}");
+    let err = admin.ready().await.expect_err("envoy is gone");
+    ensure!(err.to_string().contains("unix:"), "{err}");
+    Ok(())
+}
+
+/// A Unix admin socket the agent may not connect to (Kuma's is 0600 for uid 5678: the agent
+/// without CAP_DAC_OVERRIDE gets EACCES) is `denied`, which readiness turns into "cannot look"
+/// (the hold released, as without holdfast) instead of asking until the deadline.
+#[tokio::test]
+async fn a_denied_unix_socket_is_told_apart() -> Result<()> {
+    let admin = AdminClient::unix(
+        "/tmp/kuma-dp-1/kuma-envoy-admin.sock",
+        Arc::new(|_| {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                "permission denied",
+            ))
+        }),
+    );
+    let err = admin.ready().await.expect_err("denied");
+    ensure!(err.is_denied() && !err.is_refused(), "{err}");
+    ensure!(
+        err.to_string()
+            .contains("unix:/tmp/kuma-dp-1/kuma-envoy-admin.sock"),
+        "{err}"
+    );
+    let gone = AdminClient::unix(
+        "/tmp/kuma-dp-1/kuma-envoy-admin.sock",
+        Arc::new(|_| Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))),
+    );
+    let err = gone.ready().await.expect_err("refused");
+    ensure!(err.is_refused() && !err.is_denied(), "{err}");
     Ok(())
 }

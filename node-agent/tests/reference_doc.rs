@@ -302,6 +302,7 @@ fn every_status_document_field() {
             drain: Some(DrainReport {
                 last_counts: Some(FilterCounts::default()),
                 quit_reason: quit,
+                health_checks_restored: 1,
                 ..DrainReport::new(DrainOutcome::AppDone, t)
             }),
             job: Some(JobReport {

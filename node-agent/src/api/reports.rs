@@ -76,6 +76,10 @@ pub struct DrainReport {
     pub deadline_meaning: TimestampMeaning,
     /// `POST /drain_listeners?inboundonly&graceful` succeeded.
     pub inbound_drained: bool,
+    /// Times the drain undid the mesh's `/healthcheck/fail` (`POST /healthcheck/ok`: Kuma's
+    /// kuma-dp fails it on SIGTERM, which would drain-close the app's outbound connections).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub health_checks_restored: u32,
     /// The pod's Envoy version, from `/server_info` at the drain's start (`None`: not read).
     #[serde(default)]
     pub envoy_version: Option<String>,
@@ -237,6 +241,7 @@ impl DrainReport {
             deadline_at: None,
             deadline_meaning: TimestampMeaning::RequestTime,
             inbound_drained: false,
+            health_checks_restored: 0,
             envoy_version: None,
             app_gone_at: None,
             quit_sent_at: None,
@@ -272,4 +277,8 @@ impl JobReport {
             error_count: 0,
         }
     }
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }

@@ -3,25 +3,27 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::api::{DrainOutcome, DrainReport, JobReport, SidecarMode};
+use crate::api::{DrainOutcome, DrainReport, JobReport, Mesh, SidecarMode};
 use crate::api::{HoldOutcome, HoldRecord, NodeStatus, Phase, PodStatus};
 
 /// Width the table is laid out for.
 pub const TABLE_WIDTH: usize = 80;
 
-/// Column widths: POD, MODE, PHASE, HELD, RELEASE; END takes the rest of [`TABLE_WIDTH`]
-/// (23: the longest drain outcome with its time, `proxy-gone-early 5.0s`, fits).
-const POD_W: usize = 20;
+/// Column widths: POD, MESH, MODE, PHASE, HELD, RELEASE; END takes the rest of
+/// [`TABLE_WIDTH`] (21: the longest drain outcome with its time, `proxy-gone-early 5.0s`,
+/// fits). HELD fits `12 (75s)`, RELEASE `0.41ms`.
+const POD_W: usize = 17;
+const MESH_W: usize = 6;
 const MODE_W: usize = 7;
 const PHASE_W: usize = 8;
-const HELD_W: usize = 10;
+const HELD_W: usize = 8;
 const RELEASE_W: usize = 7;
-const END_W: usize = TABLE_WIDTH - POD_W - MODE_W - PHASE_W - HELD_W - RELEASE_W - 5;
+const END_W: usize = TABLE_WIDTH - POD_W - MESH_W - MODE_W - PHASE_W - HELD_W - RELEASE_W - 6;
 /// Indent of a row's detail lines (errors, advice).
 const DETAIL_INDENT: &str = "    ";
 
 /// The node's table, at most [`TABLE_WIDTH`] columns wide: a header line, one row per pod
-/// (namespace/name, sidecar mode, phase, connections held and for how long,
+/// (namespace/name, the mesh that injected its sidecar, sidecar mode, phase, connections held and for how long,
 /// proxy-ready-to-release time, how the drain or Job ended), each followed by indented detail
 /// lines: what holdfast does for a native sidecar, and anything that needs an operator (a hold
 /// that did not end on a ready proxy, drain advice, the last error).
@@ -46,19 +48,20 @@ pub fn render_table(status: &NodeStatus, now: SystemTime) -> String {
     push_line(
         &mut out,
         &format!(
-            "{:POD_W$} {:MODE_W$} {:PHASE_W$} {:HELD_W$} {:RELEASE_W$} {}",
-            "POD", "MODE", "PHASE", "HELD (FOR)", "RELEASE", "END (OUTCOME, TIME)"
+            "{:POD_W$} {:MESH_W$} {:MODE_W$} {:PHASE_W$} {:HELD_W$} {:RELEASE_W$} {}",
+            "POD", "MESH", "MODE", "PHASE", "HELD/FOR", "RELEASE", "END (OUTCOME, TIME)"
         ),
     );
     for pod in &status.pods {
         push_line(
             &mut out,
             &format!(
-                "{:POD_W$} {:MODE_W$} {:PHASE_W$} {:HELD_W$} {:RELEASE_W$} {}",
+                "{:POD_W$} {:MESH_W$} {:MODE_W$} {:PHASE_W$} {:HELD_W$} {:RELEASE_W$} {}",
                 fit_middle(
                     &escape_controls(&format!("{}/{}", pod.namespace, pod.name)),
                     POD_W
                 ),
+                pod.mesh.map_or("-", Mesh::as_str),
                 pod.mode.map_or("-", SidecarMode::as_str),
                 phase_label(pod.phase),
                 fit_end(&held_cell(pod.hold.as_ref(), now), HELD_W),

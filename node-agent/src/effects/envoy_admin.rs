@@ -42,41 +42,67 @@ pub const SMALL_ANSWER_MAX: usize = 4 * 1024;
 /// adds ~180 bytes per used route, so 1 MiB is ~5,000 used routes: far past any pod's.
 pub const DEFAULT_MAX_BODY: usize = 1 << 20;
 
+/// Where an admin client connects, as its errors and logs name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminAddr {
+    Tcp(SocketAddr),
+    /// A Unix socket, as the proxy's filesystem names it.
+    Unix(Arc<str>),
+}
+
+impl std::fmt::Display for AdminAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AdminAddr::Tcp(a) => write!(f, "{a}"),
+            AdminAddr::Unix(p) => write!(f, "unix:{p}"),
+        }
+    }
+}
+
+impl From<SocketAddr> for AdminAddr {
+    fn from(a: SocketAddr) -> AdminAddr {
+        AdminAddr::Tcp(a)
+    }
+}
+
 /// Errors of this module, by kind.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot connect to Envoy admin at {addr}: {reason}")]
     Connect {
-        addr: SocketAddr,
+        addr: AdminAddr,
         reason: String,
         /// The connection was refused: nothing listens on the admin port.
         refused: bool,
+        /// The agent may not connect (a Unix socket it lacks the permission for): asking
+        /// again will not help.
+        denied: bool,
     },
     #[error("Envoy admin at {addr}: {what} timed out after {after:?}")]
     Timeout {
-        addr: SocketAddr,
+        addr: AdminAddr,
         what: &'static str,
         after: Duration,
     },
     #[error("Envoy admin at {addr}: {path} answered HTTP {status}: {body}")]
     Http {
-        addr: SocketAddr,
+        addr: AdminAddr,
         path: String,
         status: u16,
         /// The start of the body, for the log.
         body: String,
     },
     #[error("Envoy admin at {addr}: malformed response: {reason}")]
-    Malformed { addr: SocketAddr, reason: String },
+    Malformed { addr: AdminAddr, reason: String },
     #[error("Envoy admin at {addr}: {path} answered more than the agent reads: {reason}")]
     TooLarge {
-        addr: SocketAddr,
+        addr: AdminAddr,
         path: String,
         reason: String,
     },
     #[error("Envoy admin at {addr}: {}connection closed: {reason}", if *.sent { "no complete response, " } else { "" })]
     Closed {
-        addr: SocketAddr,
+        addr: AdminAddr,
         reason: String,
         /// The request was written: the answer is missing or cut short (kind `malformed`, as
         /// for any response that is not a whole HTTP answer); otherwise kind `io`.
@@ -84,7 +110,7 @@ pub enum Error {
     },
     #[error("Envoy admin at {addr}: I/O error: {source}")]
     Io {
-        addr: SocketAddr,
+        addr: AdminAddr,
         source: std::io::Error,
     },
 }
@@ -107,6 +133,11 @@ impl Error {
     /// or gone). Other connect failures (entering the netns failed) say nothing about Envoy.
     pub fn is_refused(&self) -> bool {
         matches!(self, Error::Connect { refused: true, .. })
+    }
+
+    /// Whether the agent may not connect at all (permission denied): asking again will not help.
+    pub fn is_denied(&self) -> bool {
+        matches!(self, Error::Connect { denied: true, .. })
     }
 
     /// Whether the answer broke the body cap: not a fault of the agent or the network, but of
@@ -238,6 +269,22 @@ impl Response {
 pub type Connector =
     Arc<dyn Fn(SocketAddr, Duration) -> std::io::Result<std::net::TcpStream> + Send + Sync>;
 
+/// Makes a connected, blocking Unix stream to Envoy's admin socket within a timeout. Called on a
+/// blocking thread.
+pub type UnixConnector =
+    Arc<dyn Fn(Duration) -> std::io::Result<std::os::unix::net::UnixStream> + Send + Sync>;
+
+/// How a client reaches the admin API.
+#[derive(Clone)]
+enum Dial {
+    Tcp(Connector),
+    Unix(UnixConnector),
+}
+
+/// A connected admin stream, TCP or Unix.
+trait AdminIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> AdminIo for T {}
+
 /// Told the [`Error::kind`] of every failed request that is a real failure (see
 /// [`AdminClient::with_error_callback`]).
 pub type ErrorCallback = Arc<dyn Fn(&'static str) + Send + Sync>;
@@ -258,7 +305,9 @@ struct Shared {
 #[derive(Clone)]
 pub struct AdminClient {
     addr: SocketAddr,
-    connector: Connector,
+    /// What errors and logs name (`addr`, or the Unix socket's path).
+    shown: AdminAddr,
+    dial: Dial,
     connect_timeout: Duration,
     response_timeout: Duration,
     max_body: usize,
@@ -269,7 +318,7 @@ pub struct AdminClient {
 impl std::fmt::Debug for AdminClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AdminClient")
-            .field("addr", &self.addr)
+            .field("addr", &self.shown)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("max_body", &self.max_body)
@@ -306,7 +355,8 @@ impl AdminClient {
     pub fn with_connector(addr: SocketAddr, connector: Connector) -> AdminClient {
         AdminClient {
             addr,
-            connector,
+            shown: AdminAddr::Tcp(addr),
+            dial: Dial::Tcp(connector),
             connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(5),
             max_body: DEFAULT_MAX_BODY,
@@ -422,12 +472,12 @@ impl AdminClient {
             return Err(self.http_error(&path, response.status, &response.body));
         }
         let text = std::str::from_utf8(&response.body).map_err(|e| Error::Malformed {
-            addr: self.addr,
+            addr: self.shown.clone(),
             reason: format!("/stats body is not UTF-8: {e}"),
         })?;
         let stats = Stats::parse_keeping(text, keep);
         if stats.malformed_count > 0 {
-            tracing::debug!(addr = %self.addr, count = stats.malformed_count, first = ?stats.malformed.first(), "unparsable /stats lines skipped");
+            tracing::debug!(addr = %self.shown, count = stats.malformed_count, first = ?stats.malformed.first(), "unparsable /stats lines skipped");
         }
         Ok(stats)
     }
@@ -467,6 +517,24 @@ impl AdminClient {
         result
     }
 
+    /// Envoy's admin on a Unix socket (`shown`: its path, for errors and logs), connected by
+    /// `connector` ([`crate::effects::admin_socket`]). [`AdminClient::addr`] is then
+    /// `127.0.0.1:0` (no TCP port is the admin's).
+    pub fn unix(shown: &str, connector: UnixConnector) -> AdminClient {
+        let mut client = AdminClient::with_connector(
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+            Arc::new(|_, _| Err(std::io::Error::other("not a TCP admin"))),
+        );
+        client.shown = AdminAddr::Unix(shown.into());
+        client.dial = Dial::Unix(connector);
+        client
+    }
+
+    /// What errors and logs name: the TCP address or the Unix socket.
+    pub fn shown(&self) -> &AdminAddr {
+        &self.shown
+    }
+
     /// Opens the kept-alive connection now if there is none, without a request, so that the
     /// next request does not wait for entering the netns and connecting (readiness does this
     /// while Envoy starts, to take the connect off the release's critical path). A failure is
@@ -491,7 +559,7 @@ impl AdminClient {
     ) -> Result<Response> {
         let method =
             hyper::Method::from_bytes(method.as_bytes()).map_err(|e| Error::Malformed {
-                addr: self.addr,
+                addr: self.shown.clone(),
                 reason: format!("bad method {method:?}: {e}"),
             })?;
         if quit {
@@ -539,7 +607,7 @@ impl AdminClient {
                 Err(_) => {
                     *slot = None;
                     return Err(Error::Timeout {
-                        addr: self.addr,
+                        addr: self.shown.clone(),
                         what: "response",
                         after: self.response_timeout,
                     });
@@ -554,7 +622,7 @@ impl AdminClient {
                     Failure::Malformed(_) | Failure::TooLarge(_) => false,
                 };
             if retry {
-                tracing::debug!(addr = %self.addr, %failure, "kept-alive admin connection was closed; retrying on a new one");
+                tracing::debug!(addr = %self.shown, %failure, "kept-alive admin connection was closed; retrying on a new one");
                 continue;
             }
             if quit && matches!(failure, Failure::Closed(_)) {
@@ -566,7 +634,7 @@ impl AdminClient {
             }
             if let Failure::TooLarge(reason) = failure {
                 return Err(Error::TooLarge {
-                    addr: self.addr,
+                    addr: self.shown.clone(),
                     // The path without its query (a filter regex says nothing to a reader).
                     path: path.split('?').next().unwrap_or(path).to_string(),
                     reason,
@@ -575,14 +643,14 @@ impl AdminClient {
             return Err(self.failure(failure, true));
         }
         Err(Error::Closed {
-            addr: self.addr,
+            addr: self.shown.clone(),
             reason: "the admin connection closed twice in a row".into(),
             sent: false,
         })
     }
 
     fn failure(&self, failure: Failure, sent: bool) -> Error {
-        let addr = self.addr;
+        let addr = self.shown.clone();
         match failure {
             Failure::Malformed(reason) | Failure::TooLarge(reason) => {
                 Error::Malformed { addr, reason }
@@ -599,7 +667,7 @@ impl AdminClient {
 
     fn http_error(&self, path: &str, status: u16, body: &[u8]) -> Error {
         Error::Http {
-            addr: self.addr,
+            addr: self.shown.clone(),
             path: path.to_string(),
             status,
             body: String::from_utf8_lossy(&body[..body.len().min(200)])
@@ -608,44 +676,66 @@ impl AdminClient {
         }
     }
 
-    async fn connect(&self) -> Result<tokio::net::TcpStream> {
-        let connector = self.connector.clone();
-        let (addr, timeout) = (self.addr, self.connect_timeout);
-        let blocking = tokio::task::spawn_blocking(move || connector(addr, timeout));
+    async fn connect(&self) -> Result<Box<dyn AdminIo>> {
+        let (tcp, shown, timeout) = (self.addr, self.shown.clone(), self.connect_timeout);
+        let dial = self.dial.clone();
+        let blocking = tokio::task::spawn_blocking(move || match dial {
+            Dial::Tcp(connector) => connector(tcp, timeout).map(Stream::Tcp),
+            Dial::Unix(connector) => connector(timeout).map(Stream::Unix),
+        });
         // The connector honours the timeout itself; the margin covers entering the netns.
         let joined = tokio::time::timeout(timeout + Duration::from_millis(500), blocking)
             .await
             .map_err(|_| Error::Timeout {
-                addr,
+                addr: shown.clone(),
                 what: "connect",
                 after: timeout,
             })?;
         let connected = joined.map_err(|e| Error::Connect {
-            addr,
+            addr: shown.clone(),
             reason: format!("connector task failed: {e}"),
             refused: false,
+            denied: false,
         })?;
         let std_stream = connected.map_err(|e| {
             if e.kind() == std::io::ErrorKind::TimedOut {
                 Error::Timeout {
-                    addr,
+                    addr: shown.clone(),
                     what: "connect",
                     after: timeout,
                 }
             } else {
                 Error::Connect {
-                    addr,
+                    addr: shown.clone(),
                     reason: e.to_string(),
                     refused: e.kind() == std::io::ErrorKind::ConnectionRefused,
+                    denied: e.kind() == std::io::ErrorKind::PermissionDenied,
                 }
             }
         })?;
-        let io = |source| Error::Io { addr, source };
-        std_stream.set_nonblocking(true).map_err(io)?;
-        // Requests are small and answered at once: no Nagle delay on the request.
-        let _ = std_stream.set_nodelay(true);
-        tokio::net::TcpStream::from_std(std_stream).map_err(io)
+        let io = |source| Error::Io {
+            addr: shown.clone(),
+            source,
+        };
+        match std_stream {
+            Stream::Tcp(s) => {
+                s.set_nonblocking(true).map_err(io)?;
+                // Requests are small and answered at once: no Nagle delay on the request.
+                let _ = s.set_nodelay(true);
+                Ok(Box::new(tokio::net::TcpStream::from_std(s).map_err(io)?))
+            }
+            Stream::Unix(s) => {
+                s.set_nonblocking(true).map_err(io)?;
+                Ok(Box::new(tokio::net::UnixStream::from_std(s).map_err(io)?))
+            }
+        }
     }
+}
+
+/// A connected blocking stream, before it is handed to tokio.
+enum Stream {
+    Tcp(std::net::TcpStream),
+    Unix(std::os::unix::net::UnixStream),
 }
 
 /// The `Host` header for an address.

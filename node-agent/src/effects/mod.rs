@@ -1,5 +1,6 @@
 //! What touches the node: each module here performs one kind of side effect and decides nothing
 //! (the decisions are [`crate::lifecycle`]'s).
+pub mod admin_socket;
 pub mod envoy_admin;
 pub mod hold;
 pub mod http1_client;

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 
 use super::machine::{self, Effect, Input, Now, PodFacts, Released, Seen, State, Timer};
 use super::record::Recorder;
+use crate::effects::admin_socket::AdminSocket;
 use crate::effects::envoy_admin::AdminClient;
 use crate::effects::hold::{HoldConfig, HoldQueue};
 use crate::effects::netns::PodNetns;
@@ -27,6 +28,7 @@ use crate::effects::procfs::proxy_procs::proxy_pids_of;
 use crate::lifecycle::drain::app_exit::ExitWatcher;
 use crate::lifecycle::drain::{self, DrainCtx, DrainStep, PodProcsSource};
 use crate::lifecycle::readiness::{Readiness, ReadinessProbe};
+use crate::mesh::AdminAt;
 use crate::pod::{PodKey, PodView};
 
 /// How often the held counts are copied to the status board.
@@ -531,8 +533,88 @@ impl Driver {
             .as_ref()
             .map(|v| v.profile.clone())
             .unwrap_or_default();
-        ReadinessProbe::new(netns, admin_addr, &profile, &cfg.hold, options)
+        let client = self
+            .admin_client(netns)
+            .map_err(|e| format!("cannot reach the pod's network namespace: {e}"))?;
+        let admin_port = matches!(profile.admin, AdminAt::Tcp(_)).then_some(admin_addr.port());
+        ReadinessProbe::with_admin(netns, client, admin_port, &profile, &cfg.hold, options)
             .map_err(|e| format!("cannot reach the pod's network namespace: {e}"))
+    }
+
+    /// The pod's Envoy admin client: TCP inside its netns, or the mesh's Unix socket in the
+    /// proxy's filesystem ([`crate::effects::admin_socket`]), found anew from the proxy
+    /// container's current processes whenever the one found last stops answering.
+    fn admin_client(&self, netns: &PodNetns) -> crate::effects::netns::Result<AdminClient> {
+        let profile = self
+            .view
+            .borrow()
+            .as_ref()
+            .map(|v| v.profile.clone())
+            .unwrap_or_default();
+        let AdminAt::UnixSocket {
+            parent,
+            dir_prefix,
+            name,
+        } = profile.admin
+        else {
+            return Ok(AdminClient::in_netns(netns.try_clone()?, self.admin));
+        };
+        let procs = self.shared.procs.clone();
+        let view = self.view.clone();
+        let uid = self.key.uid.clone();
+        let proxy_uid = profile.proxy_uid;
+        let found: Arc<std::sync::Mutex<Option<AdminSocket>>> = Default::default();
+        let connector =
+            move |timeout: Duration| -> std::io::Result<std::os::unix::net::UnixStream> {
+                let mut slot = found.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(socket) = slot.as_ref() {
+                    match socket.connect(timeout) {
+                        Ok(stream) => return Ok(stream),
+                        // A permission problem stays one: said as it is, not searched again.
+                        Err(e @ crate::effects::admin_socket::Error::Permission { .. }) => {
+                            return Err(e.into_io())
+                        }
+                        Err(_) => *slot = None,
+                    }
+                }
+                let proxy_id = view
+                    .borrow()
+                    .as_ref()
+                    .and_then(|v| v.proxy_container().and_then(|c| c.id.clone()))
+                    .ok_or_else(|| {
+                        std::io::Error::new(
+                            std::io::ErrorKind::NotFound,
+                            "the proxy container has no id yet",
+                        )
+                    })?;
+                let container: Vec<i32> = procs
+                    .of_pod_blocking(&uid)
+                    .iter()
+                    .filter(|p| p.container_id.as_deref() == Some(proxy_id.as_str()))
+                    .map(|p| p.pid)
+                    .collect();
+                let proc_root = procs.proc_root();
+                let proxy = proxy_pids_of(&proc_root, &container);
+                let Some(&first) = proxy.first() else {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        "no process of the proxy container yet",
+                    ));
+                };
+                let socket = AdminSocket::find(
+                    &proc_root, first, &proxy, proxy_uid, parent, dir_prefix, name,
+                )
+                .map_err(crate::effects::admin_socket::Error::into_io)?;
+                let stream = socket
+                    .connect(timeout)
+                    .map_err(crate::effects::admin_socket::Error::into_io)?;
+                *slot = Some(socket);
+                Ok(stream)
+            };
+        Ok(AdminClient::unix(
+            &format!("{parent}/{dir_prefix}*/{name}"),
+            Arc::new(connector),
+        ))
     }
 
     /// Recomputes what depends on the pod's object (once per update, not per check). The admin
@@ -618,6 +700,14 @@ impl Driver {
                         .take_violation()
                         .unwrap_or_else(|| "the admin answer broke a bound".into());
                     return Input::OverBound(why);
+                }
+                Readiness::CannotReach => {
+                    let why = p
+                        .take_violation()
+                        .unwrap_or_else(|| "the admin API cannot be reached".into());
+                    // Not asked again: a new probe (and a new look) comes with the next start.
+                    self.probe = None;
+                    return Input::CannotLook(why);
                 }
             },
         };
@@ -794,13 +884,16 @@ impl Driver {
                 let t = self.shared.config.drain.admin_timeout;
                 // The pod's sockets, asked in its netns too (the kernel's send queues).
                 let sockets = drain::PodProxy::open_sockets(&ns);
-                let client = AdminClient::in_netns(ns, self.admin)
-                    .with_timeouts(t, t)
-                    .with_error_callback({
-                        let count =
-                            crate::lifecycle::readiness::count_admin_errors(&self.shared.metrics);
-                        move |kind| count(kind)
-                    });
+                let client = match self.admin_client(&ns) {
+                    Ok(client) => client,
+                    Err(_) => AdminClient::in_netns(ns, self.admin),
+                }
+                .with_timeouts(t, t)
+                .with_error_callback({
+                    let count =
+                        crate::lifecycle::readiness::count_admin_errors(&self.shared.metrics);
+                    move |kind| count(kind)
+                });
                 let own = self
                     .view
                     .borrow()

@@ -70,6 +70,10 @@ pub enum Readiness {
     FilterNotLoaded,
     /// Ready for traffic.
     Ready,
+    /// The agent may not reach the admin API at all (a Unix socket it lacks the permission
+    /// for): the hold is released as without holdfast, not held to its deadline.
+    /// [`ReadinessProbe::take_violation`] says why.
+    CannotReach,
     /// What answers on the pod's admin port broke one of the agent's bounds (an answer larger
     /// than [`READINESS_STATS_MAX`]): the pod is to be failed open, not asked again.
     /// [`ReadinessProbe::take_violation`] says what happened.
@@ -133,8 +137,9 @@ pub struct ReadinessProbe {
     stat_prefix: String,
     stats_filter: String,
     dns_port: Option<u16>,
-    /// Envoy's admin port: listening means Envoy runs.
-    admin_port: u16,
+    /// Envoy's admin port: listening means Envoy runs (`None`: the admin is a Unix socket, and
+    /// the capture ports alone say whether Envoy runs).
+    admin_port: Option<u16>,
     /// The admin port was seen listening: not looked up again (one lookup per check while
     /// Envoy starts, as before it starts).
     admin_seen: std::sync::atomic::AtomicBool,
@@ -152,8 +157,29 @@ impl ReadinessProbe {
         hold: &HoldSettings,
         options: impl Into<ProbeOptions>,
     ) -> crate::effects::netns::Result<Self> {
+        let admin = AdminClient::in_netns(netns.try_clone()?, admin_addr);
+        Self::with_admin(
+            netns,
+            admin,
+            Some(admin_addr.port()),
+            profile,
+            hold,
+            options,
+        )
+    }
+
+    /// A probe for the pod in `netns` whose admin API `admin` reaches (TCP in the netns, or
+    /// a Unix socket: `admin_port` `None`).
+    pub fn with_admin(
+        netns: &PodNetns,
+        admin: AdminClient,
+        admin_port: Option<u16>,
+        profile: &MeshProfile,
+        hold: &HoldSettings,
+        options: impl Into<ProbeOptions>,
+    ) -> crate::effects::netns::Result<Self> {
         let options = options.into();
-        let mut admin = AdminClient::in_netns(netns.try_clone()?, admin_addr)
+        let mut admin = admin
             .with_timeout(ADMIN_TIMEOUT)
             .with_max_body(READINESS_STATS_MAX);
         if let Some(on_error) = options.on_admin_error {
@@ -179,7 +205,7 @@ impl ReadinessProbe {
             stats_filter: stats_filter(&stat_prefix),
             stat_prefix,
             dns_port: options.dns_port,
-            admin_port: admin_addr.port(),
+            admin_port,
             admin_seen: Default::default(),
             violation: Default::default(),
         })
@@ -200,8 +226,8 @@ impl ReadinessProbe {
     /// admin connection is opened ahead (no request).
     pub async fn check(&self) -> Readiness {
         use std::sync::atomic::Ordering::Relaxed;
-        if !self.admin_seen.load(Relaxed) {
-            match self.listening(&[self.admin_port]).await {
+        if let (false, Some(admin_port)) = (self.admin_seen.load(Relaxed), self.admin_port) {
+            match self.listening(&[admin_port]).await {
                 Some(true) => self.admin_seen.store(true, Relaxed),
                 // Admin not reachable at a loopback address (a custom admin address, or a
                 // kernel that cannot say): judge by the capture ports alone.
@@ -232,6 +258,10 @@ impl ReadinessProbe {
             Err(e) if e.is_too_large() => {
                 *self.violation.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
                 Readiness::OverBound
+            }
+            Err(e) if e.is_denied() => {
+                *self.violation.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                Readiness::CannotReach
             }
             // No answer: not known to be LIVE; the next poll asks again.
             Err(_) => Readiness::NotLive,

@@ -166,7 +166,7 @@ fn hold_released_moves_hold_metrics_and_posts_hold_released() {
     h.hold();
     assert_eq!(h.metric("holdfast_holds_started_total"), 1.0);
     assert_eq!(
-        h.metric("holdfast_pods{phase=\"holding\",mode=\"classic\"}"),
+        h.metric("holdfast_pods{phase=\"holding\",mode=\"classic\",mesh=\"istio\"}"),
         1.0
     );
     h.feed(vec![Input::Readiness(Seen::Ready), released(3)]);
@@ -178,7 +178,7 @@ fn hold_released_moves_hold_metrics_and_posts_hold_released() {
     assert_eq!(h.metric("holdfast_hold_duration_seconds_count"), 1.0);
     assert_eq!(h.metric("holdfast_hold_release_latency_seconds_count"), 1.0);
     assert_eq!(
-        h.metric("holdfast_pods{phase=\"ready\",mode=\"classic\"}"),
+        h.metric("holdfast_pods{phase=\"ready\",mode=\"classic\",mesh=\"istio\"}"),
         1.0
     );
     assert_eq!(h.reasons(), [Reason::HoldReleased]);
@@ -269,12 +269,12 @@ fn drained(report: DrainReport) -> Harness {
         Input::Readiness(Seen::Up),
     ]);
     assert_eq!(
-        h.metric("holdfast_pods{phase=\"draining\",mode=\"classic\"}"),
+        h.metric("holdfast_pods{phase=\"draining\",mode=\"classic\",mesh=\"istio\"}"),
         1.0
     );
     h.feed(vec![Input::QuitStarted]);
     assert_eq!(
-        h.metric("holdfast_pods{phase=\"quitting\",mode=\"classic\"}"),
+        h.metric("holdfast_pods{phase=\"quitting\",mode=\"classic\",mesh=\"istio\"}"),
         1.0
     );
     h.feed(vec![Input::DrainFinished(Box::new(report))]);
@@ -296,7 +296,7 @@ fn drain_app_done_moves_every_drain_metric_and_posts_drain_completed() {
     assert_eq!(h.metric("holdfast_drain_exit_lag_seconds_count"), 1.0);
     assert_eq!(h.metric("holdfast_drain_errors_total"), 2.0);
     assert_eq!(
-        h.metric("holdfast_pods{phase=\"done\",mode=\"classic\"}"),
+        h.metric("holdfast_pods{phase=\"done\",mode=\"classic\",mesh=\"istio\"}"),
         1.0
     );
     assert_eq!(h.reasons(), [Reason::DrainCompleted]);
@@ -401,7 +401,7 @@ fn skipped_pods_get_a_row_and_a_phase_count() {
     assert_eq!(v["phase"], "skipped");
     let text = handle.encode(&board);
     assert!(
-        text.contains("holdfast_pods{phase=\"skipped\",mode=\"none\"} 1"),
+        text.contains("holdfast_pods{phase=\"skipped\",mode=\"none\",mesh=\"none\"} 1"),
         "{text}"
     );
 }
@@ -410,7 +410,7 @@ fn skipped_pods_get_a_row_and_a_phase_count() {
 fn a_job_whose_proxy_was_already_gone_is_counted_without_an_event() {
     let mut h = Harness::new(facts(RestartPolicy::OnFailure, false));
     assert_eq!(
-        h.metric("holdfast_pods{phase=\"waiting_for_netns\",mode=\"classic\"}"),
+        h.metric("holdfast_pods{phase=\"waiting_for_netns\",mode=\"classic\",mesh=\"istio\"}"),
         1.0
     );
     h.feed(vec![

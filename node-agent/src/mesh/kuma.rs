@@ -50,6 +50,11 @@ pub const ADMIN_PORT: u16 = 9901;
 pub const READINESS_PORT: u16 = 9902;
 /// kuma-dp's DNS proxy port (`builtinDNS.port`).
 pub const DNS_PORT: u16 = 15053;
+/// The sidecar's builtin-DNS switch and port, as the injector writes them
+/// (containers/factory.go: `KUMA_DNS_ENABLED` `"true"` with `KUMA_DNS_PROXY_PORT`, else
+/// `"false"`); kuma-init then redirects the pod's DNS to that port.
+pub const ENV_DNS_ENABLED: &str = "KUMA_DNS_ENABLED";
+pub const ENV_DNS_PROXY_PORT: &str = "KUMA_DNS_PROXY_PORT";
 /// The admin socket's work directory parent, prefix and name.
 pub const SOCKET_PARENT: &str = "/tmp";
 pub const SOCKET_DIR_PREFIX: &str = "kuma-dp-";
@@ -77,6 +82,7 @@ pub fn profile() -> MeshProfile {
         dns_port: Some(DNS_PORT),
         admin: AdminAt::Tcp(SocketAddr::from(([127, 0, 0, 1], ADMIN_PORT))),
         own_http_prefixes: &OWN_HTTP_PREFIXES,
+        fails_health_check_on_sigterm: true,
         readiness:
             "kuma-dp's /ready on 9902 (Unix-socket admin) or Envoy's /ready on the admin port",
     }

@@ -86,6 +86,10 @@ pub struct MeshProfile {
     /// `http.<stat_prefix>` scopes of the mesh's own listeners (probes, metrics, admin
     /// proxies): their bytes are not the pod's traffic, so the drain's idle test skips them.
     pub own_http_prefixes: &'static [&'static str],
+    /// The mesh's agent sends `POST /healthcheck/fail` on SIGTERM (kuma-dp), which makes every
+    /// listener drain-close — outbound too, while the app still calls out — until it stops
+    /// Envoy: the drain undoes it ([`crate::mesh`]'s users: `drain::decide::restore_health`).
+    pub fails_health_check_on_sigterm: bool,
     /// What the kubelet probes the proxy's readiness on, for the reader (the agent judges
     /// readiness by Envoy's own stats, the same for every mesh).
     pub readiness: &'static str,

@@ -328,3 +328,40 @@ fn proxy_name_matches_consuls_multi_port_form_only_with_a_service() {
     assert!(!p.proxy.matches("consul"));
     assert!(!kuma::profile().proxy.matches("kuma-sidecar-x"));
 }
+
+#[test]
+fn kuma_builtin_dns_is_held_on_its_port() {
+    // inject.01.golden.yaml has the builtin DNS off (KUMA_DNS_ENABLED "false").
+    let off = view(corpus("pod-kuma-classic.json")).unwrap();
+    assert!(!off.dns_capture());
+    let hold = crate::lifecycle::facts::hold_scope(&off);
+    assert!(!hold.dns);
+    // On, as factory.go writes it with builtinDNS enabled (port 15053, here 15054).
+    let mut pod = corpus("pod-kuma-classic.json");
+    let sidecar = pod
+        .spec
+        .as_mut()
+        .unwrap()
+        .containers
+        .iter_mut()
+        .find(|c| c.name == "kuma-sidecar")
+        .unwrap();
+    for e in sidecar.env.as_mut().unwrap().iter_mut() {
+        if e.name == "KUMA_DNS_ENABLED" {
+            e.value = Some("true".into());
+        }
+    }
+    sidecar
+        .env
+        .as_mut()
+        .unwrap()
+        .push(k8s_openapi::api::core::v1::EnvVar {
+            name: "KUMA_DNS_PROXY_PORT".into(),
+            value: Some("15054".into()),
+            value_from: None,
+        });
+    let on = view(pod).unwrap();
+    assert!(on.dns_capture());
+    assert_eq!(on.profile.dns_port, Some(15054));
+    assert!(crate::lifecycle::facts::hold_scope(&on).dns);
+}

@@ -11,7 +11,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::api::SidecarMode;
+use crate::api::{Mesh, SidecarMode};
 use crate::report::board::{Phase, StatusBoard};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -29,6 +29,9 @@ pub struct PhaseLabel {
     pub phase: PhaseValue,
     /// `classic`, `native`, or `none` (a skipped pod: holdfast acts in no mode).
     pub mode: String,
+    /// `istio`, `kuma`, `consul` (the mesh profile the pod is followed with), or `none` (a
+    /// skipped pod). 6 tracked phases × 2 modes × 3 meshes + 1: 37 series per agent.
+    pub mesh: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -171,7 +174,7 @@ impl Metrics {
         );
         r.register(
             "pods",
-            "Pods on the board by phase and sidecar mode (classic, native; none for skipped pods)",
+            "Pods on the board by phase, sidecar mode (classic, native) and mesh (istio, kuma, consul); mode and mesh none for skipped pods",
             m.pods_by_phase.clone(),
         );
         r.register(
@@ -259,29 +262,48 @@ impl Metrics {
             Phase::Skipped,
         ];
         let modes = ["classic", "native", "none"];
-        let mut counts = [[0i64; 3]; 7];
+        let meshes = [Mesh::Istio, Mesh::Kuma, Mesh::Consul];
+        // [phase][mode][mesh]; a skipped pod counts under mode and mesh `none` (index 3).
+        let mut counts = [[[0i64; 4]; 3]; 7];
         for row in board.snapshot() {
-            let m = match row.mode {
-                Some(SidecarMode::Classic) => 0,
-                Some(SidecarMode::Native) => 1,
-                None => 2,
+            let (m, mesh) = match (row.phase, row.mode) {
+                (Phase::Skipped, _) | (_, None) => (2, 3),
+                (_, Some(mode)) => (
+                    match mode {
+                        SidecarMode::Classic => 0,
+                        SidecarMode::Native => 1,
+                    },
+                    meshes
+                        .iter()
+                        .position(|x| Some(*x) == row.mesh)
+                        .unwrap_or(0),
+                ),
             };
             if let Some(i) = phases.iter().position(|p| *p == row.phase) {
-                counts[i][m] += 1;
+                counts[i][m][mesh] += 1;
             }
         }
         for (p, per_mode) in phases.iter().zip(counts) {
-            for (mode, n) in modes.iter().zip(per_mode) {
-                // Skipped pods have no mode; tracked ones always do: no always-0 series.
+            for (mode, per_mesh) in modes.iter().zip(per_mode) {
+                // Skipped pods have no mode and no mesh; tracked ones always do: no always-0
+                // series.
                 if (*p == Phase::Skipped) != (*mode == "none") {
                     continue;
                 }
-                self.pods_by_phase
-                    .get_or_create(&PhaseLabel {
-                        phase: (*p).into(),
-                        mode: (*mode).to_string(),
-                    })
-                    .set(n);
+                for (j, n) in per_mesh.iter().enumerate() {
+                    let mesh = match meshes.get(j) {
+                        Some(m) if *mode != "none" => m.as_str(),
+                        None if *mode == "none" => "none",
+                        _ => continue,
+                    };
+                    self.pods_by_phase
+                        .get_or_create(&PhaseLabel {
+                            phase: (*p).into(),
+                            mode: (*mode).to_string(),
+                            mesh: mesh.to_string(),
+                        })
+                        .set(*n);
+                }
             }
         }
     }
@@ -332,6 +354,54 @@ impl Default for MetricsHandle {
 mod tests {
     use super::*;
 
+    /// Each tracked pod counts under its mesh; a skipped one under `none`; a pod gone brings
+    /// its series back to 0 (the series stays).
+    #[test]
+    fn pods_are_counted_by_mesh() {
+        let h = MetricsHandle::new();
+        let board = StatusBoard::default();
+        let row = |name: &str, phase, mode, mesh| crate::api::PodStatus {
+            namespace: "ns".into(),
+            name: name.into(),
+            uid: name.into(),
+            phase,
+            mode,
+            mesh,
+            tracked_since: std::time::SystemTime::now(),
+            hold: None,
+            drain: None,
+            job: None,
+            last_error: None,
+            skipped_reason: None,
+            timeline: None,
+        };
+        board.put(row(
+            "a",
+            Phase::Holding,
+            Some(SidecarMode::Classic),
+            Some(Mesh::Kuma),
+        ));
+        board.put(row(
+            "b",
+            Phase::Ready,
+            Some(SidecarMode::Native),
+            Some(Mesh::Consul),
+        ));
+        board.put(row("c", Phase::Skipped, None, None));
+        let text = h.encode(&board);
+        for line in [
+            "holdfast_pods{phase=\"holding\",mode=\"classic\",mesh=\"kuma\"} 1",
+            "holdfast_pods{phase=\"holding\",mode=\"classic\",mesh=\"istio\"} 0",
+            "holdfast_pods{phase=\"ready\",mode=\"native\",mesh=\"consul\"} 1",
+            "holdfast_pods{phase=\"skipped\",mode=\"none\",mesh=\"none\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
+        assert_eq!(text.matches("holdfast_pods{").count(), 37, "{text}");
+        let text = h.encode(&StatusBoard::default());
+        assert!(text.contains("holdfast_pods{phase=\"holding\",mode=\"classic\",mesh=\"kuma\"} 0"));
+    }
+
     #[test]
     fn every_metric_is_prefixed_and_documented() {
         let h = MetricsHandle::new();
@@ -381,7 +451,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("holdfast_pods{phase=\"holding\",mode=\"classic\"} 0"),
+            text.contains("holdfast_pods{phase=\"holding\",mode=\"classic\",mesh=\"istio\"} 0"),
             "{text}"
         );
         assert!(text.contains("\nholdfast_ready 1\n"), "{text}");

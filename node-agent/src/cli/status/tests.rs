@@ -14,7 +14,7 @@ fn t(secs: u64) -> SystemTime {
 
 fn pod(name: &str, phase: Phase) -> PodStatus {
     PodStatus {
-        namespace: "default".into(),
+        namespace: "ns".into(),
         name: name.into(),
         uid: "5a7e2c1b-0000-4000-8000-000000000001".into(),
         phase,
@@ -49,6 +49,7 @@ fn drain(outcome: DrainOutcome, elapsed_ms: u64) -> DrainReport {
         deadline_at: Some(t(40)),
         deadline_meaning: TimestampMeaning::KillTime,
         inbound_drained: true,
+        health_checks_restored: 0,
         envoy_version: Some("1.36.4".into()),
         app_gone_at: Some(t(18)),
         quit_sent_at: Some(t(18)),
@@ -136,7 +137,7 @@ fn table_shows_every_pod_state() {
             .to_string()
     };
     assert!(table.starts_with("node worker-1, holdfast 0.1.0, 7 pods\n"));
-    let r = row("default/fetch-config");
+    let r = row("ns/fetch-config");
     assert!(
         r.contains("ready") && r.contains("3 (2.0s)") && r.contains("0.41ms"),
         "{r}"
@@ -146,13 +147,13 @@ fn table_shows_every_pod_state() {
     assert!(row("flusher").contains(" app-done 8.1s"), "{table}");
     assert!(row("flusher").contains(" classic "), "{table}");
     assert!(
-        row("default/batch-x7k2p").contains("job completed 14ms"),
+        row("ns/batch-x7k2p").contains("job completed 14ms"),
         "{table}"
     );
-    assert!(row("default/new").contains("waiting"), "{table}");
+    assert!(row("ns/new").contains("waiting"), "{table}");
     // Long name: middle dropped, both ends kept.
     let long = row("x2x9z");
-    assert!(long.starts_with("default/a..6b5-x2x9z "), "{long}");
+    assert!(long.starts_with("ns/a-dep..5-x2x9z "), "{long}");
     assert!(long.contains(" proxy-gone-early 5.0s"), "{long}");
     // Advice and errors go on indented lines below their row, one line each.
     assert!(
@@ -162,7 +163,9 @@ fn table_shows_every_pod_state() {
     assert!(table.contains("\n    error: admin API at 127.0.0.1:15000 in the pod's netns: connection refused\n    (after /quitquitquit)\n"), "{table}");
     assert!(table.contains("\n    hold ended: deadline\n"), "{table}");
     assert!(
-        table.contains("slow-starter classic holding  1 (2.0s)   -       -\n    hold went in late"),
+        table.contains(
+            "ns/slow-starter   istio  classic holding  1 (2.0s) -       -\n    hold went in late"
+        ),
         "{table}"
     );
 }
@@ -413,6 +416,7 @@ fn native_rows_say_what_holdfast_does() {
     let mut s = fixture();
     let mut rehold = pod("native-web", Phase::Ready);
     rehold.mode = Some(SidecarMode::Native);
+    rehold.mesh = Some(crate::api::Mesh::Kuma);
     rehold.hold = Some(hold(1, 3, Some(HoldOutcome::Ready)));
     rehold.last_error = Some("the native sidecar's proxy exited while the app runs: the kubelet restarts it after its CrashLoopBackOff back-off".into());
     let mut stopped = pod("nat-stopped", Phase::Done);
@@ -429,13 +433,14 @@ fn native_rows_say_what_holdfast_does() {
     lost.drain = Some(d);
     let mut gw = pod("gw-7d9", Phase::Skipped);
     gw.mode = None;
+    gw.mesh = None;
     gw.skipped_reason = Some("not a sidecar pod".into());
     s.pods.extend([rehold, stopped, lost, gw]);
     let table = render_table(&s, t(3));
     println!("{table}");
     let lines: Vec<&str> = table.lines().collect();
     assert!(
-        lines[1].starts_with("POD                  MODE    PHASE"),
+        lines[1].starts_with("POD               MESH   MODE    PHASE"),
         "{table}"
     );
     let at = |name: &str| {
@@ -445,7 +450,7 @@ fn native_rows_say_what_holdfast_does() {
             .unwrap_or_else(|| panic!("no row for {name}:\n{table}"))
     };
     let r = at("native-web");
-    assert!(lines[r].contains(" native  ready "), "{table}");
+    assert!(lines[r].contains(" kuma   native  ready "), "{table}");
     assert!(lines[r].contains("1 (3.0s)"), "{table}");
     assert_eq!(lines[r + 1], format!("    {NATIVE_DETAIL}"), "{table}");
     assert!(
@@ -470,11 +475,11 @@ fn native_rows_say_what_holdfast_does() {
         "{table}"
     );
     // Classic and skipped rows: their mode (or none), no native line.
-    let r = at("default/fetch-config");
+    let r = at("ns/fetch-config");
     assert!(lines[r].contains(" classic ready "), "{table}");
     assert!(!lines[r + 1].contains("native"), "{table}");
     let r = at("gw-7d9");
-    assert!(lines[r].contains(" -       skipped "), "{table}");
+    assert!(lines[r].contains(" -      -       skipped "), "{table}");
     assert_eq!(table.matches(NATIVE_DETAIL).count(), 3, "{table}");
     for line in table.lines() {
         assert!(line.chars().count() <= TABLE_WIDTH, "{line:?}");
@@ -521,7 +526,7 @@ fn terminal_control_characters_are_escaped() {
         "a control character reached the table: {table:?}"
     );
     assert!(table.contains("worker\\x07-1"), "{table}");
-    assert!(table.contains("default/w\\x1b]0;\\x07 "), "{table}");
+    assert!(table.contains("ns/w\\x1b]0;\\x07 "), "{table}");
     assert!(table.contains("\\x1b[2J\\x9b31m"), "{table}");
     assert!(table.contains("\\u{202e}txt"), "{table}");
     assert!(table.contains("\\x1b[1m"), "{table}");
@@ -720,9 +725,9 @@ fn exit_codes_come_from_the_documented_table() {
 fn pod_argument_is_namespace_name_or_uid() {
     use crate::cli::timeline::PodSelector;
     assert_eq!(
-        PodSelector::parse("default/flusher"),
+        PodSelector::parse("ns/flusher"),
         Ok(PodSelector::Name {
-            namespace: "default".into(),
+            namespace: "ns".into(),
             name: "flusher".into()
         })
     );
@@ -736,9 +741,9 @@ fn pod_argument_is_namespace_name_or_uid() {
         "",
         "  ",
         "/flusher",
-        "default/",
+        "ns/",
         "a/b/c",
-        "default/fl usher",
+        "ns/fl usher",
         "x\u{1b}y",
     ] {
         let opts = StatusOptions {
@@ -817,7 +822,7 @@ fn timeline_renders_each_step_with_both_times_in_80_columns() {
             .unwrap_or_else(|| panic!("no {step} line:\n{text}"))
             .to_string()
     };
-    assert!(text.starts_with("pod default/flusher\n"), "{text}");
+    assert!(text.starts_with("pod ns/flusher\n"), "{text}");
     assert!(
         line("first-seen").starts_with("   0.00ms       -  first-seen"),
         "{text}"
@@ -923,26 +928,23 @@ fn pod_lookup_errors_and_json() {
     let body = serde_json::to_string(&s).expect("json");
     let sel = |x: &str| PodSelector::parse(x).expect("selector");
 
-    let text = pod_text("agent", &s, &body, &sel("default/flusher"), false, t(60)).expect("found");
+    let text = pod_text("agent", &s, &body, &sel("ns/flusher"), false, t(60)).expect("found");
     assert!(text.contains("drain-finished"), "{text}");
     let by_uid = pod_text("agent", &s, &body, &sel(&p.uid), false, t(60)).expect("by uid");
     assert_eq!(by_uid, text);
 
-    let e = pod_text("agent", &s, &body, &sel("default/nope"), false, t(60)).expect_err("unknown");
+    let e = pod_text("agent", &s, &body, &sel("ns/nope"), false, t(60)).expect_err("unknown");
     assert_eq!(e.exit_code(), 7);
     let msg = e.to_string();
     assert!(
-        msg.contains("default/nope") && msg.contains("`holdfast status`"),
+        msg.contains("ns/nope") && msg.contains("`holdfast status`"),
         "{msg}"
     );
     // A bare name is taken for a uid; the error suggests the pod it may mean.
     let e = pod_text("agent", &s, &body, &sel("flusher"), false, t(60)).expect_err("bare name");
-    assert!(
-        e.to_string().contains("did you mean default/flusher?"),
-        "{e}"
-    );
+    assert!(e.to_string().contains("did you mean ns/flusher?"), "{e}");
 
-    let e = pod_text("agent", &s, &body, &sel("default/old"), false, t(60)).expect_err("old agent");
+    let e = pod_text("agent", &s, &body, &sel("ns/old"), false, t(60)).expect_err("old agent");
     assert_eq!(e.exit_code(), 8);
     assert!(
         e.to_string().contains("holdfast 0.1.0") && e.to_string().contains("older"),
@@ -956,18 +958,11 @@ fn pod_lookup_errors_and_json() {
         .remove("timeline");
     let old_body = v.to_string();
     let old: NodeStatus = serde_json::from_str(&old_body).expect("an old document parses");
-    let e = pod_text(
-        "agent",
-        &old,
-        &old_body,
-        &sel("default/flusher"),
-        false,
-        t(60),
-    )
-    .expect_err("old agent");
+    let e = pod_text("agent", &old, &old_body, &sel("ns/flusher"), false, t(60))
+        .expect_err("old agent");
     assert_eq!(e.exit_code(), 8);
 
-    let json = pod_text("agent", &s, &body, &sel("default/flusher"), true, t(60)).expect("json");
+    let json = pod_text("agent", &s, &body, &sel("ns/flusher"), true, t(60)).expect("json");
     let row: serde_json::Value = serde_json::from_str(&json).expect("a JSON row");
     assert_eq!(row["name"], "flusher");
     let steps = row["timeline"]["steps"].as_array().expect("steps");

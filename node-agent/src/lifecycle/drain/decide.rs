@@ -50,6 +50,22 @@ pub fn drain_kind(view: &PodView) -> DrainKind {
     }
 }
 
+/// Whether the drain undoes a failed health check (`POST /healthcheck/ok`): the pod's mesh
+/// fails it on SIGTERM (kuma-dp: `/healthcheck/fail`, then a fixed `drainTime` of 30 s), which
+/// makes Envoy put `Connection: close` on every outbound HTTP/1 response and GOAWAY on HTTP/2
+/// while the app may still call out (Kuma sets no listener `drain_type`: kumahq/kuma has no
+/// `MODIFY_ONLY` anywhere). Inbound stays drained: the agent's own `drain_listeners
+/// ?inboundonly&graceful` keeps its listeners draining, and kuma-dp's readiness (9902, which the
+/// kubelet probes) says terminating whatever Envoy's health says. Not in a kubelet-ordered drain
+/// (the app is gone by the proxy's SIGTERM there).
+pub fn restore_health(
+    mesh_fails_health_check: bool,
+    kind: DrainKind,
+    health_check_failed: bool,
+) -> bool {
+    mesh_fails_health_check && kind == DrainKind::Full && health_check_failed
+}
+
 /// What a drain does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DrainNext {

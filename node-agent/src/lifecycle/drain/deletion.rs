@@ -16,6 +16,9 @@ use super::plan::{self, DrainPlan};
 use super::{decide, envoy_version, DrainCtx, DrainOutcome, DrainReport, DrainStep, QuitReason};
 use crate::pod::{Deletion, PodView, SidecarMode, DEFAULT_GRACE};
 
+/// Envoy's admin call that undoes `/healthcheck/fail` ([`decide::restore_health`]).
+pub const HEALTHCHECK_OK_PATH: &str = "/healthcheck/ok";
+
 /// Drains a pod being deleted: see the module docs. Call once the pod has a
 /// `deletionTimestamp`; returns when the proxy was quit (or is gone), the pod is gone, or the
 /// agent stops. Never panics, never exceeds the deadline by more than one admin timeout plus
@@ -147,6 +150,18 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                     {
                         tracing::warn!("{advice}");
                         add_advice(&mut report, advice.to_string());
+                    }
+                    if decide::restore_health(
+                        current.profile.fails_health_check_on_sigterm,
+                        kind,
+                        sample.health_check_failed,
+                    ) {
+                        let restored = d.post_retrying(HEALTHCHECK_OK_PATH).await;
+                        report.health_checks_restored += u32::from(restored);
+                        tracing::info!(
+                            restored,
+                            "the mesh's agent failed Envoy's health check (outbound would be drain-closed): restored it"
+                        );
                     }
                     if let (InFlight::Sending { bytes }, true, false) = (j, gone, flushing_told) {
                         flushing_told = true;

@@ -87,6 +87,10 @@ const BYTE_COUNTERS: [&str; 2] = [
 /// "nothing held".
 const BUFFERED_GAUGES: [&str; 1] = [".downstream_cx_tx_bytes_buffered"];
 
+/// Envoy's server state (0 LIVE, 1 DRAINING: its health check failed, `POST
+/// /healthcheck/fail`; envoyproxy/envoy envoy/admin/v3/server_info.proto `State`).
+pub const SERVER_STATE: &str = "server.state";
+
 /// The filter's stats a drain sample reads (the rest of its stats are not asked for).
 const FILTER_STATS: [&str; 5] = [
     "inbound.cx_active",
@@ -102,7 +106,7 @@ const FILTER_STATS: [&str; 5] = [
 /// routes lists only those that carried traffic.
 pub fn sample_regex(prefix: &str) -> String {
     format!(
-        "^(?:{}\\.(?:(?:inbound|outbound|unknown)\\.cx_active|loaded|workers_ready)|(?:http|tcp)\\..+\\.downstream_cx_(?:(?:rx|tx)_bytes_total|tx_bytes_buffered))$",
+        "^(?:server\\.state|{}\\.(?:(?:inbound|outbound|unknown)\\.cx_active|loaded|workers_ready)|(?:http|tcp)\\..+\\.downstream_cx_(?:(?:rx|tx)_bytes_total|tx_bytes_buffered))$",
         regex_escape(prefix)
     )
 }
@@ -110,6 +114,9 @@ pub fn sample_regex(prefix: &str) -> String {
 /// Whether a sample keeps the line named `name`: what [`sample_regex`] asks for, so a pod's
 /// Envoy that answers more than it was asked costs the agent no memory for it.
 pub fn sample_keeps(prefix: &str, name: &str) -> bool {
+    if name == SERVER_STATE {
+        return true;
+    }
     if let Some(rest) = name.strip_prefix(prefix).and_then(|r| r.strip_prefix('.')) {
         return FILTER_STATS.contains(&rest);
     }
@@ -271,6 +278,9 @@ pub struct DrainSample {
     /// `None`: not known (no sock_diag socket, or the query failed): judged as before, by
     /// Envoy's counts alone.
     pub send_queued: Option<u64>,
+    /// Envoy's health check is failed (`server.state` DRAINING): every listener of the default
+    /// drain type, outbound too, drain-closes its connections.
+    pub health_check_failed: bool,
 }
 
 impl DrainSample {
@@ -289,10 +299,15 @@ impl DrainSample {
         own: &[&str],
         stats: impl IntoIterator<Item = (K, u64)> + Clone,
     ) -> DrainSample {
+        let health_check_failed = stats
+            .clone()
+            .into_iter()
+            .any(|(name, value)| name.as_ref() == SERVER_STATE && value == 1);
         DrainSample {
             filter: FilterCounts::from_stats(prefix, stats.clone()),
             traffic: TrafficBytes::from_stats_skipping(own, stats),
             send_queued: None,
+            health_check_failed,
         }
     }
 }
@@ -431,6 +446,7 @@ mod tests {
                 exposed: true,
             },
             send_queued: None,
+            health_check_failed: false,
         }
     }
 
@@ -651,9 +667,10 @@ mod tests {
     fn sample_regex_asks_for_what_the_judge_reads_and_escapes_the_prefix() {
         assert_eq!(
             sample_regex("wasmcustom.holdfast"),
-            "^(?:wasmcustom\\.holdfast\\.(?:(?:inbound|outbound|unknown)\\.cx_active|loaded|workers_ready)|(?:http|tcp)\\..+\\.downstream_cx_(?:(?:rx|tx)_bytes_total|tx_bytes_buffered))$"
+            "^(?:server\\.state|wasmcustom\\.holdfast\\.(?:(?:inbound|outbound|unknown)\\.cx_active|loaded|workers_ready)|(?:http|tcp)\\..+\\.downstream_cx_(?:(?:rx|tx)_bytes_total|tx_bytes_buffered))$"
         );
-        assert!(sample_regex("wasmcustom.a+b").starts_with("^(?:wasmcustom\\.a\\+b\\.(?:"));
+        assert!(sample_regex("wasmcustom.a+b")
+            .starts_with("^(?:server\\.state|wasmcustom\\.a\\+b\\.(?:"));
         // What is kept of an answer is what was asked for.
         for (name, kept) in [
             ("wasmcustom.holdfast.inbound.cx_active", true),
@@ -673,7 +690,8 @@ mod tests {
             ),
             ("http.admin.downstream_cx_rx_bytes_total", true),
             ("cluster.x.upstream_cx_rx_bytes_total", false),
-            ("server.state", false),
+            ("server.state", true),
+            ("server.live", false),
             ("x".repeat(300).as_str(), false),
         ] {
             assert_eq!(sample_keeps(DEFAULT_STAT_PREFIX, name), kept, "{name}");
@@ -853,6 +871,7 @@ mod tests {
                 exposed,
             },
             send_queued: None,
+            health_check_failed: false,
         };
         assert!(matches!(
             j.observe(t, &no_filter(5, true)),
@@ -927,6 +946,7 @@ mod tests {
             filter: None,
             traffic: sample(1, 3).traffic,
             send_queued: None,
+            health_check_failed: false,
         };
         assert!(matches!(
             j.observe(t + Duration::from_millis(5), &no_filter),

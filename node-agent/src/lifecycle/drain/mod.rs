@@ -40,7 +40,7 @@ pub use admin::{AdminFailure, PodProxy, ProxyAdmin};
 pub use app_exit::{
     AppContainer, AppTracker, ExitWatcher, PodProcessSource, PodProcsSource, Watch,
 };
-pub use deletion::drain;
+pub use deletion::{drain, HEALTHCHECK_OK_PATH};
 pub use in_flight::{
     DrainSample, InFlight, InFlightJudge, TrafficBytes, DEFAULT_STAT_PREFIX,
     UNEXPOSED_BYTES_ADVICE, UNSEEN_ADVICE,

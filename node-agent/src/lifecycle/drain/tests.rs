@@ -102,6 +102,8 @@ struct AdminState {
     send_queued: Option<u64>,
     /// When a sample last saw bytes queued in the kernel.
     last_queued_at: Option<Instant>,
+    /// Envoy's health check is failed (`/healthcheck/fail`; `/healthcheck/ok` undoes it).
+    health_check_failed: bool,
 }
 
 impl FakeAdmin {
@@ -147,6 +149,11 @@ impl ProxyAdmin for FakeAdmin {
                 return Err(refused());
             }
             s.posts.push((path.to_string(), Instant::now()));
+            match path {
+                "/healthcheck/fail" => s.health_check_failed = true,
+                "/healthcheck/ok" => s.health_check_failed = false,
+                _ => {}
+            }
             if path == QUIT_PATH && s.quit_exits {
                 s.gone = true;
             }
@@ -180,6 +187,7 @@ impl ProxyAdmin for FakeAdmin {
                     exposed: !s.bytes_unexposed,
                 },
                 send_queued: None,
+                health_check_failed: s.health_check_failed,
             })
         })
     }
@@ -1201,11 +1209,15 @@ fn settle_wait_backs_off_to_stats_every() {
 #[test]
 fn refusals_are_told_from_other_connect_failures() {
     use crate::effects::envoy_admin::Error;
-    let addr = "127.0.0.1:15000".parse().expect("addr");
+    let addr: crate::effects::envoy_admin::AdminAddr = "127.0.0.1:15000"
+        .parse::<std::net::SocketAddr>()
+        .expect("addr")
+        .into();
     let refused = Error::Connect {
-        addr,
+        addr: addr.clone(),
         reason: "Connection refused (os error 111)".into(),
         refused: true,
+        denied: false,
     };
     assert!(AdminFailure::from(refused).refused);
     // Entering the netns failed, or the connector panicked: nothing said about Envoy, whatever
@@ -1215,9 +1227,10 @@ fn refusals_are_told_from_other_connect_failures() {
         "connector task failed: task panicked (Connection refused)",
     ] {
         let other = Error::Connect {
-            addr,
+            addr: addr.clone(),
             reason: reason.into(),
             refused: false,
+            denied: false,
         };
         assert!(!AdminFailure::from(other).refused, "{reason}");
     }
@@ -1231,6 +1244,7 @@ fn reports_serialize() {
         deadline_at: None,
         deadline_meaning: TimestampMeaning::KillTime,
         inbound_drained: true,
+        health_checks_restored: 0,
         envoy_version: Some("1.36.4".into()),
         app_gone_at: None,
         quit_sent_at: None,
@@ -1486,4 +1500,94 @@ async fn a_job_whose_proxy_still_answers_after_the_quit_is_proxy_not_stopped() {
     let admin = FakeAdmin::new(Some(counts(0)));
     let report = job_of(&admin, finished(), &settings).await;
     assert_eq!(report.outcome, JobOutcome::Completed, "{report:?}");
+}
+
+/// A Kuma classic pod: kuma-dp fails Envoy's health check on SIGTERM (`/healthcheck/fail`),
+/// which drain-closes the app's outbound connections for its fixed 30 s. The drain undoes it
+/// (`/healthcheck/ok`) while the app still runs, and ends the proxy on evidence once the app is
+/// gone. The control: an Istio pod whose health check is failed by someone else gets no
+/// `/healthcheck/ok` (pilot-agent never fails it; holdfast does not touch what it did not
+/// cause), nor does a Kuma native pod whose kubelet-ordered drain holdfast only measures.
+#[tokio::test]
+async fn kumas_failed_health_check_is_undone_while_the_app_calls_out() {
+    let kuma = || {
+        let mut v = deleted_running_app();
+        v.profile = crate::mesh::kuma::profile();
+        v.containers[1].name = "kuma-sidecar".into();
+        v
+    };
+    let mut pod = Pod::new();
+    let admin = FakeAdmin::new(Some(counts(0)));
+    // kuma-dp's SIGTERM handler, as the kubelet stops the pod.
+    admin.with(|s| s.health_check_failed = true);
+    let (_tx, rx) = watch::channel(Some(kuma()));
+    let settings = fast_settings();
+    let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Outbound is not drain-closed while the app still runs.
+        assert!(
+            !admin.with(|s| s.health_check_failed),
+            "the failed health check was not undone while the app ran"
+        );
+        pod.app.kill();
+    })
+    .await;
+    assert_eq!(report.outcome, DrainOutcome::AppDone, "{report:?}");
+    assert_eq!(
+        admin.paths(),
+        vec![DRAIN_INBOUND_PATH, HEALTHCHECK_OK_PATH, QUIT_PATH]
+    );
+    assert_eq!(report.health_checks_restored, 1);
+
+    // Control: Istio's pod, health check failed by someone else: not touched.
+    let mut pod = Pod::new();
+    let admin = FakeAdmin::new(Some(counts(0)));
+    admin.with(|s| s.health_check_failed = true);
+    let (_tx, rx) = watch::channel(Some(deleted_running_app()));
+    let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        pod.app.kill();
+    })
+    .await;
+    assert_eq!(report.outcome, DrainOutcome::AppDone, "{report:?}");
+    assert_eq!(admin.paths(), vec![DRAIN_INBOUND_PATH, QUIT_PATH]);
+    assert_eq!(report.health_checks_restored, 0);
+
+    // Control: Kuma native with its preStop drain: the kubelet orders it, nothing is sent.
+    let mut pod = Pod::new();
+    let admin = FakeAdmin::new(Some(counts(0)));
+    admin.with(|s| s.health_check_failed = true);
+    let mut native = native_view(true, false);
+    native.profile = crate::mesh::kuma::profile();
+    let (_tx, rx) = watch::channel(Some(native));
+    let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        pod.app.kill();
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        admin.with(|s| s.gone = true);
+    })
+    .await;
+    assert_eq!(report.outcome, DrainOutcome::KubeletOrdered, "{report:?}");
+    assert_eq!(admin.paths(), Vec::<String>::new());
+}
+
+/// Consul's native sidecar has no preStop drain: consul-dataplane drains at its SIGTERM (after
+/// the app exited) and then waits a fixed 30 s; the full drain ends it on evidence as soon as
+/// the app is gone. Kuma's native sidecar drains at its preStop (`killall -USR2 kuma-dp`) and
+/// exits at its SIGTERM: kubelet-ordered, as Istio's.
+#[test]
+fn which_native_sidecars_the_kubelet_orders_by_mesh() {
+    use super::decide::{drain_kind, DrainKind};
+    let consul = {
+        let mut v = native_view(false, false);
+        v.profile = crate::mesh::consul::profile();
+        v
+    };
+    assert_eq!(drain_kind(&consul), DrainKind::Full);
+    let kuma = {
+        let mut v = native_view(true, false);
+        v.profile = crate::mesh::kuma::profile();
+        v
+    };
+    assert_eq!(drain_kind(&kuma), DrainKind::KubeletOrdered);
 }
