@@ -414,21 +414,26 @@ impl PodView {
     /// `ISTIO_DUAL_STACK` still binds IPv4). Kuma and Consul bind `::1` when every IP is IPv6
     /// (consul-k8s `Getv4orv6Str`, kuma-dp's IPv6 admin). The port is the profile's either way.
     pub fn admin_tcp(&self) -> Option<SocketAddr> {
+        self.profile.admin_tcp_for(self.admin_v6_loopback())
+    }
+
+    /// Whether the mesh's bootstrap binds the admin on `::1` for this pod's IPs.
+    fn admin_v6_loopback(&self) -> bool {
         let all_v6 = !self.pod_ips.is_empty() && self.pod_ips.iter().all(IpAddr::is_ipv6);
         let first_v6 = self.pod_ips.first().is_some_and(IpAddr::is_ipv6);
-        let v6_loopback = all_v6 || (first_v6 && self.istio_dual_stack);
-        self.profile.admin_tcp_for(v6_loopback)
+        all_v6 || (first_v6 && self.istio_dual_stack)
     }
 
     /// [`PodView::admin_tcp`] for an Istio pod, with the agent's `--admin-addr` in `proxy`
     /// (kept for the callers that predate the mesh profile); for a pod whose admin is a Unix
-    /// socket, the profile's default TCP address.
+    /// socket, `proxy.admin` (unused: its client connects to the socket).
     pub fn admin_addr(&self, proxy: &ProxyConfig) -> SocketAddr {
-        let mut view = self.clone();
-        if view.profile.mesh == Mesh::Istio {
-            view.profile.admin = crate::mesh::AdminAt::Tcp(proxy.admin);
+        if self.profile.mesh == Mesh::Istio {
+            return crate::mesh::istio::profile(proxy)
+                .admin_tcp_for(self.admin_v6_loopback())
+                .unwrap_or(proxy.admin);
         }
-        view.admin_tcp().unwrap_or(proxy.admin)
+        self.admin_tcp().unwrap_or(proxy.admin)
     }
 
     /// Whether the pod has an IPv6 address (its IPv6 connections are then held too).
@@ -545,6 +550,31 @@ impl PodView {
 /// listeners count no active connection after `MINIMUM_DRAIN_DURATION` (5 s), polling every
 /// second (pkg/envoy/agent.go `terminate`) — an app between two calls has none.
 pub fn drain_advice(view: &PodView) -> String {
+    match view.profile.mesh {
+        Mesh::Istio => {}
+        // kuma-dp stops Envoy `drainTime` after its SIGTERM (kumahq/kuma app/kuma-dp/cmd/run.go;
+        // per pod the annotation, pkg/plugins/runtime/k8s/metadata/annotations.go).
+        Mesh::Kuma => {
+            return format!(
+                "Envoy exited while the app still ran: kuma-dp stops Envoy its drainTime (30 s by \
+                 default) after SIGTERM. Set the {} annotation (or the control plane's \
+                 sidecarContainer.drainTime) to the pod's grace period, so Envoy outlives the app \
+                 and holdfast ends it when the app is done",
+                crate::mesh::kuma::ANNOTATION_DRAIN_TIME
+            )
+        }
+        // consul-dataplane quits Envoy its shutdown grace period after SIGTERM (lifecycle.go).
+        Mesh::Consul => {
+            return format!(
+                "Envoy exited while the app still ran: consul-dataplane quits Envoy its shutdown \
+                 grace period (30 s by default) after SIGTERM. Set the {} annotation (or the Helm \
+                 value connectInject.sidecarProxy.lifecycle.defaultShutdownGracePeriodSeconds) to \
+                 the pod's grace period, so Envoy outlives the app and holdfast ends it when the \
+                 app is done",
+                crate::mesh::consul::ANNOTATION_SHUTDOWN_GRACE_PERIOD
+            )
+        }
+    }
     if view.exit_on_zero {
         format!(
             "Envoy exited while the app still ran: this pod's proxy sets {ENV_EXIT_ON_ZERO}, so \

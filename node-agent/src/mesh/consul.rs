@@ -34,6 +34,9 @@ pub const KEY_TRANSPARENT_PROXY_STATUS: &str = "consul.hashicorp.com/transparent
 /// The native sidecar annotation (`AnnotationEnableConsulDataplaneAsSidecar`).
 pub const ANNOTATION_DATAPLANE_AS_SIDECAR: &str =
     "consul.hashicorp.com/enable-consul-dataplane-as-sidecar";
+/// The per-pod shutdown grace period (`AnnotationSidecarProxyLifecycleShutdownGracePeriodSeconds`).
+pub const ANNOTATION_SHUTDOWN_GRACE_PERIOD: &str =
+    "consul.hashicorp.com/sidecar-proxy-lifecycle-shutdown-grace-period-seconds";
 /// The proxy container, and its multi-port form's prefix.
 pub const PROXY_CONTAINER: &str = "consul-dataplane";
 pub const PROXY_CONTAINER_PREFIX: &str = "consul-dataplane-";

@@ -36,6 +36,8 @@ use std::net::SocketAddr;
 pub const ANNOTATION_SIDECAR_INJECTED: &str = "kuma.io/sidecar-injected";
 /// The per-pod admin port annotation (`KumaEnvoyAdminPort`).
 pub const ANNOTATION_ENVOY_ADMIN_PORT: &str = "kuma.io/envoy-admin-port";
+/// The per-pod drain time annotation (`KumaSidecarDrainTime`).
+pub const ANNOTATION_DRAIN_TIME: &str = "kuma.io/sidecar-drain-time";
 /// The label naming the pod's mesh.
 pub const LABEL_MESH: &str = "kuma.io/mesh";
 /// The proxy container.

@@ -365,3 +365,14 @@ fn kuma_builtin_dns_is_held_on_its_port() {
     assert_eq!(on.profile.dns_port, Some(15054));
     assert!(crate::lifecycle::facts::hold_scope(&on).dns);
 }
+
+#[test]
+fn drain_advice_names_each_meshs_own_setting() {
+    let kuma = view(corpus("pod-kuma-classic.json")).unwrap();
+    assert!(crate::pod::drain_advice(&kuma).contains("kuma.io/sidecar-drain-time"));
+    let consul = view(corpus("pod-consul-classic.json")).unwrap();
+    assert!(crate::pod::drain_advice(&consul)
+        .contains("consul.hashicorp.com/sidecar-proxy-lifecycle-shutdown-grace-period-seconds"));
+    let istio = view(corpus("pod-istio-httpbin.json")).unwrap();
+    assert!(crate::pod::drain_advice(&istio).contains("terminationDrainDuration"));
+}
