@@ -41,7 +41,6 @@ fn kuma_classic_boot_calls_held_with_holdfast() {
 /// The same with Kuma 2.14's default admin, its Unix socket: the agent reads Envoy's readiness
 /// through the socket in the sidecar's mount namespace.
 #[test]
-#[ignore = "NOT PROVEN: the agent does not reach the Unix-socket admin yet (the hold is never released); run with --ignored"]
 fn kuma_classic_unix_socket_boot_calls_held_with_holdfast() {
     if privileged("kuma_classic_unix_socket_boot_calls_held_with_holdfast") {
         kuma_boot_calls_held("hfkumauds", KumaAdmin::UnixSocket);
@@ -74,7 +73,13 @@ fn kuma_boot_calls_held(test: &str, admin: KumaAdmin) {
         .wait_hold_ended("default", "web", Duration::from_secs(10))
         .expect("agent row");
     let hold = row.hold.expect("a hold");
+    eprintln!("{test}: {hold:?}");
     assert!(hold.connections_held >= 1, "{hold:?}");
+    assert_eq!(
+        hold.outcome,
+        Some(holdfast::api::HoldOutcome::Ready),
+        "released because Envoy was seen ready (through its {admin:?} admin): {hold:?}"
+    );
     assert_clean(node, agent);
 }
 
@@ -224,7 +229,7 @@ fn status_shows_each_pods_mesh_and_mode() {
 /// kuma-dp's wait ends only on its timer or a second stop signal, not on Envoy's exit
 /// (`kuma_classic_drain_ends_on_a_second_sigterm_not_on_quit`), so the agent has to end it.
 #[test]
-#[ignore = "NOT PROVEN: the agent's /quitquitquit does not end kuma-dp's drainTime wait (pod gone after 30 s, as without holdfast); run with --ignored"]
+#[ignore = "NOT PROVEN: the agent quits Envoy 18 ms after the app and reports the drain done in 2.1 s, but kuma-dp waits its drainTime on (its SIGTERM wait ends on its timer or a second SIGTERM only, app/kuma-dp/cmd/run.go): pod gone after 30 s, as without holdfast; run with --ignored"]
 fn kuma_classic_drain_ends_with_the_app_with_holdfast() {
     if !privileged("kuma_classic_drain_ends_with_the_app_with_holdfast") {
         return;
@@ -266,5 +271,79 @@ fn kuma_classic_drain_ends_with_the_app_with_holdfast() {
         agent.log_tail()
     );
     assert_eq!(view.proxy().and_then(|c| c.exit_code()), Some(0));
+    assert_clean(node, agent);
+}
+
+/// Kuma classic: kuma-dp's `/healthcheck/fail` on SIGTERM makes Envoy close every pooled
+/// outbound HTTP/1.1 connection (`Connection: close`) and GOAWAY every HTTP/2 one while the app
+/// still calls out; with holdfast the app's pooled connections stay as they are (the agent
+/// undoes the health-check failure). Two Kuma pods side by side, one left alone; drainTime 5 s.
+#[test]
+#[ignore = "NOT PROVEN: the agent undoes /healthcheck/fail only when Envoy's server.state gauge says DRAINING, and Envoy updates that gauge at its stats flush (every 5 s): 3 s late here, every call after SIGTERM got Connection: close / GOAWAY as without holdfast; run with --ignored"]
+fn kuma_classic_healthcheck_fail_spares_outbound_with_holdfast() {
+    if !privileged("kuma_classic_healthcheck_fail_spares_outbound_with_holdfast") {
+        return;
+    }
+    use holdfast_tests::sim::HttpProto;
+    let mut node = node("hfkumahc");
+    let agent = agent(&node);
+    let app = AppScript::HttpThroughShutdown {
+        every: Duration::from_millis(100),
+        after_sigterm: Duration::from_secs(3),
+    };
+    let kuma = |name: &str| {
+        PodSpec::new(name)
+            .mesh(Mesh::Kuma(KumaAdmin::Tcp))
+            .mesh_drain(Duration::from_secs(5))
+            // Past Envoy's start: the pod left alone has no hold, and this test is about the
+            // drain.
+            .app_init(Duration::from_secs(2))
+            .app(app.clone())
+    };
+    node.add_pod(kuma("alone").holdfast_enabled(false))
+        .expect("add");
+    node.add_pod(kuma("held")).expect("add");
+    node.start_pods().expect("start");
+    for pod in ["alone", "held"] {
+        node.wait_report(pod, Duration::from_secs(30), "pooled HTTP calls", |r| {
+            [HttpProto::Http1, HttpProto::Http2]
+                .iter()
+                .all(|p| r.http(*p, &[Phase::Running]).ok >= 3)
+        })
+        .expect("the app calls through Envoy's outbound HTTP listener");
+    }
+    for pod in ["alone", "held"] {
+        node.delete_pod(pod).expect("delete");
+    }
+    for pod in ["alone", "held"] {
+        node.wait_gone(pod, Duration::from_secs(30)).expect("gone");
+    }
+    let tally = |pod: &str, proto| {
+        node.report(pod)
+            .expect("report")
+            .http(proto, &[Phase::Running, Phase::AfterSigterm])
+    };
+    let (a1, a2) = (
+        tally("alone", HttpProto::Http1),
+        tally("alone", HttpProto::Http2),
+    );
+    let (h1, h2) = (
+        tally("held", HttpProto::Http1),
+        tally("held", HttpProto::Http2),
+    );
+    eprintln!("kuma alone: h1 {a1:?} h2 {a2:?}\nkuma with holdfast: h1 {h1:?} h2 {h2:?}");
+    assert!(
+        a1.closing >= 10 && a1.connections >= 10,
+        "kuma-dp's /healthcheck/fail closes pooled HTTP/1.1 connections: {a1:?}"
+    );
+    assert!(a2.goaways >= 1, "and sends GOAWAY on HTTP/2: {a2:?}");
+    for (proto, t) in [("HTTP/1.1", h1), ("HTTP/2", h2)] {
+        assert_eq!(
+            (t.failed, t.closing, t.goaways, t.connections),
+            (0, 0, 0, 1),
+            "{proto} with holdfast: {t:?}\n{}",
+            agent.log_tail()
+        );
+    }
     assert_clean(node, agent);
 }

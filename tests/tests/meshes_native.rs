@@ -146,7 +146,6 @@ fn kuma_native_unix_socket_restart_refuses_calls_without_holdfast() {
 /// restarts, and the app's calls meanwhile are held, none refused (control:
 /// `kuma_native_unix_socket_restart_refuses_calls_without_holdfast`, ~25 refused).
 #[test]
-#[ignore = "NOT PROVEN: the agent does not reach the Unix-socket admin yet, held calls are not released after the restart; run with --ignored"]
 fn kuma_native_unix_socket_restart_covered_with_holdfast() {
     if !privileged("kuma_native_unix_socket_restart_covered_with_holdfast") {
         return;

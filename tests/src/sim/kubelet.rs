@@ -669,7 +669,10 @@ impl PodWorker {
             },
             filter_config: v.spec.filter_config.clone(),
             families: v.spec.ip_families,
-            stats_matcher: Some(stats_matcher),
+            // Istio's stats matcher is Istio's: Kuma's bootstrap keeps every stat (kumahq/kuma
+            // v2.14.3 pkg/xds/bootstrap/template_v3.go: stats tags, no matcher); Consul's is
+            // taken to keep every stat too (not checked against its bootstrap template).
+            stats_matcher: (v.spec.mesh == super::mesh::Mesh::Istio).then(|| stats_matcher.clone()),
             health_listener: v.spec.proxy_probes && v.spec.mesh == super::mesh::Mesh::Istio,
             mesh: v.spec.mesh,
             xds: v.spec.xds_delay.map(|delay| XdsRest {
