@@ -303,6 +303,7 @@ fn every_status_document_field() {
                 last_counts: Some(FilterCounts::default()),
                 quit_reason: quit,
                 health_checks_restored: 1,
+                agent_signalled: true,
                 ..DrainReport::new(DrainOutcome::AppDone, t)
             }),
             job: Some(JobReport {

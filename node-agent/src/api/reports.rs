@@ -80,6 +80,9 @@ pub struct DrainReport {
     /// kuma-dp fails it on SIGTERM, which would drain-close the app's outbound connections).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub health_checks_restored: u32,
+    /// After the quit, the mesh's agent was sent SIGTERM to end its fixed wait (kuma-dp).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub agent_signalled: bool,
     /// The pod's Envoy version, from `/server_info` at the drain's start (`None`: not read).
     #[serde(default)]
     pub envoy_version: Option<String>,
@@ -242,6 +245,7 @@ impl DrainReport {
             deadline_meaning: TimestampMeaning::RequestTime,
             inbound_drained: false,
             health_checks_restored: 0,
+            agent_signalled: false,
             envoy_version: None,
             app_gone_at: None,
             quit_sent_at: None,

@@ -595,16 +595,25 @@ impl Driver {
                     .collect();
                 let proc_root = procs.proc_root();
                 let proxy = proxy_pids_of(&proc_root, &container);
-                let Some(&first) = proxy.first() else {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::NotFound,
-                        "no process of the proxy container yet",
-                    ));
-                };
-                let socket = AdminSocket::find(
-                    &proc_root, first, &proxy, proxy_uid, parent, dir_prefix, name,
-                )
-                .map_err(crate::effects::admin_socket::Error::into_io)?;
+                // Through Envoy's own root first (the mesh's agent's child made the socket, in
+                // the mount namespace it runs in), then the main process's.
+                let mut last = std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "no process of the proxy container yet",
+                );
+                let mut found_socket = None;
+                for &pid in proxy.iter().rev() {
+                    match AdminSocket::find(
+                        &proc_root, pid, &proxy, proxy_uid, parent, dir_prefix, name,
+                    ) {
+                        Ok(s) => {
+                            found_socket = Some(s);
+                            break;
+                        }
+                        Err(e) => last = e.into_io(),
+                    }
+                }
+                let socket = found_socket.ok_or(last)?;
                 let stream = socket
                     .connect(timeout)
                     .map_err(crate::effects::admin_socket::Error::into_io)?;

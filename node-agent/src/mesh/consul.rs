@@ -73,6 +73,7 @@ pub fn profile() -> MeshProfile {
         dns_port: None,
         admin: AdminAt::Tcp(SocketAddr::from(([127, 0, 0, 1], ADMIN_PORT))),
         own_http_prefixes: &OWN_HTTP_PREFIXES,
+        sigterm_after_quit: false,
         fails_health_check_on_sigterm: false,
         readiness: "a TCP probe on 20000 (or /ready on 21000)",
     }

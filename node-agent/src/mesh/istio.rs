@@ -69,6 +69,7 @@ pub fn profile(flags: &ProxyConfig) -> MeshProfile {
         dns_port: Some(DNS_PORT),
         admin: AdminAt::Tcp(flags.admin),
         own_http_prefixes: &OWN_HTTP_PREFIXES,
+        sigterm_after_quit: false,
         fails_health_check_on_sigterm: false,
         readiness: "pilot-agent's /healthz/ready on 15021",
     }

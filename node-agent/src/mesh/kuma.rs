@@ -26,6 +26,9 @@
 //! - end: `POST /quitquitquit`: when Envoy exits 0, kuma-dp's Envoy component returns nil and its
 //!   `OnFinish` cancels every component (run.go), so kuma-dp exits 0 and its container stays
 //!   ended in a Job (the control plane does the same for classic Jobs: `PodStatusReconciler`).
+//!   But once kuma-dp got its SIGTERM (a deletion) its wait selects only on `drainTime` and a
+//!   second signal, not on the components: it outlives Envoy until then. So a deletion's drain
+//!   follows the quit with a SIGTERM to kuma-dp (`sigterm_after_quit`), on which it exits 0.
 
 use k8s_openapi::api::core::v1::Container;
 
@@ -84,6 +87,7 @@ pub fn profile() -> MeshProfile {
         dns_port: Some(DNS_PORT),
         admin: AdminAt::Tcp(SocketAddr::from(([127, 0, 0, 1], ADMIN_PORT))),
         own_http_prefixes: &OWN_HTTP_PREFIXES,
+        sigterm_after_quit: true,
         fails_health_check_on_sigterm: true,
         readiness:
             "kuma-dp's /ready on 9902 (Unix-socket admin) or Envoy's /ready on the admin port",

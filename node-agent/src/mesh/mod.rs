@@ -21,7 +21,8 @@ pub mod kuma;
 
 /// The path that asks Envoy to exit (its admin API's `POST /quitquitquit`), which ends every
 /// mesh's proxy container with exit code 0: pilot-agent, kuma-dp and consul-dataplane each exit
-/// when their Envoy does (see each profile's `end` note).
+/// when their Envoy does (kuma-dp not during its SIGTERM wait: `MeshProfile::sigterm_after_quit`;
+/// see each profile's `end` note).
 pub const QUIT_PATH: &str = "/quitquitquit";
 
 /// Where a mesh's Envoy serves its admin API.
@@ -90,6 +91,11 @@ pub struct MeshProfile {
     /// listener drain-close — outbound too, while the app still calls out — until it stops
     /// Envoy: the drain undoes it ([`crate::mesh`]'s users: `drain::decide::restore_health`).
     pub fails_health_check_on_sigterm: bool,
+    /// The mesh's agent, once SIGTERMed, waits its fixed drain time whatever Envoy does, and
+    /// ends at a second SIGTERM (kuma-dp: run.go's wait selects only on its timer and the second
+    /// signal, not on Envoy's exit): after the drain's quit, the agent sends it that SIGTERM so
+    /// the container ends (exit 0) when Envoy does.
+    pub sigterm_after_quit: bool,
     /// What the kubelet probes the proxy's readiness on, for the reader (the agent judges
     /// readiness by Envoy's own stats, the same for every mesh).
     pub readiness: &'static str,

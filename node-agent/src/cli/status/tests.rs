@@ -50,6 +50,7 @@ fn drain(outcome: DrainOutcome, elapsed_ms: u64) -> DrainReport {
         deadline_meaning: TimestampMeaning::KillTime,
         inbound_drained: true,
         health_checks_restored: 0,
+        agent_signalled: false,
         envoy_version: Some("1.36.4".into()),
         app_gone_at: Some(t(18)),
         quit_sent_at: Some(t(18)),

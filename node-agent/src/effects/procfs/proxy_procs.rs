@@ -74,6 +74,43 @@ pub fn proxy_pids_of(proc_root: &Path, pids: &[i32]) -> Vec<i32> {
     proxy_pids(&infos)
 }
 
+/// Sends SIGTERM to the main process of the proxy container whose processes are `pids` (the
+/// oldest: the mesh's agent, kuma-dp), pinned by a pidfd whose process still has the start time
+/// read before (a pid reused meanwhile is not signalled). Returns the pid signalled. Needs
+/// `CAP_KILL` for a process of another uid (the proxy's): `EPERM` without it.
+pub fn terminate_main(proc_root: &Path, pids: &[i32]) -> Result<i32, String> {
+    let infos: Vec<ProcInfo> = pids
+        .iter()
+        .filter_map(|&pid| read_info(proc_root, pid))
+        .collect();
+    let main = infos
+        .iter()
+        .min_by_key(|p| (p.start_time, p.pid))
+        .copied()
+        .ok_or_else(|| "no process of the proxy container".to_string())?;
+    let raw = rustix::process::Pid::from_raw(main.pid).ok_or("pid 0")?;
+    let pidfd = rustix::process::pidfd_open(raw, rustix::process::PidfdFlags::empty())
+        .map_err(|e| format!("pidfd_open({}): {e}", main.pid))?;
+    if read_info(proc_root, main.pid).map(|i| i.start_time) != Some(main.start_time) {
+        return Err(format!(
+            "process {} changed before it was signalled",
+            main.pid
+        ));
+    }
+    rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::TERM).map_err(|e| {
+        if e == rustix::io::Errno::PERM {
+            format!(
+                "SIGTERM to the proxy's main process {}: not permitted (the agent needs CAP_KILL \
+                 to signal the proxy's uid)",
+                main.pid
+            )
+        } else {
+            format!("SIGTERM to the proxy's main process {}: {e}", main.pid)
+        }
+    })?;
+    Ok(main.pid)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -246,6 +246,16 @@ fn process_gone(pid: i32) -> bool {
 pub trait PodProcessSource: Send + Sync {
     /// Every live process of the pod (sandbox, proxy and app alike), with its container id.
     fn processes(&self) -> impl Future<Output = Vec<PodProcess>> + Send;
+
+    /// Sends SIGTERM to the main process of container `container_id` (the proxy container's:
+    /// the mesh's agent); the pid signalled, or why not.
+    fn terminate_main(
+        &self,
+        container_id: &str,
+    ) -> impl Future<Output = Result<i32, String>> + Send {
+        let _ = container_id;
+        std::future::ready(Err("this process source cannot signal".to_string()))
+    }
 }
 
 /// The agent's process index, for one pod.
@@ -268,6 +278,23 @@ impl PodProcsSource {
 impl PodProcessSource for PodProcsSource {
     fn processes(&self) -> impl Future<Output = Vec<PodProcess>> + Send {
         self.procs.of_pod(&self.uid)
+    }
+
+    async fn terminate_main(&self, container_id: &str) -> Result<i32, String> {
+        let pids: Vec<i32> = self
+            .procs
+            .of_pod(&self.uid)
+            .await
+            .into_iter()
+            .filter(|p| p.container_id.as_deref() == Some(container_id))
+            .map(|p| p.pid)
+            .collect();
+        let proc_root = self.procs.proc_root();
+        tokio::task::spawn_blocking(move || {
+            crate::effects::procfs::proxy_procs::terminate_main(&proc_root, &pids)
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("the signal task did not finish: {e}")))
     }
 }
 
@@ -355,6 +382,11 @@ pub struct AppTracker<S> {
 }
 
 impl<S: PodProcessSource> AppTracker<S> {
+    /// The process source the tracker reads.
+    pub fn source(&self) -> &S {
+        &self.source
+    }
+
     pub fn new(pod: &PodKey, source: S) -> AppTracker<S> {
         AppTracker {
             source,

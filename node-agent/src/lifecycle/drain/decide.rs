@@ -66,6 +66,13 @@ pub fn restore_health(
     mesh_fails_health_check && kind == DrainKind::Full && health_check_failed
 }
 
+/// Whether the drain, having quit Envoy, also sends the mesh's agent a SIGTERM: its agent waits
+/// a fixed drain time after its first SIGTERM whatever Envoy does (kuma-dp), and Envoy's exit was
+/// seen (the quit did its work; a second SIGTERM before it would make kuma-dp kill Envoy).
+pub fn sigterm_after_quit(mesh_waits_after_sigterm: bool, proxy_exit_seen: bool) -> bool {
+    mesh_waits_after_sigterm && proxy_exit_seen
+}
+
 /// What a drain does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DrainNext {

@@ -219,6 +219,12 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                 report = d.app_gone(report, app_gone);
                 (report.quit_sent_at, report.proxy_exit_seen_at) = d.quit(reason).await;
                 report.quit_reason = Some(reason);
+                if decide::sigterm_after_quit(
+                    current.profile.sigterm_after_quit,
+                    report.proxy_exit_seen_at.is_some(),
+                ) {
+                    end_the_meshs_agent(&mut report, &current, app.source()).await;
+                }
                 tracing::info!(reason = ?reason, "app gone and nothing in flight: proxy quit");
                 return d.finish(report, DrainOutcome::AppDone, &app);
             }
@@ -297,6 +303,28 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
         if rescan {
             next_rescan = Instant::now() + settings.rescan_every;
             snapshot = app.refresh(&current).await;
+        }
+    }
+}
+
+/// Sends the mesh's agent the SIGTERM that ends its fixed wait ([`decide::sigterm_after_quit`]),
+/// recording what happened on the report.
+async fn end_the_meshs_agent<S: PodProcessSource>(
+    report: &mut DrainReport,
+    view: &PodView,
+    processes: &S,
+) {
+    let Some(proxy_id) = view.proxy_container().and_then(|c| c.id.clone()) else {
+        return;
+    };
+    match processes.terminate_main(&proxy_id).await {
+        Ok(pid) => {
+            report.agent_signalled = true;
+            tracing::info!(pid, "Envoy is gone: SIGTERM to the mesh's agent, which waits a fixed drain time otherwise");
+        }
+        Err(why) => {
+            tracing::warn!("{why}");
+            report.errors.push(why);
         }
     }
 }

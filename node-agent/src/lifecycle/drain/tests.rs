@@ -68,6 +68,19 @@ impl PodProcessSource for FakeProcs {
     async fn processes(&self) -> Vec<PodProcess> {
         self.0.lock().unwrap().clone()
     }
+
+    /// The real signalling (pidfd, start time checked) on the fake pod's real processes.
+    async fn terminate_main(&self, container_id: &str) -> Result<i32, String> {
+        let pids: Vec<i32> = self
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|p| p.container_id.as_deref() == Some(container_id))
+            .map(|p| p.pid)
+            .collect();
+        crate::effects::procfs::proxy_procs::terminate_main(std::path::Path::new("/proc"), &pids)
+    }
 }
 
 /// Scripted admin API.
@@ -1245,6 +1258,7 @@ fn reports_serialize() {
         deadline_meaning: TimestampMeaning::KillTime,
         inbound_drained: true,
         health_checks_restored: 0,
+        agent_signalled: false,
         envoy_version: Some("1.36.4".into()),
         app_gone_at: None,
         quit_sent_at: None,
@@ -1590,4 +1604,51 @@ fn which_native_sidecars_the_kubelet_orders_by_mesh() {
         v
     };
     assert_eq!(drain_kind(&kuma), DrainKind::KubeletOrdered);
+}
+
+/// kuma-dp, once SIGTERMed, waits its fixed drainTime (30 s) whatever Envoy does; its second
+/// SIGTERM ends it at once with exit 0 (kumahq/kuma app/kuma-dp/cmd/run.go). After quitting
+/// Envoy the drain sends the proxy container's main process that SIGTERM (the real signalling:
+/// pidfd, start time checked). The control: an Istio pod's pilot-agent exits with Envoy, and is
+/// never signalled.
+#[tokio::test]
+async fn kuma_dp_gets_the_sigterm_that_ends_its_fixed_wait() {
+    let kuma = || {
+        let mut v = deleted_running_app();
+        v.profile = crate::mesh::kuma::profile();
+        v.containers[1].name = "kuma-sidecar".into();
+        v
+    };
+    let mut pod = Pod::new();
+    let admin = FakeAdmin::new(Some(counts(0)));
+    let (_tx, rx) = watch::channel(Some(kuma()));
+    let settings = fast_settings();
+    let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        pod.app.kill();
+    })
+    .await;
+    assert_eq!(report.outcome, DrainOutcome::AppDone, "{report:?}");
+    assert!(report.agent_signalled, "{report:?}");
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    // The stand-in for kuma-dp (`sleep`) ended on that SIGTERM.
+    let status = pod._proxy.0.wait().expect("wait");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
+
+    let mut pod = Pod::new();
+    let admin = FakeAdmin::new(Some(counts(0)));
+    let (_tx, rx) = watch::channel(Some(deleted_running_app()));
+    let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        pod.app.kill();
+    })
+    .await;
+    assert_eq!(report.outcome, DrainOutcome::AppDone, "{report:?}");
+    assert!(!report.agent_signalled);
+    assert_eq!(
+        pod._proxy.0.try_wait().expect("try_wait"),
+        None,
+        "pilot-agent was signalled"
+    );
 }
