@@ -386,6 +386,21 @@ pub fn run_kuma_dp(args: &KumaDpArgs, term: &TermSignal) -> io::Result<i32> {
             break;
         }
     }
+    // The native preStop hook's SIGUSR2 is sent before the kubelet's SIGTERM (the hook has
+    // returned by then), but two threads take them here: give the SIGUSR2 thread a moment so
+    // kuma-dp handles them in the order they were sent, as Go's runtime delivers them.
+    std::thread::sleep(Duration::from_millis(5));
+    if usr2.swap(false, Ordering::SeqCst) && !draining {
+        log(WHO, "SIGUSR2: draining Envoy connections (forever)");
+        if let Err(e) = admin_ok(
+            &admin,
+            "POST",
+            "/drain_listeners?inboundonly&graceful&skip_exit",
+        ) {
+            log(WHO, &format!("could not drain connections: {e}"));
+        }
+        draining = true;
+    }
     if draining {
         log(WHO, "SIGTERM: already drained, exit immediately");
     } else {
@@ -604,9 +619,16 @@ pub fn killall_usr2_kuma_dp() -> io::Result<usize> {
             n += 1;
         }
     }
+    eprintln!(
+        "{} killall -USR2 kuma-dp: cgroup {rel}, {n} signalled",
+        super::report::now_ms()
+    );
     if n == 0 {
         // killall exits 1 when no process matched.
-        return Err(io::Error::other("kuma-dp: no process found"));
+        return Err(io::Error::other(format!(
+            "kuma-dp: no process found in cgroup {rel} ({})",
+            procs.split_whitespace().collect::<Vec<_>>().join(" ")
+        )));
     }
     Ok(n)
 }

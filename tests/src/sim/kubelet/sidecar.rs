@@ -201,11 +201,17 @@ impl PodWorker {
         } else {
             hook.iter().skip(1).cloned().collect()
         };
+        // The hook's output goes to `prestop.log` in the pod's directory (the kubelet keeps it
+        // for a FailedPreStopHook event).
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.pod_dir.join("prestop.log"));
         let mut cmd = Command::new(&self.env.sim_app);
         cmd.args(&args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stderr(log.map_or_else(|_| Stdio::null(), Stdio::from));
         match spawn_in(&mut cmd, netns, Some(&cg.procs_file())) {
             Ok(child) => {
                 let pid = child.id();
