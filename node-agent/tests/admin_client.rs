@@ -729,17 +729,21 @@ async fn real_envoy_admin_on_a_unix_socket() -> Result<()> {
     let pid = envoy.child.id() as i32;
     let uid = nix::unistd::Uid::effective().as_raw();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !socket.exists() {
+    // Envoy binds the socket, then sets its mode: wait for both (the socket is the proxy's
+    // alone, as Kuma's).
+    let mode = || {
+        std::fs::metadata(&socket)
+            .map(|m| m.permissions().mode() & 0o777)
+            .ok()
+    };
+    while mode() != Some(0o600) {
         ensure!(
             Instant::now() < deadline,
-            "envoy did not make its admin socket"
+            "envoy did not make its admin socket with mode 0600: {:?}",
+            mode()
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    ensure!(
-        std::fs::metadata(&socket)?.permissions().mode() & 0o777 == 0o600,
-        "the socket is the proxy's alone, as Kuma's"
-    );
     let found = AdminSocket::find(
         std::path::Path::new("/proc"),
         pid,

@@ -54,7 +54,9 @@ pub fn drain_kind(view: &PodView) -> DrainKind {
 /// fails it on SIGTERM (kuma-dp: `/healthcheck/fail`, then a fixed `drainTime` of 30 s), which
 /// makes Envoy put `Connection: close` on every outbound HTTP/1 response and GOAWAY on HTTP/2
 /// while the app may still call out (Kuma sets no listener `drain_type`: kumahq/kuma has no
-/// `MODIFY_ONLY` anywhere). Inbound stays drained: the agent's own `drain_listeners
+/// `MODIFY_ONLY` anywhere). Envoy asks `server_.healthCheckFailed()` anew at every
+/// `DrainManagerImpl::drainClose` (source/server/drain_manager_impl.cc), so `/healthcheck/ok`
+/// ends that for every connection from then on. Inbound stays drained: the agent's own `drain_listeners
 /// ?inboundonly&graceful` keeps its listeners draining, and kuma-dp's readiness (9902, which the
 /// kubelet probes) says terminating whatever Envoy's health says. Not in a kubelet-ordered drain
 /// (the app is gone by the proxy's SIGTERM there).
@@ -250,6 +252,37 @@ pub fn settle_wait(settings: &DrainSettings, samples: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The mesh-dependent rules, as table rows: (mesh fails the health check on SIGTERM, drain
+    /// kind, health check failed now) → restore; (mesh waits after SIGTERM, Envoy's exit seen)
+    /// → SIGTERM its agent.
+    #[test]
+    fn mesh_dependent_drain_rules() {
+        for (mesh, kind, failed, restore) in [
+            (true, DrainKind::Full, true, true),
+            (true, DrainKind::Full, false, false),
+            (true, DrainKind::KubeletOrdered, true, false),
+            (false, DrainKind::Full, true, false),
+        ] {
+            assert_eq!(
+                restore_health(mesh, kind, failed),
+                restore,
+                "{mesh} {kind:?} {failed}"
+            );
+        }
+        for (waits, exit_seen, signal) in [
+            (true, true, true),
+            // Envoy not seen gone: a SIGTERM now would make kuma-dp kill it mid-response.
+            (true, false, false),
+            (false, true, false),
+        ] {
+            assert_eq!(
+                sigterm_after_quit(waits, exit_seen),
+                signal,
+                "{waits} {exit_seen}"
+            );
+        }
+    }
     use crate::api::IdleReason;
 
     fn seen(
