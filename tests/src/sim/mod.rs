@@ -41,6 +41,14 @@
 //! resolv.conf names the cluster DNS on the remote address; Istio's DNS rules redirect it to
 //! pilot-agent's DNS proxy on 15053, which starts late if asked), a user init container, and
 //! Istio CNI mode (rules written with the sandbox, `istio-validation` instead of `istio-init`).
+//!
+//! Kuma and Consul pods ([`PodSpec::mesh`], [`mesh`]): `kuma-init` / `consul-connect-inject-init`
+//! write their mesh's nat rules (uid 5678, 15001/15006; uid 5995, 15001/20000, 5996 excluded),
+//! the proxy container runs the kuma-dp or consul-dataplane stand-in ([`dataplane`]) with Envoy
+//! as the mesh's uid, admin on 9901 / 19000 or Kuma's Unix socket in
+//! `/tmp/kuma-dp-*/kuma-envoy-admin.sock` of the sidecar's own mount namespace (its
+//! `kuma-sidecar-tmp` emptyDir on `/tmp`); Kuma's classic sidecar comes first among the
+//! containers, its native one after `kuma-init` with the preStop `killall -USR2 kuma-dp`.
 
 pub mod apps;
 pub mod attacks;
