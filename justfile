@@ -47,7 +47,7 @@ build: filter
 test: setup filter
     cargo test -p holdfast-filter
     cargo test --workspace --exclude holdfast-filter
-    HOLDFAST_SIM_RUNTIME=containerd cargo test -p holdfast-tests --test failures --test hold --test drain --test which_pods --test native_sidecars --test meshes --test meshes_holdfast
+    HOLDFAST_SIM_RUNTIME=containerd cargo test -p holdfast-tests --test failures --test hold --test drain --test which_pods --test native_sidecars --test meshes
     just _envoy-istio
 
 # The Envoy of each Istio people run (istio/proxy ENVOY_VERSION.txt: 1.28 ships 1.36, 1.29 1.37, 1.30 1.38, 1.31 1.39;
@@ -75,7 +75,7 @@ _envoy-istio:
 # docs/containerd-backend.md says which and why.
 test-containerd: setup filter
     cargo build -p holdfast -p holdfast-tests --bins
-    HOLDFAST_SIM_RUNTIME=containerd cargo test -p holdfast-tests --test failures --test hold --test drain --test which_pods --test native_sidecars --test meshes --test meshes_holdfast
+    HOLDFAST_SIM_RUNTIME=containerd cargo test -p holdfast-tests --test failures --test hold --test drain --test which_pods --test native_sidecars --test meshes
 
 # Benchmarks against side-by-side baselines (`just bench filter|hold|drain|scale|lifecycle`; none = all). `scale` takes
 # --baseline-agent PATH through `holdfast-bench` directly (see docs/benchmarks.md).

@@ -1,8 +1,10 @@
 //! Kuma and Consul pods WITH holdfast (issue 31): the pods of `meshes.rs`, each mesh's own
 //! failure there, here with the agent on the node; each test asserts what the app and the node
 //! show (the app's report, the pod's containers and phase), beside the figure of its control in
-//! `meshes.rs`. Both backends (on the containerd one the agent runs as the DaemonSet's pod); the
-//! Kuma native sidecar's are in `meshes_native.rs` (netns backend only).
+//! `meshes.rs`. `just test` runs this file on the netns backend; on the containerd backend (the
+//! agent as the DaemonSet's pod) every test but the Unix-socket Kuma hold passes (2026-11-28:
+//! there the agent's hold ends `failed`, the socket not reached from the agent's pod). The Kuma
+//! native sidecar's are in `meshes_native.rs` (netns backend only).
 
 use std::time::{Duration, Instant};
 
@@ -214,7 +216,20 @@ fn status_shows_each_pods_mesh_and_mode() {
         assert_eq!(row.mesh, Some(mesh), "{pod}: {row:#?}");
         assert_eq!(row.mode, Some(mode), "{pod}: {row:#?}");
     }
-    // `holdfast status`: the board, a MESH column with each pod's mesh on its row.
+    // `holdfast status`: the board, a MESH column with each pod's mesh on its row. (On the
+    // containerd backend the status API answers only on the agent pod's loopback; the board is
+    // the same code: read here on the netns backend.)
+    if agent.pod_handle().is_some() {
+        eprintln!("the board is read on the netns backend only");
+        for pod in ["istio", "kuma", "consul"] {
+            node.delete_pod(pod).expect("delete");
+        }
+        for pod in ["istio", "kuma", "consul"] {
+            node.wait_gone(pod, Duration::from_secs(40)).expect("gone");
+        }
+        assert_clean(node, agent);
+        return;
+    }
     let out = std::process::Command::new(
         holdfast_tests::agent::holdfast_binary().expect("the holdfast binary"),
     )
