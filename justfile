@@ -51,7 +51,7 @@ test: setup filter
     cargo test -p holdfast-filter
     cargo build -p holdfast --target aarch64-unknown-linux-gnu
     cargo test --workspace --exclude holdfast-filter
-    HOLDFAST_SIM_RUNTIME=containerd cargo test --workspace --exclude holdfast-filter --test failures --test hold --test drain --test which_pods --test native_sidecars
+    HOLDFAST_SIM_RUNTIME=containerd cargo test --workspace --exclude holdfast-filter --test failures --test hold --test drain --test which_pods --test native_sidecars --test meshes
     just _envoy-istio
 
 # The Envoy of each Istio people run (istio/proxy ENVOY_VERSION.txt: 1.28 ships 1.36, 1.29 1.37, 1.30 1.38, 1.31 1.39;
@@ -78,9 +78,9 @@ _envoy-istio:
 # docs/containerd-backend.md says which and why.
 test-containerd: setup filter
     cargo build --workspace --exclude holdfast-filter --bins
-    HOLDFAST_SIM_RUNTIME=containerd cargo test --workspace --exclude holdfast-filter --test failures --test hold --test drain --test which_pods --test native_sidecars
+    HOLDFAST_SIM_RUNTIME=containerd cargo test --workspace --exclude holdfast-filter --test failures --test hold --test drain --test which_pods --test native_sidecars --test meshes
 
-# Benchmarks against side-by-side baselines (`just bench filter|hold|drain|scale|lifecycle`; none = all). `scale` takes
+# Benchmarks against side-by-side baselines (`just bench filter|hold|drain|scale|lifecycle|meshes`; none = all). `scale` takes
 # --baseline-agent PATH through `holdfast-bench` directly (see docs/benchmarks.md).
 # Figures go to docs/benchmarks.md.
 bench *sections: setup filter

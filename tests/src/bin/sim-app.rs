@@ -10,6 +10,8 @@
 //!   listening.
 //! - `dns-proxy`: pilot-agent's DNS proxy on localhost:15053 (started by `pilot-agent`).
 //! - `request`: `pilot-agent request` (Istio's native-sidecar preStop hook runs it).
+//! - `mesh-init`, `kuma-dp`, `consul-dataplane`, `killall-usr2-kuma-dp`: Kuma's and Consul's
+//!   init step, proxy processes and Kuma's native preStop hook (`sim::mesh`, `sim::dataplane`).
 
 use std::io::Write;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
@@ -19,9 +21,11 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use holdfast_tests::sim::apps::{self, AppArgs, TermSignal};
+use holdfast_tests::sim::dataplane::{self, ConsulDataplaneArgs, KumaDpArgs};
 use holdfast_tests::sim::dns::{self, NameTable};
 use holdfast_tests::sim::http_calls;
 use holdfast_tests::sim::istio_init::{self, InitOptions};
+use holdfast_tests::sim::mesh::{self, Mesh};
 use holdfast_tests::sim::netns::REMOTE_IP6;
 use holdfast_tests::sim::pilot_agent::{self, PilotAgentArgs};
 use holdfast_tests::sim::pilot_status::{self, RequestArgs};
@@ -74,6 +78,22 @@ enum Cmd {
     /// `pilot-agent request <method> <path>`: what Istio's native-sidecar preStop hook runs
     /// (`request --debug-port=15020 POST drain`).
     Request(RequestArgs),
+    /// The init step of a Kuma (`kuma-init`) or Consul (`consul-connect-inject-init`) pod: the
+    /// mesh's nat rules, then wait out --min-duration-ms.
+    MeshInit {
+        #[arg(long)]
+        mesh: Mesh,
+        #[arg(long, default_value_t = 150)]
+        min_duration_ms: u64,
+        #[arg(long, default_value = "iptables")]
+        iptables: String,
+    },
+    /// The kuma-dp stand-in (Kuma's `kuma-sidecar`).
+    KumaDp(KumaDpArgs),
+    /// The consul-dataplane stand-in (Consul's `consul-dataplane`).
+    ConsulDataplane(ConsulDataplaneArgs),
+    /// `killall -USR2 kuma-dp` in the caller's container (Kuma's native-sidecar preStop hook).
+    KillallUsr2KumaDp,
     /// The remote services (echo).
     Remote {
         #[arg(long)]
@@ -86,7 +106,12 @@ enum Cmd {
 
 fn main() -> anyhow::Result<()> {
     let started = Instant::now();
-    // Before any thread exists: SIGTERM/SIGINT go to one waiter thread.
+    // Before any thread exists: SIGUSR2 blocked in every thread (kuma-dp takes it with
+    // sigwait; any other sim-app leaves it pending, as a process that ignores it), and
+    // SIGTERM/SIGINT go to one waiter thread.
+    let mut usr2 = nix::sys::signal::SigSet::empty();
+    usr2.add(nix::sys::signal::Signal::SIGUSR2);
+    usr2.thread_block()?;
     let term = TermSignal::install()?;
     let cli = Cli::parse();
     match cli.cmd {
@@ -137,6 +162,23 @@ fn main() -> anyhow::Result<()> {
         Cmd::PilotAgent(args) => std::process::exit(pilot_agent::run(&args, &term)?),
         Cmd::App(args) => std::process::exit(apps::run_app(&args, &term)?),
         Cmd::Request(args) => pilot_status::request(&args)?,
+        Cmd::MeshInit {
+            mesh,
+            min_duration_ms,
+            iptables,
+        } => mesh::run_init(
+            mesh,
+            &iptables,
+            Duration::from_millis(min_duration_ms),
+            started,
+        )?,
+        Cmd::KumaDp(args) => std::process::exit(dataplane::run_kuma_dp(&args, &term)?),
+        Cmd::ConsulDataplane(args) => {
+            std::process::exit(dataplane::run_consul_dataplane(&args, &term)?)
+        }
+        Cmd::KillallUsr2KumaDp => {
+            dataplane::killall_usr2_kuma_dp()?;
+        }
         Cmd::Remote { listen, ipv4_only } => {
             let l = TcpListener::bind(listen)
                 .map_err(|e| anyhow::anyhow!("remote services cannot listen on {listen}: {e}"))?;

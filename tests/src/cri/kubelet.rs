@@ -45,7 +45,6 @@ use crate::sim::kubelet::{PodEvent, PodWorker};
 use crate::sim::native::NativeState;
 use crate::sim::node::{NodeEnv, Shared};
 use crate::sim::pod_object::{now_ts, CState, ContainerView, PodView, ProbeState, Terminated};
-use crate::sim::pod_object::{INIT_CONTAINER, PROXY_CONTAINER, PROXY_IMAGE};
 use crate::sim::prober::ProbeTarget;
 use crate::sim::SimError;
 
@@ -312,18 +311,32 @@ impl CriPodWorker {
             super::baselines::drop_until_ready(&self.name, &path, admin, self.stopping.clone())?;
         }
 
-        let min_ms = self.view(|v| v.spec.init_duration.as_millis().to_string());
-        let args = vec!["istio-init".to_string(), "--min-duration-ms".into(), min_ms];
+        let (min_ms, mesh) =
+            self.view(|v| (v.spec.init_duration.as_millis().to_string(), v.spec.mesh));
+        let init_name = mesh.init_container();
+        let args = if mesh == crate::sim::Mesh::Istio {
+            vec!["istio-init".to_string(), "--min-duration-ms".into(), min_ms]
+        } else {
+            // kuma-init / consul-connect-inject-init (crate::sim::mesh): as Istio's, root with
+            // NET_ADMIN and NET_RAW (Consul's runs as 5996 with the same capabilities).
+            vec![
+                "mesh-init".to_string(),
+                "--mesh".into(),
+                mesh.to_string(),
+                "--min-duration-ms".into(),
+                min_ms,
+            ]
+        };
         // Istio's injected istio-init: root, drop ALL, add NET_ADMIN and NET_RAW.
         let caps = Capability {
             add_capabilities: vec!["NET_ADMIN".into(), "NET_RAW".into()],
             drop_capabilities: vec!["ALL".into()],
             ..Default::default()
         };
-        let (cid, pid) = self.create_and_start(INIT_CONTAINER, 0, args, Some(caps))?;
+        let (cid, pid) = self.create_and_start(init_name, 0, args, Some(caps))?;
         self.running.insert(cid.clone(), Slot::Init);
         self.update(|v| {
-            let mut c = ContainerView::new(INIT_CONTAINER, PROXY_IMAGE, "");
+            let mut c = ContainerView::new(init_name, mesh.init_image(), "");
             c.id = Some(cid);
             c.pid = pid;
             c.state = CState::Running {
@@ -367,6 +380,26 @@ impl CriPodWorker {
         all
     }
 
+    /// The container's own mounts beyond [`Self::mounts`]: Kuma's sidecar gets its
+    /// `kuma-sidecar-tmp` emptyDir on `/tmp`, as the injector mounts it (kuma-dp makes its
+    /// workdir and Envoy's admin socket there).
+    fn own_mounts(&self, name: &str) -> Vec<Mount> {
+        let kuma = self.view(|v| matches!(v.spec.mesh, crate::sim::Mesh::Kuma(_)));
+        if !kuma || name != crate::sim::Mesh::Kuma(crate::sim::KumaAdmin::Tcp).proxy_container() {
+            return Vec::new();
+        }
+        vec![Mount {
+            container_path: "/tmp".into(),
+            host_path: self
+                .pod_dir
+                .join(crate::sim::kubelet::KUMA_SIDECAR_TMP)
+                .to_string_lossy()
+                .into_owned(),
+            readonly: false,
+            ..Default::default()
+        }]
+    }
+
     /// CreateContainer + StartContainer; returns the container id and its pid (on the host).
     fn create_and_start(
         &self,
@@ -390,7 +423,11 @@ impl CriPodWorker {
             command: vec![self.env.sim_app.to_string_lossy().into_owned()],
             args,
             working_dir: self.pod_dir.to_string_lossy().into_owned(),
-            mounts: self.mounts(),
+            mounts: {
+                let mut m = self.mounts();
+                m.extend(self.own_mounts(name));
+                m
+            },
             // kubelet's layout under the sandbox's log directory: <container>/<attempt>.log.
             log_path: format!("{name}/{attempt}.log"),
             linux: Some(LinuxContainerConfig {
@@ -442,7 +479,8 @@ impl CriPodWorker {
             let c = &v.containers[i];
             (c.name.clone(), c.id.is_some())
         });
-        if name == PROXY_CONTAINER && !restarting {
+        let is_proxy = self.view(|v| name == v.spec.proxy_container());
+        if is_proxy && !restarting {
             if let Err(e) = self.argv.write_sidecar_config() {
                 eprintln!("sim: pod {}: {e}", self.name);
             }
@@ -453,7 +491,8 @@ impl CriPodWorker {
             Ok((cid, pid)) => {
                 self.running.insert(cid.clone(), Slot::Container(i));
                 let probed = self.update(|v| {
-                    let probed = v.spec.proxy_probes && v.containers[i].name == PROXY_CONTAINER;
+                    let probed =
+                        v.spec.proxy_probes && v.containers[i].name == v.spec.proxy_container();
                     let c = &mut v.containers[i];
                     if restarting {
                         c.restart_count += 1;
@@ -551,8 +590,11 @@ impl CriPodWorker {
                     return;
                 }
                 if ok && !self.deleting && !self.shutting_down {
-                    let proxy =
-                        self.view(|v| v.containers.iter().position(|c| c.name == PROXY_CONTAINER));
+                    let proxy = self.view(|v| {
+                        v.containers
+                            .iter()
+                            .position(|c| c.name == v.spec.proxy_container())
+                    });
                     if let (true, Some(p)) = (self.view(|v| v.spec.serial_start), proxy) {
                         // holdApplicationUntilProxyStarts: the proxy first; its postStart hook
                         // holds back the others (see `baselines`).
@@ -600,8 +642,13 @@ impl CriPodWorker {
     /// Starts the regular containers in spec order, without waiting for readiness.
     fn start_regular_containers(&mut self) {
         let delay = self.view(|v| v.spec.app_start_delay);
-        for i in 0..self.view(|v| v.containers.len()) {
-            let is_proxy = self.view(|v| v.containers[i].name == PROXY_CONTAINER);
+        // Spec order: Kuma's injector puts its classic sidecar first.
+        let mut order: Vec<usize> = (0..self.view(|v| v.containers.len())).collect();
+        if self.view(|v| matches!(v.spec.mesh, crate::sim::Mesh::Kuma(_))) {
+            order.reverse();
+        }
+        for i in order {
+            let is_proxy = self.view(|v| v.containers[i].name == v.spec.proxy_container());
             if !is_proxy && !delay.is_zero() {
                 // A slow image pull: the app container starts later (the restart
                 // timer starts it), as on the netns backend.
@@ -754,6 +801,10 @@ pub(crate) fn unsupported(spec: &crate::sim::PodSpec) -> Option<&'static str> {
         (spec.dns_capture.is_some(), "DNS capture"),
         (spec.user_init.is_some(), "a user init container"),
         (spec.cni, "Istio CNI mode"),
+        (
+            spec.mesh != crate::sim::Mesh::Istio && spec.is_native(),
+            "a native Kuma sidecar (its preStop `killall` and probes are built on the netns backend only)",
+        ),
     ];
     checks.into_iter().find(|(on, _)| *on).map(|(_, what)| what)
 }

@@ -63,6 +63,10 @@ pub struct SidecarConfig {
     /// Where LDS and CDS come from: `None`, files in the config directory (there at once);
     /// `Some`, pilot-agent's xDS stand-in over REST on this unix socket ([`super::xds`]).
     pub xds: Option<XdsRest>,
+    /// The mesh whose sidecar this is: Kuma's and Consul's Envoy has its admin on their port
+    /// (9901 — kuma-dp moves it to its Unix socket when asked —, 19000) and its inbound
+    /// listener on theirs (15006, 20000), named as their control planes name them.
+    pub mesh: super::mesh::Mesh,
 }
 
 /// Envoy's REST xDS source: pilot-agent's stand-in on a unix socket.
@@ -95,7 +99,7 @@ impl SidecarConfig {
         let mut b = json!({
             "node": { "id": self.node_id, "cluster": self.node_cluster },
             "admin": {
-                "address": socket(loopback, ADMIN_PORT),
+                "address": socket(loopback, self.admin_port()),
             },
             "dynamic_resources": {
                 "lds_config": path_source(LDS_FILE),
@@ -162,6 +166,30 @@ impl SidecarConfig {
         b
     }
 
+    /// Envoy's admin TCP port (Kuma's socket admin is set by kuma-dp over this).
+    fn admin_port(&self) -> u16 {
+        match self.mesh {
+            super::mesh::Mesh::Istio => ADMIN_PORT,
+            super::mesh::Mesh::Kuma(_) => super::mesh::KUMA_ADMIN_PORT,
+            super::mesh::Mesh::Consul => super::mesh::CONSUL_ADMIN_PORT,
+        }
+    }
+
+    /// The capture listeners' names: Istio's `virtualOutbound`/`virtualInbound`, Kuma's
+    /// `outbound:passthrough:ipv4`/`inbound:passthrough:ipv4` (pkg/xds/generator, transparent
+    /// proxy), Consul's `outbound_listener:127.0.0.1:15001`/`public_listener:0.0.0.0:20000`
+    /// (agent/xds/listeners.go).
+    fn listener_names(&self) -> (&'static str, &'static str) {
+        match self.mesh {
+            super::mesh::Mesh::Istio => ("virtualOutbound", "virtualInbound"),
+            super::mesh::Mesh::Kuma(_) => ("outbound:passthrough:ipv4", "inbound:passthrough:ipv4"),
+            super::mesh::Mesh::Consul => (
+                "outbound_listener:127.0.0.1:15001",
+                "public_listener:0.0.0.0:20000",
+            ),
+        }
+    }
+
     /// Istio's `0.0.0.0_15021` health listener (see [`SidecarConfig::health_listener`]).
     fn health_listener(&self) -> Value {
         let wildcard = if self.families.ipv6_first() {
@@ -196,11 +224,17 @@ impl SidecarConfig {
     /// The LDS response: the outbound and inbound capture listeners, and the outbound HTTP
     /// listener of the remote's HTTP port.
     pub fn listeners(&self) -> Value {
+        let (outbound, inbound) = self.listener_names();
+        let inbound_port = if self.mesh == super::mesh::Mesh::Istio {
+            INBOUND_PORT
+        } else {
+            self.mesh.inbound_port()
+        };
         json!({
             "version_info": "1",
             "resources": [
-                self.listener("virtualOutbound", OUTBOUND_PORT, "OUTBOUND", "PassthroughCluster"),
-                self.listener("virtualInbound", INBOUND_PORT, "INBOUND", "InboundPassthroughCluster"),
+                self.listener(outbound, OUTBOUND_PORT, "OUTBOUND", "PassthroughCluster"),
+                self.listener(inbound, inbound_port, "INBOUND", "InboundPassthroughCluster"),
                 self.http_listener(super::http_calls::REMOTE_HTTP_PORT),
             ]
         })
@@ -464,7 +498,39 @@ mod tests {
             stats_matcher: None,
             health_listener: false,
             xds: None,
+            mesh: crate::sim::Mesh::Istio,
         }
+    }
+
+    #[test]
+    fn kuma_and_consul_sidecars_listen_where_theirs_do() {
+        let kuma = SidecarConfig {
+            mesh: crate::sim::Mesh::Kuma(crate::sim::KumaAdmin::Tcp),
+            ..cfg(false)
+        };
+        let b = kuma.bootstrap(Path::new("/tmp/x"));
+        assert_eq!(b["admin"]["address"]["socket_address"]["port_value"], 9901);
+        let l = kuma.listeners();
+        assert_eq!(
+            l["resources"][0]["address"]["socket_address"]["port_value"],
+            15001
+        );
+        assert_eq!(
+            l["resources"][1]["address"]["socket_address"]["port_value"],
+            15006
+        );
+        assert_eq!(l["resources"][1]["name"], "inbound:passthrough:ipv4");
+        let consul = SidecarConfig {
+            mesh: crate::sim::Mesh::Consul,
+            ..cfg(false)
+        };
+        let b = consul.bootstrap(Path::new("/tmp/x"));
+        assert_eq!(b["admin"]["address"]["socket_address"]["port_value"], 19000);
+        let l = consul.listeners();
+        assert_eq!(
+            l["resources"][1]["address"]["socket_address"]["port_value"],
+            20000
+        );
     }
 
     #[test]

@@ -40,7 +40,7 @@ use super::native::NativeState;
 use super::netns::{NetNs, REMOTE_IP6};
 use super::node::{NodeEnv, Shared};
 use super::pod_object::{
-    now_ts, CState, ContainerView, PodView, ProbeState, Terminated, PROXY_CONTAINER, PROXY_IMAGE,
+    now_ts, CState, ContainerView, PodView, ProbeState, Terminated, PROXY_IMAGE,
 };
 use super::prober::{ProbeResult, ProbeTarget};
 use super::process::{notify_exit, reap, spawn_in, Exit};
@@ -335,6 +335,30 @@ impl PodWorker {
     /// Starts istio-init (istio-validation in CNI mode: the rules are already in).
     fn start_injected_init(&mut self) -> Result<(), SimError> {
         let init_id = random_hex(32);
+        let mesh = self.view(|v| v.spec.mesh);
+        if mesh != super::mesh::Mesh::Istio {
+            // kuma-init / consul-connect-inject-init: the mesh's nat rules ([`super::mesh`]).
+            let (min_ms, name) =
+                self.view(|v| (v.spec.init_duration.as_millis().to_string(), v.init_name()));
+            let args = vec![
+                "mesh-init".to_string(),
+                "--mesh".into(),
+                mesh.to_string(),
+                "--min-duration-ms".into(),
+                min_ms,
+            ];
+            let pid = self.spawn(Slot::Init, &init_id, &args, name)?;
+            self.update(|v| {
+                let mut c = ContainerView::new(name, mesh.init_image(), "");
+                c.id = Some(init_id);
+                c.pid = Some(pid);
+                c.state = CState::Running {
+                    started_at: now_ts(),
+                };
+                v.init = Some(c);
+            });
+            return Ok(());
+        }
         let (min_ms, name, cni, ipv6, dns) = self.view(|v| {
             (
                 v.spec.init_duration.as_millis().to_string(),
@@ -515,6 +539,54 @@ impl PodWorker {
     }
 
     fn proxy_args_of(&self, spec: &super::spec::PodSpec) -> Vec<String> {
+        use super::mesh::{KumaAdmin, Mesh};
+        let path = |p: PathBuf| p.to_string_lossy().into_owned();
+        let envoy = path(self.env.envoy.clone());
+        let bootstrap = path(self.pod_dir.join(super::bootstrap::BOOTSTRAP_FILE));
+        match spec.mesh {
+            Mesh::Istio => {}
+            Mesh::Kuma(admin) => {
+                let mut a = vec![
+                    "kuma-dp".to_string(),
+                    "--envoy".into(),
+                    envoy,
+                    "--bootstrap".into(),
+                    bootstrap,
+                    "--tmpdir".into(),
+                    path(self.pod_dir.join(KUMA_SIDECAR_TMP)),
+                    "--drain-time-ms".into(),
+                    spec.mesh_drain.as_millis().to_string(),
+                    "--start-delay-ms".into(),
+                    spec.proxy_delay.as_millis().to_string(),
+                    "--concurrency".into(),
+                    spec.proxy_concurrency.to_string(),
+                ];
+                if admin == KumaAdmin::UnixSocket {
+                    a.push("--admin-socket".into());
+                }
+                if self.env.cri.is_some() {
+                    // A real container: its /tmp is the emptyDir already (the containerd
+                    // kubelet stand-in mounts it).
+                    a.push("--tmp-is-mounted".into());
+                }
+                return a;
+            }
+            Mesh::Consul => {
+                return vec![
+                    "consul-dataplane".to_string(),
+                    "--envoy".into(),
+                    envoy,
+                    "--bootstrap".into(),
+                    bootstrap,
+                    "--shutdown-grace-period-ms".into(),
+                    spec.mesh_drain.as_millis().to_string(),
+                    "--start-delay-ms".into(),
+                    spec.proxy_delay.as_millis().to_string(),
+                    "--concurrency".into(),
+                    spec.proxy_concurrency.to_string(),
+                ];
+            }
+        }
         {
             let mut a = vec![
                 "pilot-agent".to_string(),
@@ -564,6 +636,19 @@ impl PodWorker {
 
     pub(crate) fn write_sidecar_config(&self) -> Result<(), SimError> {
         let exit_on_zero = self.view(|v| v.spec.exit_on_zero_active);
+        if matches!(self.view(|v| v.spec.mesh), super::mesh::Mesh::Kuma(_)) {
+            // The sidecar's `/tmp` (the `kuma-sidecar-tmp` emptyDir), where kuma-dp makes its
+            // workdir: world-writable and sticky, as /tmp is.
+            use std::os::unix::fs::PermissionsExt;
+            let tmp = self.pod_dir.join(KUMA_SIDECAR_TMP);
+            let made = std::fs::create_dir_all(&tmp).and_then(|()| {
+                std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777))
+            });
+            made.map_err(|source| SimError::Io {
+                what: format!("cannot make {}", tmp.display()),
+                source,
+            })?;
+        }
         let stats_matcher =
             IstioStatsMatcher::shipped(exit_on_zero).map_err(|source| SimError::Io {
                 what: format!(
@@ -584,8 +669,12 @@ impl PodWorker {
             },
             filter_config: v.spec.filter_config.clone(),
             families: v.spec.ip_families,
-            stats_matcher: Some(stats_matcher),
-            health_listener: v.spec.proxy_probes,
+            // Istio's stats matcher is Istio's: Kuma's bootstrap keeps every stat (kumahq/kuma
+            // v2.14.3 pkg/xds/bootstrap/template_v3.go: stats tags, no matcher); Consul's is
+            // taken to keep every stat too (not checked against its bootstrap template).
+            stats_matcher: (v.spec.mesh == super::mesh::Mesh::Istio).then(|| stats_matcher.clone()),
+            health_listener: v.spec.proxy_probes && v.spec.mesh == super::mesh::Mesh::Istio,
+            mesh: v.spec.mesh,
             xds: v.spec.xds_delay.map(|delay| XdsRest {
                 socket: self.pod_dir.join(super::xds::XDS_SOCKET),
                 delay,
@@ -604,7 +693,8 @@ impl PodWorker {
             let c = &v.containers[i];
             (c.name.clone(), c.id.is_some())
         });
-        if i == 1 && !restarting {
+        let is_proxy = self.view(|v| name == v.spec.proxy_container());
+        if is_proxy && !restarting {
             if let Err(e) = self.write_sidecar_config() {
                 eprintln!("sim: pod {}: {e}", self.name);
             }
@@ -613,7 +703,8 @@ impl PodWorker {
         match self.spawn(Slot::Container(i), &id, &args, &name) {
             Ok(pid) => {
                 let probed = self.update(|v| {
-                    let probed = v.spec.proxy_probes && v.containers[i].name == PROXY_CONTAINER;
+                    let probed =
+                        v.spec.proxy_probes && v.containers[i].name == v.spec.proxy_container();
                     let c = &mut v.containers[i];
                     if restarting {
                         c.restart_count += 1;
@@ -750,7 +841,11 @@ impl PodWorker {
             return;
         }
         let serial = self.view(|v| v.spec.serial_start);
-        let proxy = self.view(|v| v.containers.iter().position(|c| c.name == PROXY_CONTAINER));
+        let proxy = self.view(|v| {
+            v.containers
+                .iter()
+                .position(|c| c.name == v.spec.proxy_container())
+        });
         match (serial, proxy) {
             (true, Some(p)) => {
                 // holdApplicationUntilProxyStarts: the proxy is moved first and its postStart
@@ -765,10 +860,23 @@ impl PodWorker {
     /// Starts the regular containers in spec order, without waiting for readiness.
     fn start_regular_containers(&mut self) {
         let n = self.view(|v| v.containers.len());
-        let proxy = self.view(|v| v.containers.iter().position(|c| c.name == PROXY_CONTAINER));
+        let proxy = self.view(|v| {
+            v.containers
+                .iter()
+                .position(|c| c.name == v.spec.proxy_container())
+        });
         let delay = self.view(|v| v.spec.app_start_delay);
         let proxy_late = self.proxy_late.take().filter(|d| !d.is_zero());
-        for i in 0..n {
+        // Spec order: Kuma's injector puts its classic sidecar first.
+        let mut order: Vec<usize> = (0..n).collect();
+        if let (true, Some(p)) = (
+            self.view(|v| matches!(v.spec.mesh, super::mesh::Mesh::Kuma(_))),
+            proxy,
+        ) {
+            order.retain(|i| *i != p);
+            order.insert(0, p);
+        }
+        for i in order {
             if let (true, Some(late)) = (Some(i) == proxy, proxy_late) {
                 // After a restart of every container: the new Envoy comes late.
                 self.restart_at.insert(i, Instant::now() + late);
@@ -1078,6 +1186,9 @@ impl PodWorker {
         self.netns = None; // Drop deletes the namespace (and its veth and rules).
     }
 }
+
+/// The Kuma sidecar's `/tmp` in the pod's directory (its `kuma-sidecar-tmp` emptyDir).
+pub(crate) const KUMA_SIDECAR_TMP: &str = "kuma-sidecar-tmp";
 
 /// Comment on the DROP baseline's rules.
 const DROP_COMMENT: &str = "hf-drop-until-ready";

@@ -13,6 +13,9 @@
 //!   startup and readiness probes of `istio-proxy`.
 //! - [`pod_object`]: the `Pod` object (k8s-openapi) written to the pods directory.
 //! - [`istio_init`]: Istio's REDIRECT-mode nat rules (the init container).
+//! - [`mesh`]: which mesh injected a pod ([`Mesh`]: Istio, Kuma, Consul) and each mesh's facts
+//!   (containers, uid, ports, admin) and nat rules; [`dataplane`]: the kuma-dp and
+//!   consul-dataplane stand-ins (their SIGTERM, SIGUSR2, readiness and lifecycle endpoints).
 //! - [`pilot_agent`]: the pilot-agent stand-in (starts Envoy as uid 1337, drains on SIGTERM);
 //!   [`pilot_status`]: its status port (readiness, `/drain`) and `pilot-agent request`;
 //!   [`xds`]: its xDS stand-in (Envoy's config arriving late, as from istiod).
@@ -38,15 +41,25 @@
 //! resolv.conf names the cluster DNS on the remote address; Istio's DNS rules redirect it to
 //! pilot-agent's DNS proxy on 15053, which starts late if asked), a user init container, and
 //! Istio CNI mode (rules written with the sandbox, `istio-validation` instead of `istio-init`).
+//!
+//! Kuma and Consul pods ([`PodSpec::mesh`], [`mesh`]): `kuma-init` / `consul-connect-inject-init`
+//! write their mesh's nat rules (uid 5678, 15001/15006; uid 5995, 15001/20000, 5996 excluded),
+//! the proxy container runs the kuma-dp or consul-dataplane stand-in ([`dataplane`]) with Envoy
+//! as the mesh's uid, admin on 9901 / 19000 or Kuma's Unix socket in
+//! `/tmp/kuma-dp-*/kuma-envoy-admin.sock` of the sidecar's own mount namespace (its
+//! `kuma-sidecar-tmp` emptyDir on `/tmp`); Kuma's classic sidecar comes first among the
+//! containers, its native one after `kuma-init` with the preStop `killall -USR2 kuma-dp`.
 
 pub mod apps;
 pub mod attacks;
 pub mod bootstrap;
 pub mod cgroup;
+pub mod dataplane;
 pub mod dns;
 pub mod http_calls;
 pub mod istio_init;
 pub mod kubelet;
+pub mod mesh;
 pub mod native;
 pub mod netns;
 pub mod node;
@@ -59,6 +72,7 @@ pub mod report;
 pub mod spec;
 pub mod xds;
 
+pub use mesh::{KumaAdmin, Mesh};
 pub use node::{sim_app_binary, NodeOptions, Runtime, SimNode, REMOTE_PORT};
 pub use pod_object::{PodPhase, PodView, PROXY_CONTAINER};
 pub use report::{AppReport, CallCounts, CallError, HttpProto, HttpTally, Phase};

@@ -419,8 +419,30 @@ impl SimNode {
         netns::run_in(&PathBuf::from("/run/netns").join(&self.env.remote_ns), f)
     }
 
-    /// One request to pod `pod`'s Envoy admin API (127.0.0.1:15000 in its netns); returns the body.
+    /// One request to pod `pod`'s Envoy admin API (127.0.0.1:15000 in its netns; a Kuma or
+    /// Consul pod's: 9901, 19000, or Kuma's Unix socket); returns the body.
     pub fn admin(&self, pod: &str, method: &str, path: &str) -> Result<String, SimError> {
+        let mesh = self.pod(pod).map(|v| v.spec.mesh).unwrap_or_default();
+        if mesh != super::mesh::Mesh::Istio {
+            let addr =
+                match mesh.admin_tcp() {
+                    Some(a) => super::mesh::AdminAddr::Tcp(a),
+                    None => super::mesh::AdminAddr::Unix(self.kuma_admin_socket(pod).ok_or_else(
+                        || SimError::Setup(format!("pod {pod}: no kuma-envoy-admin.sock yet")),
+                    )?),
+                };
+            let io = |source| SimError::Io {
+                what: format!("pod {pod}: Envoy admin {method} {path}"),
+                source,
+            };
+            let (status, body) = self
+                .in_pod_netns(pod, || super::dataplane::admin_call(&addr, method, path))?
+                .map_err(io)?;
+            if status != 200 {
+                return Err(io(std::io::Error::other(format!("HTTP status {status}"))));
+            }
+            return Ok(body);
+        }
         let admin = std::net::SocketAddr::from(([127, 0, 0, 1], super::istio_init::ADMIN_PORT));
         self.in_pod_netns(pod, || {
             super::pilot_agent::admin_request(admin, method, path)
@@ -429,6 +451,19 @@ impl SimNode {
             what: format!("pod {pod}: Envoy admin {method} {path}"),
             source,
         })
+    }
+
+    /// A Kuma pod's Envoy admin socket, by its host path: `<pod dir>/kuma-sidecar-tmp/kuma-dp-*/
+    /// kuma-envoy-admin.sock` (the sidecar's `/tmp` emptyDir, which kuma-dp and Envoy see on
+    /// `/tmp`: [`super::dataplane`]), once kuma-dp made it and Envoy bound it.
+    pub fn kuma_admin_socket(&self, pod: &str) -> Option<PathBuf> {
+        let tmp = self.env.work_dir.join(pod).join("kuma-sidecar-tmp");
+        std::fs::read_dir(tmp)
+            .ok()?
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("kuma-dp-"))
+            .map(|e| e.path().join(super::mesh::KUMA_ADMIN_SOCKET))
+            .find(|p| p.exists())
     }
 
     /// Waits until the pod's Envoy answers `/ready` with `LIVE` (polls every 50 ms).

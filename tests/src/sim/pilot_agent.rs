@@ -246,7 +246,7 @@ pub fn run(args: &PilotAgentArgs, term: &TermSignal) -> io::Result<i32> {
 
 /// Nudges `term` when Envoy exits: a thread blocked in `waitid(WEXITED | WNOWAIT)`, which
 /// leaves the exit status for `try_wait` to reap.
-fn notify_on_exit(pid: u32, term: &TermSignal) {
+pub(crate) fn notify_on_exit(pid: u32, term: &TermSignal) {
     let term = term.clone();
     let spawned = std::thread::Builder::new()
         .name("envoy-exit".into())
@@ -263,14 +263,14 @@ fn notify_on_exit(pid: u32, term: &TermSignal) {
     }
 }
 
-fn try_wait(envoy: &Mutex<Child>) -> io::Result<Option<ExitStatus>> {
+pub(crate) fn try_wait(envoy: &Mutex<Child>) -> io::Result<Option<ExitStatus>> {
     match envoy.lock() {
         Ok(mut c) => c.try_wait(),
         Err(p) => p.into_inner().try_wait(),
     }
 }
 
-fn exit_code(status: ExitStatus) -> i32 {
+pub(crate) fn exit_code(status: ExitStatus) -> i32 {
     status
         .code()
         .or_else(|| status.signal().map(|s| 128 + s))
@@ -304,7 +304,7 @@ pub fn admin_request(admin: SocketAddr, method: &str, path: &str) -> io::Result<
 }
 
 /// Decodes an HTTP/1.1 chunked body (Envoy's admin API streams some handlers that way).
-fn dechunk(mut body: &str) -> String {
+pub(crate) fn dechunk(mut body: &str) -> String {
     let mut out = String::new();
     while let Some((size, rest)) = body.split_once("\r\n") {
         let Ok(n) = usize::from_str_radix(size.trim(), 16) else {

@@ -251,7 +251,11 @@ impl PodView {
             APP_IMAGE,
             "PodInitializing",
         )];
-        let proxy = ContainerView::new(PROXY_CONTAINER, PROXY_IMAGE, "PodInitializing");
+        let proxy = ContainerView::new(
+            spec.proxy_container(),
+            spec.mesh.proxy_image(),
+            "PodInitializing",
+        );
         let sidecar = if spec.is_native() {
             Some(proxy)
         } else {
@@ -304,7 +308,7 @@ impl PodView {
     }
 
     pub fn proxy(&self) -> Option<&ContainerView> {
-        self.container(PROXY_CONTAINER)
+        self.container(self.spec.proxy_container())
     }
 
     /// The pod's `ContainersReady` (and `Ready`) condition: every regular container ready and,
@@ -335,6 +339,9 @@ impl PodView {
 
     /// The injected init step's name: `istio-validation` in CNI mode, else `istio-init`.
     pub fn init_name(&self) -> &'static str {
+        if self.spec.mesh != super::mesh::Mesh::Istio {
+            return self.spec.mesh.init_container();
+        }
         if self.spec.cni {
             VALIDATION_CONTAINER
         } else {
@@ -357,6 +364,15 @@ impl PodView {
     /// containers") and istio-validation first.
     fn init_specs(&self) -> Vec<Container> {
         let s = &self.spec;
+        if s.mesh != super::mesh::Mesh::Istio {
+            // Kuma's injector.go: kuma-init, then (native) kuma-sidecar, prepended; Consul's
+            // consul-connect-inject-init. No user init containers on these shapes.
+            let mut inits = vec![super::mesh::init_container(s.mesh)];
+            if s.is_native() {
+                inits.push(self.proxy_spec());
+            }
+            return inits;
+        }
         let mut injected = Container {
             name: self.init_name().into(),
             image: Some(PROXY_IMAGE.into()),
@@ -420,6 +436,9 @@ impl PodView {
     /// template renders them for both) when the sim probes it ([`PodSpec::proxy_probes`]).
     fn proxy_spec(&self) -> Container {
         let s = &self.spec;
+        if s.mesh != super::mesh::Mesh::Istio {
+            return super::mesh::proxy_container(s);
+        }
         let probe = |period: i32, failures: i32| Probe {
             http_get: Some(HTTPGetAction {
                 path: Some("/healthz/ready".into()),
@@ -581,8 +600,17 @@ impl PodView {
                 self.init_name()
             )
         };
-        let mut annotations =
-            BTreeMap::from([("sidecar.istio.io/status".to_string(), status_annotation)]);
+        let mut annotations = BTreeMap::new();
+        if s.mesh == super::mesh::Mesh::Istio {
+            annotations.insert("sidecar.istio.io/status".to_string(), status_annotation);
+        }
+        let (mesh_annotations, mesh_labels) = super::mesh::injected_metadata(s.mesh);
+        for (k, v) in mesh_annotations {
+            annotations.insert(k.to_string(), v);
+        }
+        for (k, v) in mesh_labels {
+            labels.insert(k.to_string(), v);
+        }
         if !s.holdfast_enabled {
             annotations.insert(
                 holdfast::config::ANNOTATION_ENABLED.to_string(),
@@ -631,7 +659,12 @@ impl PodView {
                     ..Container::default()
                 }];
                 if !s.is_native() {
-                    containers.push(self.proxy_spec());
+                    if matches!(s.mesh, super::mesh::Mesh::Kuma(_)) {
+                        // Kuma's injector puts the classic sidecar first.
+                        containers.insert(0, self.proxy_spec());
+                    } else {
+                        containers.push(self.proxy_spec());
+                    }
                 }
                 containers
             },

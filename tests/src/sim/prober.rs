@@ -117,6 +117,27 @@ pub fn spawn(
     target: ProbeTarget,
     report: impl Fn(ProbeResult) + Send + 'static,
 ) {
+    spawn_path(
+        "/healthz/ready",
+        pod,
+        netns,
+        target_addr,
+        admitted,
+        target,
+        report,
+    )
+}
+
+/// [`spawn`] with the probes' HTTP path (`/ready` for Kuma's sidecar).
+pub fn spawn_path(
+    path: &'static str,
+    pod: &str,
+    netns: Option<std::fs::File>,
+    target_addr: SocketAddr,
+    admitted: Instant,
+    target: ProbeTarget,
+    report: impl Fn(ProbeResult) + Send + 'static,
+) {
     let name = pod.to_string();
     let spawned = std::thread::Builder::new()
         .name(format!("prober-{pod}"))
@@ -127,7 +148,7 @@ pub fn spawn(
                     return;
                 }
             }
-            run(&name, target_addr, admitted, &target, &report);
+            run(&name, path, target_addr, admitted, &target, &report);
         });
     if let Err(e) = spawned {
         eprintln!("sim: pod {pod}: cannot start the prober: {e}");
@@ -136,6 +157,7 @@ pub fn spawn(
 
 fn run(
     pod: &str,
+    path: &str,
     addr: SocketAddr,
     admitted: Instant,
     target: &ProbeTarget,
@@ -169,7 +191,7 @@ fn run(
         };
         let mut readiness_now = now >= next_readiness && started;
         if now >= next_startup && !started {
-            if http_probe(addr) {
+            if http_probe_path(addr, path) {
                 started = true;
                 report(ProbeResult::Started {
                     container_id: id.clone(),
@@ -185,7 +207,7 @@ fn run(
         }
         if readiness_now {
             // successThreshold 1, failureThreshold 4.
-            let verdict = if http_probe(addr) {
+            let verdict = if http_probe_path(addr, path) {
                 readiness_failures = 0;
                 true
             } else {
@@ -208,12 +230,17 @@ fn run(
 
 /// One HTTP probe of `GET /healthz/ready`: true for a 2xx or 3xx answer within the timeout.
 pub fn http_probe(addr: SocketAddr) -> bool {
+    http_probe_path(addr, "/healthz/ready")
+}
+
+/// One HTTP probe of `GET <path>`.
+pub fn http_probe_path(addr: SocketAddr, path: &str) -> bool {
     let attempt = || -> std::io::Result<bool> {
         let mut s = TcpStream::connect_timeout(&addr, PROBE_TIMEOUT)?;
         s.set_read_timeout(Some(PROBE_TIMEOUT))?;
         write!(
             s,
-            "GET /healthz/ready HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: kube-probe/1.33\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: kube-probe/1.33\r\nAccept: */*\r\nConnection: close\r\n\r\n"
         )?;
         let mut head = [0u8; 12];
         s.read_exact(&mut head)?;

@@ -306,6 +306,13 @@ pub struct PodSpec {
     /// and its admin API answers meanwhile (PRE_INITIALIZING). `None` (default): Envoy reads
     /// LDS/CDS from files and has them at once (delay its start with `proxy_delay`).
     pub xds_delay: Option<Duration>,
+    /// The mesh that injected the pod ([`super::mesh`]): Istio (default), Kuma or Consul, each
+    /// with its containers, init step, uid, ports, admin and proxy process.
+    pub mesh: super::mesh::Mesh,
+    /// Kuma's and Consul's fixed wait on SIGTERM: kuma-dp's `drainTime`, consul-dataplane's
+    /// `-shutdown-grace-period-seconds`. Default 30 s, both meshes' default. (Istio's is
+    /// [`PodSpec::drain`].)
+    pub mesh_drain: Duration,
 }
 
 impl PodSpec {
@@ -346,7 +353,24 @@ impl PodSpec {
             lifecycle_override: false,
             proxy_probes: false,
             xds_delay: None,
+            mesh: super::mesh::Mesh::Istio,
+            mesh_drain: Duration::from_secs(30),
         }
+    }
+
+    /// See [`PodSpec::mesh`].
+    pub fn mesh(mut self, mesh: super::mesh::Mesh) -> Self {
+        self.mesh = mesh;
+        self
+    }
+    /// See [`PodSpec::mesh_drain`].
+    pub fn mesh_drain(mut self, d: Duration) -> Self {
+        self.mesh_drain = d;
+        self
+    }
+    /// The proxy container's name (`istio-proxy`, `kuma-sidecar`, `consul-dataplane`).
+    pub fn proxy_container(&self) -> &'static str {
+        self.mesh.proxy_container()
     }
 
     /// Envoy's worker threads (`--concurrency`).
@@ -522,7 +546,23 @@ impl PodSpec {
     /// Whether Istio's native-sidecar preStop (`pilot-agent request --debug-port=15020 POST
     /// drain`) is on the proxy: native, and no `global.proxy.lifecycle` override.
     pub fn istio_pre_stop(&self) -> bool {
-        self.is_native() && !self.lifecycle_override
+        self.mesh == super::mesh::Mesh::Istio && self.is_native() && !self.lifecycle_override
+    }
+    /// The native sidecar's preStop hook command, if it has one: Istio's `pilot-agent request
+    /// --debug-port=15020 POST drain`, Kuma's `killall -USR2 kuma-dp`.
+    pub fn pre_stop_command(&self) -> Option<Vec<String>> {
+        if !self.is_native() {
+            return None;
+        }
+        match self.mesh {
+            super::mesh::Mesh::Istio => self
+                .istio_pre_stop()
+                .then(|| super::pod_object::PRE_STOP_DRAIN.map(String::from).to_vec()),
+            super::mesh::Mesh::Kuma(_) => {
+                Some(["killall", "-USR2", "kuma-dp"].map(String::from).to_vec())
+            }
+            super::mesh::Mesh::Consul => None,
+        }
     }
     /// What this spec asks for that the simulated node cannot combine, or `None`: Istio never
     /// injects `holdApplicationUntilProxyStarts` (a postStart hook) on a native sidecar
@@ -536,14 +576,53 @@ impl PodSpec {
             // kubelet stand-ins do not run that order yet.
             return Some("a user init container or CNI mode with a native sidecar (not simulated)");
         }
+        if self.mesh != super::mesh::Mesh::Istio {
+            if let Some(why) = self.mesh_conflict() {
+                return Some(why);
+            }
+        }
         if self.proxy_delay > Duration::ZERO && self.xds_delay.is_some() {
             return Some("both proxy_delay and xds_delay: pick one way for the proxy to be late");
         }
         None
     }
+    /// What a Kuma or Consul pod cannot have on the simulated node (Istio's own options, and
+    /// the shapes [`super::mesh`] leaves out).
+    fn mesh_conflict(&self) -> Option<&'static str> {
+        use super::mesh::{KumaAdmin, Mesh};
+        let istio_only = self.cni
+            || self.ip_families != IpFamilies::V4
+            || self.dns_capture.is_some()
+            || self.user_init.is_some()
+            || self.serial_start
+            || self.xds_delay.is_some()
+            || self.lifecycle_override
+            || self.exit_on_zero_active
+            || self.drop_until_ready;
+        if istio_only {
+            return Some("an Istio option (CNI, IPv6, DNS capture, user init, serial start, xDS delay, lifecycle override, EXIT_ON_ZERO_ACTIVE_CONNECTIONS, DROP baseline) on a Kuma or Consul pod (not simulated)");
+        }
+        match (self.mesh, self.is_native()) {
+            (Mesh::Consul, true) => Some("a native Consul sidecar (not simulated)"),
+            (Mesh::Kuma(KumaAdmin::Tcp), true) => Some("a native Kuma sidecar with the TCP admin (its probes would go to the pod IP's 9901, where the admin does not listen; not simulated)"),
+            (Mesh::Kuma(_) | Mesh::Consul, false) if self.proxy_probes => {
+                Some("probes of a classic Kuma or Consul proxy (not simulated)")
+            }
+            _ => None,
+        }
+    }
+
     /// Envoy's admin address in this pod: `::1` when the first pod IP is IPv6, as Istio binds
     /// it (pkg/bootstrap/config.go: `option.Localhost(option.LocalhostIPv6)`).
+    /// For Kuma and Consul: their TCP admin (a Kuma Unix-socket admin has none: its
+    /// `/ready` is reached through kuma-dp's readiness port instead).
     pub fn admin_addr(&self) -> SocketAddr {
+        if self.mesh != super::mesh::Mesh::Istio {
+            return self.mesh.admin_tcp().unwrap_or(SocketAddr::from((
+                std::net::Ipv4Addr::LOCALHOST,
+                super::mesh::KUMA_READINESS_PORT,
+            )));
+        }
         let port = super::istio_init::ADMIN_PORT;
         if self.ip_families.ipv6_first() {
             SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port))

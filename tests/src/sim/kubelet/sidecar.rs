@@ -13,7 +13,6 @@ use crate::sim::native::{
     apply_probe, grace_secs, record_sidecar_exit, record_sidecar_start, record_sidecar_start_error,
     regular_done_for_good, AfterExit, Probed, MIN_GRACE_SECS,
 };
-use crate::sim::pod_object::PRE_STOP_DRAIN;
 use crate::sim::prober::{self, ProbeResult, ProbeTarget};
 use crate::sim::process::{notify_exit, reap, spawn_in, Exit};
 use crate::sim::random_hex;
@@ -33,10 +32,21 @@ impl PodWorker {
             return;
         };
         let target = ProbeTarget::default();
-        let addr = self
-            .view(|v| std::net::SocketAddr::from((v.pod_ip, crate::sim::istio_init::HEALTH_PORT)));
+        // Istio: `/healthz/ready` on 15021; Kuma (native, Unix-socket admin): `/ready` on
+        // kuma-dp's readiness port 9902 (containers/factory.go).
+        let (addr, path) = self.view(|v| match v.spec.mesh {
+            crate::sim::Mesh::Kuma(_) => (
+                std::net::SocketAddr::from((v.pod_ip, crate::sim::mesh::KUMA_READINESS_PORT)),
+                "/ready",
+            ),
+            _ => (
+                std::net::SocketAddr::from((v.pod_ip, crate::sim::istio_init::HEALTH_PORT)),
+                "/healthz/ready",
+            ),
+        });
         let tx = self.tx.clone();
-        prober::spawn(
+        prober::spawn_path(
+            path,
             &self.name,
             Some(netns),
             addr,
@@ -80,7 +90,8 @@ impl PodWorker {
             }
         }
         let args = self.proxy_args();
-        match self.spawn(Slot::Sidecar, &id, &args, crate::sim::PROXY_CONTAINER) {
+        let name = self.view(|v| v.spec.proxy_container());
+        match self.spawn(Slot::Sidecar, &id, &args, name) {
             Ok(pid) => {
                 self.update(|v| record_sidecar_start(v, &id, Some(pid), restarting));
                 self.probe_running(&id);
@@ -160,7 +171,12 @@ impl PodWorker {
         if !running {
             return;
         }
-        let (grace, hook) = self.view(|v| (grace_secs(v.spec.grace), v.spec.istio_pre_stop()));
+        let (grace, hook) = self.view(|v| {
+            (
+                grace_secs(v.spec.grace),
+                v.spec.pre_stop_command().is_some(),
+            )
+        });
         self.native.begin_stop(grace, hook, Instant::now());
         if hook {
             self.run_pre_stop();
@@ -177,11 +193,25 @@ impl PodWorker {
             self.native.hook_done();
             return;
         };
+        // The hook as the stand-ins run it: `pilot-agent request ...` is `sim-app request ...`,
+        // `killall -USR2 kuma-dp` is `sim-app killall-usr2-kuma-dp`.
+        let hook = self.view(|v| v.spec.pre_stop_command()).unwrap_or_default();
+        let args: Vec<String> = if hook.first().map(String::as_str) == Some("killall") {
+            vec!["killall-usr2-kuma-dp".into()]
+        } else {
+            hook.iter().skip(1).cloned().collect()
+        };
+        // The hook's output goes to `prestop.log` in the pod's directory (the kubelet keeps it
+        // for a FailedPreStopHook event).
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.pod_dir.join("prestop.log"));
         let mut cmd = Command::new(&self.env.sim_app);
-        cmd.args(&PRE_STOP_DRAIN[1..])
+        cmd.args(&args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stderr(log.map_or_else(|_| Stdio::null(), Stdio::from));
         match spawn_in(&mut cmd, netns, Some(&cg.procs_file())) {
             Ok(child) => {
                 let pid = child.id();

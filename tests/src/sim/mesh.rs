@@ -1,0 +1,704 @@
+//! Which mesh injected a simulated pod ([`Mesh`]), and each mesh's facts as its injector and
+//! its init step write them: the proxy container, the init container, the proxy uid, the
+//! capture ports, Envoy's admin address, and the nat rules of its transparent proxy.
+//!
+//! Read from source (tags kumahq/kuma v2.14.3, hashicorp/consul-k8s v2.0.3,
+//! hashicorp/consul-dataplane v2.0.1, hashicorp/consul `sdk/iptables`):
+//!
+//! - **Kuma**: `kuma.io/sidecar-injected: "true"` annotation and the `kuma.io/mesh` label
+//!   (pkg/plugins/runtime/k8s/metadata/annotations.go, labels.go; injector.go sets the label);
+//!   containers `kuma-sidecar` / `kuma-init` (pkg/plugins/runtime/k8s/util/names.go); the
+//!   classic sidecar is put FIRST among the containers, the native one after `kuma-init` among
+//!   the init containers with `restartPolicy: Always` and the preStop `killall -USR2 kuma-dp`
+//!   (webhooks/injector/injector.go); uid 5678, outbound 15001, inbound 15006 (the golden
+//!   test/transparentproxy/testdata/alpine-3-default.iptables.golden, which [`kuma_rules`]
+//!   follows line by line, `ifPlaceholder` being `lo`); Envoy admin on 127.0.0.1:9901, or since
+//!   2.14 a Unix socket `<workdir>/kuma-envoy-admin.sock` (pkg/core/xds/sockets.go
+//!   `AdminSocketName`, mode 0600 in pkg/xds/bootstrap/template_v3.go), the workdir a
+//!   `kuma-dp-<random>` directory made by kuma-dp with mode 0711 (app/kuma-dp/cmd/run.go);
+//!   readiness `/ready` on 9902 then (pkg/plugins/runtime/k8s/containers/factory.go: the probes
+//!   move to `DefaultReadinessPort` when the admin is on a Unix socket).
+//! - **Consul**: `consul.hashicorp.com/connect-inject-status: injected` as an annotation AND a
+//!   label, `consul.hashicorp.com/transparent-proxy-status: enabled`
+//!   (control-plane/connect-inject/constants/annotations_and_labels.go); containers
+//!   `consul-dataplane` / `consul-connect-inject-init` (webhook/mesh_webhook.go,
+//!   container_init.go); proxy uid 5995, the init container's 5996 excluded from redirection
+//!   (container_init.go, redirect_traffic.go `iptablesConfigJSON`); outbound 15001, inbound
+//!   20000 (`ProxyDefaultInboundPort`); the rules of hashicorp/consul sdk/iptables/iptables.go
+//!   `Setup` ([`consul_rules`]); Envoy admin on 127.0.0.1:19000 (`-envoy-admin-bind-port`);
+//!   consul-dataplane's lifecycle server on 127.0.0.1:20600 (`DefaultGracefulPort`).
+//!
+//! What the sim leaves out: Kuma's DNS redirect to 15053 (`--redirect-dns`, off in the default
+//! golden), its IPv6 rules, Kuma's CNI (`kuma-validation`), Consul's multi-port pods
+//! (`consul-dataplane-<svc>`, ports + service index) and Consul native sidecars.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, EnvVar, ExecAction, HTTPGetAction, Lifecycle, LifecycleHandler, Probe,
+    SecurityContext, TCPSocketAction,
+};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+/// The mesh whose injector shaped the pod ([`super::PodSpec::mesh`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mesh {
+    /// Istio (the sim's original shape: [`super::istio_init`], [`super::pilot_agent`]).
+    #[default]
+    Istio,
+    /// Kuma / Kong Mesh: `kuma-sidecar` running kuma-dp ([`super::dataplane`]).
+    Kuma(KumaAdmin),
+    /// Consul on Kubernetes: `consul-dataplane` ([`super::dataplane`]).
+    Consul,
+}
+
+/// Where Kuma's Envoy admin API listens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KumaAdmin {
+    /// TCP 127.0.0.1:9901 (Kuma ≤ 2.13, or 2.14 with the Unix socket turned off).
+    Tcp,
+    /// `<kuma-dp workdir>/kuma-envoy-admin.sock` (Kuma 2.14's default); no TCP admin.
+    UnixSocket,
+}
+
+/// Kuma's proxy uid (kuma-dp user).
+pub const KUMA_UID: u32 = 5678;
+/// Consul's proxy uid (`sidecarUserAndGroupID`).
+pub const CONSUL_UID: u32 = 5995;
+/// Consul's init container uid (`initContainersUserAndGroupID`), excluded from redirection.
+pub const CONSUL_INIT_UID: u32 = 5996;
+/// Kuma's Envoy admin TCP port.
+pub const KUMA_ADMIN_PORT: u16 = 9901;
+/// kuma-dp's readiness reporter port (`/ready`).
+pub const KUMA_READINESS_PORT: u16 = 9902;
+/// Consul's Envoy admin port.
+pub const CONSUL_ADMIN_PORT: u16 = 19000;
+/// consul-dataplane's lifecycle (graceful shutdown/startup) port.
+pub const CONSUL_GRACEFUL_PORT: u16 = 20600;
+/// The admin socket's file name inside kuma-dp's workdir.
+pub const KUMA_ADMIN_SOCKET: &str = "kuma-envoy-admin.sock";
+
+/// Envoy's admin address: TCP or a Unix socket whose path kuma-dp decides at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminAddr {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+impl Mesh {
+    /// The name holdfast's status shows (`istio`, `kuma`, `consul`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Mesh::Istio => "istio",
+            Mesh::Kuma(_) => "kuma",
+            Mesh::Consul => "consul",
+        }
+    }
+
+    /// The proxy container's name.
+    pub fn proxy_container(self) -> &'static str {
+        match self {
+            Mesh::Istio => super::pod_object::PROXY_CONTAINER,
+            Mesh::Kuma(_) => "kuma-sidecar",
+            Mesh::Consul => "consul-dataplane",
+        }
+    }
+
+    /// The injected init container's name (Istio's CNI mode aside: [`super::PodView::init_name`]).
+    pub fn init_container(self) -> &'static str {
+        match self {
+            Mesh::Istio => super::pod_object::INIT_CONTAINER,
+            Mesh::Kuma(_) => "kuma-init",
+            Mesh::Consul => "consul-connect-inject-init",
+        }
+    }
+
+    /// The proxy image as each injector names it (tags the sim follows).
+    pub fn proxy_image(self) -> &'static str {
+        match self {
+            Mesh::Istio => super::pod_object::PROXY_IMAGE,
+            Mesh::Kuma(_) => "docker.io/kumahq/kuma-dp:2.14.3",
+            Mesh::Consul => "hashicorp/consul-dataplane:1.9.3",
+        }
+    }
+
+    /// The init image.
+    pub fn init_image(self) -> &'static str {
+        match self {
+            Mesh::Istio => super::pod_object::PROXY_IMAGE,
+            Mesh::Kuma(_) => "docker.io/kumahq/kuma-init:2.14.3",
+            Mesh::Consul => "hashicorp/consul-k8s-control-plane:1.9.3",
+        }
+    }
+
+    /// The proxy's uid (and gid).
+    pub fn proxy_uid(self) -> u32 {
+        match self {
+            Mesh::Istio => super::istio_init::PROXY_UID,
+            Mesh::Kuma(_) => KUMA_UID,
+            Mesh::Consul => CONSUL_UID,
+        }
+    }
+
+    /// Envoy's outbound capture port.
+    pub fn outbound_port(self) -> u16 {
+        super::istio_init::OUTBOUND_PORT
+    }
+
+    /// Envoy's inbound capture port.
+    pub fn inbound_port(self) -> u16 {
+        match self {
+            Mesh::Istio | Mesh::Kuma(_) => super::istio_init::INBOUND_PORT,
+            Mesh::Consul => 20000,
+        }
+    }
+
+    /// Envoy's admin TCP address, or `None` when it is a Unix socket (Kuma 2.14).
+    pub fn admin_tcp(self) -> Option<SocketAddr> {
+        let lo = std::net::Ipv4Addr::LOCALHOST;
+        match self {
+            Mesh::Istio => Some(SocketAddr::from((lo, super::istio_init::ADMIN_PORT))),
+            Mesh::Kuma(KumaAdmin::Tcp) => Some(SocketAddr::from((lo, KUMA_ADMIN_PORT))),
+            Mesh::Kuma(KumaAdmin::UnixSocket) => None,
+            Mesh::Consul => Some(SocketAddr::from((lo, CONSUL_ADMIN_PORT))),
+        }
+    }
+
+    /// The `sim-app` subcommand of the proxy container's main process.
+    pub fn agent_command(self) -> &'static str {
+        match self {
+            Mesh::Istio => "pilot-agent",
+            Mesh::Kuma(_) => "kuma-dp",
+            Mesh::Consul => "consul-dataplane",
+        }
+    }
+
+    /// The nat rules the mesh's init step installs, as `iptables` argument vectors in the order
+    /// the mesh applies them (Istio's are in [`super::istio_init`]).
+    pub fn nat_rules(self) -> Vec<Vec<String>> {
+        match self {
+            Mesh::Istio => super::istio_init::iptables_invocations(),
+            Mesh::Kuma(_) => kuma_rules(),
+            Mesh::Consul => consul_rules(),
+        }
+    }
+}
+
+/// Kuma's transparent-proxy nat rules (kuma-init, no DNS redirect), as `iptables` calls: the
+/// chains, then every rule of test/transparentproxy/testdata/alpine-3-default.iptables.golden
+/// (kumahq/kuma v2.14.3) in its order, `ifPlaceholder` being the loopback `lo`.
+pub fn kuma_rules() -> Vec<Vec<String>> {
+    const C: &str = "kuma/mesh/transparent/proxy/";
+    let uid = KUMA_UID.to_string();
+    let mut out: Vec<Vec<String>> = [
+        "KUMA_MESH_INBOUND",
+        "KUMA_MESH_INBOUND_REDIRECT",
+        "KUMA_MESH_OUTBOUND",
+        "KUMA_MESH_OUTBOUND_REDIRECT",
+    ]
+    .iter()
+    .map(|c| argv(&["-t", "nat", "-N", c]))
+    .collect();
+    let comment = |s: &str| format!("{C}{s}");
+    let rules: Vec<Vec<String>> = vec![
+        argv(&["-t", "nat", "-A", "PREROUTING", "-p", "tcp", "-m", "comment", "--comment", &comment("redirect inbound TCP traffic to our custom chain for processing"), "-j", "KUMA_MESH_INBOUND"]),
+        argv(&["-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-m", "comment", "--comment", &comment("redirect outbound TCP traffic to our custom chain for processing"), "-j", "KUMA_MESH_OUTBOUND"]),
+        argv(&["-t", "nat", "-A", "KUMA_MESH_INBOUND", "-p", "tcp", "-m", "comment", "--comment", &comment("redirect all inbound traffic to the custom chain for processing"), "-j", "KUMA_MESH_INBOUND_REDIRECT"]),
+        argv(&["-t", "nat", "-A", "KUMA_MESH_INBOUND_REDIRECT", "-p", "tcp", "-m", "comment", "--comment", &comment("redirect TCP traffic to envoy (port 15006)"), "-j", "REDIRECT", "--to-ports", "15006"]),
+        argv(&["-t", "nat", "-A", "KUMA_MESH_OUTBOUND", "-s", "127.0.0.6/32", "-o", "lo", "-m", "comment", "--comment", &comment("prevent traffic loops by ensuring traffic from the sidecar proxy (using 127.0.0.6/32) to loopback interface is not redirected again"), "-j", "RETURN"]),
+        argv(&["-t", "nat", "-A", "KUMA_MESH_OUTBOUND", "!", "-d", "127.0.0.1/32", "-o", "lo", "-p", "tcp", "-m", "comment", "--comment", &comment("redirect outbound TCP traffic destined for loopback interface, but not targeting address 127.0.0.1/32, and owned by UID 5678 (kuma-dp user) to KUMA_MESH_INBOUND_REDIRECT chain for proper handling"), "-m", "owner", "--uid-owner", &uid, "-j", "KUMA_MESH_INBOUND_REDIRECT"]),
+        argv(&["-t", "nat", "-A", "KUMA_MESH_OUTBOUND", "-o", "lo", "-p", "tcp", "-m", "comment", "--comment", &comment("return outbound TCP traffic destined for loopback interface, owned by any UID other than 5678 (kuma-dp user)"), "-m", "owner", "!", "--uid-owner", &uid, "-j", "RETURN"]),
+        argv(&["-t", "nat", "-A", "KUMA_MESH_OUTBOUND", "-m", "comment", "--comment", &comment("return outbound traffic owned by UID 5678 (kuma-dp user)"), "-m", "owner", "--uid-owner", &uid, "-j", "RETURN"]),
+        argv(&["-t", "nat", "-A", "KUMA_MESH_OUTBOUND", "-d", "127.0.0.1/32", "-m", "comment", "--comment", &comment("return traffic destined for localhost (127.0.0.1/32) to avoid redirection"), "-j", "RETURN"]),
+        argv(&["-t", "nat", "-A", "KUMA_MESH_OUTBOUND", "-m", "comment", "--comment", &comment("redirect all other outbound traffic to our custom chain for further processing"), "-j", "KUMA_MESH_OUTBOUND_REDIRECT"]),
+        argv(&["-t", "nat", "-A", "KUMA_MESH_OUTBOUND_REDIRECT", "-p", "tcp", "-m", "comment", "--comment", &comment("redirect TCP traffic to envoy (port 15001)"), "-j", "REDIRECT", "--to-ports", "15001"]),
+    ];
+    out.extend(rules);
+    out
+}
+
+/// Consul's redirect-traffic nat rules as consul-k8s configures them (proxy uid 5995, inbound
+/// 20000, outbound 15001, uid 5996 excluded, no DNS, no excluded ports), in the order of
+/// hashicorp/consul sdk/iptables/iptables.go `Setup`: chains, outbound (the exclusions
+/// inserted at the top of CONSUL_PROXY_OUTPUT with `-I`), inbound. `consul-connect-inject-init`
+/// runs them one `iptables` call at a time (`iptablesExecutor`).
+pub fn consul_rules() -> Vec<Vec<String>> {
+    let uid = CONSUL_UID.to_string();
+    let init_uid = CONSUL_INIT_UID.to_string();
+    let mut out: Vec<Vec<String>> = [
+        "CONSUL_PROXY_INBOUND",
+        "CONSUL_PROXY_IN_REDIRECT",
+        "CONSUL_PROXY_OUTPUT",
+        "CONSUL_PROXY_REDIRECT",
+        "CONSUL_DNS_REDIRECT",
+    ]
+    .iter()
+    .map(|c| argv(&["-t", "nat", "-N", c]))
+    .collect();
+    out.extend([
+        argv(&[
+            "-t",
+            "nat",
+            "-A",
+            "CONSUL_PROXY_REDIRECT",
+            "-p",
+            "tcp",
+            "-j",
+            "REDIRECT",
+            "--to-port",
+            "15001",
+        ]),
+        argv(&[
+            "-t",
+            "nat",
+            "-A",
+            "OUTPUT",
+            "-p",
+            "tcp",
+            "-j",
+            "CONSUL_PROXY_OUTPUT",
+        ]),
+        argv(&[
+            "-t",
+            "nat",
+            "-A",
+            "CONSUL_PROXY_OUTPUT",
+            "-m",
+            "owner",
+            "--uid-owner",
+            &uid,
+            "-j",
+            "RETURN",
+        ]),
+        argv(&[
+            "-t",
+            "nat",
+            "-A",
+            "CONSUL_PROXY_OUTPUT",
+            "-d",
+            "127.0.0.1/32",
+            "-j",
+            "RETURN",
+        ]),
+        argv(&[
+            "-t",
+            "nat",
+            "-A",
+            "CONSUL_PROXY_OUTPUT",
+            "-j",
+            "CONSUL_PROXY_REDIRECT",
+        ]),
+        argv(&[
+            "-t",
+            "nat",
+            "-I",
+            "CONSUL_PROXY_OUTPUT",
+            "-m",
+            "owner",
+            "--uid-owner",
+            &init_uid,
+            "-j",
+            "RETURN",
+        ]),
+        argv(&[
+            "-t",
+            "nat",
+            "-A",
+            "CONSUL_PROXY_IN_REDIRECT",
+            "-p",
+            "tcp",
+            "-j",
+            "REDIRECT",
+            "--to-port",
+            "20000",
+        ]),
+        argv(&[
+            "-t",
+            "nat",
+            "-A",
+            "PREROUTING",
+            "-p",
+            "tcp",
+            "-j",
+            "CONSUL_PROXY_INBOUND",
+        ]),
+        argv(&[
+            "-t",
+            "nat",
+            "-A",
+            "CONSUL_PROXY_INBOUND",
+            "-p",
+            "tcp",
+            "-j",
+            "CONSUL_PROXY_IN_REDIRECT",
+        ]),
+    ]);
+    out
+}
+
+fn argv(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| s.to_string()).collect()
+}
+
+/// The init step of a Kuma or Consul pod (`sim-app mesh-init`): the mesh's nat rules in the
+/// calling process's netns, one `iptables` call each, then a wait until `min_duration` has
+/// passed since `started` (as [`super::istio_init::run`]).
+pub fn run_init(
+    mesh: Mesh,
+    iptables: &str,
+    min_duration: std::time::Duration,
+    started: std::time::Instant,
+) -> Result<(), super::istio_init::InitError> {
+    use super::istio_init::InitError;
+    for args in mesh.nat_rules() {
+        let out = std::process::Command::new(iptables)
+            .arg("-w")
+            .args(&args)
+            .output()
+            .map_err(|source| InitError::Spawn {
+                args: args.clone(),
+                source,
+            })?;
+        if !out.status.success() {
+            return Err(InitError::Failed {
+                args,
+                status: out.status,
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
+        }
+    }
+    if let Some(rest) = min_duration.checked_sub(started.elapsed()) {
+        std::thread::sleep(rest);
+    }
+    Ok(())
+}
+
+impl std::str::FromStr for Mesh {
+    type Err = String;
+    /// `istio`, `kuma` (TCP admin), `kuma-uds`, `consul`.
+    fn from_str(s: &str) -> Result<Mesh, String> {
+        match s {
+            "istio" => Ok(Mesh::Istio),
+            "kuma" => Ok(Mesh::Kuma(KumaAdmin::Tcp)),
+            "kuma-uds" => Ok(Mesh::Kuma(KumaAdmin::UnixSocket)),
+            "consul" => Ok(Mesh::Consul),
+            other => Err(format!(
+                "unknown mesh {other:?} (istio, kuma, kuma-uds, consul)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Mesh {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Mesh::Istio => "istio",
+            Mesh::Kuma(KumaAdmin::Tcp) => "kuma",
+            Mesh::Kuma(KumaAdmin::UnixSocket) => "kuma-uds",
+            Mesh::Consul => "consul",
+        })
+    }
+}
+
+/// Annotations or labels: `(key, value)` pairs.
+pub type Metadata = Vec<(&'static str, String)>;
+
+/// The pod's annotations and labels as Kuma's or Consul's injector adds them (Istio's are in
+/// [`super::pod_object`]).
+///
+/// - Kuma (pkg/plugins/runtime/k8s/webhooks/injector/testdata/inject.01.golden.yaml, v2.14.3):
+///   `kuma.io/sidecar-injected: "true"`, `kuma.io/transparent-proxying: enabled`, the ports and
+///   uid, `kuma.io/envoy-admin-port` (TCP admin only); label `kuma.io/mesh: default`.
+/// - Consul (control-plane/connect-inject/webhook/mesh_webhook.go, v2.0.3):
+///   `consul.hashicorp.com/connect-inject-status: injected` as annotation and label,
+///   `consul.hashicorp.com/transparent-proxy-status: enabled`, and the label
+///   `consul.hashicorp.com/connect-inject-managed-by: consul-k8s-endpoints-controller`.
+pub fn injected_metadata(mesh: Mesh) -> (Metadata, Metadata) {
+    match mesh {
+        Mesh::Istio => (Vec::new(), Vec::new()),
+        Mesh::Kuma(admin) => {
+            let mut a = vec![
+                ("kuma.io/sidecar-injected", "true".to_string()),
+                ("kuma.io/sidecar-uid", KUMA_UID.to_string()),
+                ("kuma.io/transparent-proxying", "enabled".into()),
+                ("kuma.io/transparent-proxying-inbound-port", "15006".into()),
+                ("kuma.io/transparent-proxying-outbound-port", "15001".into()),
+                ("kuma.io/transparent-proxying-ip-family-mode", "ipv4".into()),
+                ("kuma.io/virtual-probes", "disabled".into()),
+            ];
+            if admin == KumaAdmin::Tcp {
+                a.push(("kuma.io/envoy-admin-port", KUMA_ADMIN_PORT.to_string()));
+            }
+            (a, vec![("kuma.io/mesh", "default".into())])
+        }
+        Mesh::Consul => (
+            vec![
+                (
+                    "consul.hashicorp.com/connect-inject-status",
+                    "injected".into(),
+                ),
+                (
+                    "consul.hashicorp.com/transparent-proxy-status",
+                    "enabled".into(),
+                ),
+                ("consul.hashicorp.com/connect-k8s-version", "v1.9.3".into()),
+                ("consul.hashicorp.com/consul-k8s-version", "v1.9.3".into()),
+            ],
+            vec![
+                (
+                    "consul.hashicorp.com/connect-inject-status",
+                    "injected".into(),
+                ),
+                (
+                    "consul.hashicorp.com/connect-inject-managed-by",
+                    "consul-k8s-endpoints-controller".into(),
+                ),
+            ],
+        ),
+    }
+}
+
+/// The injected init container of a Kuma or Consul pod, as its injector writes it (the fields
+/// holdfast and the kubelet read).
+pub fn init_container(mesh: Mesh) -> Container {
+    match mesh {
+        Mesh::Consul => {
+            // redirect_traffic.go: the iptables.Config as JSON in CONSUL_REDIRECT_TRAFFIC_CONFIG.
+            let cfg = serde_json::json!({
+                "ConsulDNSIP": "", "ConsulDNSPort": 0,
+                "ProxyUserID": CONSUL_UID.to_string(),
+                "ProxyInboundPort": 20000, "ProxyOutboundPort": 15001,
+                "ExcludeInboundPorts": null, "ExcludeOutboundPorts": null,
+                "ExcludeOutboundCIDRs": null, "ExcludeUIDs": [CONSUL_INIT_UID.to_string()],
+                "NetNS": "",
+            });
+            Container {
+                name: mesh.init_container().into(),
+                image: Some(mesh.init_image().into()),
+                command: Some(vec![
+                    "/bin/sh".into(),
+                    "-ec".into(),
+                    "consul-k8s-control-plane connect-init -pod-name=${POD_NAME} -pod-namespace=${POD_NAMESPACE} -log-level=info -log-json=false".into(),
+                ]),
+                env: Some(vec![EnvVar {
+                    name: "CONSUL_REDIRECT_TRAFFIC_CONFIG".into(),
+                    value: Some(cfg.to_string()),
+                    ..EnvVar::default()
+                }]),
+                security_context: Some(SecurityContext {
+                    run_as_user: Some(i64::from(CONSUL_INIT_UID)),
+                    run_as_group: Some(i64::from(CONSUL_INIT_UID)),
+                    ..SecurityContext::default()
+                }),
+                ..Container::default()
+            }
+        }
+        _ => Container {
+            name: mesh.init_container().into(),
+            image: Some(mesh.init_image().into()),
+            command: Some(
+                ["/usr/bin/kumactl", "install", "transparent-proxy"]
+                    .map(String::from)
+                    .to_vec(),
+            ),
+            args: Some(vec!["--verbose".into()]),
+            security_context: Some(SecurityContext {
+                run_as_user: Some(0),
+                run_as_group: Some(0),
+                capabilities: Some(Capabilities {
+                    add: Some(vec!["NET_ADMIN".into(), "NET_RAW".into()]),
+                    drop: Some(vec!["ALL".into()]),
+                }),
+                ..SecurityContext::default()
+            }),
+            ..Container::default()
+        },
+    }
+}
+
+/// The proxy container of a Kuma or Consul pod, as its injector writes it.
+///
+/// - `kuma-sidecar` (pkg/plugins/runtime/k8s/containers/factory.go, injector.go): `run
+///   --log-level=info --concurrency=2`, uid/gid 5678; liveness and readiness `GET /ready` on
+///   the admin port, or on 9902 when the admin is a Unix socket; native: `restartPolicy:
+///   Always`, the startup probe the same, preStop `killall -USR2 kuma-dp`.
+/// - `consul-dataplane` (control-plane/connect-inject/webhook/consul_dataplane_sidecar.go):
+///   the lifecycle flags (`-graceful-port=20600`, `-shutdown-drain-listeners`,
+///   `-shutdown-grace-period-seconds=30`, ...), uid/gid 5995, readiness a TCP probe of 20000.
+pub fn proxy_container(spec: &super::PodSpec) -> Container {
+    let mesh = spec.mesh;
+    let uid = i64::from(mesh.proxy_uid());
+    let security = SecurityContext {
+        run_as_user: Some(uid),
+        run_as_group: Some(uid),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            ..Capabilities::default()
+        }),
+        ..SecurityContext::default()
+    };
+    match mesh {
+        Mesh::Consul => {
+            let secs = spec.mesh_drain.as_secs();
+            Container {
+                name: mesh.proxy_container().into(),
+                image: Some(mesh.proxy_image().into()),
+                args: Some(vec![
+                    "-addresses=consul-server.consul.svc".into(),
+                    "-grpc-port=8502".into(),
+                    "-proxy-service-id-path=/consul/connect-inject/proxyid".into(),
+                    "-log-level=info".into(),
+                    "-log-json=false".into(),
+                    "-envoy-concurrency=2".into(),
+                    "-tls-disabled".into(),
+                    format!("-graceful-port={CONSUL_GRACEFUL_PORT}"),
+                    "-shutdown-drain-listeners".into(),
+                    format!("-shutdown-grace-period-seconds={secs}"),
+                    "-graceful-shutdown-path=/graceful_shutdown".into(),
+                    "-startup-grace-period-seconds=0".into(),
+                    "-graceful-startup-path=/graceful_startup".into(),
+                    "-telemetry-prom-scrape-path=/metrics".into(),
+                ]),
+                readiness_probe: Some(Probe {
+                    tcp_socket: Some(TCPSocketAction {
+                        port: IntOrString::Int(20000),
+                        ..TCPSocketAction::default()
+                    }),
+                    initial_delay_seconds: Some(1),
+                    ..Probe::default()
+                }),
+                security_context: Some(security),
+                ..Container::default()
+            }
+        }
+        _ => {
+            let probe_port = match mesh.admin_tcp() {
+                Some(a) => a.port(),
+                None => KUMA_READINESS_PORT,
+            };
+            let probe = |period: i32| Probe {
+                http_get: Some(HTTPGetAction {
+                    path: Some("/ready".into()),
+                    port: IntOrString::Int(i32::from(probe_port)),
+                    ..HTTPGetAction::default()
+                }),
+                period_seconds: Some(period),
+                timeout_seconds: Some(3),
+                failure_threshold: Some(12),
+                ..Probe::default()
+            };
+            let native = spec.is_native();
+            Container {
+                name: mesh.proxy_container().into(),
+                image: Some(mesh.proxy_image().into()),
+                args: Some(
+                    ["run", "--log-level=info", "--concurrency=2"]
+                        .map(String::from)
+                        .to_vec(),
+                ),
+                restart_policy: native.then(|| "Always".to_string()),
+                lifecycle: native.then(|| Lifecycle {
+                    pre_stop: Some(LifecycleHandler {
+                        exec: Some(ExecAction {
+                            command: spec.pre_stop_command(),
+                        }),
+                        ..LifecycleHandler::default()
+                    }),
+                    ..Lifecycle::default()
+                }),
+                liveness_probe: Some(probe(5)),
+                readiness_probe: Some(probe(5)),
+                startup_probe: native.then(|| probe(1)),
+                security_context: Some(security),
+                ..Container::default()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Renders `iptables -t nat` argument vectors as `iptables-save` lines (`-A`/`-I` only).
+    fn save_lines(rules: &[Vec<String>]) -> Vec<String> {
+        rules
+            .iter()
+            .filter(|r| r[2] == "-A")
+            .map(|r| {
+                r[2..]
+                    .iter()
+                    .map(|w| {
+                        if w.contains(' ') {
+                            format!("\"{w}\"")
+                        } else {
+                            w.clone()
+                        }
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn kuma_rules_are_the_golden_of_kuma_2_14() {
+        // test/transparentproxy/testdata/alpine-3-default.iptables.golden (kumahq/kuma
+        // v2.14.3), with ifPlaceholder = lo: the rules in order.
+        let golden = r#"-A PREROUTING -p tcp -m comment --comment "kuma/mesh/transparent/proxy/redirect inbound TCP traffic to our custom chain for processing" -j KUMA_MESH_INBOUND
+-A OUTPUT -p tcp -m comment --comment "kuma/mesh/transparent/proxy/redirect outbound TCP traffic to our custom chain for processing" -j KUMA_MESH_OUTBOUND
+-A KUMA_MESH_INBOUND -p tcp -m comment --comment "kuma/mesh/transparent/proxy/redirect all inbound traffic to the custom chain for processing" -j KUMA_MESH_INBOUND_REDIRECT
+-A KUMA_MESH_INBOUND_REDIRECT -p tcp -m comment --comment "kuma/mesh/transparent/proxy/redirect TCP traffic to envoy (port 15006)" -j REDIRECT --to-ports 15006
+-A KUMA_MESH_OUTBOUND -s 127.0.0.6/32 -o lo -m comment --comment "kuma/mesh/transparent/proxy/prevent traffic loops by ensuring traffic from the sidecar proxy (using 127.0.0.6/32) to loopback interface is not redirected again" -j RETURN
+-A KUMA_MESH_OUTBOUND ! -d 127.0.0.1/32 -o lo -p tcp -m comment --comment "kuma/mesh/transparent/proxy/redirect outbound TCP traffic destined for loopback interface, but not targeting address 127.0.0.1/32, and owned by UID 5678 (kuma-dp user) to KUMA_MESH_INBOUND_REDIRECT chain for proper handling" -m owner --uid-owner 5678 -j KUMA_MESH_INBOUND_REDIRECT
+-A KUMA_MESH_OUTBOUND -o lo -p tcp -m comment --comment "kuma/mesh/transparent/proxy/return outbound TCP traffic destined for loopback interface, owned by any UID other than 5678 (kuma-dp user)" -m owner ! --uid-owner 5678 -j RETURN
+-A KUMA_MESH_OUTBOUND -m comment --comment "kuma/mesh/transparent/proxy/return outbound traffic owned by UID 5678 (kuma-dp user)" -m owner --uid-owner 5678 -j RETURN
+-A KUMA_MESH_OUTBOUND -d 127.0.0.1/32 -m comment --comment "kuma/mesh/transparent/proxy/return traffic destined for localhost (127.0.0.1/32) to avoid redirection" -j RETURN
+-A KUMA_MESH_OUTBOUND -m comment --comment "kuma/mesh/transparent/proxy/redirect all other outbound traffic to our custom chain for further processing" -j KUMA_MESH_OUTBOUND_REDIRECT
+-A KUMA_MESH_OUTBOUND_REDIRECT -p tcp -m comment --comment "kuma/mesh/transparent/proxy/redirect TCP traffic to envoy (port 15001)" -j REDIRECT --to-ports 15001"#;
+        assert_eq!(
+            save_lines(&kuma_rules()),
+            golden.lines().collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn consul_rules_redirect_to_its_ports_and_exclude_its_uids() {
+        let rules = consul_rules();
+        let lines = save_lines(&rules);
+        assert!(lines
+            .contains(&"-A CONSUL_PROXY_OUTPUT -m owner --uid-owner 5995 -j RETURN".to_string()));
+        assert!(lines
+            .contains(&"-A CONSUL_PROXY_IN_REDIRECT -p tcp -j REDIRECT --to-port 20000".into()));
+        assert!(
+            lines.contains(&"-A CONSUL_PROXY_REDIRECT -p tcp -j REDIRECT --to-port 15001".into())
+        );
+        // The init uid's exclusion is inserted at the top of the output chain.
+        assert!(rules
+            .iter()
+            .any(|r| r.join(" ")
+                == "-t nat -I CONSUL_PROXY_OUTPUT -m owner --uid-owner 5996 -j RETURN"));
+        // Chains before the rules that use them.
+        let first_rule = rules.iter().position(|r| r[2] != "-N").expect("rules");
+        assert!(rules[..first_rule].len() == 5);
+    }
+
+    #[test]
+    fn mesh_facts() {
+        let kuma = Mesh::Kuma(KumaAdmin::UnixSocket);
+        assert_eq!(kuma.proxy_container(), "kuma-sidecar");
+        assert_eq!(kuma.proxy_uid(), 5678);
+        assert_eq!(kuma.admin_tcp(), None);
+        assert_eq!(
+            Mesh::Kuma(KumaAdmin::Tcp).admin_tcp(),
+            Some("127.0.0.1:9901".parse().expect("addr"))
+        );
+        assert_eq!(Mesh::Consul.inbound_port(), 20000);
+        assert_eq!(Mesh::Consul.proxy_uid(), 5995);
+        for m in ["istio", "kuma", "kuma-uds", "consul"] {
+            assert_eq!(m.parse::<Mesh>().expect("mesh").to_string(), m);
+        }
+        assert!("linkerd".parse::<Mesh>().is_err());
+    }
+}

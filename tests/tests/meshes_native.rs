@@ -1,0 +1,207 @@
+//! Kuma's native sidecar (2.14's default, with the admin on its Unix socket) on the simulated
+//! node, without and with holdfast. The netns backend only: the containerd backend does not
+//! build native Kuma sidecars (its preStop `killall -USR2 kuma-dp` and `/ready` probes on 9902
+//! are in the netns kubelet stand-in only; `cri::kubelet::unsupported` says so).
+
+use std::time::{Duration, Instant};
+
+use holdfast_tests::agent::AgentProcess;
+use holdfast_tests::sim::{
+    privileged, AppScript, CallError, KumaAdmin, Mesh, NodeOptions, Phase, PodSpec, SimNode,
+};
+
+fn node(test: &str) -> SimNode {
+    let opts = NodeOptions {
+        sim_app: Some(env!("CARGO_BIN_EXE_sim-app").into()),
+        ..NodeOptions::default()
+    };
+    SimNode::for_test(test, opts)
+}
+
+fn agent(node: &SimNode) -> AgentProcess {
+    AgentProcess::for_node_with(node, &[]).expect("start the holdfast agent")
+}
+
+fn left(node: SimNode) {
+    let left = node.finish();
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+fn assert_clean(node: SimNode) {
+    left(node)
+}
+
+fn assert_clean_with(node: SimNode, agent: AgentProcess) {
+    drop(agent);
+    left(node)
+}
+
+/// Kuma 2.14 native sidecar with the admin on its Unix socket: no TCP admin; the socket is in
+/// kuma-dp's 0711 workdir, 0600 and owned by 5678; the startup probe (`/ready` on 9902) gates
+/// the app; an Envoy crash refuses the app's calls until the restarted sidecar's Envoy is up.
+#[test]
+fn kuma_native_unix_socket_restart_refuses_calls_without_holdfast() {
+    if !privileged("kuma_native_unix_socket_restart_refuses_calls_without_holdfast") {
+        return;
+    }
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let late = Duration::from_secs(2);
+    let mut node = node("kumanative");
+    node.add_pod(
+        PodSpec::new("svc")
+            .mesh(Mesh::Kuma(KumaAdmin::UnixSocket))
+            .native()
+            .app(AppScript::BootThenCall {
+                every: Duration::from_millis(100),
+                pool: 1,
+                after_sigterm: Duration::ZERO,
+            })
+            .call_timeout(Duration::from_secs(1))
+            .proxy_delay(late)
+            .holdfast_enabled(false),
+    )
+    .expect("add pod");
+    node.start_pods().expect("start");
+    node.wait_report("svc", Duration::from_secs(30), "boot call", |r| {
+        r.calls(Phase::Startup).ok + r.calls(Phase::Startup).failed >= 1
+    })
+    .expect("boot call");
+    let report = node.report("svc").expect("report");
+    assert_eq!(
+        report.calls(Phase::Startup).failed,
+        0,
+        "the startup probe gates the app: {:?}",
+        report.calls(Phase::Startup)
+    );
+    let sock = node.kuma_admin_socket("svc").expect("admin socket");
+    let meta = std::fs::metadata(&sock).expect("socket");
+    assert_eq!(meta.mode() & 0o777, 0o600, "{}", sock.display());
+    assert_eq!(meta.uid(), 5678);
+    let dir = std::fs::metadata(sock.parent().expect("workdir")).expect("workdir");
+    assert_eq!(dir.permissions().mode() & 0o777, 0o711);
+    // Where a node agent finds it: in the sidecar's mount namespace, under its /tmp.
+    let envoy = node.envoy_pid("svc").expect("Envoy");
+    let workdir = sock
+        .parent()
+        .and_then(|d| d.file_name())
+        .expect("workdir name");
+    let seen = std::path::PathBuf::from(format!("/proc/{envoy}/root/tmp"))
+        .join(workdir)
+        .join("kuma-envoy-admin.sock");
+    assert_eq!(
+        std::fs::metadata(&seen).map(|m| m.ino()).ok(),
+        Some(meta.ino()),
+        "{} is the socket",
+        seen.display()
+    );
+    assert!(
+        !std::path::Path::new("/tmp").join(workdir).exists(),
+        "not in the host's /tmp"
+    );
+    assert_eq!(
+        node.admin("svc", "GET", "/ready")
+            .expect("admin over the socket")
+            .trim(),
+        "LIVE"
+    );
+    let tcp = node
+        .in_pod_netns("svc", || {
+            std::net::TcpStream::connect(("127.0.0.1", 9901)).is_err()
+        })
+        .expect("netns");
+    assert!(tcp, "no TCP admin on 9901");
+
+    // Envoy crashes: kuma-dp exits 1, the kubelet restarts the sidecar; its Envoy is `late`.
+    std::thread::sleep(Duration::from_millis(500));
+    let before = node.report("svc").expect("report").calls(Phase::Running);
+    node.kill_envoy("svc").expect("kill Envoy");
+    let t = Instant::now();
+    node.wait_for("svc", Duration::from_secs(20), "sidecar restarted", |p| {
+        p.proxy()
+            .is_some_and(|c| c.restart_count >= 1 && c.is_running())
+    })
+    .expect("restart");
+    node.wait_proxy_live("svc", Duration::from_secs(20))
+        .expect("Envoy LIVE again");
+    let down = t.elapsed();
+    std::thread::sleep(Duration::from_millis(500));
+    let after = node.report("svc").expect("report").calls(Phase::Running);
+    let refused =
+        after.errors(CallError::ConnectionRefused) - before.errors(CallError::ConnectionRefused);
+    let failed = after.failed - before.failed;
+    eprintln!(
+        "kuma native (socket admin): Envoy back after {down:?}; {failed} calls failed, {refused} refused"
+    );
+    assert!(
+        refused >= 5,
+        "calls refused while Envoy was down: {after:?}"
+    );
+    node.delete_pod("svc").expect("delete");
+    node.wait_gone("svc", Duration::from_secs(30))
+        .expect("gone");
+    assert_clean(node);
+}
+
+/// Kuma 2.14 native sidecar with the admin on its Unix socket: Envoy crashes, the sidecar
+/// restarts, and the app's calls meanwhile are held, none refused (control:
+/// `kuma_native_unix_socket_restart_refuses_calls_without_holdfast`, ~25 refused).
+#[test]
+fn kuma_native_unix_socket_restart_covered_with_holdfast() {
+    if !privileged("kuma_native_unix_socket_restart_covered_with_holdfast") {
+        return;
+    }
+    let mut node = node("hfkumanative");
+    let agent = agent(&node);
+    node.add_pod(
+        PodSpec::new("svc")
+            .mesh(Mesh::Kuma(KumaAdmin::UnixSocket))
+            .native()
+            .app(AppScript::BootThenCall {
+                every: Duration::from_millis(100),
+                pool: 1,
+                after_sigterm: Duration::ZERO,
+            })
+            .call_timeout(Duration::from_secs(10))
+            .proxy_delay(Duration::from_secs(2)),
+    )
+    .expect("add pod");
+    node.start_pods().expect("start");
+    node.wait_report("svc", Duration::from_secs(30), "calling", |r| {
+        r.calls(Phase::Running).ok >= 5
+    })
+    .expect("the app calls");
+    let before = node.report("svc").expect("report").calls(Phase::Running);
+    node.kill_envoy("svc").expect("kill Envoy");
+    node.wait_for("svc", Duration::from_secs(20), "sidecar restarted", |p| {
+        p.proxy()
+            .is_some_and(|c| c.restart_count >= 1 && c.is_running())
+    })
+    .expect("restart");
+    node.wait_proxy_live("svc", Duration::from_secs(20))
+        .expect("Envoy LIVE again");
+    let live = Instant::now();
+    // Held calls go through once the new Envoy is ready: the app calls on, ten more succeed.
+    let after = node
+        .wait_report(
+            "svc",
+            Duration::from_secs(10),
+            "calls after the restart",
+            |r| r.calls(Phase::Running).ok >= before.ok + 10,
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_tail()))
+        .calls(Phase::Running);
+    let refused =
+        after.errors(CallError::ConnectionRefused) - before.errors(CallError::ConnectionRefused);
+    let failed = after.failed - before.failed;
+    eprintln!(
+        "kuma native with holdfast: {refused} refused, {failed} failed through the restart, calls flowing {:?} after Envoy was LIVE again; {after:?}",
+        live.elapsed()
+    );
+    assert_eq!(refused, 0, "{after:?}\n{}", agent.log_tail());
+    // At most the call on the pooled connection the crash cut (no agent can save that one).
+    assert!(failed <= 1, "{after:?}");
+    node.delete_pod("svc").expect("delete");
+    node.wait_gone("svc", Duration::from_secs(30))
+        .expect("gone");
+    assert_clean_with(node, agent);
+}
