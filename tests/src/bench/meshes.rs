@@ -140,6 +140,9 @@ impl Case {
     }
 }
 
+/// A stop pod's end: its last view and deletion → gone.
+type Ended = Result<(PodView, Duration)>;
+
 /// One mesh's figures on one node.
 #[derive(Debug, Clone, Default)]
 struct Sample {
@@ -244,7 +247,7 @@ pub fn run(opts: &SimBenchOpts) -> Result<()> {
     }
     // Each pod waited for on a thread of its own, so one pod's 30 s wait is not counted
     // against the pods looked at after it.
-    let ended: Vec<(Variant, Case, Result<(PodView, Duration)>)> = std::thread::scope(|s| {
+    let ended: Vec<(Variant, Case, Ended)> = std::thread::scope(|s| {
         let waits: Vec<_> = nodes
             .iter()
             .flat_map(|(v, node)| CASES.iter().map(move |c| (*v, node, *c)))
