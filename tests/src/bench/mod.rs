@@ -5,6 +5,7 @@
 pub mod drain;
 pub mod hold;
 pub mod lifecycle;
+pub mod meshes;
 pub mod scale;
 pub mod scale_observer;
 

@@ -53,6 +53,9 @@ enum Section {
     /// a classic sidecar with holdApplicationUntilProxyStarts, and a classic one with holdfast
     /// (root).
     Lifecycle,
+    /// Each mesh's sidecar (Istio, Kuma over TCP and Unix-socket admin, Consul) alone vs with
+    /// holdfast: boot calls refused, the shutdown, a Job's completion (root).
+    Meshes,
 }
 
 #[derive(Debug, Parser)]
@@ -174,6 +177,7 @@ fn main() -> ExitCode {
                 };
                 holdfast_tests::bench::scale::run(&o, &scale)
             }),
+            Section::Meshes => sim_opts(&args).and_then(|o| holdfast_tests::bench::meshes::run(&o)),
             Section::Lifecycle => sim_opts(&args).and_then(|o| {
                 let lifecycle = holdfast_tests::bench::lifecycle::LifecycleOpts {
                     pods: args.lifecycle_pods,
