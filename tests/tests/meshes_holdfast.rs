@@ -323,10 +323,11 @@ fn kuma_classic_drain_ends_with_the_app_with_holdfast() {
 
 /// Kuma classic: kuma-dp's `/healthcheck/fail` on SIGTERM makes Envoy close every pooled
 /// outbound HTTP/1.1 connection (`Connection: close`) and GOAWAY every HTTP/2 one while the app
-/// still calls out; with holdfast the app's pooled connections stay as they are (the agent
-/// undoes the health-check failure). Two Kuma pods side by side, one left alone; drainTime 5 s.
+/// still calls out; with holdfast the app's pooled connections stay as they are after the
+/// agent's first sample (it undoes the health-check failure, read from `/ready`: the
+/// `server.state` gauge lags up to Envoy's 5 s stats flush). Two Kuma pods side by side, one
+/// left alone; drainTime 5 s.
 #[test]
-#[ignore = "NOT PROVEN: the agent undoes /healthcheck/fail only when Envoy's server.state gauge says DRAINING, and Envoy updates that gauge at its stats flush (every 5 s): 3 s late here, every call after SIGTERM got Connection: close / GOAWAY as without holdfast; run with --ignored"]
 fn kuma_classic_healthcheck_fail_spares_outbound_with_holdfast() {
     if !privileged("kuma_classic_healthcheck_fail_spares_outbound_with_holdfast") {
         return;
@@ -384,11 +385,19 @@ fn kuma_classic_healthcheck_fail_spares_outbound_with_holdfast() {
         "kuma-dp's /healthcheck/fail closes pooled HTTP/1.1 connections: {a1:?}"
     );
     assert!(a2.goaways >= 1, "and sends GOAWAY on HTTP/2: {a2:?}");
-    for (proto, t) in [("HTTP/1.1", h1), ("HTTP/2", h2)] {
-        assert_eq!(
-            (t.failed, t.closing, t.goaways, t.connections),
-            (0, 0, 0, 1),
-            "{proto} with holdfast: {t:?}\n{}",
+    // kuma-dp fails the health check at its SIGTERM and the agent undoes it at its next sample
+    // (`/ready`, every `stats_every` = 100 ms while the app runs): a call answered in between may
+    // still get one `Connection: close` / GOAWAY — at most one per protocol, against one per call
+    // for the 3 s left alone — and never a failure.
+    for (proto, closes, t, alone_closes) in [
+        ("HTTP/1.1", h1.closing, h1, a1.closing),
+        ("HTTP/2", h2.goaways, h2, a2.goaways),
+    ] {
+        assert_eq!(t.failed, 0, "{proto} with holdfast: {t:?}");
+        assert!(
+            closes <= 1 && t.connections <= 2,
+            "{proto} with holdfast: outbound drain-closed past the agent's first sample: {t:?} \
+             (alone: {alone_closes})\n{}",
             agent.log_tail()
         );
     }
