@@ -132,8 +132,10 @@ fn kuma_native_unix_socket_restart_refuses_calls_without_holdfast() {
     eprintln!(
         "kuma native (socket admin): Envoy back after {down:?}; {failed} calls failed, {refused} refused"
     );
+    // ~25 at idle (a call every 100 ms for the 2.4–3.4 s Envoy is down); fewer under load, when
+    // the app's loop is late too: one refused call is the failure this control is about.
     assert!(
-        refused >= 5,
+        refused >= 1,
         "calls refused while Envoy was down: {after:?}"
     );
     node.delete_pod("svc").expect("delete");
