@@ -114,7 +114,7 @@ lint: setup filter
     cargo clippy --workspace --exclude holdfast-filter --all-targets -- -D warnings
     cargo clippy -p holdfast-filter --target wasm32-wasip1 -- -D warnings
     cargo clippy -p holdfast-filter --all-targets -- -D warnings
-    RUSTDOCFLAGS="-D warnings" cargo doc -p holdfast --no-deps
+    RUSTDOCFLAGS="-D warnings" cargo doc -p holdfast -p holdfast-tests -p holdfast-image --no-deps
 
 # Every test (`just test`), then the repeats that take longer: a chaos soak of 100 lifecycles per variant.
 test-all: test

@@ -15,7 +15,7 @@
 //! contain is ported by hand in [`CEL_RULES`], keyed by its message, and a rule with no port
 //! fails validation, so a newer CRD's new rule is never skipped silently.
 //!
-//! Every schema keyword is either checked or listed as an annotation ([`ANNOTATIONS`]); any
+//! Every schema keyword is either checked or listed as an annotation (`ANNOTATIONS`); any
 //! other keyword fails, so this validator never passes what it does not understand.
 
 use std::collections::BTreeMap;

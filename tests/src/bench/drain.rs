@@ -12,7 +12,7 @@
 //!
 //! Two apps: one that keeps calling for `S` after SIGTERM (flushing, deregistering; default 2 s,
 //! `--after-sigterm-ms`), and one that exits at once. Each round runs
-//! [`PODS_PER_APP`] pods of each app per variant; `--runs` is the number of pods per app and
+//! `PODS_PER_APP` pods of each app per variant; `--runs` is the number of pods per app and
 //! variant in total.
 //!
 //! Measured per pod: the app's failed calls after SIGTERM (its own report), and the lag from the

@@ -6,16 +6,16 @@
 //! admin (Kuma 2.13), Kuma classic with the Unix-socket admin (2.14's default), Consul classic —
 //! three pods as that mesh's injector writes them ([`crate::sim::Mesh`]):
 //!
-//! - **boot** (`<m>-b`): the app calls 3 times at start while Envoy is [`PROXY_LATE`] late —
+//! - **boot** (`<m>-b`): the app calls 3 times at start while Envoy is `PROXY_LATE` late —
 //!   counted: boot calls refused;
-//! - **stop** (`<m>-s`): the app keeps calling [`AFTER_SIGTERM`] after SIGTERM; the pod is
+//! - **stop** (`<m>-s`): the app keeps calling `AFTER_SIGTERM` after SIGTERM; the pod is
 //!   deleted — counted: calls failed after SIGTERM, and deletion → every container ended (the
 //!   simulated kubelet's `finishedAt`, so the runtime's sandbox teardown is not in it). The
 //!   mesh's own wait: Istio's `terminationDrainDuration` 5 s (its default) alone, = the grace
 //!   period with holdfast (the shipped mesh config); Kuma's `drainTime` and Consul's shutdown
-//!   grace [`MESH_WAIT`] (their defaults) on both nodes;
+//!   grace `MESH_WAIT` (their defaults) on both nodes;
 //! - **job** (`<m>-j`): a Job whose app calls once and exits — counted: app exit → pod
-//!   `Succeeded`, or "never" when it is still running [`JOB_WAIT`] later.
+//!   `Succeeded`, or "never" when it is still running `JOB_WAIT` later.
 //!
 //! Not in this section: the restart window of native sidecars (meshes_native.rs proves the
 //! Kuma case); Istio's figures at scale (the `drain` and `hold` sections).

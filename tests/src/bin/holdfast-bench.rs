@@ -19,7 +19,7 @@
 //! - **keep-alive requests/s**: N persistent connections doing request/response ping-pong.
 //!
 //! Each reports throughput, p50/p99 latency (client side), and Envoy's CPU time per operation
-//! (from /proc/<pid>/task/*/schedstat), the figure least disturbed by the load generator sharing the machine.
+//! (from `/proc/<pid>/task/*/schedstat`), the figure least disturbed by the load generator sharing the machine.
 //! With 2+ CPUs Envoy is pinned to CPU 0 and the load generator and upstream to the others.
 
 use std::io::{Read, Write};
@@ -650,8 +650,8 @@ fn keepalive_loop(
     Ok((ops, lat, 0))
 }
 
-/// CPU time a process's threads have run, in ns, from /proc/<pid>/task/*/schedstat (nanosecond
-/// resolution; /proc/<pid>/stat counts 10 ms ticks, too coarse for 1 s rounds). Threads that
+/// CPU time a process's threads have run, in ns, from `/proc/<pid>/task/*/schedstat` (nanosecond
+/// resolution; `/proc/<pid>/stat` counts 10 ms ticks, too coarse for 1 s rounds). Threads that
 /// exit between two reads would be lost, but Envoy's threads live as long as Envoy.
 fn process_cpu(pid: u32) -> Result<Duration> {
     let dir = format!("/proc/{pid}/task");

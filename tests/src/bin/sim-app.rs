@@ -66,7 +66,7 @@ enum Cmd {
         #[arg(long)]
         skip_rule_apply: bool,
     },
-    /// pilot-agent's DNS proxy: A/AAAA for the simulated cluster on localhost:<port>.
+    /// pilot-agent's DNS proxy: A/AAAA for the simulated cluster on `localhost:<port>`.
     DnsProxy {
         #[arg(long, default_value_t = istio_init::DNS_PORT)]
         port: u16,

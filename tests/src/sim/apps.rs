@@ -162,7 +162,7 @@ pub struct AppArgs {
     #[arg(long)]
     pub serve: Option<u16>,
     /// With --serve: answer each `get` request with this many bytes instead (a download), and
-    /// on SIGTERM exit only once every response begun is written ([`serve_downloads`]).
+    /// on SIGTERM exit only once every response begun is written (`serve_downloads`).
     #[arg(long, requires = "serve")]
     pub download_bytes: Option<u64>,
     /// Make the startup calls concurrently, each on its own connection.

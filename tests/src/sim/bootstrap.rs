@@ -17,7 +17,7 @@
 //!   `Connection: close` and GOAWAY come from an HTTP connection manager, never a `tcp_proxy`.
 //! - INBOUND listener on 15006 (`virtualInbound`): `original_dst` again, and `tcp_proxy` to the
 //!   ORIGINAL_DST `InboundPassthroughCluster` with the upstream bound to 127.0.0.6, as Istio does.
-//!   We chose this over a static cluster to 127.0.0.1:<app port> because it exercises the real
+//!   We chose this over a static cluster to `127.0.0.1:<app port>` because it exercises the real
 //!   `-o lo -s 127.0.0.6/32 -j RETURN` rule, needs no per-pod port knowledge, and the app sees the
 //!   connection arrive on its pod IP exactly as in a mesh.
 //! - IPv6 ([`SidecarConfig::families`]), as Istio's bootstrap and listeners do it: admin on the
