@@ -93,44 +93,7 @@ fn consul_classic_drain_ends_with_the_app_with_holdfast() {
     if !privileged("consul_classic_drain_ends_with_the_app_with_holdfast") {
         return;
     }
-    let grace = Duration::from_secs(30);
-    let mut node = node("hfconsuldrain");
-    let agent = agent(&node);
-    node.add_pod(
-        PodSpec::new("flusher")
-            .mesh(Mesh::Consul)
-            .mesh_drain(grace)
-            .grace(Duration::from_secs(45))
-            .app(AppScript::CallThroughShutdown {
-                every: Duration::from_millis(200),
-                pool: 2,
-                after_sigterm: Duration::from_secs(2),
-            }),
-    )
-    .expect("add pod");
-    node.start_pods().expect("start");
-    node.wait_report("flusher", Duration::from_secs(30), "calling", |r| {
-        r.calls(Phase::Running).ok >= 3
-    })
-    .expect("the app calls");
-    let t = Instant::now();
-    node.delete_pod("flusher").expect("delete");
-    let view = node
-        .wait_gone("flusher", Duration::from_secs(60))
-        .expect("gone");
-    let took = t.elapsed();
-    let report = node.report("flusher").expect("report");
-    let after = report.calls(Phase::AfterSigterm);
-    eprintln!("consul classic with holdfast: pod gone after {took:?} (fixed wait {grace:?}); after SIGTERM {after:?}");
-    assert_eq!(after.failed, 0, "{after:?}\n{}", agent.log_tail());
-    assert!(after.ok >= 5, "the app called 2 s past SIGTERM: {after:?}");
-    assert!(
-        took < Duration::from_secs(6),
-        "the pod ends with the app (~2 s), not after the fixed {grace:?}: {took:?}\n{}",
-        agent.log_tail()
-    );
-    assert_eq!(view.proxy().and_then(|c| c.exit_code()), Some(0));
-    assert_clean(node, agent);
+    drain_ends_with_the_app("hfconsuldrain", Mesh::Consul);
 }
 
 /// Consul Job (hashicorp/consul-k8s#1791): the app is done, the agent ends the proxy, the pod
@@ -281,13 +244,20 @@ fn kuma_classic_drain_ends_with_the_app_with_holdfast() {
     if !privileged("kuma_classic_drain_ends_with_the_app_with_holdfast") {
         return;
     }
-    let drain = Duration::from_secs(30);
-    let mut node = node("hfkumadrain");
+    drain_ends_with_the_app("hfkumadrain", Mesh::Kuma(KumaAdmin::Tcp));
+}
+
+/// A classic pod of `mesh` whose app calls 2 s past SIGTERM, with the mesh's own fixed wait
+/// (Kuma's `drainTime`, Consul's shutdown grace) at its 30 s default: with holdfast the pod ends
+/// with the app, no call after SIGTERM fails and the proxy container exits 0.
+fn drain_ends_with_the_app(test: &str, mesh: Mesh) {
+    let wait = Duration::from_secs(30);
+    let mut node = node(test);
     let agent = agent(&node);
     node.add_pod(
         PodSpec::new("flusher")
-            .mesh(Mesh::Kuma(KumaAdmin::Tcp))
-            .mesh_drain(drain)
+            .mesh(mesh)
+            .mesh_drain(wait)
             .grace(Duration::from_secs(45))
             .app(AppScript::CallThroughShutdown {
                 every: Duration::from_millis(200),
@@ -309,12 +279,12 @@ fn kuma_classic_drain_ends_with_the_app_with_holdfast() {
     let took = t.elapsed();
     let report = node.report("flusher").expect("report");
     let after = report.calls(Phase::AfterSigterm);
-    eprintln!("kuma classic with holdfast: pod gone after {took:?} (drainTime {drain:?}); after SIGTERM {after:?}");
+    eprintln!("{mesh:?} classic with holdfast: pod gone after {took:?} (the mesh's wait {wait:?}); after SIGTERM {after:?}");
     assert_eq!(after.failed, 0, "{after:?}\n{}", agent.log_tail());
     assert!(after.ok >= 5, "the app called 2 s past SIGTERM: {after:?}");
     assert!(
         took < Duration::from_secs(6),
-        "the pod ends with the app (~2 s), not after drainTime {drain:?}: {took:?}\n{}",
+        "the pod ends with the app (~2 s), not after the mesh's {wait:?}: {took:?}\n{}",
         agent.log_tail()
     );
     assert_eq!(view.proxy().and_then(|c| c.exit_code()), Some(0));
