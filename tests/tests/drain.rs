@@ -24,6 +24,7 @@ use holdfast::lifecycle::drain::{
 };
 use holdfast::report::board::{Phase as AgentPhase, PodStatus};
 use holdfast_tests::agent::AgentProcess;
+use holdfast_tests::sim::download::DownloadClient;
 use holdfast_tests::sim::pod_object::{CState, ContainerView};
 use holdfast_tests::sim::{
     privileged, AppScript, HttpProto, HttpTally, NodeOptions, Phase, PodPhase, PodSpec, PodView,
@@ -1164,81 +1165,17 @@ const DOWNLOAD_BYTES: u64 = 4_194_304;
 /// The client's read rate (bytes per second): a slow client, as over a thin link.
 const DOWNLOAD_RATE: f64 = 1.3e6;
 
-/// What a slow download saw.
-#[derive(Debug)]
-struct Download {
-    got: u64,
-    /// When the last byte arrived (wall clock).
-    last_byte: Option<SystemTime>,
-    /// How it ended, if not by the server's close after the whole response.
-    error: Option<String>,
-}
-
 /// A client in the remote namespace downloads from the pod's served port (through its
-/// sidecar's inbound listener), reading at [`DOWNLOAD_RATE`] with a small receive buffer so
-/// the bytes it has not read wait in Envoy and the kernel, not in its own buffer. Returns once
-/// the download began (the first bytes arrived); the thread ends at the server's close or an
-/// error.
-fn start_download(node: &SimNode, pod: &str) -> std::thread::JoinHandle<Download> {
-    use socket2::{Domain, Socket, Type};
-    let ip = node.pod_ip(pod).expect("pod ip");
-    let addr = SocketAddr::from((ip, SERVE_PORT));
-    let stream = node
-        .in_remote_netns(|| -> std::io::Result<TcpStream> {
-            let s = Socket::new(Domain::IPV4, Type::STREAM, None)?;
-            s.set_recv_buffer_size(64 * 1024)?;
-            s.connect_timeout(&addr.into(), Duration::from_secs(2))?;
-            Ok(s.into())
-        })
-        .expect("enter the remote netns")
+/// sidecar's inbound listener) at [`DOWNLOAD_RATE`]; returns once the download began (the
+/// first bytes arrived).
+fn start_download(node: &SimNode, pod: &str) -> DownloadClient {
+    let mut client = DownloadClient::start(node, pod, SERVE_PORT, DOWNLOAD_RATE)
         .expect("connect to the pod's served port");
-    let (started_tx, started_rx) = std::sync::mpsc::channel();
-    let handle = std::thread::spawn(move || {
-        use std::io::Read;
-        let mut s = stream;
-        let mut d = Download {
-            got: 0,
-            last_byte: None,
-            error: None,
-        };
-        if let Err(e) = s
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .and_then(|()| s.write_all(b"get\n"))
-        {
-            d.error = Some(format!("request: {e}"));
-            let _ = started_tx.send(());
-            return d;
-        }
-        let t0 = Instant::now();
-        let mut buf = vec![0u8; 16 * 1024];
-        loop {
-            match s.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => {
-                    d.got += n as u64;
-                    d.last_byte = Some(SystemTime::now());
-                    if d.got >= 64 * 1024 {
-                        let _ = started_tx.send(());
-                    }
-                }
-                Err(e) => {
-                    d.error = Some(format!("read after {} bytes: {e}", d.got));
-                    break;
-                }
-            }
-            // Pace: never ahead of the rate.
-            let due = Duration::from_secs_f64(d.got as f64 / DOWNLOAD_RATE);
-            if let Some(wait) = due.checked_sub(t0.elapsed()) {
-                std::thread::sleep(wait);
-            }
-        }
-        let _ = started_tx.send(());
-        d
-    });
-    started_rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("the download begins");
-    handle
+    assert!(
+        client.wait_begun(Duration::from_secs(20)),
+        "the download from {pod} begins"
+    );
+    client
 }
 
 /// Issue 28, a response still in flight: a client outside the pod downloads ~4.2 MB through
@@ -1282,7 +1219,7 @@ fn slow_download_through_a_drain_arrives_whole() {
         let deleted = SystemTime::now();
         node.delete_pod("dl").expect("delete");
         node.delete_pod("dlctl").expect("delete control");
-        let [with, control] = downloads.map(|h| h.join().expect("the client thread"));
+        let [with, control] = downloads.map(DownloadClient::finish);
         let view = node
             .wait_gone("dl", Duration::from_secs(40))
             .expect("pod terminates");

@@ -1,8 +1,10 @@
 //! The chaos soak's short form, inside `just test` (the long form is `just soak`): a few dozen
 //! pod lifecycles on the simulated node while the agent is SIGKILLed and SIGTERMed and
 //! restarted 10 ms … 3 s later, Envoys are killed and frozen, and the status API is flooded;
-//! then the same seed without holdfast. holdfast's run must meet every goal (see
-//! `holdfast_tests::soak::missed_goals`); the baseline must show the failures holdfast removes.
+//! then the same seed without holdfast; downloads through drains and pods restarted whole
+//! (sandbox recreated, in place) among them. holdfast's run must meet every goal (see
+//! `holdfast_tests::soak::missed_goals`: no lifecycle worse than the baseline's among them);
+//! the baseline must show the failures holdfast removes.
 //!
 //! `HOLDFAST_SOAK_SEED` repeats a seed (printed at start and in any failure).
 
@@ -45,6 +47,18 @@ fn chaos_soak_short() {
         "soak seed {seed}: the chaos ran (outages {:?})",
         with.outages
     );
+    // Issue 28's lifecycles ran too: downloads through drains, pods restarted whole; and the
+    // comparison with the baseline, lifecycle by lifecycle (its goal is in `missed_goals`).
+    let t = &with.tally;
+    assert!(
+        t.downloads > 0 && t.sandbox_recreations + t.in_place_restarts > 0,
+        "soak seed {seed}: downloads {}, sandbox recreations {}, in-place restarts {}",
+        t.downloads,
+        t.sandbox_recreations,
+        t.in_place_restarts
+    );
+    let versus = with.versus.as_ref().expect("compared with the baseline");
+    assert_eq!(versus.unmatched, 0, "soak seed {seed}: {versus:?}");
     // The baseline shows what holdfast removes: refused calls, Jobs that never complete.
     assert!(
         without.tally.refused > 0 && without.tally.jobs_never_completed > 0,

@@ -56,6 +56,7 @@ pub mod bootstrap;
 pub mod cgroup;
 pub mod dataplane;
 pub mod dns;
+pub mod download;
 pub mod http_calls;
 pub mod istio_init;
 pub mod kubelet;

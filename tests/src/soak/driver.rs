@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 
 use super::chaos::{signal_envoy, AgentSupervisor};
-use super::plan::{AgentChaos, EnvoyChaos, Kind, Lifecycle, Moment, GRACE};
+use super::plan::{
+    AgentChaos, EnvoyChaos, Kind, Lifecycle, Moment, PodRestart, DOWNLOAD_RATE, GRACE, SERVE_PORT,
+};
+use crate::sim::download::{Download, DownloadClient};
 use crate::sim::node::summary;
 use crate::sim::report::now_us;
 use crate::sim::{AppReport, PodPhase, PodView, SimNode};
@@ -33,6 +36,12 @@ pub struct Facts {
     pub deleted_us: Option<u64>,
     /// The Envoy chaos was applied (Envoy ran at its moment).
     pub envoy_chaos_done: bool,
+    /// When it was applied (wall clock, µs).
+    pub envoy_chaos_us: Option<u64>,
+    /// The pod was restarted whole as planned (wall clock, µs).
+    pub restarted_us: Option<u64>,
+    /// What the download client saw (download pods that reached their deletion).
+    pub download: Option<Download>,
     /// Job: the pod reached Succeeded within [`JOB_COMPLETION_TIMEOUT`] of its app's exit.
     pub job_completed: Option<bool>,
     /// A hold rule or a bound queue in the running pod while nothing excused it.
@@ -58,6 +67,14 @@ enum Stage {
         cont_at: Instant,
         until: Instant,
     },
+    /// Every container restarted (sandbox recreated or in place): waiting for the new app's
+    /// boot calls to have succeeded through the new Envoy.
+    Restarting {
+        ok_before: u32,
+        until: Instant,
+    },
+    /// A download pod: the client started; waiting for its first bytes before the deletion.
+    Downloading,
     /// Job: the app exited; waiting for the pod to complete.
     Completing {
         app_exited: Instant,
@@ -73,6 +90,9 @@ struct Live {
     /// After an Envoy kill: the proxy restart count to wait for before deleting.
     proxy_restarts: Option<u32>,
     envoy_touched: Option<Instant>,
+    /// When the planned whole-pod restart is due.
+    restart_at: Option<Instant>,
+    download: Option<DownloadClient>,
 }
 
 /// Drives the lifecycles; `agent` is `None` for the baseline.
@@ -123,6 +143,9 @@ impl<'a> Driver<'a> {
             while i < self.live.len() {
                 if self.step(i) {
                     let mut l = self.live.swap_remove(i);
+                    if let Some(d) = l.download.take() {
+                        l.facts.download = Some(d.finish());
+                    }
                     let name = l.facts.plan.pod_name();
                     l.facts.view = self.node.pod(&name);
                     l.facts.report = self.node.report(&name).unwrap_or_default();
@@ -177,6 +200,9 @@ impl<'a> Driver<'a> {
             plan: plan.clone(),
             deleted_us: None,
             envoy_chaos_done: false,
+            envoy_chaos_us: None,
+            restarted_us: None,
+            download: None,
             job_completed: None,
             stale_hold: None,
             stuck: None,
@@ -191,6 +217,8 @@ impl<'a> Driver<'a> {
             envoy_at: None,
             proxy_restarts: None,
             envoy_touched: None,
+            restart_at: None,
+            download: None,
         };
         let added = self
             .node
@@ -254,15 +282,20 @@ impl<'a> Driver<'a> {
                 // Envoy ever started has no proxy for its shutdown calls (pilot-agent exits on
                 // SIGTERM before starting Envoy): no agent can help there, so the soak does not
                 // count it against one.
-                let called = self
-                    .node
-                    .report(&name)
-                    .is_ok_and(|r| r.all_calls().ok + r.all_calls().failed > 0);
+                // A download pod makes no call: its app serving is its start.
+                let called = if plan.kind == Kind::Download {
+                    view.app().is_some_and(|c| c.is_running())
+                } else {
+                    self.node
+                        .report(&name)
+                        .is_ok_and(|r| r.all_calls().ok + r.all_calls().failed > 0)
+                };
                 if called && envoy_live(self.node, &name) {
                     l.stage = Stage::Running {
                         until: now + plan.run_for,
                     };
                     l.envoy_at = plan.envoy.map(|(at, _)| now + at);
+                    l.restart_at = plan.restart.map(|r| now + r.at);
                     self.schedule(&plan, Moment::Running);
                 } else if timed_out {
                     l.facts.stuck = Some(format!("app never called: {}", summary(&view)));
@@ -274,6 +307,12 @@ impl<'a> Driver<'a> {
                     if now >= at {
                         l.envoy_at = None;
                         return self.envoy_chaos(i, chaos, until);
+                    }
+                }
+                if let (Some(at), Some(r)) = (l.restart_at, plan.restart) {
+                    if now >= at {
+                        l.restart_at = None;
+                        return self.restart_whole(i, r.kind, r.proxy_late, until);
                     }
                 }
                 if now < until {
@@ -295,7 +334,38 @@ impl<'a> Driver<'a> {
                     }
                 }
                 self.check_stale_hold(i);
-                self.delete(i);
+                if plan.kind == Kind::Download {
+                    self.start_download(i);
+                } else {
+                    self.delete(i);
+                }
+            }
+            Stage::Downloading => {
+                let begun = l.download.as_mut().is_none_or(DownloadClient::begun);
+                if begun || timed_out {
+                    if !begun {
+                        l.facts.stuck = Some(format!("download never began: {}", summary(&view)));
+                    }
+                    self.delete(i);
+                }
+            }
+            Stage::Restarting { ok_before, until } => {
+                let ok = self.node.report(&name).map_or(0, |r| r.all_calls().ok);
+                let booted = ok >= ok_before + plan.boot_calls
+                    && view.app().is_some_and(|c| c.is_running())
+                    && envoy_live(self.node, &name);
+                if booted {
+                    l.envoy_touched = Some(now);
+                    l.stage = Stage::Running {
+                        until: until.max(now + Duration::from_secs(1)),
+                    };
+                } else if timed_out {
+                    l.facts.stuck = Some(format!(
+                        "restarted pod never booted through its Envoy: {}",
+                        summary(&view)
+                    ));
+                    self.delete(i);
+                }
             }
             Stage::Frozen { cont_at, until } => {
                 if now >= cont_at {
@@ -319,7 +389,12 @@ impl<'a> Driver<'a> {
                 }
             }
             Stage::Deleting => {
-                if view.gone {
+                // A download pod's lifecycle ends when its client has too (the server's close,
+                // or its read timeout).
+                if view.gone && l.download.as_ref().is_none_or(DownloadClient::ended) {
+                    if let Some(d) = l.download.take() {
+                        l.facts.download = Some(d.finish());
+                    }
                     return true;
                 }
                 if now.duration_since(l.since) > GRACE + STAGE_TIMEOUT {
@@ -344,6 +419,7 @@ impl<'a> Driver<'a> {
             EnvoyChaos::Kill => {
                 if signal_envoy(self.node, &name, Signal::SIGKILL).is_some() {
                     l.facts.envoy_chaos_done = true;
+                    l.facts.envoy_chaos_us = Some(now_us());
                     l.proxy_restarts = restarts.map(|n| n + 1);
                 }
                 l.envoy_touched = Some(now);
@@ -354,6 +430,7 @@ impl<'a> Driver<'a> {
             EnvoyChaos::Stop(d) => {
                 l.facts.envoy_chaos_done =
                     signal_envoy(self.node, &name, Signal::SIGSTOP).is_some();
+                l.facts.envoy_chaos_us = l.facts.envoy_chaos_done.then(now_us);
                 l.envoy_touched = Some(now);
                 l.stage = Stage::Frozen {
                     cont_at: now + d,
@@ -365,6 +442,55 @@ impl<'a> Driver<'a> {
         false
     }
 
+    /// Restarts every container of pod `i` (its sandbox recreated, or in place), the new proxy
+    /// `proxy_late` after the new app; the run goes on once the new app has booted.
+    fn restart_whole(
+        &mut self,
+        i: usize,
+        kind: PodRestart,
+        proxy_late: Duration,
+        until: Instant,
+    ) -> bool {
+        let now = Instant::now();
+        let name = self.live[i].facts.plan.pod_name();
+        let ok_before = self.node.report(&name).map_or(0, |r| r.all_calls().ok);
+        let done = match kind {
+            PodRestart::Sandbox => self.node.recreate_sandbox(&name, proxy_late),
+            PodRestart::InPlace => self.node.restart_in_place(&name, proxy_late),
+        };
+        let l = &mut self.live[i];
+        l.envoy_touched = Some(now);
+        l.since = now;
+        match done {
+            Ok(()) => {
+                l.facts.restarted_us = Some(now_us());
+                l.stage = Stage::Restarting { ok_before, until };
+            }
+            Err(e) => {
+                l.facts.stuck = Some(format!("cannot restart the pod ({kind:?}): {e}"));
+                l.stage = Stage::Running { until };
+            }
+        }
+        false
+    }
+
+    /// Starts pod `i`'s download client; the pod is deleted once the download has begun.
+    fn start_download(&mut self, i: usize) {
+        let name = self.live[i].facts.plan.pod_name();
+        match DownloadClient::start(self.node, &name, SERVE_PORT, DOWNLOAD_RATE) {
+            Ok(client) => {
+                let l = &mut self.live[i];
+                l.download = Some(client);
+                l.stage = Stage::Downloading;
+                l.since = Instant::now();
+            }
+            Err(e) => {
+                self.live[i].facts.stuck = Some(format!("cannot start the download: {e}"));
+                self.delete(i);
+            }
+        }
+    }
+
     fn delete(&mut self, i: usize) {
         let plan = self.live[i].facts.plan.clone();
         let l = &mut self.live[i];
@@ -374,6 +500,7 @@ impl<'a> Driver<'a> {
             l.facts.deleted_us = Some(now_us());
         }
         self.schedule(&plan, Moment::Deletion);
+        self.schedule(&plan, Moment::LateDrain);
     }
 
     /// With the agent up and settled and the pod's Envoy ready and untouched, no hold rule may

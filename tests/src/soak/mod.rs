@@ -11,6 +11,7 @@
 //! - [`driver`]: runs the lifecycles on a [`SimNode`], fires the chaos tied to their moments.
 //! - [`chaos`]: the agent's supervisor (end, gap, restart), Envoy signals, the status API flood.
 //! - [`tally`]: the counts, and what "outside the fail-open window" means.
+//! - [`versus`]: holdfast against the baseline, lifecycle by lifecycle (never worse).
 //! - [`output`]: the side-by-side table.
 //!
 //! `holdfast-soak` (`just soak`) is the long form; `tests/tests/soak.rs` the short one.
@@ -21,6 +22,7 @@ pub mod output;
 pub mod plan;
 pub mod rng;
 pub mod tally;
+pub mod versus;
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -125,6 +127,8 @@ pub struct VariantRun {
     /// counters and gauges the table shows.
     pub final_metrics: Vec<(String, f64)>,
     pub leftovers: Vec<String>,
+    /// holdfast's run: its lifecycles against the baseline's (when both ran).
+    pub versus: Option<versus::Versus>,
     pub took: Duration,
     pub load_before: String,
     pub load_after: String,
@@ -156,6 +160,7 @@ pub fn run_variant(opts: &SoakOpts, variant: Variant, plan: &[Lifecycle]) -> Res
         panics: Vec::new(),
         final_metrics: Vec::new(),
         leftovers: Vec::new(),
+        versus: None,
         took: Duration::ZERO,
         load_before,
         load_after: String::new(),
@@ -280,6 +285,15 @@ pub fn run(opts: &SoakOpts, variants: &[Variant]) -> Result<Vec<VariantRun>> {
             .with_context(|| format!("soak seed {}: {}", opts.seed, v.label()))?;
         runs.push(r);
     }
+    let baseline = runs
+        .iter()
+        .find(|r| r.variant == Variant::Baseline)
+        .map(|r| r.tally.lives.clone());
+    if let Some(without) = baseline {
+        for r in runs.iter_mut().filter(|r| r.variant == Variant::Holdfast) {
+            r.versus = Some(versus::compare(&r.tally.lives, &without));
+        }
+    }
     println!("{}", output::table(opts, &runs));
     Ok(runs)
 }
@@ -322,6 +336,13 @@ pub fn missed_goals(r: &VariantRun) -> Vec<String> {
         usize::from(r.final_metrics.is_empty()),
     );
     goal("Jobs that never completed", t.jobs_never_completed as usize);
+    goal("downloads cut", t.downloads_cut.len());
+    if let Some(v) = &r.versus {
+        goal(
+            "lifecycles worse than without holdfast",
+            v.lifecycles_worse(),
+        );
+    }
     goal(
         "successors that never answered",
         r.outages.iter().filter(|o| o.up_us.is_none()).count(),

@@ -28,10 +28,30 @@ pub fn table(opts: &SoakOpts, runs: &[VariantRun]) -> String {
         Variant::Baseline => "—".into(),
     };
     row(
-        "lifecycles (boot callers / shutdown callers / Jobs)",
+        "lifecycles (boot callers / shutdown callers / Jobs / downloads)",
         &|r| {
             let k = |n: &str| r.tally.by_kind.get(n).copied().unwrap_or(0);
-            format!("{} / {} / {}", k("boot"), k("call"), k("job"))
+            format!("{} / {} / {} / {}", k("boot"), k("call"), k("job"), k("dl"))
+        },
+    );
+    row(
+        "boot callers restarted whole: sandbox recreated / in place",
+        &|r| {
+            format!(
+                "{} / {}",
+                r.tally.sandbox_recreations, r.tally.in_place_restarts
+            )
+        },
+    );
+    row(
+        "downloads through a drain cut / bytes not delivered",
+        &|r| {
+            format!(
+                "{} of {} / {}",
+                r.tally.downloads_cut.len(),
+                r.tally.downloads,
+                r.tally.bytes_missing
+            )
         },
     );
     row("calls ok / failed", &|r| {
@@ -194,9 +214,50 @@ pub fn table(opts: &SoakOpts, runs: &[VariantRun]) -> String {
         )
     });
     for r in runs {
+        if let Some(v) = &r.versus {
+            versus_table(&mut out, v);
+        }
+    }
+    for r in runs {
         details(&mut out, opts.seed, r);
     }
     out
+}
+
+/// holdfast's lifecycles against the baseline's, count by count.
+fn versus_table(out: &mut String, v: &super::versus::Versus) {
+    let _ = writeln!(
+        out,
+        "\nPer lifecycle, holdfast against the baseline (same seed; outside the fail-open window)\n"
+    );
+    let _ = writeln!(
+        out,
+        "| count | better | same | worse (goal 0) | holdfast | no agent |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|");
+    for c in &v.counts {
+        let (with, without) = if c.name.ends_with("ms") {
+            (
+                format!("p50 {:.0}", c.with),
+                format!("p50 {:.0}", c.without),
+            )
+        } else {
+            (format!("{:.0}", c.with), format!("{:.0}", c.without))
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {with} | {without} |",
+            c.name, c.better, c.same, c.worse
+        );
+    }
+    let _ = writeln!(
+        out,
+        "| lifecycles worse on any count (goal 0) | | | {} | | |",
+        v.lifecycles_worse()
+    );
+    if v.unmatched > 0 {
+        let _ = writeln!(out, "\n{} lifecycles ran in one variant only", v.unmatched);
+    }
 }
 
 /// One sample of the final agent's metrics, or `?`.
@@ -251,10 +312,14 @@ fn details(out: &mut String, seed: u64, r: &VariantRun) {
             &slow,
         );
         list("stale holds", &t.stale_holds);
+        if let Some(v) = &r.versus {
+            list("lifecycles worse than without holdfast", &v.worse);
+        }
         list("agent panics", &r.panics);
         let outages: Vec<String> = r.outages.iter().map(|o| format!("{o}")).collect();
         list("agent outages", &outages);
     }
+    list("downloads cut", &t.downloads_cut);
     list("stuck stages", &t.stuck);
     list("leftovers", &r.leftovers);
 }

@@ -13,6 +13,16 @@ pub const ISTIO_DEFAULT_DRAIN: Duration = Duration::from_secs(5);
 /// The apps' per-call timeout: long enough that a held call (Envoy up to 2 s late, or stopped
 /// for up to 2 s) is not cut short; a refusal is never a timeout.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// A download pod's response (issue 28): 2 MiB, read by a slow client at [`DOWNLOAD_RATE`],
+/// so about 2 s of it is still on its way when the pod is deleted.
+pub const DOWNLOAD_BYTES: u64 = 2 * 1024 * 1024;
+/// The download client's read rate, bytes per second (a thin link).
+pub const DOWNLOAD_RATE: f64 = 1.0e6;
+/// The port a download pod's app serves (through its sidecar's inbound listener).
+pub const SERVE_PORT: u16 = 8080;
+/// Envoy's `--drain-time-s` for shutdown callers: 3 s, so an agent restarted late in a long
+/// drain meets a proxy whose inbound listener has closed (issue 28; Istio's default is 45 s).
+pub const ENVOY_DRAIN_TIME: Duration = Duration::from_secs(3);
 
 /// What a lifecycle's app does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +33,9 @@ pub enum Kind {
     ShutdownCaller,
     /// A Job: two calls (retried for 10 s), exit 0; the pod completes only if the proxy ends.
     Job,
+    /// Serves a 2 MiB download; a slow client outside the pod starts it just before the pod is
+    /// deleted, so the response is still on its way through the drain (issue 28).
+    Download,
 }
 
 /// What happens to the pod's Envoy while the pod runs (Deployment-like pods only: a Job's
@@ -33,6 +46,25 @@ pub enum EnvoyChaos {
     Kill,
     /// SIGSTOP, then SIGCONT after this long (a frozen proxy: node pressure, a debugger).
     Stop(Duration),
+}
+
+/// How the kubelet restarts every container of a boot caller's pod while it runs (issue 28).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodRestart {
+    /// The sandbox dies and is recreated: a new netns, every container with a new id.
+    Sandbox,
+    /// Kubernetes 1.36's in-place restart (KEP-5532): same sandbox and netns, istio-init again.
+    InPlace,
+}
+
+/// One restart of a whole pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WholePodRestart {
+    pub kind: PodRestart,
+    /// This long into the run.
+    pub at: Duration,
+    /// How long after the new app the new proxy container starts (its app calls at boot).
+    pub proxy_late: Duration,
 }
 
 /// How the agent is ended.
@@ -53,6 +85,9 @@ pub enum Moment {
     Running,
     /// Right after it is deleted: during its drain.
     Deletion,
+    /// 3–6 s after it is deleted: late in a long drain, after Envoy's drain time closed its
+    /// inbound listener (the successor must adopt the drain all the same; issue 28).
+    LateDrain,
 }
 
 /// One agent restart.
@@ -84,6 +119,8 @@ pub struct Lifecycle {
     pub after_sigterm: Duration,
     /// Envoy chaos this long into the run.
     pub envoy: Option<(Duration, EnvoyChaos)>,
+    /// Boot callers: every container restarted (sandbox recreated or in place).
+    pub restart: Option<WholePodRestart>,
     pub agent: Option<AgentChaos>,
 }
 
@@ -94,6 +131,7 @@ impl Lifecycle {
             Kind::BootCaller => "boot",
             Kind::ShutdownCaller => "call",
             Kind::Job => "job",
+            Kind::Download => "dl",
         };
         format!("l{:04}-{kind}", self.index)
     }
@@ -114,6 +152,9 @@ impl Lifecycle {
                 calls: 2,
                 exit_code: 0,
             },
+            Kind::Download => AppScript::ServeDownload {
+                bytes: DOWNLOAD_BYTES,
+            },
         };
         let spec = PodSpec::new(&self.pod_name())
             .app(app)
@@ -125,7 +166,9 @@ impl Lifecycle {
             .proxy_concurrency(1);
         match self.kind {
             Kind::Job => spec.job(),
-            _ => spec,
+            Kind::Download => spec.serve(SERVE_PORT),
+            Kind::ShutdownCaller => spec.envoy_drain_time(ENVOY_DRAIN_TIME),
+            Kind::BootCaller => spec,
         }
     }
 }
@@ -137,6 +180,8 @@ pub struct ChaosRates {
     pub agent: f64,
     /// Share of Deployment-like lifecycles whose Envoy is killed or stopped.
     pub envoy: f64,
+    /// Share of boot callers whose pod is restarted whole (sandbox recreated or in place).
+    pub restart: f64,
     /// The last share of lifecycles runs without agent restarts, so the final agent lives through
     /// many lifecycles (its fds, threads and RSS at the end mean something).
     pub quiet_tail: f64,
@@ -147,6 +192,7 @@ impl Default for ChaosRates {
         ChaosRates {
             agent: 0.25,
             envoy: 0.3,
+            restart: 0.3,
             quiet_tail: 0.2,
         }
     }
@@ -158,10 +204,11 @@ pub fn plan(seed: u64, n: usize, rates: ChaosRates) -> Vec<Lifecycle> {
     let chaotic = n - (n as f64 * rates.quiet_tail).round() as usize;
     (0..n)
         .map(|index| {
-            let kind = match rng.range(0, 9) {
+            let kind = match rng.range(0, 10) {
                 0..=3 => Kind::BootCaller,
                 4..=6 => Kind::ShutdownCaller,
-                _ => Kind::Job,
+                7..=8 => Kind::Job,
+                _ => Kind::Download,
             };
             let ms = |rng: &mut SplitMix64, lo, hi| Duration::from_millis(rng.range(lo, hi));
             let boot_calls = rng.range(1, 3) as u32;
@@ -180,14 +227,34 @@ pub fn plan(seed: u64, n: usize, rates: ChaosRates) -> Vec<Lifecycle> {
             } else {
                 EnvoyChaos::Stop(ms(&mut rng, 200, 2000))
             };
-            let envoy = (envoy_roll && kind != Kind::Job).then_some((envoy_at, envoy_kind));
+            let restart_roll = rng.chance(rates.restart);
+            let restart = WholePodRestart {
+                kind: if rng.chance(0.5) {
+                    PodRestart::Sandbox
+                } else {
+                    PodRestart::InPlace
+                },
+                at: ms(&mut rng, 200, 900),
+                proxy_late: ms(&mut rng, 0, 2000),
+            };
+            let restart = (restart_roll && kind == Kind::BootCaller).then_some(restart);
+            // A pod restarted whole has no Envoy chaos besides; a download has none either.
+            let envoy = (envoy_roll
+                && matches!(kind, Kind::BootCaller | Kind::ShutdownCaller)
+                && restart.is_none())
+            .then_some((envoy_at, envoy_kind));
             let agent_roll = rng.chance(rates.agent);
-            let moment = match rng.range(0, 2) {
+            let moment = match rng.range(0, 3) {
                 0 => Moment::Start,
                 1 => Moment::Running,
-                _ => Moment::Deletion,
+                2 => Moment::Deletion,
+                _ => Moment::LateDrain,
             };
-            let delay = ms(&mut rng, 0, 800);
+            let delay = if moment == Moment::LateDrain {
+                ms(&mut rng, 3000, 6000)
+            } else {
+                ms(&mut rng, 0, 800)
+            };
             let end = if rng.chance(0.5) {
                 AgentEnd::Sigkill
             } else {
@@ -209,6 +276,7 @@ pub fn plan(seed: u64, n: usize, rates: ChaosRates) -> Vec<Lifecycle> {
                 run_for,
                 after_sigterm,
                 envoy,
+                restart,
                 agent,
             }
         })
@@ -225,10 +293,20 @@ mod tests {
         assert_eq!(a, plan(7, 400, ChaosRates::default()));
         assert_ne!(a, plan(8, 400, ChaosRates::default()));
         let has = |f: &dyn Fn(&Lifecycle) -> bool| a.iter().any(f);
-        for kind in [Kind::BootCaller, Kind::ShutdownCaller, Kind::Job] {
+        for kind in [
+            Kind::BootCaller,
+            Kind::ShutdownCaller,
+            Kind::Job,
+            Kind::Download,
+        ] {
             assert!(has(&|l| l.kind == kind), "{kind:?}");
         }
-        for m in [Moment::Start, Moment::Running, Moment::Deletion] {
+        for m in [
+            Moment::Start,
+            Moment::Running,
+            Moment::Deletion,
+            Moment::LateDrain,
+        ] {
             assert!(has(&|l| l.agent.is_some_and(|c| c.moment == m)), "{m:?}");
         }
         for e in [AgentEnd::Sigkill, AgentEnd::Sigterm] {
@@ -236,8 +314,17 @@ mod tests {
         }
         assert!(has(&|l| matches!(l.envoy, Some((_, EnvoyChaos::Kill)))));
         assert!(has(&|l| matches!(l.envoy, Some((_, EnvoyChaos::Stop(_))))));
-        // Jobs keep their proxy; the quiet tail has no agent restarts.
-        assert!(!has(&|l| l.kind == Kind::Job && l.envoy.is_some()));
+        for k in [PodRestart::Sandbox, PodRestart::InPlace] {
+            assert!(has(&|l| l.restart.is_some_and(|r| r.kind == k)), "{k:?}");
+        }
+        // Jobs keep their proxy, downloads too; only boot callers restart whole, without Envoy
+        // chaos besides; the quiet tail has no agent restarts.
+        assert!(!has(
+            &|l| matches!(l.kind, Kind::Job | Kind::Download) && l.envoy.is_some()
+        ));
+        assert!(!has(
+            &|l| l.restart.is_some() && (l.kind != Kind::BootCaller || l.envoy.is_some())
+        ));
         assert!(a[320..].iter().all(|l| l.agent.is_none()));
         for l in &a {
             if let Some(c) = l.agent {

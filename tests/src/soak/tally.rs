@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use super::chaos::Outage;
 use super::driver::Facts;
-use super::plan::{EnvoyChaos, Kind};
+use super::plan::{EnvoyChaos, Kind, PodRestart, DOWNLOAD_BYTES};
 use crate::sim::pod_object::ContainerView;
 use crate::sim::report::AppEvent;
 use crate::sim::CallError;
@@ -128,7 +128,39 @@ pub struct Tally {
     pub envoy_freezes: u32,
     pub stale_holds: Vec<String>,
     pub stuck: Vec<String>,
+    /// Download pods whose client ran / whose response did not arrive whole.
+    pub downloads: u32,
+    pub downloads_cut: Vec<String>,
+    pub bytes_missing: u64,
+    /// Boot callers restarted whole: sandbox recreated / in place.
+    pub sandbox_recreations: u32,
+    pub in_place_restarts: u32,
+    /// What each lifecycle cost its pod, in plan order (for the comparison with the baseline).
+    pub lives: Vec<LifeCounts>,
 }
+
+/// What one lifecycle cost its pod — the counts compared with the baseline's same lifecycle
+/// (issue 28: never worse with holdfast).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LifeCounts {
+    pub index: usize,
+    /// Calls refused outside the fail-open window.
+    pub refused: u32,
+    /// Calls that failed in any way outside the fail-open window, except resets of calls the
+    /// Envoy kill itself cut ([`KILL_CUTS`]).
+    pub failed: u32,
+    /// Bytes of the download that never arrived.
+    pub bytes_missing: u64,
+    /// Deletion → the pod's last container exit, ms.
+    pub deletion_to_gone_ms: Option<f64>,
+    /// An agent outage crossed the pod's deletion (its drain went the fail-open way, which
+    /// `drains_not_adopted` judges instead).
+    pub drain_crossed: bool,
+}
+
+/// A call reset or closed this soon after the pod's Envoy was SIGKILLed was cut by the kill
+/// (the chaos), with or without holdfast: the comparison leaves it out.
+pub const KILL_CUTS: Duration = Duration::from_secs(2);
 
 fn exit_us(c: Option<&ContainerView>) -> Option<u64> {
     let t = c?.last_exit()?;
@@ -152,8 +184,29 @@ pub fn tally(facts: &[Facts], outages: &[Outage]) -> Tally {
             Kind::BootCaller => "boot",
             Kind::ShutdownCaller => "call",
             Kind::Job => "job",
+            Kind::Download => "dl",
         };
         *t.by_kind.entry(kind).or_default() += 1;
+        t.lives.push(life_counts(f, outages));
+        if let Some(r) = f.plan.restart.filter(|_| f.restarted_us.is_some()) {
+            match r.kind {
+                PodRestart::Sandbox => t.sandbox_recreations += 1,
+                PodRestart::InPlace => t.in_place_restarts += 1,
+            }
+        }
+        if let Some(d) = &f.download {
+            t.downloads += 1;
+            let missing = DOWNLOAD_BYTES.saturating_sub(d.got);
+            t.bytes_missing += missing;
+            if missing > 0 || d.error.is_some() {
+                t.downloads_cut.push(format!(
+                    "{name}: {} of {DOWNLOAD_BYTES} bytes ({}); {}",
+                    d.got,
+                    d.error.as_deref().unwrap_or("closed early"),
+                    life(f)
+                ));
+            }
+        }
         count_calls(&mut t, f, outages);
         if f.plan.kind == Kind::BootCaller {
             t.app_restarts += f.report.starts().saturating_sub(1) as u32;
@@ -246,6 +299,64 @@ fn life(f: &Facts) -> String {
         at(exit_us(view.and_then(|v| v.proxy()))),
         view.and_then(|v| v.proxy()).map_or(0, |c| c.restart_count)
     )
+}
+
+/// The pod's last container exit (wall clock, µs).
+fn gone_us(f: &Facts) -> Option<u64> {
+    let view = f.view.as_ref()?;
+    view.containers
+        .iter()
+        .chain(view.sidecar.iter())
+        .filter_map(|c| exit_us(Some(c)))
+        .max()
+}
+
+/// What lifecycle `f` cost its pod (see [`LifeCounts`]).
+pub fn life_counts(f: &Facts, outages: &[Outage]) -> LifeCounts {
+    let mut c = LifeCounts {
+        index: f.plan.index,
+        ..LifeCounts::default()
+    };
+    let kill = f
+        .envoy_chaos_us
+        .filter(|_| matches!(f.plan.envoy, Some((_, EnvoyChaos::Kill))));
+    for e in &f.report.events {
+        let AppEvent::Call {
+            at_ms,
+            at_us,
+            ok: false,
+            error,
+            ..
+        } = e
+        else {
+            continue;
+        };
+        let at = at_us.unwrap_or(at_ms * 1000);
+        if in_window(outages, at) {
+            continue;
+        }
+        let cut_by_kill = matches!(error, Some(CallError::ConnectionReset | CallError::Closed))
+            && kill.is_some_and(|k| k <= at && at <= k + KILL_CUTS.as_micros() as u64);
+        if cut_by_kill {
+            continue;
+        }
+        c.failed += 1;
+        if *error == Some(CallError::ConnectionRefused) {
+            c.refused += 1;
+        }
+    }
+    if f.plan.kind == Kind::Download {
+        c.bytes_missing = DOWNLOAD_BYTES.saturating_sub(f.download.as_ref().map_or(0, |d| d.got));
+    }
+    if let (Some(deleted), Some(gone)) = (f.deleted_us, gone_us(f)) {
+        if gone >= deleted {
+            c.deletion_to_gone_ms = Some((gone - deleted) as f64 / 1000.0);
+            c.drain_crossed = outages
+                .iter()
+                .any(|o| o.down_us <= gone && o.up_us.is_none_or(|up| up >= deleted));
+        }
+    }
+    c
 }
 
 /// A drain: the pod was deleted while its proxy ran.
