@@ -141,6 +141,18 @@ impl FakeAdmin {
     fn paths(&self) -> Vec<String> {
         self.with(|s| s.posts.iter().map(|(p, _)| p.clone()).collect())
     }
+    /// Waits until the drain has sampled `/stats` `n` times: the drain has begun (its inbound
+    /// drain is sent and the app's processes are known), where a sleep used to stand in for it.
+    async fn sampled(&self, n: u32) {
+        let t0 = Instant::now();
+        while self.with(|s| s.stats_calls) < n {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the drain never sampled /stats {n} times"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
     fn quit_at(&self) -> Option<Instant> {
         self.with(|s| {
             s.posts
@@ -421,7 +433,7 @@ async fn a_drain_tells_its_steps_in_order() {
         )
     };
     let (report, ()) = tokio::join!(drain(ctx), async {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        admin.sampled(1).await;
         pod.app.kill();
     });
     assert_eq!(report.outcome, DrainOutcome::AppDone);
@@ -479,7 +491,7 @@ async fn envoy_version_decides_advice_not_the_call() {
         let (_tx, rx) = watch::channel(Some(deleted_running_app()));
         let settings = fast_settings();
         let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            admin.sampled(1).await;
             pod.app.kill();
         })
         .await;
@@ -552,7 +564,7 @@ async fn a_forked_helper_keeps_the_app_alive() {
     let (_tx, rx) = watch::channel(Some(deleted_running_app()));
     let settings = fast_settings();
     let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        admin.sampled(1).await;
         pod.app.kill();
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(admin.quit_at().is_none(), "quit while the helper still ran");
@@ -591,7 +603,7 @@ async fn idle_keepalives_do_not_hold_the_drain_but_moving_bytes_do() {
     let settings = fast_settings();
     let stopped_moving = Arc::new(Mutex::new(None));
     let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        admin.sampled(1).await;
         pod.app.kill();
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(admin.quit_at().is_none(), "quit while bytes were moving");
@@ -643,7 +655,7 @@ async fn bytes_queued_in_the_kernel_hold_the_drain_until_sent() {
         )
     };
     let (report, ()) = tokio::join!(drain(ctx), async {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        admin.sampled(1).await;
         pod.app.kill();
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(
@@ -697,7 +709,7 @@ async fn an_empty_send_queue_does_not_hold_the_drain() {
     let settings = fast_settings();
     let killed = Arc::new(Mutex::new(None));
     let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        admin.sampled(1).await;
         pod.app.kill();
         *killed.lock().unwrap() = Some(Instant::now());
     })
@@ -721,7 +733,7 @@ async fn drain_without_byte_counters(close_after: Duration) -> DrainReport {
     admin.with(|s| s.bytes_unexposed = true);
     let (_tx, rx) = watch::channel(Some(deleted_running_app()));
     let report = drain_during(&admin, pod.procs.clone(), rx, &fast_settings(), async {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        admin.sampled(1).await;
         pod.app.kill();
         tokio::time::sleep(close_after).await;
         assert!(
@@ -1015,7 +1027,7 @@ async fn pod_gone_and_agent_stopping_end_the_drain_promptly() {
     let settings = fast_settings();
     let t = Instant::now();
     let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        admin.sampled(1).await;
         tx.send_replace(None);
     })
     .await;
@@ -1486,14 +1498,29 @@ async fn a_kubelet_ordered_drain_whose_pod_object_goes_first_is_still_kubelet_or
     let admin = FakeAdmin::new(Some(counts(0)));
     let (tx, rx) = watch::channel(Some(native_view(true, false)));
     let settings = fast_settings();
-    let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
+    let (steps_tx, mut steps) = tokio::sync::mpsc::unbounded_channel();
+    let ctx = DrainCtx {
+        steps: Some(steps_tx),
+        ..ctx(
+            &admin,
+            pod.procs.clone(),
+            rx,
+            CancellationToken::new(),
+            &settings,
+        )
+    };
+    let (report, ()) = tokio::join!(drain(ctx), async {
         tokio::time::sleep(Duration::from_millis(150)).await;
         pod.app.kill();
-        tokio::time::sleep(Duration::from_millis(60)).await;
-        // Envoy still answers the agent: the removal comes first.
+        // Once the drain has seen the app gone, Envoy still answers the agent: the removal
+        // comes first.
+        while let Some(step) = steps.recv().await {
+            if step == DrainStep::AppGone {
+                break;
+            }
+        }
         tx.send_replace(None);
-    })
-    .await;
+    });
     assert_eq!(report.outcome, DrainOutcome::KubeletOrdered, "{report:?}");
     assert_eq!(admin.paths(), Vec::<String>::new(), "holdfast sent a POST");
     assert!(report.app_gone_to_proxy_exit.is_some(), "{report:?}");
@@ -1506,7 +1533,7 @@ async fn a_kubelet_ordered_drain_whose_pod_object_goes_first_is_still_kubelet_or
     let admin = FakeAdmin::new(Some(counts(1)));
     let (tx, rx) = watch::channel(Some(deleted_running_app()));
     let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        admin.sampled(1).await;
         tx.send_replace(None);
     })
     .await;
