@@ -88,7 +88,7 @@ impl ContainerView {
 }
 
 /// A container's lifecycle state.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ContainerState {
     #[default]
     Waiting,
@@ -167,7 +167,7 @@ impl PodView {
 }
 
 /// A pod's deletion: when it started and how long the kubelet grants it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Deletion {
     pub timestamp: Timestamp,
     pub grace: Duration,

@@ -316,6 +316,50 @@ impl AgentProcess {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The machine inputs the agents of this log recorded for `pod` (`namespace/name`), one
+    /// sequence per agent that followed it, each replayed through the machine (issue 28 item 6;
+    /// `holdfast::lifecycle::replay`). Panics when a sequence breaks a rule every sequence keeps,
+    /// or when a host agent (netns backend: it logs at debug) recorded nothing. The DaemonSet's
+    /// pod (containerd backend) logs at info, as shipped: no sequence, nothing replayed. With
+    /// `HOLDFAST_RECORD_INPUTS=<dir>` the sequences are also written to `<dir>/<file>.log`: a
+    /// corpus file for the machine's tests (`node-agent/tests/corpus/inputs/`).
+    pub fn replay_inputs(
+        &self,
+        pod: &str,
+        file: &str,
+    ) -> Vec<(
+        holdfast::lifecycle::replay::Recording,
+        holdfast::lifecycle::replay::Replayed,
+    )> {
+        use holdfast::lifecycle::replay::Recording;
+        let recordings = Recording::from_log(&self.log_text(), pod)
+            .unwrap_or_else(|e| panic!("the agent log's recorded inputs of {pod}: {e}"));
+        if self.pod.is_none() {
+            assert!(
+                !recordings.is_empty(),
+                "the agent recorded no input of {pod} (HOLDFAST_LOG holdfast=debug)"
+            );
+        }
+        if let Some(dir) = std::env::var_os("HOLDFAST_RECORD_INPUTS") {
+            let text: String = recordings.iter().map(|r| r.to_log(pod)).collect();
+            let path = PathBuf::from(dir).join(format!("{file}.log"));
+            if let Err(e) = std::fs::write(&path, text) {
+                eprintln!("cannot record the inputs to {}: {e}", path.display());
+            }
+        }
+        let ready_poll = holdfast::config::HoldSettings::default().ready_poll;
+        recordings
+            .into_iter()
+            .map(|r| {
+                let replayed = r.replay(ready_poll);
+                if let Err(e) = replayed.check() {
+                    panic!("{pod}'s recorded inputs, replayed: {e}");
+                }
+                (r, replayed)
+            })
+            .collect()
+    }
+
     /// The last lines of the agent's log (for failure messages).
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();

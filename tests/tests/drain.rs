@@ -1259,6 +1259,7 @@ fn slow_download_through_a_drain_arrives_whole() {
             proxy_end - last_byte
         );
         assert_eq!(node.report("dl").expect("report").served(), 1);
+        replay_drains(&agent, "default/dl", "download-through-drain", 1);
     });
     assert_clean(node, agent);
 }
@@ -1333,6 +1334,30 @@ fn drain_adopted_after_envoys_drain_time() {
             app_to_proxy_exit_ms(&control) > 3000.0,
             "the control's Envoy runs to pilot-agent's drain"
         );
+        // Replayed, the successor's recorded inputs drain the pod too (issue 28 item 6).
+        replay_drains(&agent, "default/late", "drain-adopted-late", 2);
     });
     assert_clean(node, agent);
+}
+
+/// The inputs the agents recorded for `pod`, replayed through the machine (issue 28 item 6;
+/// `HOLDFAST_RECORD_INPUTS=<dir>` writes them out as a corpus file for `machine_tests.rs`): the
+/// last agent's sequence (of `agents`) starts the drain and ends with its report, `app-done`.
+fn replay_drains(agent: &AgentProcess, pod: &str, file: &str, agents: usize) {
+    use holdfast::lifecycle::messages::{Effect, Input};
+    let replays = agent.replay_inputs(pod, file);
+    let Some((rec, r)) = replays.last() else {
+        return; // The DaemonSet's pod logs at info: nothing recorded.
+    };
+    assert_eq!(replays.len(), agents, "one sequence per agent");
+    assert!(
+        r.any_effect(|e| matches!(e, Effect::StartDrain)),
+        "the replay starts the drain: {:?}",
+        r.stages
+    );
+    let report = rec.inputs.iter().find_map(|(_, i)| match i {
+        Input::DrainFinished(d) => Some(d.outcome),
+        _ => None,
+    });
+    assert_eq!(report, Some(DrainOutcome::AppDone), "{:?}", r.stages);
 }

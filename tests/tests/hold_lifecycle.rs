@@ -7,8 +7,9 @@
 //! in the same netns across istio-init's second run for an in-place restart.
 //!
 //! Netns backend: the containerd backend's kubelet stand-in has no restart of a whole pod yet.
-//! `HOLDFAST_LOG=info,holdfast::inputs=debug` records the machine's inputs in `agent.log`: the
-//! sequences `machine_tests.rs` replays (`replay_*`).
+//! The agent records the machine's inputs in `agent.log` (`holdfast::inputs`, debug): each test
+//! replays them through the machine (`replay_agrees`), and `machine_tests.rs` replays the ones
+//! kept in `node-agent/tests/corpus/inputs/`.
 
 use std::time::{Duration, SystemTime};
 
@@ -163,20 +164,41 @@ fn held_again(agent: &AgentProcess, restarted_at: SystemTime) -> Vec<(String, Op
         .collect()
 }
 
-/// The machine's inputs the agent recorded (with `HOLDFAST_LOG=info,holdfast::inputs=debug`;
-/// nothing otherwise), for the machine tests' replays.
-fn print_recorded_inputs(node: &SimNode) {
-    let log = std::fs::read_to_string(node.work_dir().join("agent.log")).unwrap_or_default();
-    let mut last = "";
-    for line in log.lines().filter(|l| l.contains("holdfast::inputs")) {
-        // The input alone, each run of the same input once (the readiness polls repeat).
-        let input = line.rsplit("input").next().unwrap_or(line);
-        if input.contains("Timer(ReadinessPoll)") || input == last {
-            continue;
-        }
-        eprintln!("recorded: {input}");
-        last = input;
-    }
+/// The inputs the agent recorded for the pod, replayed through the machine (issue 28 item 6;
+/// `HOLDFAST_RECORD_INPUTS=<dir>` writes them out as a corpus file for `machine_tests.rs`): fed
+/// the same sequence, the machine holds at the first start and again after the restart — in a
+/// new netns for a recreated sandbox, the same one in place — never in a netns the pod's
+/// processes left, and ends ready, as the agent's row does.
+fn replay_agrees(agent: &AgentProcess, file: &str, new_netns: bool) {
+    use holdfast::lifecycle::machine::Stage;
+    use holdfast::lifecycle::messages::Effect;
+    let replays = agent.replay_inputs("default/boot", file);
+    let Some((rec, r)) = replays.last() else {
+        return; // The DaemonSet's pod logs at info: nothing recorded.
+    };
+    eprintln!("{file}: {} inputs replayed", rec.inputs.len());
+    let holds: Vec<_> = r
+        .stages
+        .windows(2)
+        .zip(&r.effects[1..])
+        .filter(|(_, fx)| fx.iter().any(|e| matches!(e, Effect::InstallHold { .. })))
+        .filter_map(|(w, _)| match w[1] {
+            Stage::SettingUpHold { netns, .. } => Some(netns),
+            _ => None,
+        })
+        .collect();
+    assert!(holds.len() >= 2, "held at start and after the restart: {holds:?}");
+    assert_eq!(
+        holds[0] != holds[holds.len() - 1],
+        new_netns,
+        "the hold after the restart in a new netns: {new_netns} ({holds:?})"
+    );
+    let last_phase = r.effects.iter().flatten().rev().find_map(|e| match e {
+        Effect::SetPhase(p) => Some(*p),
+        _ => None,
+    });
+    assert_eq!(last_phase, Some(AgentPhase::Ready), "{:?}", r.state.stage);
+    assert!(matches!(r.state.stage, Stage::Running { .. }), "{:?}", r.state.stage);
 }
 
 #[test]
@@ -204,7 +226,7 @@ fn a_recreated_sandbox_is_held_in_its_new_netns() {
     assert!(held.ok >= 1, "the boot call succeeded ({} ok)", held.ok);
     let agent = held.agent.as_ref().expect("agent");
     let steps = held_again(agent, held.restarted_at);
-    print_recorded_inputs(&held.node);
+    replay_agrees(agent, "sandbox-recreated", true);
     // The new netns was found (and named so) before the hold went in.
     let found = steps
         .iter()
@@ -247,7 +269,7 @@ fn an_in_place_restart_of_every_container_is_held() {
     assert!(held.ok >= 1, "the boot call succeeded ({} ok)", held.ok);
     let agent = held.agent.as_ref().expect("agent");
     let steps = held_again(agent, held.restarted_at);
-    print_recorded_inputs(&held.node);
+    replay_agrees(agent, "in-place-restart", false);
     // The same netns: no new one found.
     assert!(
         !steps.iter().any(|(_, d)| d

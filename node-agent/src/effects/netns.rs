@@ -85,7 +85,9 @@ impl Default for CommandLimits {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Identity of a network namespace: device and inode of its nsfs file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct NetnsId {
     pub dev: u64,
     pub ino: u64,

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 
 use super::machine::{self, Effect, Input, Now, PodFacts, Released, Seen, State, Timer};
 use super::record::Recorder;
+use super::replay::Recorded;
 use crate::effects::admin_socket::AdminSocket;
 use crate::effects::envoy_admin::AdminClient;
 use crate::effects::hold::{HoldConfig, HoldQueue};
@@ -215,7 +216,12 @@ pub(crate) async fn run(shared: Arc<Shared>, view: watch::Receiver<Option<PodVie
         proxy_was_running: false,
     };
     let ready_poll = d.shared.config.hold.ready_poll;
-    let (state, fx) = State::new(PodFacts::of(&first), ready_poll, now());
+    let facts = PodFacts::of(&first);
+    tracing::debug!(
+        target: "holdfast::inputs",
+        recorded = %Recorded::Start(facts.clone()).to_json()
+    );
+    let (state, fx) = State::new(facts, ready_poll, now());
     if d.drive(state, fx).await {
         // The row stays a while (the agent's `Pods` removes it once the pod is gone for good),
         // so `holdfast status` still shows how the pod's drain went.
@@ -364,9 +370,12 @@ impl Driver {
                 }
             };
             let fx;
-            // Every input the machine gets, in order: the sequence a machine test replays
-            // (`HOLDFAST_LOG=info,holdfast::inputs=debug`; machine_tests.rs `replay_*`).
-            tracing::debug!(target: "holdfast::inputs", ?input);
+            // Every input the machine gets, in order, as JSON: the sequence `replay.rs` reads
+            // back (`HOLDFAST_LOG=info,holdfast::inputs=debug`). Serialized only when enabled.
+            tracing::debug!(
+                target: "holdfast::inputs",
+                recorded = %Recorded::Input(input.clone()).to_json()
+            );
             (state, fx) = machine::step(state, input, now());
             exited = self.perform(fx).await;
             if !state.checks_readiness() {

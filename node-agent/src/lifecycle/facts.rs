@@ -10,7 +10,7 @@ pub use crate::pod::RestartPolicy;
 use crate::pod::{app_end, AppEnd, ContainerState, ContainerView, Deletion, PodView};
 
 /// What the machine needs to know about the pod, from its latest [`PodView`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PodFacts {
     pub deletion: Option<Deletion>,
     pub restart_policy: RestartPolicy,

@@ -1997,3 +1997,108 @@ fn a_pod_update_in_a_waiting_stage_is_kept_and_acted_on() {
     r.feed(Input::Pod(Some(update.clone())));
     assert_eq!(r.state.pod.as_ref(), Some(&update));
 }
+
+/// The sequences the end-to-end tests' agents recorded (issue 28 item 6), replayed: each file
+/// in `node-agent/tests/corpus/inputs/` is one pod's inputs as its agents logged them
+/// (`holdfast::inputs`), written by the test named beside it with
+/// `HOLDFAST_RECORD_INPUTS=node-agent/tests/corpus/inputs` (netns backend). Fed the same
+/// inputs, the machine must keep the rules every sequence keeps (`Replayed::check`: no hold in a
+/// netns the pod's processes left) and reach what the test saw the agent do.
+#[test]
+fn replay_the_sequences_recorded_by_the_end_to_end_tests() {
+    use crate::lifecycle::replay::{Recording, Replayed};
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/inputs");
+    let installs = |r: &Replayed| -> Vec<NetnsId> {
+        r.stages
+            .windows(2)
+            .zip(&r.effects[1..])
+            .filter(|(_, fx)| fx.iter().any(|e| matches!(e, Effect::InstallHold { .. })))
+            .filter_map(|(w, _)| match w[1] {
+                Stage::SettingUpHold { netns, .. } => Some(netns),
+                _ => None,
+            })
+            .collect()
+    };
+    let drained_app_done = |rec: &Recording, r: &Replayed| {
+        assert!(r.any_effect(|e| matches!(e, Effect::StartDrain)), "{r:?}");
+        let outcome = rec.inputs.iter().find_map(|(_, i)| match i {
+            Input::DrainFinished(d) => Some(d.outcome),
+            _ => None,
+        });
+        assert_eq!(outcome, Some(DrainOutcome::AppDone));
+        assert!(matches!(r.state.stage, Stage::Finished | Stage::Exited), "{r:?}");
+    };
+    type Check<'a> = Box<dyn Fn(&[Recording], &[Replayed]) + 'a>;
+    let cases: Vec<(&str, &str, Check)> = vec![
+        (
+            // tests/tests/hold_lifecycle.rs a_recreated_sandbox_is_held_in_its_new_netns
+            "sandbox-recreated",
+            "default/boot",
+            Box::new(|_, r| {
+                let r = r.last().expect("a sequence");
+                let holds = installs(r);
+                assert!(holds.len() >= 2, "{holds:?}");
+                assert_ne!(holds[0], holds[holds.len() - 1], "held in the new netns");
+                assert!(
+                    matches!(r.state.stage, Stage::Running { netns, .. } if netns == holds[holds.len() - 1]),
+                    "{r:?}"
+                );
+            }),
+        ),
+        (
+            // tests/tests/hold_lifecycle.rs an_in_place_restart_of_every_container_is_held
+            "in-place-restart",
+            "default/boot",
+            Box::new(|_, r| {
+                let r = r.last().expect("a sequence");
+                let holds = installs(r);
+                assert!(holds.len() >= 2, "{holds:?}");
+                assert!(holds.iter().all(|n| *n == holds[0]), "the same netns: {holds:?}");
+                assert!(matches!(r.state.stage, Stage::Running { .. }), "{r:?}");
+            }),
+        ),
+        (
+            // tests/tests/drain.rs drain_adopted_after_envoys_drain_time: the first agent is
+            // killed while draining, its successor adopts the drain 5 s in.
+            "drain-adopted-late",
+            "default/late",
+            Box::new(|rec, r| {
+                assert_eq!(r.len(), 2, "one sequence per agent");
+                assert!(r[0].any_effect(|e| matches!(e, Effect::StartDrain)));
+                drained_app_done(&rec[1], &r[1]);
+            }),
+        ),
+        (
+            // tests/tests/drain.rs slow_download_through_a_drain_arrives_whole
+            "download-through-drain",
+            "default/dl",
+            Box::new(|rec, r| drained_app_done(&rec[0], &r[0])),
+        ),
+    ];
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .expect("the corpus of recorded inputs")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    let named: Vec<String> = cases.iter().map(|(f, ..)| format!("{f}.log")).collect();
+    assert_eq!(
+        files,
+        {
+            let mut n = named.clone();
+            n.sort();
+            n
+        },
+        "every recorded sequence has its case"
+    );
+    for (file, pod, check) in cases {
+        let text = std::fs::read_to_string(dir.join(format!("{file}.log"))).expect("read");
+        let recs = Recording::from_log(&text, pod).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert!(!recs.is_empty(), "{file}: no sequence of {pod}");
+        let replays: Vec<Replayed> = recs.iter().map(|r| r.replay(POLL)).collect();
+        for r in &replays {
+            r.check().unwrap_or_else(|e| panic!("{file}: {e}"));
+        }
+        check(&recs, &replays);
+    }
+}

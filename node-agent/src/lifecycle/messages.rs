@@ -16,7 +16,7 @@ pub struct Now {
 }
 
 /// A readiness observation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Seen {
     /// Ready: hold no longer needed.
     Ready,
@@ -32,7 +32,7 @@ pub enum Seen {
 }
 
 /// What a release did, for the record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Released {
     pub connections: u64,
     pub packets: u64,
@@ -42,7 +42,9 @@ pub struct Released {
     pub first_held_at: Option<SystemTime>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+/// Serde: the driver logs every input as JSON (`holdfast::inputs`, debug) and
+/// [`super::replay`] reads such a log back into the machine.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Input {
     /// The pod's latest view; `None`: gone from the source (or no longer tracked).
     Pod(Option<PodFacts>),
@@ -96,7 +98,7 @@ pub enum Input {
     AgentStop,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Timer {
     NetnsPoll,
     ReadinessPoll,

@@ -8,3 +8,4 @@ pub mod machine;
 pub mod messages;
 pub mod readiness;
 pub mod record;
+pub mod replay;

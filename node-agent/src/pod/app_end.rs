@@ -19,10 +19,10 @@
 //! (kubernetes/kubernetes pkg/kubelet/kuberuntime/kuberuntime_termination_order.go), and
 //! pkg/kubelet/status `PodPhase` ends a pod without waiting for them.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// `spec.restartPolicy` (`Always` when absent, as the API server defaults it).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RestartPolicy {
     #[default]
     Always,
