@@ -51,7 +51,7 @@ test: setup filter
     cargo test -p holdfast-filter
     cargo build -p holdfast --target aarch64-unknown-linux-gnu
     cargo test --workspace --exclude holdfast-filter
-    HOLDFAST_SIM_RUNTIME=containerd cargo test --workspace --exclude holdfast-filter --test failures --test hold --test drain --test which_pods --test native_sidecars --test meshes
+    HOLDFAST_SIM_RUNTIME=containerd cargo test --workspace --exclude holdfast-filter --test failures --test hold --test drain --test which_pods --test native_sidecars --test meshes --test hold_lifecycle
     just _envoy-istio
 
 # The Envoy of each Istio people run (istio/proxy ENVOY_VERSION.txt: 1.28 ships 1.36, 1.29 1.37, 1.30 1.38, 1.31 1.39;
@@ -72,13 +72,13 @@ _envoy-istio:
     done
     HOLDFAST_ENVOY="$PWD/target/bin/envoy-{{ envoy_istio_newest }}" cargo test --workspace --exclude holdfast-filter --test drain
 
-# The end-to-end files (the three failures without holdfast, hold, drain, Jobs, status) with every pod a real
+# The end-to-end files (the three failures without holdfast, hold, drain, Jobs, status, restarts of a whole pod) with every pod a real
 # container of a private containerd (CRI, runc, CNI), one containerd per test binary. The files for pod shapes
 # this backend does not build (IPv6, DNS capture, CNI mode, user init containers) stay on the netns backend:
 # docs/containerd-backend.md says which and why.
 test-containerd: setup filter
     cargo build --workspace --exclude holdfast-filter --bins
-    HOLDFAST_SIM_RUNTIME=containerd cargo test --workspace --exclude holdfast-filter --test failures --test hold --test drain --test which_pods --test native_sidecars --test meshes
+    HOLDFAST_SIM_RUNTIME=containerd cargo test --workspace --exclude holdfast-filter --test failures --test hold --test drain --test which_pods --test native_sidecars --test meshes --test hold_lifecycle
 
 # Benchmarks against side-by-side baselines (`just bench filter|hold|drain|scale|lifecycle|meshes`; none = all). `scale` takes
 # --baseline-agent PATH through `holdfast-bench` directly (see docs/benchmarks.md).

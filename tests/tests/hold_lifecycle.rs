@@ -6,10 +6,14 @@
 //! — in the new netns for a recreated sandbox (before, the agent held in the old, dead netns),
 //! in the same netns across istio-init's second run for an in-place restart.
 //!
-//! Netns backend: the containerd backend's kubelet stand-in has no restart of a whole pod yet.
+//! Both backends (`just test` runs it on containerd too): on the containerd one the kubelet
+//! stand-in does both restarts over the CRI (`tests/src/cri/kubelet.rs`, `on_restart`), a new
+//! `cni-<uuid>` netns for a recreated sandbox. There the agent must look for the new netns as
+//! soon as the status shows every container exited: the status shows the new app only after it
+//! started (`replay_a_recreated_sandbox_on_containerd_is_held_before_its_app_starts`).
 //! The agent records the machine's inputs in `agent.log` (`holdfast::inputs`, debug): each test
-//! replays them through the machine (`replay_agrees`), and `machine_tests.rs` replays the ones
-//! kept in `node-agent/tests/corpus/inputs/`.
+//! replays them through the machine (`replay_agrees`; the host agent of the netns backend), and
+//! `machine_tests.rs` replays the ones kept in `node-agent/tests/corpus/inputs/`.
 
 use std::time::{Duration, SystemTime};
 
@@ -41,23 +45,13 @@ struct Outcome {
 
 /// Runs a pod whose app calls out once at boot, waits until it ran once, restarts every
 /// container (`how`), and counts the boot calls made from then on.
-fn restart_while_booting(test: &str, how: Restart, with_agent: bool) -> Option<Outcome> {
+fn restart_while_booting(test: &str, how: Restart, with_agent: bool) -> Outcome {
     let opts = NodeOptions {
         sim_app: Some(env!("CARGO_BIN_EXE_sim-app").into()),
         restart_backoff: Some(BACKOFF),
         ..NodeOptions::default()
     };
     let mut node = SimNode::for_test(test, opts);
-    if node.runtime() == Runtime::Containerd {
-        let why = "its kubelet stand-in does not restart a whole pod yet (not in just test's containerd list)";
-        // A skip is never a pass in CI: there it fails, as the privileged tests do.
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{test}: cannot run on the containerd backend: {why}"
-        );
-        eprintln!("{test}: SKIPPED on the containerd backend: {why}");
-        return None;
-    }
     let agent = with_agent.then(|| {
         AgentProcess::start(
             node.node_name(),
@@ -90,6 +84,7 @@ fn restart_while_booting(test: &str, how: Restart, with_agent: bool) -> Option<O
             .expect("the agent follows the ready pod");
     }
     let before = node.report("boot").expect("report").calls(Phase::Startup);
+    let (old_ns, old_ns_name) = (pod_netns(&node), node.netns_name("boot"));
     let restarted_at = SystemTime::now();
     match how {
         Restart::Sandbox => node.recreate_sandbox("boot", PROXY_LATE),
@@ -102,12 +97,29 @@ fn restart_while_booting(test: &str, how: Restart, with_agent: bool) -> Option<O
                 .is_some_and(|c| c.restart_count >= 1 && c.is_running())
         })
         .expect("the kubelet starts the proxy again");
-    if how == Restart::InPlace {
-        assert_eq!(
-            restarted.all_containers_restarting,
-            Some(false),
-            "the condition went True, then False"
-        );
+    let (old_ns, new_ns) = (inode(&old_ns), inode(&pod_netns(&node)));
+    match how {
+        Restart::InPlace => {
+            assert_eq!(
+                restarted.all_containers_restarting,
+                Some(false),
+                "the condition went True, then False"
+            );
+            assert_eq!(new_ns, old_ns, "an in-place restart keeps the netns");
+        }
+        Restart::Sandbox => {
+            assert_ne!(new_ns, old_ns, "a recreated sandbox has a new netns");
+            if node.runtime() == Runtime::Containerd {
+                // CNI named the new one anew; StopPodSandbox removed the old one.
+                assert_ne!(node.netns_name("boot"), old_ns_name);
+                assert!(
+                    !std::path::Path::new("/run/netns")
+                        .join(&old_ns_name)
+                        .exists(),
+                    "the old netns {old_ns_name} is gone"
+                );
+            }
+        }
     }
     // The held boot call completes once the new Envoy is ready; the control's app is
     // restarted after its back-off and boots then.
@@ -123,13 +135,25 @@ fn restart_while_booting(test: &str, how: Restart, with_agent: bool) -> Option<O
         "{test}: {how:?} agent={with_agent}: boot calls after the restart: {ok} ok, {refused} refused, {} failed in all",
         after.failed - before.failed
     );
-    Some(Outcome {
+    Outcome {
         refused,
         ok,
         node,
         agent,
         restarted_at,
-    })
+    }
+}
+
+/// A handle on the pod's netns. Held across the restart it keeps the old netns from being
+/// freed, so the new one cannot get its inode number (the kernel reuses a freed one at once).
+fn pod_netns(node: &SimNode) -> std::fs::File {
+    node.in_pod_netns("boot", || std::fs::File::open("/proc/thread-self/ns/net"))
+        .expect("enter the pod's netns")
+        .expect("open its netns")
+}
+
+fn inode(f: &std::fs::File) -> u64 {
+    std::os::unix::fs::MetadataExt::ino(&f.metadata().expect("fstat a netns"))
 }
 
 /// The agent's row after a restart: a hold that started after it, released `ready` with the
@@ -207,9 +231,7 @@ fn a_recreated_sandbox_is_held_in_its_new_netns() {
         return;
     }
     // Control: Istio alone refuses the new app's boot call.
-    let Some(base) = restart_while_booting("sandboxbase", Restart::Sandbox, false) else {
-        return;
-    };
+    let base = restart_while_booting("sandboxbase", Restart::Sandbox, false);
     assert!(
         base.refused >= 1,
         "without the agent the new sandbox's boot call is refused ({} refused)",
@@ -218,7 +240,7 @@ fn a_recreated_sandbox_is_held_in_its_new_netns() {
     let left = base.node.finish();
     assert!(left.is_empty(), "left behind: {left:#?}");
 
-    let held = restart_while_booting("sandboxheld", Restart::Sandbox, true).expect("netns");
+    let held = restart_while_booting("sandboxheld", Restart::Sandbox, true);
     assert_eq!(
         held.refused, 0,
         "a boot call in the new sandbox was refused"
@@ -250,9 +272,7 @@ fn an_in_place_restart_of_every_container_is_held() {
     if !privileged("an_in_place_restart_of_every_container_is_held") {
         return;
     }
-    let Some(base) = restart_while_booting("inplacebase", Restart::InPlace, false) else {
-        return;
-    };
+    let base = restart_while_booting("inplacebase", Restart::InPlace, false);
     assert!(
         base.refused >= 1,
         "without the agent the restarted app's boot call is refused ({} refused)",
@@ -261,7 +281,7 @@ fn an_in_place_restart_of_every_container_is_held() {
     let left = base.node.finish();
     assert!(left.is_empty(), "left behind: {left:#?}");
 
-    let held = restart_while_booting("inplaceheld", Restart::InPlace, true).expect("netns");
+    let held = restart_while_booting("inplaceheld", Restart::InPlace, true);
     assert_eq!(
         held.refused, 0,
         "a boot call after the in-place restart was refused (istio-init's second run broke the hold?)"

@@ -1577,7 +1577,9 @@ fn finished_only_when_the_kubelet_runs_nothing_again() {
         assert_eq!(p.finished(), want, "{p:?}");
     }
     // The machine: a running pod whose containers all ended, but the kubelet will restart
-    // them, stays followed (before, it went `Finished` and was never held again).
+    // them, stays followed (before, it went `Finished` and was never held again): its netns is
+    // looked for again, as the kubelet may recreate the sandbox (see
+    // `replay_a_recreated_sandbox_on_containerd_is_held_before_its_app_starts`).
     let mut r = ready(holding(pod(RestartPolicy::Always)));
     r.script(
         "all killed",
@@ -1587,10 +1589,13 @@ fn finished_only_when_the_kubelet_runs_nothing_again() {
                 terminated("app-1", 137),
                 terminated("proxy-1", 137),
             ))),
-            &[],
+            &["phase:waiting-for-netns", "look"],
         )],
     );
-    assert!(matches!(r.state.stage, Stage::Running { .. }), "{r:?}");
+    assert!(
+        matches!(r.state.stage, Stage::WaitingForNetns { .. }),
+        "{r:?}"
+    );
 }
 
 impl std::fmt::Debug for Run {
@@ -1685,6 +1690,56 @@ fn replay_a_recreated_sandbox_is_held_in_its_new_netns() {
     assert!(
         matches!(r.state.stage, Stage::Running { netns, .. } if netns == ns(2)),
         "{r:?}"
+    );
+}
+
+/// A recreated sandbox as the containerd backend's driver fed it (tests/tests/hold_lifecycle.rs
+/// `a_recreated_sandbox_is_held_in_its_new_netns` with `HOLDFAST_SIM_RUNTIME=containerd`,
+/// recorded with `HOLDFAST_LOG=info,holdfast::inputs=debug`; readiness polls left out): the
+/// proxy container's main process (pilot-agent) exits first, the check finds Envoy still
+/// ready, Envoy's own exit 23 ms later waits for the proxy-gone pace (1 s). The status then
+/// shows the app and the proxy exited (`restartPolicy: Always`: the kubelet runs them again):
+/// the netns is looked for from there, so the new sandbox's is held before its app starts.
+/// Before, the machine stayed `Running` in the dead netns until the status showed the new app
+/// running, and the app's boot call had been refused by then.
+#[test]
+fn replay_a_recreated_sandbox_on_containerd_is_held_before_its_app_starts() {
+    let mut r = ready(holding(pod(RestartPolicy::Always)));
+    let killed = |app: (Option<String>, ContainerState), proxy| PodFacts {
+        apps: vec![app],
+        proxy: Some(proxy),
+        ..pod(RestartPolicy::Always)
+    };
+    r.script(
+        "pilot-agent first, Envoy after",
+        vec![
+            (Input::ProxyGone, &["check"]),
+            (
+                Input::Readiness(Seen::Ready),
+                &["remove-leftover", "phase:ready"],
+            ),
+            (Input::ProxyGone, &["timer:ProxyRecheck"]),
+            (
+                Input::Pod(Some(killed(terminated("app-1", 137), running("proxy-1")))),
+                &[],
+            ),
+        ],
+    );
+    r.script(
+        "the status shows both exited",
+        vec![
+            (
+                Input::Pod(Some(killed(
+                    terminated("app-1", 137),
+                    terminated("proxy-1", 137),
+                ))),
+                &["phase:waiting-for-netns", "look"],
+            ),
+            (Input::NetnsNotYet, &["timer:NetnsPoll"]),
+            (Input::Timer(Timer::NetnsPoll), &["look"]),
+            (Input::NetnsFound { netns: ns(2) }, &["check"]),
+            (Input::Readiness(Seen::Down), &["install(fresh=true)"]),
+        ],
     );
 }
 

@@ -17,6 +17,12 @@
 //!    container (attempt + 1) after kubelet's back-off.
 //! 5. Deletion: `StopContainer(timeout = grace)` on every container at once (containerd sends
 //!    SIGTERM, SIGKILL after the timeout), then `StopPodSandbox` + `RemovePodSandbox`.
+//! 6. Restarts of every container of a classic pod (`PodEvent::Restart`, as on the netns
+//!    backend): a recreated sandbox (the old one dies, `StopPodSandbox` + `RemovePodSandbox`,
+//!    `RunPodSandbox` with attempt + 1: a new netns) or KEP-5532's in-place restart
+//!    (`AllContainersRestarting`, `StopContainer(0)` and `RemoveContainer` on every container,
+//!    the same sandbox); then init and containers again with new ids (`on_restart`,
+//!    `finish_restart`).
 //!
 //! What the pods see and the agent reads is the same as on the netns backend: the Pod objects in
 //! the pods directory (ids `containerd://<64 hex>` from the runtime), processes in
@@ -33,15 +39,16 @@ use k8s_cri::v1::{
     Capability, ContainerConfig, ContainerMetadata, ContainerState, ContainerStatusRequest,
     CreateContainerRequest, DnsConfig, ImageSpec, LinuxContainerConfig,
     LinuxContainerSecurityContext, LinuxPodSandboxConfig, Mount, PodSandboxConfig,
-    PodSandboxMetadata, PodSandboxStatusRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
-    StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
+    PodSandboxMetadata, PodSandboxState, PodSandboxStatusRequest, RemoveContainerRequest,
+    RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopContainerRequest,
+    StopPodSandboxRequest,
 };
 use k8s_openapi::jiff::Timestamp;
 
 use super::exit_watch::ExitTimes;
 use super::runtime::{Containerd, BASE_IMAGE};
 use super::status::{info_netns, info_pid, parse_info};
-use crate::sim::kubelet::{PodEvent, PodWorker};
+use crate::sim::kubelet::{PodEvent, PodWorker, Restart, RestartKind};
 use crate::sim::native::NativeState;
 use crate::sim::node::{NodeEnv, Shared};
 use crate::sim::pod_object::{now_ts, CState, ContainerView, PodView, ProbeState, Terminated};
@@ -100,6 +107,15 @@ pub(crate) struct CriPodWorker {
     native: NativeState,
     /// Container starts of the native sidecar so far (its CRI `attempt`).
     sidecar_attempts: u32,
+    /// Starts of the injected init container so far (its CRI `attempt`).
+    init_attempts: u32,
+    /// The sandbox's `PodSandboxMetadata.attempt`: + 1 for each recreation.
+    sandbox_attempt: u32,
+    /// A restart of every container in progress ([`Restart`]): its old containers are being
+    /// killed; `finish_restart` goes on once they are gone.
+    restart: Option<Restart>,
+    /// After a restart: start the proxy container this long after the app.
+    proxy_late: Option<Duration>,
 }
 
 /// With `HOLDFAST_SIM_TRACE` set, prints one line per runtime step (wall clock in ms, the pod,
@@ -167,6 +183,10 @@ impl CriPodWorker {
             probe: None,
             native,
             sidecar_attempts: 0,
+            init_attempts: 0,
+            sandbox_attempt: 0,
+            restart: None,
+            proxy_late: None,
         }
     }
 
@@ -206,10 +226,12 @@ impl CriPodWorker {
                 Ok(PodEvent::Shutdown) | Err(RecvTimeoutError::Disconnected) => self.on_shutdown(),
                 Ok(PodEvent::Probe(r)) => self.on_probe(r),
                 Ok(PodEvent::HookDone { .. }) => self.on_hook_done(),
+                Ok(PodEvent::Restart(r)) => self.on_restart(r),
                 Ok(_) => {}
                 Err(RecvTimeoutError::Timeout) => {}
             }
             self.poll_exits();
+            self.finish_restart();
             self.restart_due();
             self.on_native_tick();
             if self.serial_pending && self.post_started.load(Ordering::SeqCst) {
@@ -237,6 +259,12 @@ impl CriPodWorker {
     }
 
     fn start_sandbox_and_init(&mut self) -> Result<(), SimError> {
+        self.start_sandbox()?;
+        self.start_init()
+    }
+
+    /// `RunPodSandbox` (attempt `sandbox_attempt`): the pod's netns from CNI, its IP.
+    fn start_sandbox(&mut self) -> Result<(), SimError> {
         let (uid, name, namespace) =
             self.view(|v| (v.uid.clone(), v.spec.name.clone(), v.spec.namespace.clone()));
         std::fs::create_dir_all(&self.pod_dir).map_err(|source| SimError::Io {
@@ -249,7 +277,7 @@ impl CriPodWorker {
                 name,
                 uid: uid.clone(),
                 namespace,
-                attempt: 0,
+                attempt: self.sandbox_attempt,
             }),
             hostname: self.name.clone(),
             log_directory: self.pod_dir.to_string_lossy().into_owned(),
@@ -310,7 +338,12 @@ impl CriPodWorker {
             let admin = self.view(|v| v.spec.admin_addr());
             super::baselines::drop_until_ready(&self.name, &path, admin, self.stopping.clone())?;
         }
+        Ok(())
+    }
 
+    /// The injected init container (istio-init, or the other meshes' init), a new attempt each
+    /// time (kubelet names a container `<name>_<sandbox>_<namespace>_<uid>_<attempt>`).
+    fn start_init(&mut self) -> Result<(), SimError> {
         let (min_ms, mesh) =
             self.view(|v| (v.spec.init_duration.as_millis().to_string(), v.spec.mesh));
         let init_name = mesh.init_container();
@@ -333,7 +366,9 @@ impl CriPodWorker {
             drop_capabilities: vec!["ALL".into()],
             ..Default::default()
         };
-        let (cid, pid) = self.create_and_start(init_name, 0, args, Some(caps))?;
+        let attempt = self.init_attempts;
+        self.init_attempts += 1;
+        let (cid, pid) = self.create_and_start(init_name, attempt, args, Some(caps))?;
         self.running.insert(cid.clone(), Slot::Init);
         self.update(|v| {
             let mut c = ContainerView::new(init_name, mesh.init_image(), "");
@@ -570,6 +605,27 @@ impl CriPodWorker {
     }
 
     fn on_exit(&mut self, slot: Slot, t: Terminated) {
+        if self.restart.is_some() {
+            // Killed by the restart: terminated, not restarted on its own (`finish_restart`
+            // starts the pod again).
+            let probed = self.update(|v| {
+                let c = match slot {
+                    Slot::Init => v.init.as_mut(),
+                    Slot::Container(i) => v.containers.get_mut(i),
+                    Slot::Sidecar => v.sidecar.as_mut(),
+                };
+                let probed = c.as_ref().is_some_and(|c| c.probed.is_some());
+                if let Some(c) = c {
+                    c.state = CState::Terminated(t);
+                    c.pid = None;
+                }
+                probed
+            });
+            if probed {
+                self.probe_stopped();
+            }
+            return;
+        }
         match slot {
             Slot::Init => {
                 let ok = t.exit_code == 0;
@@ -642,6 +698,7 @@ impl CriPodWorker {
     /// Starts the regular containers in spec order, without waiting for readiness.
     fn start_regular_containers(&mut self) {
         let delay = self.view(|v| v.spec.app_start_delay);
+        let proxy_late = self.proxy_late.take().filter(|d| !d.is_zero());
         // Spec order: Kuma's injector puts its classic sidecar first.
         let mut order: Vec<usize> = (0..self.view(|v| v.containers.len())).collect();
         if self.view(|v| matches!(v.spec.mesh, crate::sim::Mesh::Kuma(_))) {
@@ -649,7 +706,11 @@ impl CriPodWorker {
         }
         for i in order {
             let is_proxy = self.view(|v| v.containers[i].name == v.spec.proxy_container());
-            if !is_proxy && !delay.is_zero() {
+            if let (true, Some(late)) = (is_proxy, proxy_late) {
+                // After a restart of every container: the new Envoy comes late (as on the
+                // netns backend; the restart timer starts it).
+                self.restart_at.insert(i, Instant::now() + late);
+            } else if !is_proxy && !delay.is_zero() {
                 // A slow image pull: the app container starts later (the restart
                 // timer starts it), as on the netns backend.
                 self.restart_at.insert(i, Instant::now() + delay);
@@ -738,7 +799,157 @@ impl CriPodWorker {
         self.stop_all(Duration::ZERO);
     }
 
+    /// The kubelet restarts every container ([`Restart`]), as on the netns backend
+    /// ([`crate::sim::kubelet::RestartKind`]), over the CRI:
+    ///
+    /// - A recreated sandbox: first the sandbox dies as a node or runtime failure leaves it —
+    ///   its pause process and every container's init process SIGKILLed (the containers' own pid
+    ///   namespaces go with them). The runtime then reports the sandbox not ready, and
+    ///   [`Self::finish_restart`] does what kubelet's `SyncPod` does for a changed sandbox.
+    /// - In place (KEP-5532 `RestartAllContainers`): the condition `AllContainersRestarting`
+    ///   True, then `StopContainer` with no grace on every running container, in parallel:
+    ///   kubelet's `SyncPod` kills the `containersToReset` with a grace-period override of 0
+    ///   (the KEP: "Termination grace periods are not respected", preStop hooks best effort).
+    fn on_restart(&mut self, r: Restart) {
+        if self.deleting || self.shutting_down || self.restart.is_some() || self.is_native() {
+            eprintln!("sim: pod {}: restart {r:?} ignored", self.name);
+            return;
+        }
+        trace(&self.name, &format!("restart {:?}", r.kind), None);
+        self.restart_at.clear();
+        self.serial_pending = false;
+        self.post_started.store(false, Ordering::SeqCst);
+        self.restart = Some(r);
+        match r.kind {
+            RestartKind::Sandbox => {
+                let pids: Vec<u32> = self.view(|v| {
+                    v.sandbox_pid
+                        .into_iter()
+                        .chain(v.containers.iter().filter_map(|c| c.pid))
+                        .collect()
+                });
+                for pid in pids {
+                    if let Err(e) = sigkill(pid) {
+                        eprintln!("sim: pod {}: cannot kill {pid}: {e}", self.name);
+                    }
+                }
+            }
+            RestartKind::InPlace => {
+                self.update(|v| v.all_containers_restarting = Some(true));
+                self.stop_all(Duration::ZERO);
+            }
+        }
+    }
+
+    /// Once the restart's old containers have all exited, kubelet's next `SyncPod`
+    /// (kubernetes/kubernetes pkg/kubelet/kuberuntime/kuberuntime_manager.go):
+    ///
+    /// - A recreated sandbox, once `PodSandboxStatus` says it is not ready (`computePodActions`:
+    ///   `PodSandboxChanged` → `KillPod` and `CreateSandbox` with attempt + 1): `StopPodSandbox`
+    ///   (CNI DEL, the netns goes) and `RemovePodSandbox` of the old one (kubelet's container
+    ///   GC removes it later; at once here, nothing reads it), then `RunPodSandbox` (a new netns
+    ///   and IP), the init container again, the containers with new ids and restartCount + 1.
+    /// - In place: `RemoveContainer` on every container of the pod (the KEP's
+    ///   `AllContainersRestartCleanedUp`: "Remove all init and regular containers from
+    ///   container runtime"), the condition back to False, then the normal startup in the same
+    ///   sandbox: init container, containers (new ids, restartCount + 1).
+    ///
+    /// The new proxy container starts `proxy_late` after the app (`start_regular_containers`).
+    fn finish_restart(&mut self) {
+        let Some(r) = self.restart else { return };
+        if self.deleting || self.shutting_down {
+            self.restart = None;
+            return;
+        }
+        if !self.running.is_empty() {
+            return;
+        }
+        let started = match r.kind {
+            RestartKind::Sandbox => {
+                if self.sandbox_ready_in_runtime() {
+                    // kubelet acts on what the runtime reports: not yet (its event loop).
+                    return;
+                }
+                self.restart = None;
+                self.proxy_late = Some(r.proxy_late);
+                if let Some(p) = self.probe.take() {
+                    // The prober probes the pod IP, which the new sandbox changes.
+                    p.stop();
+                }
+                self.stop_and_remove_sandbox();
+                self.update(|v| {
+                    v.sandbox_ready = false;
+                    v.sandbox_pid = None;
+                });
+                self.sandbox_attempt += 1;
+                let started = self.start_sandbox().and_then(|()| {
+                    // The proxy's bootstrap names the pod IP (its node id), as pilot-agent's
+                    // does from INSTANCE_IP.
+                    self.argv.write_sidecar_config()?;
+                    self.start_init()
+                });
+                self.start_prober();
+                started
+            }
+            RestartKind::InPlace => {
+                self.restart = None;
+                self.proxy_late = Some(r.proxy_late);
+                let ids: Vec<String> = self.view(|v| {
+                    v.init
+                        .iter()
+                        .chain(v.containers.iter())
+                        .filter_map(|c| c.id.clone())
+                        .collect()
+                });
+                let mut c = self.rt.client.clone();
+                for id in ids {
+                    if let Err(e) = self.rt.call(c.remove_container(RemoveContainerRequest {
+                        container_id: id.clone(),
+                    })) {
+                        eprintln!("sim: pod {}: RemoveContainer {id}: {e}", self.name);
+                    }
+                }
+                self.update(|v| v.all_containers_restarting = Some(false));
+                self.start_init()
+            }
+        };
+        trace(&self.name, &format!("restarted {:?}", r.kind), None);
+        if let Err(e) = started {
+            eprintln!("sim: pod {}: restart: {e}", self.name);
+            let reason = e.to_string();
+            self.update(|v| v.failed_reason = Some(reason));
+        }
+    }
+
+    /// Whether the runtime still reports the pod's sandbox ready (false once it is not, or
+    /// when it cannot say).
+    fn sandbox_ready_in_runtime(&self) -> bool {
+        let Some((id, _)) = &self.sandbox else {
+            return false;
+        };
+        let mut c = self.rt.client.clone();
+        self.rt
+            .call(c.pod_sandbox_status(PodSandboxStatusRequest {
+                pod_sandbox_id: id.clone(),
+                verbose: false,
+            }))
+            .ok()
+            .and_then(|r| r.status)
+            .is_some_and(|s| s.state() == PodSandboxState::SandboxReady)
+    }
+
     fn remove_sandbox(&mut self) {
+        self.stop_and_remove_sandbox();
+        self.update(|v| v.sandbox_pid = None);
+        let uid = self.view(|v| v.uid.clone());
+        for e in remove_pod_cgroups(&uid) {
+            eprintln!("sim: pod {}: {e}", self.name);
+        }
+    }
+
+    /// `StopPodSandbox` (CNI DEL, the netns removed) and `RemovePodSandbox` (its containers
+    /// too); the pod's cgroup stays (kubelet's, see [`remove_pod_cgroups`]).
+    fn stop_and_remove_sandbox(&mut self) {
         if let Some((id, _)) = self.sandbox.take() {
             let mut c = self.rt.client.clone();
             let t = Instant::now();
@@ -757,12 +968,21 @@ impl CriPodWorker {
             }
             trace(&self.name, "RemovePodSandbox", Some(t.elapsed()));
         }
-        self.update(|v| v.sandbox_pid = None);
-        let uid = self.view(|v| v.uid.clone());
-        for e in remove_pod_cgroups(&uid) {
-            eprintln!("sim: pod {}: {e}", self.name);
-        }
+        self.netns_path = None;
     }
+}
+
+/// SIGKILL to `pid` through a pidfd (a pid reused between the look-up and the signal is not hit
+/// once the pidfd is open).
+fn sigkill(pid: u32) -> std::io::Result<()> {
+    use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
+    let pid = i32::try_from(pid)
+        .ok()
+        .and_then(Pid::from_raw)
+        .ok_or_else(|| std::io::Error::other(format!("not a pid: {pid}")))?;
+    let fd = pidfd_open(pid, PidfdFlags::empty())?;
+    pidfd_send_signal(&fd, Signal::KILL)?;
+    Ok(())
 }
 
 /// Gives the `kubepods` cgroup the CPU weight kubelet gives it: the node's allocatable CPU as

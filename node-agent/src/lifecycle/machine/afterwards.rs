@@ -44,6 +44,26 @@ pub(super) fn step(
                         StepKind::ProxyGone,
                         "the proxy container restarted while the app runs",
                     )
+                } else if proxy_went && p.app_end() == crate::pod::AppEnd::Exited && !s.stopping {
+                    // The proxy stopped, and the app too, but the kubelet will run them again
+                    // (`restartPolicy: Always`, or a failure under `OnFailure`): a dying sandbox
+                    // takes every container with it, and the kubelet's `SyncPod` reports them
+                    // exited before it creates the new sandbox (pkg/kubelet/kubelet.go
+                    // `SyncPod`: `SetPodStatus`, then the runtime's `SyncPod`, whose
+                    // `computePodActions` kills the pod and creates a sandbox with attempt + 1,
+                    // a new netns). Look for the netns now, not once the new app runs: the
+                    // Pod status shows that only after the app started, and an app calling
+                    // out at boot has been refused by then. The proxy's own exit may have
+                    // been taken for nothing: on a real runtime the container's main process
+                    // (pilot-agent) can go a few milliseconds before Envoy, whose exit then
+                    // waits for the proxy-gone pace (`proxy_gone.rs`).
+                    look_again_for_netns(
+                        s,
+                        fx,
+                        now,
+                        StepKind::ProxyGone,
+                        "the proxy and the app stopped; the kubelet runs them again",
+                    )
                 } else {
                     Stage::Running {
                         netns,
