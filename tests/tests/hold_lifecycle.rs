@@ -211,7 +211,10 @@ fn replay_agrees(agent: &AgentProcess, file: &str, new_netns: bool) {
             _ => None,
         })
         .collect();
-    assert!(holds.len() >= 2, "held at start and after the restart: {holds:?}");
+    assert!(
+        holds.len() >= 2,
+        "held at start and after the restart: {holds:?}"
+    );
     assert_eq!(
         holds[0] != holds[holds.len() - 1],
         new_netns,
@@ -222,7 +225,11 @@ fn replay_agrees(agent: &AgentProcess, file: &str, new_netns: bool) {
         _ => None,
     });
     assert_eq!(last_phase, Some(AgentPhase::Ready), "{:?}", r.state.stage);
-    assert!(matches!(r.state.stage, Stage::Running { .. }), "{:?}", r.state.stage);
+    assert!(
+        matches!(r.state.stage, Stage::Running { .. }),
+        "{:?}",
+        r.state.stage
+    );
 }
 
 #[test]

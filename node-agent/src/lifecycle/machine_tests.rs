@@ -2081,7 +2081,10 @@ fn replay_the_sequences_recorded_by_the_end_to_end_tests() {
             _ => None,
         });
         assert_eq!(outcome, Some(DrainOutcome::AppDone));
-        assert!(matches!(r.state.stage, Stage::Finished | Stage::Exited), "{r:?}");
+        assert!(
+            matches!(r.state.stage, Stage::Finished | Stage::Exited),
+            "{r:?}"
+        );
     };
     type Check<'a> = Box<dyn Fn(&[Recording], &[Replayed]) + 'a>;
     let cases: Vec<(&str, &str, Check)> = vec![
@@ -2108,7 +2111,10 @@ fn replay_the_sequences_recorded_by_the_end_to_end_tests() {
                 let r = r.last().expect("a sequence");
                 let holds = installs(r);
                 assert!(holds.len() >= 2, "{holds:?}");
-                assert!(holds.iter().all(|n| *n == holds[0]), "the same netns: {holds:?}");
+                assert!(
+                    holds.iter().all(|n| *n == holds[0]),
+                    "the same netns: {holds:?}"
+                );
                 assert!(matches!(r.state.stage, Stage::Running { .. }), "{r:?}");
             }),
         ),

@@ -116,7 +116,8 @@ impl Recording {
     /// file.
     pub fn to_log(&self, pod: &str) -> String {
         let line = |at: SystemTime, r: Recorded| {
-            let ts = k8s_openapi::jiff::Timestamp::try_from(at).unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+            let ts = k8s_openapi::jiff::Timestamp::try_from(at)
+                .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
             format!(
                 "{ts} DEBUG pod{{pod={pod}}}: {TARGET}: {FIELD}={}\n",
                 r.to_json()
@@ -146,7 +147,8 @@ impl Recording {
         let mut dead: HashSet<NetnsId> = HashSet::new();
         for (i, (at, input)) in self.inputs.iter().enumerate() {
             if state.stage == Stage::Exited {
-                r.broken.push(format!("input {i} ({input:?}) after the task exited"));
+                r.broken
+                    .push(format!("input {i} ({input:?}) after the task exited"));
                 break;
             }
             match input {
@@ -208,7 +210,10 @@ fn recorded_of(line: &str, pod: &str) -> Option<(SystemTime, String)> {
             return None;
         }
         let at = parse_time(v.get("timestamp")?.as_str()?)?;
-        let json = v.pointer(&format!("/fields/{FIELD}"))?.as_str()?.to_string();
+        let json = v
+            .pointer(&format!("/fields/{FIELD}"))?
+            .as_str()?
+            .to_string();
         return Some((at, json));
     }
     // Text format: `<timestamp> DEBUG pod{pod=<pod> uid=…}: holdfast::inputs: recorded={…}`.
@@ -226,7 +231,9 @@ fn recorded_of(line: &str, pod: &str) -> Option<(SystemTime, String)> {
 }
 
 fn parse_time(ts: &str) -> Option<SystemTime> {
-    ts.parse::<k8s_openapi::jiff::Timestamp>().ok().map(SystemTime::from)
+    ts.parse::<k8s_openapi::jiff::Timestamp>()
+        .ok()
+        .map(SystemTime::from)
 }
 
 #[cfg(test)]
@@ -302,7 +309,10 @@ mod tests {
             netns,
             rehold: true,
         };
-        assert_eq!(hold_in_dead_netns(&dead, &setting_up(old), &install), Some(old));
+        assert_eq!(
+            hold_in_dead_netns(&dead, &setting_up(old), &install),
+            Some(old)
+        );
         assert_eq!(hold_in_dead_netns(&dead, &setting_up(new), &install), None);
         assert_eq!(hold_in_dead_netns(&dead, &setting_up(old), &[]), None);
     }
