@@ -501,14 +501,19 @@ pub(super) fn start_drain(fx: &mut Vec<Effect>, netns: NetnsId) -> Stage {
     Stage::Draining { netns }
 }
 
-/// After the hold (released or failed open): a pod deleted meanwhile needs no drain (its proxy
-/// was never ready, so no traffic reached it); otherwise the proxy is ready.
+/// After the hold (released or failed open): a pod deleted meanwhile is drained if its proxy
+/// container runs — the hold may follow a proxy restart (the app called through the proxy
+/// before it), and with the shipped mesh config (`terminationDrainDuration` = the grace
+/// period, because holdfast ends the drain) pilot-agent alone would keep Envoy for the whole
+/// grace period, longer than Istio's own 5 s (the chaos soak's lifecycles worse than without
+/// holdfast, issue 28); a proxy not running has nothing to drain. Otherwise the proxy is ready.
 pub(super) fn after_hold(fx: &mut Vec<Effect>, s: &State, netns: NetnsId) -> Stage {
     match &s.pod {
         None => done_and_exit(fx),
         Some(_) if s.stopping => exit(fx),
         // Failed open for a broken bound: as without the agent from now on.
         Some(_) if s.left_alone => Stage::Finished,
+        Some(p) if p.deletion.is_some() && p.proxy_running() => start_drain(fx, netns),
         Some(p) if p.deletion.is_some() => {
             fx.push(Effect::SetPhase(Phase::Done));
             Stage::Finished

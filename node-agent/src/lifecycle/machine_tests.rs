@@ -414,14 +414,38 @@ fn hold_deadline_releases_and_the_pod_runs_on() {
     );
 }
 
+/// A pod deleted while held: the hold is released, then its proxy is drained if its container
+/// runs. The chaos soak (seed 1128, lifecycle 438) found the pod deleted while held after an
+/// Envoy kill ran to its grace period (10 s) against 5 s without holdfast: the shipped mesh
+/// config stretches pilot-agent's drain to the grace period because holdfast ends it. A proxy
+/// container not running has nothing to drain; a pod object gone has nothing left to follow.
 #[test]
-fn pod_deleted_or_gone_while_holding_releases_without_a_drain() {
+fn pod_deleted_while_holding_releases_then_drains_a_running_proxy() {
     let mut r = holding(pod(RestartPolicy::Always));
     r.script(
-        "deleted",
+        "deleted, the proxy container running",
         vec![
             (
                 Input::Pod(Some(deleted(pod(RestartPolicy::Always)))),
+                &["release(ready=false)"],
+            ),
+            (
+                Input::HoldReleased(Released::default()),
+                &["rec:hold-pod-deleted", "phase:draining", "drain"],
+            ),
+        ],
+    );
+    assert!(matches!(r.state.stage, Stage::Draining { .. }), "{r:?}");
+    let not_running = PodFacts {
+        proxy: Some(waiting()),
+        ..pod(RestartPolicy::Always)
+    };
+    let mut r = holding(not_running.clone());
+    r.script(
+        "deleted, the proxy container not running",
+        vec![
+            (
+                Input::Pod(Some(deleted(not_running))),
                 &["release(ready=false)"],
             ),
             (
@@ -2000,7 +2024,7 @@ fn a_finished_pod_keeps_no_netns_handle() {
 /// anything else), `JobWatch` and `Draining` (their executors read the pod themselves),
 /// `Finished` — keep the update's facts, and what the update says is acted on at the stage's
 /// answer: a deletion during the set-up releases at once, a restart during it is looked at once
-/// the hold is in, a deletion during a release ends without a drain.
+/// the hold is in, a deletion during a release drains once the release is done.
 #[test]
 fn a_pod_update_in_a_waiting_stage_is_kept_and_acted_on() {
     // Deleted while the hold is set up: released as pod-deleted at HoldSetUp.
@@ -2026,7 +2050,7 @@ fn a_pod_update_in_a_waiting_stage_is_kept_and_acted_on() {
             ),
         ],
     );
-    // Deleted while releasing: no drain after the release (the proxy was never ready).
+    // Deleted while releasing (the proxy ready): drained once the release is done.
     let mut r = holding(pod(RestartPolicy::Always));
     r.feed(Input::Readiness(Seen::Ready));
     assert!(matches!(r.state.stage, Stage::Releasing { .. }));
@@ -2036,11 +2060,11 @@ fn a_pod_update_in_a_waiting_stage_is_kept_and_acted_on() {
             (Input::Pod(Some(deleted(pod(RestartPolicy::Always)))), &[]),
             (
                 Input::HoldReleased(Released::default()),
-                &["rec:hold-ready", "phase:done"],
+                &["rec:hold-ready", "phase:draining", "drain"],
             ),
         ],
     );
-    assert_eq!(r.state.stage, Stage::Finished);
+    assert!(matches!(r.state.stage, Stage::Draining { .. }), "{r:?}");
     // Every stage keeps the latest facts, whatever it does with them.
     let mut r = Run::start(pod(RestartPolicy::Always), START);
     r.feed(Input::NetnsFound { netns: ns(1) });
