@@ -153,6 +153,8 @@ pub struct LifeCounts {
     pub bytes_missing: u64,
     /// Deletion → the pod's last container exit, ms.
     pub deletion_to_gone_ms: Option<f64>,
+    /// Deletion → the app's exit, ms (the app's own shutdown, which no agent shortens).
+    pub deletion_to_app_exit_ms: Option<f64>,
     /// An agent outage crossed the pod's deletion (its drain went the fail-open way, which
     /// `drains_not_adopted` judges instead).
     pub drain_crossed: bool,
@@ -351,6 +353,8 @@ pub fn life_counts(f: &Facts, outages: &[Outage]) -> LifeCounts {
     if let (Some(deleted), Some(gone)) = (f.deleted_us, gone_us(f)) {
         if gone >= deleted {
             c.deletion_to_gone_ms = Some((gone - deleted) as f64 / 1000.0);
+            c.deletion_to_app_exit_ms = exit_us(f.view.as_ref().and_then(|v| v.app()))
+                .map(|app| app.saturating_sub(deleted) as f64 / 1000.0);
             c.drain_crossed = outages
                 .iter()
                 .any(|o| o.down_us <= gone && o.up_us.is_none_or(|up| up >= deleted));
