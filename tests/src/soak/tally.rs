@@ -23,7 +23,7 @@ use crate::sim::CallError;
 /// See the module's documentation.
 pub const ADOPT_MARGIN: Duration = Duration::from_millis(1500);
 /// A drain crossed by an outage is adopted when the proxy exits at most this long after the
-/// later of the app's exit and the successor's start.
+/// latest of the app's exit, the successor's start and (a download) the response's last byte.
 pub const ADOPT_LAG: Duration = Duration::from_secs(3);
 /// A proxy that outlives its app by more than this held the pod up (a fixed drain, a Job that
 /// does not complete).
@@ -406,7 +406,18 @@ fn count_drain(t: &mut Tally, f: &Facts, outages: &[Outage]) {
             continue; // The outage does not cross this drain.
         }
         t.drains_crossed += 1;
-        let due = app.max(up).saturating_add(ADOPT_LAG.as_micros() as u64);
+        // A download's response is still on its way after its app exited: the drain is due
+        // to end after its last byte, not before.
+        let last_byte = f
+            .download
+            .as_ref()
+            .and_then(|d| d.last_byte)
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_micros() as u64);
+        let due = app
+            .max(up)
+            .max(last_byte)
+            .saturating_add(ADOPT_LAG.as_micros() as u64);
         if proxy > due {
             t.drains_not_adopted.push(format!(
                 "{}: {}; agent {:?} down {}..{}, proxy exit {} ms late",
