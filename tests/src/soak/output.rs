@@ -302,11 +302,19 @@ fn details(out: &mut String, seed: u64, r: &VariantRun) {
             &t.refused_outside,
         );
         list("drains not adopted", &t.drains_not_adopted);
-        let slow: Vec<String> = t
+        // The unexplained ones (goal 0) first: the list is cut at 20.
+        let mut slow: Vec<(bool, String)> = t
             .slow_drains
             .iter()
-            .map(|(c, d)| format!("[{}] {d}", c.as_str()))
+            .map(|(c, d)| {
+                (
+                    *c != super::tally::SlowDrain::Unexplained,
+                    format!("[{}] {d}", c.as_str()),
+                )
+            })
             .collect();
+        slow.sort_by_key(|(explained, _)| *explained);
+        let slow: Vec<String> = slow.into_iter().map(|(_, d)| d).collect();
         list(
             "slow drains (proxy outlived the app by > 2 s), by cause",
             &slow,
