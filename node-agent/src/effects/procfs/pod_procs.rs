@@ -24,7 +24,7 @@
 //! run. The listing stays for pods whose cgroup is not known yet (waiting for their first
 //! process) and where the paths cannot be followed (cgroup v1, a private cgroup namespace).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -160,6 +160,18 @@ impl PodProcs {
     /// made every other pod's netns lookup wait behind 4,000 reads every 100 ms for its whole
     /// grace period).
     pub fn of_pod_blocking(&self, uid: &str) -> Vec<PodProcess> {
+        self.of_pod_blocking_except(uid, &HashSet::new())
+    }
+
+    /// Like [`PodProcs::of_pod_blocking`], leaving out the pids in `watched`: pids the caller
+    /// holds a pidfd on that has not reported an exit, so each is still the process it was
+    /// (a pid is not reused while its process lives) and needs neither re-check nor handing
+    /// out again. The cap applies as before (the same oldest pids), so a caller that watches
+    /// what it was given is handed only what is new among them. Issue 29: a drain's rescans of
+    /// a pod with 2,000 processes re-read 512 processes' `stat` and `cgroup` every 100 ms,
+    /// 0.25 cores of the agent (debug build) against its 0.2-core limit; with the pidfds
+    /// relied on between rescans, a rescan reads the pod's `cgroup.procs` and nothing more.
+    pub fn of_pod_blocking_except(&self, uid: &str, watched: &HashSet<i32>) -> Vec<PodProcess> {
         let (proc_root, mut candidates) = {
             let mut index = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             if !index.read_pod_cgroup_dir(uid) {
@@ -182,6 +194,7 @@ impl PodProcs {
             );
             candidates.truncate(MAX_PROCS_PER_POD);
         }
+        candidates.retain(|(pid, _)| !watched.contains(pid));
         // Outside the lock: what each candidate is now.
         let checked: Vec<(i32, Option<u64>, Checked)> = candidates
             .into_iter()
@@ -238,6 +251,15 @@ impl PodProcs {
         let this = self.clone();
         let uid = uid.to_string();
         tokio::task::spawn_blocking(move || this.of_pod_blocking(&uid))
+            .await
+            .unwrap_or_default()
+    }
+
+    /// Async wrapper of [`PodProcs::of_pod_blocking_except`].
+    pub async fn of_pod_except(&self, uid: &str, watched: HashSet<i32>) -> Vec<PodProcess> {
+        let this = self.clone();
+        let uid = uid.to_string();
+        tokio::task::spawn_blocking(move || this.of_pod_blocking_except(&uid, &watched))
             .await
             .unwrap_or_default()
     }
@@ -776,6 +798,55 @@ mod netns_tests {
             1
         );
         assert_eq!(slow.join().unwrap().len(), 1);
+    }
+
+    /// Issue 29: pids the caller watches by pidfd are neither handed out again nor re-read.
+    /// Pid 30's `stat` becomes a FIFO no one writes (any read of it blocks): a look that
+    /// leaves 30 out answers at once with 31 alone; a plain look would block on 30's read.
+    #[test]
+    fn watched_pids_are_not_read_again() {
+        let f = FakeProc::new("watched");
+        let uid = "0b6a3c1e-6a59-4d8e-9f3a-0000000000dd";
+        let cg = format!("0::/kubepods/pod{uid}/{}\n", "d".repeat(64));
+        f.process(30, &cg, None);
+        f.process(31, &cg, None);
+        let procs = PodProcs::with_cgroup_root(f.root.clone(), None);
+        assert_eq!(procs.of_pod_blocking(uid).len(), 2);
+        let stat = f.root.join("30/stat");
+        std::fs::remove_file(&stat).unwrap();
+        let made = std::process::Command::new("mkfifo").arg(&stat).status();
+        if !made.is_ok_and(|s| s.success()) {
+            eprintln!("SKIP: no mkfifo here");
+            return;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let procs = procs.clone();
+            let uid = uid.to_string();
+            std::thread::spawn(move || {
+                std::thread::sleep(MIN_REFRESH * 2);
+                let watched: HashSet<i32> = [30].into();
+                let _ = tx.send(procs.of_pod_blocking_except(&uid, &watched));
+            });
+        }
+        let answer = rx.recv_timeout(Duration::from_secs(2));
+        // Unblock a reader if there is one (opened read-write, a FIFO's open does not wait
+        // for a reader; a blocked reader's open returns and reads this).
+        {
+            use std::io::Write;
+            let mut fifo = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&stat)
+                .unwrap();
+            fifo.write_all(fake_stat(30, 1000).as_bytes()).unwrap();
+        }
+        let pids: Vec<i32> = answer
+            .expect("the look read the watched pid's stat")
+            .iter()
+            .map(|p| p.pid)
+            .collect();
+        assert_eq!(pids, vec![31]);
     }
 
     /// A pod's processes handed out per look are bounded (the oldest pids first): 600
