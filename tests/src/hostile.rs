@@ -52,7 +52,21 @@ pub enum Scenario {
     /// API server allows 256 KiB of annotations) and an 8 KB YAML alias bomb in
     /// `proxy.istio.io/config` (issue 29), parsed again on each of its updates.
     PodText,
+    /// A pod whose app has [`MANY_PROCS`] processes (alive until the app exits) and takes its
+    /// time to exit after SIGTERM, deleted with a [`ATTACKER_GRACE`] grace period before the
+    /// window: the window is spent in its drain, which watches the app's processes (issue 29).
+    ManyProcs,
+    /// The same, its app also the pod's "Envoy": ready to the readiness check, and every other
+    /// admin request (the drain's samples, `/server_info`, the quit) answered with ~1 MB.
+    ManyProcsFakeEnvoy,
 }
+
+/// The processes of the [`Scenario::ManyProcs`] attacker's app (the issue's figure).
+pub const MANY_PROCS: u32 = 2000;
+
+/// The [`Scenario::ManyProcs`] attacker's grace period (`terminationGracePeriodSeconds`): long,
+/// so only the app's own exit ends its drain.
+pub const ATTACKER_GRACE: Duration = Duration::from_secs(60);
 
 impl Scenario {
     pub fn name(self) -> String {
@@ -65,7 +79,14 @@ impl Scenario {
             Scenario::PidWrapper => "pid-wrapper".into(),
             Scenario::TerminalPods(n) => format!("terminal-pods-{n}"),
             Scenario::PodText => "pod-text".into(),
+            Scenario::ManyProcs => "many-procs".into(),
+            Scenario::ManyProcsFakeEnvoy => "many-procs-fake-envoy".into(),
         }
+    }
+
+    /// Whether the attacker is deleted before the window (its drain is the attack).
+    pub fn drains_attacker(self) -> bool {
+        matches!(self, Scenario::ManyProcs | Scenario::ManyProcsFakeEnvoy)
     }
 }
 
@@ -334,8 +355,19 @@ impl Figures {
             self.liveness
                 .map_or(String::new(), |(ok, n)| format!("  liveness {ok}/{n}")),
             self.attacker.as_ref().map_or(String::new(), |r| format!(
-                "  attacker: {} {}",
+                "  attacker: {}{} {}",
                 r.phase.as_str(),
+                r.drain.as_ref().map_or(String::new(), |d| format!(
+                    " (drain {}, {} app processes watched, {} left, {} errors{})",
+                    d.outcome.as_str(),
+                    d.app_processes_seen,
+                    d.app_processes_left,
+                    d.error_count,
+                    d.errors.first().map_or(String::new(), |e| format!(
+                        ", first: {}",
+                        e.chars().take(160).collect::<String>()
+                    ))
+                )),
                 r.skipped_reason
                     .as_deref()
                     .or(r.last_error.as_deref())
@@ -416,6 +448,30 @@ fn attacker_pod(s: Scenario, window: Duration) -> Option<PodSpec> {
             Duration::from_secs(3600),
         ),
         Scenario::PidWrapper => (Attack::ForkFlood { for_ms: ms }, Duration::from_millis(500)),
+        // The app exits 10 s after the window's end (after the honest pod's drain), well inside
+        // its grace period: its drain covers the window.
+        Scenario::ManyProcs | Scenario::ManyProcsFakeEnvoy => {
+            let fake_envoy = s == Scenario::ManyProcsFakeEnvoy;
+            return Some(
+                PodSpec::new("attacker")
+                    .app(AppScript::Attack(Attack::Procs {
+                        count: MANY_PROCS,
+                        linger_ms: ms + 10_000,
+                        fake_envoy,
+                    }))
+                    // With the fake, its real Envoy never comes (the fake holds the ports).
+                    .proxy_delay(if fake_envoy {
+                        Duration::from_secs(3600)
+                    } else {
+                        Duration::from_millis(500)
+                    })
+                    .grace(ATTACKER_GRACE)
+                    // pilot-agent's terminationDrainDuration as long as the grace (what the
+                    // agent's advice asks of a pod whose app outlives the default 5 s): Envoy
+                    // stays until the agent quits it, so the drain lasts as long as the app.
+                    .drain(ATTACKER_GRACE),
+            );
+        }
         Scenario::PodText => {
             return Some(
                 PodSpec::new("attacker")
@@ -625,6 +681,26 @@ pub fn run(scenario: Scenario, opts: &Opts) -> anyhow::Result<Figures> {
         }
         _ => {}
     }
+    if scenario.drains_attacker() {
+        // Its hold released (its Envoy, or the fake, ready) and its processes forked; then it is
+        // deleted, and the window is spent in its drain.
+        agent.wait_pod(
+            "default",
+            "attacker",
+            Duration::from_secs(60),
+            "the attacker ready",
+            |r| r.phase == holdfast::api::Phase::Ready,
+        )?;
+        wait_attack_line(&node, "procs:", Duration::from_secs(60))?;
+        node.delete_pod("attacker")?;
+        agent.wait_pod(
+            "default",
+            "attacker",
+            Duration::from_secs(30),
+            "the attacker's drain",
+            |r| r.phase == holdfast::api::Phase::Draining,
+        )?;
+    }
     let t0 = Instant::now();
     let cpu0 = sampler.cpu_s();
     let cgroup_cpu0 = cgroup.as_ref().map(AgentCgroup::cpu_s);
@@ -745,9 +821,23 @@ pub fn run(scenario: Scenario, opts: &Opts) -> anyhow::Result<Figures> {
         }
         Err(_) => honest.drain_outcome = Some("no-report-in-30s".into()),
     }
+    let mut attacker = attacker;
     if attacking {
         node.delete_pod("attacker")?;
         let _ = node.wait_gone("attacker", Duration::from_secs(30));
+        if scenario.drains_attacker() {
+            // Its row with the drain's report (kept a while after the pod is gone).
+            attacker = agent
+                .wait_pod(
+                    "default",
+                    "attacker",
+                    Duration::from_secs(30),
+                    "the attacker's drain report",
+                    |r| r.drain.is_some(),
+                )
+                .ok()
+                .or(attacker);
+        }
     }
     node.wait_gone("honest", Duration::from_secs(30))?;
     let attack_log = std::fs::read_to_string(node.work_dir().join("pods/attacker/app.log"))
@@ -780,6 +870,28 @@ pub fn run(scenario: Scenario, opts: &Opts) -> anyhow::Result<Figures> {
         liveness,
         attack_log,
     })
+}
+
+/// Waits until the attacker's app log has a `sim-app:` line containing `what` (its attack's
+/// report: the attack has done its set-up).
+fn wait_attack_line(node: &SimNode, what: &str, timeout: Duration) -> anyhow::Result<()> {
+    let t = Instant::now();
+    loop {
+        let log = std::fs::read_to_string(node.work_dir().join("pods/attacker/app.log"))
+            .or_else(|_| find_attack_log(node))
+            .unwrap_or_default();
+        if log
+            .lines()
+            .any(|l| l.starts_with("sim-app:") && l.contains(what))
+        {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            t.elapsed() < timeout,
+            "the attacker's log has no {what:?} line after {timeout:?}: {log:.500}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// The attacker's app log, wherever the node keeps its pods' files.

@@ -49,7 +49,8 @@ struct Args {
     #[arg(long)]
     hostile: bool,
     /// Hostile suite: only this scenario (none, fake-envoy, rule-flood, netlink-forger,
-    /// slot-holders, pid-wrapper, terminal-pods, pod-text).
+    /// slot-holders, pid-wrapper, terminal-pods, pod-text, many-procs, many-procs-fake-envoy;
+    /// a prefix runs every scenario it starts: many-procs runs both).
     #[arg(long)]
     scenario: Option<String>,
     /// Hostile suite: run the agent without the DaemonSet's cgroup limits (by default it runs
@@ -76,6 +77,8 @@ fn hostile(args: &Args) -> ExitCode {
         Scenario::PidWrapper,
         Scenario::TerminalPods(300),
         Scenario::PodText,
+        Scenario::ManyProcs,
+        Scenario::ManyProcsFakeEnvoy,
     ];
     let chosen: Vec<Scenario> = all
         .into_iter()
