@@ -300,6 +300,13 @@ pub struct Honest {
     /// From the pod's netns seen to its hold in (its timeline's `netns-found` → `hold-in`):
     /// what an attack beside it must not stretch, or the app's first connect meets no hold.
     pub netns_to_hold_ms: Option<f64>,
+    /// From the pod first seen by the agent to its netns found (`first-seen` → `netns-found`).
+    pub seen_to_netns_ms: Option<f64>,
+    /// From its hold in to the app's first boot call (negative: the call came first, and met
+    /// no hold).
+    pub hold_to_first_call_ms: Option<f64>,
+    /// The boot calls' failures by kind, when any failed.
+    pub call_errors: String,
     pub drain_outcome: Option<String>,
     /// From the app's exit to Envoy's.
     pub drain_exit_lag_ms: Option<f64>,
@@ -327,7 +334,7 @@ impl Figures {
     pub fn line(&self) -> String {
         let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));
         format!(
-            "{:<18} cpu {:>6.2} s / {:.0} s  rss peak {:>6.1} MiB  fds max {:>4}{}  honest: failed {} netns→hold {} ms hold {} release {} ms drain {} lag {} ms{}{}{}",
+            "{:<18} cpu {:>6.2} s / {:.0} s  rss peak {:>6.1} MiB  fds max {:>4}{}  honest: failed {}{} seen→netns {} ms netns→hold {} ms hold→first call {} ms hold {} release {} ms drain {} lag {} ms{}{}{}",
             self.scenario.name(),
             self.cost.cpu_s,
             self.cost.window_s,
@@ -344,7 +351,14 @@ impl Figures {
                 _ => String::new(),
             },
             self.honest.failed_calls,
+            if self.honest.call_errors.is_empty() {
+                String::new()
+            } else {
+                format!(" {}", self.honest.call_errors)
+            },
+            ms(self.honest.seen_to_netns_ms),
             ms(self.honest.netns_to_hold_ms),
+            ms(self.honest.hold_to_first_call_ms),
             self.honest.hold_outcome.as_deref().unwrap_or("-"),
             ms(self.honest.release_ms),
             self.honest.drain_outcome.as_deref().unwrap_or("-"),
@@ -726,10 +740,25 @@ pub fn run(scenario: Scenario, opts: &Opts) -> anyhow::Result<Figures> {
     let report = node.wait_report("honest", Duration::from_secs(60), "3 boot calls", |r| {
         r.calls(Phase::Startup).ok + r.calls(Phase::Startup).failed >= 3
     })?;
+    let startup = report.calls(Phase::Startup);
     let mut honest = Honest {
-        failed_calls: u64::from(report.calls(Phase::Startup).failed),
+        failed_calls: u64::from(startup.failed),
+        call_errors: if startup.failed > 0 {
+            format!("{:?}", startup.by_error)
+        } else {
+            String::new()
+        },
         ..Honest::default()
     };
+    let first_call_us = report.events.iter().find_map(|e| match e {
+        crate::sim::report::AppEvent::Call {
+            phase: Phase::Startup,
+            at_ms,
+            at_us,
+            ..
+        } => Some(at_us.unwrap_or(at_ms * 1000)),
+        _ => None,
+    });
     // The status API may be the attack: read the row with patience. A baseline agent may not
     // get there at all: that is a figure, not a failure of the run.
     match agent.wait_hold_ended("default", "honest", Duration::from_secs(30)) {
@@ -746,14 +775,25 @@ pub fn run(scenario: Scenario, opts: &Opts) -> anyhow::Result<Figures> {
                     .find(|s| s.step == kind)
                     .map(|s| s.at)
             };
-            if let (Some(seen), Some(held)) = (
+            let ms = |from: std::time::SystemTime, to: std::time::SystemTime| {
+                to.duration_since(from).ok().map(|d| d.as_secs_f64() * 1e3)
+            };
+            let (first, netns, held) = (
+                at(holdfast::api::StepKind::FirstSeen),
                 at(holdfast::api::StepKind::NetnsFound),
                 at(holdfast::api::StepKind::HoldIn),
-            ) {
-                honest.netns_to_hold_ms = held
-                    .duration_since(seen)
-                    .ok()
-                    .map(|d| d.as_secs_f64() * 1e3);
+            );
+            if let (Some(seen), Some(held)) = (netns, held) {
+                honest.netns_to_hold_ms = ms(seen, held);
+            }
+            if let (Some(first), Some(netns)) = (first, netns) {
+                honest.seen_to_netns_ms = ms(first, netns);
+            }
+            if let (Some(held), Some(call_us)) = (held, first_call_us) {
+                let held_us = held
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_micros() as i64);
+                honest.hold_to_first_call_ms = Some((call_us as i64 - held_us) as f64 / 1e3);
             }
         }
         Err(_) => honest.hold_outcome = Some("not-ended-in-30s".into()),
@@ -798,7 +838,14 @@ pub fn run(scenario: Scenario, opts: &Opts) -> anyhow::Result<Figures> {
     for h in holders {
         let _ = h.join();
     }
-    let attacker = if attacking {
+    let attacker = if scenario == Scenario::RuleFlood {
+        // Its Envoy is 2 s late and then starts (seconds on a loaded machine): its row once the
+        // hold has ended, released or not, rather than whatever it is at the window's end.
+        agent
+            .wait_hold_ended("default", "attacker", Duration::from_secs(30))
+            .ok()
+            .or_else(|| agent.pod("default", "attacker").ok().flatten())
+    } else if attacking {
         agent.pod("default", "attacker").ok().flatten()
     } else {
         None

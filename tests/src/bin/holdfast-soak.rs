@@ -60,6 +60,10 @@ struct Args {
     /// Hostile suite: the measuring window in seconds.
     #[arg(long, default_value_t = 10)]
     window: u64,
+    /// Hostile suite: the agent build to measure as "this build" (default: the one built
+    /// with this binary's tests).
+    #[arg(long)]
+    agent: Option<std::path::PathBuf>,
     /// Hostile suite: also run every scenario against this agent build (with one listener for
     /// everything, as before issue 25).
     #[arg(long)]
@@ -88,7 +92,7 @@ fn hostile(args: &Args) -> ExitCode {
                 .is_none_or(|n| s.name().starts_with(n))
         })
         .collect();
-    let mut builds = vec![("this build", None, false)];
+    let mut builds = vec![("this build", args.agent.clone(), false)];
     if let Some(b) = &args.baseline_agent {
         builds.push(("baseline", Some(b.clone()), true));
     }
