@@ -119,7 +119,8 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
     let mut flushing_told = false;
     let mut app_gone: Option<Instant> = None;
     let mut samples_since_gone = 0u32;
-    let mut next_rescan = Instant::now() + settings.rescan_every;
+    let mut rescans = 0u32;
+    let mut next_rescan = Instant::now() + decide::rescan_every(settings, rescans);
     let mut exits_told: Vec<String> = Vec::new();
     loop {
         let now = Instant::now();
@@ -322,7 +323,8 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
         // Re-scan on news (an exit, a status change) and regularly for forked processes; not on
         // every count sample.
         if rescan {
-            next_rescan = Instant::now() + settings.rescan_every;
+            rescans = rescans.saturating_add(1);
+            next_rescan = Instant::now() + decide::rescan_every(settings, rescans);
             snapshot = app.refresh(&current).await;
         }
     }
