@@ -138,7 +138,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
         // once it is gone; not once the deadline has passed (the quit is due now).
         if !deadline_passed && (gone || now >= next_stats) {
             next_stats = now + decide::sample_every(settings, now.duration_since(t0));
-            match d.sample().await {
+            match d.sample(gone).await {
                 Ok(sample) => {
                     report.filter_present = Some(sample.filter.is_some());
                     report.last_counts = sample.filter;
