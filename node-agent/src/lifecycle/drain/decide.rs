@@ -259,6 +259,19 @@ pub fn sample_every(settings: &DrainSettings, running_for: Duration) -> Duration
         .min(SAMPLE_EVERY_MAX.max(base))
 }
 
+/// The pause after `failures` failed samples in a row while the app still runs:
+/// [`sample_every`] doubled per failure, up to 16 times it. Those samples only give the judge
+/// its history, and a failed one (an answer over the cap, a timeout; a refusal is confirmed
+/// sooner by the caller) gives none. Issue 29: a pod's "Envoy" answering every sample with
+/// 1 MB was read up to the 64 KiB cap every 100 ms for as long as the app ran.
+pub fn sample_every_after_failures(
+    settings: &DrainSettings,
+    running_for: Duration,
+    failures: u32,
+) -> Duration {
+    sample_every(settings, running_for).saturating_mul(1 << failures.min(4))
+}
+
 /// The pause before the `samples`-th sample while waiting for in-flight traffic to settle:
 /// `settle_poll` for the first ten (the usual case settles within milliseconds), then doubling
 /// every ten samples up to `stats_every`, so a long wait does not poll Envoy every 5 ms.
@@ -537,6 +550,16 @@ mod tests {
         ] {
             assert_eq!(job_next(s), want, "{s:?}");
         }
+    }
+
+    #[test]
+    fn failed_samples_back_off_while_the_app_runs() {
+        let s = DrainSettings::default();
+        let at = |failures| sample_every_after_failures(&s, Duration::ZERO, failures);
+        assert_eq!(at(0), s.stats_every);
+        assert_eq!(at(1), s.stats_every * 2);
+        assert_eq!(at(4), s.stats_every * 16);
+        assert_eq!(at(u32::MAX), s.stats_every * 16);
     }
 
     #[test]

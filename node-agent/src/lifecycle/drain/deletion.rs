@@ -114,6 +114,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
     let mut judgement: Option<InFlight> = None;
     let mut next_stats = Instant::now();
     let mut failed_samples_while_gone = 0u32;
+    let mut failed_samples_while_running = 0u32;
     let mut unseen_warned = false;
     let mut unreadable_told = false;
     let mut flushing_told = false;
@@ -140,6 +141,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
             next_stats = now + decide::sample_every(settings, now.duration_since(t0));
             match d.sample(gone).await {
                 Ok(sample) => {
+                    failed_samples_while_running = 0;
                     report.filter_present = Some(sample.filter.is_some());
                     report.last_counts = sample.filter;
                     report.last_traffic_bytes =
@@ -185,6 +187,15 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                     judgement = None;
                     if gone {
                         failed_samples_while_gone += 1;
+                    } else {
+                        failed_samples_while_running =
+                            failed_samples_while_running.saturating_add(1);
+                        next_stats = Instant::now()
+                            + decide::sample_every_after_failures(
+                                settings,
+                                now.duration_since(t0),
+                                failed_samples_while_running,
+                            );
                     }
                     if d.refusals > 0 {
                         // Envoy may have exited: confirm soon rather than at the next regular
