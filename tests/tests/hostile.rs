@@ -2,14 +2,20 @@
 //! `holdfast-soak --hostile`, docs/benchmarks.md "Hostile pods"): beside an honest pod, one
 //! attacker at a time — a fake Envoy with 4 MiB admin answers, a pod flooding its own rules, a
 //! netlink forger, 70 status API slot holders, a pid-wrapping forker, 300 terminal-phase pod
-//! objects — and the same run without an attacker. Each run prints the agent's CPU, RSS and fds
-//! and the honest pod's figures.
+//! objects, a pod whose app has 2,000 processes and is deleted with a long grace (its drain
+//! covers the window), the same whose "Envoy" answers the drain's samples with ~1 MB, a pod
+//! writing hostile text in its annotations — and the same run without an attacker. Each run
+//! prints the agent's CPU, RSS and fds and the honest pod's figures.
 //!
-//! Asserted: correctness and bounds, never timing. The honest pod's boot calls all succeed, its
-//! hold ends `ready` and its drain `app-done` (it reached its own Envoy); the attacker is failed
-//! open alone with the reason on its row where it broke a bound; the agent's peak RSS stays
-//! under 64 MiB and its CPU under a quarter of the window (the issue measured 90 % beside the
-//! fake Envoy); the liveness probe is answered at least 9 times in 10.
+//! The agent runs under the DaemonSet's limits (memory 128Mi, and cpu 200m as a CFS quota for
+//! every scenario but one: see [`under_quota`]). Asserted: correctness and bounds. The honest
+//! pod's boot calls all succeed, its hold ends `ready` and its drain `app-done` (it reached its
+//! own Envoy), and its hold goes in (netns seen → hold in) within twice the no-attack figure or
+//! [`HOLD_LATENCY_FLOOR_MS`]; the attacker is failed open alone with the reason on its row
+//! where it broke a bound; the agent is never OOM-killed (nor would a cgroup v2 node have
+//! killed it), its peak RSS stays under 64 MiB and its CPU under a quarter of the window (the
+//! issue measured 90 % beside the fake Envoy; under the DaemonSet's limit beside the
+//! 2,000-process drain); the liveness probe is answered at least 9 times in 10.
 
 use std::time::Duration;
 
@@ -23,8 +29,16 @@ const WINDOW: Duration = Duration::from_secs(5);
 const RSS_BOUND_KIB: u64 = 64 * 1024;
 
 /// The honest pod's netns seen → hold in beside an attack: at most twice the same figure with
-/// no attacker (issue 29), or this floor when that is larger. FLOOR_PLACEHOLDER
-const HOLD_LATENCY_FLOOR_MS: f64 = 100.0;
+/// no attacker (issue 29), or this floor when that is larger. The no-attack figure is 5–48 ms
+/// on this shared machine (load 10–35), and runs beside attackers that cost the agent no more
+/// CPU than none moved up to 135 ms (terminal pods, unconfined at load ~20): most of the
+/// window is the `iptables-restore` child that installs the hold, scheduled with everything
+/// else; under the quota a throttled period can stall the agent and that child for up to
+/// 80 ms more. So 2× a 7 ms baseline would fail on noise; 200 ms does not (the fixed build
+/// beside the 2,000-process drain under the quota: 101–125 ms), and still fails a build that
+/// checks the attacker's processes under the node-wide lock without the cap (404 ms under the
+/// quota, 2026-11-28 06:11 UTC; its honest boot calls refused too).
+const HOLD_LATENCY_FLOOR_MS: f64 = 200.0;
 
 /// The honest pod's hold went in within 2× its no-attack latency (or the floor).
 fn hold_within_twice(f: &Figures, none_ms: f64) {
@@ -85,7 +99,7 @@ fn drain_bounded(f: &Figures) -> holdfast::api::DrainReport {
     d
 }
 
-fn opts() -> Opts {
+fn opts(cpu_quota: bool) -> Opts {
     Opts {
         sim_app: Some(env!("CARGO_BIN_EXE_sim-app").into()),
         holdfast: None,
@@ -93,19 +107,26 @@ fn opts() -> Opts {
         window: WINDOW,
         prefix: "hs-".into(),
         confine: true,
-        // The DaemonSet's memory limit, not its CPU quota: under the 0.2-core quota on a loaded
-        // machine the agent falls behind (beside 300 terminal pods the honest pod's boot calls
-        // failed in 2 of 4 runs; beside the rule flood its drain ended `pod-gone`; once, with a
-        // build beside it, even with no attacker its hold went in 393 ms after the netns and the
-        // boot calls were refused). How slow the quota makes it is measured by
-        // `holdfast-soak --hostile` (docs/benchmarks.md, "Hostile pods"), not asserted here;
-        // why it falls that far behind is open in issue 29.
-        cpu_quota: false,
+        cpu_quota,
     }
 }
 
+/// Whether a scenario runs under the DaemonSet's CPU quota (200m) as well as its memory limit.
+/// Every one does since issue 29 found what the agent spent its 20 ms per 100 ms on (a /proc
+/// listing every 5 ms while a pod waits for its sandbox, growing with every process on the
+/// node; a drain's rescans re-reading 512 processes every 100 ms; a dump of the node's whole
+/// TCP hash with every drain sample; failed samples not backed off) — except the pod-text
+/// attacker: beside it, under the quota, the honest pod's 3 boot calls were refused in 1 of 2
+/// runs (2026-11-28 06:10 UTC: its netns seen 418 ms after the pod, its hold 399 ms after the
+/// app's first connect, 12 throttled periods). Open: the pods-dir stand-in re-reading the
+/// attacker's 200 KiB pod file at its updates is the lead suspect, not measured yet.
+fn under_quota(s: Scenario) -> bool {
+    s != Scenario::PodText
+}
+
 fn run(s: Scenario) -> Figures {
-    let f = hostile::run(s, &opts()).unwrap_or_else(|e| panic!("{}: {e:#}", s.name()));
+    let f =
+        hostile::run(s, &opts(under_quota(s))).unwrap_or_else(|e| panic!("{}: {e:#}", s.name()));
     eprintln!("{}", f.line());
     if !f.attack_log.is_empty() {
         eprintln!("  {}", f.attack_log);
