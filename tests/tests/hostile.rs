@@ -34,10 +34,14 @@ const RSS_BOUND_KIB: u64 = 64 * 1024;
 /// CPU than none moved up to 135 ms (terminal pods, unconfined at load ~20): most of the
 /// window is the `iptables-restore` child that installs the hold, scheduled with everything
 /// else; under the quota a throttled period can stall the agent and that child for up to
-/// 80 ms more. So 2× a 7 ms baseline would fail on noise; 200 ms does not (the fixed build
-/// beside the 2,000-process drain under the quota: 101–125 ms), and still fails a build that
+/// 80 ms more. So 2× a 7 ms baseline would fail on noise; 200 ms still fails a build that
 /// checks the attacker's processes under the node-wide lock without the cap (404 ms under the
-/// quota, 2026-11-28 06:11 UTC; its honest boot calls refused too).
+/// quota, 2026-11-28 06:11 UTC; its honest boot calls refused too). Not met with margin: beside
+/// the 2,000-process drain under the quota this branch's honest hold went in 99–198 ms after
+/// its netns (6 runs, 39–54 throttled periods), against 7–20 ms with no attacker — the attack
+/// still costs the honest pod under the quota, and this assertion can fail on it (open in
+/// issue 29; suspected: the drain's first look at the attacker, 512 pidfds opened and
+/// registered and 512 processes checked in one burst, as the honest pod starts).
 const HOLD_LATENCY_FLOOR_MS: f64 = 200.0;
 
 /// The honest pod's hold went in within 2× its no-attack latency (or the floor).
