@@ -450,7 +450,8 @@ pub struct DrainSettings {
     /// No byte moved for this long = remaining connections are idle keep-alives.
     #[serde(serialize_with = "ser_duration")]
     pub idle_window: Duration,
-    /// How often the app's processes are re-scanned for new ones (exits are notified at once).
+    /// How often the app's processes are re-scanned for new ones at first, doubling with each
+    /// rescan up to 1 s (`decide::rescan_every`; exits are notified at once, and each rescans).
     #[serde(serialize_with = "ser_duration")]
     pub rescan_every: Duration,
     /// How often the counts (the filter's, Envoy's bytes) are sampled while the app runs (for the

@@ -52,7 +52,21 @@ pub enum Scenario {
     /// API server allows 256 KiB of annotations) and an 8 KB YAML alias bomb in
     /// `proxy.istio.io/config` (issue 29), parsed again on each of its updates.
     PodText,
+    /// A pod whose app has [`MANY_PROCS`] processes (alive until the app exits) and takes its
+    /// time to exit after SIGTERM, deleted with a [`ATTACKER_GRACE`] grace period before the
+    /// window: the window is spent in its drain, which watches the app's processes (issue 29).
+    ManyProcs,
+    /// The same, its app also the pod's "Envoy": ready to the readiness check, and every other
+    /// admin request (the drain's samples, `/server_info`, the quit) answered with ~1 MB.
+    ManyProcsFakeEnvoy,
 }
+
+/// The processes of the [`Scenario::ManyProcs`] attacker's app (the issue's figure).
+pub const MANY_PROCS: u32 = 2000;
+
+/// The [`Scenario::ManyProcs`] attacker's grace period (`terminationGracePeriodSeconds`): long,
+/// so only the app's own exit ends its drain.
+pub const ATTACKER_GRACE: Duration = Duration::from_secs(60);
 
 impl Scenario {
     pub fn name(self) -> String {
@@ -65,7 +79,14 @@ impl Scenario {
             Scenario::PidWrapper => "pid-wrapper".into(),
             Scenario::TerminalPods(n) => format!("terminal-pods-{n}"),
             Scenario::PodText => "pod-text".into(),
+            Scenario::ManyProcs => "many-procs".into(),
+            Scenario::ManyProcsFakeEnvoy => "many-procs-fake-envoy".into(),
         }
+    }
+
+    /// Whether the attacker is deleted before the window (its drain is the attack).
+    pub fn drains_attacker(self) -> bool {
+        matches!(self, Scenario::ManyProcs | Scenario::ManyProcsFakeEnvoy)
     }
 }
 
@@ -279,6 +300,13 @@ pub struct Honest {
     /// From the pod's netns seen to its hold in (its timeline's `netns-found` → `hold-in`):
     /// what an attack beside it must not stretch, or the app's first connect meets no hold.
     pub netns_to_hold_ms: Option<f64>,
+    /// From the pod first seen by the agent to its netns found (`first-seen` → `netns-found`).
+    pub seen_to_netns_ms: Option<f64>,
+    /// From its hold in to the app's first boot call (negative: the call came first, and met
+    /// no hold).
+    pub hold_to_first_call_ms: Option<f64>,
+    /// The boot calls' failures by kind, when any failed.
+    pub call_errors: String,
     pub drain_outcome: Option<String>,
     /// From the app's exit to Envoy's.
     pub drain_exit_lag_ms: Option<f64>,
@@ -306,7 +334,7 @@ impl Figures {
     pub fn line(&self) -> String {
         let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));
         format!(
-            "{:<18} cpu {:>6.2} s / {:.0} s  rss peak {:>6.1} MiB  fds max {:>4}{}  honest: failed {} netns→hold {} ms hold {} release {} ms drain {} lag {} ms{}{}{}",
+            "{:<18} cpu {:>6.2} s / {:.0} s  rss peak {:>6.1} MiB  fds max {:>4}{}  honest: failed {}{} seen→netns {} ms netns→hold {} ms hold→first call {} ms hold {} release {} ms drain {} lag {} ms{}{}{}",
             self.scenario.name(),
             self.cost.cpu_s,
             self.cost.window_s,
@@ -323,7 +351,14 @@ impl Figures {
                 _ => String::new(),
             },
             self.honest.failed_calls,
+            if self.honest.call_errors.is_empty() {
+                String::new()
+            } else {
+                format!(" {}", self.honest.call_errors)
+            },
+            ms(self.honest.seen_to_netns_ms),
             ms(self.honest.netns_to_hold_ms),
+            ms(self.honest.hold_to_first_call_ms),
             self.honest.hold_outcome.as_deref().unwrap_or("-"),
             ms(self.honest.release_ms),
             self.honest.drain_outcome.as_deref().unwrap_or("-"),
@@ -334,8 +369,19 @@ impl Figures {
             self.liveness
                 .map_or(String::new(), |(ok, n)| format!("  liveness {ok}/{n}")),
             self.attacker.as_ref().map_or(String::new(), |r| format!(
-                "  attacker: {} {}",
+                "  attacker: {}{} {}",
                 r.phase.as_str(),
+                r.drain.as_ref().map_or(String::new(), |d| format!(
+                    " (drain {}, {} app processes watched, {} left, {} errors{})",
+                    d.outcome.as_str(),
+                    d.app_processes_seen,
+                    d.app_processes_left,
+                    d.error_count,
+                    d.errors.first().map_or(String::new(), |e| format!(
+                        ", first: {}",
+                        e.chars().take(160).collect::<String>()
+                    ))
+                )),
                 r.skipped_reason
                     .as_deref()
                     .or(r.last_error.as_deref())
@@ -416,6 +462,30 @@ fn attacker_pod(s: Scenario, window: Duration) -> Option<PodSpec> {
             Duration::from_secs(3600),
         ),
         Scenario::PidWrapper => (Attack::ForkFlood { for_ms: ms }, Duration::from_millis(500)),
+        // The app exits 10 s after the window's end (after the honest pod's drain), well inside
+        // its grace period: its drain covers the window.
+        Scenario::ManyProcs | Scenario::ManyProcsFakeEnvoy => {
+            let fake_envoy = s == Scenario::ManyProcsFakeEnvoy;
+            return Some(
+                PodSpec::new("attacker")
+                    .app(AppScript::Attack(Attack::Procs {
+                        count: MANY_PROCS,
+                        linger_ms: ms + 10_000,
+                        fake_envoy,
+                    }))
+                    // With the fake, its real Envoy never comes (the fake holds the ports).
+                    .proxy_delay(if fake_envoy {
+                        Duration::from_secs(3600)
+                    } else {
+                        Duration::from_millis(500)
+                    })
+                    .grace(ATTACKER_GRACE)
+                    // pilot-agent's terminationDrainDuration as long as the grace (what the
+                    // agent's advice asks of a pod whose app outlives the default 5 s): Envoy
+                    // stays until the agent quits it, so the drain lasts as long as the app.
+                    .drain(ATTACKER_GRACE),
+            );
+        }
         Scenario::PodText => {
             return Some(
                 PodSpec::new("attacker")
@@ -625,6 +695,26 @@ pub fn run(scenario: Scenario, opts: &Opts) -> anyhow::Result<Figures> {
         }
         _ => {}
     }
+    if scenario.drains_attacker() {
+        // Its hold released (its Envoy, or the fake, ready) and its processes forked; then it is
+        // deleted, and the window is spent in its drain.
+        agent.wait_pod(
+            "default",
+            "attacker",
+            Duration::from_secs(60),
+            "the attacker ready",
+            |r| r.phase == holdfast::api::Phase::Ready,
+        )?;
+        wait_attack_line(&node, "procs:", Duration::from_secs(60))?;
+        node.delete_pod("attacker")?;
+        agent.wait_pod(
+            "default",
+            "attacker",
+            Duration::from_secs(30),
+            "the attacker's drain",
+            |r| r.phase == holdfast::api::Phase::Draining,
+        )?;
+    }
     let t0 = Instant::now();
     let cpu0 = sampler.cpu_s();
     let cgroup_cpu0 = cgroup.as_ref().map(AgentCgroup::cpu_s);
@@ -650,10 +740,25 @@ pub fn run(scenario: Scenario, opts: &Opts) -> anyhow::Result<Figures> {
     let report = node.wait_report("honest", Duration::from_secs(60), "3 boot calls", |r| {
         r.calls(Phase::Startup).ok + r.calls(Phase::Startup).failed >= 3
     })?;
+    let startup = report.calls(Phase::Startup);
     let mut honest = Honest {
-        failed_calls: u64::from(report.calls(Phase::Startup).failed),
+        failed_calls: u64::from(startup.failed),
+        call_errors: if startup.failed > 0 {
+            format!("{:?}", startup.by_error)
+        } else {
+            String::new()
+        },
         ..Honest::default()
     };
+    let first_call_us = report.events.iter().find_map(|e| match e {
+        crate::sim::report::AppEvent::Call {
+            phase: Phase::Startup,
+            at_ms,
+            at_us,
+            ..
+        } => Some(at_us.unwrap_or(at_ms * 1000)),
+        _ => None,
+    });
     // The status API may be the attack: read the row with patience. A baseline agent may not
     // get there at all: that is a figure, not a failure of the run.
     match agent.wait_hold_ended("default", "honest", Duration::from_secs(30)) {
@@ -670,14 +775,25 @@ pub fn run(scenario: Scenario, opts: &Opts) -> anyhow::Result<Figures> {
                     .find(|s| s.step == kind)
                     .map(|s| s.at)
             };
-            if let (Some(seen), Some(held)) = (
+            let ms = |from: std::time::SystemTime, to: std::time::SystemTime| {
+                to.duration_since(from).ok().map(|d| d.as_secs_f64() * 1e3)
+            };
+            let (first, netns, held) = (
+                at(holdfast::api::StepKind::FirstSeen),
                 at(holdfast::api::StepKind::NetnsFound),
                 at(holdfast::api::StepKind::HoldIn),
-            ) {
-                honest.netns_to_hold_ms = held
-                    .duration_since(seen)
-                    .ok()
-                    .map(|d| d.as_secs_f64() * 1e3);
+            );
+            if let (Some(seen), Some(held)) = (netns, held) {
+                honest.netns_to_hold_ms = ms(seen, held);
+            }
+            if let (Some(first), Some(netns)) = (first, netns) {
+                honest.seen_to_netns_ms = ms(first, netns);
+            }
+            if let (Some(held), Some(call_us)) = (held, first_call_us) {
+                let held_us = held
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_micros() as i64);
+                honest.hold_to_first_call_ms = Some((call_us as i64 - held_us) as f64 / 1e3);
             }
         }
         Err(_) => honest.hold_outcome = Some("not-ended-in-30s".into()),
@@ -722,7 +838,14 @@ pub fn run(scenario: Scenario, opts: &Opts) -> anyhow::Result<Figures> {
     for h in holders {
         let _ = h.join();
     }
-    let attacker = if attacking {
+    let attacker = if scenario == Scenario::RuleFlood {
+        // Its Envoy is 2 s late and then starts (seconds on a loaded machine): its row once the
+        // hold has ended, released or not, rather than whatever it is at the window's end.
+        agent
+            .wait_hold_ended("default", "attacker", Duration::from_secs(30))
+            .ok()
+            .or_else(|| agent.pod("default", "attacker").ok().flatten())
+    } else if attacking {
         agent.pod("default", "attacker").ok().flatten()
     } else {
         None
@@ -745,9 +868,23 @@ pub fn run(scenario: Scenario, opts: &Opts) -> anyhow::Result<Figures> {
         }
         Err(_) => honest.drain_outcome = Some("no-report-in-30s".into()),
     }
+    let mut attacker = attacker;
     if attacking {
         node.delete_pod("attacker")?;
         let _ = node.wait_gone("attacker", Duration::from_secs(30));
+        if scenario.drains_attacker() {
+            // Its row with the drain's report (kept a while after the pod is gone).
+            attacker = agent
+                .wait_pod(
+                    "default",
+                    "attacker",
+                    Duration::from_secs(30),
+                    "the attacker's drain report",
+                    |r| r.drain.is_some(),
+                )
+                .ok()
+                .or(attacker);
+        }
     }
     node.wait_gone("honest", Duration::from_secs(30))?;
     let attack_log = std::fs::read_to_string(node.work_dir().join("pods/attacker/app.log"))
@@ -780,6 +917,28 @@ pub fn run(scenario: Scenario, opts: &Opts) -> anyhow::Result<Figures> {
         liveness,
         attack_log,
     })
+}
+
+/// Waits until the attacker's app log has a `sim-app:` line containing `what` (its attack's
+/// report: the attack has done its set-up).
+fn wait_attack_line(node: &SimNode, what: &str, timeout: Duration) -> anyhow::Result<()> {
+    let t = Instant::now();
+    loop {
+        let log = std::fs::read_to_string(node.work_dir().join("pods/attacker/app.log"))
+            .or_else(|_| find_attack_log(node))
+            .unwrap_or_default();
+        if log
+            .lines()
+            .any(|l| l.starts_with("sim-app:") && l.contains(what))
+        {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            t.elapsed() < timeout,
+            "the attacker's log has no {what:?} line after {timeout:?}: {log:.500}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// The attacker's app log, wherever the node keeps its pods' files.

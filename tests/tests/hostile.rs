@@ -2,25 +2,108 @@
 //! `holdfast-soak --hostile`, docs/benchmarks.md "Hostile pods"): beside an honest pod, one
 //! attacker at a time — a fake Envoy with 4 MiB admin answers, a pod flooding its own rules, a
 //! netlink forger, 70 status API slot holders, a pid-wrapping forker, 300 terminal-phase pod
-//! objects — and the same run without an attacker. Each run prints the agent's CPU, RSS and fds
-//! and the honest pod's figures.
+//! objects, a pod whose app has 2,000 processes and is deleted with a long grace (its drain
+//! covers the window), the same whose "Envoy" answers the drain's samples with ~1 MB, a pod
+//! writing hostile text in its annotations — and the same run without an attacker. Each run
+//! prints the agent's CPU, RSS and fds and the honest pod's figures.
 //!
-//! Asserted: correctness and bounds, never timing. The honest pod's boot calls all succeed, its
-//! hold ends `ready` and its drain `app-done` (it reached its own Envoy); the attacker is failed
-//! open alone with the reason on its row where it broke a bound; the agent's peak RSS stays
-//! under 64 MiB and its CPU under a quarter of the window (the issue measured 90 % beside the
-//! fake Envoy); the liveness probe is answered at least 9 times in 10.
+//! The agent runs under the DaemonSet's limits (memory 128Mi, and cpu 200m as a CFS quota for
+//! every scenario but one: see [`under_quota`]). Asserted: correctness and bounds. The honest
+//! pod's boot calls all succeed, its hold ends `ready` and its drain `app-done` (it reached its
+//! own Envoy), and its hold goes in (netns seen → hold in) within twice the no-attack figure or
+//! [`HOLD_LATENCY_FLOOR_MS`]; the attacker is failed open alone with the reason on its row
+//! where it broke a bound; the agent is never OOM-killed (nor would a cgroup v2 node have
+//! killed it), its peak RSS stays under 64 MiB and its CPU under a quarter of the window (the
+//! issue measured 90 % beside the fake Envoy; under the DaemonSet's limit beside the
+//! 2,000-process drain); the liveness probe is answered at least 9 times in 10.
 
 use std::time::Duration;
 
 use holdfast::api::Phase;
-use holdfast_tests::hostile::{self, Figures, Opts, Scenario};
+use holdfast::effects::procfs::pod_procs::MAX_PROCS_PER_POD;
+use holdfast::lifecycle::drain::admin::DRAIN_SAMPLE_MAX;
+use holdfast_tests::hostile::{self, Figures, Opts, Scenario, DAEMONSET_CPU_MILLIS};
 use holdfast_tests::sim::privileged;
 
 const WINDOW: Duration = Duration::from_secs(5);
 const RSS_BOUND_KIB: u64 = 64 * 1024;
 
-fn opts() -> Opts {
+/// The honest pod's netns seen → hold in beside an attack: at most twice the same figure with
+/// no attacker (issue 29), or this floor when that is larger. The no-attack figure is 5–48 ms
+/// on this shared machine (load 10–35), and runs beside attackers that cost the agent no more
+/// CPU than none moved up to 135 ms (terminal pods, unconfined at load ~20): most of the
+/// window is the `iptables-restore` child that installs the hold, scheduled with everything
+/// else; under the quota a throttled period can stall the agent and that child for up to
+/// 80 ms more. So 2× a 7 ms baseline would fail on noise; 200 ms still fails a build that
+/// checks the attacker's processes under the node-wide lock without the cap (404 ms under the
+/// quota, 2026-11-28 06:11 UTC; its honest boot calls refused too). Not met with margin: beside
+/// the 2,000-process drain under the quota this branch's honest hold went in 99–198 ms after
+/// its netns (6 runs, 39–54 throttled periods), against 7–20 ms with no attacker — the attack
+/// still costs the honest pod under the quota, and this assertion can fail on it (open in
+/// issue 29; suspected: the drain's first look at the attacker, 512 pidfds opened and
+/// registered and 512 processes checked in one burst, as the honest pod starts).
+const HOLD_LATENCY_FLOOR_MS: f64 = 200.0;
+
+/// The honest pod's hold went in within 2× its no-attack latency (or the floor).
+fn hold_within_twice(f: &Figures, none_ms: f64) {
+    let got = f
+        .honest
+        .netns_to_hold_ms
+        .unwrap_or_else(|| panic!("no netns → hold-in figure: {}", f.line()));
+    let bound = (2.0 * none_ms).max(HOLD_LATENCY_FLOOR_MS);
+    eprintln!(
+        "  {}: honest netns → hold in {got:.0} ms; with no attacker {none_ms:.0} ms; bound {bound:.0} ms",
+        f.scenario.name()
+    );
+    assert!(
+        got <= bound,
+        "beside {} the honest pod's hold went in {got:.0} ms after its netns was seen, more than \
+         twice the {none_ms:.0} ms with no attacker (floor {HOLD_LATENCY_FLOOR_MS} ms): {}",
+        f.scenario.name(),
+        f.line()
+    );
+}
+
+/// The attacker's drain watched at most the per-pod cap of its processes, and the agent's
+/// cgroup spent less than the DaemonSet's CPU limit over the window (before the drain's
+/// rescans relied on pidfds: 1.31 CPU-s in 5 s, 0.26 cores).
+fn drain_bounded(f: &Figures) -> holdfast::api::DrainReport {
+    let row = f.attacker.as_ref().expect("attacker row");
+    let d = row
+        .drain
+        .clone()
+        .unwrap_or_else(|| panic!("no drain report on the attacker's row: {row:?}"));
+    for e in &d.errors {
+        eprintln!("  attacker's drain: {e}");
+    }
+    // At most the per-pod cap at a time: the oldest 512, then (when the app's exit kills the
+    // rest) the next ones as those exit; all 2,000 at once before the cap. Once, on a machine
+    // at load 35, the pidfds of exited processes stayed open while the next ones were watched:
+    // twice the cap, transiently.
+    assert!(
+        d.app_processes_seen > 0 && d.app_processes_seen <= 2 * MAX_PROCS_PER_POD,
+        "{} app processes watched: {}",
+        d.app_processes_seen,
+        f.line()
+    );
+    assert!(
+        f.cost.fds_max <= 2 * MAX_PROCS_PER_POD + 64,
+        "{} fds: {}",
+        f.cost.fds_max,
+        f.line()
+    );
+    let cpu = f.cost.cgroup_cpu_s.expect("the agent ran in its cgroup");
+    let limit = f.cost.window_s * DAEMONSET_CPU_MILLIS as f64 / 1000.0;
+    assert!(
+        cpu < limit,
+        "the agent's cgroup spent {cpu:.2} CPU-s in {:.1} s, over the DaemonSet's limit: {}",
+        f.cost.window_s,
+        f.line()
+    );
+    d
+}
+
+fn opts(cpu_quota: bool) -> Opts {
     Opts {
         sim_app: Some(env!("CARGO_BIN_EXE_sim-app").into()),
         holdfast: None,
@@ -28,19 +111,28 @@ fn opts() -> Opts {
         window: WINDOW,
         prefix: "hs-".into(),
         confine: true,
-        // The DaemonSet's memory limit, not its CPU quota: under the 0.2-core quota on a loaded
-        // machine the agent falls behind (beside 300 terminal pods the honest pod's boot calls
-        // failed in 2 of 4 runs; beside the rule flood its drain ended `pod-gone`; once, with a
-        // build beside it, even with no attacker its hold went in 393 ms after the netns and the
-        // boot calls were refused). How slow the quota makes it is measured by
-        // `holdfast-soak --hostile` (docs/benchmarks.md, "Hostile pods"), not asserted here;
-        // why it falls that far behind is open in issue 29.
-        cpu_quota: false,
+        cpu_quota,
     }
 }
 
+/// Whether a scenario runs under the DaemonSet's CPU quota (200m) as well as its memory limit.
+/// Every one does since issue 29 found what the agent spent its 20 ms per 100 ms on (a /proc
+/// listing every 5 ms while a pod waits for its sandbox, growing with every process on the
+/// node; a drain's rescans re-reading 512 processes every 100 ms; a dump of the node's whole
+/// TCP hash with every drain sample; failed samples not backed off) — except the pod-text
+/// attacker, not explained yet: beside it the honest pod's 3 boot calls were refused under the
+/// quota (2026-11-28 06:10 UTC: its netns found 418 ms after the agent saw the pod, its hold
+/// 399 ms after the app's first connect) and once without it (06:13, load ~10: 305 ms,
+/// hold 114 ms after the first connect); at load 4–7 it passed 2 of 2 runs unconfined (seen →
+/// netns 32–70 ms), as did a build without issue 29's process-index changes. Suspected: the
+/// pods-dir stand-in re-reading the attacker's 200 KiB pod file at each of its updates.
+fn under_quota(s: Scenario) -> bool {
+    s != Scenario::PodText
+}
+
 fn run(s: Scenario) -> Figures {
-    let f = hostile::run(s, &opts()).unwrap_or_else(|e| panic!("{}: {e:#}", s.name()));
+    let f =
+        hostile::run(s, &opts(under_quota(s))).unwrap_or_else(|e| panic!("{}: {e:#}", s.name()));
     eprintln!("{}", f.line());
     if !f.attack_log.is_empty() {
         eprintln!("  {}", f.attack_log);
@@ -98,13 +190,19 @@ fn hostile_pods_cannot_blind_crash_or_steer_the_agent() {
     if !privileged("hostile_pods_cannot_blind_crash_or_steer_the_agent") {
         return;
     }
-    run(Scenario::None);
+    let none = run(Scenario::None);
+    let none_ms = none
+        .honest
+        .netns_to_hold_ms
+        .unwrap_or_else(|| panic!("no netns → hold-in figure: {}", none.line()));
 
     let f = run(Scenario::FakeEnvoy);
     failed_open_because(&f, "answered more than the agent reads");
+    hold_within_twice(&f, none_ms);
 
     let f = run(Scenario::NetlinkForger);
     failed_open_because(&f, "not from the kernel");
+    hold_within_twice(&f, none_ms);
 
     let f = run(Scenario::RuleFlood);
     let row = f.attacker.as_ref().expect("attacker row");
@@ -112,15 +210,39 @@ fn hostile_pods_cannot_blind_crash_or_steer_the_agent() {
         row.hold.as_ref().is_some_and(|h| h.outcome.is_some()),
         "the flooder's hold ended: {row:?}"
     );
+    hold_within_twice(&f, none_ms);
 
     let f = run(Scenario::SlotHolders);
     let (ok, n) = f.liveness.expect("probes");
     assert!(ok * 10 >= n * 9, "liveness {ok}/{n}");
+    hold_within_twice(&f, none_ms);
 
     let f = run(Scenario::PidWrapper);
     assert!(f.attack_log.contains("fork flood"), "{}", f.attack_log);
+    hold_within_twice(&f, none_ms);
 
-    run(Scenario::TerminalPods(300));
+    let f = run(Scenario::TerminalPods(300));
+    hold_within_twice(&f, none_ms);
+
+    // Issue 29: 2,000 processes in a pod whose drain lasts the window.
+    let f = run(Scenario::ManyProcs);
+    assert!(f.attack_log.contains("2000 processes"), "{}", f.attack_log);
+    drain_bounded(&f);
+    hold_within_twice(&f, none_ms);
+
+    // The same, and its "Envoy" answers the drain's samples with ~1 MB: each read stops at
+    // the sample cap.
+    let f = run(Scenario::ManyProcsFakeEnvoy);
+    let d = drain_bounded(&f);
+    let cap = format!("larger than the {DRAIN_SAMPLE_MAX} byte cap");
+    assert!(
+        d.errors
+            .iter()
+            .any(|e| e.contains("/stats") && e.contains(&cap)),
+        "no drain sample stopped at the cap: {:?}",
+        d.errors
+    );
+    hold_within_twice(&f, none_ms);
 
     // Issue 29: a pod's text reaches its row cut and escaped, whatever it writes.
     let f = run(Scenario::PodText);
@@ -141,4 +263,5 @@ fn hostile_pods_cannot_blind_crash_or_steer_the_agent() {
         "row is {} bytes",
         row_json.len()
     );
+    hold_within_twice(&f, none_ms);
 }

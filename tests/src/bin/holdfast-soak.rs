@@ -49,7 +49,8 @@ struct Args {
     #[arg(long)]
     hostile: bool,
     /// Hostile suite: only this scenario (none, fake-envoy, rule-flood, netlink-forger,
-    /// slot-holders, pid-wrapper, terminal-pods, pod-text).
+    /// slot-holders, pid-wrapper, terminal-pods, pod-text, many-procs, many-procs-fake-envoy;
+    /// a prefix runs every scenario it starts: many-procs runs both).
     #[arg(long)]
     scenario: Option<String>,
     /// Hostile suite: run the agent without the DaemonSet's cgroup limits (by default it runs
@@ -59,6 +60,10 @@ struct Args {
     /// Hostile suite: the measuring window in seconds.
     #[arg(long, default_value_t = 10)]
     window: u64,
+    /// Hostile suite: the agent build to measure as "this build" (default: the one built
+    /// with this binary's tests).
+    #[arg(long)]
+    agent: Option<std::path::PathBuf>,
     /// Hostile suite: also run every scenario against this agent build (with one listener for
     /// everything, as before issue 25).
     #[arg(long)]
@@ -76,6 +81,8 @@ fn hostile(args: &Args) -> ExitCode {
         Scenario::PidWrapper,
         Scenario::TerminalPods(300),
         Scenario::PodText,
+        Scenario::ManyProcs,
+        Scenario::ManyProcsFakeEnvoy,
     ];
     let chosen: Vec<Scenario> = all
         .into_iter()
@@ -85,7 +92,7 @@ fn hostile(args: &Args) -> ExitCode {
                 .is_none_or(|n| s.name().starts_with(n))
         })
         .collect();
-    let mut builds = vec![("this build", None, false)];
+    let mut builds = vec![("this build", args.agent.clone(), false)];
     if let Some(b) = &args.baseline_agent {
         builds.push(("baseline", Some(b.clone()), true));
     }

@@ -149,6 +149,10 @@ pub struct AppArgs {
     /// After SIGTERM keep calling for N ms, then exit 0.
     #[arg(long, default_value_t = 0)]
     pub after_sigterm_ms: u64,
+    /// After SIGTERM (and the calls of --after-sigterm-ms), idle N ms before exiting: an app
+    /// that takes its time to shut down (the hostile suite's many-processes attacker).
+    #[arg(long, default_value_t = 0)]
+    pub exit_delay_ms: u64,
     /// Batch job: make N calls, then exit with --exit-code.
     #[arg(long)]
     pub batch_calls: Option<u32>,
@@ -503,6 +507,7 @@ pub fn run_app(args: &AppArgs, term: &TermSignal) -> io::Result<i32> {
         record_call(&report, Phase::AfterSigterm, t, r);
         std::thread::sleep(every.saturating_sub(t.elapsed()));
     }
+    std::thread::sleep(Duration::from_millis(args.exit_delay_ms));
     exit(0)
 }
 

@@ -14,6 +14,13 @@
 //!   messages as fast as it can.
 //! - [`Attack::ForkFlood`]: forks and reaps children as fast as it can, so the node's pids
 //!   wrap around (32768 on this machine) within seconds.
+//! - [`Attack::Procs`] (issue 29): thousands of processes in the app container, kept until the
+//!   app exits, and an app that takes its time to exit after SIGTERM (`--exit-delay-ms`): the
+//!   agent's drain watches the app's processes for as long as the grace period lets it.
+//!   With `fake_envoy`, the app is the pod's "Envoy" too (15000/15001/15006): it passes the
+//!   readiness check (LIVE, workers started, the filter on every worker, 5 lines) and answers
+//!   every other admin request — the drain's samples, `/server_info`, the quit — with
+//!   [`DRAIN_FAKE_BODY`] bytes.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -33,7 +40,18 @@ pub enum Attack {
     NetlinkForge { for_ms: u64 },
     /// Fork and reap for `for_ms`.
     ForkFlood { for_ms: u64 },
+    /// `count` processes alive until the app exits; the app exits `linger_ms` after SIGTERM;
+    /// with `fake_envoy`, a fake Envoy that is ready and answers the drain with ~1 MB.
+    Procs {
+        count: u32,
+        linger_ms: u64,
+        fake_envoy: bool,
+    },
 }
+
+/// What [`Attack::Procs`]'s fake Envoy answers every request but readiness with: ~1 MB (the
+/// issue's figure), chunked.
+pub const DRAIN_FAKE_BODY: usize = 1_000_000;
 
 impl Attack {
     /// The `sim-app app` flags.
@@ -43,16 +61,31 @@ impl Attack {
             Attack::RuleFlood { rules } => ("rule-flood", u64::from(rules)),
             Attack::NetlinkForge { for_ms } => ("netlink-forge", for_ms),
             Attack::ForkFlood { for_ms } => ("fork-flood", for_ms),
+            Attack::Procs {
+                count, fake_envoy, ..
+            } => (
+                if fake_envoy {
+                    "procs-fake-envoy"
+                } else {
+                    "procs"
+                },
+                u64::from(count),
+            ),
         };
-        vec![
+        let mut args = vec![
             "--attack".into(),
             name.into(),
             "--attack-size".into(),
             size.to_string(),
-        ]
+        ];
+        if let Attack::Procs { linger_ms, .. } = *self {
+            args.extend(["--exit-delay-ms".into(), linger_ms.to_string()]);
+        }
+        args
     }
 
-    /// Parses `--attack NAME --attack-size N`.
+    /// Parses `--attack NAME --attack-size N` (a `procs` attack's linger is the app's own
+    /// `--exit-delay-ms`: 0 here).
     pub fn parse(name: &str, size: u64) -> Result<Attack, String> {
         Ok(match name {
             "fake-envoy" => Attack::FakeEnvoy {
@@ -61,6 +94,11 @@ impl Attack {
             "rule-flood" => Attack::RuleFlood { rules: size as u32 },
             "netlink-forge" => Attack::NetlinkForge { for_ms: size },
             "fork-flood" => Attack::ForkFlood { for_ms: size },
+            "procs" | "procs-fake-envoy" => Attack::Procs {
+                count: size as u32,
+                linger_ms: 0,
+                fake_envoy: name == "procs-fake-envoy",
+            },
             other => return Err(format!("unknown attack {other:?}")),
         })
     }
@@ -72,6 +110,9 @@ impl Attack {
             Attack::RuleFlood { rules } => rule_flood(rules),
             Attack::NetlinkForge { for_ms } => netlink_forge(Duration::from_millis(for_ms)),
             Attack::ForkFlood { for_ms } => fork_flood(Duration::from_millis(for_ms)),
+            Attack::Procs {
+                count, fake_envoy, ..
+            } => procs(count, fake_envoy),
         }
     }
 }
@@ -125,6 +166,127 @@ fn serve_huge(s: TcpStream, body: usize) {
                 Ok(_) if l == "\r\n" || l == "\n" => break,
                 Ok(_) => head.push_str(&l),
             }
+        }
+        if out
+            .write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n")
+            .is_err()
+        {
+            return;
+        }
+        let mut left = body;
+        while left > 0 {
+            let n = left.min(chunk.len());
+            if write!(out, "{n:x}\r\n").is_err()
+                || out.write_all(&chunk[..n]).is_err()
+                || out.write_all(b"\r\n").is_err()
+            {
+                return;
+            }
+            left -= n;
+        }
+        if out.write_all(b"0\r\n\r\n").is_err() {
+            return;
+        }
+    }
+}
+
+/// The fake Envoy's answer to the readiness request: LIVE, workers started, the filter
+/// configured on both workers (`holdfast::lifecycle::readiness::decide`).
+const READY_STATS: &str = "server.state: 0\nserver.concurrency: 2\nlistener_manager.workers_started: 1\nwasmcustom.holdfast.workers_ready: 2\nwasmcustom.holdfast.loaded: 1\n";
+
+fn procs(count: u32, fake_envoy: bool) -> std::io::Result<String> {
+    let mut line = String::new();
+    if fake_envoy {
+        let admin = TcpListener::bind("127.0.0.1:15000")?;
+        for port in [15001u16, 15006] {
+            let l = TcpListener::bind(("0.0.0.0", port))?;
+            spawn("fake-capture", move || {
+                for s in l.incoming() {
+                    drop(s);
+                }
+            })?;
+        }
+        spawn("fake-admin", move || {
+            for s in admin.incoming().flatten() {
+                let _ = std::thread::Builder::new()
+                    .name("fake-admin-conn".into())
+                    .spawn(move || serve_ready_then_huge(s, DRAIN_FAKE_BODY));
+            }
+        })?;
+        line.push_str(&format!(
+            "fake Envoy: ready to the readiness check, every other admin answer {DRAIN_FAKE_BODY} bytes; "
+        ));
+    }
+    // The children die with the thread that forked them (`PR_SET_PDEATHSIG`): one thread
+    // forks them all and stays until the process exits.
+    let (tx, rx) = std::sync::mpsc::channel();
+    spawn("procs", move || {
+        let t = Instant::now();
+        let mut forked = 0u32;
+        let mut error = None;
+        for _ in 0..count {
+            match crate::sim::process::fork_sleeper() {
+                Ok(_) => forked += 1,
+                Err(e) => {
+                    error = Some(e);
+                    break;
+                }
+            }
+        }
+        let _ = tx.send((forked, t.elapsed(), error));
+        loop {
+            std::thread::park();
+        }
+    })?;
+    let (forked, took, error) = rx
+        .recv()
+        .map_err(|_| std::io::Error::other("the forking thread ended"))?;
+    line.push_str(&format!(
+        "procs: {forked} processes alive until the app exits (forked in {took:?}){}",
+        error.map_or(String::new(), |e| format!(", then fork failed: {e}"))
+    ));
+    Ok(line)
+}
+
+/// Like [`serve_huge`], but the readiness request (`/stats?filter=`, without `usedonly`) and
+/// `/ready` get what a ready Envoy answers.
+fn serve_ready_then_huge(s: TcpStream, body: usize) {
+    let mut reader = BufReader::new(match s.try_clone() {
+        Ok(r) => r,
+        Err(_) => return,
+    });
+    let mut out = s;
+    let line = b"listener.0.0.0.0_15006.downstream_cx_rx_bytes_total: 1\n";
+    let chunk: Vec<u8> = line.iter().copied().cycle().take(16 * 1024).collect();
+    loop {
+        let mut head = String::new();
+        loop {
+            let mut l = String::new();
+            match reader.read_line(&mut l) {
+                Ok(0) | Err(_) => return,
+                Ok(_) if l == "\r\n" || l == "\n" => break,
+                Ok(_) => head.push_str(&l),
+            }
+        }
+        let target = head.split_whitespace().nth(1).unwrap_or("");
+        let small = if target == "/ready" {
+            Some("LIVE\n")
+        } else if target.starts_with("/stats?filter=") {
+            Some(READY_STATS)
+        } else {
+            None
+        };
+        if let Some(text) = small {
+            if write!(
+                out,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{text}",
+                text.len()
+            )
+            .is_err()
+            {
+                return;
+            }
+            continue;
         }
         if out
             .write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n")
@@ -335,9 +497,27 @@ mod tests {
             Attack::RuleFlood { rules: 5000 },
             Attack::NetlinkForge { for_ms: 10 },
             Attack::ForkFlood { for_ms: 10 },
+            Attack::Procs {
+                count: 2000,
+                linger_ms: 0,
+                fake_envoy: true,
+            },
+            Attack::Procs {
+                count: 2000,
+                linger_ms: 0,
+                fake_envoy: false,
+            },
         ] {
             let args = a.args();
             assert_eq!(Attack::parse(&args[1], args[3].parse().unwrap()), Ok(a));
         }
+        let lingering = Attack::Procs {
+            count: 1,
+            linger_ms: 15_000,
+            fake_envoy: false,
+        };
+        assert!(lingering
+            .args()
+            .ends_with(&["--exit-delay-ms".into(), "15000".into()]));
     }
 }

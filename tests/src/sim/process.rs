@@ -32,6 +32,37 @@ pub fn fork_and_exit() -> std::io::Result<i32> {
     }
 }
 
+/// Forks a child that sleeps until the calling *thread* exits (`PR_SET_PDEATHSIG`: SIGKILL
+/// when the thread that forked it ends, so the caller keeps that thread alive for as long as
+/// the children should live); returns its pid. The many-processes attack of
+/// [`super::attacks`]: an app with thousands of processes that go when the app goes, as a
+/// container's processes go with its pid namespace's init.
+pub fn fork_sleeper() -> std::io::Result<i32> {
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the child only makes raw system calls (prctl, getppid, pause, _exit: all
+    // async-signal-safe), allocates nothing and touches no lock; the parent reaps nothing here
+    // (the children outlive this call by design and die with the forking thread).
+    match unsafe { nix::unistd::fork() }.map_err(std::io::Error::from)? {
+        nix::unistd::ForkResult::Child => unsafe {
+            libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            );
+            // The parent may have gone between fork and prctl.
+            if libc::getppid() != parent {
+                libc::_exit(0);
+            }
+            loop {
+                libc::pause();
+            }
+        },
+        nix::unistd::ForkResult::Parent { child } => Ok(child.as_raw()),
+    }
+}
+
 /// Spawns `cmd` inside the network namespace `netns` (an open `/run/netns/<name>`) and, if given,
 /// the cgroup whose `cgroup.procs` is `cgroup_procs`, as the leader of a new process group.
 pub fn spawn_in(

@@ -24,7 +24,7 @@
 //! run. The listing stays for pods whose cgroup is not known yet (waiting for their first
 //! process) and where the paths cannot be followed (cgroup v1, a private cgroup namespace).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -105,6 +105,10 @@ struct Index {
     cgroup_root: Option<PathBuf>,
     /// Each pod's cgroup directory under `cgroup_root`, learned from its classified processes.
     pod_dirs: HashMap<String, PathBuf>,
+    /// The kubelet's `kubepods` directories on this node (relative to `cgroup_root`; `true`:
+    /// the systemd driver's `kubepods.slice`), learned from classified pods' directories: where
+    /// a pod not seen yet will have its directory ([`predicted_pod_dirs`]).
+    kubepods_roots: Vec<(PathBuf, bool)>,
     /// Full listings of `/proc` made (for tests and the timing figure).
     listings: u64,
 }
@@ -136,6 +140,7 @@ impl PodProcs {
                 last_refresh: None,
                 cgroup_root,
                 pod_dirs: HashMap::new(),
+                kubepods_roots: Vec::new(),
                 listings: 0,
             })),
         }
@@ -160,10 +165,34 @@ impl PodProcs {
     /// made every other pod's netns lookup wait behind 4,000 reads every 100 ms for its whole
     /// grace period).
     pub fn of_pod_blocking(&self, uid: &str) -> Vec<PodProcess> {
+        self.of_pod_blocking_except(uid, &HashSet::new())
+    }
+
+    /// Like [`PodProcs::of_pod_blocking`], leaving out the pids in `watched`: pids the caller
+    /// holds a pidfd on that has not reported an exit, so each is still the process it was
+    /// (a pid is not reused while its process lives) and needs neither re-check nor handing
+    /// out again. The cap applies as before (the same oldest pids), so a caller that watches
+    /// what it was given is handed only what is new among them. Issue 29: a drain's rescans of
+    /// a pod with 2,000 processes re-read 512 processes' `stat` and `cgroup` every 100 ms,
+    /// 0.25 cores of the agent (debug build) against its 0.2-core limit; with the pidfds
+    /// relied on between rescans, a rescan reads the pod's `cgroup.procs` and nothing more.
+    pub fn of_pod_blocking_except(&self, uid: &str, watched: &HashSet<i32>) -> Vec<PodProcess> {
         let (proc_root, mut candidates) = {
             let mut index = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            // Issue 29: a pod not seen yet is looked for where the kubelet makes its cgroup,
+            // not by listing `/proc` (every few milliseconds while it waits for its sandbox: a
+            // listing costs in proportion to every process of the node, which a tenant with
+            // 2,000 processes made 18 ms each in a debug build).
             if !index.read_pod_cgroup_dir(uid) {
-                index.refresh_if_stale();
+                match index.probe_pod_dir(uid) {
+                    Some(true) => {
+                        if !index.read_pod_cgroup_dir(uid) {
+                            index.refresh_if_stale();
+                        }
+                    }
+                    Some(false) => {}
+                    None => index.refresh_if_stale(),
+                }
             }
             let candidates: Vec<(i32, Option<u64>)> = index
                 .pids
@@ -182,6 +211,7 @@ impl PodProcs {
             );
             candidates.truncate(MAX_PROCS_PER_POD);
         }
+        candidates.retain(|(pid, _)| !watched.contains(pid));
         // Outside the lock: what each candidate is now.
         let checked: Vec<(i32, Option<u64>, Checked)> = candidates
             .into_iter()
@@ -238,6 +268,15 @@ impl PodProcs {
         let this = self.clone();
         let uid = uid.to_string();
         tokio::task::spawn_blocking(move || this.of_pod_blocking(&uid))
+            .await
+            .unwrap_or_default()
+    }
+
+    /// Async wrapper of [`PodProcs::of_pod_blocking_except`].
+    pub async fn of_pod_except(&self, uid: &str, watched: HashSet<i32>) -> Vec<PodProcess> {
+        let this = self.clone();
+        let uid = uid.to_string();
+        tokio::task::spawn_blocking(move || this.of_pod_blocking_except(&uid, &watched))
             .await
             .unwrap_or_default()
     }
@@ -354,6 +393,47 @@ impl PodProcs {
     }
 }
 
+/// The kubelet's `kubepods` directory a pod directory is under (`/kubepods`, or
+/// `/kubepods.slice` with the systemd driver, after any nesting prefix), and whether it is the
+/// systemd form.
+fn kubepods_root(pod_dir: &str) -> Option<(PathBuf, bool)> {
+    let segments: Vec<&str> = pod_dir.split('/').filter(|s| !s.is_empty()).collect();
+    let at = segments
+        .iter()
+        .position(|s| *s == "kubepods" || *s == "kubepods.slice")?;
+    Some((
+        PathBuf::from(format!("/{}", segments[..=at].join("/"))),
+        segments[at] == "kubepods.slice",
+    ))
+}
+
+/// Where the kubelet makes pod `uid`'s cgroup under `kubepods`, for each QoS class: its name is
+/// `[kubepods, <qos>, pod<uid>]` (Guaranteed: no QoS level; kubernetes pkg/kubelet/cm
+/// pod_container_manager_linux.go `GetPodContainerName`, `podCgroupNamePrefix = "pod"`;
+/// qos_container_manager_linux.go `burstable`, `besteffort`), which the cgroupfs driver joins
+/// with `/` and the systemd driver turns into nested slices with the uid's dashes escaped to
+/// `_` (cgroup_manager_linux.go `ToSystemd`: `kubepods-burstable-pod<uid_>.slice`).
+fn predicted_pod_dirs(kubepods: &std::path::Path, systemd: bool, uid: &str) -> Vec<PathBuf> {
+    if systemd {
+        let escaped = uid.replace('-', "_");
+        vec![
+            kubepods.join(format!("kubepods-pod{escaped}.slice")),
+            kubepods.join(format!(
+                "kubepods-burstable.slice/kubepods-burstable-pod{escaped}.slice"
+            )),
+            kubepods.join(format!(
+                "kubepods-besteffort.slice/kubepods-besteffort-pod{escaped}.slice"
+            )),
+        ]
+    } else {
+        vec![
+            kubepods.join(format!("pod{uid}")),
+            kubepods.join(format!("burstable/pod{uid}")),
+            kubepods.join(format!("besteffort/pod{uid}")),
+        ]
+    }
+}
+
 /// The mount point of the cgroup v2 hierarchy, from mountinfo (`<id> <parent> <dev> <root>
 /// <mount point> <options> ... - cgroup2 <source> <super options>`), when it is mounted whole
 /// (root `/`).
@@ -454,6 +534,30 @@ impl Index {
         pod
     }
 
+    /// For a pod whose directory is not known yet: looks where the kubelet makes it
+    /// ([`predicted_pod_dirs`] under the `kubepods` directories learned from other pods).
+    /// `Some(true)`: found and remembered; `Some(false)`: the layout is known and the pod has
+    /// no directory yet, so it has no process yet either (the kubelet makes a pod's cgroup
+    /// before its sandbox: pkg/kubelet/kubelet.go `SyncPod` calls `EnsureExists` on the pod's
+    /// cgroup before the runtime's `SyncPod`); `None`: no layout learned (or no cgroup v2
+    /// paths to follow), the caller lists `/proc`.
+    fn probe_pod_dir(&mut self, uid: &str) -> Option<bool> {
+        let root = self.cgroup_root.as_ref()?;
+        if self.kubepods_roots.is_empty() {
+            return None;
+        }
+        for (kubepods, systemd) in &self.kubepods_roots {
+            for dir in predicted_pod_dirs(kubepods, *systemd, uid) {
+                let abs = root.join(dir.strip_prefix("/").unwrap_or(&dir));
+                if abs.is_dir() {
+                    self.pod_dirs.insert(uid.to_string(), dir);
+                    return Some(true);
+                }
+            }
+        }
+        Some(false)
+    }
+
     /// Classifies the processes in pod `uid`'s cgroup directory (and its containers'), if the
     /// directory is known and readable; `false` when the caller must list `/proc` instead.
     fn read_pod_cgroup_dir(&mut self, uid: &str) -> bool {
@@ -509,6 +613,11 @@ impl Index {
         if let Some(p) = &pod {
             if !self.pod_dirs.contains_key(&p.pod_uid) {
                 if let Some(dir) = crate::effects::procfs::cgroup::pod_dir_v2(&text) {
+                    if let Some(root) = kubepods_root(&dir) {
+                        if !self.kubepods_roots.contains(&root) {
+                            self.kubepods_roots.push(root);
+                        }
+                    }
                     self.pod_dirs.insert(p.pod_uid.clone(), PathBuf::from(dir));
                 }
             }
@@ -778,6 +887,55 @@ mod netns_tests {
         assert_eq!(slow.join().unwrap().len(), 1);
     }
 
+    /// Issue 29: pids the caller watches by pidfd are neither handed out again nor re-read.
+    /// Pid 30's `stat` becomes a FIFO no one writes (any read of it blocks): a look that
+    /// leaves 30 out answers at once with 31 alone; a plain look would block on 30's read.
+    #[test]
+    fn watched_pids_are_not_read_again() {
+        let f = FakeProc::new("watched");
+        let uid = "0b6a3c1e-6a59-4d8e-9f3a-0000000000dd";
+        let cg = format!("0::/kubepods/pod{uid}/{}\n", "d".repeat(64));
+        f.process(30, &cg, None);
+        f.process(31, &cg, None);
+        let procs = PodProcs::with_cgroup_root(f.root.clone(), None);
+        assert_eq!(procs.of_pod_blocking(uid).len(), 2);
+        let stat = f.root.join("30/stat");
+        std::fs::remove_file(&stat).unwrap();
+        let made = std::process::Command::new("mkfifo").arg(&stat).status();
+        if !made.is_ok_and(|s| s.success()) {
+            eprintln!("SKIP: no mkfifo here");
+            return;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let procs = procs.clone();
+            let uid = uid.to_string();
+            std::thread::spawn(move || {
+                std::thread::sleep(MIN_REFRESH * 2);
+                let watched: HashSet<i32> = [30].into();
+                let _ = tx.send(procs.of_pod_blocking_except(&uid, &watched));
+            });
+        }
+        let answer = rx.recv_timeout(Duration::from_secs(2));
+        // Unblock a reader if there is one (opened read-write, a FIFO's open does not wait
+        // for a reader; a blocked reader's open returns and reads this).
+        {
+            use std::io::Write;
+            let mut fifo = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&stat)
+                .unwrap();
+            fifo.write_all(fake_stat(30, 1000).as_bytes()).unwrap();
+        }
+        let pids: Vec<i32> = answer
+            .expect("the look read the watched pid's stat")
+            .iter()
+            .map(|p| p.pid)
+            .collect();
+        assert_eq!(pids, vec![31]);
+    }
+
     /// A pod's processes handed out per look are bounded (the oldest pids first): 600
     /// processes cost one look 512 checks, whatever the pod forks.
     #[test]
@@ -987,11 +1145,86 @@ mod cgroup_dir_tests {
             "a new container process, from cgroup.procs"
         );
         assert_eq!(procs.listings(), 1, "no second listing of /proc");
-        // The pod's cgroup gone: back to listing.
+        // Issue 29: another pod, not seen yet, is looked for where the kubelet makes its
+        // directory (the layout learned from the first pod), not by listing /proc.
+        let other = "0b6a3c1e-6a59-4d8e-9f3a-2f1d5c7b8a91";
+        let p = |p: &PodProcs, uid: &str| {
+            p.of_pod_blocking(uid)
+                .iter()
+                .map(|p| p.pid)
+                .collect::<Vec<_>>()
+        };
+        std::thread::sleep(MIN_REFRESH * 2);
+        assert!(p(&procs, other).is_empty(), "no cgroup, no process yet");
+        assert_eq!(
+            procs.listings(),
+            1,
+            "no listing for a pod without a cgroup yet"
+        );
+        let c3 = "c".repeat(64);
+        let d = cg_root.join(format!("kubepods/besteffort/pod{other}/{c3}"));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("cgroup.procs"), "42\n").unwrap();
+        std::fs::write(d.parent().unwrap().join("cgroup.procs"), "").unwrap();
+        let pd = proc_root.join("42");
+        std::fs::create_dir_all(&pd).unwrap();
+        std::fs::write(
+            pd.join("cgroup"),
+            format!("0::/kubepods/besteffort/pod{other}/{c3}\n"),
+        )
+        .unwrap();
+        std::fs::write(pd.join("stat"), fake_stat(42, 500)).unwrap();
+        std::thread::sleep(MIN_REFRESH * 2);
+        assert_eq!(
+            p(&procs, other),
+            vec![42],
+            "found in its predicted directory"
+        );
+        assert_eq!(procs.listings(), 1, "still no second listing");
+        // The pod's cgroup gone (on a node its processes are gone too: a cgroup with a process
+        // cannot be removed): where the layout is known, no listing is made to find more.
         std::fs::remove_dir_all(cg_root.join("kubepods")).unwrap();
         std::thread::sleep(MIN_REFRESH * 2);
         let _ = pids(&procs);
-        assert_eq!(procs.listings(), 2);
+        assert_eq!(procs.listings(), 1);
+        // No layout learned (a new index): a listing, as before.
+        let fresh = PodProcs::with_cgroup_root(proc_root.clone(), Some(cg_root.clone()));
+        let _ = pids(&fresh);
+        assert_eq!(fresh.listings(), 1);
+    }
+}
+
+#[cfg(test)]
+mod predicted_dir_tests {
+    use super::*;
+
+    #[test]
+    fn pod_directories_are_predicted_for_both_drivers() {
+        let uid = "0b6a3c1e-6a59-4d8e-9f3a-2f1d5c7b8a90";
+        let uid_ = "0b6a3c1e_6a59_4d8e_9f3a_2f1d5c7b8a90";
+        let learned =
+            format!("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid_}.slice");
+        let (root, systemd) = kubepods_root(&learned).unwrap();
+        assert_eq!((root.to_str().unwrap(), systemd), ("/kubepods.slice", true));
+        let dirs = predicted_pod_dirs(&root, systemd, uid);
+        assert!(dirs.contains(&PathBuf::from(&learned)), "{dirs:?}");
+        assert!(dirs.contains(&PathBuf::from(format!(
+            "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid_}.slice"
+        ))));
+        assert!(dirs.contains(&PathBuf::from(format!(
+            "/kubepods.slice/kubepods-pod{uid_}.slice"
+        ))));
+        // cgroupfs, under kind's nesting prefix.
+        let learned = format!("/docker/abc/kubepods/besteffort/pod{uid}");
+        let (root, systemd) = kubepods_root(&learned).unwrap();
+        assert_eq!(
+            (root.to_str().unwrap(), systemd),
+            ("/docker/abc/kubepods", false)
+        );
+        let dirs = predicted_pod_dirs(&root, systemd, uid);
+        assert!(dirs.contains(&PathBuf::from(&learned)), "{dirs:?}");
+        assert!(dirs.contains(&PathBuf::from(format!("/docker/abc/kubepods/pod{uid}"))));
+        assert_eq!(kubepods_root("/system.slice/foo.service"), None);
     }
 }
 

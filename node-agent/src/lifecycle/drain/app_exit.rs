@@ -141,6 +141,16 @@ impl ExitWatcher {
         }
     }
 
+    /// The pids watched by pidfd and not reported as exited: each is still the process it was
+    /// (empty when exits are polled: a polled pid could be reused unnoticed).
+    pub fn pidfd_watched(&self) -> HashSet<i32> {
+        if self.no_pidfd {
+            HashSet::new()
+        } else {
+            self.watched.clone()
+        }
+    }
+
     /// True while `pid` is watched and has not been reported as exited.
     pub fn is_watching(&self, pid: i32) -> bool {
         self.watched.contains(&pid)
@@ -247,6 +257,21 @@ pub trait PodProcessSource: Send + Sync {
     /// Every live process of the pod (sandbox, proxy and app alike), with its container id.
     fn processes(&self) -> impl Future<Output = Vec<PodProcess>> + Send;
 
+    /// Like [`PodProcessSource::processes`], without the pids in `watched` (the caller holds
+    /// a live pidfd on each: the same process, nothing to check again). A source that checks
+    /// each pid it hands out ([`PodProcsSource`]) skips those checks.
+    fn processes_except(
+        &self,
+        watched: HashSet<i32>,
+    ) -> impl Future<Output = Vec<PodProcess>> + Send {
+        let all = self.processes();
+        async move {
+            let mut all = all.await;
+            all.retain(|p| !watched.contains(&p.pid));
+            all
+        }
+    }
+
     /// Sends SIGTERM to the main process of container `container_id` (the proxy container's:
     /// the mesh's agent); the pid signalled, or why not.
     fn terminate_main(
@@ -278,6 +303,13 @@ impl PodProcsSource {
 impl PodProcessSource for PodProcsSource {
     fn processes(&self) -> impl Future<Output = Vec<PodProcess>> + Send {
         self.procs.of_pod(&self.uid)
+    }
+
+    fn processes_except(
+        &self,
+        watched: HashSet<i32>,
+    ) -> impl Future<Output = Vec<PodProcess>> + Send {
+        self.procs.of_pod_except(&self.uid, watched)
     }
 
     async fn terminate_main(&self, container_id: &str) -> Result<i32, String> {
@@ -417,7 +449,13 @@ impl<S: PodProcessSource> AppTracker<S> {
             .containers_before_proxy_stops()
             .filter_map(|c| c.id.as_deref())
             .collect();
-        for p in self.source.processes().await {
+        // Processes already watched by pidfd are the same processes until their exit is
+        // reported: not handed out (nor re-checked) again.
+        for p in self
+            .source
+            .processes_except(self.watcher.pidfd_watched())
+            .await
+        {
             let Some(cid) = p.container_id.as_deref() else {
                 continue;
             };

@@ -225,6 +225,24 @@ pub fn job_finished(view: &PodView, snapshot: &AppSnapshot) -> Option<FinishedBy
     }
 }
 
+/// Longest pause between two periodic rescans of the app's processes ([`rescan_every`]).
+pub const RESCAN_EVERY_MAX: Duration = Duration::from_secs(1);
+
+/// The pause before the next periodic rescan of the app's processes, after `rescans` of them:
+/// `rescan_every`, doubling with each rescan up to [`RESCAN_EVERY_MAX`]. Rescans only look for
+/// processes the app forked since the last one: exits come by pidfd at once, and every exit
+/// rescans (so the app's last exit still finds a process forked meanwhile, and the drain does
+/// not end on it); a slower pace costs no correctness. What it saves: a pod with thousands of
+/// processes (issue 29: 2,000) costs each rescan a read of its `cgroup.procs`, and at a rescan
+/// every 100 ms under the DaemonSet's 0.2-core quota that pushed an honest pod's hold after
+/// its app's first connect.
+pub fn rescan_every(settings: &DrainSettings, rescans: u32) -> Duration {
+    settings
+        .rescan_every
+        .saturating_mul(1 << rescans.min(8))
+        .min(RESCAN_EVERY_MAX.max(settings.rescan_every))
+}
+
 /// Longest pause between two samples while the app still runs.
 pub const SAMPLE_EVERY_MAX: Duration = Duration::from_secs(1);
 
@@ -239,6 +257,19 @@ pub fn sample_every(settings: &DrainSettings, running_for: Duration) -> Duration
     let base = settings.stats_every;
     base.saturating_mul(1 << doublings)
         .min(SAMPLE_EVERY_MAX.max(base))
+}
+
+/// The pause after `failures` failed samples in a row while the app still runs:
+/// [`sample_every`] doubled per failure, up to 16 times it. Those samples only give the judge
+/// its history, and a failed one (an answer over the cap, a timeout; a refusal is confirmed
+/// sooner by the caller) gives none. Issue 29: a pod's "Envoy" answering every sample with
+/// 1 MB was read up to the 64 KiB cap every 100 ms for as long as the app ran.
+pub fn sample_every_after_failures(
+    settings: &DrainSettings,
+    running_for: Duration,
+    failures: u32,
+) -> Duration {
+    sample_every(settings, running_for).saturating_mul(1 << failures.min(4))
 }
 
 /// The pause before the `samples`-th sample while waiting for in-flight traffic to settle:
@@ -519,6 +550,35 @@ mod tests {
         ] {
             assert_eq!(job_next(s), want, "{s:?}");
         }
+    }
+
+    #[test]
+    fn failed_samples_back_off_while_the_app_runs() {
+        let s = DrainSettings::default();
+        let at = |failures| sample_every_after_failures(&s, Duration::ZERO, failures);
+        assert_eq!(at(0), s.stats_every);
+        assert_eq!(at(1), s.stats_every * 2);
+        assert_eq!(at(4), s.stats_every * 16);
+        assert_eq!(at(u32::MAX), s.stats_every * 16);
+    }
+
+    #[test]
+    fn rescans_back_off_but_stay_bounded() {
+        let s = DrainSettings::default();
+        assert_eq!(rescan_every(&s, 0), s.rescan_every);
+        assert_eq!(rescan_every(&s, 1), s.rescan_every * 2);
+        assert_eq!(rescan_every(&s, 3), s.rescan_every * 8);
+        assert_eq!(rescan_every(&s, 4), RESCAN_EVERY_MAX.max(s.rescan_every));
+        assert_eq!(
+            rescan_every(&s, u32::MAX),
+            RESCAN_EVERY_MAX.max(s.rescan_every)
+        );
+        // A setting above the bound is kept, never shortened.
+        let slow = DrainSettings {
+            rescan_every: Duration::from_secs(3),
+            ..DrainSettings::default()
+        };
+        assert_eq!(rescan_every(&slow, 5), Duration::from_secs(3));
     }
 
     #[test]

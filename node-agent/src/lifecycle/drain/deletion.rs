@@ -114,12 +114,14 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
     let mut judgement: Option<InFlight> = None;
     let mut next_stats = Instant::now();
     let mut failed_samples_while_gone = 0u32;
+    let mut failed_samples_while_running = 0u32;
     let mut unseen_warned = false;
     let mut unreadable_told = false;
     let mut flushing_told = false;
     let mut app_gone: Option<Instant> = None;
     let mut samples_since_gone = 0u32;
-    let mut next_rescan = Instant::now() + settings.rescan_every;
+    let mut rescans = 0u32;
+    let mut next_rescan = Instant::now() + decide::rescan_every(settings, rescans);
     let mut exits_told: Vec<String> = Vec::new();
     loop {
         let now = Instant::now();
@@ -137,8 +139,9 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
         // once it is gone; not once the deadline has passed (the quit is due now).
         if !deadline_passed && (gone || now >= next_stats) {
             next_stats = now + decide::sample_every(settings, now.duration_since(t0));
-            match d.sample().await {
+            match d.sample(gone).await {
                 Ok(sample) => {
+                    failed_samples_while_running = 0;
                     report.filter_present = Some(sample.filter.is_some());
                     report.last_counts = sample.filter;
                     report.last_traffic_bytes =
@@ -184,6 +187,15 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                     judgement = None;
                     if gone {
                         failed_samples_while_gone += 1;
+                    } else {
+                        failed_samples_while_running =
+                            failed_samples_while_running.saturating_add(1);
+                        next_stats = Instant::now()
+                            + decide::sample_every_after_failures(
+                                settings,
+                                now.duration_since(t0),
+                                failed_samples_while_running,
+                            );
                     }
                     if d.refusals > 0 {
                         // Envoy may have exited: confirm soon rather than at the next regular
@@ -322,7 +334,8 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
         // Re-scan on news (an exit, a status change) and regularly for forked processes; not on
         // every count sample.
         if rescan {
-            next_rescan = Instant::now() + settings.rescan_every;
+            rescans = rescans.saturating_add(1);
+            next_rescan = Instant::now() + decide::rescan_every(settings, rescans);
             snapshot = app.refresh(&current).await;
         }
     }

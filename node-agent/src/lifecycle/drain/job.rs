@@ -94,7 +94,7 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
     let mut flushing_told = false;
     let reason = loop {
         samples += 1;
-        let judgement = match d.sample().await {
+        let judgement = match d.sample(true).await {
             Ok(sample) => {
                 let now = Instant::now().into_std();
                 let j = judge.observe(now, &sample);
