@@ -475,7 +475,9 @@ fn outbound_through_istio_redirect_and_inbound_over_veth() -> Result<()> {
 
 /// A release removes the rules it wrote without listing them first; where the table is not as
 /// it wrote it (here a leftover hold under a fresh one: two jumps per chain), that one
-/// transaction fails whole and the release lists and removes everything instead.
+/// transaction fails whole and the release reads holdfast's chains and removes everything
+/// instead (the jumps one transaction at a time: `iptables -C` says a jump is there, not how
+/// many times).
 #[test]
 fn release_clears_a_table_not_as_installed() -> Result<()> {
     if !privileged("release_clears_a_table_not_as_installed") {
@@ -486,10 +488,7 @@ fn release_clears_a_table_not_as_installed() -> Result<()> {
     drop(HoldQueue::start(&t.ns, &cfg)?);
     let hold = HoldQueue::start_fresh(&t.ns, &cfg)?;
     let jumps = HoldQueue::find(&t.ns, &cfg)?.jumps.len();
-    ensure!(
-        jumps == 4,
-        "expected two jumps per chain and family, found {jumps}"
-    );
+    ensure!(jumps == 2, "expected a jump per chain, found {jumps}");
     let report = hold.release()?;
     ensure!(report.rules_removed, "report: {report:?}");
     t.assert_no_hold()

@@ -21,7 +21,7 @@ use super::machine::{self, Effect, Input, Now, PodFacts, Released, Seen, State, 
 use super::record::Recorder;
 use crate::effects::admin_socket::AdminSocket;
 use crate::effects::envoy_admin::AdminClient;
-use crate::effects::hold::{HoldConfig, HoldQueue};
+use crate::effects::hold::{Error as HoldError, HoldConfig, HoldQueue};
 use crate::effects::netns::PodNetns;
 use crate::effects::procfs::pod_procs::NetnsLookup;
 use crate::effects::procfs::proxy_procs::proxy_pids_of;
@@ -438,6 +438,7 @@ impl Driver {
                         );
                     }
                 }
+                Effect::RememberOverBound => self.disarm_and_mark().await,
                 Effect::StartJobWatch => self.start_executor(false),
                 Effect::StartDrain => self.start_executor(true),
             }
@@ -739,9 +740,36 @@ impl Driver {
         match blocking(netns, cfg, |ns, c| HoldQueue::remove_leftover(&ns, &c)).await {
             Ok(true) => tracing::info!("removed a hold rule left by a previous agent"),
             Ok(false) => {}
-            Err(e) => self
-                .rec
-                .problem(format!("removing a leftover hold rule failed: {e}")),
+            Err(e) => {
+                if !self.child_over_bound(&e) {
+                    self.rec
+                        .problem(format!("removing a leftover hold rule failed: {e}"));
+                }
+            }
+        }
+    }
+
+    /// Tells the machine when a hold command broke its bounds (`Input::ChildOverBound`, fed
+    /// before the effect's own answer). Whether it did is the error's.
+    fn child_over_bound(&mut self, e: &HoldError) -> bool {
+        let Some(remembered) = e.over_bound() else {
+            return false;
+        };
+        self.pending.push_back(Input::ChildOverBound {
+            why: e.to_string(),
+            remembered,
+        });
+        true
+    }
+
+    async fn disarm_and_mark(&mut self) {
+        let (Some(netns), Some(cfg)) = (&self.netns, self.hold_config()) else {
+            return;
+        };
+        if let Err(e) = blocking(netns, cfg, |ns, c| HoldQueue::disarm_and_mark(&ns, &c)).await {
+            self.rec.problem(format!(
+                "cannot mark the pod's network namespace as over its bounds: {e}"
+            ));
         }
     }
 
@@ -786,7 +814,10 @@ impl Driver {
                     age,
                 }
             }
-            Err(e) => Input::HoldFailed(e),
+            Err(e) => {
+                self.child_over_bound(&e);
+                Input::HoldFailed(e.to_string())
+            }
         }
     }
 
@@ -804,7 +835,10 @@ impl Driver {
                 ready_to_release: ready_at
                     .map(|t| release_started.saturating_duration_since(t) + report.verdict_after),
             }),
-            Ok(Err(e)) => Input::ReleaseFailed(e.to_string()),
+            Ok(Err(e)) => {
+                self.child_over_bound(&e);
+                Input::ReleaseFailed(e.to_string())
+            }
             Err(e) => Input::ReleaseFailed(format!("the release task failed: {e}")),
         }
     }
@@ -951,11 +985,11 @@ async fn blocking<T: Send + 'static>(
     netns: &PodNetns,
     cfg: HoldConfig,
     f: impl FnOnce(PodNetns, HoldConfig) -> crate::effects::hold::Result<T> + Send + 'static,
-) -> Result<T, String> {
-    let ns = netns.try_clone().map_err(|e| e.to_string())?;
-    tokio::task::spawn_blocking(move || f(ns, cfg).map_err(|e| e.to_string()))
+) -> Result<T, HoldError> {
+    let ns = netns.try_clone().map_err(HoldError::Netns)?;
+    tokio::task::spawn_blocking(move || f(ns, cfg))
         .await
-        .map_err(|e| e.to_string())?
+        .map_err(|e| HoldError::Holder(netns.id(), format!("the hold task failed: {e}")))?
 }
 
 #[cfg(test)]
