@@ -279,6 +279,7 @@ impl Driver {
         let mut exited = self.perform(fx).await;
         let mut stop_sent = false;
         let mut view_closed = false;
+        let mut inputs_log = InputsLog::default();
         let stop = self.shared.stop.clone();
         while !exited {
             let input = match self.pending.pop_front() {
@@ -365,8 +366,15 @@ impl Driver {
             };
             let fx;
             // Every input the machine gets, in order: the sequence a machine test replays
-            // (`HOLDFAST_LOG=info,holdfast::inputs=debug`; machine_tests.rs `replay_*`).
-            tracing::debug!(target: "holdfast::inputs", ?input);
+            // (`HOLDFAST_LOG=info,holdfast::inputs=debug`; machine_tests.rs `replay_*`) — but
+            // the readiness polls' timers and a readiness observation the same as the one
+            // before, which the replays leave out: in a burst of pods starting those were
+            // thousands of lines a second, and formatting and writing them was the largest
+            // part of what the agent spent beyond the c978d44 build (issue 29 item 9, `perf`
+            // of a 30-pod burst).
+            if inputs_log.note(&input) {
+                tracing::debug!(target: "holdfast::inputs", ?input);
+            }
             (state, fx) = machine::step(state, input, now());
             exited = self.perform(fx).await;
             if !state.checks_readiness() {
@@ -980,6 +988,28 @@ impl Driver {
     }
 }
 
+/// Which of the machine's inputs the driver logs (`holdfast::inputs`, debug): not the readiness
+/// polls' timers, and not a readiness observation the same as the input before it — the runs
+/// a replay (machine_tests.rs `replay_*`) leaves out anyway.
+#[derive(Debug, Default)]
+struct InputsLog {
+    last_seen: Option<Seen>,
+}
+
+impl InputsLog {
+    /// Whether to log `input` (and remembers it).
+    fn note(&mut self, input: &Input) -> bool {
+        match input {
+            Input::Timer(Timer::ReadinessPoll) => false,
+            Input::Readiness(seen) => self.last_seen.replace(*seen) != Some(*seen),
+            _ => {
+                self.last_seen = None;
+                true
+            }
+        }
+    }
+}
+
 /// Runs blocking hold work (iptables, netlink) off the async runtime.
 async fn blocking<T: Send + 'static>(
     netns: &PodNetns,
@@ -995,6 +1025,36 @@ async fn blocking<T: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 29 item 9: the inputs log leaves out the readiness polls' timers and repeated
+    /// observations (thousands of lines a second in a burst), and keeps every other input and
+    /// every change of what the checks see.
+    #[test]
+    fn the_inputs_log_leaves_out_repeated_polls() {
+        let mut log = InputsLog::default();
+        let logged: Vec<bool> = [
+            Input::NetnsFound {
+                netns: crate::effects::netns::NetnsId { dev: 4, ino: 1 },
+            },
+            Input::Readiness(Seen::Down),
+            Input::Timer(Timer::ReadinessPoll),
+            Input::Readiness(Seen::Down),
+            Input::Timer(Timer::ReadinessPoll),
+            Input::Readiness(Seen::Up),
+            Input::Timer(Timer::ReadinessPoll),
+            Input::Readiness(Seen::Up),
+            Input::Timer(Timer::HoldDeadline),
+            Input::Readiness(Seen::Up),
+            Input::Readiness(Seen::Ready),
+        ]
+        .iter()
+        .map(|i| log.note(i))
+        .collect();
+        assert_eq!(
+            logged,
+            [true, true, false, false, false, true, false, false, true, true, true]
+        );
+    }
 
     #[test]
     fn a_netns_belongs_to_one_pod_at_a_time() {
