@@ -607,13 +607,18 @@ fn start_fails_cleanly_without_iptables() -> Result<()> {
         return Ok(());
     }
     let t = TestNetns::new("hf-hold-bad")?;
+    // The first command is `iptables-restore` (the probe before any listing, issue 29).
     let cfg = with_rules(RuleSpec {
         iptables: "/nonexistent/iptables".to_string(),
+        iptables_restore: "/nonexistent/iptables-restore".to_string(),
         ..Default::default()
     });
     let err = HoldQueue::start(&t.ns, &cfg).expect_err("start without iptables");
     println!("start error: {err}");
-    ensure!(err.to_string().contains("/nonexistent/iptables"), "{err}");
+    ensure!(
+        err.to_string().contains("/nonexistent/iptables-restore"),
+        "{err}"
+    );
     ensure!(err.kind() == "rules", "kind {}", err.kind());
     // The queue was closed again: a fresh hold can bind the same queue number.
     let hold = HoldQueue::start(&t.ns, &HoldConfig::default())?;
