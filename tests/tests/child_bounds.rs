@@ -87,7 +87,8 @@ fn a_flooded_table_fails_the_pod_open_once_and_for_every_successor() {
             Duration::from_secs(90),
             "failed open and the hold ended",
             |r| {
-                r.phase == AgentPhase::Skipped && r.hold.as_ref().is_some_and(|h| h.outcome.is_some())
+                r.phase == AgentPhase::Skipped
+                    && r.hold.as_ref().is_some_and(|h| h.outcome.is_some())
             },
         )
         .expect("the flooder is failed open");
@@ -100,8 +101,7 @@ fn a_flooded_table_fails_the_pod_open_once_and_for_every_successor() {
         row.hold.as_ref().is_some_and(|h| h.outcome.is_some()),
         "the hold ended: {row:?}"
     );
-    let log = std::fs::read_to_string(node.work_dir().join("flooder/app.log"))
-        .unwrap_or_default();
+    let log = std::fs::read_to_string(node.work_dir().join("flooder/app.log")).unwrap_or_default();
     assert!(log.contains("20000 rules"), "the flood went in: {log}");
     assert!(
         chain_exists(&node, "flooder", "HOLDFAST_BOUND"),

@@ -630,7 +630,10 @@ mod tests {
         assert!(over_child_limit(&signalled(libc::SIGKILL), b"").is_some());
         let absent = b"iptables-restore: line 2 failed: Chain already exists.\n";
         assert_eq!(over_child_limit(&exited(1), absent), None);
-        assert_eq!(over_child_limit(&exited(0), b"memory allocation problem"), None);
+        assert_eq!(
+            over_child_limit(&exited(0), b"memory allocation problem"),
+            None
+        );
     }
 
     #[test]

@@ -304,9 +304,11 @@ fn a_failed_holder_fails_the_pod_open_at_once() {
 /// it.
 #[test]
 fn a_command_over_its_bounds_fails_the_pod_open_and_is_remembered() {
-    let over = |remembered| Input::ChildOverBound {
+    let over = |remembered| {
+        Input::ChildOverBound {
         why: "`iptables-restore` inside network namespace ... was stopped: it ran out of its 16 MiB of memory".into(),
         remembered,
+    }
     };
     // The release meets a flooded table.
     let mut r = holding(pod(RestartPolicy::Always));

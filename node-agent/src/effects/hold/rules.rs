@@ -360,8 +360,9 @@ pub fn install_script(spec: &RuleSpec, family: Family, existing: &FoundHold) -> 
 /// The jumps as holdfast writes them, as `-S` prints them: `(built-in chain, holdfast chain,
 /// the printed rule)`.
 fn canonical_jumps() -> [(&'static str, &'static str, String); 2] {
-    let printed =
-        |builtin: &str, chain: &str| format!("-A {builtin} -m comment --comment {COMMENT} -j {chain}");
+    let printed = |builtin: &str, chain: &str| {
+        format!("-A {builtin} -m comment --comment {COMMENT} -j {chain}")
+    };
     [
         ("OUTPUT", OUT_CHAIN, printed("OUTPUT", OUT_CHAIN)),
         ("INPUT", IN_CHAIN, printed("INPUT", IN_CHAIN)),
@@ -380,7 +381,7 @@ pub fn remove_script(existing: &FoundHold) -> Option<String> {
     }
     let mut script = String::from("*filter\n");
     for (builtin, chain, printed) in canonical_jumps() {
-        if existing.jumps.iter().any(|j| *j == printed) {
+        if existing.jumps.contains(&printed) {
             script.push_str(&format!(
                 "-D {builtin} -m comment --comment {COMMENT} -j {chain}\n"
             ));
@@ -556,8 +557,18 @@ fn find_family(netns: &PodNetns, spec: &RuleSpec, family: Family) -> Result<Foun
             continue;
         }
         let check = args(&[
-            "-w", "5", "-t", "filter", "-C", builtin, "-m", "comment", "--comment", COMMENT,
-            "-j", chain,
+            "-w",
+            "5",
+            "-t",
+            "filter",
+            "-C",
+            builtin,
+            "-m",
+            "comment",
+            "--comment",
+            COMMENT,
+            "-j",
+            chain,
         ]);
         if netns
             .run_command(family.iptables(spec), &check, None)?
@@ -735,7 +746,12 @@ pub fn disarm_and_mark(netns: &PodNetns, spec: &RuleSpec, at_ms: u64) -> Result<
     for family in [Family::V4, Family::V6] {
         match (
             family,
-            run_checked(netns, family.restore(spec), &restore, Some(disarm_script(at_ms))),
+            run_checked(
+                netns,
+                family.restore(spec),
+                &restore,
+                Some(disarm_script(at_ms)),
+            ),
         ) {
             (_, Ok(_)) => {}
             (Family::V6, Err(error)) => {
@@ -775,7 +791,7 @@ fn remove_found(
         }
     }
     for (builtin, chain, printed) in canonical_jumps() {
-        if !existing.jumps.iter().any(|j| *j == printed) {
+        if !existing.jumps.contains(&printed) {
             continue;
         }
         for _ in 0..MAX_JUMP_COPIES {
@@ -954,11 +970,17 @@ mod tests {
         );
         assert_eq!(parse_probe(true, ""), Probe::Nothing);
         assert_eq!(
-            parse_probe(false, "iptables-restore: line 2 failed: Chain already exists.\n"),
+            parse_probe(
+                false,
+                "iptables-restore: line 2 failed: Chain already exists.\n"
+            ),
             Probe::Remembered
         );
         assert_eq!(
-            parse_probe(false, "iptables-restore: line 4 failed: Chain already exists.\n"),
+            parse_probe(
+                false,
+                "iptables-restore: line 4 failed: Chain already exists.\n"
+            ),
             Probe::List
         );
         assert_eq!(
