@@ -22,7 +22,7 @@ use super::record::Recorder;
 use super::replay::Recorded;
 use crate::effects::admin_socket::AdminSocket;
 use crate::effects::envoy_admin::AdminClient;
-use crate::effects::hold::{HoldConfig, HoldQueue};
+use crate::effects::hold::{Error as HoldError, HoldConfig, HoldQueue};
 use crate::effects::netns::PodNetns;
 use crate::effects::procfs::pod_procs::NetnsLookup;
 use crate::effects::procfs::proxy_procs::proxy_pids_of;
@@ -285,6 +285,7 @@ impl Driver {
         let mut exited = self.perform(fx).await;
         let mut stop_sent = false;
         let mut view_closed = false;
+        let mut inputs_log = InputsLog::default();
         let stop = self.shared.stop.clone();
         while !exited {
             let input = match self.pending.pop_front() {
@@ -371,11 +372,18 @@ impl Driver {
             };
             let fx;
             // Every input the machine gets, in order, as JSON: the sequence `replay.rs` reads
-            // back (`HOLDFAST_LOG=info,holdfast::inputs=debug`). Serialized only when enabled.
-            tracing::debug!(
-                target: "holdfast::inputs",
-                recorded = %Recorded::Input(input.clone()).to_json()
-            );
+            // back (`HOLDFAST_LOG=info,holdfast::inputs=debug`) — but the readiness polls'
+            // timers and a readiness observation the same as the one before, which change
+            // nothing a replay decides: in a burst of pods starting those were thousands of
+            // lines a second, and formatting and writing them was the largest part of what the
+            // agent spent beyond the c978d44 build (issue 29 item 9, `perf` of a 30-pod burst).
+            // Serialized only when enabled.
+            if inputs_log.note(&input) {
+                tracing::debug!(
+                    target: "holdfast::inputs",
+                    recorded = %Recorded::Input(input.clone()).to_json()
+                );
+            }
             (state, fx) = machine::step(state, input, now());
             exited = self.perform(fx).await;
             if !state.checks_readiness() {
@@ -447,6 +455,7 @@ impl Driver {
                         );
                     }
                 }
+                Effect::RememberOverBound => self.disarm_and_mark().await,
                 Effect::StartJobWatch => self.start_executor(false),
                 Effect::StartDrain => self.start_executor(true),
             }
@@ -748,9 +757,36 @@ impl Driver {
         match blocking(netns, cfg, |ns, c| HoldQueue::remove_leftover(&ns, &c)).await {
             Ok(true) => tracing::info!("removed a hold rule left by a previous agent"),
             Ok(false) => {}
-            Err(e) => self
-                .rec
-                .problem(format!("removing a leftover hold rule failed: {e}")),
+            Err(e) => {
+                if !self.child_over_bound(&e) {
+                    self.rec
+                        .problem(format!("removing a leftover hold rule failed: {e}"));
+                }
+            }
+        }
+    }
+
+    /// Tells the machine when a hold command broke its bounds (`Input::ChildOverBound`, fed
+    /// before the effect's own answer). Whether it did is the error's.
+    fn child_over_bound(&mut self, e: &HoldError) -> bool {
+        let Some(remembered) = e.over_bound() else {
+            return false;
+        };
+        self.pending.push_back(Input::ChildOverBound {
+            why: e.to_string(),
+            remembered,
+        });
+        true
+    }
+
+    async fn disarm_and_mark(&mut self) {
+        let (Some(netns), Some(cfg)) = (&self.netns, self.hold_config()) else {
+            return;
+        };
+        if let Err(e) = blocking(netns, cfg, |ns, c| HoldQueue::disarm_and_mark(&ns, &c)).await {
+            self.rec.problem(format!(
+                "cannot mark the pod's network namespace as over its bounds: {e}"
+            ));
         }
     }
 
@@ -795,7 +831,10 @@ impl Driver {
                     age,
                 }
             }
-            Err(e) => Input::HoldFailed(e),
+            Err(e) => {
+                self.child_over_bound(&e);
+                Input::HoldFailed(e.to_string())
+            }
         }
     }
 
@@ -813,7 +852,10 @@ impl Driver {
                 ready_to_release: ready_at
                     .map(|t| release_started.saturating_duration_since(t) + report.verdict_after),
             }),
-            Ok(Err(e)) => Input::ReleaseFailed(e.to_string()),
+            Ok(Err(e)) => {
+                self.child_over_bound(&e);
+                Input::ReleaseFailed(e.to_string())
+            }
             Err(e) => Input::ReleaseFailed(format!("the release task failed: {e}")),
         }
     }
@@ -955,21 +997,73 @@ impl Driver {
     }
 }
 
+/// Which of the machine's inputs the driver logs (`holdfast::inputs`, debug): not the readiness
+/// polls' timers, and not a readiness observation the same as the input before it — the runs
+/// a replay (machine_tests.rs `replay_*`) leaves out anyway.
+#[derive(Debug, Default)]
+struct InputsLog {
+    last_seen: Option<Seen>,
+}
+
+impl InputsLog {
+    /// Whether to log `input` (and remembers it).
+    fn note(&mut self, input: &Input) -> bool {
+        match input {
+            Input::Timer(Timer::ReadinessPoll) => false,
+            Input::Readiness(seen) => self.last_seen.replace(*seen) != Some(*seen),
+            _ => {
+                self.last_seen = None;
+                true
+            }
+        }
+    }
+}
+
 /// Runs blocking hold work (iptables, netlink) off the async runtime.
 async fn blocking<T: Send + 'static>(
     netns: &PodNetns,
     cfg: HoldConfig,
     f: impl FnOnce(PodNetns, HoldConfig) -> crate::effects::hold::Result<T> + Send + 'static,
-) -> Result<T, String> {
-    let ns = netns.try_clone().map_err(|e| e.to_string())?;
-    tokio::task::spawn_blocking(move || f(ns, cfg).map_err(|e| e.to_string()))
+) -> Result<T, HoldError> {
+    let ns = netns.try_clone().map_err(HoldError::Netns)?;
+    tokio::task::spawn_blocking(move || f(ns, cfg))
         .await
-        .map_err(|e| e.to_string())?
+        .map_err(|e| HoldError::Holder(netns.id(), format!("the hold task failed: {e}")))?
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 29 item 9: the inputs log leaves out the readiness polls' timers and repeated
+    /// observations (thousands of lines a second in a burst), and keeps every other input and
+    /// every change of what the checks see.
+    #[test]
+    fn the_inputs_log_leaves_out_repeated_polls() {
+        let mut log = InputsLog::default();
+        let logged: Vec<bool> = [
+            Input::NetnsFound {
+                netns: crate::effects::netns::NetnsId { dev: 4, ino: 1 },
+            },
+            Input::Readiness(Seen::Down),
+            Input::Timer(Timer::ReadinessPoll),
+            Input::Readiness(Seen::Down),
+            Input::Timer(Timer::ReadinessPoll),
+            Input::Readiness(Seen::Up),
+            Input::Timer(Timer::ReadinessPoll),
+            Input::Readiness(Seen::Up),
+            Input::Timer(Timer::HoldDeadline),
+            Input::Readiness(Seen::Up),
+            Input::Readiness(Seen::Ready),
+        ]
+        .iter()
+        .map(|i| log.note(i))
+        .collect();
+        assert_eq!(
+            logged,
+            [true, true, false, false, false, true, false, false, true, true, true]
+        );
+    }
 
     #[test]
     fn a_netns_belongs_to_one_pod_at_a_time() {

@@ -263,10 +263,20 @@ pub fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>) {
     // bypass it), and the agent cannot tell the pod's doing from a kernel error: fail it open
     // and leave it alone, as for a broken bound (row, Warning Event, counter, the hold's rules
     // removed).
+    let child_over_bound = matches!(input, Input::ChildOverBound { .. });
     let input = match input {
         Input::HoldBroken(why) => Input::OverBound(format!(
             "the startup hold's queue reader stopped ({why}); the hold no longer held"
         )),
+        // A command in the pod's namespace over its bounds (issue 29): the pod's tables cost
+        // more than the agent spends on a pod. Its namespace is marked (unless it already
+        // was), so no agent, after a restart either, runs such a command there again.
+        Input::ChildOverBound { why, remembered } => {
+            if !remembered {
+                fx.push(Effect::RememberOverBound);
+            }
+            Input::OverBound(child_over_bound_reason(&why, remembered))
+        }
         other => other,
     };
     timeline_steps(&mut s, &input, &mut fx);
@@ -307,6 +317,17 @@ pub fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>) {
             fx.push(Effect::Record(Outcome::FailedOpen { why }));
             fx.push(Effect::RemoveLeftoverHold);
             Stage::Finished
+        }
+        // A command's bound at another stage (removing a leftover hold: after the first look,
+        // a failed hold, a restart): left alone from now on as well.
+        (st, Input::OverBound(why)) if child_over_bound && !s.left_alone => {
+            s.left_alone = true;
+            fx.push(Effect::Record(Outcome::FailedOpen { why }));
+            match st {
+                Stage::Running { .. } => Stage::Finished,
+                // A running executor ends by its own answer.
+                other => other,
+            }
         }
         (st, Input::OverBound(why)) => {
             // Nothing of the agent's is in force at the other stages; say so only once.
@@ -382,6 +403,19 @@ pub fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>) {
         (st, input) => afterwards::step(&mut s, st, input, now, &mut fx),
     };
     (s, fx)
+}
+
+/// The failed-open reason of [`Input::ChildOverBound`].
+fn child_over_bound_reason(why: &str, remembered: bool) -> String {
+    if remembered {
+        format!("{why}; the pod is left alone, as by the agent that saw it")
+    } else {
+        format!(
+            "a command the agent ran in the pod's network namespace broke its bounds ({why}): \
+             the pod's tables cost more than the agent spends on a pod; the namespace is marked \
+             so that no agent runs one there again"
+        )
+    }
 }
 
 /// The timeline's steps an input marks, whatever the stage: the proxy container seen running

@@ -84,6 +84,7 @@ fn kind(e: &Effect) -> String {
         Effect::SetPassThrough(on) => format!("pass-through:{on}"),
         Effect::ReleaseHold { ready_at } => format!("release(ready={})", ready_at.is_some()),
         Effect::LeaveHoldForSuccessor => "leave-hold".into(),
+        Effect::RememberOverBound => "remember-over-bound".into(),
         Effect::StartJobWatch => "job-watch".into(),
         Effect::StartDrain => "drain".into(),
         Effect::Record(Outcome::HoldStarted { adopted, late }) => {
@@ -291,6 +292,86 @@ fn a_failed_holder_fails_the_pod_open_at_once() {
             ),
             (Input::Pod(Some(deleted(pod(RestartPolicy::Always)))), &[]),
             (Input::Pod(None), &["phase:done", "exit"]),
+        ],
+    );
+    assert!(r.state.left_alone);
+}
+
+/// Issue 29: a command in the pod's namespace over its bounds (an `iptables` listing or release
+/// a flooded table made too costly) fails the pod open and leaves it alone, and the namespace is
+/// marked so that no agent runs such a command there again; an agent that finds the mark (a
+/// successor) leaves the pod alone too, without marking it again, at whatever stage it learns
+/// it.
+#[test]
+fn a_command_over_its_bounds_fails_the_pod_open_and_is_remembered() {
+    let over = |remembered| {
+        Input::ChildOverBound {
+        why: "`iptables-restore` inside network namespace ... was stopped: it ran out of its 16 MiB of memory".into(),
+        remembered,
+    }
+    };
+    // The release meets a flooded table.
+    let mut r = holding(pod(RestartPolicy::Always));
+    r.script(
+        "the release over its bounds",
+        vec![
+            (Input::Readiness(Seen::Ready), &["release(ready=true)"]),
+            (over(false), &["remember-over-bound", "rec:failed-open"]),
+            (
+                Input::ReleaseFailed("over its bounds".into()),
+                &["remove-leftover", "rec:hold-failed", "problem"],
+            ),
+            // The leftover's look is only the probe, which finds the mark: nothing more.
+            (over(true), &[]),
+            // Left alone: no drain on deletion.
+            (Input::Pod(Some(deleted(pod(RestartPolicy::Always)))), &[]),
+            (Input::Pod(None), &["phase:done", "exit"]),
+        ],
+    );
+    assert!(r.state.left_alone);
+    let mut r = holding(pod(RestartPolicy::Always));
+    r.feed(Input::Readiness(Seen::Ready));
+    let fx = r.feed(over(false));
+    let why = fx.iter().find_map(|e| match e {
+        Effect::Record(Outcome::FailedOpen { why }) => Some(why.clone()),
+        _ => None,
+    });
+    assert!(
+        why.as_deref()
+            .is_some_and(|w| w.contains("broke its bounds") && w.contains("16 MiB")),
+        "{why:?}"
+    );
+
+    // A successor: the proxy ready at its first look; removing a leftover finds the mark.
+    let mut r = Run::start(pod(RestartPolicy::Always), START);
+    r.script(
+        "a successor meets the mark after the first look",
+        vec![
+            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (
+                Input::Readiness(Seen::Ready),
+                &["remove-leftover", "phase:ready"],
+            ),
+            (over(true), &["rec:failed-open"]),
+            (Input::Pod(Some(deleted(pod(RestartPolicy::Always)))), &[]),
+            (Input::ProxyGone, &[]),
+        ],
+    );
+    assert!(r.state.left_alone);
+
+    // A successor adopting the hold finds the mark before it lists anything.
+    let mut r = Run::start(pod(RestartPolicy::Always), START);
+    r.script(
+        "a successor meets the mark when it adopts",
+        vec![
+            (Input::NetnsFound { netns: ns(1) }, &["check"]),
+            (Input::Readiness(Seen::Down), &["install(fresh=false)"]),
+            (over(true), &["rec:failed-open"]),
+            (
+                Input::HoldFailed("remembered".into()),
+                &["remove-leftover", "rec:hold-failed", "problem"],
+            ),
+            (Input::Pod(Some(deleted(pod(RestartPolicy::Always)))), &[]),
         ],
     );
     assert!(r.state.left_alone);

@@ -80,6 +80,16 @@ pub enum Input {
     /// from the kernel on its hold's queue): fail it open — release any hold as without the
     /// agent — and leave it alone from now on, saying why.
     OverBound(String),
+    /// A command the agent ran in the pod's network namespace (`iptables`, `iptables-restore`)
+    /// broke its own bounds — output, time, memory or CPU: the pod's tables made it too costly
+    /// — or did before (`remembered`: the namespace carries the mark, from this agent or a
+    /// previous one). An over-bound for the pod, whatever the stage: fail it open, leave it
+    /// alone, and (when not remembered yet) mark the namespace so that no agent runs it again.
+    /// Comes before the failed effect's own answer (`HoldFailed`, `ReleaseFailed`).
+    ChildOverBound {
+        why: String,
+        remembered: bool,
+    },
     /// The hold stopped holding on its own (its NFQUEUE reader thread failed; the reason): the
     /// machine fails the pod open at once, as for a broken bound, rather than leave the row
     /// `holding` until the deadline.
@@ -155,6 +165,9 @@ pub enum Effect {
     },
     /// Close the queue and leave the rule for the next agent (it adopts the hold).
     LeaveHoldForSuccessor,
+    /// Empty the hold's chains (nothing held) and mark the pod's namespace as over its bounds,
+    /// without listing anything there (`Input::ChildOverBound`; no answer).
+    RememberOverBound,
     /// Watch a Job's app and quit its proxy once it finished (answer: `JobFinished`).
     StartJobWatch,
     /// Drain the deleted pod (answer: `QuitStarted`, then `DrainFinished`).

@@ -63,6 +63,17 @@ impl Error {
             Error::Thread(..) | Error::Holder(..) => "thread",
         }
     }
+
+    /// Whether a command run in the pod's namespace broke its own bounds (the pod's tables
+    /// made it too costly): `Some(false)` now, `Some(true)` before (the namespace remembers it,
+    /// [`rules::BOUND_CHAIN`]); `None` for any other failure. See [`HoldQueue::disarm_and_mark`].
+    pub fn over_bound(&self) -> Option<bool> {
+        match self {
+            Error::Netns(crate::effects::netns::Error::CommandOverBound { .. }) => Some(false),
+            Error::Rules(e) => e.over_bound(),
+            _ => None,
+        }
+    }
 }
 
 /// Result of this module.
@@ -266,7 +277,11 @@ impl HoldQueue {
         match rules::install_over(&hold.netns, &cfg.rules, existing) {
             Ok(installed) => hold.note_installed(installed),
             Err(e) => {
-                let _ = rules::remove(&hold.netns, &cfg.rules);
+                // Over its bounds, a listing would cost more still: the lifecycle disarms the
+                // namespace instead (`disarm_and_mark`).
+                if e.over_bound().is_none() {
+                    let _ = rules::remove(&hold.netns, &cfg.rules);
+                }
                 let _ = hold.stop_holder();
                 return Err(e.into());
             }
@@ -351,6 +366,14 @@ impl HoldQueue {
     /// Removes holdfast rules from a netns where no hold is wanted. `true` if any were there.
     pub fn remove_leftover(netns: &PodNetns, cfg: &HoldConfig) -> Result<bool> {
         Ok(rules::remove(netns, &cfg.rules)?)
+    }
+
+    /// After a command in the namespace broke its bounds ([`Error::over_bound`]): empties
+    /// holdfast's chains, so nothing is held, and marks the namespace so that no later look —
+    /// this agent's or a successor's — runs anything heavier there than a cheap probe
+    /// ([`rules::disarm_and_mark`]). No listing.
+    pub fn disarm_and_mark(netns: &PodNetns, cfg: &HoldConfig) -> Result<()> {
+        Ok(rules::disarm_and_mark(netns, &cfg.rules, unix_now())?)
     }
 
     /// Whether a holdfast hold is present in the netns (e.g. after an agent restart).
