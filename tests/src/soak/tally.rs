@@ -22,8 +22,9 @@ use crate::sim::CallError;
 
 /// See the module's documentation.
 pub const ADOPT_MARGIN: Duration = Duration::from_millis(1500);
-/// A drain crossed by an outage is adopted when the proxy exits at most this long after the
-/// latest of the app's exit, the successor's start and (a download) the response's last byte.
+/// A drain crossed by an outage is adopted when the proxy exits (or the agent's quit is sent)
+/// at most this long after the latest of the app's exit, the successor's start and (a
+/// download) the response's last byte.
 pub const ADOPT_LAG: Duration = Duration::from_secs(3);
 /// A proxy that outlives its app by more than this held the pod up (a fixed drain, a Job that
 /// does not complete).
@@ -418,7 +419,15 @@ fn count_drain(t: &mut Tally, f: &Facts, outages: &[Outage]) {
             .max(up)
             .max(last_byte)
             .saturating_add(ADOPT_LAG.as_micros() as u64);
-        if proxy > due {
+        // The successor quit Envoy in time and Envoy took its time to exit: adopted (the exit
+        // is Envoy's; the slow-drain causes count it).
+        let quit_in_time = f
+            .drain
+            .as_ref()
+            .and_then(|d| d.quit_sent_at)
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .is_some_and(|q| (q.as_micros() as u64) <= due);
+        if proxy > due && !quit_in_time {
             t.drains_not_adopted.push(format!(
                 "{}: {}; agent {:?} down {}..{}, proxy exit {} ms late",
                 f.plan.pod_name(),
