@@ -2268,3 +2268,82 @@ fn replay_the_sequences_recorded_by_the_end_to_end_tests() {
         check(&recs, &replays);
     }
 }
+
+/// No stage drops a Pod update silently (issue 28 item 6), proved stage by stage: every stage
+/// the machine can be in receives a deletion and keeps its facts (`state.pod`), and either acts
+/// on it at once (effects or another stage) or is one of the stages whose catch-all arm
+/// (`(st, _) => st`) defers it, each with where it is acted on: `Checking` at its readiness
+/// answer (below), `SettingUpHold` and `Releasing` at their answer (`a_pod_update_in_a_waiting_stage_is_kept_and_acted_on`),
+/// `JobWatch` and `Draining` in their executors, which follow the pod's view themselves (the
+/// driver's watch channel; `drain::tests`).
+#[test]
+fn every_stage_keeps_a_deletion_and_acts_on_it_or_defers_to_its_answer() {
+    let p = || pod(RestartPolicy::Always);
+    let mut stages: Vec<(&str, Run)> = Vec::new();
+    let mut waiting = Run::start(p(), START);
+    waiting.feed(Input::NetnsNotYet);
+    stages.push(("waiting-for-netns", waiting));
+    let mut checking = Run::start(p(), START);
+    checking.feed(Input::NetnsFound { netns: ns(1) });
+    stages.push(("checking", checking));
+    let mut setting_up = Run::start(p(), START);
+    setting_up.feed(Input::NetnsFound { netns: ns(1) });
+    setting_up.feed(Input::Readiness(Seen::Down));
+    stages.push(("setting-up-hold", setting_up));
+    stages.push(("holding", holding(p())));
+    let mut releasing = holding(p());
+    releasing.feed(Input::Readiness(Seen::Ready));
+    stages.push(("releasing", releasing));
+    stages.push(("running", ready(holding(p()))));
+    let job = || {
+        let mut r = holding(pod(RestartPolicy::Never));
+        r.feed(Input::Readiness(Seen::Ready));
+        r.feed(Input::HoldReleased(Released::default()));
+        assert!(matches!(r.state.stage, Stage::JobWatch { .. }), "{r:?}");
+        r
+    };
+    stages.push(("job-watch", job()));
+    let mut draining = ready(holding(p()));
+    draining.feed(Input::Pod(Some(deleted(p()))));
+    stages.push(("draining", draining));
+    let mut finished = job();
+    finished.feed(Input::JobFinished(job_report(JobOutcome::Completed)));
+    assert_eq!(finished.state.stage, Stage::Finished);
+    stages.push(("finished", finished));
+
+    let deferred = [
+        "checking",
+        "setting-up-hold",
+        "releasing",
+        "job-watch",
+        "draining",
+        // Nothing runs that the agent acts on: the pod's going (`Pod(None)`) ends the task,
+        // and a container run again re-enters (`finished_only_when_the_kubelet_runs_nothing_again`).
+        "finished",
+    ];
+    for (name, mut r) in stages {
+        let before = r.state.stage.clone();
+        // The pod as the stage knows it, now deleted.
+        let update = deleted(r.state.pod.clone().expect("facts"));
+        let fx = r.feed(Input::Pod(Some(update.clone())));
+        assert_eq!(r.state.pod.as_ref(), Some(&update), "{name}: facts kept");
+        let acted = !fx.is_empty() || r.state.stage != before;
+        assert!(
+            acted || deferred.contains(&name),
+            "{name}: a deletion dropped silently ({before:?})"
+        );
+        if deferred.contains(&name) {
+            assert_eq!(
+                r.state.stage, before,
+                "{name}: deferred, the stage unchanged"
+            );
+        }
+        if name == "checking" {
+            // Its readiness answer reads the kept facts: deleted and nothing listening, no
+            // hold and nothing to drain.
+            let fx = r.feed(Input::Readiness(Seen::Down));
+            assert_eq!(r.state.stage, Stage::Finished, "{fx:?}");
+            assert!(!fx.iter().any(|e| matches!(e, Effect::InstallHold { .. })));
+        }
+    }
+}
