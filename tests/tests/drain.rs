@@ -1344,7 +1344,7 @@ fn drain_adopted_after_envoys_drain_time() {
 /// `HOLDFAST_RECORD_INPUTS=<dir>` writes them out as a corpus file for `machine_tests.rs`): the
 /// last agent's sequence (of `agents`) starts the drain and ends with its report, `app-done`.
 fn replay_drains(agent: &AgentProcess, pod: &str, file: &str, agents: usize) {
-    use holdfast::lifecycle::messages::{Effect, Input};
+    use holdfast::lifecycle::messages::Effect;
     let replays = agent.replay_inputs(pod, file);
     let Some((rec, r)) = replays.last() else {
         return; // The DaemonSet's pod logs at info: nothing recorded.
@@ -1355,9 +1355,10 @@ fn replay_drains(agent: &AgentProcess, pod: &str, file: &str, agents: usize) {
         "the replay starts the drain: {:?}",
         r.stages
     );
-    let report = rec.inputs.iter().find_map(|(_, i)| match i {
-        Input::DrainFinished(d) => Some(d.outcome),
-        _ => None,
-    });
-    assert_eq!(report, Some(DrainOutcome::AppDone), "{:?}", r.stages);
+    assert_eq!(
+        rec.drain_outcome(),
+        Some(DrainOutcome::AppDone),
+        "{:?}",
+        r.stages
+    );
 }

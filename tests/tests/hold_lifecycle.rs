@@ -201,16 +201,7 @@ fn replay_agrees(agent: &AgentProcess, file: &str, new_netns: bool) {
         return; // The DaemonSet's pod logs at info: nothing recorded.
     };
     eprintln!("{file}: {} inputs replayed", rec.inputs.len());
-    let holds: Vec<_> = r
-        .stages
-        .windows(2)
-        .zip(&r.effects[1..])
-        .filter(|(_, fx)| fx.iter().any(|e| matches!(e, Effect::InstallHold { .. })))
-        .filter_map(|(w, _)| match w[1] {
-            Stage::SettingUpHold { netns, .. } => Some(netns),
-            _ => None,
-        })
-        .collect();
+    let holds = r.holds_set_up();
     assert!(
         holds.len() >= 2,
         "held at start and after the restart: {holds:?}"

@@ -2168,24 +2168,10 @@ fn a_pod_update_in_a_waiting_stage_is_kept_and_acted_on() {
 fn replay_the_sequences_recorded_by_the_end_to_end_tests() {
     use crate::lifecycle::replay::{Recording, Replayed};
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/inputs");
-    let installs = |r: &Replayed| -> Vec<NetnsId> {
-        r.stages
-            .windows(2)
-            .zip(&r.effects[1..])
-            .filter(|(_, fx)| fx.iter().any(|e| matches!(e, Effect::InstallHold { .. })))
-            .filter_map(|(w, _)| match w[1] {
-                Stage::SettingUpHold { netns, .. } => Some(netns),
-                _ => None,
-            })
-            .collect()
-    };
+    let installs = Replayed::holds_set_up;
     let drained_app_done = |rec: &Recording, r: &Replayed| {
         assert!(r.any_effect(|e| matches!(e, Effect::StartDrain)), "{r:?}");
-        let outcome = rec.inputs.iter().find_map(|(_, i)| match i {
-            Input::DrainFinished(d) => Some(d.outcome),
-            _ => None,
-        });
-        assert_eq!(outcome, Some(DrainOutcome::AppDone));
+        assert_eq!(rec.drain_outcome(), Some(DrainOutcome::AppDone));
         assert!(
             matches!(r.state.stage, Stage::Finished | Stage::Exited),
             "{r:?}"

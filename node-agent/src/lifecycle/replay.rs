@@ -74,6 +74,19 @@ impl Replayed {
         }
     }
 
+    /// The netns of each hold the replay set up, in order (the stage an `InstallHold` entered).
+    pub fn holds_set_up(&self) -> Vec<NetnsId> {
+        self.stages
+            .windows(2)
+            .zip(&self.effects[1..])
+            .filter(|(_, fx)| fx.iter().any(|e| matches!(e, Effect::InstallHold { .. })))
+            .filter_map(|(w, _)| match w[1] {
+                Stage::SettingUpHold { netns, .. } => Some(netns),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Whether any step's effects match `f`.
     pub fn any_effect(&self, f: impl Fn(&Effect) -> bool) -> bool {
         self.effects.iter().flatten().any(f)
@@ -110,6 +123,14 @@ impl Recording {
             }
         }
         Ok(out)
+    }
+
+    /// The outcome of the drain report the sequence fed the machine, if one.
+    pub fn drain_outcome(&self) -> Option<crate::api::DrainOutcome> {
+        self.inputs.iter().find_map(|(_, i)| match i {
+            Input::DrainFinished(d) => Some(d.outcome),
+            _ => None,
+        })
     }
 
     /// The recording as the lines [`Recording::from_log`] reads (text format), for a corpus

@@ -351,6 +351,25 @@ impl Pod {
 
 static KEY: std::sync::LazyLock<PodKey> = std::sync::LazyLock::new(key);
 
+/// A drain context whose steps are told on the returned channel (what the driver shows, and
+/// what a test waits on instead of a sleep).
+fn ctx_telling_steps<'a>(
+    admin: &'a FakeAdmin,
+    procs: FakeProcs,
+    rx: watch::Receiver<Option<PodView>>,
+    settings: &'a DrainSettings,
+) -> (
+    DrainCtx<'a, FakeAdmin, FakeProcs>,
+    tokio::sync::mpsc::UnboundedReceiver<DrainStep>,
+) {
+    let (steps_tx, steps) = tokio::sync::mpsc::unbounded_channel();
+    let ctx = DrainCtx {
+        steps: Some(steps_tx),
+        ..ctx(admin, procs, rx, CancellationToken::new(), settings)
+    };
+    (ctx, steps)
+}
+
 fn ctx<'a>(
     admin: &'a FakeAdmin,
     procs: FakeProcs,
@@ -421,17 +440,7 @@ async fn a_drain_tells_its_steps_in_order() {
     let admin = FakeAdmin::new(Some(counts(0)));
     let (_tx, rx) = watch::channel(Some(deleted_running_app()));
     let settings = fast_settings();
-    let (steps_tx, mut steps) = tokio::sync::mpsc::unbounded_channel();
-    let ctx = DrainCtx {
-        steps: Some(steps_tx),
-        ..ctx(
-            &admin,
-            pod.procs.clone(),
-            rx,
-            CancellationToken::new(),
-            &settings,
-        )
-    };
+    let (ctx, mut steps) = ctx_telling_steps(&admin, pod.procs.clone(), rx, &settings);
     let (report, ()) = tokio::join!(drain(ctx), async {
         admin.sampled(1).await;
         pod.app.kill();
@@ -643,17 +652,7 @@ async fn bytes_queued_in_the_kernel_hold_the_drain_until_sent() {
     let (_tx, rx) = watch::channel(Some(deleted_running_app()));
     let settings = fast_settings();
     let flushed = Arc::new(Mutex::new(None));
-    let (steps_tx, mut steps) = tokio::sync::mpsc::unbounded_channel();
-    let ctx = DrainCtx {
-        steps: Some(steps_tx),
-        ..ctx(
-            &admin,
-            pod.procs.clone(),
-            rx,
-            CancellationToken::new(),
-            &settings,
-        )
-    };
+    let (ctx, mut steps) = ctx_telling_steps(&admin, pod.procs.clone(), rx, &settings);
     let (report, ()) = tokio::join!(drain(ctx), async {
         admin.sampled(1).await;
         pod.app.kill();
@@ -1498,17 +1497,7 @@ async fn a_kubelet_ordered_drain_whose_pod_object_goes_first_is_still_kubelet_or
     let admin = FakeAdmin::new(Some(counts(0)));
     let (tx, rx) = watch::channel(Some(native_view(true, false)));
     let settings = fast_settings();
-    let (steps_tx, mut steps) = tokio::sync::mpsc::unbounded_channel();
-    let ctx = DrainCtx {
-        steps: Some(steps_tx),
-        ..ctx(
-            &admin,
-            pod.procs.clone(),
-            rx,
-            CancellationToken::new(),
-            &settings,
-        )
-    };
+    let (ctx, mut steps) = ctx_telling_steps(&admin, pod.procs.clone(), rx, &settings);
     let (report, ()) = tokio::join!(drain(ctx), async {
         tokio::time::sleep(Duration::from_millis(150)).await;
         pod.app.kill();
