@@ -46,10 +46,12 @@ build: filter
 
 # Run every test: the filter's core natively, the agent, and the end-to-end tests on a simulated node (root),
 # then the end-to-end files again with every pod a real container (as `test-containerd`), and the readiness,
-# drain-parts and filter tests again on the Envoy of each Istio 1.28-1.31 (as `test-envoy-istio`).
+# drain-parts and filter tests again on the Envoy of each Istio 1.28-1.31 (as `test-envoy-istio`). The hostile
+# suite runs the agent optimised (the `quota` profile, Cargo.toml) under the DaemonSet's CPU quota and memory limit.
 test: setup filter
     cargo test -p holdfast-filter
     cargo build -p holdfast --target aarch64-unknown-linux-gnu
+    cargo build --profile quota -p holdfast --bin holdfast
     cargo test --workspace --exclude holdfast-filter
     HOLDFAST_SIM_RUNTIME=containerd cargo test --workspace --exclude holdfast-filter --test failures --test hold --test drain --test which_pods --test native_sidecars --test meshes --test hold_lifecycle
     just _envoy-istio

@@ -34,6 +34,30 @@ pub fn holdfast_binary() -> anyhow::Result<PathBuf> {
     )
 }
 
+/// The agent built with the `quota` profile (optimised as `release`, without its fat LTO:
+/// Cargo.toml), which the hostile suite's short form runs under the DaemonSet's CPU quota:
+/// `$HOLDFAST_QUOTA_BIN`, else `<target>/quota/holdfast` beside the test executable's
+/// `<target>/<profile>/`. `just test` builds it (`cargo build --profile quota -p holdfast`).
+pub fn holdfast_quota_binary() -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("HOLDFAST_QUOTA_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().context("locating the test executable")?;
+    // target/<profile>/deps/<test> or target/<profile>/<bin>
+    for dir in exe.ancestors().skip(2).take(2) {
+        let candidate = dir.join("quota").join("holdfast");
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    bail!(
+        "no optimised holdfast binary (target/quota/holdfast) near {}: build it with \
+         `cargo build --profile quota -p holdfast --bin holdfast` (`just test` does) or set \
+         HOLDFAST_QUOTA_BIN",
+        exe.display()
+    )
+}
+
 /// A running agent. Killed (SIGKILL) on drop; its pod, if it runs in one, removed.
 pub struct AgentProcess {
     child: Option<Child>,

@@ -7,15 +7,17 @@
 //! writing hostile text in its annotations — and the same run without an attacker. Each run
 //! prints the agent's CPU, RSS and fds and the honest pod's figures.
 //!
-//! The agent runs under the DaemonSet's memory limit (128Mi; its cpu 200m as a CFS quota is
-//! not asserted yet: see [`under_quota`]). Asserted: correctness and bounds. The honest
-//! pod's boot calls all succeed, its hold ends `ready` and its drain `app-done` (it reached its
-//! own Envoy), and its hold goes in (netns seen → hold in) within twice the no-attack figure or
-//! [`HOLD_LATENCY_FLOOR_MS`]; the attacker is failed open alone with the reason on its row
-//! where it broke a bound; the agent is never OOM-killed (nor would a cgroup v2 node have
-//! killed it), its peak RSS stays under 64 MiB and its CPU under a quarter of the window (the
-//! issue measured 90 % beside the fake Envoy; under the DaemonSet's limit beside the
-//! 2,000-process drain); the liveness probe is answered at least 9 times in 10.
+//! The agent runs as a node runs it: an optimised build (the `quota` profile: `release`
+//! without its fat LTO) under the DaemonSet's limits, cpu 200m as a CFS quota (all scenarios
+//! but three: see [`under_quota`]) and memory 128Mi ([`hostile::AgentCgroup`]), its cost read
+//! from that cgroup, children included.
+//! Asserted: correctness and bounds. The honest pod's boot calls all succeed, its hold ends
+//! `ready` and its drain `app-done` (it reached its own Envoy), and its hold goes in (netns
+//! seen → hold in) within twice the no-attack figure or [`HOLD_LATENCY_FLOOR_MS`]; the
+//! attacker is failed open alone with the reason on its row where it broke a bound; the agent
+//! is never OOM-killed (nor would a cgroup v2 node have killed it), its peak RSS stays under
+//! 64 MiB, and beside the 2,000-process drain its cgroup spends under half the CPU limit; the
+//! liveness probe is answered at least 9 times in 10.
 
 use std::time::Duration;
 
@@ -29,20 +31,17 @@ const WINDOW: Duration = Duration::from_secs(5);
 const RSS_BOUND_KIB: u64 = 64 * 1024;
 
 /// The honest pod's netns seen → hold in beside an attack: at most twice the same figure with
-/// no attacker (issue 29), or this floor when that is larger. The no-attack figure is 5–48 ms
-/// on this shared machine (load 10–35), and runs beside attackers that cost the agent no more
-/// CPU than none moved up to 135 ms (terminal pods, unconfined at load ~20): most of the
-/// window is the `iptables-restore` child that installs the hold, scheduled with everything
-/// else; under the quota a throttled period can stall the agent and that child for up to
-/// 80 ms more. So 2× a 7 ms baseline would fail on noise; 200 ms still fails a build that
-/// checks the attacker's processes under the node-wide lock without the cap (404 ms under the
-/// quota, 2026-11-28 06:11 UTC; its honest boot calls refused too). Not met with margin: beside
-/// the 2,000-process drain under the quota this branch's honest hold went in 99–198 ms after
-/// its netns (6 runs, 39–54 throttled periods), against 7–20 ms with no attacker — the attack
-/// still costs the honest pod under the quota, and this assertion can fail on it (open in
-/// issue 29; suspected: the drain's first look at the attacker, 512 pidfds opened and
-/// registered and 512 processes checked in one burst, as the honest pod starts) — so that one
-/// scenario is told, not asserted (`hold_latency_told`).
+/// no attacker (issue 29), or this floor when that is larger. The no-attack figure is 7–48 ms
+/// on this shared machine, and runs beside attackers that cost the agent no more CPU than none
+/// moved up to 135 ms (terminal pods, unconfined at load ~20): most of the window is the
+/// `iptables-restore` child that installs the hold, scheduled with everything else, and under
+/// the quota a throttled period can stall the agent and that child for up to 80 ms more. So
+/// 2× a 7 ms baseline would fail on noise; 200 ms still fails a build that checks the
+/// attacker's processes under the node-wide lock (404 ms under the quota, 2026-11-28 06:11
+/// UTC; its honest boot calls refused too) and the build before the drain's pids were placed
+/// from the pod's cgroup directory (199–289 ms beside the 2,000-process drain, optimised
+/// build, 2026-11-28 08:40–08:50 UTC; 3 honest calls refused in 1 of 3 runs); this build
+/// measured 6–121 ms there in 6 of 7 runs (see [`under_quota`] for the seventh).
 const HOLD_LATENCY_FLOOR_MS: f64 = 200.0;
 
 /// The honest pod's hold went in within 2× its no-attack latency (or the floor).
@@ -65,20 +64,10 @@ fn hold_within_twice(f: &Figures, none_ms: f64) {
     );
 }
 
-/// The honest pod's netns → hold-in beside an attack whose 2× goal is not met yet: printed
-/// beside the no-attack figure, not asserted.
-fn hold_latency_told(f: &Figures, none_ms: f64) {
-    eprintln!(
-        "  {}: honest netns → hold in {:?} ms; with no attacker {none_ms:.0} ms (not asserted: \
-         the 2× goal is open here)",
-        f.scenario.name(),
-        f.honest.netns_to_hold_ms
-    );
-}
-
 /// The attacker's drain watched at most the per-pod cap of its processes, and the agent's
-/// cgroup spent less than the DaemonSet's CPU limit over the window (before the drain's
-/// rescans relied on pidfds: 1.31 CPU-s in 5 s, 0.26 cores).
+/// cgroup spent less than half the DaemonSet's CPU limit over the window (under the quota it
+/// cannot spend more than the limit; before the drain's rescans relied on pidfds it spent
+/// 1.31 CPU-s in 5 s unconfined, 0.26 cores; this build 0.14–0.20 CPU-s, 0.03–0.04 cores).
 fn drain_bounded(f: &Figures) -> holdfast::api::DrainReport {
     let row = f.attacker.as_ref().expect("attacker row");
     let d = row
@@ -107,47 +96,67 @@ fn drain_bounded(f: &Figures) -> holdfast::api::DrainReport {
     let cpu = f.cost.cgroup_cpu_s.expect("the agent ran in its cgroup");
     let limit = f.cost.window_s * DAEMONSET_CPU_MILLIS as f64 / 1000.0;
     assert!(
-        cpu < limit,
-        "the agent's cgroup spent {cpu:.2} CPU-s in {:.1} s, over the DaemonSet's limit: {}",
+        cpu < limit / 2.0,
+        "the agent's cgroup spent {cpu:.2} CPU-s in {:.1} s, over half the DaemonSet's limit: {}",
         f.cost.window_s,
         f.line()
     );
     d
 }
 
-fn opts(cpu_quota: bool) -> Opts {
-    Opts {
+/// How the short form runs: the optimised agent under the DaemonSet's memory limit, and under
+/// its CPU quota too where [`under_quota`] says. `None` (outside CI only) when that build is
+/// missing: the test is skipped with the command that builds it.
+///
+/// Issue 29 first ran the debug build here: under the quota a debug build spends 3–10× what
+/// the shipped agent does (the 2,000-process drain's first look: 300 ms of CPU), so it
+/// measured the wrong program and failed on it — the honest pod's boot calls refused beside
+/// the 2,000-process drain (CI, 2026-11-28 07:05 UTC), beside 300 terminal pods (07:10) and
+/// beside pod-text unconfined on a loaded machine (08:42).
+fn opts() -> Option<Opts> {
+    let agent = match holdfast_tests::agent::holdfast_quota_binary() {
+        Ok(p) => p,
+        Err(e) if std::env::var("CI").as_deref() == Ok("true") => panic!("{e:#}"),
+        Err(e) => {
+            eprintln!("SKIPPED hostile_pods_cannot_blind_crash_or_steer_the_agent: {e:#}");
+            return None;
+        }
+    };
+    Some(Opts {
         sim_app: Some(env!("CARGO_BIN_EXE_sim-app").into()),
-        holdfast: None,
+        holdfast: Some(agent),
         legacy_listeners: false,
         window: WINDOW,
         prefix: "hs-".into(),
         confine: true,
-        cpu_quota,
-    }
+        cpu_quota: true,
+    })
 }
 
-/// Whether a scenario runs under the DaemonSet's CPU quota (200m) as well as its memory limit:
-/// none yet. Issue 29 found what the agent spent its 20 ms per 100 ms on (a /proc listing every
-/// 5 ms while a pod waits for its sandbox, growing with every process on the node; a drain's
-/// rescans re-reading 512 processes every 100 ms; a dump of the node's whole TCP hash with
-/// every drain sample; failed samples not backed off) and fixed each, and for a while every
-/// scenario but pod-text passed under the quota. It is not reliable yet: on the merged tree
-/// (2026-11-28 07:05–07:10 UTC) the honest pod's 3 boot calls were refused under the quota
-/// beside the 2,000-process drain (its hold 191 ms after its netns, 52 ms after its app's
-/// first connect, in CI) and beside 300 terminal pods (100 ms, 12 ms after the first connect):
-/// under the quota the hold's install races an app that connects ~100 ms after its sandbox.
-/// Before, beside pod-text, the same (06:10 UTC, its netns found 418 ms after the agent saw
-/// the pod), and once without the quota (06:13, load ~10). Open in issue 29; the quota's cost
-/// is measured by `holdfast-soak --hostile` (docs/benchmarks.md, "Hostile pods"), and here
-/// every scenario runs under the memory limit, its CPU read from the agent's cgroup.
-fn under_quota(_: Scenario) -> bool {
-    false
+/// Whether a scenario runs under the DaemonSet's CPU quota (200m) as well as its memory limit
+/// here: all but the 2,000-process drains and pod-text. Those three run under the quota in the
+/// long form (`holdfast-soak --hostile`), where the honest pod's hold went in in time in most
+/// runs but not all: in 7 runs of this suite on 2026-11-28 09:40–09:50 UTC (optimised build,
+/// the drain's pids placed from the pod's cgroup directory, the families' restores at once)
+/// the honest hold beside the 2,000-process drain went in 6–121 ms after its netns and once
+/// 207 ms, after the app's first connect (3 boot calls refused), and beside pod-text once over
+/// the 200 ms bound. The rest of that latency is not the agent's own CPU (0.2–0.3 CPU-s in
+/// 5 s, 12–19 throttled periods, most at the attacker's start): not explained yet, open in
+/// issue 29. A suite that fails one CI run in five would tell nothing, so here these three
+/// are asserted under the memory limit only.
+fn under_quota(s: Scenario) -> bool {
+    !matches!(
+        s,
+        Scenario::ManyProcs | Scenario::ManyProcsFakeEnvoy | Scenario::PodText
+    )
 }
 
-fn run(s: Scenario) -> Figures {
-    let f =
-        hostile::run(s, &opts(under_quota(s))).unwrap_or_else(|e| panic!("{}: {e:#}", s.name()));
+fn run(s: Scenario, opts: &Opts) -> Figures {
+    let opts = Opts {
+        cpu_quota: under_quota(s),
+        ..opts.clone()
+    };
+    let f = hostile::run(s, &opts).unwrap_or_else(|e| panic!("{}: {e:#}", s.name()));
     eprintln!("{}", f.line());
     if !f.attack_log.is_empty() {
         eprintln!("  {}", f.attack_log);
@@ -205,6 +214,10 @@ fn hostile_pods_cannot_blind_crash_or_steer_the_agent() {
     if !privileged("hostile_pods_cannot_blind_crash_or_steer_the_agent") {
         return;
     }
+    let Some(opts) = opts() else {
+        return;
+    };
+    let run = |s| run(s, &opts);
     let none = run(Scenario::None);
     let none_ms = none
         .honest
@@ -243,13 +256,10 @@ fn hostile_pods_cannot_blind_crash_or_steer_the_agent() {
     let f = run(Scenario::ManyProcs);
     assert!(f.attack_log.contains("2000 processes"), "{}", f.attack_log);
     drain_bounded(&f);
-    // Not asserted beside the 2,000-process drain: under the quota the honest hold went in
-    // 99–198 ms after its netns against 7–20 ms with no attacker (196 ms in a run of the merged
-    // tree, 2026-11-28 06:44 UTC) — at the floor, so the assertion would fail on noise, and the
-    // 2× goal is not met there (open in issue 29; see `under_quota`). The build that checked the attacker under the node-wide lock is
-    // still caught here: it spent 2.5 CPU-s per 5 s unconfined (`drain_bounded`) and its
-    // honest boot calls were refused in 2 of 3 runs.
-    hold_latency_told(&f, none_ms);
+    // Before the drain's pids were placed from the pod's cgroup directory its first looks
+    // read ~5,000 /proc files in a burst and the honest hold went in 199–289 ms after its netns
+    // (its boot calls refused once in 3 runs); with the node-wide lock, 404 ms.
+    hold_within_twice(&f, none_ms);
 
     // The same, and its "Envoy" answers the drain's samples with ~1 MB: each read stops at
     // the sample cap.

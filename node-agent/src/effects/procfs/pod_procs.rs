@@ -49,6 +49,10 @@ const MIN_REFRESH: Duration = Duration::from_millis(5);
 /// exit, the next look hands out the rest.
 pub const MAX_PROCS_PER_POD: usize = 512;
 
+/// The most pids of one pod the index keeps from the pod's cgroup directory (an entry is ~100
+/// bytes): the oldest, as [`MAX_PROCS_PER_POD`] hands out.
+const MAX_INDEXED_PER_POD: usize = 4 * MAX_PROCS_PER_POD;
+
 /// What a classified process is now ([`check`]).
 enum Checked {
     /// Exited.
@@ -240,10 +244,14 @@ impl PodProcs {
                     pod
                 }
                 Checked::Reused { start, pod } => {
-                    tracing::debug!(
-                        pid,
-                        "pid reused by another process since it was classified; reclassified"
-                    );
+                    // An entry placed from its pod's directory has no start time yet: this is
+                    // its first read, not a reuse.
+                    if classified_start.is_some() {
+                        tracing::debug!(
+                            pid,
+                            "pid reused by another process since it was classified; reclassified"
+                        );
+                    }
                     *entry = Entry {
                         pod: pod.clone(),
                         start_time: Some(start),
@@ -517,10 +525,12 @@ impl Index {
             self.pids.remove(&pid);
             return None;
         };
-        tracing::debug!(
-            pid,
-            "pid reused by another process since it was classified; reclassified"
-        );
+        if entry.start_time.is_some() {
+            tracing::debug!(
+                pid,
+                "pid reused by another process since it was classified; reclassified"
+            );
+        }
         let pod = read_pod_cgroup(&self.proc_root, pid);
         self.pids.insert(
             pid,
@@ -558,15 +568,30 @@ impl Index {
         Some(false)
     }
 
-    /// Classifies the processes in pod `uid`'s cgroup directory (and its containers'), if the
-    /// directory is known and readable; `false` when the caller must list `/proc` instead.
+    /// Places the processes in pod `uid`'s cgroup directory (and its containers') in the index,
+    /// if the directory is known and readable; `false` when the caller must list `/proc` instead.
+    ///
+    /// Issue 29: the directory a pid is listed in says its pod and container, so a new pid is
+    /// entered from the path alone, with no read of its own: its start time is read when it is
+    /// first handed out ([`PodProcs::of_pod_blocking_except`] checks every candidate, and a
+    /// pid entered here has none yet). Before, each new pid was classified by reading its
+    /// `cgroup` and `stat` (512 a look): a drain's first looks at a pod of 2,000 processes
+    /// made ~5,000 reads in a burst (300 ms of a debug build), which under the DaemonSet's
+    /// 0.2-core quota throttled the agent as another pod's sandbox came up, and that pod's
+    /// hold went in after its app's first connect. An entry whose pod the directory
+    /// contradicts (a pid reused by another pod since) is placed again; an entry of this pod
+    /// that no directory lists any more is dropped (exited or moved), so the index keeps no
+    /// more of a pod than it has now.
     fn read_pod_cgroup_dir(&mut self, uid: &str) -> bool {
         let (Some(root), Some(dir)) = (&self.cgroup_root, self.pod_dirs.get(uid)) else {
             return false;
         };
         let base = root.join(dir.strip_prefix("/").unwrap_or(dir));
-        let mut pids = Vec::new();
+        let mut listed: Vec<(i32, Option<PodCgroup>)> = Vec::new();
         let mut dirs = vec![(base, 0u8)];
+        // Whether every directory under the pod's was read (none deeper than the walk goes):
+        // only then is a pid missing from the listing known not to be the pod's.
+        let mut whole = true;
         while let Some((d, depth)) = dirs.pop() {
             let Ok(text) = std::fs::read_to_string(d.join("cgroup.procs")) else {
                 if depth == 0 {
@@ -574,33 +599,65 @@ impl Index {
                     self.pod_dirs.remove(uid);
                     return false;
                 }
+                whole = false;
                 continue;
             };
-            pids.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+            // The directory as `/proc/<pid>/cgroup` would show it for a process in it.
+            let pod = d
+                .strip_prefix(root)
+                .ok()
+                .and_then(|rel| rel.to_str())
+                .and_then(|rel| parse_pod_cgroup(&format!("0::/{rel}\n")));
+            listed.extend(
+                text.lines()
+                    .filter_map(|l| l.trim().parse::<i32>().ok())
+                    .map(|pid| (pid, pod.clone())),
+            );
             // Containers are children of the pod's directory (runtimes may nest one more).
-            if depth < 2 {
-                if let Ok(rd) = std::fs::read_dir(&d) {
-                    dirs.extend(
-                        rd.flatten()
-                            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                            .map(|e| (e.path(), depth + 1)),
-                    );
+            if let Ok(rd) = std::fs::read_dir(&d) {
+                let children: Vec<PathBuf> = rd
+                    .flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.path())
+                    .collect();
+                if depth < 2 {
+                    dirs.extend(children.into_iter().map(|c| (c, depth + 1)));
+                } else if !children.is_empty() {
+                    whole = false;
                 }
             }
         }
         let now = Instant::now();
-        // New pids are classified (two reads each) at most MAX_PROCS_PER_POD per look: a pod
-        // forking without pause gets the rest classified at its next looks.
-        let mut classified = 0;
-        for pid in pids {
-            if self.pids.get(&pid).is_some_and(|e| e.pod.is_some()) {
-                continue; // re-checked by the caller before it is handed out
+        // At most this many pids of one pod are kept: the index's memory per pod is bounded
+        // whatever the pod forks (the oldest pids are the ones handed out).
+        listed.sort_unstable_by_key(|(pid, _)| *pid);
+        listed.truncate(MAX_INDEXED_PER_POD);
+        let present: Vec<i32> = listed.iter().map(|(pid, _)| *pid).collect();
+        for (pid, pod) in listed {
+            let Some(pod) = pod.filter(|p| p.pod_uid == uid) else {
+                continue;
+            };
+            let stale = match self.pids.get(&pid) {
+                None => true,
+                Some(e) => e.pod.as_ref().is_none_or(|p| p.pod_uid != pod.pod_uid),
+            };
+            if stale {
+                self.pids.insert(
+                    pid,
+                    Entry {
+                        pod: Some(pod),
+                        start_time: None,
+                        first_seen: now,
+                        settled_read: true,
+                    },
+                );
             }
-            if classified == MAX_PROCS_PER_POD {
-                break;
-            }
-            classified += 1;
-            self.classify(pid, now);
+        }
+        if whole {
+            self.pids.retain(|pid, e| {
+                present.binary_search(pid).is_ok()
+                    || e.pod.as_ref().is_none_or(|p| p.pod_uid != uid)
+            });
         }
         true
     }
@@ -1253,5 +1310,75 @@ mod timing {
         }
         let per = t.elapsed() / rounds;
         println!("{n} processes: first classification {first:?}, later refresh {per:?} each");
+    }
+}
+
+/// Issue 29: a pod's processes are placed from its cgroup directory with no read of their own;
+/// only those handed out are read (start time and cgroup), and the ones that left the
+/// directory are dropped from the index.
+#[cfg(test)]
+mod placed_from_the_directory {
+    use super::*;
+
+    #[test]
+    fn only_the_handed_out_processes_are_read_and_the_gone_are_dropped() {
+        struct Tree(PathBuf);
+        impl Drop for Tree {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+        let tree = Tree(std::env::temp_dir().join(format!("hf-placed-{}", std::process::id())));
+        let (proc_root, cg_root) = (tree.0.join("proc"), tree.0.join("cgroup"));
+        let uid = "0b6a3c1e-6a59-4d8e-9f3a-2f1d5c7b8a90";
+        let cid = "a".repeat(64);
+        let c = cg_root.join(format!("kubepods/pod{uid}/{cid}"));
+        std::fs::create_dir_all(&c).unwrap();
+        std::fs::write(cg_root.join(format!("kubepods/pod{uid}/cgroup.procs")), "").unwrap();
+        let many = MAX_PROCS_PER_POD as i32 + 300;
+        let pids: Vec<i32> = (1000..1000 + many).collect();
+        for &pid in &pids {
+            let d = proc_root.join(pid.to_string());
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("cgroup"), format!("0::/kubepods/pod{uid}/{cid}\n")).unwrap();
+            std::fs::write(d.join("stat"), fake_stat(pid, 500)).unwrap();
+        }
+        let list = |pids: &[i32]| pids.iter().map(|p| format!("{p}\n")).collect::<String>();
+        std::fs::write(c.join("cgroup.procs"), list(&pids)).unwrap();
+        let procs = PodProcs::with_cgroup_root(proc_root.clone(), Some(cg_root.clone()));
+        procs
+            .inner
+            .lock()
+            .unwrap()
+            .pod_dirs
+            .insert(uid.into(), PathBuf::from(format!("/kubepods/pod{uid}")));
+
+        let first = procs.of_pod_blocking(uid);
+        assert_eq!(first.len(), MAX_PROCS_PER_POD, "the oldest, up to the cap");
+        assert_eq!(first[0].container_id.as_deref(), Some(cid.as_str()));
+        {
+            let index = procs.inner.lock().unwrap();
+            assert_eq!(index.listings, 0, "no listing of /proc");
+            let read = index
+                .pids
+                .values()
+                .filter(|e| e.start_time.is_some())
+                .count();
+            assert_eq!(read, MAX_PROCS_PER_POD, "only the handed-out were read");
+            assert_eq!(index.pids.len(), pids.len(), "every one placed");
+        }
+        // Watched by the caller: a rescan hands out nothing new and reads nothing.
+        let watched: HashSet<i32> = first.iter().map(|p| p.pid).collect();
+        assert!(procs.of_pod_blocking_except(uid, &watched).is_empty());
+        // Half leave (exit); the index forgets them at the next look.
+        let (gone, stay) = pids.split_at(pids.len() / 2);
+        for pid in gone {
+            std::fs::remove_dir_all(proc_root.join(pid.to_string())).unwrap();
+        }
+        std::fs::write(c.join("cgroup.procs"), list(stay)).unwrap();
+        let _ = procs.of_pod_blocking_except(uid, &watched);
+        let index = procs.inner.lock().unwrap();
+        assert_eq!(index.pids.len(), stay.len(), "the gone are dropped");
+        assert!(gone.iter().all(|p| !index.pids.contains_key(p)));
     }
 }
