@@ -49,6 +49,13 @@ const MIN_REFRESH: Duration = Duration::from_millis(5);
 /// exit, the next look hands out the rest.
 pub const MAX_PROCS_PER_POD: usize = 512;
 
+/// The most new processes a drain's look at its pod checks and hands out (the rest at its next
+/// looks, 100 ms doubling to 1 s apart): issue 29's 2,000-process pod made a drain's first look
+/// check 512 processes (1,024 `/proc` reads) in one burst as it began, and under the
+/// DaemonSet's 0.2-core quota (20 ms a 100 ms period) that burst could hold up another pod's
+/// hold. 128 a look reaches the per-pod cap within a second.
+pub const NEW_PER_DRAIN_LOOK: usize = 128;
+
 /// The most pids of one pod the index keeps from the pod's cgroup directory (an entry is ~100
 /// bytes): the oldest, as [`MAX_PROCS_PER_POD`] hands out.
 const MAX_INDEXED_PER_POD: usize = 4 * MAX_PROCS_PER_POD;
@@ -169,7 +176,7 @@ impl PodProcs {
     /// made every other pod's netns lookup wait behind 4,000 reads every 100 ms for its whole
     /// grace period).
     pub fn of_pod_blocking(&self, uid: &str) -> Vec<PodProcess> {
-        self.of_pod_blocking_except(uid, &HashSet::new())
+        self.of_pod_blocking_except(uid, &HashSet::new(), MAX_PROCS_PER_POD)
     }
 
     /// Like [`PodProcs::of_pod_blocking`], leaving out the pids in `watched`: pids the caller
@@ -180,7 +187,17 @@ impl PodProcs {
     /// a pod with 2,000 processes re-read 512 processes' `stat` and `cgroup` every 100 ms,
     /// 0.25 cores of the agent (debug build) against its 0.2-core limit; with the pidfds
     /// relied on between rescans, a rescan reads the pod's `cgroup.procs` and nothing more.
-    pub fn of_pod_blocking_except(&self, uid: &str, watched: &HashSet<i32>) -> Vec<PodProcess> {
+    ///
+    /// At most `max_new` of those not in `watched` are checked and handed out in one look (the
+    /// oldest): a caller that watches what it is given gets the rest at its next looks, so a
+    /// pod with thousands of processes costs it a few reads per look, not one burst
+    /// ([`NEW_PER_DRAIN_LOOK`]).
+    pub fn of_pod_blocking_except(
+        &self,
+        uid: &str,
+        watched: &HashSet<i32>,
+        max_new: usize,
+    ) -> Vec<PodProcess> {
         let (proc_root, mut candidates) = {
             let mut index = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             // Issue 29: a pod not seen yet is looked for where the kubelet makes its cgroup,
@@ -216,6 +233,7 @@ impl PodProcs {
             candidates.truncate(MAX_PROCS_PER_POD);
         }
         candidates.retain(|(pid, _)| !watched.contains(pid));
+        candidates.truncate(max_new);
         // Outside the lock: what each candidate is now.
         let checked: Vec<(i32, Option<u64>, Checked)> = candidates
             .into_iter()
@@ -281,10 +299,15 @@ impl PodProcs {
     }
 
     /// Async wrapper of [`PodProcs::of_pod_blocking_except`].
-    pub async fn of_pod_except(&self, uid: &str, watched: HashSet<i32>) -> Vec<PodProcess> {
+    pub async fn of_pod_except(
+        &self,
+        uid: &str,
+        watched: HashSet<i32>,
+        max_new: usize,
+    ) -> Vec<PodProcess> {
         let this = self.clone();
         let uid = uid.to_string();
-        tokio::task::spawn_blocking(move || this.of_pod_blocking_except(&uid, &watched))
+        tokio::task::spawn_blocking(move || this.of_pod_blocking_except(&uid, &watched, max_new))
             .await
             .unwrap_or_default()
     }
@@ -970,7 +993,7 @@ mod netns_tests {
             std::thread::spawn(move || {
                 std::thread::sleep(MIN_REFRESH * 2);
                 let watched: HashSet<i32> = [30].into();
-                let _ = tx.send(procs.of_pod_blocking_except(&uid, &watched));
+                let _ = tx.send(procs.of_pod_blocking_except(&uid, &watched, MAX_PROCS_PER_POD));
             });
         }
         let answer = rx.recv_timeout(Duration::from_secs(2));
@@ -1367,16 +1390,49 @@ mod placed_from_the_directory {
             assert_eq!(read, MAX_PROCS_PER_POD, "only the handed-out were read");
             assert_eq!(index.pids.len(), pids.len(), "every one placed");
         }
+        // A drain's look hands out (and reads) at most NEW_PER_DRAIN_LOOK new ones.
+        let fresh = PodProcs::with_cgroup_root(proc_root.clone(), Some(cg_root.clone()));
+        fresh
+            .inner
+            .lock()
+            .unwrap()
+            .pod_dirs
+            .insert(uid.into(), PathBuf::from(format!("/kubepods/pod{uid}")));
+        let mut drained = HashSet::new();
+        for look in 1..=MAX_PROCS_PER_POD / NEW_PER_DRAIN_LOOK {
+            let got = fresh.of_pod_blocking_except(uid, &drained, NEW_PER_DRAIN_LOOK);
+            assert_eq!(got.len(), NEW_PER_DRAIN_LOOK, "look {look}");
+            drained.extend(got.iter().map(|p| p.pid));
+            let index = fresh.inner.lock().unwrap();
+            let read = index
+                .pids
+                .values()
+                .filter(|e| e.start_time.is_some())
+                .count();
+            assert_eq!(
+                read,
+                look * NEW_PER_DRAIN_LOOK,
+                "only the handed-out were read"
+            );
+        }
+        assert!(
+            fresh
+                .of_pod_blocking_except(uid, &drained, NEW_PER_DRAIN_LOOK)
+                .is_empty(),
+            "the per-pod cap reached: nothing more"
+        );
         // Watched by the caller: a rescan hands out nothing new and reads nothing.
         let watched: HashSet<i32> = first.iter().map(|p| p.pid).collect();
-        assert!(procs.of_pod_blocking_except(uid, &watched).is_empty());
+        assert!(procs
+            .of_pod_blocking_except(uid, &watched, MAX_PROCS_PER_POD)
+            .is_empty());
         // Half leave (exit); the index forgets them at the next look.
         let (gone, stay) = pids.split_at(pids.len() / 2);
         for pid in gone {
             std::fs::remove_dir_all(proc_root.join(pid.to_string())).unwrap();
         }
         std::fs::write(c.join("cgroup.procs"), list(stay)).unwrap();
-        let _ = procs.of_pod_blocking_except(uid, &watched);
+        let _ = procs.of_pod_blocking_except(uid, &watched, MAX_PROCS_PER_POD);
         let index = procs.inner.lock().unwrap();
         assert_eq!(index.pids.len(), stay.len(), "the gone are dropped");
         assert!(gone.iter().all(|p| !index.pids.contains_key(p)));

@@ -30,7 +30,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::task::{Id, JoinSet};
 
-use crate::effects::procfs::pod_procs::{PodProcess, PodProcs};
+use crate::effects::procfs::pod_procs::{PodProcess, PodProcs, NEW_PER_DRAIN_LOOK};
 use crate::pod::{
     app_end, AppContainerEnd, AppEnd, AppNow, ContainerState, PodKey, PodView, RestartPolicy,
 };
@@ -186,6 +186,31 @@ impl ExitWatcher {
     }
 }
 
+impl ExitWatcher {
+    /// The exits already noticed and not yet taken (each as [`ExitWatcher::next_exit`] returns
+    /// it), without waiting: a group of processes killed at once reaches the caller as one
+    /// batch, so it looks at the pod once rather than once per process.
+    pub fn ready_exits(&mut self) -> Vec<(i32, Instant)> {
+        let mut out = Vec::new();
+        while let Some(done) = self.tasks.try_join_next_with_id() {
+            match done {
+                Ok((id, (pid, at))) => {
+                    self.by_task.remove(&id);
+                    self.watched.remove(&pid);
+                    out.push((pid, at));
+                }
+                Err(e) => {
+                    if let Some(pid) = self.by_task.remove(&e.id()) {
+                        self.watched.remove(&pid);
+                        out.push((pid, Instant::now()));
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
 /// Registers a pidfd with tokio's reactor, for readability (= the process exited).
 #[allow(unsafe_code)]
 fn register(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
@@ -309,7 +334,8 @@ impl PodProcessSource for PodProcsSource {
         &self,
         watched: HashSet<i32>,
     ) -> impl Future<Output = Vec<PodProcess>> + Send {
-        self.procs.of_pod_except(&self.uid, watched)
+        self.procs
+            .of_pod_except(&self.uid, watched, NEW_PER_DRAIN_LOOK)
     }
 
     async fn terminate_main(&self, container_id: &str) -> Result<i32, String> {
@@ -519,6 +545,17 @@ impl<S: PodProcessSource> AppTracker<S> {
         (pid, at)
     }
 
+    /// Takes every app process exit already noticed, without waiting (see
+    /// [`ExitWatcher::ready_exits`]); records the last. The number taken.
+    pub fn take_ready_exits(&mut self) -> usize {
+        let exits = self.watcher.ready_exits();
+        for (pid, at) in &exits {
+            self.last_exit = Some(self.last_exit.map_or(*at, |t| t.max(*at)));
+            self.pid_container.remove(pid);
+        }
+        exits.len()
+    }
+
     /// When the last app process exit was noticed.
     pub fn last_exit(&self) -> Option<Instant> {
         self.last_exit
@@ -563,5 +600,43 @@ mod tests {
                 .await
                 .is_err()
         );
+    }
+
+    /// Issue 29: processes that end together reach the drain as one batch (one rescan).
+    #[tokio::test]
+    async fn exits_already_noticed_are_taken_together() {
+        let mut children: Vec<std::process::Child> = (0..3)
+            .map(|_| {
+                std::process::Command::new("sleep")
+                    .arg("30")
+                    .spawn()
+                    .expect("sleep")
+            })
+            .collect();
+        let mut w = ExitWatcher::new();
+        for c in &children {
+            assert_eq!(w.watch(c.id() as i32), Watch::Watching);
+        }
+        assert!(w.ready_exits().is_empty(), "nothing has exited yet");
+        for c in &mut children {
+            c.kill().expect("kill");
+            c.wait().expect("reap");
+        }
+        let (first, _) = tokio::time::timeout(Duration::from_secs(5), w.next_exit())
+            .await
+            .expect("an exit");
+        // The other two exits are noticed by their tasks without this caller waiting on them.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut rest = Vec::new();
+        while rest.len() < 2 && Instant::now() < deadline {
+            tokio::task::yield_now().await;
+            rest.extend(w.ready_exits().into_iter().map(|(pid, _)| pid));
+        }
+        rest.push(first);
+        rest.sort_unstable();
+        let mut want: Vec<i32> = children.iter().map(|c| c.id() as i32).collect();
+        want.sort_unstable();
+        assert_eq!(rest, want);
+        assert_eq!(w.live(), 0);
     }
 }

@@ -326,7 +326,10 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                 true
             }
             (pid, _) = app.next_exit() => {
-                tracing::debug!(pid, "app process exited");
+                // Issue 29: the exits of a group killed at once (2,000 processes at the end of
+                // a grace period) are taken together and cost one rescan, not one each.
+                let more = app.take_ready_exits();
+                tracing::debug!(pid, more, "app process exited");
                 true
             }
             _ = tokio::time::sleep(wait) => Instant::now() >= next_rescan,

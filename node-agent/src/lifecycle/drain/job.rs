@@ -78,7 +78,11 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
                 (Ok(()), Some(v)) => current = v,
                 _ => return finish(report, JobOutcome::PodGone, d),
             },
-            (pid, _) = app.next_exit() => tracing::debug!(pid, "job process exited"),
+            (pid, _) = app.next_exit() => {
+                // Exits of processes that end together cost one look at the pod (issue 29).
+                let more = app.take_ready_exits();
+                tracing::debug!(pid, more, "job process exited");
+            }
             _ = tokio::time::sleep(settings.job_rescan_every) => {}
         }
     };
