@@ -96,6 +96,7 @@ bench *sections: setup filter
 # docs/benchmarks.md, "Chaos soak". The short form runs in `just test` (tests/tests/soak.rs).
 soak *args: setup filter
     cargo build --workspace --exclude holdfast-filter --bins
+    if [[ " {{ args }} " == *--hostile* ]]; then cargo build --profile quota -p holdfast --bin holdfast; fi
     "${CARGO_TARGET_DIR:-target}"/debug/holdfast-soak {{ args }}
 
 # The three sidecar failures on a simulated node of 3 pods, without and with holdfast (root).
