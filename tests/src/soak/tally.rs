@@ -401,11 +401,15 @@ fn count_drain(t: &mut Tally, f: &Facts, outages: &[Outage]) {
             ),
         ));
     }
-    for o in outages {
+    // Every outage that crosses this drain; the last successor is the one that had the drain
+    // to adopt (an agent killed before it quit Envoy leaves it to the next one: CI, 2026-11-28
+    // 10:48, `l0007-boot`, judged against the first successor's start and called late).
+    let crossing: Vec<&Outage> = outages
+        .iter()
+        .filter(|o| o.down_us <= proxy && o.up_us.unwrap_or(u64::MAX) >= deleted)
+        .collect();
+    if let Some(o) = crossing.iter().max_by_key(|o| o.up_us.unwrap_or(u64::MAX)) {
         let up = o.up_us.unwrap_or(u64::MAX);
-        if o.down_us > proxy || up < deleted {
-            continue; // The outage does not cross this drain.
-        }
         t.drains_crossed += 1;
         // A download's response is still on its way after its app exited: the drain is due
         // to end after its last byte, not before.
@@ -438,7 +442,6 @@ fn count_drain(t: &mut Tally, f: &Facts, outages: &[Outage]) {
                 (proxy - due) / 1000
             ));
         }
-        break;
     }
 }
 
