@@ -22,16 +22,21 @@ pub fn holdfast_binary() -> anyhow::Result<PathBuf> {
     }
     let exe = std::env::current_exe().context("locating the test executable")?;
     // target/<profile>/deps/<test> or target/<profile>/<bin>
-    for dir in exe.ancestors().skip(1).take(3) {
-        let candidate = dir.join("holdfast");
-        if candidate.is_file() {
-            return Ok(candidate);
-        }
-    }
-    bail!(
-        "no holdfast binary near {}: build it with `cargo build -p holdfast` (cargo test --workspace does) or set HOLDFAST_BIN",
-        exe.display()
-    )
+    near(&exe, 1, 3, "holdfast").with_context(|| {
+        format!(
+            "no holdfast binary near {}: build it with `cargo build -p holdfast` (cargo test --workspace does) or set HOLDFAST_BIN",
+            exe.display()
+        )
+    })
+}
+
+/// `rel` in one of the `take` directories above `exe` from the `skip`th up, the nearest first.
+fn near(exe: &Path, skip: usize, take: usize, rel: &str) -> Option<PathBuf> {
+    exe.ancestors()
+        .skip(skip)
+        .take(take)
+        .map(|dir| dir.join(rel))
+        .find(|candidate| candidate.is_file())
 }
 
 /// The agent built with the `quota` profile (optimised as `release`, without its fat LTO:
@@ -43,19 +48,15 @@ pub fn holdfast_quota_binary() -> anyhow::Result<PathBuf> {
         return Ok(PathBuf::from(p));
     }
     let exe = std::env::current_exe().context("locating the test executable")?;
-    // target/<profile>/deps/<test> or target/<profile>/<bin>
-    for dir in exe.ancestors().skip(2).take(2) {
-        let candidate = dir.join("quota").join("holdfast");
-        if candidate.is_file() {
-            return Ok(candidate);
-        }
-    }
-    bail!(
-        "no optimised holdfast binary (target/quota/holdfast) near {}: build it with \
-         `cargo build --profile quota -p holdfast --bin holdfast` (`just test` does) or set \
-         HOLDFAST_QUOTA_BIN",
-        exe.display()
-    )
+    // target/<profile>/deps/<test> or target/<profile>/<bin>: the target dir is 2 or 3 up.
+    near(&exe, 2, 2, "quota/holdfast").with_context(|| {
+        format!(
+            "no optimised holdfast binary (target/quota/holdfast) near {}: build it with \
+             `cargo build --profile quota -p holdfast --bin holdfast` (`just test` does) or set \
+             HOLDFAST_QUOTA_BIN",
+            exe.display()
+        )
+    })
 }
 
 /// A running agent. Killed (SIGKILL) on drop; its pod, if it runs in one, removed.

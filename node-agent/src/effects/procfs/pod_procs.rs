@@ -771,6 +771,27 @@ fn fake_stat(pid: i32, start: u64) -> String {
     )
 }
 
+/// A fake tree (proc root, cgroup root) under the temp dir, removed on drop (also when an
+/// assertion fails).
+#[cfg(test)]
+struct Tree(PathBuf);
+
+#[cfg(test)]
+impl Drop for Tree {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Writes a fake `/proc/<pid>` with `cgroup` line `0::<cgroup>` and start time 500.
+#[cfg(test)]
+fn fake_process(proc_root: &std::path::Path, pid: i32, cgroup: &str) {
+    let d = proc_root.join(pid.to_string());
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(d.join("cgroup"), format!("0::{cgroup}\n")).unwrap();
+    std::fs::write(d.join("stat"), fake_stat(pid, 500)).unwrap();
+}
+
 /// The pod `pid` belongs to by its cgroup file, if any.
 fn read_pod_cgroup(proc_root: &std::path::Path, pid: i32) -> Option<PodCgroup> {
     std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup"))
@@ -784,13 +805,6 @@ mod tests {
 
     #[test]
     fn finds_pod_processes_in_a_fake_proc_tree() {
-        /// The fake proc tree, removed on drop (also when an assertion fails).
-        struct Tree(PathBuf);
-        impl Drop for Tree {
-            fn drop(&mut self) {
-                let _ = std::fs::remove_dir_all(&self.0);
-            }
-        }
         let tree = Tree(std::env::temp_dir().join(format!("hf-podprocs-{}", std::process::id())));
         let root = tree.0.clone();
         let _ = std::fs::remove_dir_all(&root);
@@ -1176,21 +1190,12 @@ mod cgroup_dir_tests {
 
     #[test]
     fn a_known_pod_is_read_from_its_own_cgroup() {
-        struct Tree(PathBuf);
-        impl Drop for Tree {
-            fn drop(&mut self) {
-                let _ = std::fs::remove_dir_all(&self.0);
-            }
-        }
         let tree = Tree(std::env::temp_dir().join(format!("hf-cgdir-{}", std::process::id())));
         let (proc_root, cg_root) = (tree.0.join("proc"), tree.0.join("cgroup"));
         let uid = "0b6a3c1e-6a59-4d8e-9f3a-2f1d5c7b8a90";
         let (c1, c2) = ("a".repeat(64), "b".repeat(64));
         let add = |pid: i32, cid: &str| {
-            let d = proc_root.join(pid.to_string());
-            std::fs::create_dir_all(&d).unwrap();
-            std::fs::write(d.join("cgroup"), format!("0::/kubepods/pod{uid}/{cid}\n")).unwrap();
-            std::fs::write(d.join("stat"), fake_stat(pid, 500)).unwrap();
+            fake_process(&proc_root, pid, &format!("/kubepods/pod{uid}/{cid}"));
             let c = cg_root.join(format!("kubepods/pod{uid}/{cid}"));
             std::fs::create_dir_all(&c).unwrap();
             let procs = c.join("cgroup.procs");
@@ -1203,10 +1208,7 @@ mod cgroup_dir_tests {
         add(40, &c1);
         // Many other processes on the node.
         for pid in 100..400 {
-            let d = proc_root.join(pid.to_string());
-            std::fs::create_dir_all(&d).unwrap();
-            std::fs::write(d.join("cgroup"), "0::/system.slice/x.service\n").unwrap();
-            std::fs::write(d.join("stat"), fake_stat(pid, 500)).unwrap();
+            fake_process(&proc_root, pid, "/system.slice/x.service");
         }
         let procs = PodProcs::with_cgroup_root(proc_root.clone(), Some(cg_root.clone()));
         let pids = |p: &PodProcs| {
@@ -1246,14 +1248,11 @@ mod cgroup_dir_tests {
         std::fs::create_dir_all(&d).unwrap();
         std::fs::write(d.join("cgroup.procs"), "42\n").unwrap();
         std::fs::write(d.parent().unwrap().join("cgroup.procs"), "").unwrap();
-        let pd = proc_root.join("42");
-        std::fs::create_dir_all(&pd).unwrap();
-        std::fs::write(
-            pd.join("cgroup"),
-            format!("0::/kubepods/besteffort/pod{other}/{c3}\n"),
-        )
-        .unwrap();
-        std::fs::write(pd.join("stat"), fake_stat(42, 500)).unwrap();
+        fake_process(
+            &proc_root,
+            42,
+            &format!("/kubepods/besteffort/pod{other}/{c3}"),
+        );
         std::thread::sleep(MIN_REFRESH * 2);
         assert_eq!(
             p(&procs, other),
@@ -1345,12 +1344,6 @@ mod placed_from_the_directory {
 
     #[test]
     fn only_the_handed_out_processes_are_read_and_the_gone_are_dropped() {
-        struct Tree(PathBuf);
-        impl Drop for Tree {
-            fn drop(&mut self) {
-                let _ = std::fs::remove_dir_all(&self.0);
-            }
-        }
         let tree = Tree(std::env::temp_dir().join(format!("hf-placed-{}", std::process::id())));
         let (proc_root, cg_root) = (tree.0.join("proc"), tree.0.join("cgroup"));
         let uid = "0b6a3c1e-6a59-4d8e-9f3a-2f1d5c7b8a90";
@@ -1361,20 +1354,22 @@ mod placed_from_the_directory {
         let many = MAX_PROCS_PER_POD as i32 + 300;
         let pids: Vec<i32> = (1000..1000 + many).collect();
         for &pid in &pids {
-            let d = proc_root.join(pid.to_string());
-            std::fs::create_dir_all(&d).unwrap();
-            std::fs::write(d.join("cgroup"), format!("0::/kubepods/pod{uid}/{cid}\n")).unwrap();
-            std::fs::write(d.join("stat"), fake_stat(pid, 500)).unwrap();
+            fake_process(&proc_root, pid, &format!("/kubepods/pod{uid}/{cid}"));
         }
         let list = |pids: &[i32]| pids.iter().map(|p| format!("{p}\n")).collect::<String>();
         std::fs::write(c.join("cgroup.procs"), list(&pids)).unwrap();
-        let procs = PodProcs::with_cgroup_root(proc_root.clone(), Some(cg_root.clone()));
-        procs
-            .inner
-            .lock()
-            .unwrap()
-            .pod_dirs
-            .insert(uid.into(), PathBuf::from(format!("/kubepods/pod{uid}")));
+        // An index that already knows the pod's directory (as after its first process).
+        let knowing_the_pod = || {
+            let procs = PodProcs::with_cgroup_root(proc_root.clone(), Some(cg_root.clone()));
+            procs
+                .inner
+                .lock()
+                .unwrap()
+                .pod_dirs
+                .insert(uid.into(), PathBuf::from(format!("/kubepods/pod{uid}")));
+            procs
+        };
+        let procs = knowing_the_pod();
 
         let first = procs.of_pod_blocking(uid);
         assert_eq!(first.len(), MAX_PROCS_PER_POD, "the oldest, up to the cap");
@@ -1391,13 +1386,7 @@ mod placed_from_the_directory {
             assert_eq!(index.pids.len(), pids.len(), "every one placed");
         }
         // A drain's look hands out (and reads) at most NEW_PER_DRAIN_LOOK new ones.
-        let fresh = PodProcs::with_cgroup_root(proc_root.clone(), Some(cg_root.clone()));
-        fresh
-            .inner
-            .lock()
-            .unwrap()
-            .pod_dirs
-            .insert(uid.into(), PathBuf::from(format!("/kubepods/pod{uid}")));
+        let fresh = knowing_the_pod();
         let mut drained = HashSet::new();
         for look in 1..=MAX_PROCS_PER_POD / NEW_PER_DRAIN_LOOK {
             let got = fresh.of_pod_blocking_except(uid, &drained, NEW_PER_DRAIN_LOOK);

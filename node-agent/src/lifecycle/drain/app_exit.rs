@@ -167,20 +167,33 @@ impl ExitWatcher {
     pub async fn next_exit(&mut self) -> (i32, Instant) {
         loop {
             match self.tasks.join_next_with_id().await {
-                Some(Ok((id, (pid, at)))) => {
-                    self.by_task.remove(&id);
-                    self.watched.remove(&pid);
-                    return (pid, at);
-                }
-                Some(Err(e)) => {
-                    // Only a panic (none can happen in these tasks) or an abort gets here:
-                    // forget the pid rather than wait for it forever.
-                    if let Some(pid) = self.by_task.remove(&e.id()) {
-                        self.watched.remove(&pid);
-                        return (pid, Instant::now());
+                Some(done) => {
+                    if let Some(exit) = self.take(done) {
+                        return exit;
                     }
                 }
                 None => std::future::pending::<()>().await,
+            }
+        }
+    }
+
+    /// Forgets the pid of a finished watch task: the exit it reports.
+    fn take(
+        &mut self,
+        done: Result<(Id, (i32, Instant)), tokio::task::JoinError>,
+    ) -> Option<(i32, Instant)> {
+        match done {
+            Ok((id, (pid, at))) => {
+                self.by_task.remove(&id);
+                self.watched.remove(&pid);
+                Some((pid, at))
+            }
+            // Only a panic (none can happen in these tasks) or an abort gets here: forget the
+            // pid rather than wait for it forever.
+            Err(e) => {
+                let pid = self.by_task.remove(&e.id())?;
+                self.watched.remove(&pid);
+                Some((pid, Instant::now()))
             }
         }
     }
@@ -193,19 +206,7 @@ impl ExitWatcher {
     pub fn ready_exits(&mut self) -> Vec<(i32, Instant)> {
         let mut out = Vec::new();
         while let Some(done) = self.tasks.try_join_next_with_id() {
-            match done {
-                Ok((id, (pid, at))) => {
-                    self.by_task.remove(&id);
-                    self.watched.remove(&pid);
-                    out.push((pid, at));
-                }
-                Err(e) => {
-                    if let Some(pid) = self.by_task.remove(&e.id()) {
-                        self.watched.remove(&pid);
-                        out.push((pid, Instant::now()));
-                    }
-                }
-            }
+            out.extend(self.take(done));
         }
         out
     }
