@@ -80,6 +80,7 @@ _envoy-istio:
 # docs/containerd-backend.md says which and why.
 test-containerd: setup filter
     cargo build --workspace --exclude holdfast-filter --bins
+    cargo build --profile quota -p holdfast --bin holdfast
     HOLDFAST_SIM_RUNTIME=containerd cargo test --workspace --exclude holdfast-filter --test failures --test hold --test drain --test which_pods --test native_sidecars --test meshes --test hold_lifecycle
 
 # Benchmarks against side-by-side baselines (`just bench filter|hold|drain|scale|lifecycle|meshes`; none = all). `scale` takes

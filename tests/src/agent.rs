@@ -59,6 +59,31 @@ pub fn holdfast_quota_binary() -> anyhow::Result<PathBuf> {
     })
 }
 
+/// The binary the containerd backend's DaemonSet pod runs: `$HOLDFAST_BIN`, else the `quota`
+/// profile's ([`holdfast_quota_binary`]). That pod runs under the DaemonSet's CPU quota (200m),
+/// where a debug build is not the program a node runs: it spends 3–4× the CPU on the same work
+/// (20 pods booting at once: 0.16 cores for 11 s, throttled every period, against 0.05 for the
+/// optimised build), and CI once saw its netns lookups of 8 of those 20 pods fall seconds
+/// behind their apps' first calls (5b55501, `hold::startup_hold_twenty_pods_at_once`).
+///
+/// Without the `quota` binary: an error in CI (`CI` set), and outside CI the test profile's
+/// binary with a warning naming the build command.
+pub fn holdfast_pod_binary() -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("HOLDFAST_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    match holdfast_quota_binary() {
+        Ok(p) => Ok(p),
+        Err(e) if std::env::var_os("CI").is_some() => Err(e),
+        Err(e) => {
+            eprintln!(
+                "holdfast-tests: the agent's pod runs the debug build under the DaemonSet's CPU quota, slower than a node's: {e:#}"
+            );
+            holdfast_binary()
+        }
+    }
+}
+
 /// A running agent. Killed (SIGKILL) on drop; its pod, if it runs in one, removed.
 pub struct AgentProcess {
     child: Option<Child>,

@@ -1,9 +1,11 @@
 //! The agent's image as the containerd backend runs it: built by `holdfast-image`'s library
-//! (the code `just image` runs) from the test profile's `holdfast` binary, pushed to a registry
+//! (the code `just image` runs) from the `quota` profile's `holdfast` binary
+//! ([`crate::agent::holdfast_pod_binary`]: optimised, as the pod runs under the DaemonSet's CPU
+//! quota), pushed to a registry
 //! on loopback (Debian's `docker-registry`), and **pulled** through CRI `PullImage` by the
 //! reference the rendered DaemonSet names once kustomize's `images:` has pinned it to that
 //! digest. `just image` builds the shipped image the same way from the release binary: the two
-//! differ in that binary only (docs/images.md).
+//! differ in that binary only (the `quota` profile is `release` without fat LTO; docs/images.md).
 //!
 //! The image is built once per `holdfast` binary (a layout cached next to it, keyed by the
 //! sha256 of the binary and of `image/agent-debs.lock`), pushed and pulled once per test binary
@@ -128,7 +130,7 @@ pub fn pulled(rt: &'static Containerd) -> Result<PulledAgent, SimError> {
 }
 
 fn pull(rt: &'static Containerd) -> Result<PulledAgent, SimError> {
-    let binary = crate::agent::holdfast_binary().map_err(setup)?;
+    let binary = crate::agent::holdfast_pod_binary().map_err(setup)?;
     let (layout_dir, digest) = build_for(&binary)?;
     let host = {
         let mut reg = rt.registry.lock().unwrap_or_else(|p| p.into_inner());
