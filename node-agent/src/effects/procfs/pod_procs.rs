@@ -1111,6 +1111,91 @@ mod netns_tests {
         }
     }
 
+    /// CRI-O with the systemd driver and crun on cgroup v2, placed from the pod's directory:
+    /// crun puts a container's processes in a `container` sub-cgroup of its scope (crun(1),
+    /// `run.oci.systemd.subgroup`: "defaults to container on cgroup v2"), conmon sits in
+    /// `crio-conmon-<id>.scope` in the node's netns (`conmon_cgroup = "pod"`, OpenShift's
+    /// setting), and the pod slice's name has the uid's dashes as `_`. After the first listing
+    /// has taught the index the layout, a new process in the `container` sub-cgroup is found
+    /// from `cgroup.procs` with its container id, conmon never gives the netns, and another pod
+    /// of the same layout is found in its predicted slice, all with no second listing.
+    #[test]
+    fn crio_systemd_layout_with_crun_subgroups_is_placed_from_the_directory() {
+        const UID_B: &str = "3d2f0c4e-1111-4a2b-8c3d-5e6f7a8b9c0d";
+        let f = FakeProc::new("crio-dirs");
+        let cg = f.root.join("cg");
+        let (a, b) = ("a".repeat(64), "b".repeat(64));
+        let pod_slice = |uid: &str| {
+            format!(
+                "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice",
+                uid.replace('-', "_")
+            )
+        };
+        // `cgroup.procs` of `<pod slice>/<rel>` (every level has one, as in cgroupfs), and the
+        // processes in it.
+        let put = |uid: &str, rel: &str, pids: &[(i32, &str)]| {
+            let d = cg.join(pod_slice(uid)).join(rel);
+            std::fs::create_dir_all(&d).unwrap();
+            let mut text = std::fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default();
+            for (pid, ns) in pids {
+                text.push_str(&format!("{pid}\n"));
+                let line = format!("0::/{}/{rel}\n", pod_slice(uid));
+                f.process(*pid, line.trim_end_matches("/\n"), Some(ns));
+            }
+            std::fs::write(d.join("cgroup.procs"), text).unwrap();
+        };
+        put(UID, "", &[]);
+        put(UID, &format!("crio-conmon-{a}.scope"), &[(20, "node")]);
+        put(UID, &format!("crio-{a}.scope"), &[]);
+        put(UID, &format!("crio-{a}.scope/container"), &[(30, "pod")]);
+        let procs = PodProcs::with_cgroup_root(f.root.clone(), Some(cg.clone()));
+        match procs.find_netns_blocking(UID) {
+            NetnsLookup::Found { pid, netns } => {
+                assert_eq!((pid, netns.id()), (30, f.ns_id("pod")));
+            }
+            other => panic!("expected the container's netns, got {other:?}"),
+        }
+        assert_eq!(procs.listings(), 1, "the first look lists /proc");
+        // A second container's process, in its crun sub-cgroup: read from the directory.
+        put(UID, &format!("crio-{b}.scope"), &[]);
+        put(UID, &format!("crio-{b}.scope/container"), &[(31, "pod")]);
+        std::thread::sleep(MIN_REFRESH * 2);
+        let got = procs.of_pod_blocking(UID);
+        let by_pid = |pid: i32| {
+            got.iter()
+                .find(|p| p.pid == pid)
+                .map(|p| p.container_id.clone())
+        };
+        assert_eq!(by_pid(20), Some(None), "conmon: the pod's, no container");
+        assert_eq!(by_pid(30), Some(Some(a.clone())));
+        assert_eq!(by_pid(31), Some(Some(b.clone())), "{got:?}");
+        assert_eq!(procs.listings(), 1, "no second listing");
+        // Another pod of the same layout: its predicted slice, not a listing.
+        put(UID_B, "", &[]);
+        put(UID_B, &format!("crio-conmon-{a}.scope"), &[(40, "node")]);
+        assert!(
+            matches!(procs.find_netns_blocking(UID_B), NetnsLookup::NotYet),
+            "only conmon yet"
+        );
+        put(UID_B, &format!("crio-{b}.scope"), &[]);
+        put(
+            UID_B,
+            &format!("crio-{b}.scope/container"),
+            &[(41, "other-pod")],
+        );
+        match procs.find_netns_blocking(UID_B) {
+            NetnsLookup::Found { pid, netns } => {
+                assert_eq!((pid, netns.id()), (41, f.ns_id("other-pod")));
+            }
+            other => panic!("expected pod B's netns, got {other:?}"),
+        }
+        assert_eq!(
+            procs.listings(),
+            1,
+            "pod B found where the kubelet makes it"
+        );
+    }
+
     /// Pid reuse: pod A's lowest pid exits and pod B's process gets the same pid between two
     /// refreshes (the listing sees the pid both times). The index must notice by the start time
     /// and the cgroup, and never hand out B's netns (nor B's process) for A.
