@@ -107,9 +107,7 @@ pub struct Opts {
     /// there too.
     pub confine: bool,
     /// With `confine`: the DaemonSet's CPU quota too (200m), not only its memory limit. The
-    /// quota makes the agent slower on a loaded machine — a figure to measure (the long form),
-    /// not a bound the short form can assert; the memory limit is a bound (an OOM kill is a
-    /// crash loop).
+    /// honest pod then boots in a node's window ([`HONEST_INIT_UNDER_QUOTA`]).
     pub cpu_quota: bool,
 }
 
@@ -437,12 +435,34 @@ impl Sampler {
     }
 }
 
-/// The honest pod: Envoy 1 s late, three calls at boot (held), exits at SIGTERM.
-fn honest_pod() -> PodSpec {
-    PodSpec::new("honest")
+/// How long the honest pod's istio-init step takes when the agent runs under the DaemonSet's
+/// CPU quota: the window from its sandbox to its app's first connect that a node leaves.
+///
+/// The sim's default (150 ms) is shorter than any kubelet's: after the sandbox, the kubelet
+/// creates and starts istio-init (a CRI `CreateContainer` + `StartContainer`), istio-init runs
+/// its `iptables-restore`s and exits, the kubelet notices the exit at its next PLEG relist
+/// (`genericPlegRelistPeriod = time.Second * 1`, pkg/kubelet/kubelet.go; Evented PLEG is off by
+/// default) and only then creates and starts the app's container: 0–1 s of relist wait alone.
+/// 500 ms is below that window's median. Under the quota the agent runs 20 ms of every 100 ms
+/// period, so any burst of its own work that meets a pod's boot costs that pod one or two
+/// throttled periods (80 ms each): against the sim's 150 ms the honest pod's race was lost
+/// now and then even with no attack (CI, 4ea9c60: its hold 83 ms after its netns with no
+/// attacker, 111 ms beside 300 terminal pods, 3 boot calls refused), against a node's window
+/// it is not. What an attack adds is asserted apart: the hold within 2× its no-attack latency.
+pub const HONEST_INIT_UNDER_QUOTA: Duration = Duration::from_millis(500);
+
+/// The honest pod: Envoy 1 s late, three calls at boot (held), exits at SIGTERM; its init step
+/// [`HONEST_INIT_UNDER_QUOTA`] long when the agent runs under the CPU quota.
+fn honest_pod(opts: &Opts) -> PodSpec {
+    let pod = PodSpec::new("honest")
         .app(AppScript::CallAtStart { calls: 3 })
         .proxy_delay(Duration::from_secs(1))
-        .call_timeout(Duration::from_secs(30))
+        .call_timeout(Duration::from_secs(30));
+    if opts.confine && opts.cpu_quota {
+        pod.init_duration(HONEST_INIT_UNDER_QUOTA)
+    } else {
+        pod
+    }
 }
 
 /// The attacker pod of a scenario.
@@ -740,7 +760,7 @@ pub fn run(scenario: Scenario, opts: &Opts) -> anyhow::Result<Figures> {
     let mut fds_max = sampler.fds();
 
     // The honest pod, beside it.
-    node.add_pod(honest_pod())?;
+    node.add_pod(honest_pod(opts))?;
     node.start_pods()?;
     let mut liveness = None;
     if scenario == Scenario::SlotHolders {
