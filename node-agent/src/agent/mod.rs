@@ -137,6 +137,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     expiry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
     loop {
+        let next_opt_in = pods.next_deferred();
         tokio::select! {
             _ = &mut shutdown => break,
             _ = expiry.tick() => pods.expire_rows(std::time::Instant::now(), &shared),
@@ -159,6 +160,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             Some(done) = pods.tasks.join_next_with_id(), if !pods.tasks.is_empty() => {
                 pods.task_ended(done, &shared);
             }
+            _ = sleep_until_opt(next_opt_in) => {
+                pods.start_due(std::time::Instant::now(), &shared);
+            }
         }
     }
 
@@ -171,6 +175,14 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     .await;
     let _ = api_task.await;
     Ok(())
+}
+
+/// Sleeps until `at`, or for ever with none.
+async fn sleep_until_opt(at: Option<std::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// How a pod's task is started: the lifecycle driver (tests inject others, e.g. one that
@@ -204,7 +216,45 @@ struct PodLife {
     /// Why the pod is left alone (failed open by its task, or its task kept panicking): no task
     /// is started for it again until it is deleted.
     left_alone: Option<String>,
+    /// How often a task of this pod was stopped because the pod stopped being tracked (its
+    /// `holdfast.io/enabled` set to "false", mostly), and when last: paces taking it again
+    /// ([`opt_in_delay`]).
+    opt_outs: u32,
+    last_opt_out: Option<std::time::Instant>,
 }
+
+impl PodLife {
+    fn new() -> PodLife {
+        PodLife {
+            restarts: 0,
+            left_alone: None,
+            opt_outs: 0,
+            last_opt_out: None,
+        }
+    }
+}
+
+/// How long after its last opt-out a pod opted in again waits before its lifecycle starts anew:
+/// nothing the first time (an operator's `kubectl annotate` false then true), then 1 s doubling
+/// to [`OPT_IN_DELAY_MAX`] with each further opt-out while the pod lives. Issue 29: each opt-in
+/// starts a lifecycle — a netns lookup, a readiness look and, while Envoy is not ready, a hold
+/// installed and removed (two `iptables-restore`s each) — and a pod flipping its annotation 10
+/// times a second cost the agent ~6 ms of CPU per flip (0.07 cores of its 0.2, optimised
+/// build, `holdfast-soak --hostile --scenario annotation-toggle`). Meanwhile the pod is as
+/// without holdfast, which is what it asked for half of the time.
+fn opt_in_delay(opt_outs: u32) -> Duration {
+    match opt_outs {
+        0 | 1 => Duration::ZERO,
+        n => OPT_IN_DELAY_FIRST
+            .saturating_mul(1 << (n - 2).min(16))
+            .min(OPT_IN_DELAY_MAX),
+    }
+}
+
+/// The first pause of [`opt_in_delay`].
+const OPT_IN_DELAY_FIRST: Duration = Duration::from_secs(1);
+/// The longest pause of [`opt_in_delay`].
+const OPT_IN_DELAY_MAX: Duration = Duration::from_secs(60);
 
 /// The pods being followed: one task per meshed pod, fed through a watch channel. `None` on the
 /// channel means the pod is gone. Tasks are supervised: one that panics is counted
@@ -233,6 +283,9 @@ struct Pods {
     last_seen: HashMap<String, u64>,
     /// Keys of those digests, random per agent, so no pod can aim for a collision.
     digest_keys: std::collections::hash_map::RandomState,
+    /// Pods opted in again whose lifecycle starts when due ([`opt_in_delay`]), with their
+    /// latest view, by uid.
+    deferred: HashMap<String, (std::time::Instant, PodView)>,
 }
 
 impl Default for Pods {
@@ -255,6 +308,7 @@ impl Pods {
             start_task,
             last_seen: HashMap::new(),
             digest_keys: Default::default(),
+            deferred: HashMap::new(),
         }
     }
 
@@ -289,6 +343,42 @@ impl Pods {
         self.last_seen.insert(uid, digest) == Some(digest)
     }
 
+    /// When pod `uid`, opted in again, may be taken again, if not now ([`opt_in_delay`]).
+    fn opt_in_due(&self, uid: &str) -> Option<std::time::Instant> {
+        let life = self.lives.get(uid)?;
+        let due = life.last_opt_out? + opt_in_delay(life.opt_outs);
+        (due > std::time::Instant::now()).then_some(due)
+    }
+
+    /// The earliest deferred opt-in.
+    fn next_deferred(&self) -> Option<std::time::Instant> {
+        self.deferred.values().map(|(due, _)| *due).min()
+    }
+
+    /// Starts the lifecycles of the deferred pods due by `now`.
+    fn start_due(&mut self, now: std::time::Instant, shared: &Arc<Shared>) {
+        let due: Vec<String> = self
+            .deferred
+            .iter()
+            .filter(|(_, (at, _))| *at <= now)
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in due {
+            let Some((_, view)) = self.deferred.remove(&uid) else {
+                continue;
+            };
+            if self.by_uid.contains_key(&uid) {
+                continue;
+            }
+            self.skipped.remove(&uid);
+            tracing::info!(pod = %view.key, uid = %uid, "tracking pod");
+            let key = view.key.clone();
+            let (tx, rx) = watch::channel(Some(view));
+            self.by_uid.insert(uid, tx);
+            self.spawn(shared, &key, rx);
+        }
+    }
+
     /// Starts the task of pod `uid` on `rx`, in the pod's span (every line it logs names it).
     fn spawn(&mut self, shared: &Arc<Shared>, key: &PodKey, rx: watch::Receiver<Option<PodView>>) {
         let span = tracing::info_span!("pod", pod = %key, uid = %key.uid);
@@ -296,10 +386,9 @@ impl Pods {
         let handle = self.tasks.spawn(task);
         self.task_pod.insert(handle.id(), key.clone());
         self.gone_rows.remove(&key.uid);
-        self.lives.entry(key.uid.clone()).or_insert(PodLife {
-            restarts: 0,
-            left_alone: None,
-        });
+        self.lives
+            .entry(key.uid.clone())
+            .or_insert_with(PodLife::new);
     }
 
     /// A task ended: forget it; if it ended on its own, keep its row a while and remember
@@ -337,10 +426,7 @@ impl Pods {
             return;
         };
         let key = tx.borrow().as_ref().map_or(key, |v| v.key.clone());
-        let life = self.lives.entry(uid.clone()).or_insert(PodLife {
-            restarts: 0,
-            left_alone: None,
-        });
+        let life = self.lives.entry(uid.clone()).or_insert_with(PodLife::new);
         life.restarts += 1;
         let restarts = life.restarts;
         let rec = crate::lifecycle::record::Recorder {
@@ -425,6 +511,7 @@ impl Pods {
                         // row. Hundreds of these (a ReplicaSet whose pods keep being rejected)
                         // cost a parsed view each, then nothing.
                         tracing::debug!(pod = %view.key, phase = ?view.phase, "pod in a terminal phase; not tracked");
+                        self.deferred.remove(&view.key.uid);
                     }
                     Ok(view)
                         if self
@@ -440,11 +527,30 @@ impl Pods {
                     }
                     Ok(view) => {
                         let uid = view.key.uid.clone();
-                        self.skipped.remove(&uid);
                         if let Some(tx) = self.by_uid.get(&uid) {
+                            self.skipped.remove(&uid);
                             // send_replace: the task reads the latest view; intermediate ones may be skipped.
                             tx.send_replace(Some(view));
+                        } else if let Some(due) = self.opt_in_due(&uid) {
+                            // Taken again when due, on its latest view.
+                            if !self.deferred.contains_key(&uid) {
+                                let wait = due.saturating_duration_since(std::time::Instant::now());
+                                let opt_outs = self.lives.get(&uid).map_or(0, |l| l.opt_outs);
+                                tracing::info!(pod = %view.key, uid = %uid, opt_outs, wait_ms = wait.as_millis() as u64, "pod opted in again; taken again after a pause");
+                                let reason = format!(
+                                    "opted in again after {opt_outs} opt-outs: taken again in {:.1} s (a pod's lifecycle restarts at most at a pace that halves with each opt-out, down to one a minute); meanwhile as without holdfast",
+                                    wait.as_secs_f64()
+                                );
+                                crate::lifecycle::record::Recorder::skipped(
+                                    &shared.board,
+                                    &view.key,
+                                    &reason,
+                                );
+                                self.skipped.insert(uid.clone(), view.key.clone());
+                            }
+                            self.deferred.insert(uid, (due, view));
                         } else {
+                            self.skipped.remove(&uid);
                             tracing::info!(pod = %view.key, uid = %uid, "tracking pod");
                             let key = view.key.clone();
                             let (tx, rx) = watch::channel(Some(view));
@@ -461,9 +567,14 @@ impl Pods {
                             .clone()
                             .unwrap_or_default()
                             .to_ascii_lowercase();
+                        self.deferred.remove(&uid);
                         if let Some(tx) = self.by_uid.remove(&uid) {
                             tracing::info!(uid = %uid, %reason, "pod no longer tracked");
                             tx.send_replace(None);
+                            if let Some(life) = self.lives.get_mut(&uid) {
+                                life.opt_outs = life.opt_outs.saturating_add(1);
+                                life.last_opt_out = Some(std::time::Instant::now());
+                            }
                         } else if self.lives.get(&uid).is_some_and(|l| l.left_alone.is_some()) {
                             // Its row says why it is left alone; keep that.
                         } else if !matches!(
@@ -498,6 +609,7 @@ impl Pods {
                 let uid = uid.to_ascii_lowercase();
                 self.lives.remove(&uid);
                 self.last_seen.remove(&uid);
+                self.deferred.remove(&uid);
                 if let Some(tx) = self.by_uid.remove(&uid) {
                     tx.send_replace(None);
                 }
@@ -918,6 +1030,81 @@ mod tests {
             &shared,
         );
         assert!(pods.lives.is_empty());
+    }
+
+    /// Issue 29: a pod flipping `holdfast.io/enabled` is taken again at once after its first
+    /// opt-out, then after 1 s, 2 s, … (to a minute): each opt-in between waits, with its row
+    /// saying so, and is taken on its latest view when due; an opt-out meanwhile cancels it.
+    /// Before, every flip started a lifecycle (a netns lookup, a readiness look, a hold
+    /// installed and removed while Envoy was not ready).
+    #[tokio::test]
+    async fn a_toggling_pod_is_taken_again_at_a_pace() {
+        let shared = shared();
+        let (task, starts) = recording_task(&[], &[]);
+        let mut pods = Pods::with_task(task);
+        let uid = "2c48913c-b29f-4a8e-9c4b-0123456789ab";
+        let started = || *starts.lock().expect("starts");
+        let off = |pods: &mut Pods| {
+            pods.apply(PodEvent::Applied(Box::new(opted_out(false))), &shared);
+        };
+        let on = |pods: &mut Pods| {
+            pods.apply(PodEvent::Applied(Box::new(opted_out(true))), &shared);
+        };
+        on(&mut pods);
+        assert_eq!((pods.tasks.len(), pods.deferred.len()), (1, 0));
+        off(&mut pods);
+        reap(&mut pods, &shared, 1).await;
+        // The first opt-in after an opt-out: at once (an operator's annotate false, then true).
+        on(&mut pods);
+        assert_eq!((pods.tasks.len(), pods.deferred.len()), (1, 0));
+        off(&mut pods);
+        reap(&mut pods, &shared, 1).await;
+        // The second: after 1 s.
+        on(&mut pods);
+        assert!(pods.tasks.is_empty(), "deferred, not started");
+        let due = pods.next_deferred().expect("a deferred opt-in");
+        let wait = due.saturating_duration_since(std::time::Instant::now());
+        assert!(
+            wait > Duration::from_millis(500) && wait <= OPT_IN_DELAY_FIRST,
+            "{wait:?}"
+        );
+        let row = shared.board.snapshot_row("shop", "web-1").expect("its row");
+        assert_eq!(row.phase, Phase::Skipped, "{row:#?}");
+        assert!(
+            row.skipped_reason
+                .as_deref()
+                .is_some_and(|r| r.contains("opted in again after 2 opt-outs")),
+            "{row:#?}"
+        );
+        // Updates meanwhile change the view it will start on, not the time.
+        on(&mut pods);
+        assert_eq!(pods.next_deferred(), Some(due));
+        pods.start_due(due - Duration::from_millis(1), &shared);
+        assert!(pods.tasks.is_empty(), "not before it is due");
+        pods.start_due(due, &shared);
+        assert_eq!(pods.tasks.len(), 1, "taken again when due");
+        assert!(pods.deferred.is_empty());
+        tokio::task::yield_now().await;
+        assert_eq!(started(), 3);
+        // The third waits 2 s; an opt-out meanwhile cancels it.
+        off(&mut pods);
+        reap(&mut pods, &shared, 1).await;
+        on(&mut pods);
+        let wait = pods
+            .next_deferred()
+            .expect("deferred")
+            .saturating_duration_since(std::time::Instant::now());
+        assert!(wait > OPT_IN_DELAY_FIRST, "{wait:?}");
+        off(&mut pods);
+        assert!(pods.deferred.is_empty(), "an opt-out cancels the opt-in");
+        // Deleted: forgotten, and a new pod of the same name is taken at once.
+        on(&mut pods);
+        assert_eq!(pods.deferred.len(), 1);
+        pods.apply(PodEvent::Deleted { uid: uid.into() }, &shared);
+        assert!(pods.deferred.is_empty() && pods.lives.is_empty());
+        assert_eq!(opt_in_delay(40), OPT_IN_DELAY_MAX);
+        assert_eq!(started(), 3);
+        shared.stop.cancel();
     }
 
     /// Issue 28: a task restarted after a panic keeps the pod's row (its timeline and
