@@ -59,7 +59,19 @@ pub enum Scenario {
     /// The same, its app also the pod's "Envoy": ready to the readiness check, and every other
     /// admin request (the drain's samples, `/server_info`, the quit) answered with ~1 MB.
     ManyProcsFakeEnvoy,
+    /// `while :; do sleep 0.005; done` run in the pod's own istio-proxy container (as `kubectl
+    /// exec` runs it) from before its Envoy is ready and through the window: ~200 process exits
+    /// a second in the container the agent watches for the proxy's exit (issue 29).
+    ExecLoop,
+    /// The pod's `holdfast.io/enabled` annotation set to "false" and back to "true" every
+    /// [`TOGGLE_EVERY`] through the window: each flip a Pod update that opts the pod out or in
+    /// (issue 29: a toggle used to restart the pod's lifecycle, forget "left alone", count a
+    /// failed-open pod again and, 300 s later, delete the live task's row).
+    AnnotationToggle,
 }
+
+/// How often the [`Scenario::AnnotationToggle`] attacker flips its opt-out annotation.
+pub const TOGGLE_EVERY: Duration = Duration::from_millis(100);
 
 /// The processes of the [`Scenario::ManyProcs`] attacker's app (the issue's figure).
 pub const MANY_PROCS: u32 = 2000;
@@ -81,6 +93,8 @@ impl Scenario {
             Scenario::PodText => "pod-text".into(),
             Scenario::ManyProcs => "many-procs".into(),
             Scenario::ManyProcsFakeEnvoy => "many-procs-fake-envoy".into(),
+            Scenario::ExecLoop => "exec-loop".into(),
+            Scenario::AnnotationToggle => "annotation-toggle".into(),
         }
     }
 
@@ -525,6 +539,14 @@ fn attacker_pod(s: Scenario, window: Duration) -> Option<PodSpec> {
                     ),
             )
         }
+        // A pod like any other: what it does is done to it from outside ([`run`]).
+        Scenario::ExecLoop | Scenario::AnnotationToggle => {
+            return Some(
+                PodSpec::new("attacker")
+                    .app(AppScript::CallAtStart { calls: 1 })
+                    .proxy_delay(Duration::from_secs(1)),
+            )
+        }
         _ => return None,
     };
     Some(
@@ -706,6 +728,35 @@ pub fn run(scenario: Scenario, opts: &Opts) -> anyhow::Result<Figures> {
     }
     match scenario {
         Scenario::SlotHolders => holders = slot_holders(public, stop.clone()),
+        Scenario::ExecLoop => {
+            // In the container before its Envoy is ready (1 s late), so the agent's watch of
+            // the ready proxy meets the loop's processes.
+            node.wait_for(
+                "attacker",
+                Duration::from_secs(30),
+                "the attacker's proxy container running",
+                |p| p.proxy().is_some_and(|c| c.is_running() && c.pid.is_some()),
+            )?;
+            let mut sh = std::process::Command::new("sh");
+            sh.args(["-c", "while :; do sleep 0.005; done"]);
+            node.exec_in_proxy("attacker", sh)?;
+        }
+        Scenario::AnnotationToggle => {
+            let annotate = node.annotator("attacker")?;
+            let stop = stop.clone();
+            holders.push(std::thread::spawn(move || {
+                let mut on = false;
+                while !stop.load(Ordering::Relaxed)
+                    && annotate.set(
+                        holdfast::config::ANNOTATION_ENABLED,
+                        if on { "true" } else { "false" },
+                    )
+                {
+                    on = !on;
+                    std::thread::sleep(TOGGLE_EVERY);
+                }
+            }));
+        }
         Scenario::TerminalPods(n) => {
             for i in 0..n {
                 let pod = terminal_pod(i, node.node_name());

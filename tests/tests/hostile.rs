@@ -4,7 +4,9 @@
 //! netlink forger, 70 status API slot holders, a pid-wrapping forker, 300 terminal-phase pod
 //! objects, a pod whose app has 2,000 processes and is deleted with a long grace (its drain
 //! covers the window), the same whose "Envoy" answers the drain's samples with ~1 MB, a pod
-//! writing hostile text in its annotations — and the same run without an attacker. Each run
+//! writing hostile text in its annotations, a `sleep` loop exec'd into a pod's proxy container,
+//! a pod flipping its opt-out annotation 10 times a second — and the same run without an
+//! attacker. Each run
 //! prints the agent's CPU, RSS and fds and the honest pod's figures.
 //!
 //! The agent runs an optimised build (the `quota` profile: `release` without its fat LTO)
@@ -257,6 +259,29 @@ fn hostile_pods_cannot_blind_crash_or_steer_the_agent() {
     hold_within_twice(&f, none_ms);
 
     // Issue 29: a pod's text reaches its row cut and escaped, whatever it writes.
+    // Issue 29: a loop's processes ending in the proxy container are not the proxy going.
+    let f = run(Scenario::ExecLoop);
+    let row = f.attacker.as_ref().expect("attacker row");
+    assert_eq!(row.phase, Phase::Ready, "{row:?}");
+    let tl = row.timeline.as_ref().expect("a timeline");
+    let gone = tl
+        .steps
+        .iter()
+        .filter(|s| s.step == holdfast::api::StepKind::ProxyGone)
+        .count();
+    assert_eq!(
+        (gone, tl.dropped),
+        (0, 0),
+        "re-checks on the attacker's timeline: {tl:?}"
+    );
+    hold_within_twice(&f, none_ms);
+
+    // Issue 29: the opt-out annotation flipped 10 times a second costs a bounded parse each
+    // (the common assertions) and never loses the pod's row.
+    let f = run(Scenario::AnnotationToggle);
+    assert!(f.attacker.is_some(), "the toggled pod's row: {}", f.line());
+    hold_within_twice(&f, none_ms);
+
     let f = run(Scenario::PodText);
     let row = f.attacker.as_ref().expect("attacker row");
     let problem = row.last_error.as_deref().unwrap_or_default();

@@ -49,7 +49,8 @@ struct Args {
     #[arg(long)]
     hostile: bool,
     /// Hostile suite: only this scenario (none, fake-envoy, rule-flood, netlink-forger,
-    /// slot-holders, pid-wrapper, terminal-pods, pod-text, many-procs, many-procs-fake-envoy;
+    /// slot-holders, pid-wrapper, terminal-pods, pod-text, many-procs, many-procs-fake-envoy,
+    /// exec-loop, annotation-toggle;
     /// a prefix runs every scenario it starts: many-procs runs both).
     #[arg(long)]
     scenario: Option<String>,
@@ -83,6 +84,8 @@ fn hostile(args: &Args) -> ExitCode {
         Scenario::PodText,
         Scenario::ManyProcs,
         Scenario::ManyProcsFakeEnvoy,
+        Scenario::ExecLoop,
+        Scenario::AnnotationToggle,
     ];
     let chosen: Vec<Scenario> = all
         .into_iter()

@@ -175,6 +175,31 @@ struct Worker {
     join: Option<JoinHandle<()>>,
 }
 
+/// Sets one pod's annotations while the node runs ([`SimNode::annotator`]).
+#[derive(Clone)]
+pub struct Annotator {
+    shared: Arc<Shared>,
+    pods_dir: PathBuf,
+    pod: String,
+}
+
+impl Annotator {
+    /// Sets `key` to `value` (replacing its value if it is there); `false` once the pod is gone
+    /// (a pod's view stays after it is gone; its file is no longer written).
+    pub fn set(&self, key: &str, value: &str) -> bool {
+        self.shared.update_pod(&self.pods_dir, &self.pod, |v| {
+            match v.spec.annotations.iter_mut().find(|(k, _)| k == key) {
+                Some(entry) => entry.1 = value.to_string(),
+                None => v
+                    .spec
+                    .annotations
+                    .push((key.to_string(), value.to_string())),
+            }
+            !v.gone
+        })
+    }
+}
+
 /// A simulated Kubernetes node. Build it, add pods, start them, delete them, read reports;
 /// everything it created is removed on [`SimNode::finish`] or drop, even when a test panics.
 ///
@@ -751,6 +776,20 @@ impl SimNode {
         let pid = child.id();
         self.host_processes.push(child);
         Ok(pid)
+    }
+
+    /// A handle that sets pod `pod`'s annotations through the "API" (`kubectl annotate
+    /// --overwrite`: the object's next revision, written as the kubelet stand-in writes its
+    /// updates), usable from another thread while the node runs.
+    pub fn annotator(&self, pod: &str) -> Result<Annotator, SimError> {
+        if self.pod(pod).is_none() {
+            return Err(SimError::UnknownPod(pod.to_string()));
+        }
+        Ok(Annotator {
+            shared: self.shared.clone(),
+            pods_dir: self.env.pods_dir.clone(),
+            pod: pod.to_string(),
+        })
     }
 
     /// Waits until the pod has been removed (deleted and every process gone).
