@@ -367,16 +367,21 @@ impl Pods {
             let Some((_, view)) = self.deferred.remove(&uid) else {
                 continue;
             };
-            if self.by_uid.contains_key(&uid) {
-                continue;
+            if !self.by_uid.contains_key(&uid) {
+                self.track(shared, view);
             }
-            self.skipped.remove(&uid);
-            tracing::info!(pod = %view.key, uid = %uid, "tracking pod");
-            let key = view.key.clone();
-            let (tx, rx) = watch::channel(Some(view));
-            self.by_uid.insert(uid, tx);
-            self.spawn(shared, &key, rx);
         }
+    }
+
+    /// Starts following a pod that has no task: its task on a new channel fed `view`.
+    fn track(&mut self, shared: &Arc<Shared>, view: PodView) {
+        let uid = view.key.uid.clone();
+        self.skipped.remove(&uid);
+        tracing::info!(pod = %view.key, uid = %uid, "tracking pod");
+        let key = view.key.clone();
+        let (tx, rx) = watch::channel(Some(view));
+        self.by_uid.insert(uid, tx);
+        self.spawn(shared, &key, rx);
     }
 
     /// Starts the task of pod `uid` on `rx`, in the pod's span (every line it logs names it).
@@ -550,12 +555,7 @@ impl Pods {
                             }
                             self.deferred.insert(uid, (due, view));
                         } else {
-                            self.skipped.remove(&uid);
-                            tracing::info!(pod = %view.key, uid = %uid, "tracking pod");
-                            let key = view.key.clone();
-                            let (tx, rx) = watch::channel(Some(view));
-                            self.by_uid.insert(uid, tx);
-                            self.spawn(shared, &key, rx);
+                            self.track(shared, view);
                         }
                     }
                     Err(reason) => {
