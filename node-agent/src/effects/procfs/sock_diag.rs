@@ -756,8 +756,8 @@ mod tests {
         );
         drop(udp);
         assert!(
-            !diag.udp_bound(udp_port).expect("udp lookup"),
-            "closed UDP {udp_port}"
+            crate::effects::procfs::gone_soon(|| diag.udp_bound(udp_port).expect("udp lookup")),
+            "closed UDP {udp_port} still bound 5 s after"
         );
         let udp6 = std::net::UdpSocket::bind("[::]:0").ok();
         if let Some(p6) = udp6
@@ -775,8 +775,13 @@ mod tests {
             "the exact lookups were used"
         );
         drop(listener);
-        let ports = diag.tcp_listening_ports().expect("dump");
-        assert!(!ports.contains(&port), "port {port} still in {ports:?}");
+        assert!(
+            crate::effects::procfs::gone_soon(|| diag
+                .tcp_listening_ports()
+                .expect("dump")
+                .contains(&port)),
+            "port {port} still listening 5 s after its listener was closed"
+        );
         assert!(!diag.tcp_listening_all(&[port]).expect("dump"));
         drop(v6);
     }
