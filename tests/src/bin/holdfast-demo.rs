@@ -36,7 +36,7 @@ const JOB_PATIENCE: Duration = Duration::from_secs(8);
 const STATUS_POLL: Duration = Duration::from_millis(20);
 
 /// The scenarios, one pod each.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Scenario {
     Startup,
     Shutdown,
@@ -113,6 +113,9 @@ struct Cli {
     /// bridge plugin; `just setup` installs them).
     #[arg(long, value_enum, default_value_t = RuntimeArg::Netns)]
     runtime: RuntimeArg,
+    /// Run only this scenario (repeat for more; default: all three, in the order of the table).
+    #[arg(long = "scenario", value_enum)]
+    scenarios: Vec<Scenario>,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -354,7 +357,7 @@ impl StatusSamples {
     }
 }
 
-fn run(r: Run) -> anyhow::Result<RunResult> {
+fn run(r: Run, scenarios: &[Scenario]) -> anyhow::Result<RunResult> {
     let started = Instant::now();
     let opts = NodeOptions {
         runtime: r.runtime,
@@ -365,7 +368,7 @@ fn run(r: Run) -> anyhow::Result<RunResult> {
         opts,
     )
     .context("building the simulated node")?;
-    for s in Scenario::ALL {
+    for &s in scenarios {
         let mut spec = s.spec();
         if r.holdfast {
             // holdfast's mesh config: terminationDrainDuration = terminationGracePeriodSeconds.
@@ -397,17 +400,17 @@ fn run(r: Run) -> anyhow::Result<RunResult> {
                 }
             });
         }
-        let threads = [
-            (
-                Scenario::Startup,
-                scope.spawn(move || startup(node_ref, deadline)),
-            ),
-            (
-                Scenario::Shutdown,
-                scope.spawn(move || shutdown(node_ref, deadline)),
-            ),
-            (Scenario::Job, scope.spawn(move || job(node_ref, deadline))),
-        ];
+        let threads: Vec<_> = scenarios
+            .iter()
+            .map(|&s| {
+                let check = match s {
+                    Scenario::Startup => startup,
+                    Scenario::Shutdown => shutdown,
+                    Scenario::Job => job,
+                };
+                (s, scope.spawn(move || check(node_ref, deadline)))
+            })
+            .collect();
         let mut outcomes = Vec::new();
         let mut first_err = None;
         for (s, t) in threads {
@@ -428,6 +431,11 @@ fn run(r: Run) -> anyhow::Result<RunResult> {
             if let Ok(s) = status_cli::fetch_status(url, Duration::from_secs(1)) {
                 samples.lock().unwrap_or_else(|e| e.into_inner()).add(s);
             }
+        }
+        if let Some(url) = agent
+            .as_ref()
+            .filter(|_| scenarios.contains(&Scenario::Shutdown))
+        {
             timeline = Some(
                 pod_timeline(url, &format!("default/{}", Scenario::Shutdown.pod()))
                     .unwrap_or_else(|e| format!("{e:#}\n")),
@@ -466,7 +474,11 @@ fn render(runs: &[(&str, &[(Scenario, Outcome)])]) -> String {
     out.push('\n');
     out.push_str(&"-".repeat(LABEL + runs.len() * (VALUE + 2)));
     out.push('\n');
-    for s in Scenario::ALL {
+    let shown = Scenario::ALL.into_iter().filter(|s| {
+        runs.iter()
+            .any(|(_, o)| o.iter().any(|(run_s, _)| run_s == s))
+    });
+    for s in shown {
         out.push_str(s.title());
         out.push('\n');
         let first = runs
@@ -492,14 +504,31 @@ fn render(runs: &[(&str, &[(Scenario, Outcome)])]) -> String {
     out
 }
 
-fn main() -> anyhow::Result<()> {
+/// Errors end the demo with one line (the cause chain joined), never a backtrace: what a
+/// newcomer sees first names the path, the uid or the command to fix.
+fn main() {
     let cli = <Cli as clap::Parser>::parse();
     if !privileged("holdfast-demo") {
         std::process::exit(1);
     }
-    // Fail before building anything if a binary is missing.
+    if let Err(e) = demo(cli) {
+        eprintln!("holdfast-demo: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn demo(cli: Cli) -> anyhow::Result<()> {
+    // Fail before starting a pod if a binary is missing or a pod's uid cannot reach it.
     holdfast_binary()?;
-    holdfast_tests::sim::sim_app_binary()?;
+    let sim_app = holdfast_tests::sim::sim_app_binary()?;
+    let envoy = holdfast_tests::envoy::envoy_binary()?;
+    let filter = holdfast_tests::envoy::filter_wasm().ok();
+    holdfast_tests::sim::reach::pod_files(
+        &sim_app,
+        &envoy,
+        filter.as_deref(),
+        &std::env::temp_dir(),
+    )?;
     let started = Instant::now();
     let (runtime, pods) = match cli.runtime {
         RuntimeArg::Netns => (Runtime::Netns, "real Envoy, iptables, netns"),
@@ -519,15 +548,27 @@ fn main() -> anyhow::Result<()> {
             runtime,
         },
     ];
+    let scenarios = if cli.scenarios.is_empty() {
+        Scenario::ALL.to_vec()
+    } else {
+        Scenario::ALL
+            .into_iter()
+            .filter(|s| cli.scenarios.contains(s))
+            .collect()
+    };
     println!(
-        "A simulated node ({pods}), 3 pods started at once, twice:\n\
+        "A simulated node ({pods}), {} started at once, twice:\n\
          without holdfast (Istio defaults: drain 5 s), then with `holdfast agent` on the\n\
-         node (drain duration = grace period; the agent ends Envoy when the app is done).\n"
+         node (drain duration = grace period; the agent ends Envoy when the app is done).\n",
+        match scenarios.len() {
+            1 => "1 pod".to_string(),
+            n => format!("{n} pods"),
+        }
     );
     let mut results = Vec::new();
     for r in runs {
         println!("  running {}...", r.name);
-        let res = run(r).with_context(|| format!("run {:?}", r.name))?;
+        let res = run(r, &scenarios).with_context(|| format!("run {:?}", r.name))?;
         println!("  {} done in {}", r.name, secs(res.took));
         results.push((r.name, res));
     }

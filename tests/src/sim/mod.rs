@@ -69,6 +69,7 @@ pub mod pilot_status;
 pub mod pod_object;
 pub mod prober;
 pub mod process;
+pub mod reach;
 pub mod report;
 pub mod spec;
 pub mod xds;

@@ -16,6 +16,7 @@ use super::kubelet::{PodEvent, PodWorker};
 use super::netns::{self, pod_ip, NetNs, REMOTE_IP};
 use super::pod_object::{PodPhase, PodView};
 use super::process::{alive, spawn_in};
+use super::reach;
 use super::report::AppReport;
 use super::spec::PodSpec;
 use super::{random_hex, random_uuid, SimError};
@@ -277,6 +278,13 @@ impl SimNode {
         if filter.is_none() {
             eprintln!("sim: no filter module (run `just filter`): sidecars run without the holdfast filter");
         }
+        // The pods' own uids run Envoy and sim-app and read the filter: hand them over from where
+        // those uids reach them, or say why not before any pod starts (reach.rs).
+        let reach::PodFiles {
+            sim_app,
+            envoy,
+            filter,
+        } = reach::pod_files(&sim_app, &envoy, filter.as_deref(), &std::env::temp_dir())?;
         // `HOLDFAST_SIM_RUNTIME=containerd` runs a whole test binary written for the default
         // backend on the containerd one (`just test` runs the end-to-end files both ways).
         let runtime = match std::env::var("HOLDFAST_SIM_RUNTIME").as_deref() {
