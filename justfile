@@ -44,17 +44,25 @@ registry:
 build: filter
     cargo build --workspace --exclude holdfast-filter --all-targets
 
-# Run every test: the filter's core natively, the agent, and the end-to-end tests on a simulated node (root),
-# then the end-to-end files again with every pod a real container (as `test-containerd`), and the readiness,
-# drain-parts and filter tests again on the Envoy of each Istio 1.28-1.31 (as `test-envoy-istio`). The hostile
-# suite runs the agent optimised (the `quota` profile, Cargo.toml) under the DaemonSet's CPU quota and memory limit.
+# Run the tests: the filter's core natively, the agent's unit and property tests, and every end-to-end file on a
+# simulated node of network namespaces (root), in the dev profile only. The long forms (the containerd backend, the
+# Envoy of each Istio, the hostile suite under the DaemonSet's quota, the arm64 image) are `just test-all`.
 test: setup filter
     cargo test -p holdfast-filter
+    cargo test --workspace --exclude holdfast-filter
+
+# `just test`, then the long forms: the end-to-end files again with every pod a real container (as
+# `test-containerd`), the readiness, drain-parts and filter tests on the Envoy of each Istio 1.28-1.31 (as
+# `test-envoy-istio`), the tests that need other builds (the hostile suite runs the agent optimised, the `quota`
+# profile of Cargo.toml, under the DaemonSet's CPU quota and memory limit; the image index needs the arm64 cross
+# build), and a chaos soak of 100 lifecycles per variant. What CI runs (.ci/run).
+test-all: test
+    just _containerd
+    just _envoy-istio
     cargo build -p holdfast --target aarch64-unknown-linux-gnu
     cargo build --profile quota -p holdfast --bin holdfast
-    cargo test --workspace --exclude holdfast-filter
-    HOLDFAST_SIM_RUNTIME=containerd cargo test --workspace --exclude holdfast-filter --test failures --test hold --test drain --test which_pods --test native_sidecars --test meshes --test hold_lifecycle
-    just _envoy-istio
+    cargo test -p holdfast-tests --test hostile --test agent_image --test agent_container -- --ignored
+    "${CARGO_TARGET_DIR:-target}"/debug/holdfast-soak --lifecycles 100 --seed 777
 
 # The Envoy of each Istio people run (istio/proxy ENVOY_VERSION.txt: 1.28 ships 1.36, 1.29 1.37, 1.30 1.38, 1.31 1.39;
 # `just setup` installs each next to the newest, which every other test runs): the agent's parts against real
@@ -80,6 +88,9 @@ _envoy-istio:
 # docs/containerd-backend.md says which and why.
 test-containerd: setup filter
     cargo build --workspace --exclude holdfast-filter --bins
+    just _containerd
+
+_containerd:
     cargo build --profile quota -p holdfast --bin holdfast
     HOLDFAST_SIM_RUNTIME=containerd cargo test --workspace --exclude holdfast-filter --test failures --test hold --test drain --test which_pods --test native_sidecars --test meshes --test hold_lifecycle
 
@@ -119,11 +130,6 @@ lint: setup filter
     cargo clippy -p holdfast-filter --target wasm32-wasip1 -- -D warnings
     cargo clippy -p holdfast-filter --all-targets -- -D warnings
     RUSTDOCFLAGS="-D warnings" cargo doc -p holdfast -p holdfast-tests -p holdfast-image --no-deps
-
-# Every test (`just test`), then the repeats that take longer: a chaos soak of 100 lifecycles per variant.
-test-all: test
-    cargo build --workspace --exclude holdfast-filter --bins
-    "${CARGO_TARGET_DIR:-target}"/debug/holdfast-soak --lifecycles 100 --seed 777
 
 # Before every push (and what CI runs, .ci/run): formatting, lints as errors, every test and the repeats.
 presubmit: lint test-all

@@ -42,7 +42,7 @@ fn near(exe: &Path, skip: usize, take: usize, rel: &str) -> Option<PathBuf> {
 /// The agent built with the `quota` profile (optimised as `release`, without its fat LTO:
 /// Cargo.toml), which the hostile suite's short form runs under the DaemonSet's CPU quota:
 /// `$HOLDFAST_QUOTA_BIN`, else `<target>/quota/holdfast` beside the test executable's
-/// `<target>/<profile>/`. `just test` builds it (`cargo build --profile quota -p holdfast`).
+/// `<target>/<profile>/`. `just test-all` and `just test-containerd` build it (`cargo build --profile quota -p holdfast`).
 pub fn holdfast_quota_binary() -> anyhow::Result<PathBuf> {
     if let Some(p) = std::env::var_os("HOLDFAST_QUOTA_BIN") {
         return Ok(PathBuf::from(p));
@@ -52,7 +52,7 @@ pub fn holdfast_quota_binary() -> anyhow::Result<PathBuf> {
     near(&exe, 2, 2, "quota/holdfast").with_context(|| {
         format!(
             "no optimised holdfast binary (target/quota/holdfast) near {}: build it with \
-             `cargo build --profile quota -p holdfast --bin holdfast` (`just test` does) or set \
+             `cargo build --profile quota -p holdfast --bin holdfast` (`just test-all` does) or set \
              HOLDFAST_QUOTA_BIN",
             exe.display()
         )

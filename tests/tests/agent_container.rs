@@ -105,6 +105,7 @@ fn the_pod_run_is_the_rendered_daemonset_pinned_to_the_image() {
 /// listens on the pod's loopback only (nothing answers on the pod IP), and from inside the pod
 /// (a port-forward's path) it answers.
 #[test]
+#[ignore = "long form, `just test-all`: the image of the `quota` profile's agent"]
 fn agent_in_its_daemonset_container_holds_the_startup() {
     if runtime_for("agent_in_its_daemonset_container_holds_the_startup").is_none() {
         return;
@@ -164,6 +165,7 @@ fn agent_in_its_daemonset_container_holds_the_startup() {
 /// the capability, and the pod starts as it would without holdfast (the boot call is refused,
 /// never hung).
 #[test]
+#[ignore = "long form, `just test-all`: the image of the `quota` profile's agent"]
 fn agent_without_net_admin_names_the_capability_and_fails_open() {
     if runtime_for("agent_without_net_admin_names_the_capability_and_fails_open").is_none() {
         return;

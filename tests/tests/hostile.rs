@@ -193,6 +193,7 @@ fn failed_open_because(f: &Figures, why: &str) {
 }
 
 #[test]
+#[ignore = "long form, `just test-all`: runs the `quota` profile's agent"]
 fn hostile_pods_cannot_blind_crash_or_steer_the_agent() {
     if !privileged("hostile_pods_cannot_blind_crash_or_steer_the_agent") {
         return;
