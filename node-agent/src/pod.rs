@@ -29,7 +29,7 @@ use crate::config::{
 pub mod app_end;
 mod shape;
 
-pub use app_end::{app_end, AppContainerEnd, AppEnd, AppNow, RestartPolicy};
+pub use app_end::{app_end, AppContainerEnd, AppEnd, AppNow, ContainerRestart, RestartPolicy};
 pub use shape::{NotTracked, ISTIO_INIT_STEPS};
 
 pub use crate::mesh::{Mesh, MeshProfile};
@@ -66,6 +66,8 @@ pub struct ContainerView {
     /// pkg/kubelet/kuberuntime/kuberuntime_termination_order.go). Always `false` for regular
     /// containers.
     pub restartable: bool,
+    /// Its own restart policy and rules (Kubernetes 1.35's container restart rules), if any.
+    pub restart: ContainerRestart,
 }
 
 impl ContainerView {
@@ -83,6 +85,7 @@ impl ContainerView {
                 ContainerState::Running => AppNow::Running,
                 ContainerState::Terminated { exit_code } => AppNow::Terminated { exit_code },
             },
+            restart: self.restart.clone(),
         }
     }
 }
@@ -529,6 +532,15 @@ impl PodView {
         self.regular_app_containers().all(ContainerView::has_run)
     }
 
+    /// A container's own restart policy and rules (none for a name not in the spec).
+    pub fn container_restart(&self, name: &str) -> ContainerRestart {
+        self.containers
+            .iter()
+            .find(|c| c.name == name)
+            .map(|c| c.restart.clone())
+            .unwrap_or_default()
+    }
+
     /// How far the app is from finished by the Pod status alone ([`app_end()`]: the one rule).
     pub fn app_end_by_status(&self) -> AppEnd {
         app_end(
@@ -652,6 +664,7 @@ fn container_view(
         state: status.map(container_state).unwrap_or_default(),
         ran: status.is_some_and(status_shows_a_run),
         restartable,
+        restart: ContainerRestart::from_spec(c),
     }
 }
 

@@ -324,7 +324,7 @@ async fn tracker_finds_the_app_by_cgroup() -> Result<()> {
     ensure!(
         snap.live == 0
             && snap.gone_for_drain()
-            && snap.end(RestartPolicy::Never) == AppEnd::ForGood,
+            && snap.end(RestartPolicy::Never, |_| Default::default()) == AppEnd::ForGood,
         "{snap:?}"
     );
     ensure!(

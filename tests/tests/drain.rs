@@ -1362,3 +1362,78 @@ fn replay_drains(agent: &AgentProcess, pod: &str, file: &str, agents: usize) {
         r.stages
     );
 }
+
+/// Kubernetes 1.35's container restart rules (KEP-5307, beta and on by default): a `Never` Job
+/// whose app has its own `restartPolicy: Never` and a rule restarting it on exit code 42. The
+/// app's first run exits 42, the kubelet restarts it, the retry makes its call and exits 0.
+/// Beside it on the same node, the control without holdfast (opted out): the retried app's call
+/// works there, and its Job never completes. With holdfast the Job's proxy must outlive the
+/// first exit (before the agent read the rules it quit Envoy at exit 42, and the retry's calls
+/// were refused), and the Job completes after the retry.
+#[test]
+fn job_retried_by_a_container_restart_rule_keeps_its_proxy() {
+    if !privileged("job_retried_by_a_container_restart_rule_keeps_its_proxy") {
+        return;
+    }
+    let mut node = node_with(
+        "drjobrule",
+        NodeOptions {
+            restart_backoff: Some(Duration::from_millis(500)),
+            ..NodeOptions::default()
+        },
+    );
+    let agent = agent(&node);
+    let retried = |name: &str| {
+        pod(name)
+            .app(AppScript::BatchRetried {
+                calls: 1,
+                first_exit: 42,
+            })
+            .job()
+            .app_restart_on(&[42])
+            // Calls once Envoy serves, so the control's first run is not refused at boot (the
+            // startup failure, not this test's).
+            .app_init(Duration::from_secs(3))
+    };
+    node.add_pod(retried("retried")).expect("add pod");
+    node.add_pod(retried("control").holdfast_enabled(false))
+        .expect("add the control");
+    node.start_pods().expect("start");
+    recording(&agent, |rows| {
+        let view = node
+            .wait_phase("retried", PodPhase::Succeeded, Duration::from_secs(40))
+            .expect("the Job's pod completes after the retry");
+        let report = node.report("retried").expect("report");
+        assert_eq!(report.exit_codes(), vec![42, 0], "one retry by the rule");
+        assert_eq!(
+            report.all_calls().failed,
+            0,
+            "no call refused, the retry's included: {:?}",
+            report.all_calls()
+        );
+        assert_eq!(view.app().and_then(|c| c.exit_code()), Some(0));
+        let job = rows.job(&agent, "retried", Duration::from_secs(5));
+        assert_eq!(job.outcome, JobOutcome::Completed, "{job:#?}");
+
+        // The control: the retry works without holdfast too, and the Job never completes.
+        let control = node
+            .wait_report("control", Duration::from_secs(20), "the retry", |r| {
+                r.exit_codes().len() >= 2
+            })
+            .expect("the control's app is retried");
+        assert_eq!(control.exit_codes(), vec![42, 0]);
+        assert_eq!(control.all_calls().failed, 0, "{:?}", control.all_calls());
+        let view = node.pod("control").expect("the control");
+        assert!(
+            view.proxy().is_some_and(|c| c.is_running()),
+            "without holdfast the Job's proxy runs on: {view:?}"
+        );
+        assert_eq!(view.phase(), PodPhase::Running);
+    });
+    for pod in ["retried", "control"] {
+        node.delete_pod(pod).expect("delete");
+        node.wait_gone(pod, Duration::from_secs(35))
+            .expect("deleted pod goes away");
+    }
+    assert_clean(node, agent);
+}

@@ -7,7 +7,9 @@ use std::time::Duration;
 pub use crate::api::SidecarMode;
 pub use crate::effects::hold::HoldScope;
 pub use crate::pod::RestartPolicy;
-use crate::pod::{app_end, AppEnd, ContainerState, ContainerView, Deletion, PodView};
+use crate::pod::{
+    app_end, AppEnd, ContainerRestart, ContainerState, ContainerView, Deletion, PodView,
+};
 
 /// What the machine needs to know about the pod, from its latest [`PodView`].
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -16,6 +18,10 @@ pub struct PodFacts {
     pub restart_policy: RestartPolicy,
     /// The regular app (non-proxy) containers: runtime id and state.
     pub apps: Vec<(Option<String>, ContainerState)>,
+    /// Each app container's own restart policy and rules, in the order of `apps` (Kubernetes
+    /// 1.35's container restart rules); empty when none has any: the pod's policy decides.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub app_restarts: Vec<ContainerRestart>,
     /// The proxy container: runtime id and state (`None`: not in the spec).
     pub proxy: Option<(Option<String>, ContainerState)>,
     /// Every init container has completed (`PodView::init_done`).
@@ -47,6 +53,16 @@ impl PodFacts {
                 .regular_app_containers()
                 .map(|c| (c.id.clone(), c.state))
                 .collect(),
+            app_restarts: if view
+                .regular_app_containers()
+                .all(|c| c.restart == ContainerRestart::default())
+            {
+                Vec::new()
+            } else {
+                view.regular_app_containers()
+                    .map(|c| c.restart.clone())
+                    .collect()
+            },
             proxy: view.proxy_container().map(|c| (c.id.clone(), c.state)),
             init_done: view.init_done(),
             user_init_running: view.init_containers.iter().any(|c| {
@@ -80,9 +96,10 @@ impl PodFacts {
             self.restart_policy,
             // A state other than `waiting` implies the container ran; a `waiting` one is not
             // done whether it ran before or not.
-            self.apps.iter().map(|(_, state)| {
+            self.apps.iter().enumerate().map(|(i, (_, state))| {
                 ContainerView {
                     state: *state,
+                    restart: self.app_restarts.get(i).cloned().unwrap_or_default(),
                     ..ContainerView::default()
                 }
                 .app_end()

@@ -38,6 +38,7 @@ fn pod(policy: RestartPolicy) -> PodFacts {
         deletion: None,
         restart_policy: policy,
         apps: vec![running("app-1")],
+        app_restarts: Vec::new(),
         proxy: Some(running("proxy-1")),
         init_done: true,
         user_init_running: false,
@@ -734,7 +735,7 @@ fn an_app_that_never_started_is_not_finished() {
         let s = snapshot(c.clone());
         assert_eq!(s.gone_for_drain(), done, "drain: {c:?}");
         assert_eq!(
-            s.end(RestartPolicy::Never) == AppEnd::ForGood,
+            s.end(RestartPolicy::Never, |_| Default::default()) == AppEnd::ForGood,
             done,
             "job: {c:?}"
         );
@@ -744,7 +745,10 @@ fn an_app_that_never_started_is_not_finished() {
         live: 0,
         containers: vec![],
     };
-    assert!(!none.gone_for_drain() && none.end(RestartPolicy::Never) == AppEnd::Running);
+    assert!(
+        !none.gone_for_drain()
+            && none.end(RestartPolicy::Never, |_| Default::default()) == AppEnd::Running
+    );
 
     // The machine itself never ends a waiting Job: only the executor's report does, and a pod
     // whose app waits is not "finished".

@@ -39,6 +39,7 @@ fn facts(policy: RestartPolicy, deleting: bool) -> PodFacts {
         }),
         restart_policy: policy,
         apps: vec![(Some("app".into()), ContainerState::Running)],
+        app_restarts: Vec::new(),
         proxy: Some((Some("proxy".into()), ContainerState::Running)),
         init_done: true,
         user_init_running: false,

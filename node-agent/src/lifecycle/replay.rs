@@ -268,6 +268,7 @@ mod tests {
             deletion: None,
             restart_policy: RestartPolicy::Always,
             apps: vec![(Some("app-1".into()), ContainerState::Running)],
+            app_restarts: Vec::new(),
             proxy: Some((Some("proxy-1".into()), ContainerState::Running)),
             init_done: true,
             user_init_running: false,

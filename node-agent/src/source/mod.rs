@@ -52,6 +52,8 @@ pub fn slim(pod: Pod) -> Pod {
                 .collect()
         }),
         restart_policy: c.restart_policy,
+        // Kubernetes 1.35's container restart rules: when a Job's app is finished for good.
+        restart_policy_rules: c.restart_policy_rules,
         // Only whether there is one (`PodView::proxy_startup_probe`): an empty probe.
         startup_probe: c
             .startup_probe

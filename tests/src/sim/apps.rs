@@ -159,6 +159,10 @@ pub struct AppArgs {
     /// Exit code of a batch job.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub exit_code: i32,
+    /// Batch job: exit with this code instead on the app's first run in the pod (its report
+    /// empty when it starts); later runs (the kubelet's restarts) exit with --exit-code.
+    #[arg(long, allow_negative_numbers = true)]
+    pub first_exit_code: Option<i32>,
     /// Batch job: retry a failed call for up to N ms.
     #[arg(long, default_value_t = 0)]
     pub retry_for_ms: u64,
@@ -358,6 +362,9 @@ pub fn run_app(args: &AppArgs, term: &TermSignal) -> io::Result<i32> {
                 Err(e) => eprintln!("sim-app: attack {attack:?} failed: {e}"),
             })?;
     }
+    // A run after the first in this pod finds the earlier run's report (the pod's directory
+    // outlives container restarts).
+    let first_run = std::fs::metadata(&args.report).map_or(true, |m| m.len() == 0);
     let report = Arc::new(ReportWriter::open(&args.report)?);
     let at_us = now_us();
     report.record(&AppEvent::Start {
@@ -468,7 +475,10 @@ pub fn run_app(args: &AppArgs, term: &TermSignal) -> io::Result<i32> {
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
-        return exit(args.exit_code);
+        return exit(match args.first_exit_code {
+            Some(code) if first_run => code,
+            _ => args.exit_code,
+        });
     }
 
     // Run until SIGTERM, calling out periodically if asked to.

@@ -7,10 +7,10 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, ContainerState, ContainerStateRunning,
-    ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, EnvVar, ExecAction,
-    HTTPGetAction, Lifecycle, LifecycleHandler, Pod, PodCondition, PodIP, PodSpec as K8sPodSpec,
-    PodStatus, Probe, SecurityContext,
+    Capabilities, Container, ContainerPort, ContainerRestartRule, ContainerRestartRuleOnExitCodes,
+    ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
+    ContainerStatus, EnvVar, ExecAction, HTTPGetAction, Lifecycle, LifecycleHandler, Pod,
+    PodCondition, PodIP, PodSpec as K8sPodSpec, PodStatus, Probe, SecurityContext,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -220,10 +220,10 @@ impl PodView {
         deleting: bool,
         base: std::time::Duration,
     ) -> Option<std::time::Duration> {
-        let policy = self.spec.restart_policy;
+        let restarts = self.spec.restarts(&self.containers[i].name, t.exit_code);
         let c = &mut self.containers[i];
         c.pid = None;
-        if !deleting && policy.restarts(t.exit_code) {
+        if !deleting && restarts {
             let backoff = base
                 .saturating_mul(1u32 << c.restart_count.min(5))
                 .min(std::time::Duration::from_secs(300));
@@ -534,7 +534,7 @@ impl PodView {
     pub fn will_restart(&self, c: &ContainerView) -> bool {
         match &c.state {
             CState::Terminated(t) => {
-                self.deletion_at.is_none() && self.spec.restart_policy.restarts(t.exit_code)
+                self.deletion_at.is_none() && self.spec.restarts(&c.name, t.exit_code)
             }
             // Waiting after a run: in back-off, about to restart.
             CState::Waiting { .. } => c.restart_count > 0 || c.last.is_some(),
@@ -656,6 +656,17 @@ impl PodView {
                     name: s.app_name.clone(),
                     image: Some(APP_IMAGE.into()),
                     ports: app_ports,
+                    // KEP-5307's example shape (k8s.io/api v0.35.4 core/v1 types.go).
+                    restart_policy: (!s.app_restart_on.is_empty()).then(|| "Never".into()),
+                    restart_policy_rules: (!s.app_restart_on.is_empty()).then(|| {
+                        vec![ContainerRestartRule {
+                            action: "Restart".into(),
+                            exit_codes: Some(ContainerRestartRuleOnExitCodes {
+                                operator: "In".into(),
+                                values: Some(s.app_restart_on.clone()),
+                            }),
+                        }]
+                    }),
                     ..Container::default()
                 }];
                 if !s.is_native() {

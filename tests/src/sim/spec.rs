@@ -117,6 +117,9 @@ pub enum AppScript {
     /// A batch job: `calls` calls (each retried for up to 10 s, as job runners retry), then exit
     /// with `exit_code`.
     Batch { calls: u32, exit_code: i32 },
+    /// A batch job retried by its pod: `calls` calls, then exit `first_exit` on its first run in
+    /// the pod and 0 on every later one (a run is later when the app's report already has one).
+    BatchRetried { calls: u32, first_exit: i32 },
     /// Only serve inbound requests (see [`PodSpec::serve`]) until SIGTERM.
     Idle,
     /// A graceful download server on the served port ([`PodSpec::serve`]): each request
@@ -195,6 +198,16 @@ impl AppScript {
                     "10000".into(),
                 ]);
             }
+            AppScript::BatchRetried { calls, first_exit } => {
+                a.extend([
+                    "--batch-calls".into(),
+                    calls.to_string(),
+                    "--first-exit-code".into(),
+                    first_exit.to_string(),
+                    "--retry-for-ms".into(),
+                    "10000".into(),
+                ]);
+            }
             AppScript::Idle => {}
             AppScript::ServeDownload { bytes } => {
                 a.extend(["--download-bytes".into(), bytes.to_string()]);
@@ -232,6 +245,10 @@ pub struct PodSpec {
     /// `terminationGracePeriodSeconds` (whole seconds in the API). Default 30 s.
     pub grace: Duration,
     pub restart_policy: RestartPolicy,
+    /// Kubernetes 1.35's container restart rules (KEP-5307) on the app container: with codes,
+    /// it gets `restartPolicy: Never` and one rule, `Restart` on `exitCodes: In [codes]`.
+    /// Default none.
+    pub app_restart_on: Vec<i32>,
     /// A Job's pod (labels `job-name`, owner Job; use with `RestartPolicy::Never`/`OnFailure`).
     pub job: bool,
     /// Load the holdfast wasm filter into the sidecar. Default on.
@@ -330,6 +347,7 @@ impl PodSpec {
             envoy_drain_time: Duration::from_secs(45),
             grace: Duration::from_secs(30),
             restart_policy: RestartPolicy::Always,
+            app_restart_on: Vec::new(),
             job: false,
             with_filter: true,
             filter_config: String::new(),
@@ -420,6 +438,20 @@ impl PodSpec {
     pub fn restart_policy(mut self, p: RestartPolicy) -> Self {
         self.restart_policy = p;
         self
+    }
+    /// See [`PodSpec::app_restart_on`].
+    pub fn app_restart_on(mut self, exit_codes: &[i32]) -> Self {
+        self.app_restart_on = exit_codes.to_vec();
+        self
+    }
+    /// Whether the kubelet restarts container `name` after it exited with `code`: the app's own
+    /// rules first (kubernetes v1.35.4 pkg/api/v1/pod/util.go `ContainerShouldRestart`: a
+    /// matching `Restart` rule, else the container's own policy), else the pod's policy.
+    pub fn restarts(&self, name: &str, code: i32) -> bool {
+        if name == self.app_name && !self.app_restart_on.is_empty() {
+            return self.app_restart_on.contains(&code);
+        }
+        self.restart_policy.restarts(code)
     }
     /// A Job's pod: `restartPolicy: Never`, labelled and owned like one.
     pub fn job(mut self) -> Self {

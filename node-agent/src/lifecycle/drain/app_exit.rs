@@ -32,7 +32,8 @@ use tokio::task::{Id, JoinSet};
 
 use crate::effects::procfs::pod_procs::{PodProcess, PodProcs, NEW_PER_DRAIN_LOOK};
 use crate::pod::{
-    app_end, AppContainerEnd, AppEnd, AppNow, ContainerState, PodKey, PodView, RestartPolicy,
+    app_end, AppContainerEnd, AppEnd, AppNow, ContainerRestart, ContainerState, PodKey, PodView,
+    RestartPolicy,
 };
 
 /// Poll interval of the fallback for kernels without pidfds.
@@ -385,29 +386,28 @@ pub struct AppSnapshot {
 
 impl AppSnapshot {
     /// How far the app is from finished, by status and procfs together ([`app_end()`], the one
-    /// rule): `restart` says whether the kubelet would restart an exited container.
-    pub fn end(&self, restart: RestartPolicy) -> AppEnd {
+    /// rule): the pod's `policy` and each container's `own` restart rules say whether the
+    /// kubelet would restart an exited container.
+    pub fn end(&self, policy: RestartPolicy, own: impl Fn(&str) -> ContainerRestart) -> AppEnd {
         app_end(
-            restart,
-            self.containers.iter().map(|(_, c)| match c {
-                AppContainer::Live { .. } | AppContainer::Unseen => AppContainerEnd {
-                    ran: true,
-                    now: AppNow::Running,
-                },
-                AppContainer::Terminated { exit_code } => AppContainerEnd {
-                    ran: true,
-                    now: AppNow::Terminated {
-                        exit_code: *exit_code,
-                    },
-                },
-                AppContainer::Exited => AppContainerEnd {
-                    ran: true,
-                    now: AppNow::Exited,
-                },
-                AppContainer::NotStarted => AppContainerEnd {
-                    ran: false,
-                    now: AppNow::Waiting,
-                },
+            policy,
+            self.containers.iter().map(|(name, c)| {
+                let (ran, now) = match c {
+                    AppContainer::Live { .. } | AppContainer::Unseen => (true, AppNow::Running),
+                    AppContainer::Terminated { exit_code } => (
+                        true,
+                        AppNow::Terminated {
+                            exit_code: *exit_code,
+                        },
+                    ),
+                    AppContainer::Exited => (true, AppNow::Exited),
+                    AppContainer::NotStarted => (false, AppNow::Waiting),
+                };
+                AppContainerEnd {
+                    ran,
+                    now,
+                    restart: own(name),
+                }
             }),
         )
     }
@@ -417,7 +417,8 @@ impl AppSnapshot {
     /// started (still `waiting`: ContainerCreating, a slow image pull) does not count as done —
     /// its pod gets no early quit; the deadline or the pod going ends the drain.
     pub fn gone_for_drain(&self) -> bool {
-        self.live == 0 && self.end(RestartPolicy::Always) >= AppEnd::Exited
+        self.live == 0
+            && self.end(RestartPolicy::Always, |_| ContainerRestart::default()) >= AppEnd::Exited
     }
 }
 

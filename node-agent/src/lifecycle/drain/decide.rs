@@ -218,7 +218,9 @@ pub fn job_next(seen: JobSeen) -> JobNext {
 pub fn job_finished(view: &PodView, snapshot: &AppSnapshot) -> Option<FinishedBy> {
     if view.apps_finished_for_good() {
         Some(FinishedBy::Status)
-    } else if snapshot.live == 0 && snapshot.end(view.restart_policy) == AppEnd::ForGood {
+    } else if snapshot.live == 0
+        && snapshot.end(view.restart_policy, |name| view.container_restart(name)) == AppEnd::ForGood
+    {
         Some(FinishedBy::Procfs)
     } else {
         None

@@ -1726,3 +1726,51 @@ async fn kuma_dp_gets_the_sigterm_that_ends_its_fixed_wait() {
         "pilot-agent was signalled"
     );
 }
+
+/// Kubernetes 1.35's container restart rules (KEP-5307, beta and on by default): a `Never` Job
+/// whose app has `restartPolicy: Never` and a rule restarting it on exit code 42 is not finished
+/// when the app exits 42 (the kubelet restarts it, and the retried app needs its proxy), by the
+/// status or by procfs; it is when the app exits 0.
+#[test]
+fn a_job_app_retried_by_its_restart_rule_is_not_finished() {
+    use super::app_exit::{AppContainer, AppSnapshot};
+    use crate::pod::app_end::{ContainerRestart, RestartRule};
+    let retried = ContainerRestart {
+        policy: Some(RestartPolicy::Never),
+        rules: vec![RestartRule {
+            restarts: true,
+            exit_code_in: Some(true),
+            values: vec![42],
+        }],
+    };
+    let job = |app: ContainerState| {
+        let mut v = view(RestartPolicy::Never, app, None);
+        v.containers[0].ran = true;
+        v.containers[0].restart = retried.clone();
+        v
+    };
+    let gone = |c: AppContainer| AppSnapshot {
+        live: 0,
+        containers: vec![("app".into(), c)],
+    };
+    // Exit 42: the kubelet restarts the app, by status or procfs alike.
+    let v = job(ContainerState::Terminated { exit_code: 42 });
+    assert_eq!(
+        decide::job_finished(&v, &gone(AppContainer::Terminated { exit_code: 42 })),
+        None
+    );
+    assert_eq!(decide::job_finished(&v, &gone(AppContainer::Exited)), None);
+    // The same pod without the rule: finished (what holdfast did before reading the rules).
+    let mut plain = v.clone();
+    plain.containers[0].restart = ContainerRestart::default();
+    assert_eq!(
+        decide::job_finished(&plain, &gone(AppContainer::Exited)),
+        Some(FinishedBy::Status)
+    );
+    // Exit 0: finished for good.
+    let v = job(ContainerState::Terminated { exit_code: 0 });
+    assert_eq!(
+        decide::job_finished(&v, &gone(AppContainer::Terminated { exit_code: 0 })),
+        Some(FinishedBy::Status)
+    );
+}
