@@ -25,10 +25,12 @@
 //!   proxy's container, uid, capture ports, admin address and own listeners.
 //! - [`config`]: flags, defaults (Istio conventions), per-pod annotations, durations.
 //! - [`api`]: the wire types of the `/status` document (a leaf: imports nothing of the agent).
+//! - [`backoff`]: the one growing pause every retry and pause uses (a leaf).
 //! - [`cli`]: `holdfast status`, the node's table read from the status API (imports [`api`] and
 //!   the HTTP client only).
 pub mod agent;
 pub mod api;
+pub mod backoff;
 pub mod cli;
 pub mod config;
 pub mod effects;

@@ -2,15 +2,16 @@
 //! layout table names what is really in the tree.
 //!
 //! Layers, lowest first (a module may use its own layer and the ones below it):
-//! `api` (the wire types) → `config` → `mesh` (the mesh profiles) → `pod` → `source` → `effects` (what touches the node) →
+//! `api` (the wire types) → `backoff` (the one growing pause) → `config` → `mesh` (the mesh profiles) → `pod` → `source` → `effects` (what touches the node) →
 //! `report` (board, metrics, Events, status API) → `lifecycle` (the machine, its driver,
 //! readiness, drain) → `agent`. `cli` (`holdfast status`) stands aside: it may use only `api`,
 //! `effects::http1_client` and itself, so the CLI never links the agent's internals.
 
 use std::path::{Path, PathBuf};
 
-const LAYERS: [&str; 9] = [
+const LAYERS: [&str; 10] = [
     "api",
+    "backoff",
     "config",
     "mesh",
     "pod",

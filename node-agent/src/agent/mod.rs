@@ -245,9 +245,7 @@ impl PodLife {
 fn opt_in_delay(opt_outs: u32) -> Duration {
     match opt_outs {
         0 | 1 => Duration::ZERO,
-        n => OPT_IN_DELAY_FIRST
-            .saturating_mul(1 << (n - 2).min(16))
-            .min(OPT_IN_DELAY_MAX),
+        n => crate::backoff::Backoff::doubling(OPT_IN_DELAY_FIRST, OPT_IN_DELAY_MAX).after(n - 2),
     }
 }
 

@@ -100,7 +100,8 @@ pub async fn remove_startup_taint_retrying(
                     tracing::warn!(node = %node, attempt, error = %e, "cannot remove the startup taint yet; retrying");
                 }
                 tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(MAX_RETRY_PAUSE);
+                pause = crate::backoff::Backoff::doubling(FIRST_RETRY_PAUSE, MAX_RETRY_PAUSE)
+                    .next(Some(pause));
             }
         }
     }

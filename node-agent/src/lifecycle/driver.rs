@@ -133,9 +133,7 @@ pub const READY_POLL_MAX: Duration = Duration::from_secs(1);
 /// The next spacing of a backed-off pod's checks: `ready_poll` first, then doubling, at most
 /// [`READY_POLL_MAX`] (or `ready_poll` when that is longer).
 pub fn backed_off(previous: Option<Duration>, ready_poll: Duration) -> Duration {
-    previous
-        .map_or(ready_poll, |d| d.saturating_mul(2))
-        .clamp(ready_poll, READY_POLL_MAX.max(ready_poll))
+    crate::backoff::Backoff::doubling(ready_poll, READY_POLL_MAX).next(previous)
 }
 
 /// The spacing of one pod's fast checks with `in_window` pods (itself included) in the window.

@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use crate::api::{DrainOutcome, FinishedBy, QuitReason};
+use crate::backoff::Backoff;
 use crate::config::DrainSettings;
 use crate::pod::{AppEnd, PodView};
 
@@ -239,10 +240,7 @@ pub const RESCAN_EVERY_MAX: Duration = Duration::from_secs(1);
 /// every 100 ms under the DaemonSet's 0.2-core quota that pushed an honest pod's hold after
 /// its app's first connect.
 pub fn rescan_every(settings: &DrainSettings, rescans: u32) -> Duration {
-    settings
-        .rescan_every
-        .saturating_mul(1 << rescans.min(8))
-        .min(RESCAN_EVERY_MAX.max(settings.rescan_every))
+    Backoff::doubling(settings.rescan_every, RESCAN_EVERY_MAX).after(rescans)
 }
 
 /// Longest pause between two samples while the app still runs.
@@ -255,10 +253,8 @@ pub const SAMPLE_EVERY_MAX: Duration = Duration::from_secs(1);
 /// then on samples come every `settle_poll` ([`settle_wait`]), so the back-off never lets Envoy
 /// outlive the app by more than the idle window and a few polls.
 pub fn sample_every(settings: &DrainSettings, running_for: Duration) -> Duration {
-    let doublings = (running_for.as_secs() / 10).min(8) as u32;
-    let base = settings.stats_every;
-    base.saturating_mul(1 << doublings)
-        .min(SAMPLE_EVERY_MAX.max(base))
+    let tens = u32::try_from(running_for.as_secs() / 10).unwrap_or(u32::MAX);
+    Backoff::doubling(settings.stats_every, SAMPLE_EVERY_MAX).after(tens)
 }
 
 /// The pause after `failures` failed samples in a row while the app still runs:
@@ -271,18 +267,15 @@ pub fn sample_every_after_failures(
     running_for: Duration,
     failures: u32,
 ) -> Duration {
-    sample_every(settings, running_for).saturating_mul(1 << failures.min(4))
+    let base = sample_every(settings, running_for);
+    Backoff::doubling(base, base.saturating_mul(16)).after(failures)
 }
 
 /// The pause before the `samples`-th sample while waiting for in-flight traffic to settle:
 /// `settle_poll` for the first ten (the usual case settles within milliseconds), then doubling
 /// every ten samples up to `stats_every`, so a long wait does not poll Envoy every 5 ms.
 pub fn settle_wait(settings: &DrainSettings, samples: u32) -> Duration {
-    let factor = 1u32 << (samples / 10).min(8);
-    settings
-        .settle_poll
-        .saturating_mul(factor)
-        .min(settings.stats_every.max(settings.settle_poll))
+    Backoff::doubling(settings.settle_poll, settings.stats_every).after(samples / 10)
 }
 
 #[cfg(test)]

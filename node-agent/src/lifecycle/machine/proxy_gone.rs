@@ -86,13 +86,9 @@ impl ProxyGonePace {
             ));
         }
         self.in_window += 1;
-        self.spacing = match self.last {
-            None => PROXY_GONE_SPACING_MIN,
-            Some(_) => self
-                .spacing
-                .saturating_mul(2)
-                .clamp(PROXY_GONE_SPACING_MIN, PROXY_GONE_SPACING_MAX),
-        };
+        self.spacing =
+            crate::backoff::Backoff::doubling(PROXY_GONE_SPACING_MIN, PROXY_GONE_SPACING_MAX)
+                .next(self.last.map(|_| self.spacing));
         self.last = Some(now);
         Pace::Now
     }
