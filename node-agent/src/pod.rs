@@ -459,27 +459,6 @@ impl PodView {
         self.exit_on_zero
     }
 
-    /// Whether every (non-restartable) init container has completed: terminated with exit code 0
-    /// per `status.initContainerStatuses`. Before that the pod's connections come from init
-    /// containers (Envoy cannot start before they finish), which are never held. A pod without
-    /// init containers is done at once; one without their statuses yet is not.
-    pub fn init_done(&self) -> bool {
-        self.init_containers
-            .iter()
-            .filter(|c| !c.restartable)
-            .all(|c| matches!(c.state, ContainerState::Terminated { exit_code: 0 }))
-    }
-
-    /// Ids of the non-restartable init containers that run now (per status): whatever they
-    /// send must not be held.
-    pub fn running_init_container_ids(&self) -> Vec<String> {
-        self.init_containers
-            .iter()
-            .filter(|c| !c.restartable && c.state == ContainerState::Running)
-            .filter_map(|c| c.id.clone())
-            .collect()
-    }
-
     /// The app containers: every regular container but the proxy, then the native sidecars
     /// other than the proxy (log shippers, collectors: `restartable: true`). Native sidecars are
     /// app for the drain's in-flight judgement — their connections go through Envoy — but the
@@ -524,12 +503,6 @@ impl PodView {
                 .collect(),
         };
         self.regular_app_containers().chain(later_sidecars)
-    }
-
-    /// Whether every regular app container has run (per status): until then "no app process"
-    /// means "not started yet", never "finished".
-    pub fn every_app_ran(&self) -> bool {
-        self.regular_app_containers().all(ContainerView::has_run)
     }
 
     /// A container's own restart policy and rules (none for a name not in the spec).

@@ -24,8 +24,6 @@ pub struct PodFacts {
     pub app_restarts: Vec<ContainerRestart>,
     /// The proxy container: runtime id and state (`None`: not in the spec).
     pub proxy: Option<(Option<String>, ContainerState)>,
-    /// Every init container has completed (`PodView::init_done`).
-    pub init_done: bool,
     /// A user init container (not Istio's own step, not a native sidecar) is running now, as the
     /// Pod status says.
     pub user_init_running: bool,
@@ -64,7 +62,6 @@ impl PodFacts {
                     .collect()
             },
             proxy: view.proxy_container().map(|c| (c.id.clone(), c.state)),
-            init_done: view.init_done(),
             user_init_running: view.init_containers.iter().any(|c| {
                 !c.restartable
                     && !view.profile.init_steps.contains(&c.name.as_str())

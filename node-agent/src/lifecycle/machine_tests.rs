@@ -40,7 +40,6 @@ fn pod(policy: RestartPolicy) -> PodFacts {
         apps: vec![running("app-1")],
         app_restarts: Vec::new(),
         proxy: Some(running("proxy-1")),
-        init_done: true,
         user_init_running: false,
         hold_timeout: HOLD,
         terminal: false,
@@ -911,7 +910,6 @@ fn a_finished_pod_is_not_waited_for() {
 #[test]
 fn held_packets_pass_while_init_containers_run() {
     let mut p = pod(RestartPolicy::Always);
-    p.init_done = false;
     p.user_init_running = true;
     let mut r = Run::start(p.clone(), START);
     r.script(

@@ -41,7 +41,6 @@ fn facts(policy: RestartPolicy, deleting: bool) -> PodFacts {
         apps: vec![(Some("app".into()), ContainerState::Running)],
         app_restarts: Vec::new(),
         proxy: Some((Some("proxy".into()), ContainerState::Running)),
-        init_done: true,
         user_init_running: false,
         hold_timeout: Duration::from_secs(120),
         terminal: false,

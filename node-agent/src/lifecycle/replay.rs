@@ -270,7 +270,6 @@ mod tests {
             apps: vec![(Some("app-1".into()), ContainerState::Running)],
             app_restarts: Vec::new(),
             proxy: Some((Some("proxy-1".into()), ContainerState::Running)),
-            init_done: true,
             user_init_running: false,
             hold_timeout: Duration::from_secs(120),
             terminal: false,

@@ -100,7 +100,6 @@ fn early_pod_has_no_container_ids() {
     assert_eq!(v.app_containers().count(), 1);
     assert!(v.deletion.is_none());
     assert!(!v.apps_finished_for_good());
-    assert!(!v.init_done(), "istio-init has not run yet");
     assert_eq!(v.phase, None);
     assert!(
         v.overrides.problems.is_empty(),
@@ -459,7 +458,6 @@ fn an_app_that_never_ran_is_never_finished() {
         let v = job(status("app", json!({"waiting": {"reason": reason}})));
         let app = v.app_containers().next().unwrap();
         assert!(!app.ran && !app.has_run(), "{reason}");
-        assert!(!v.every_app_ran(), "{reason}");
         assert!(!v.apps_finished_for_good(), "{reason}");
     }
     let mut crashed = status("app", json!({"waiting": {"reason": "CrashLoopBackOff"}}));
@@ -467,7 +465,6 @@ fn an_app_that_never_ran_is_never_finished() {
     crashed["restartCount"] = json!(2);
     let v = job(crashed);
     assert!(v.app_containers().next().unwrap().ran);
-    assert!(v.every_app_ran());
     assert!(
         !v.apps_finished_for_good(),
         "waiting again: the kubelet restarts it"
@@ -504,8 +501,6 @@ fn init_containers_and_native_log_shipper() {
             json!({"waiting": {"reason": "PodInitializing"}})
         )
     ]));
-    assert!(!v.init_done());
-    assert_eq!(v.running_init_container_ids(), vec!["c".repeat(64)]);
     let apps: Vec<_> = v
         .app_containers()
         .map(|c| (c.name.as_str(), c.restartable))
@@ -513,36 +508,15 @@ fn init_containers_and_native_log_shipper() {
     assert_eq!(apps, vec![("app", false), ("log-shipper", true)]);
     assert_eq!(v.regular_app_containers().count(), 1);
 
-    let v = pod(json!([
-        init_status("istio-init", done.clone()),
-        init_status("vault-agent-init", done.clone()),
-        init_status("log-shipper", running.clone())
-    ]));
-    assert!(
-        v.init_done(),
-        "the running native sidecar does not keep init open"
-    );
-    assert!(v.running_init_container_ids().is_empty());
-
-    let failed = json!({"terminated": {"exitCode": 1, "reason": "Error"}});
-    let v = pod(json!([
-        init_status("istio-init", done.clone()),
-        init_status("vault-agent-init", failed)
-    ]));
-    assert!(!v.init_done(), "a failed init container is not done");
-
     // The Job's app exited; the log shipper still runs (the kubelet stops it after the proxy):
     // the Job is finished.
-    let mut finished = pod_json(json!({
+    let finished = pod_json(json!({
         "spec": {"initContainers": [istio_init("REDIRECT"), shipper.clone()], "restartPolicy": "Never"},
         "status": {"initContainerStatuses": [init_status("istio-init", done.clone()), init_status("log-shipper", running.clone())],
                    "containerStatuses": [status("app", json!({"terminated": {"exitCode": 0}})),
                                          status("istio-proxy", running)]}
     }));
     assert!(view(&finished).unwrap().apps_finished_for_good());
-    finished.spec.as_mut().unwrap().init_containers = None;
-    let v = view(&finished).unwrap();
-    assert!(v.init_done(), "no init containers: done at once");
 }
 
 #[test]
