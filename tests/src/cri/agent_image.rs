@@ -40,6 +40,12 @@ fn workspace() -> PathBuf {
 /// The agent image built from `binary`, in an OCI layout: (layout dir, manifest digest).
 /// Reused while the binary and the pinned packages are unchanged.
 pub fn build_for(binary: &Path) -> Result<(PathBuf, String), SimError> {
+    // One build at a time in a process: the tests of one binary build the same image at once,
+    // and their work directories are named by the pid (a second build removed the first's
+    // half-written layout: "writing …/blobs/sha256/….tmp: No such file or directory"). The
+    // second waits and reuses the first's.
+    static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
     let data = std::fs::read(binary).map_err(|source| SimError::Io {
         what: format!("cannot read {}", binary.display()),
         source,

@@ -931,7 +931,10 @@ mod tests {
         );
         let tracked = tracked.unwrap_or_else(|why| panic!("the sim's pod is not tracked: {why}"));
         assert!(tracked.overrides.problems.is_empty());
-        assert!(!tracked.init_done(), "istio-init has not run yet");
+        assert!(
+            tracked.init_containers.iter().all(|c| !c.has_run()),
+            "istio-init has not run yet"
+        );
     }
 
     /// `want` is a part of `got`: every key of an object, every element of an array (in order).
