@@ -179,7 +179,7 @@ pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
 /// Every annotation [`PodView::from_pod`] reads; the pod source drops the others
 /// ([`crate::source::slim`]), so a pod's other annotations (labels' cousins, `kubectl
 /// annotate` in a loop, megabytes of last-applied-configuration) cost nothing past the source.
-pub const READ_ANNOTATIONS: [&str; 9] = [
+pub const READ_ANNOTATIONS: [&str; 12] = [
     crate::config::ANNOTATION_ENABLED,
     crate::config::ANNOTATION_HOLD_TIMEOUT,
     ANNOTATION_ISTIO_SIDECAR_STATUS,
@@ -187,6 +187,9 @@ pub const READ_ANNOTATIONS: [&str; 9] = [
     ANNOTATION_ISTIO_PROXY_CONFIG,
     crate::mesh::kuma::ANNOTATION_SIDECAR_INJECTED,
     crate::mesh::kuma::ANNOTATION_ENVOY_ADMIN_PORT,
+    crate::mesh::kuma::ANNOTATION_SIDECAR_UID,
+    crate::mesh::kuma::ANNOTATION_OUTBOUND_PORT,
+    crate::mesh::kuma::ANNOTATION_INBOUND_PORT,
     crate::mesh::consul::KEY_INJECT_STATUS,
     crate::mesh::consul::KEY_TRANSPARENT_PROXY_STATUS,
 ];
@@ -269,11 +272,25 @@ impl PodView {
                 profile.mesh
             ));
         }
-        if profile.mesh == Mesh::Kuma {
-            profile.admin = crate::mesh::kuma::admin_for(
-                annotation(crate::mesh::kuma::ANNOTATION_ENVOY_ADMIN_PORT).map(String::as_str),
-                readiness_probe_port(proxy_container),
-            );
+        match profile.mesh {
+            Mesh::Istio => {}
+            Mesh::Kuma => {
+                profile.admin = crate::mesh::kuma::admin_for(
+                    annotation(crate::mesh::kuma::ANNOTATION_ENVOY_ADMIN_PORT).map(String::as_str),
+                    readiness_probe_port(proxy_container),
+                );
+                crate::mesh::kuma::pod_settings(
+                    &mut profile,
+                    &|k| annotation(k).map(String::as_str),
+                    &mut overrides.problems,
+                );
+            }
+            Mesh::Consul => {
+                profile.admin = crate::mesh::consul::admin_for(
+                    proxy_container.args.as_deref().unwrap_or(&[]),
+                    &mut overrides.problems,
+                );
+            }
         }
         let prestop_drain = mode == SidecarMode::Native && profile.prestop_drain(proxy_container);
 
@@ -411,8 +428,9 @@ impl PodView {
     /// the proxy's IPs — `status.podIP` first (pilot-agent's `INSTANCE_IP`, app/cmd.go), then the
     /// pod's other addresses: `::1` when every IP is IPv6, or when the first is IPv6 and
     /// `ISTIO_DUAL_STACK` is on; `127.0.0.1` otherwise (an IPv6-first dual-stack pod without
-    /// `ISTIO_DUAL_STACK` still binds IPv4). Kuma and Consul bind `::1` when every IP is IPv6
-    /// (consul-k8s `Getv4orv6Str`, kuma-dp's IPv6 admin). The port is the profile's either way.
+    /// `ISTIO_DUAL_STACK` still binds IPv4). Kuma's and Consul's admin address is their
+    /// profile's whatever the pod's IPs (`MeshProfile::admin_follows_pod_ips`: Kuma's
+    /// `adminAddress`, Consul's `-envoy-admin-bind-address` flag).
     pub fn admin_tcp(&self) -> Option<SocketAddr> {
         self.profile.admin_tcp_for(self.admin_v6_loopback())
     }

@@ -954,13 +954,20 @@ impl Driver {
                         crate::lifecycle::readiness::count_admin_errors(&self.shared.metrics);
                     move |kind| count(kind)
                 });
-                let own = self
+                let (own, ports) = self
                     .view
                     .borrow()
                     .as_ref()
-                    .map(|v| v.profile.own_http_prefixes)
-                    .unwrap_or(&crate::mesh::istio::OWN_HTTP_PREFIXES);
-                drain::PodProxy::new(client, sockets).with_own_listeners(own)
+                    .map(|v| {
+                        let ports = v.profile.listener_ports().map(|(outbound, inbound)| {
+                            drain::in_flight::ListenerPorts { outbound, inbound }
+                        });
+                        (v.profile.own_http_prefixes, ports)
+                    })
+                    .unwrap_or((&crate::mesh::istio::OWN_HTTP_PREFIXES, None));
+                drain::PodProxy::new(client, sockets)
+                    .with_own_listeners(own)
+                    .with_listener_counts(ports)
             }
             other => {
                 let why = match other {

@@ -216,6 +216,7 @@ impl ProxyAdmin for FakeAdmin {
                 },
                 send_queued: None,
                 health_check_failed: s.health_check_failed != s.gauge_stale,
+                listener_counts: None,
             })
         })
     }
