@@ -98,8 +98,9 @@ pub enum ContainerState {
     },
 }
 
-/// A meshed pod on this node, as the agent sees it.
-#[derive(Debug, Clone, Default)]
+/// A meshed pod on this node, as the agent sees it. No `Default`: a pod's view always carries
+/// its mesh's profile ([`PodView::blank`] takes one).
+#[derive(Debug, Clone)]
 pub struct PodView {
     pub key: PodKey,
     pub overrides: PodOverrides,
@@ -156,6 +157,29 @@ pub fn restarting_in_place(conditions: &[k8s_openapi::api::core::v1::PodConditio
 }
 
 impl PodView {
+    /// A view of nothing but `profile`: every other field empty or at its default (tests and
+    /// replays build on it; `from_pod` is the agent's way in).
+    pub fn blank(profile: MeshProfile) -> PodView {
+        PodView {
+            key: PodKey::default(),
+            overrides: PodOverrides::default(),
+            containers: Vec::new(),
+            init_containers: Vec::new(),
+            restart_policy: RestartPolicy::default(),
+            deletion: None,
+            phase: None,
+            pod_ips: Vec::new(),
+            dns_capture: false,
+            exit_on_zero: false,
+            istio_dual_stack: false,
+            mode: SidecarMode::default(),
+            profile,
+            prestop_drain: false,
+            restarting_in_place: false,
+            proxy_startup_probe: false,
+        }
+    }
+
     /// The pod is in a terminal phase (`Succeeded` or `Failed`): every container has
     /// terminated and none will run again (kubernetes pkg/apis/core/types.go: "PodSucceeded ...
     /// all containers in the pod have voluntarily terminated ... and the system is not going to

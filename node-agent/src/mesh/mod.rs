@@ -137,13 +137,6 @@ pub struct MeshProfile {
     pub readiness: &'static str,
 }
 
-impl Default for MeshProfile {
-    /// Istio's, with the agent's default flags.
-    fn default() -> Self {
-        istio::profile(&ProxyConfig::default())
-    }
-}
-
 impl MeshProfile {
     /// The admin TCP address for a pod: a loopback admin becomes `::1` when the pod's IPs call
     /// for it (`v6_loopback`) and the mesh's bootstrap follows them

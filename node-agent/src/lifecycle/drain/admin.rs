@@ -106,28 +106,23 @@ pub struct PodProxy {
 }
 
 impl PodProxy {
-    /// `admin` with the pod's sock_diag socket ([`PodProxy::open_sockets`]).
-    pub fn new(admin: AdminClient, sockets: Option<SockDiag>) -> PodProxy {
+    /// `admin` with the pod's sock_diag socket ([`PodProxy::open_sockets`]), for a pod of the
+    /// mesh `profile`: its own listeners are left out of the idle test
+    /// (`MeshProfile::own_http_prefixes`), and its capture listeners give the counts where the
+    /// mesh says so ([`in_flight::listener_counts`]: Consul's, which cannot load the filter).
+    pub fn new(
+        admin: AdminClient,
+        sockets: Option<SockDiag>,
+        profile: &crate::mesh::MeshProfile,
+    ) -> PodProxy {
         PodProxy {
             admin,
             sockets: sockets.map(Arc::new),
-            own_http_prefixes: &crate::mesh::istio::OWN_HTTP_PREFIXES,
-            listener_ports: None,
+            own_http_prefixes: profile.own_http_prefixes,
+            listener_ports: profile
+                .listener_ports()
+                .map(|(outbound, inbound)| in_flight::ListenerPorts { outbound, inbound }),
         }
-    }
-
-    /// Reads the directional counts from the capture listeners on `ports` too
-    /// ([`in_flight::listener_counts`]: Consul's, which cannot load the filter).
-    pub fn with_listener_counts(mut self, ports: Option<in_flight::ListenerPorts>) -> PodProxy {
-        self.listener_ports = ports;
-        self
-    }
-
-    /// The pod's mesh's own listeners (`MeshProfile::own_http_prefixes`), whose bytes the idle
-    /// test skips; Istio's by default.
-    pub fn with_own_listeners(mut self, own: &'static [&'static str]) -> PodProxy {
-        self.own_http_prefixes = own;
-        self
     }
 
     /// A sock_diag socket made in `netns`; without one (a kernel without `CONFIG_INET_DIAG`)

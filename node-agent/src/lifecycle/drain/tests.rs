@@ -305,7 +305,9 @@ fn view(
             timestamp: plan::timestamp(SystemTime::now()),
             grace,
         }),
-        ..PodView::default()
+        ..PodView::blank(crate::mesh::istio::profile(
+            &crate::config::ProxyConfig::default(),
+        ))
     }
 }
 
