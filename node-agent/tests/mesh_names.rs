@@ -28,11 +28,6 @@ const DEBT: &[(&str, usize, &str)] = &[
         "Istio's annotations and the proxy.istio.io/config parser: to move into mesh/istio.rs",
     ),
     (
-        "report/metrics.rs",
-        6,
-        "the `mesh` label's values and help text: to iterate Mesh::ALL",
-    ),
-    (
         "pod/shape.rs",
         10,
         "Istio's interception-mode and CNI checks: to become the profile's shape checks",
