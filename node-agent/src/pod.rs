@@ -20,10 +20,10 @@ use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod};
 pub use crate::api::SidecarMode;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::config::{
-    parse_go_bool, proxy_metadata_from_annotation, HoldSettings, PodOverrides, ProxyConfig,
-    ANNOTATION_ISTIO_INTERCEPTION_MODE, ANNOTATION_ISTIO_PROXY_CONFIG,
-    ANNOTATION_ISTIO_SIDECAR_STATUS,
+use crate::config::{parse_go_bool, HoldSettings, PodOverrides, ProxyConfig};
+use crate::mesh::istio_config::{
+    proxy_metadata_from_annotation, ANNOTATION_ISTIO_INTERCEPTION_MODE,
+    ANNOTATION_ISTIO_PROXY_CONFIG, ANNOTATION_ISTIO_SIDECAR_STATUS,
 };
 
 pub mod app_end;

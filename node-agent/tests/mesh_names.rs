@@ -18,14 +18,14 @@ use std::path::{Path, PathBuf};
 const DEBT: &[(&str, usize, &str)] = &[
     (
         "pod.rs",
-        58,
+        59,
         "Istio's env switches and proxy.istio.io/config parse, Kuma's and Consul's per-pod \
          reads and drain advice: to move into mesh/istio.rs, kuma.rs, consul.rs",
     ),
     (
         "config.rs",
-        8,
-        "Istio's annotations and the proxy.istio.io/config parser: to move into mesh/istio.rs",
+        1,
+        "ProxyConfig's default container `istio-proxy` (the --proxy-* flags are Istio's)",
     ),
     (
         "pod/shape.rs",

@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::Container;
 use super::{AdminAt, Markers, Mesh, MeshProfile, MeshTexts, ProxyName};
 use crate::config::ProxyConfig;
 
-pub use crate::config::{
+pub use super::istio_config::{
     ANNOTATION_ISTIO_INTERCEPTION_MODE as ANNOTATION_INTERCEPTION_MODE,
     ANNOTATION_ISTIO_PROXY_CONFIG as ANNOTATION_PROXY_CONFIG,
     ANNOTATION_ISTIO_SIDECAR_STATUS as ANNOTATION_SIDECAR_STATUS,

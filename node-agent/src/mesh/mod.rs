@@ -18,6 +18,7 @@ pub use texts::{proxy_died_advice, unexposed_bytes_advice, unseen_advice};
 
 pub mod consul;
 pub mod istio;
+pub mod istio_config;
 pub mod kuma;
 mod texts;
 
