@@ -20,10 +20,10 @@ use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod};
 pub use crate::api::SidecarMode;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::config::{
-    parse_go_bool, proxy_metadata_from_annotation, HoldSettings, PodOverrides, ProxyConfig,
-    ANNOTATION_ISTIO_INTERCEPTION_MODE, ANNOTATION_ISTIO_PROXY_CONFIG,
-    ANNOTATION_ISTIO_SIDECAR_STATUS,
+use crate::config::{parse_go_bool, HoldSettings, PodOverrides, ProxyConfig};
+use crate::mesh::istio_config::{
+    proxy_metadata_from_annotation, ANNOTATION_ISTIO_INTERCEPTION_MODE,
+    ANNOTATION_ISTIO_PROXY_CONFIG, ANNOTATION_ISTIO_SIDECAR_STATUS,
 };
 
 pub mod app_end;
@@ -101,8 +101,9 @@ pub enum ContainerState {
     },
 }
 
-/// A meshed pod on this node, as the agent sees it.
-#[derive(Debug, Clone, Default)]
+/// A meshed pod on this node, as the agent sees it. No `Default`: a pod's view always carries
+/// its mesh's profile ([`PodView::blank`] takes one).
+#[derive(Debug, Clone)]
 pub struct PodView {
     pub key: PodKey,
     pub overrides: PodOverrides,
@@ -159,6 +160,29 @@ pub fn restarting_in_place(conditions: &[k8s_openapi::api::core::v1::PodConditio
 }
 
 impl PodView {
+    /// A view of nothing but `profile`: every other field empty or at its default (tests and
+    /// replays build on it; `from_pod` is the agent's way in).
+    pub fn blank(profile: MeshProfile) -> PodView {
+        PodView {
+            key: PodKey::default(),
+            overrides: PodOverrides::default(),
+            containers: Vec::new(),
+            init_containers: Vec::new(),
+            restart_policy: RestartPolicy::default(),
+            deletion: None,
+            phase: None,
+            pod_ips: Vec::new(),
+            dns_capture: false,
+            exit_on_zero: false,
+            istio_dual_stack: false,
+            mode: SidecarMode::default(),
+            profile,
+            prestop_drain: false,
+            restarting_in_place: false,
+            proxy_startup_probe: false,
+        }
+    }
+
     /// The pod is in a terminal phase (`Succeeded` or `Failed`): every container has
     /// terminated and none will run again (kubernetes pkg/apis/core/types.go: "PodSucceeded ...
     /// all containers in the pod have voluntarily terminated ... and the system is not going to
@@ -182,7 +206,7 @@ pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
 /// Every annotation [`PodView::from_pod`] reads; the pod source drops the others
 /// ([`crate::source::slim`]), so a pod's other annotations (labels' cousins, `kubectl
 /// annotate` in a loop, megabytes of last-applied-configuration) cost nothing past the source.
-pub const READ_ANNOTATIONS: [&str; 9] = [
+pub const READ_ANNOTATIONS: [&str; 12] = [
     crate::config::ANNOTATION_ENABLED,
     crate::config::ANNOTATION_HOLD_TIMEOUT,
     ANNOTATION_ISTIO_SIDECAR_STATUS,
@@ -190,6 +214,9 @@ pub const READ_ANNOTATIONS: [&str; 9] = [
     ANNOTATION_ISTIO_PROXY_CONFIG,
     crate::mesh::kuma::ANNOTATION_SIDECAR_INJECTED,
     crate::mesh::kuma::ANNOTATION_ENVOY_ADMIN_PORT,
+    crate::mesh::kuma::ANNOTATION_SIDECAR_UID,
+    crate::mesh::kuma::ANNOTATION_OUTBOUND_PORT,
+    crate::mesh::kuma::ANNOTATION_INBOUND_PORT,
     crate::mesh::consul::KEY_INJECT_STATUS,
     crate::mesh::consul::KEY_TRANSPARENT_PROXY_STATUS,
 ];
@@ -272,11 +299,25 @@ impl PodView {
                 profile.mesh
             ));
         }
-        if profile.mesh == Mesh::Kuma {
-            profile.admin = crate::mesh::kuma::admin_for(
-                annotation(crate::mesh::kuma::ANNOTATION_ENVOY_ADMIN_PORT).map(String::as_str),
-                readiness_probe_port(proxy_container),
-            );
+        match profile.mesh {
+            Mesh::Istio => {}
+            Mesh::Kuma => {
+                profile.admin = crate::mesh::kuma::admin_for(
+                    annotation(crate::mesh::kuma::ANNOTATION_ENVOY_ADMIN_PORT).map(String::as_str),
+                    readiness_probe_port(proxy_container),
+                );
+                crate::mesh::kuma::pod_settings(
+                    &mut profile,
+                    &|k| annotation(k).map(String::as_str),
+                    &mut overrides.problems,
+                );
+            }
+            Mesh::Consul => {
+                profile.admin = crate::mesh::consul::admin_for(
+                    proxy_container.args.as_deref().unwrap_or(&[]),
+                    &mut overrides.problems,
+                );
+            }
         }
         let prestop_drain = mode == SidecarMode::Native && profile.prestop_drain(proxy_container);
 
@@ -414,8 +455,9 @@ impl PodView {
     /// the proxy's IPs — `status.podIP` first (pilot-agent's `INSTANCE_IP`, app/cmd.go), then the
     /// pod's other addresses: `::1` when every IP is IPv6, or when the first is IPv6 and
     /// `ISTIO_DUAL_STACK` is on; `127.0.0.1` otherwise (an IPv6-first dual-stack pod without
-    /// `ISTIO_DUAL_STACK` still binds IPv4). Kuma and Consul bind `::1` when every IP is IPv6
-    /// (consul-k8s `Getv4orv6Str`, kuma-dp's IPv6 admin). The port is the profile's either way.
+    /// `ISTIO_DUAL_STACK` still binds IPv4). Kuma's and Consul's admin address is their
+    /// profile's whatever the pod's IPs (`MeshProfile::admin_follows_pod_ips`: Kuma's
+    /// `adminAddress`, Consul's `-envoy-admin-bind-address` flag).
     pub fn admin_tcp(&self) -> Option<SocketAddr> {
         self.profile.admin_tcp_for(self.admin_v6_loopback())
     }

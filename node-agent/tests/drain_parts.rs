@@ -558,7 +558,9 @@ fn pod_view(grace: Duration) -> PodView {
             timestamp: holdfast::lifecycle::drain::plan::timestamp(SystemTime::now()),
             grace,
         }),
-        ..PodView::default()
+        ..PodView::blank(holdfast::mesh::istio::profile(
+            &holdfast::config::ProxyConfig::default(),
+        ))
     }
 }
 

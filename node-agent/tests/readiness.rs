@@ -281,6 +281,27 @@ async fn real_envoy_with_the_filter_in_a_netns() -> Result<()> {
     ensure!(dns.check().await == Readiness::Starting);
     drop(udp);
 
+    // Kuma's builtin DNS (on by default): kuma-dp's DNS proxy serves UDP only (kumahq/kuma
+    // app/kuma-dp/pkg/dataplane/dnsproxy/component.go `Net: "udp"`, v2.14.3), so its bound UDP
+    // socket alone makes the pod ready; no TCP listener is ever there to wait for.
+    let kuma = holdfast::mesh::kuma::profile();
+    ensure!((kuma.outbound_port, kuma.inbound_port) == (proxy.outbound_port, proxy.inbound_port));
+    let kuma_dns = ReadinessProbe::new(
+        &t.ns,
+        DEFAULT_ADMIN_ADDR,
+        &kuma,
+        &strict,
+        options(DEFAULT_STAT_PREFIX, Some(15054), &errors),
+    )?;
+    ensure!(kuma_dns.check().await == Readiness::Starting);
+    let udp = t.ns.run(|| UdpSocket::bind("127.0.0.1:15054"))??;
+    ensure!(
+        kuma_dns.check().await == Readiness::Ready,
+        "a Kuma pod's UDP-only DNS proxy is not judged ready"
+    );
+    drop(udp);
+    ensure!(kuma_dns.check().await == Readiness::Starting);
+
     ensure!(
         errors.load(Ordering::Relaxed) == 0,
         "admin errors counted on a normal start"

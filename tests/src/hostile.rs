@@ -534,7 +534,7 @@ fn attacker_pod(s: Scenario, window: Duration) -> Option<PodSpec> {
                         &hostile_text(200 << 10),
                     )
                     .annotation(
-                        holdfast::config::ANNOTATION_ISTIO_PROXY_CONFIG,
+                        holdfast::mesh::istio_config::ANNOTATION_ISTIO_PROXY_CONFIG,
                         &alias_bomb(),
                     ),
             )

@@ -149,24 +149,42 @@ fn kuma_native_unix_socket_restart_refuses_calls_without_holdfast() {
 /// `kuma_native_unix_socket_restart_refuses_calls_without_holdfast`, ~25 refused).
 #[test]
 fn kuma_native_unix_socket_restart_covered_with_holdfast() {
-    if !privileged("kuma_native_unix_socket_restart_covered_with_holdfast") {
-        return;
+    if privileged("kuma_native_unix_socket_restart_covered_with_holdfast") {
+        native_restart_covered("hfkumanative", false);
     }
-    let mut node = node("hfkumanative");
+}
+
+/// Kuma 2.14's default install exactly: native sidecar, socket admin, and the builtin DNS on
+/// (kuma-init's UDP DNS redirect, kuma-dp's UDP-only DNS proxy; `meshes_defaults.rs`): the
+/// restarted sidecar's hold is released once its Envoy is ready and its DNS socket bound (with
+/// the agent's old readiness, which wanted a TCP listener on 15053 too, the hold ran to its
+/// deadline and the calls timed out).
+#[test]
+fn kuma_2_14_default_native_restart_covered_with_holdfast() {
+    if privileged("kuma_2_14_default_native_restart_covered_with_holdfast") {
+        native_restart_covered("hfkumadef", true);
+    }
+}
+
+fn native_restart_covered(test: &str, builtin_dns: bool) {
+    let mut node = node(test);
     let agent = agent(&node);
-    node.add_pod(
-        PodSpec::new("svc")
-            .mesh(Mesh::Kuma(KumaAdmin::UnixSocket))
-            .native()
-            .app(AppScript::BootThenCall {
-                every: Duration::from_millis(100),
-                pool: 1,
-                after_sigterm: Duration::ZERO,
-            })
-            .call_timeout(Duration::from_secs(10))
-            .proxy_delay(Duration::from_secs(2)),
-    )
-    .expect("add pod");
+    let mut spec = PodSpec::new("svc")
+        .mesh(Mesh::Kuma(KumaAdmin::UnixSocket))
+        .native()
+        .app(AppScript::BootThenCall {
+            every: Duration::from_millis(100),
+            pool: 1,
+            after_sigterm: Duration::ZERO,
+        })
+        .call_timeout(Duration::from_secs(10))
+        .proxy_delay(Duration::from_secs(2));
+    if builtin_dns {
+        spec = spec
+            .dns_capture(Duration::from_millis(500))
+            .lookup_remote(true);
+    }
+    node.add_pod(spec).expect("add pod");
     node.start_pods().expect("start");
     node.wait_report("svc", Duration::from_secs(30), "calling", |r| {
         r.calls(Phase::Running).ok >= 5
@@ -196,9 +214,16 @@ fn kuma_native_unix_socket_restart_covered_with_holdfast() {
         after.errors(CallError::ConnectionRefused) - before.errors(CallError::ConnectionRefused);
     let failed = after.failed - before.failed;
     eprintln!(
-        "kuma native with holdfast: {refused} refused, {failed} failed through the restart, calls flowing {:?} after Envoy was LIVE again; {after:?}",
+        "kuma native with holdfast (builtin DNS {builtin_dns}): {refused} refused, {failed} failed through the restart, calls flowing {:?} after Envoy was LIVE again; {after:?}",
         live.elapsed()
     );
+    if builtin_dns {
+        let lookups = node.report("svc").expect("report").lookups();
+        assert!(
+            !lookups.is_empty() && lookups.iter().all(|l| l.0),
+            "{lookups:?}"
+        );
+    }
     assert_eq!(refused, 0, "{after:?}\n{}", agent.log_tail());
     // At most the call on the pooled connection the crash cut (no agent can save that one).
     assert!(failed <= 1, "{after:?}");

@@ -30,6 +30,7 @@ use crate::lifecycle::drain::app_exit::ExitWatcher;
 use crate::lifecycle::drain::{self, DrainCtx, DrainStep, PodProcsSource};
 use crate::lifecycle::readiness::{Readiness, ReadinessProbe};
 use crate::mesh::AdminAt;
+use crate::mesh::MeshProfile;
 use crate::pod::{PodKey, PodView};
 
 /// How often the held counts are copied to the status board.
@@ -206,6 +207,7 @@ pub(crate) async fn run(shared: Arc<Shared>, view: watch::Receiver<Option<PodVie
         proxy_watch_for: None,
         hold_cfg,
         admin,
+        profile: first.profile.clone(),
         fast_slot: None,
         fast_since: None,
         checking_since: None,
@@ -261,6 +263,9 @@ struct Driver {
     /// and queue, and Envoy's admin address (`[::1]` for IPv6-first pods).
     hold_cfg: Option<HoldConfig>,
     admin: std::net::SocketAddr,
+    /// The pod's mesh profile as first seen: what the driver falls back to when the current
+    /// view is gone (never another mesh's).
+    profile: MeshProfile,
     /// Held while the machine asks for fast readiness checks (see [`FAST_CHECK_SHARE`]).
     fast_slot: Option<FastSlot>,
     /// Since when the machine has asked for fast checks (see [`FAST_WINDOW_LIMIT`]).
@@ -543,12 +548,7 @@ impl Driver {
                 &self.shared.metrics,
             )),
         };
-        let profile = self
-            .view
-            .borrow()
-            .as_ref()
-            .map(|v| v.profile.clone())
-            .unwrap_or_default();
+        let profile = self.current_profile();
         let client = self
             .admin_client(netns)
             .map_err(|e| format!("cannot reach the pod's network namespace: {e}"))?;
@@ -557,16 +557,20 @@ impl Driver {
             .map_err(|e| format!("cannot reach the pod's network namespace: {e}"))
     }
 
+    /// The pod's mesh profile: the current view's, else the one the pod was first seen with.
+    fn current_profile(&self) -> MeshProfile {
+        self.view
+            .borrow()
+            .as_ref()
+            .map(|v| v.profile.clone())
+            .unwrap_or_else(|| self.profile.clone())
+    }
+
     /// The pod's Envoy admin client: TCP inside its netns, or the mesh's Unix socket in the
     /// proxy's filesystem ([`crate::effects::admin_socket`]), found anew from the proxy
     /// container's current processes whenever the one found last stops answering.
     fn admin_client(&self, netns: &PodNetns) -> crate::effects::netns::Result<AdminClient> {
-        let profile = self
-            .view
-            .borrow()
-            .as_ref()
-            .map(|v| v.profile.clone())
-            .unwrap_or_default();
+        let profile = self.current_profile();
         let AdminAt::UnixSocket {
             parent,
             dir_prefix,
@@ -952,13 +956,7 @@ impl Driver {
                         crate::lifecycle::readiness::count_admin_errors(&self.shared.metrics);
                     move |kind| count(kind)
                 });
-                let own = self
-                    .view
-                    .borrow()
-                    .as_ref()
-                    .map(|v| v.profile.own_http_prefixes)
-                    .unwrap_or(&crate::mesh::istio::OWN_HTTP_PREFIXES);
-                drain::PodProxy::new(client, sockets).with_own_listeners(own)
+                drain::PodProxy::new(client, sockets, &self.current_profile())
             }
             other => {
                 let why = match other {

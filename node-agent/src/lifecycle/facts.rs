@@ -231,7 +231,9 @@ mod tests {
         let view = |ips: &[&str], dns: bool| PodView {
             pod_ips: ips.iter().map(|ip| ip.parse().expect("an IP")).collect(),
             dns_capture: dns,
-            ..PodView::default()
+            ..PodView::blank(crate::mesh::istio::profile(
+                &crate::config::ProxyConfig::default(),
+            ))
         };
         for (ips, dns, want) in [
             // No IPs in the status yet: IPv6 too (the CNI may give it one).

@@ -2,8 +2,8 @@
 //!
 //! Ready means all of:
 //! 1. both capture ports have a TCP socket in LISTEN state in the pod's network namespace (and,
-//!    when a DNS capture port is given, a TCP listener **and** a bound UDP socket on it:
-//!    pilot-agent's DNS proxy serves both). Asked of the kernel through `sock_diag`
+//!    when a DNS capture port is given, a bound UDP socket on it, plus a TCP listener where the
+//!    mesh's DNS proxy serves TCP too: `MeshProfile::dns_tcp`, [`wanted_listeners`]). Asked of the kernel through `sock_diag`
 //!    ([`SockDiag`], a netlink socket made once inside the pod's netns): one exact lookup per
 //!    port ([`SockDiag::tcp_listening_all`]), a hash probe, unlike `/proc/<pid>/net/tcp` (walks
 //!    the whole established table) or a dump (walks the whole listening hash). Checked first,
@@ -137,6 +137,8 @@ pub struct ReadinessProbe {
     stat_prefix: String,
     stats_filter: String,
     dns_port: Option<u16>,
+    /// The mesh's DNS proxy serves TCP too (`MeshProfile::dns_tcp`).
+    dns_tcp: bool,
     /// Envoy's admin port: listening means Envoy runs (`None`: the admin is a Unix socket, and
     /// the capture ports alone say whether Envoy runs).
     admin_port: Option<u16>,
@@ -205,6 +207,7 @@ impl ReadinessProbe {
             stats_filter: stats_filter(&stat_prefix),
             stat_prefix,
             dns_port: options.dns_port,
+            dns_tcp: profile.dns_tcp,
             admin_port,
             admin_seen: Default::default(),
             violation: Default::default(),
@@ -309,24 +312,43 @@ impl ReadinessProbe {
 
     /// The capture ports (and the DNS port, when asked) listen.
     async fn ports_ready(&self) -> bool {
-        let mut wanted = self.capture_ports.to_vec();
-        wanted.extend(self.dns_port);
-        if self.listening(&wanted).await != Some(true) {
+        let wanted = wanted_listeners(self.capture_ports, self.dns_port, self.dns_tcp);
+        if self.listening(&wanted.tcp).await != Some(true) {
             return false;
         }
-        let (Some(dns), Sockets::Diag(diag)) = (self.dns_port, &self.sockets) else {
+        let (Some(dns), Sockets::Diag(diag)) = (wanted.udp, &self.sockets) else {
+            // Without UDP sock_diag (procfs reads TCP only) a UDP-only DNS proxy cannot be
+            // seen: judged by the capture ports alone, never held to the deadline for it.
             return true;
         };
         match diag.udp_bound(dns) {
             Ok(bound) => bound,
             Err(e) => {
                 // Fail open: a kernel without UDP sock_diag must not hold the pod to the
-                // deadline; the TCP listener on the DNS port is then the signal.
-                tracing::debug!(error = %e, "cannot list the pod's UDP sockets; DNS judged by its TCP listener");
+                // deadline; the other listeners are then the signal.
+                tracing::debug!(error = %e, "cannot list the pod's UDP sockets; DNS not judged");
                 true
             }
         }
     }
+}
+
+/// The sockets readiness waits for: TCP listeners and a bound UDP port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wanted {
+    pub tcp: Vec<u16>,
+    pub udp: Option<u16>,
+}
+
+/// What a pod's proxy must have open before it is ready: the capture ports (TCP), and with a
+/// DNS port the UDP socket on it, plus its TCP listener only where the mesh's DNS proxy serves
+/// TCP (`dns_tcp`: Istio's pilot-agent; not Kuma's kuma-dp, which serves UDP only).
+pub fn wanted_listeners(capture: [u16; 2], dns_port: Option<u16>, dns_tcp: bool) -> Wanted {
+    let mut tcp = capture.to_vec();
+    if dns_tcp {
+        tcp.extend(dns_port);
+    }
+    Wanted { tcp, udp: dns_port }
 }
 
 /// The `/stats?filter=` regex (RE2) that returns everything [`decide`] reads, in one request.

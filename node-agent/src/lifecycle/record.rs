@@ -616,11 +616,12 @@ fn drain_end_steps(row: &mut PodStatus, report: &DrainReport) {
             ),
             DrainOutcome::KubeletOrdered => (
                 StepKind::ProxyExited,
-                Some(
-                    "the kubelet ended the native sidecar after the app (Istio's preStop drained \
-                     inbound)"
-                        .to_string(),
-                ),
+                Some(format!(
+                    "the kubelet ended the native sidecar after the app ({})",
+                    row.mesh.map_or("its mesh's preStop drained inbound", |m| {
+                        crate::mesh::texts_of(m).prestop_drain
+                    })
+                )),
             ),
             _ => (
                 StepKind::ProxyExited,

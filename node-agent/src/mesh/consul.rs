@@ -11,7 +11,12 @@
 //! - uid 5995 (the init container runs as 5996, excluded from redirection too)
 //!   (container_init.go `sidecarUserAndGroupID`, `initContainersUserAndGroupID`);
 //! - capture: outbound 15001, inbound 20000 (`ProxyDefaultInboundPort`);
-//! - admin 127.0.0.1:19000 (`-envoy-admin-bind-address`, `::1` where the injector runs IPv6);
+//! - admin: the container's `-envoy-admin-bind-address=` (`127.0.0.1`, or `::1` when the
+//!   injector runs with `CONSUL_DUAL_STACK`, Helm's `global.dualStack.enabled`: `Getv4orv6Str`,
+//!   control-plane/connect-inject/constants/constants.go) and `-envoy-admin-bind-port=`
+//!   (19000 + the service's index on multi-port pods; absent: consul-dataplane's default 19000)
+//!   (webhook/consul_dataplane_sidecar.go `getContainerSidecarArgs`, v1.9.0 and v2.0.3): read
+//!   from the args, not guessed from the pod's IPs ([`admin_for`]);
 //! - readiness: a TCP probe on 20000, or `/ready` on 21000 with `use-proxy-health-check`;
 //! - drain: on SIGTERM consul-dataplane (lifecycle on by default) sends
 //!   `drain_listeners?inboundonly&graceful&skip_exit`, waits a **fixed**
@@ -25,7 +30,7 @@
 
 use std::net::SocketAddr;
 
-use super::{AdminAt, Markers, Mesh, MeshProfile, ProxyName};
+use super::{AdminAt, Markers, Mesh, MeshProfile, MeshTexts, ProxyName};
 
 /// The inject status key: an annotation and a label, both `injected`.
 pub const KEY_INJECT_STATUS: &str = "consul.hashicorp.com/connect-inject-status";
@@ -52,9 +57,70 @@ pub const INBOUND_PORT: u16 = 20000;
 /// consul-dataplane, not Envoy.
 pub const GRACEFUL_PORT: u16 = 20600;
 
-/// `http.<stat_prefix>` scopes of Consul's own listeners: Envoy's admin API. consul-dataplane's
-/// own servers (20600 graceful, 21000 ready, metrics) are not Envoy listeners.
-pub const OWN_HTTP_PREFIXES: [&str; 1] = ["admin"];
+/// `http.<stat_prefix>` scopes of Consul's own listeners: Envoy's admin API (`admin`), and the
+/// bootstrap's static listeners that route to it: `envoy_ready` (the `/ready` listener on
+/// 21000 with `use-proxy-health-check`) and `envoy_prometheus_metrics` (the metrics scrape
+/// listener) (hashicorp/consul-dataplane pkg/consuldp/testdata/TestBootstrapConfig/
+/// ready-listener.golden and custom-prometheus-scrape-path.golden, v2.0.1: consul-dataplane's
+/// bootstrap from hashicorp/consul's command/connect/envoy/bootstrap_config.go).
+/// consul-dataplane's own servers (20600 graceful, its merged metrics) are not Envoy listeners.
+pub const OWN_HTTP_PREFIXES: [&str; 3] = ["admin", "envoy_ready", "envoy_prometheus_metrics"];
+
+/// consul-dataplane's admin bind flags as the injector writes them (`-flag=value`; Go's flag
+/// package also takes `-flag value` and `--flag`).
+pub const FLAG_ADMIN_BIND_ADDRESS: &str = "envoy-admin-bind-address";
+pub const FLAG_ADMIN_BIND_PORT: &str = "envoy-admin-bind-port";
+
+/// Envoy's admin address for a `consul-dataplane` container with `args`: its
+/// `-envoy-admin-bind-address` (default `127.0.0.1`) and `-envoy-admin-bind-port` (default
+/// 19000), consul-dataplane's defaults (cmd/consul-dataplane/config.go) when absent. A value
+/// that is not an IP or a port keeps the default and is said in `problems`.
+pub fn admin_for(args: &[String], problems: &mut Vec<String>) -> AdminAt {
+    let mut ip = std::net::IpAddr::from([127, 0, 0, 1]);
+    let mut port = ADMIN_PORT;
+    let mut words = args.iter().map(String::as_str);
+    while let Some(word) = words.next() {
+        let Some(flag) = word.strip_prefix("--").or_else(|| word.strip_prefix('-')) else {
+            continue;
+        };
+        let (name, value) = match flag.split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (flag, None),
+        };
+        if name != FLAG_ADMIN_BIND_ADDRESS && name != FLAG_ADMIN_BIND_PORT {
+            continue;
+        }
+        let Some(value) = value.or_else(|| words.next()) else {
+            continue;
+        };
+        let value = value.trim();
+        if name == FLAG_ADMIN_BIND_ADDRESS {
+            match value.trim_start_matches('[').trim_end_matches(']').parse() {
+                Ok(v) => ip = v,
+                Err(_) => problems.push(format!(
+                    "{PROXY_CONTAINER}'s -{name} is {:?}, not an IP; 127.0.0.1 assumed",
+                    crate::api::text::cut(value, 40)
+                )),
+            }
+        } else {
+            match value.parse::<u16>() {
+                Ok(p @ 1..) => port = p,
+                _ => problems.push(format!(
+                    "{PROXY_CONTAINER}'s -{name} is {:?}, not a port; {ADMIN_PORT} assumed",
+                    crate::api::text::cut(value, 40)
+                )),
+            }
+        }
+    }
+    // A wildcard bind is reached on the loopback of its family.
+    if ip.is_unspecified() {
+        ip = match ip {
+            std::net::IpAddr::V4(_) => std::net::IpAddr::from([127, 0, 0, 1]),
+            std::net::IpAddr::V6(_) => std::net::IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+        };
+    }
+    AdminAt::Tcp(SocketAddr::new(ip, port))
+}
 
 /// Consul's profile.
 pub fn profile() -> MeshProfile {
@@ -71,8 +137,11 @@ pub fn profile() -> MeshProfile {
         // consul-dataplane's DNS proxy (8600) is redirected only with `dns.enableRedirection`;
         // not held by the agent.
         dns_port: None,
+        dns_tcp: false,
         admin: AdminAt::Tcp(SocketAddr::from(([127, 0, 0, 1], ADMIN_PORT))),
+        admin_follows_pod_ips: false,
         own_http_prefixes: &OWN_HTTP_PREFIXES,
+        listener_counts: true,
         sigterm_after_quit: false,
         fails_health_check_on_sigterm: false,
         readiness: "a TCP probe on 20000 (or /ready on 21000)",
@@ -102,3 +171,15 @@ pub(super) fn injected(markers: &Markers<'_>) -> Result<(), String> {
         )),
     }
 }
+
+/// Consul's operator texts. Consul cannot load the filter (docs/install.md "Consul: why there is
+/// no filter"); its capture listeners' own counts stand in ([`MeshProfile::listener_counts`]).
+pub static TEXTS: MeshTexts = MeshTexts {
+    agent: "consul-dataplane",
+    prestop_drain: "consul-dataplane's drain",
+    own_end: "consul-dataplane's own shutdown grace period \
+              (consul.hashicorp.com/sidecar-proxy-lifecycle-shutdown-grace-period-seconds)",
+    keep_byte_counters: None,
+    install_filter: None,
+    envoy_1_34: "a consul-dataplane release whose Envoy is 1.34 or later",
+};

@@ -17,10 +17,10 @@
 
 use k8s_openapi::api::core::v1::Container;
 
-use super::{AdminAt, Markers, Mesh, MeshProfile, ProxyName};
+use super::{AdminAt, Markers, Mesh, MeshProfile, MeshTexts, ProxyName};
 use crate::config::ProxyConfig;
 
-pub use crate::config::{
+pub use super::istio_config::{
     ANNOTATION_ISTIO_INTERCEPTION_MODE as ANNOTATION_INTERCEPTION_MODE,
     ANNOTATION_ISTIO_PROXY_CONFIG as ANNOTATION_PROXY_CONFIG,
     ANNOTATION_ISTIO_SIDECAR_STATUS as ANNOTATION_SIDECAR_STATUS,
@@ -67,8 +67,13 @@ pub fn profile(flags: &ProxyConfig) -> MeshProfile {
         outbound_port: flags.outbound_port,
         inbound_port: flags.inbound_port,
         dns_port: Some(DNS_PORT),
+        // pilot-agent's DNS proxy serves UDP and TCP, and istio-iptables redirects both
+        // (`SetupDNSRedir`, tools/istio-iptables/pkg/capture/run.go).
+        dns_tcp: true,
         admin: AdminAt::Tcp(flags.admin),
+        admin_follows_pod_ips: true,
         own_http_prefixes: &OWN_HTTP_PREFIXES,
+        listener_counts: false,
         sigterm_after_quit: false,
         fails_health_check_on_sigterm: false,
         readiness: "pilot-agent's /healthz/ready on 15021",
@@ -135,3 +140,17 @@ pub(super) fn prestop_command(proxy: &Container) -> Option<Vec<&str>> {
         .and_then(|e| e.command.as_ref())?;
     Some(cmd.iter().map(String::as_str).collect())
 }
+
+/// Istio's operator texts.
+pub static TEXTS: MeshTexts = MeshTexts {
+    agent: "pilot-agent",
+    prestop_drain: "Istio's preStop (`pilot-agent request ... POST drain`) drained inbound",
+    own_end: "pilot-agent's own drain (terminationDrainDuration)",
+    keep_byte_counters: Some(
+        "Add inclusionSuffixes [downstream_cx_rx_bytes_total, downstream_cx_tx_bytes_total, \
+         downstream_cx_tx_bytes_buffered] to meshConfig.defaultConfig.proxyStatsMatcher \
+         (manifests/mesh-config)",
+    ),
+    install_filter: Some("Install the filter (manifests/wasmplugin.yaml)"),
+    envoy_1_34: "Istio 1.26 or later (Envoy 1.34+)",
+};

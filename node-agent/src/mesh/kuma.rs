@@ -9,8 +9,20 @@
 //! - proxy `kuma-sidecar`, init `kuma-init` (`kuma-validation` with Kuma's CNI)
 //!   (pkg/plugins/runtime/k8s/util/names.go);
 //! - uid 5678, capture 15001/15006, DNS 15053 (pkg/config/app/kuma-cp/kuma-cp.defaults.yaml
-//!   `sidecarContainer.uid`, `redirectPortOutbound`, `redirectPortInbound`, `builtinDNS.port`);
-//! - admin: TCP 127.0.0.1:9901 (`bootstrapServer.params.adminPort`, per pod the annotation
+//!   `sidecarContainer.uid`, `redirectPortOutbound`, `redirectPortInbound`, `builtinDNS.port`),
+//!   per pod as the injector wrote them into the annotations `kuma.io/sidecar-uid`,
+//!   `kuma.io/transparent-proxying-outbound-port` and `-inbound-port` (injector.go, v2.13.10
+//!   and v2.14.3; kuma-init reads them back): [`pod_settings`];
+//! - DNS: the builtin DNS is on by default (kuma-cp.defaults.yaml `builtinDNS.enabled: true`,
+//!   v2.13.10 and v2.14.3), kuma-dp's DNS proxy serves **UDP only**
+//!   (app/kuma-dp/pkg/dataplane/dnsproxy/component.go `dns.Server{..., Net: "udp"}`, v2.14.3)
+//!   and kuma-init RETURNs the app's TCP/53 ("allow applications to perform DNS queries over TCP
+//!   ... without mesh redirection", pkg/transparentproxy/iptables/builder/builder_table_nat.go):
+//!   readiness wants the UDP socket only (`MeshProfile::dns_tcp` false);
+//! - admin: TCP 127.0.0.1:9901 whatever the pod's IPs (`bootstrapServer.params.adminAddress:
+//!   127.0.0.1`, copied into every bootstrap by pkg/xds/bootstrap/generator.go; kuma-dp itself
+//!   calls `http://127.0.0.1:%d`, app/kuma-dp/pkg/dataplane/envoy/envoy.go, v2.13.10 and
+//!   v2.14.3), the port `bootstrapServer.params.adminPort` or per pod the annotation
 //!   `kuma.io/envoy-admin-port`), or — the default since 2.14 (`envoyAdminUnixSocket: true`,
 //!   pkg/config/xds/bootstrap/config.go) — a Unix socket `<workdir>/kuma-envoy-admin.sock`
 //!   (pkg/core/xds/sockets.go `AdminSocketName`), the workdir made by `os.MkdirTemp("",
@@ -32,7 +44,7 @@
 
 use k8s_openapi::api::core::v1::Container;
 
-use super::{AdminAt, Markers, Mesh, MeshProfile, ProxyName};
+use super::{AdminAt, Markers, Mesh, MeshProfile, MeshTexts, ProxyName};
 use std::net::SocketAddr;
 
 /// The injector's marker annotation.
@@ -65,12 +77,29 @@ pub const SOCKET_PARENT: &str = "/tmp";
 pub const SOCKET_DIR_PREFIX: &str = "kuma-dp-";
 pub const SOCKET_NAME: &str = "kuma-envoy-admin.sock";
 
-/// `http.<stat_prefix>` scopes of Kuma's own listeners: Envoy's admin API (`admin`) and the
+/// `http.<stat_prefix>` scopes of Kuma's own listeners: Envoy's admin API (`admin`); the
 /// listener Kuma puts on the admin port to serve `/ready` (and, with TLS, the admin) to the
-/// kubelet and kuma-dp, `system_envoy_admin` (pkg/xds/generator/admin_proxy_generator.go;
-/// testdata/admin/09.envoy-config.golden.yaml). kuma-dp's readiness server on 9902 is kuma-dp's,
-/// not Envoy's, so it moves no Envoy counter.
-pub const OWN_HTTP_PREFIXES: [&str; 2] = ["admin", "system_envoy_admin"];
+/// kubelet and kuma-dp, `kuma_envoy_admin` by default (pkg/xds/generator/admin_proxy_generator.go
+/// `envoy_names.GetAdminListenerName()`, `Join("kuma", "envoy", "admin")` in
+/// pkg/xds/envoy/names/resource_names.go, sanitised to the HCM's stat prefix by
+/// `StaticEndpoints`), `system_envoy_admin` with unified resource naming (off by default:
+/// kuma-cp.defaults.yaml `unifiedResourceNamingEnabled: false`); and the Prometheus listener
+/// `kuma_metrics_prometheus` (pkg/xds/generator/prometheus_endpoint_generator.go
+/// `GetPrometheusListenerName`), all at v2.14.3. kuma-dp's readiness server on 9902 is
+/// kuma-dp's, not Envoy's, so it moves no Envoy counter.
+pub const OWN_HTTP_PREFIXES: [&str; 4] = [
+    "admin",
+    "kuma_envoy_admin",
+    "kuma_metrics_prometheus",
+    "system_envoy_admin",
+];
+
+/// The per-pod proxy uid the injector writes (`KumaSidecarUID`).
+pub const ANNOTATION_SIDECAR_UID: &str = "kuma.io/sidecar-uid";
+/// The per-pod outbound capture port (`KumaTransparentProxyingOutboundPortAnnotation`).
+pub const ANNOTATION_OUTBOUND_PORT: &str = "kuma.io/transparent-proxying-outbound-port";
+/// The per-pod inbound capture port (`KumaTransparentProxyingInboundPortAnnotation`).
+pub const ANNOTATION_INBOUND_PORT: &str = "kuma.io/transparent-proxying-inbound-port";
 
 /// Kuma's profile with the TCP admin (2.13, or `envoyAdminUnixSocket: false`).
 pub fn profile() -> MeshProfile {
@@ -85,8 +114,11 @@ pub fn profile() -> MeshProfile {
         outbound_port: 15001,
         inbound_port: 15006,
         dns_port: Some(DNS_PORT),
+        dns_tcp: false,
         admin: AdminAt::Tcp(SocketAddr::from(([127, 0, 0, 1], ADMIN_PORT))),
+        admin_follows_pod_ips: false,
         own_http_prefixes: &OWN_HTTP_PREFIXES,
+        listener_counts: false,
         sigterm_after_quit: true,
         fails_health_check_on_sigterm: true,
         readiness:
@@ -115,6 +147,41 @@ pub fn admin_for(
     }
 }
 
+/// Reads the pod's own uid and capture ports from the annotations Kuma's injector wrote
+/// (injector.go `NewAnnotations`: `kuma.io/sidecar-uid`, `kuma.io/transparent-proxying-
+/// outbound-port`, `-inbound-port`, from the control plane's settings or the pod's own
+/// overrides; kuma-init reads the same annotations back to write its rules). A value that is
+/// not a number (or is 0) keeps the default and is said in `problems`.
+pub fn pod_settings<'a>(
+    profile: &mut MeshProfile,
+    annotation: &dyn Fn(&str) -> Option<&'a str>,
+    problems: &mut Vec<String>,
+) {
+    let read = |key: &str, max: u32, problems: &mut Vec<String>| -> Option<u32> {
+        let v = annotation(key)?;
+        match v.trim().parse::<u32>() {
+            Ok(n) if n != 0 && n <= max => Some(n),
+            _ => {
+                problems.push(format!(
+                    "{key} is {:?}, not a number Kuma takes there; Kuma's default kept",
+                    crate::api::text::cut(v, 40)
+                ));
+                None
+            }
+        }
+    };
+    if let Some(uid) = read(ANNOTATION_SIDECAR_UID, u32::MAX, problems) {
+        profile.proxy_uid = uid;
+    }
+    let port_max = u32::from(u16::MAX);
+    if let Some(p) = read(ANNOTATION_OUTBOUND_PORT, port_max, problems) {
+        profile.outbound_port = p as u16;
+    }
+    if let Some(p) = read(ANNOTATION_INBOUND_PORT, port_max, problems) {
+        profile.inbound_port = p as u16;
+    }
+}
+
 /// Kuma injected the pod: `kuma.io/sidecar-injected: "true"`.
 pub(super) fn injected(markers: &Markers<'_>) -> Result<(), String> {
     match (markers.annotation)(ANNOTATION_SIDECAR_INJECTED) {
@@ -136,3 +203,16 @@ pub fn prestop_drain(proxy: &Container) -> bool {
             && words.last() == Some(&"kuma-dp")
     })
 }
+
+/// Kuma's operator texts. Kuma's bootstrap keeps every stat (kumahq/kuma
+/// pkg/xds/bootstrap/template_v3.go: stats tags, no `stats_matcher`).
+pub static TEXTS: MeshTexts = MeshTexts {
+    agent: "kuma-dp",
+    prestop_drain: "Kuma's preStop (`killall -USR2 kuma-dp`) drained inbound",
+    own_end: "kuma-dp's own drainTime (kuma.io/sidecar-drain-time)",
+    keep_byte_counters: None,
+    install_filter: Some(
+        "Install the filter (manifests/kuma/, its MeshProxyPatch: docs/install.md \"Kuma\")",
+    ),
+    envoy_1_34: "a Kuma release whose Envoy is 1.34 or later",
+};

@@ -14,10 +14,13 @@ use serde::Serialize;
 
 pub use crate::api::Mesh;
 use crate::config::ProxyConfig;
+pub use texts::{proxy_died_advice, unexposed_bytes_advice, unseen_advice};
 
 pub mod consul;
 pub mod istio;
+pub mod istio_config;
 pub mod kuma;
+mod texts;
 
 /// The path that asks Envoy to exit (its admin API's `POST /quitquitquit`), which ends every
 /// mesh's proxy container with exit code 0: pilot-agent, kuma-dp and consul-dataplane each exit
@@ -43,6 +46,25 @@ pub enum AdminAt {
         /// The socket's file name in the work directory.
         name: &'static str,
     },
+}
+
+/// The operator texts that name a mesh's own parts: every text on a pod's row, log line, Event
+/// or advice that speaks of the proxy's agent, its own drain or its settings takes them from the
+/// pod's mesh ([`MeshProfile::texts`]), so a Kuma pod's row never speaks of Istio.
+#[derive(Debug, PartialEq, Eq)]
+pub struct MeshTexts {
+    /// The program in the proxy container that starts and ends Envoy.
+    pub agent: &'static str,
+    /// What drains a native sidecar's inbound at the deletion (its preStop).
+    pub prestop_drain: &'static str,
+    /// How the proxy ends without holdfast once the pod is deleted.
+    pub own_end: &'static str,
+    /// How to make Envoy keep its downstream byte counters (`None`: the mesh keeps every stat).
+    pub keep_byte_counters: Option<&'static str>,
+    /// How the filter gets into the mesh's proxies (`None`: the mesh cannot load it).
+    pub install_filter: Option<&'static str>,
+    /// The mesh release that brings Envoy 1.34+ (`drain_listeners?inboundonly` fixed).
+    pub envoy_1_34: &'static str,
 }
 
 /// How a mesh's proxy container is named in the pod spec.
@@ -82,11 +104,26 @@ pub struct MeshProfile {
     /// Where the mesh redirects the pod's DNS when its DNS capture is on (held until it
     /// listens); `None`: the agent does not hold DNS for this mesh.
     pub dns_port: Option<u16>,
+    /// The mesh's DNS proxy serves TCP as well as UDP (its init redirects both): readiness then
+    /// wants a TCP listener on [`MeshProfile::dns_port`] besides the bound UDP socket. Istio's
+    /// pilot-agent serves both; Kuma's kuma-dp serves UDP only (its init RETURNs TCP/53), so a
+    /// Kuma pod whose readiness waited for a TCP listener there would never be ready.
+    pub dns_tcp: bool,
     /// Envoy's admin API.
     pub admin: AdminAt,
+    /// The mesh's bootstrap moves a loopback IPv4 admin to `::1` on a pod whose IPs are IPv6
+    /// (Istio: its bootstrap's "localhost" follows the proxy's IPs). `false`: the admin address
+    /// is the profile's whatever the pod's IPs (Kuma's `adminAddress`, copied into every
+    /// bootstrap; Consul's injector flag, read from the container's args).
+    pub admin_follows_pod_ips: bool,
     /// `http.<stat_prefix>` scopes of the mesh's own listeners (probes, metrics, admin
     /// proxies): their bytes are not the pod's traffic, so the drain's idle test skips them.
     pub own_http_prefixes: &'static [&'static str],
+    /// Envoy's own capture listeners carry every connection of their direction, so their
+    /// `listener.<address>_<port>.downstream_cx_active` gauges give the drain the directional
+    /// counts where the filter cannot be loaded (Consul: one outbound listener with a filter
+    /// chain per upstream, one public listener, every stat kept).
+    pub listener_counts: bool,
     /// The mesh's agent sends `POST /healthcheck/fail` on SIGTERM (kuma-dp), which makes every
     /// listener drain-close — outbound too, while the app still calls out — until it stops
     /// Envoy: the drain undoes it ([`crate::mesh`]'s users: `drain::decide::restore_health`).
@@ -101,25 +138,35 @@ pub struct MeshProfile {
     pub readiness: &'static str,
 }
 
-impl Default for MeshProfile {
-    /// Istio's, with the agent's default flags.
-    fn default() -> Self {
-        istio::profile(&ProxyConfig::default())
-    }
-}
-
 impl MeshProfile {
-    /// The admin TCP address for a pod with IPs `pod_ips`: a loopback admin becomes `::1` when
-    /// the mesh's bootstrap binds IPv6 for such a pod (`v6_loopback`, decided per mesh).
+    /// The admin TCP address for a pod: a loopback admin becomes `::1` when the pod's IPs call
+    /// for it (`v6_loopback`) and the mesh's bootstrap follows them
+    /// ([`MeshProfile::admin_follows_pod_ips`]).
     pub fn admin_tcp_for(&self, v6_loopback: bool) -> Option<SocketAddr> {
         match &self.admin {
-            AdminAt::Tcp(addr) if v6_loopback && addr.ip().is_loopback() => Some(SocketAddr::new(
-                IpAddr::V6(Ipv6Addr::LOCALHOST),
-                addr.port(),
-            )),
+            AdminAt::Tcp(addr)
+                if self.admin_follows_pod_ips && v6_loopback && addr.ip().is_loopback() =>
+            {
+                Some(SocketAddr::new(
+                    IpAddr::V6(Ipv6Addr::LOCALHOST),
+                    addr.port(),
+                ))
+            }
             AdminAt::Tcp(addr) => Some(*addr),
             AdminAt::UnixSocket { .. } => None,
         }
+    }
+
+    /// The capture ports (outbound, inbound) whose listeners give the drain its counts
+    /// ([`MeshProfile::listener_counts`]), or `None`.
+    pub fn listener_ports(&self) -> Option<(u16, u16)> {
+        self.listener_counts
+            .then_some((self.outbound_port, self.inbound_port))
+    }
+
+    /// The operator texts of the pod's mesh.
+    pub fn texts(&self) -> &'static MeshTexts {
+        texts_of(self.mesh)
     }
 
     /// Whether the native proxy's preStop drains it at the deletion and its container exits at
@@ -130,6 +177,15 @@ impl MeshProfile {
             Mesh::Kuma => kuma::prestop_drain(proxy),
             Mesh::Consul => false,
         }
+    }
+}
+
+/// The operator texts of `mesh` ([`MeshTexts`]).
+pub fn texts_of(mesh: Mesh) -> &'static MeshTexts {
+    match mesh {
+        Mesh::Istio => &istio::TEXTS,
+        Mesh::Kuma => &kuma::TEXTS,
+        Mesh::Consul => &consul::TEXTS,
     }
 }
 

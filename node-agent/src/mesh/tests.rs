@@ -158,13 +158,199 @@ fn consul_job_pod_is_a_job() {
     assert!(v.restart_policy.is_job());
 }
 
+fn with_pod_ips(pod: &mut Pod, ips: &[&str]) {
+    let ips: Vec<_> = ips
+        .iter()
+        .map(|ip| serde_json::json!({ "ip": ip }))
+        .collect();
+    pod.status = Some(serde_json::from_value(serde_json::json!({ "podIPs": ips })).unwrap());
+}
+
+/// The consul-dataplane container's args, as `f` changes them.
+fn consul_args(pod: &mut Pod, f: impl FnOnce(&mut Vec<String>)) {
+    let c = pod
+        .spec
+        .as_mut()
+        .unwrap()
+        .containers
+        .iter_mut()
+        .find(|c| c.name == "consul-dataplane")
+        .unwrap();
+    f(c.args.as_mut().unwrap());
+}
+
 #[test]
-fn consul_ipv6_pod_asks_admin_on_v6_loopback() {
+fn consul_admin_address_is_the_injectors_flag_not_the_pods_ips() {
+    // hashicorp/consul-k8s control-plane/connect-inject/webhook/consul_dataplane_sidecar.go
+    // (v1.9.0, v2.0.3): `-envoy-admin-bind-address=` is `Getv4orv6Str("127.0.0.1", "::1")`,
+    // `::1` only with CONSUL_DUAL_STACK (Helm's global.dualStack.enabled), whatever the pod's
+    // IPs. An IPv6-only pod whose injector wrote 127.0.0.1 has its admin there.
     let mut pod = corpus("pod-consul-classic.json");
-    pod.status =
-        Some(serde_json::from_value(serde_json::json!({"podIPs": [{"ip": "fd00::5"}]})).unwrap());
+    with_pod_ips(&mut pod, &["fd00::5"]);
+    let v = view(pod).unwrap();
+    assert_eq!(v.admin_tcp(), Some("127.0.0.1:19000".parse().unwrap()));
+    // A dual-stack pod (IPv4 first) of a dual-stack install: the admin on ::1.
+    let mut pod = corpus("pod-consul-classic.json");
+    with_pod_ips(&mut pod, &["10.0.0.5", "fd00::5"]);
+    consul_args(&mut pod, |args| {
+        for a in args.iter_mut() {
+            if a.starts_with("-envoy-admin-bind-address=") {
+                *a = "-envoy-admin-bind-address=::1".into();
+            }
+        }
+    });
     let v = view(pod).unwrap();
     assert_eq!(v.admin_tcp(), Some("[::1]:19000".parse().unwrap()));
+}
+
+#[test]
+fn consul_admin_port_is_the_injectors_flag() {
+    // Multi-port pods: `-envoy-admin-bind-port=` 19000 + the service's index (same file).
+    let mut pod = corpus("pod-consul-classic.json");
+    consul_args(&mut pod, |args| {
+        args.push("-envoy-admin-bind-port=19001".into())
+    });
+    let v = view(pod).unwrap();
+    assert_eq!(v.admin_tcp(), Some("127.0.0.1:19001".parse().unwrap()));
+    // Go's flag forms, and values that are not an address: the default, said.
+    let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let mut problems = Vec::new();
+    assert_eq!(
+        consul::admin_for(
+            &args(&[
+                "--envoy-admin-bind-address",
+                "::1",
+                "-envoy-admin-bind-port",
+                "19002"
+            ]),
+            &mut problems
+        ),
+        tcp("[::1]:19002")
+    );
+    assert!(problems.is_empty());
+    assert_eq!(
+        consul::admin_for(&args(&["-envoy-admin-bind-address=0.0.0.0"]), &mut problems),
+        tcp("127.0.0.1:19000")
+    );
+    assert_eq!(
+        consul::admin_for(
+            &args(&["-envoy-admin-bind-address=junk", "-envoy-admin-bind-port=0"]),
+            &mut problems
+        ),
+        tcp("127.0.0.1:19000")
+    );
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert_eq!(
+        consul::admin_for(&[], &mut problems),
+        tcp("127.0.0.1:19000")
+    );
+}
+
+#[test]
+fn kuma_admin_stays_ipv4_on_an_ipv6_only_pod() {
+    // kumahq/kuma pkg/config/app/kuma-cp/kuma-cp.defaults.yaml (v2.13.10, v2.14.3):
+    // `bootstrapServer.params.adminAddress: 127.0.0.1`, copied into every bootstrap
+    // (pkg/xds/bootstrap/generator.go), whatever the pod's IPs; kuma-dp itself calls
+    // `http://127.0.0.1:%d` (app/kuma-dp/pkg/dataplane/envoy/envoy.go).
+    for ips in [&["fd00::7"][..], &["fd00::7", "10.0.0.7"][..]] {
+        let mut pod = corpus("pod-kuma-classic.json");
+        with_pod_ips(&mut pod, ips);
+        let v = view(pod).unwrap();
+        assert!(v.has_ipv6());
+        assert_eq!(
+            v.admin_tcp(),
+            Some("127.0.0.1:9901".parse().unwrap()),
+            "{ips:?}"
+        );
+    }
+    // Istio's still follows the pod's IPs.
+    let mut pod = corpus("pod-istio-httpbin.json");
+    with_pod_ips(&mut pod, &["fd00::8"]);
+    assert_eq!(
+        view(pod).unwrap().admin_tcp(),
+        Some("[::1]:15000".parse().unwrap())
+    );
+}
+
+#[test]
+fn kuma_uid_and_capture_ports_are_the_pods_annotations() {
+    // injector.go `NewAnnotations` (v2.13.10, v2.14.3) writes kuma.io/sidecar-uid and
+    // kuma.io/transparent-proxying-{outbound,inbound}-port on every injected pod, from the
+    // control plane's settings or the pod's overrides; kuma-init reads them back.
+    let mut pod = corpus("pod-kuma-classic.json");
+    let a = pod.metadata.annotations.as_mut().unwrap();
+    a.insert(kuma::ANNOTATION_SIDECAR_UID.into(), "5679".into());
+    a.insert(kuma::ANNOTATION_OUTBOUND_PORT.into(), "15101".into());
+    a.insert(kuma::ANNOTATION_INBOUND_PORT.into(), "15106".into());
+    let v = view(pod).unwrap();
+    assert_eq!(v.profile.proxy_uid, 5679);
+    assert_eq!(
+        (v.profile.outbound_port, v.profile.inbound_port),
+        (15101, 15106)
+    );
+    // Not numbers: Kuma's defaults, said on the row.
+    let mut pod = corpus("pod-kuma-classic.json");
+    let a = pod.metadata.annotations.as_mut().unwrap();
+    a.insert(kuma::ANNOTATION_SIDECAR_UID.into(), "root".into());
+    a.insert(kuma::ANNOTATION_OUTBOUND_PORT.into(), "70000".into());
+    let v = view(pod).unwrap();
+    assert_eq!(
+        (v.profile.proxy_uid, v.profile.outbound_port),
+        (5678, 15001)
+    );
+    assert_eq!(v.overrides.problems.len(), 2, "{:?}", v.overrides.problems);
+}
+
+#[test]
+fn kuma_readiness_wants_no_tcp_listener_on_its_udp_only_dns_port() {
+    // kuma-dp's DNS proxy is `dns.Server{Net: "udp"}` (kumahq/kuma
+    // app/kuma-dp/pkg/dataplane/dnsproxy/component.go, v2.14.3) and kuma-init RETURNs TCP/53
+    // (pkg/transparentproxy/iptables/builder/builder_table_nat.go): nothing ever listens on
+    // TCP 15053 in a Kuma pod.
+    let kuma = kuma::profile();
+    let w = crate::lifecycle::readiness::wanted_listeners(
+        [kuma.outbound_port, kuma.inbound_port],
+        kuma.dns_port,
+        kuma.dns_tcp,
+    );
+    assert_eq!(w.tcp, vec![15001, 15006]);
+    assert_eq!(w.udp, Some(15053));
+    // pilot-agent serves DNS on both (istio-iptables redirects both).
+    let istio = istio::profile(&ProxyConfig::default());
+    let w = crate::lifecycle::readiness::wanted_listeners(
+        [istio.outbound_port, istio.inbound_port],
+        istio.dns_port,
+        istio.dns_tcp,
+    );
+    assert_eq!(w.tcp, vec![15001, 15006, 15053]);
+    assert_eq!(w.udp, Some(15053));
+}
+
+#[test]
+fn own_listeners_are_each_meshs_default_stat_prefixes() {
+    use crate::lifecycle::drain::in_flight::TrafficBytes;
+    // Kuma's admin listener `kuma_envoy_admin` and Prometheus listener
+    // `kuma_metrics_prometheus` (pkg/xds/envoy/names/resource_names.go, v2.14.3); Consul's
+    // `envoy_ready` and `envoy_prometheus_metrics` (consul-dataplane
+    // pkg/consuldp/testdata/TestBootstrapConfig/*.golden, v2.0.1). Their bytes are the
+    // kubelet's probes and the scrapes, never the pod's traffic.
+    let cases = [
+        (kuma::profile(), "kuma_envoy_admin"),
+        (kuma::profile(), "kuma_metrics_prometheus"),
+        (consul::profile(), "envoy_ready"),
+        (consul::profile(), "envoy_prometheus_metrics"),
+    ];
+    for (profile, own) in cases {
+        let stats = [
+            (format!("http.{own}.downstream_cx_rx_bytes_total"), 700u64),
+            (
+                "http.inbound_0.0.0.0_8080.downstream_cx_rx_bytes_total".to_string(),
+                5,
+            ),
+        ];
+        let t = TrafficBytes::from_stats_skipping(profile.own_http_prefixes, stats);
+        assert_eq!(t.total, 5, "{own} counted as the pod's traffic");
+    }
 }
 
 #[test]
@@ -375,4 +561,78 @@ fn drain_advice_names_each_meshs_own_setting() {
         .contains("consul.hashicorp.com/sidecar-proxy-lifecycle-shutdown-grace-period-seconds"));
     let istio = view(corpus("pod-istio-httpbin.json")).unwrap();
     assert!(crate::pod::drain_advice(&istio).contains("terminationDrainDuration"));
+}
+
+#[test]
+fn consul_counts_come_from_its_capture_listeners_without_the_filter() {
+    // Consul cannot load the filter; its transparent proxy is one outbound listener (a filter
+    // chain per upstream) and one public listener, and its bootstrap keeps every stat
+    // (hashicorp/consul agent/xds/listeners.go; consul-dataplane bootstrap goldens, v2.0.1), so
+    // Envoy's own `listener.<address>_<port>.downstream_cx_active` are the directional counts.
+    use crate::lifecycle::drain::in_flight::{self, DrainSample, InFlight, InFlightJudge};
+    use std::time::{Duration, Instant};
+    let prefix = crate::lifecycle::drain::DEFAULT_STAT_PREFIX;
+    let p = consul::profile();
+    let ports = p
+        .listener_ports()
+        .map(|(outbound, inbound)| in_flight::ListenerPorts { outbound, inbound });
+    assert_eq!(p.listener_ports(), Some((15001, 20000)));
+    let stats = |out: u64, inb: u64| {
+        vec![
+            (
+                "listener.127.0.0.1_15001.downstream_cx_active".to_string(),
+                out,
+            ),
+            ("listener.10.0.0.5_20000.downstream_cx_active".into(), inb),
+            ("listener.admin.downstream_cx_active".into(), 1),
+            (
+                "listener.127.0.0.1_15001.worker_0.downstream_cx_active".into(),
+                9,
+            ),
+            ("listener.0.0.0.0_21000.downstream_cx_active".into(), 4),
+        ]
+    };
+    let busy =
+        DrainSample::from_stats_with_listeners(prefix, p.own_http_prefixes, ports, stats(2, 1));
+    assert!(busy.filter.is_none(), "no filter: not said to be there");
+    let c = busy.counts().unwrap();
+    assert_eq!(
+        (c.outbound.cx_active, c.inbound.cx_active),
+        (Some(2), Some(1))
+    );
+    let mut judge = InFlightJudge::new(Duration::from_millis(10));
+    let t = Instant::now();
+    assert_eq!(
+        judge.observe(t, &busy),
+        InFlight::Busy {
+            connections: Some(3)
+        }
+    );
+    let idle =
+        DrainSample::from_stats_with_listeners(prefix, p.own_http_prefixes, ports, stats(0, 0));
+    assert!(matches!(judge.observe(t, &idle), InFlight::Idle(_)));
+    // Without them (what the drain read before) nothing could be seen at all.
+    let before = DrainSample::from_stats_skipping(prefix, p.own_http_prefixes, stats(2, 1));
+    assert_eq!(
+        InFlightJudge::new(Duration::from_millis(10)).observe(t, &before),
+        InFlight::Unseen
+    );
+    // The sample asks Envoy for exactly those gauges, and keeps them.
+    let re = in_flight::sample_regex_with_listeners(prefix, ports);
+    assert!(re.contains("(?:15001|20000)"), "{re}");
+    assert!(in_flight::sample_keeps_with_listeners(
+        prefix,
+        ports,
+        "listener.[::]_20000.downstream_cx_active"
+    ));
+    assert!(!in_flight::sample_keeps_with_listeners(
+        prefix,
+        ports,
+        "listener.admin.downstream_cx_active"
+    ));
+    // Istio's and Kuma's capture listeners hand connections to others: not theirs.
+    assert!(kuma::profile().listener_ports().is_none());
+    assert!(istio::profile(&ProxyConfig::default())
+        .listener_ports()
+        .is_none());
 }

@@ -174,7 +174,7 @@ impl Metrics {
         );
         r.register(
             "pods",
-            "Pods on the board by phase, sidecar mode (classic, native) and mesh (istio, kuma, consul); mode and mesh none for skipped pods",
+            "Pods on the board by phase, sidecar mode (classic, native) and mesh (the name of the mesh profile the pod is followed with); mode and mesh none for skipped pods",
             m.pods_by_phase.clone(),
         );
         r.register(
@@ -262,7 +262,7 @@ impl Metrics {
             Phase::Skipped,
         ];
         let modes = ["classic", "native", "none"];
-        let meshes = [Mesh::Istio, Mesh::Kuma, Mesh::Consul];
+        let meshes = Mesh::ALL;
         // [phase][mode][mesh]; a skipped pod counts under mode and mesh `none` (index 3).
         let mut counts = [[[0i64; 4]; 3]; 7];
         for row in board.snapshot() {

@@ -3,11 +3,14 @@
 //!
 //! Two simulated nodes, side by side ([`side_by_side`]): **holdfast** (the real agent) and
 //! **mesh alone** (no agent). On each, for every mesh — Istio classic, Kuma classic with the TCP
-//! admin (Kuma 2.13), Kuma classic with the Unix-socket admin (2.14's default), Consul classic —
-//! three pods as that mesh's injector writes them ([`crate::sim::Mesh`]):
+//! admin (Kuma 2.13's default), Kuma classic with the Unix-socket admin (2.14's default admin),
+//! both with Kuma's builtin DNS on (its default: kuma-init's UDP DNS redirect, kuma-dp's
+//! UDP-only DNS proxy `DNS_LATE` after the container starts), Consul classic — three pods as
+//! that mesh's injector writes them ([`crate::sim::Mesh`]):
 //!
-//! - **boot** (`<m>-b`): the app calls 3 times at start while Envoy is `PROXY_LATE` late —
-//!   counted: boot calls refused;
+//! - **boot** (`<m>-b`): the app (Kuma's: after looking the remote up by name) calls 3 times at
+//!   start while Envoy is `PROXY_LATE` late — counted: boot lookups failed, boot calls refused,
+//!   the app's starts;
 //! - **stop** (`<m>-s`): the app keeps calling `AFTER_SIGTERM` after SIGTERM; the pod is
 //!   deleted — counted: calls failed after SIGTERM, and deletion → every container ended (the
 //!   simulated kubelet's `finishedAt`, so the runtime's sandbox teardown is not in it). The
@@ -32,6 +35,8 @@ use crate::sim::{AppScript, KumaAdmin, Mesh, NodeOptions, Phase, PodPhase, PodSp
 
 /// How late Envoy is at boot (the boot pods).
 const PROXY_LATE: Duration = Duration::from_secs(2);
+/// How late kuma-dp's DNS proxy binds (it starts with kuma-dp's other components).
+const DNS_LATE: Duration = Duration::from_millis(500);
 /// How long the stop pods' app keeps calling after SIGTERM.
 const AFTER_SIGTERM: Duration = Duration::from_secs(2);
 /// Kuma's `drainTime` and consul-dataplane's shutdown grace: both default to 30 s.
@@ -71,6 +76,8 @@ struct Case {
     label: &'static str,
     prefix: &'static str,
     mesh: Mesh,
+    /// Kuma's builtin DNS on (its default install).
+    builtin_dns: bool,
 }
 
 const CASES: [Case; 4] = [
@@ -78,21 +85,25 @@ const CASES: [Case; 4] = [
         label: "Istio classic",
         prefix: "is",
         mesh: Mesh::Istio,
+        builtin_dns: false,
     },
     Case {
-        label: "Kuma classic, TCP admin (2.13)",
+        label: "Kuma classic, TCP admin, builtin DNS (2.13's default)",
         prefix: "kt",
         mesh: Mesh::Kuma(KumaAdmin::Tcp),
+        builtin_dns: true,
     },
     Case {
-        label: "Kuma classic, Unix-socket admin (2.14)",
+        label: "Kuma classic, Unix-socket admin, builtin DNS (2.14 classic)",
         prefix: "ku",
         mesh: Mesh::Kuma(KumaAdmin::UnixSocket),
+        builtin_dns: true,
     },
     Case {
         label: "Consul classic",
         prefix: "co",
         mesh: Mesh::Consul,
+        builtin_dns: false,
     },
 ];
 
@@ -114,14 +125,20 @@ impl Case {
 
     fn pods(&self, v: Variant) -> Vec<PodSpec> {
         let base = |pod| {
-            PodSpec::new(&self.name(pod))
+            let spec = PodSpec::new(&self.name(pod))
                 .mesh(self.mesh)
                 .grace(GRACE)
-                .call_timeout(PROXY_LATE + Duration::from_secs(20))
+                .call_timeout(PROXY_LATE + Duration::from_secs(20));
+            if self.builtin_dns {
+                spec.dns_capture(DNS_LATE)
+            } else {
+                spec
+            }
         };
         vec![
             base('b')
                 .app(AppScript::CallAtStart { calls: 3 })
+                .lookup_remote(self.builtin_dns)
                 .proxy_delay(PROXY_LATE),
             self.with_wait(base('s'), v)
                 .app(AppScript::CallThroughShutdown {
@@ -146,6 +163,9 @@ type Ended = Result<(PodView, Duration)>;
 /// One mesh's figures on one node.
 #[derive(Debug, Clone, Default)]
 struct Sample {
+    boot_lookups_failed: u32,
+    boot_lookups: u32,
+    boot_starts: u32,
     boot_refused: u32,
     boot_calls: u32,
     stop_failed: u32,
@@ -206,6 +226,10 @@ pub fn run(opts: &SimBenchOpts) -> Result<()> {
             let i = sample(&mut samples, *v, c);
             samples[i].2.boot_refused = s.failed;
             samples[i].2.boot_calls = s.ok + s.failed;
+            let lookups = r.lookups();
+            samples[i].2.boot_lookups = lookups.len() as u32;
+            samples[i].2.boot_lookups_failed = lookups.iter().filter(|l| !l.0).count() as u32;
+            samples[i].2.boot_starts = r.starts() as u32;
         }
     }
     // Jobs: app exit → Succeeded.
@@ -354,10 +378,11 @@ fn print_table(samples: &[(Variant, Case, Sample)], note: &str) {
     );
     println!();
     println!(
-        "| mesh | variant | boot calls refused | calls failed after SIGTERM | deletion → containers \
-         ended, s | deletion → pod gone, s | Job: app exit → Succeeded |"
+        "| mesh | variant | boot lookups failed | boot calls refused | app starts | calls failed \
+         after SIGTERM | deletion → containers ended, s | deletion → pod gone, s | Job: app exit \
+         → Succeeded |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for c in &CASES {
         for v in [Variant::Alone, Variant::Holdfast] {
             let Some((_, _, s)) = samples
@@ -371,12 +396,19 @@ fn print_table(samples: &[(Variant, Case, Sample)], note: &str) {
                 || format!("**never** (> {} s)", JOB_WAIT.as_secs()),
                 |m| format!("{m:.0} ms"),
             );
+            let lookups = if s.boot_lookups == 0 {
+                "–".to_string()
+            } else {
+                format!("{} of {}", s.boot_lookups_failed, s.boot_lookups)
+            };
             println!(
-                "| {} | {} | {} of {} | {} of {} | {} | {} | {} |",
+                "| {} | {} | {} | {} of {} | {} | {} of {} | {} | {} | {} |",
                 c.label,
                 v.label(),
+                lookups,
                 s.boot_refused,
                 s.boot_calls,
+                s.boot_starts,
                 s.stop_failed,
                 s.stop_failed + s.stop_ok,
                 secs(s.stop_ended_ms),

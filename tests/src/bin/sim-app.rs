@@ -87,6 +87,12 @@ enum Cmd {
         min_duration_ms: u64,
         #[arg(long, default_value = "iptables")]
         iptables: String,
+        /// Kuma's builtin DNS: kuma-init's `--redirect-all-dns-traffic --redirect-dns-port`.
+        #[arg(long)]
+        redirect_dns_port: Option<u16>,
+        /// The pod has IPv6: Kuma's ip6tables rules too (`ipFamilyMode: dualstack`).
+        #[arg(long)]
+        ipv6: bool,
     },
     /// The kuma-dp stand-in (Kuma's `kuma-sidecar`).
     KumaDp(KumaDpArgs),
@@ -166,9 +172,13 @@ fn main() -> anyhow::Result<()> {
             mesh,
             min_duration_ms,
             iptables,
+            redirect_dns_port,
+            ipv6,
         } => mesh::run_init(
             mesh,
             &iptables,
+            redirect_dns_port,
+            ipv6,
             Duration::from_millis(min_duration_ms),
             started,
         )?,

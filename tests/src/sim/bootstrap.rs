@@ -67,6 +67,10 @@ pub struct SidecarConfig {
     /// (9901 — kuma-dp moves it to its Unix socket when asked —, 19000) and its inbound
     /// listener on theirs (15006, 20000), named as their control planes name them.
     pub mesh: super::mesh::Mesh,
+    /// Envoy's admin address's IP where the mesh does not follow the pod's families (`None`:
+    /// Istio's rule, `::1` on IPv6-first pods; Kuma's `adminAddress` 127.0.0.1 whatever the
+    /// pod's IPs; Consul's `-envoy-admin-bind-address`: [`super::spec::PodSpec::admin_addr`]).
+    pub admin_ip: Option<std::net::IpAddr>,
 }
 
 /// Envoy's REST xDS source: pilot-agent's stand-in on a unix socket.
@@ -96,10 +100,11 @@ impl SidecarConfig {
         } else {
             "127.0.0.1"
         };
+        let admin_ip = self.admin_ip.map(|ip| ip.to_string());
         let mut b = json!({
             "node": { "id": self.node_id, "cluster": self.node_cluster },
             "admin": {
-                "address": socket(loopback, self.admin_port()),
+                "address": socket(admin_ip.as_deref().unwrap_or(loopback), self.admin_port()),
             },
             "dynamic_resources": {
                 "lds_config": path_source(LDS_FILE),
@@ -499,6 +504,7 @@ mod tests {
             health_listener: false,
             xds: None,
             mesh: crate::sim::Mesh::Istio,
+            admin_ip: None,
         }
     }
 

@@ -223,6 +223,13 @@ pub struct KumaDpArgs {
     /// Envoy's --concurrency.
     #[arg(long, default_value_t = 2)]
     pub concurrency: u32,
+    /// The builtin DNS (`KUMA_DNS_ENABLED`): kuma-dp's DNS proxy on this port, UDP only.
+    #[arg(long, requires = "dns_delay_ms")]
+    pub dns_port: Option<u16>,
+    /// ... bound this many ms after the container starts (kuma-dp starts it with its other
+    /// components, before Envoy is ready).
+    #[arg(long, requires = "dns_port")]
+    pub dns_delay_ms: Option<u64>,
 }
 
 /// The container's view of its `/tmp`: kuma-dp and its Envoy get a mount namespace of their
@@ -317,6 +324,9 @@ pub fn run_kuma_dp(args: &KumaDpArgs, term: &TermSignal) -> io::Result<i32> {
     let usr2 = Arc::new(AtomicBool::new(false));
     on_signal(nix::sys::signal::Signal::SIGUSR2, usr2.clone(), term);
     let (workdir, bootstrap, admin) = kuma_workdir(args)?;
+    if let (Some(port), Some(ms)) = (args.dns_port, args.dns_delay_ms) {
+        start_kuma_dns_later(port, Duration::from_millis(ms), term);
+    }
     let terminating = Arc::new(AtomicBool::new(false));
     {
         // run.go: `readinessAddr` is the admin's address (TCP admin), else the wildcard in
@@ -631,4 +641,36 @@ pub fn killall_usr2_kuma_dp() -> io::Result<usize> {
         )));
     }
     Ok(n)
+}
+
+/// kuma-dp's embedded DNS proxy (app/kuma-dp/pkg/dataplane/dnsproxy/component.go, v2.14.3):
+/// UDP only, on 127.0.0.1 and, where the pod has it, ::1; started `delay` after kuma-dp on a
+/// thread of its own. Its answers come from the sim's name table (the real one answers from
+/// the control plane's DNS table and forwards the rest upstream as uid 5678, which kuma-init
+/// RETURNs).
+fn start_kuma_dns_later(port: u16, delay: Duration, term: &TermSignal) {
+    let term = term.clone();
+    let spawned = std::thread::Builder::new()
+        .name("kuma-dns-start".into())
+        .spawn(move || {
+            if term.sleep(delay) {
+                return;
+            }
+            let table = Arc::new(super::dns::NameTable::sim_cluster());
+            let v4 = SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port));
+            match super::dns::serve_udp_only(v4, table.clone()) {
+                Ok(()) => log("kuma-dp", &format!("DNS proxy on udp {v4}")),
+                Err(e) => log("kuma-dp", &format!("DNS proxy cannot bind udp {v4}: {e}")),
+            }
+            let v6 = SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port));
+            if let Err(e) = super::dns::serve_udp_only(v6, table) {
+                log("kuma-dp", &format!("DNS proxy not on udp {v6}: {e}"));
+            }
+        });
+    if let Err(e) = spawned {
+        log(
+            "kuma-dp",
+            &format!("cannot start the DNS proxy thread: {e}"),
+        );
+    }
 }

@@ -228,6 +228,17 @@ pub fn serve(addr: std::net::SocketAddr, table: Arc<NameTable>) -> io::Result<()
     Ok(())
 }
 
+/// Binds UDP only on `addr` and serves `table` from a background thread: kuma-dp's embedded DNS
+/// proxy (kumahq/kuma v2.14.3 app/kuma-dp/pkg/dataplane/dnsproxy/component.go: one
+/// `dns.Server{..., Net: "udp"}` per address; no TCP listener).
+pub fn serve_udp_only(addr: std::net::SocketAddr, table: Arc<NameTable>) -> io::Result<()> {
+    let udp = UdpSocket::bind(addr)?;
+    std::thread::Builder::new()
+        .name(format!("dns-udp-{addr}"))
+        .spawn(move || serve_udp(udp, table))?;
+    Ok(())
+}
+
 /// A pod's `/etc/resolv.conf` as kubelet writes it for `dnsPolicy: ClusterFirst`
 /// (pkg/kubelet/network/dns/dns.go: the cluster DNS servers, the namespace's search list,
 /// `options ndots:5`).

@@ -338,15 +338,31 @@ impl PodWorker {
         let mesh = self.view(|v| v.spec.mesh);
         if mesh != super::mesh::Mesh::Istio {
             // kuma-init / consul-connect-inject-init: the mesh's nat rules ([`super::mesh`]).
-            let (min_ms, name) =
-                self.view(|v| (v.spec.init_duration.as_millis().to_string(), v.init_name()));
-            let args = vec![
+            let (min_ms, name, dns, ipv6) = self.view(|v| {
+                (
+                    v.spec.init_duration.as_millis().to_string(),
+                    v.init_name(),
+                    v.spec.dns_capture.is_some(),
+                    v.spec.ip_families.has_ipv6(),
+                )
+            });
+            let mut args = vec![
                 "mesh-init".to_string(),
                 "--mesh".into(),
                 mesh.to_string(),
                 "--min-duration-ms".into(),
                 min_ms,
             ];
+            if dns {
+                // Kuma's builtin DNS: kuma-init redirects DNS to kuma-dp's port.
+                args.extend([
+                    "--redirect-dns-port".into(),
+                    super::mesh::KUMA_DNS_PORT.to_string(),
+                ]);
+            }
+            if ipv6 {
+                args.push("--ipv6".into());
+            }
             let pid = self.spawn(Slot::Init, &init_id, &args, name)?;
             self.update(|v| {
                 let mut c = ContainerView::new(name, mesh.init_image(), "");
@@ -564,6 +580,16 @@ impl PodWorker {
                 if admin == KumaAdmin::UnixSocket {
                     a.push("--admin-socket".into());
                 }
+                if let Some(late) = spec.dns_capture {
+                    // The builtin DNS (KUMA_DNS_ENABLED): kuma-dp's DNS proxy, `late` after
+                    // the container starts.
+                    a.extend([
+                        "--dns-port".into(),
+                        super::mesh::KUMA_DNS_PORT.to_string(),
+                        "--dns-delay-ms".into(),
+                        late.as_millis().to_string(),
+                    ]);
+                }
                 if self.env.cri.is_some() {
                     // A real container: its /tmp is the emptyDir already (the containerd
                     // kubelet stand-in mounts it).
@@ -574,6 +600,8 @@ impl PodWorker {
             Mesh::Consul => {
                 return vec![
                     "consul-dataplane".to_string(),
+                    "--admin".into(),
+                    spec.admin_addr().to_string(),
                     "--envoy".into(),
                     envoy,
                     "--bootstrap".into(),
@@ -675,6 +703,7 @@ impl PodWorker {
             stats_matcher: (v.spec.mesh == super::mesh::Mesh::Istio).then(|| stats_matcher.clone()),
             health_listener: v.spec.proxy_probes && v.spec.mesh == super::mesh::Mesh::Istio,
             mesh: v.spec.mesh,
+            admin_ip: (v.spec.mesh != super::mesh::Mesh::Istio).then(|| v.spec.admin_addr().ip()),
             xds: v.spec.xds_delay.map(|delay| XdsRest {
                 socket: self.pod_dir.join(super::xds::XDS_SOCKET),
                 delay,

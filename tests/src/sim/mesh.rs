@@ -72,6 +72,8 @@ pub const CONSUL_INIT_UID: u32 = 5996;
 pub const KUMA_ADMIN_PORT: u16 = 9901;
 /// kuma-dp's readiness reporter port (`/ready`).
 pub const KUMA_READINESS_PORT: u16 = 9902;
+/// kuma-dp's DNS proxy port (`builtinDNS.port`), where kuma-init redirects UDP DNS.
+pub const KUMA_DNS_PORT: u16 = 15053;
 /// Consul's Envoy admin port.
 pub const CONSUL_ADMIN_PORT: u16 = 19000;
 /// consul-dataplane's lifecycle (graceful shutdown/startup) port.
@@ -189,6 +191,19 @@ impl Mesh {
 /// chains, then every rule of test/transparentproxy/testdata/alpine-3-default.iptables.golden
 /// (kumahq/kuma v2.14.3) in its order, `ifPlaceholder` being the loopback `lo`.
 pub fn kuma_rules() -> Vec<Vec<String>> {
+    kuma_rules_with_dns(None)
+}
+
+/// [`kuma_rules`] with the builtin DNS's redirect (`dns`: kuma-dp's DNS port), as kuma-init
+/// writes it when the injector passes `--redirect-all-dns-traffic --redirect-dns-port=<port>`
+/// (the builtin DNS on: pkg/plugins/runtime/k8s/webhooks/injector/testdata/inject.23.golden.yaml,
+/// v2.14.3): the three nat OUTPUT rules of pkg/transparentproxy/iptables/builder/
+/// builder_table_nat.go before the jump to KUMA_MESH_OUTBOUND, in the order of the golden
+/// test/transparentproxy/testdata/alpine-3-with-multiple-flags.iptables.golden — kuma-dp's own
+/// UDP DNS RETURNed, every other UDP DNS REDIRECTed to kuma-dp, and the app's TCP DNS RETURNed
+/// ("allow applications to perform DNS queries over TCP ... without mesh redirection"): kuma-dp
+/// serves DNS over UDP only.
+pub fn kuma_rules_with_dns(dns: Option<u16>) -> Vec<Vec<String>> {
     const C: &str = "kuma/mesh/transparent/proxy/";
     let uid = KUMA_UID.to_string();
     let mut out: Vec<Vec<String>> = [
@@ -201,8 +216,29 @@ pub fn kuma_rules() -> Vec<Vec<String>> {
     .map(|c| argv(&["-t", "nat", "-N", c]))
     .collect();
     let comment = |s: &str| format!("{C}{s}");
-    let rules: Vec<Vec<String>> = vec![
-        argv(&["-t", "nat", "-A", "PREROUTING", "-p", "tcp", "-m", "comment", "--comment", &comment("redirect inbound TCP traffic to our custom chain for processing"), "-j", "KUMA_MESH_INBOUND"]),
+    let mut rules: Vec<Vec<String>> = vec![argv(&[
+        "-t",
+        "nat",
+        "-A",
+        "PREROUTING",
+        "-p",
+        "tcp",
+        "-m",
+        "comment",
+        "--comment",
+        &comment("redirect inbound TCP traffic to our custom chain for processing"),
+        "-j",
+        "KUMA_MESH_INBOUND",
+    ])];
+    if let Some(port) = dns {
+        let port = port.to_string();
+        rules.extend([
+            argv(&["-t", "nat", "-A", "OUTPUT", "-p", "udp", "-m", "comment", "--comment", &comment("return early for DNS traffic from kuma-dp"), "-m", "udp", "--dport", "53", "-m", "owner", "--uid-owner", &uid, "-j", "RETURN"]),
+            argv(&["-t", "nat", "-A", "OUTPUT", "-p", "udp", "-m", "comment", "--comment", &comment(&format!("redirect all DNS requests to the kuma-dp DNS proxy (listening on port {port})")), "-m", "udp", "--dport", "53", "-j", "REDIRECT", "--to-ports", &port]),
+            argv(&["-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-m", "comment", "--comment", &comment(&format!("allow applications to perform DNS queries over TCP to port 53 without mesh redirection (only traffic not owned by UID {uid} (kuma-dp user))")), "-m", "tcp", "--dport", "53", "-m", "owner", "!", "--uid-owner", &uid, "-j", "RETURN"]),
+        ]);
+    }
+    rules.extend([
         argv(&["-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-m", "comment", "--comment", &comment("redirect outbound TCP traffic to our custom chain for processing"), "-j", "KUMA_MESH_OUTBOUND"]),
         argv(&["-t", "nat", "-A", "KUMA_MESH_INBOUND", "-p", "tcp", "-m", "comment", "--comment", &comment("redirect all inbound traffic to the custom chain for processing"), "-j", "KUMA_MESH_INBOUND_REDIRECT"]),
         argv(&["-t", "nat", "-A", "KUMA_MESH_INBOUND_REDIRECT", "-p", "tcp", "-m", "comment", "--comment", &comment("redirect TCP traffic to envoy (port 15006)"), "-j", "REDIRECT", "--to-ports", "15006"]),
@@ -213,9 +249,27 @@ pub fn kuma_rules() -> Vec<Vec<String>> {
         argv(&["-t", "nat", "-A", "KUMA_MESH_OUTBOUND", "-d", "127.0.0.1/32", "-m", "comment", "--comment", &comment("return traffic destined for localhost (127.0.0.1/32) to avoid redirection"), "-j", "RETURN"]),
         argv(&["-t", "nat", "-A", "KUMA_MESH_OUTBOUND", "-m", "comment", "--comment", &comment("redirect all other outbound traffic to our custom chain for further processing"), "-j", "KUMA_MESH_OUTBOUND_REDIRECT"]),
         argv(&["-t", "nat", "-A", "KUMA_MESH_OUTBOUND_REDIRECT", "-p", "tcp", "-m", "comment", "--comment", &comment("redirect TCP traffic to envoy (port 15001)"), "-j", "REDIRECT", "--to-ports", "15001"]),
-    ];
+    ]);
     out.extend(rules);
     out
+}
+
+/// Kuma's IPv6 rules (kuma-init with `ipFamilyMode: dualstack`, the default:
+/// kuma-cp.defaults.yaml v2.14.3), as `ip6tables` calls: [`kuma_rules_with_dns`] with the
+/// loopback addresses of IPv6, `::6/128` and `::1/128`, as the golden
+/// test/transparentproxy/testdata/alpine-3-default.ip6tables.golden has them.
+pub fn kuma_rules6_with_dns(dns: Option<u16>) -> Vec<Vec<String>> {
+    kuma_rules_with_dns(dns)
+        .into_iter()
+        .map(|rule| {
+            rule.into_iter()
+                .map(|w| {
+                    w.replace("127.0.0.6/32", "::6/128")
+                        .replace("127.0.0.1/32", "::1/128")
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// Consul's redirect-traffic nat rules as consul-k8s configures them (proxy uid 5995, inbound
@@ -337,6 +391,14 @@ pub fn consul_rules() -> Vec<Vec<String>> {
     out
 }
 
+fn env(name: &str, value: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        ..EnvVar::default()
+    }
+}
+
 fn argv(a: &[&str]) -> Vec<String> {
     a.iter().map(|s| s.to_string()).collect()
 }
@@ -347,12 +409,31 @@ fn argv(a: &[&str]) -> Vec<String> {
 pub fn run_init(
     mesh: Mesh,
     iptables: &str,
+    dns: Option<u16>,
+    ipv6: bool,
     min_duration: std::time::Duration,
     started: std::time::Instant,
 ) -> Result<(), super::istio_init::InitError> {
     use super::istio_init::InitError;
-    for args in mesh.nat_rules() {
-        let out = std::process::Command::new(iptables)
+    let mut rules: Vec<(String, Vec<String>)> = match mesh {
+        Mesh::Kuma(_) => kuma_rules_with_dns(dns),
+        _ => mesh.nat_rules(),
+    }
+    .into_iter()
+    .map(|r| (iptables.to_string(), r))
+    .collect();
+    if ipv6 && matches!(mesh, Mesh::Kuma(_)) {
+        // ip6tables of the same backend (`iptables` → `ip6tables`, `iptables-nft` →
+        // `ip6tables-nft`).
+        let ip6tables = iptables.replacen("iptables", "ip6tables", 1);
+        rules.extend(
+            kuma_rules6_with_dns(dns)
+                .into_iter()
+                .map(|r| (ip6tables.clone(), r)),
+        );
+    }
+    for (iptables, args) in rules {
+        let out = std::process::Command::new(&iptables)
             .arg("-w")
             .args(&args)
             .output()
@@ -414,7 +495,11 @@ pub type Metadata = Vec<(&'static str, String)>;
 ///   `consul.hashicorp.com/connect-inject-status: injected` as annotation and label,
 ///   `consul.hashicorp.com/transparent-proxy-status: enabled`, and the label
 ///   `consul.hashicorp.com/connect-inject-managed-by: consul-k8s-endpoints-controller`.
-pub fn injected_metadata(mesh: Mesh) -> (Metadata, Metadata) {
+///
+/// With the builtin DNS on (the default since Kuma 2.x, `builtinDNS.enabled: true`):
+/// `kuma.io/builtin-dns: enabled` and `kuma.io/builtin-dns-port` (inject.23.golden.yaml).
+pub fn injected_metadata(spec: &super::PodSpec) -> (Metadata, Metadata) {
+    let mesh = spec.mesh;
     match mesh {
         Mesh::Istio => (Vec::new(), Vec::new()),
         Mesh::Kuma(admin) => {
@@ -424,11 +509,19 @@ pub fn injected_metadata(mesh: Mesh) -> (Metadata, Metadata) {
                 ("kuma.io/transparent-proxying", "enabled".into()),
                 ("kuma.io/transparent-proxying-inbound-port", "15006".into()),
                 ("kuma.io/transparent-proxying-outbound-port", "15001".into()),
-                ("kuma.io/transparent-proxying-ip-family-mode", "ipv4".into()),
+                // `sidecarContainer.ipFamilyMode: dualstack`, the default (kuma-cp.defaults.yaml).
+                (
+                    "kuma.io/transparent-proxying-ip-family-mode",
+                    "dualstack".into(),
+                ),
                 ("kuma.io/virtual-probes", "disabled".into()),
             ];
             if admin == KumaAdmin::Tcp {
                 a.push(("kuma.io/envoy-admin-port", KUMA_ADMIN_PORT.to_string()));
+            }
+            if spec.dns_capture.is_some() {
+                a.push(("kuma.io/builtin-dns", "enabled".into()));
+                a.push(("kuma.io/builtin-dns-port", KUMA_DNS_PORT.to_string()));
             }
             (a, vec![("kuma.io/mesh", "default".into())])
         }
@@ -461,7 +554,8 @@ pub fn injected_metadata(mesh: Mesh) -> (Metadata, Metadata) {
 
 /// The injected init container of a Kuma or Consul pod, as its injector writes it (the fields
 /// holdfast and the kubelet read).
-pub fn init_container(mesh: Mesh) -> Container {
+pub fn init_container(spec: &super::PodSpec) -> Container {
+    let mesh = spec.mesh;
     match mesh {
         Mesh::Consul => {
             // redirect_traffic.go: the iptables.Config as JSON in CONSUL_REDIRECT_TRAFFIC_CONFIG.
@@ -502,7 +596,17 @@ pub fn init_container(mesh: Mesh) -> Container {
                     .map(String::from)
                     .to_vec(),
             ),
-            args: Some(vec!["--verbose".into()]),
+            // With the builtin DNS: `--redirect-all-dns-traffic --redirect-dns-port=<port>`
+            // before `--verbose` (inject.23.golden.yaml).
+            args: Some(if spec.dns_capture.is_some() {
+                vec![
+                    "--redirect-all-dns-traffic".into(),
+                    format!("--redirect-dns-port={KUMA_DNS_PORT}"),
+                    "--verbose".into(),
+                ]
+            } else {
+                vec!["--verbose".into()]
+            }),
             security_context: Some(SecurityContext {
                 run_as_user: Some(0),
                 run_as_group: Some(0),
@@ -546,6 +650,7 @@ pub fn proxy_container(spec: &super::PodSpec) -> Container {
                 image: Some(mesh.proxy_image().into()),
                 args: Some(vec![
                     "-addresses=consul-server.consul.svc".into(),
+                    format!("-envoy-admin-bind-address={}", spec.admin_addr().ip()),
                     "-grpc-port=8502".into(),
                     "-proxy-service-id-path=/consul/connect-inject/proxyid".into(),
                     "-log-level=info".into(),
@@ -597,6 +702,15 @@ pub fn proxy_container(spec: &super::PodSpec) -> Container {
                         .map(String::from)
                         .to_vec(),
                 ),
+                // containers/factory.go: `KUMA_DNS_ENABLED` "true" with the proxy port when the
+                // builtin DNS is on, else "false".
+                env: Some(match spec.dns_capture {
+                    Some(_) => vec![
+                        env("KUMA_DNS_ENABLED", "true"),
+                        env("KUMA_DNS_PROXY_PORT", &KUMA_DNS_PORT.to_string()),
+                    ],
+                    None => vec![env("KUMA_DNS_ENABLED", "false")],
+                }),
                 restart_policy: native.then(|| "Always".to_string()),
                 lifecycle: native.then(|| Lifecycle {
                     pre_stop: Some(LifecycleHandler {
@@ -661,6 +775,32 @@ mod tests {
             save_lines(&kuma_rules()),
             golden.lines().collect::<Vec<_>>()
         );
+    }
+
+    #[test]
+    fn kuma_dns_rules_are_the_golden_of_kuma_2_14() {
+        // test/transparentproxy/testdata/alpine-3-with-multiple-flags.iptables.golden (kumahq/kuma
+        // v2.14.3): the builtin DNS's nat OUTPUT rules, in order, before the jump to
+        // KUMA_MESH_OUTBOUND (that golden's exclusions left out).
+        let golden = r#"-A OUTPUT -p udp -m comment --comment "kuma/mesh/transparent/proxy/return early for DNS traffic from kuma-dp" -m udp --dport 53 -m owner --uid-owner 5678 -j RETURN
+-A OUTPUT -p udp -m comment --comment "kuma/mesh/transparent/proxy/redirect all DNS requests to the kuma-dp DNS proxy (listening on port 15053)" -m udp --dport 53 -j REDIRECT --to-ports 15053
+-A OUTPUT -p tcp -m comment --comment "kuma/mesh/transparent/proxy/allow applications to perform DNS queries over TCP to port 53 without mesh redirection (only traffic not owned by UID 5678 (kuma-dp user))" -m tcp --dport 53 -m owner ! --uid-owner 5678 -j RETURN
+-A OUTPUT -p tcp -m comment --comment "kuma/mesh/transparent/proxy/redirect outbound TCP traffic to our custom chain for processing" -j KUMA_MESH_OUTBOUND"#;
+        let lines = save_lines(&kuma_rules_with_dns(Some(15053)));
+        let output: Vec<&str> = lines
+            .iter()
+            .filter(|l| l.starts_with("-A OUTPUT"))
+            .map(String::as_str)
+            .collect();
+        assert_eq!(output, golden.lines().collect::<Vec<_>>());
+        // The IPv6 rules: the loopbacks of IPv6 (alpine-3-default.ip6tables.golden).
+        let v6 = save_lines(&kuma_rules6_with_dns(None)).join("\n");
+        assert!(
+            v6.contains("-A KUMA_MESH_OUTBOUND -s ::6/128 -o lo"),
+            "{v6}"
+        );
+        assert!(v6.contains("-A KUMA_MESH_OUTBOUND -d ::1/128 -m comment --comment \"kuma/mesh/transparent/proxy/return traffic destined for localhost (::1/128) to avoid redirection\""), "{v6}");
+        assert!(!v6.contains("127.0.0."), "{v6}");
     }
 
     #[test]

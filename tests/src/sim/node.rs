@@ -457,8 +457,10 @@ impl SimNode {
     pub fn admin(&self, pod: &str, method: &str, path: &str) -> Result<String, SimError> {
         let mesh = self.pod(pod).map(|v| v.spec.mesh).unwrap_or_default();
         if mesh != super::mesh::Mesh::Istio {
+            // The pod's own TCP admin (a dual-stack Consul pod's is on ::1).
+            let tcp = self.pod(pod).map(|v| v.spec.admin_addr());
             let addr =
-                match mesh.admin_tcp() {
+                match mesh.admin_tcp().and(tcp) {
                     Some(a) => super::mesh::AdminAddr::Tcp(a),
                     None => super::mesh::AdminAddr::Unix(self.kuma_admin_socket(pod).ok_or_else(
                         || SimError::Setup(format!("pod {pod}: no kuma-envoy-admin.sock yet")),

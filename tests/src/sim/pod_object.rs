@@ -367,7 +367,7 @@ impl PodView {
         if s.mesh != super::mesh::Mesh::Istio {
             // Kuma's injector.go: kuma-init, then (native) kuma-sidecar, prepended; Consul's
             // consul-connect-inject-init. No user init containers on these shapes.
-            let mut inits = vec![super::mesh::init_container(s.mesh)];
+            let mut inits = vec![super::mesh::init_container(s)];
             if s.is_native() {
                 inits.push(self.proxy_spec());
             }
@@ -604,7 +604,7 @@ impl PodView {
         if s.mesh == super::mesh::Mesh::Istio {
             annotations.insert("sidecar.istio.io/status".to_string(), status_annotation);
         }
-        let (mesh_annotations, mesh_labels) = super::mesh::injected_metadata(s.mesh);
+        let (mesh_annotations, mesh_labels) = super::mesh::injected_metadata(s);
         for (k, v) in mesh_annotations {
             annotations.insert(k.to_string(), v);
         }

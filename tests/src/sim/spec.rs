@@ -283,6 +283,11 @@ pub struct PodSpec {
     /// The app looks the remote services up by name (`remote`, through the pod's resolv.conf)
     /// before its startup calls. Default off (it calls the address).
     pub lookup_remote: bool,
+    /// A Consul pod of a dual-stack install (Helm's `global.dualStack.enabled`, the injector's
+    /// `CONSUL_DUAL_STACK`): consul-dataplane's `-envoy-admin-bind-address=::1`
+    /// (hashicorp/consul-k8s control-plane/connect-inject/webhook/consul_dataplane_sidecar.go,
+    /// v1.9.0). Default off (`127.0.0.1`).
+    pub consul_dual_stack: bool,
     /// A user init container that calls out. Default none.
     pub user_init: Option<UserInit>,
     /// Istio CNI mode: the rules are installed when the sandbox is created (by the CNI plugin),
@@ -364,6 +369,7 @@ impl PodSpec {
             ip_families: IpFamilies::V4,
             dns_capture: None,
             lookup_remote: false,
+            consul_dual_stack: false,
             user_init: None,
             cni: false,
             app_start_delay: Duration::ZERO,
@@ -535,6 +541,11 @@ impl PodSpec {
         self.lookup_remote = on;
         self
     }
+    /// See [`PodSpec::consul_dual_stack`].
+    pub fn consul_dual_stack(mut self) -> Self {
+        self.consul_dual_stack = true;
+        self
+    }
     /// A user init container named `name` that calls the remote services once (timeout
     /// `call_timeout`) and fails if the call fails.
     pub fn user_init(mut self, name: &str, call_timeout: Duration) -> Self {
@@ -622,9 +633,14 @@ impl PodSpec {
     /// the shapes [`super::mesh`] leaves out).
     fn mesh_conflict(&self) -> Option<&'static str> {
         use super::mesh::{KumaAdmin, Mesh};
+        let kuma = matches!(self.mesh, Mesh::Kuma(_));
+        // Kuma's builtin DNS (kuma-init's redirect, kuma-dp's UDP-only proxy) and its IPv6
+        // rules are simulated; Consul's DNS redirection and IPv6 rules are not (a Consul
+        // dual-stack pod's IPv6 traffic is not redirected: only its `::1` admin is modelled).
         let istio_only = self.cni
-            || self.ip_families != IpFamilies::V4
-            || self.dns_capture.is_some()
+            || (self.ip_families != IpFamilies::V4 && !kuma && !self.consul_dual_stack)
+            || (self.dns_capture.is_some() && !kuma)
+            || (self.consul_dual_stack && self.mesh != Mesh::Consul)
             || self.user_init.is_some()
             || self.serial_start
             || self.xds_delay.is_some()
@@ -649,6 +665,13 @@ impl PodSpec {
     /// For Kuma and Consul: their TCP admin (a Kuma Unix-socket admin has none: its
     /// `/ready` is reached through kuma-dp's readiness port instead).
     pub fn admin_addr(&self) -> SocketAddr {
+        if self.mesh == super::mesh::Mesh::Consul && self.consul_dual_stack {
+            // consul-k8s with CONSUL_DUAL_STACK: `-envoy-admin-bind-address=::1`.
+            return SocketAddr::from((
+                std::net::Ipv6Addr::LOCALHOST,
+                super::mesh::CONSUL_ADMIN_PORT,
+            ));
+        }
         if self.mesh != super::mesh::Mesh::Istio {
             return self.mesh.admin_tcp().unwrap_or(SocketAddr::from((
                 std::net::Ipv4Addr::LOCALHOST,

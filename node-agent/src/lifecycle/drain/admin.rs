@@ -100,23 +100,29 @@ pub struct PodProxy {
     sockets: Option<Arc<SockDiag>>,
     /// The mesh's own listeners, left out of the idle test (`MeshProfile::own_http_prefixes`).
     own_http_prefixes: &'static [&'static str],
+    /// The capture ports whose listeners give the directional counts where the filter cannot
+    /// (`MeshProfile::listener_counts`); `None`: the filter's only.
+    listener_ports: Option<in_flight::ListenerPorts>,
 }
 
 impl PodProxy {
-    /// `admin` with the pod's sock_diag socket ([`PodProxy::open_sockets`]).
-    pub fn new(admin: AdminClient, sockets: Option<SockDiag>) -> PodProxy {
+    /// `admin` with the pod's sock_diag socket ([`PodProxy::open_sockets`]), for a pod of the
+    /// mesh `profile`: its own listeners are left out of the idle test
+    /// (`MeshProfile::own_http_prefixes`), and its capture listeners give the counts where the
+    /// mesh says so ([`in_flight::listener_counts`]: Consul's, which cannot load the filter).
+    pub fn new(
+        admin: AdminClient,
+        sockets: Option<SockDiag>,
+        profile: &crate::mesh::MeshProfile,
+    ) -> PodProxy {
         PodProxy {
             admin,
             sockets: sockets.map(Arc::new),
-            own_http_prefixes: &crate::mesh::istio::OWN_HTTP_PREFIXES,
+            own_http_prefixes: profile.own_http_prefixes,
+            listener_ports: profile
+                .listener_ports()
+                .map(|(outbound, inbound)| in_flight::ListenerPorts { outbound, inbound }),
         }
-    }
-
-    /// The pod's mesh's own listeners (`MeshProfile::own_http_prefixes`), whose bytes the idle
-    /// test skips; Istio's by default.
-    pub fn with_own_listeners(mut self, own: &'static [&'static str]) -> PodProxy {
-        self.own_http_prefixes = own;
-        self
     }
 
     /// A sock_diag socket made in `netns`; without one (a kernel without `CONFIG_INET_DIAG`)
@@ -136,7 +142,13 @@ impl ProxyAdmin for PodProxy {
     }
 
     async fn drain_sample(&self, prefix: &str) -> Result<DrainSample, AdminFailure> {
-        sample_with(&self.admin, prefix, self.own_http_prefixes).await
+        sample_with(
+            &self.admin,
+            prefix,
+            self.own_http_prefixes,
+            self.listener_ports,
+        )
+        .await
     }
 
     async fn probe(&self) -> Result<(), AdminFailure> {
@@ -176,19 +188,21 @@ async fn sample_with(
     admin: &AdminClient,
     prefix: &str,
     own: &[&str],
+    ports: Option<in_flight::ListenerPorts>,
 ) -> Result<DrainSample, AdminFailure> {
     // Only the lines the judge reads are kept, whatever else the answer holds.
     let stats = admin
         .stats_keeping_capped(
-            Some(&in_flight::sample_regex(prefix)),
+            Some(&in_flight::sample_regex_with_listeners(prefix, ports)),
             true,
             DRAIN_SAMPLE_MAX,
-            |name| in_flight::sample_keeps(prefix, name),
+            |name| in_flight::sample_keeps_with_listeners(prefix, ports, name),
         )
         .await?;
-    Ok(DrainSample::from_stats_skipping(
+    Ok(DrainSample::from_stats_with_listeners(
         prefix,
         own,
+        ports,
         stats.values.iter().map(|(k, v)| (k.as_str(), *v)),
     ))
 }
@@ -202,7 +216,7 @@ impl ProxyAdmin for AdminClient {
     }
 
     async fn drain_sample(&self, prefix: &str) -> Result<DrainSample, AdminFailure> {
-        sample_with(self, prefix, &crate::mesh::istio::OWN_HTTP_PREFIXES).await
+        sample_with(self, prefix, &crate::mesh::istio::OWN_HTTP_PREFIXES, None).await
     }
 
     async fn probe(&self) -> Result<(), AdminFailure> {

@@ -73,7 +73,10 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
     let native = current.mode == SidecarMode::Native;
     let kubelet_ordered = kind == decide::DrainKind::KubeletOrdered;
     if kubelet_ordered {
-        tracing::info!("native sidecar with Istio's preStop drain: the kubelet ends the proxy after the app; measuring only");
+        tracing::info!(
+            "native sidecar with its mesh's preStop drain ({}): the kubelet ends the proxy after the app; measuring only",
+            current.profile.texts().prestop_drain
+        );
     }
     let mut deadline_passed = false;
     let inbound = tokio::select! {
@@ -85,13 +88,13 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
             deadline_passed = true;
             (false, None, None)
         }
-        // Istio's preStop drained inbound already (pilot-agent's `/drain`); nothing to send.
+        // The mesh's preStop drained inbound already (Istio's `/drain`, kuma-dp's SIGUSR2).
         _ = std::future::ready(()), if kubelet_ordered => (false, None, None),
         r = async {
             // Which call drains inbound depends on the Envoy (envoy_version.rs); one request,
             // and a failure only means "as for a current Envoy".
             let version = d.envoy_version().await;
-            let call = envoy_version::inbound_drain(version);
+            let call = envoy_version::inbound_drain(version, current.profile.texts());
             (d.post_retrying(call.path).await, version, call.advice)
         } => r,
     };
@@ -110,7 +113,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
     }
 
     let mut judge = InFlightJudge::new(settings.idle_window);
-    let mut unexposed = UnexposedBytes::default();
+    let mut unexposed = UnexposedBytes::new(current.profile.texts());
     let mut judgement: Option<InFlight> = None;
     let mut next_stats = Instant::now();
     let mut failed_samples_while_gone = 0u32;
@@ -143,7 +146,8 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                 Ok(sample) => {
                     failed_samples_while_running = 0;
                     report.filter_present = Some(sample.filter.is_some());
-                    report.last_counts = sample.filter;
+                    // The filter's counts, else the capture listeners' (Consul).
+                    report.last_counts = sample.counts();
                     report.last_traffic_bytes =
                         sample.traffic.exposed.then_some(sample.traffic.total);
                     let now = Instant::now();
@@ -153,7 +157,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                         .filter(|_| gone && !kubelet_ordered)
                     {
                         tracing::warn!("{advice}");
-                        add_advice(&mut report, advice.to_string());
+                        add_advice(&mut report, advice);
                     }
                     // The gauge in the sample follows `/healthcheck/fail` (and `/ok`) only at
                     // Envoy's next stats flush; `/ready` says it at once. Asked only of a mesh
@@ -232,8 +236,9 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
             unreadable_told = true;
             let why = format!(
                 "the app is gone but Envoy's counts could not be read {failed_samples_while_gone} \
-                 times: nothing says the last response was sent, so the drain waits for Istio's own \
-                 end or the deadline, as without holdfast"
+                 times: nothing says the last response was sent, so the drain waits for {} or the \
+                 deadline, as without holdfast",
+                current.profile.texts().own_end
             );
             tracing::warn!("{why}");
             d.errors.push(why);
@@ -436,14 +441,7 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
                 );
             }
             DrainOutcome::SidecarLost => {
-                let advice = format!(
-                    "the native sidecar's proxy exited during the pod's termination while {} app \
-                     process(es) still ran: the kubelet does not restart a sidecar then (KEP-4438 \
-                     is not in Kubernetes 1.33-1.35), so the app had no mesh egress for the rest of \
-                     its shutdown. Look for why Envoy or pilot-agent died (OOM-kill, a crash) in \
-                     the istio-proxy container's previous logs",
-                    snapshot.live
-                );
+                let advice = crate::mesh::proxy_died_advice(&view.profile, snapshot.live);
                 tracing::warn!("{advice}");
                 add_advice(&mut report, advice);
             }

@@ -102,8 +102,12 @@ pub struct InboundDrain {
     pub advice: Option<String>,
 }
 
-/// Decides the inbound drain call for `version` (`None`: unknown).
-pub fn inbound_drain(version: Option<EnvoyVersion>) -> InboundDrain {
+/// Decides the inbound drain call for `version` (`None`: unknown), its advice in the words of
+/// the pod's mesh (`texts`).
+pub fn inbound_drain(
+    version: Option<EnvoyVersion>,
+    texts: &crate::mesh::MeshTexts,
+) -> InboundDrain {
     let advice = version
         .filter(|v| *v < INBOUND_ONLY_GRACEFUL_FIXED)
         .map(|v| {
@@ -111,7 +115,8 @@ pub fn inbound_drain(version: Option<EnvoyVersion>) -> InboundDrain {
                 "Envoy {v} drains outbound listeners too on an inbound-only graceful drain \
              (envoyproxy/envoy#35020, fixed in Envoy {INBOUND_ONLY_GRACEFUL_FIXED}): the app's \
              outbound HTTP keep-alive connections get `Connection: close` during the drain, as \
-             with pilot-agent's own drain. Upgrade the mesh to Istio 1.26 or later (Envoy 1.34+)"
+             with {}. Upgrade the mesh to {}",
+                texts.own_end, texts.envoy_1_34
             )
         });
     InboundDrain {
@@ -184,7 +189,7 @@ mod tests {
             Some(v(1, 34, 0)),
             Some(v(1, 40, 0)),
         ] {
-            let call = inbound_drain(version);
+            let call = inbound_drain(version, &crate::mesh::istio::TEXTS);
             assert_eq!(call.path, "/drain_listeners?inboundonly&graceful");
             assert!(
                 !call.path.contains("healthcheck"),
@@ -192,11 +197,17 @@ mod tests {
             );
         }
         // Advice only where Envoy itself drains outbound on that call.
-        assert!(inbound_drain(Some(v(1, 33, 9)))
+        assert!(inbound_drain(Some(v(1, 33, 9)), &crate::mesh::istio::TEXTS)
             .advice
             .is_some_and(|a| a.contains("35020")));
-        assert_eq!(inbound_drain(Some(v(1, 34, 0))).advice, None);
-        assert_eq!(inbound_drain(Some(v(1, 36, 4))).advice, None);
-        assert_eq!(inbound_drain(None).advice, None);
+        assert_eq!(
+            inbound_drain(Some(v(1, 34, 0)), &crate::mesh::istio::TEXTS).advice,
+            None
+        );
+        assert_eq!(
+            inbound_drain(Some(v(1, 36, 4)), &crate::mesh::istio::TEXTS).advice,
+            None
+        );
+        assert_eq!(inbound_drain(None, &crate::mesh::istio::TEXTS).advice, None);
     }
 }

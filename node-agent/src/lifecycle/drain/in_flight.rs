@@ -39,7 +39,8 @@
 //! adds them ([`TrafficBytes::exposed`]). Without them only "no connection at all" calls the pod
 //! idle: a connection left open (a client's keep-alive into the pod) then holds the drain until
 //! it closes, pilot-agent's own drain ends Envoy, or the deadline — never a quit on what cannot
-//! be seen — and the drain says why ([`UNEXPOSED_BYTES_ADVICE`]). Without the filter and without
+//! be seen — and the drain says why (`crate::mesh::unexposed_bytes_advice`, in the pod's mesh's
+//! words). Without the filter and without
 //! the byte counters nothing can be seen at all ([`InFlight::Unseen`]): the drain never quits
 //! then, and Envoy ends as with Istio alone. Either way holdfast never makes a drain longer than
 //! Istio's: pilot-agent still kills Envoy at the end of its `terminationDrainDuration`.
@@ -180,18 +181,6 @@ impl TrafficBytes {
     }
 }
 
-/// What the drain (or Job quit) says, once, when only the bytes could tell idle from busy and
-/// Envoy does not keep them.
-pub const UNEXPOSED_BYTES_ADVICE: &str = "a connection through the proxy is still open after \
-     the app exited (a client's keep-alive into the pod, or a response still being sent), and \
-     Envoy does not keep its downstream byte counters (a stats matcher drops them: Istio's \
-     default), so an idle keep-alive cannot be told from traffic in flight: holdfast waits for \
-     the connection to close, for pilot-agent's own drain or for its deadline. Add \
-     inclusionSuffixes [downstream_cx_rx_bytes_total, downstream_cx_tx_bytes_total, \
-     downstream_cx_tx_bytes_buffered] to \
-     meshConfig.defaultConfig.proxyStatsMatcher (manifests/mesh-config) so holdfast can end it \
-     once no byte moves.";
-
 /// Whether `name` is one of `stats` (a byte counter or a buffered gauge) of a listener that
 /// carries the pod's traffic.
 fn counts_as_traffic(name: &str, stats: &[&str], own: &[&str]) -> bool {
@@ -281,6 +270,11 @@ pub struct DrainSample {
     /// Envoy's health check is failed (`server.state` DRAINING): every listener of the default
     /// drain type, outbound too, drain-closes its connections.
     pub health_check_failed: bool,
+    /// The directional counts read from Envoy's own capture listeners
+    /// (`listener.<address>_<port>.downstream_cx_active`), for a mesh whose capture listeners
+    /// carry every connection (`MeshProfile::listener_counts`: Consul, which cannot load the
+    /// filter): used where the filter's counts are missing. `None`: not asked, or not there.
+    pub listener_counts: Option<FilterCounts>,
 }
 
 impl DrainSample {
@@ -308,8 +302,106 @@ impl DrainSample {
             traffic: TrafficBytes::from_stats_skipping(own, stats),
             send_queued: None,
             health_check_failed,
+            listener_counts: None,
         }
     }
+
+    /// [`DrainSample::from_stats_skipping`] that also reads the directional counts of the
+    /// capture listeners on `ports` (outbound, inbound) ([`listener_counts`]).
+    pub fn from_stats_with_listeners<K: AsRef<str>>(
+        prefix: &str,
+        own: &[&str],
+        ports: Option<ListenerPorts>,
+        stats: impl IntoIterator<Item = (K, u64)> + Clone,
+    ) -> DrainSample {
+        let mut sample = DrainSample::from_stats_skipping(prefix, own, stats.clone());
+        sample.listener_counts = ports.and_then(|p| listener_counts(p, stats));
+        sample
+    }
+
+    /// The counts a judgement and the row use: the filter's, else the capture listeners'.
+    pub fn counts(&self) -> Option<FilterCounts> {
+        self.filter.or(self.listener_counts)
+    }
+}
+
+/// The capture ports whose listeners' `downstream_cx_active` give the directional counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenerPorts {
+    pub outbound: u16,
+    pub inbound: u16,
+}
+
+/// Whether `name` is `listener.<address>_<port>.downstream_cx_active` (Envoy's per-listener
+/// gauge, envoyproxy/envoy docs/root/configuration/listeners/stats.rst; the scope is the
+/// listener's address, `127.0.0.1_15001`, `10.1.2.3_20000`, `[::]_20000`), and its port.
+fn listener_active_port(name: &str) -> Option<u16> {
+    let scope = name
+        .strip_prefix("listener.")?
+        .strip_suffix(".downstream_cx_active")?;
+    let (_, port) = scope.rsplit_once('_')?;
+    port.parse().ok()
+}
+
+/// The directional counts of Consul's capture listeners: its transparent proxy's one outbound
+/// listener (`outbound_listener:127.0.0.1:15001`, a filter chain per upstream) and its public
+/// listener on 20000 carry every connection of their direction (hashicorp/consul
+/// agent/xds/listeners.go), and its bootstrap keeps every stat (consul-dataplane
+/// pkg/consuldp/testdata/TestBootstrapConfig/*.golden: no `stats_matcher`). Summed over the
+/// listeners on each port (one per address family). `None` when neither port's gauge is there.
+pub fn listener_counts<K: AsRef<str>>(
+    ports: ListenerPorts,
+    stats: impl IntoIterator<Item = (K, u64)>,
+) -> Option<FilterCounts> {
+    // Per direction: not seen (`None`), or the sum (`Some(None)`: a garbage gauge among them).
+    let mut inbound: Option<Option<u64>> = None;
+    let mut outbound: Option<Option<u64>> = None;
+    for (name, value) in stats {
+        let Some(port) = listener_active_port(name.as_ref()) else {
+            continue;
+        };
+        let slot = if port == ports.outbound {
+            &mut outbound
+        } else if port == ports.inbound {
+            &mut inbound
+        } else {
+            continue;
+        };
+        let value = (value <= MAX_SANE_GAUGE).then_some(value);
+        let sum = slot.unwrap_or(Some(0));
+        *slot = Some(sum.zip(value).map(|(a, b)| a.saturating_add(b)));
+    }
+    if inbound.is_none() && outbound.is_none() {
+        return None;
+    }
+    let dir = |n: Option<Option<u64>>| DirectionCounts {
+        cx_active: n.unwrap_or(Some(0)),
+    };
+    Some(FilterCounts {
+        inbound: dir(inbound),
+        outbound: dir(outbound),
+        unknown: DirectionCounts { cx_active: Some(0) },
+    })
+}
+
+/// [`sample_regex`] that also asks for the capture listeners' `downstream_cx_active`.
+pub fn sample_regex_with_listeners(prefix: &str, ports: Option<ListenerPorts>) -> String {
+    let base = sample_regex(prefix);
+    match ports {
+        None => base,
+        Some(p) => format!(
+            "{}|^listener\\..+_(?:{}|{})\\.downstream_cx_active$",
+            base, p.outbound, p.inbound
+        ),
+    }
+}
+
+/// [`sample_keeps`] that also keeps the capture listeners' `downstream_cx_active`.
+pub fn sample_keeps_with_listeners(prefix: &str, ports: Option<ListenerPorts>, name: &str) -> bool {
+    sample_keeps(prefix, name)
+        || ports.is_some_and(|p| {
+            listener_active_port(name).is_some_and(|port| port == p.outbound || port == p.inbound)
+        })
 }
 
 /// One judgement.
@@ -376,8 +468,9 @@ impl InFlightJudge {
             self.last_bytes = Some(bytes);
         }
 
-        let open = sample.filter.and_then(|f| f.open());
-        let judgement = self.by_counts(now, bytes, sample.filter, open);
+        let counts = sample.counts();
+        let open = counts.and_then(|f| f.open());
+        let judgement = self.by_counts(now, bytes, counts, open);
         match judgement {
             // Idle by Envoy's counts, yet the kernel still holds bytes for a peer.
             InFlight::Idle(_) if queued > 0 => InFlight::Sending { bytes: queued },
@@ -447,6 +540,7 @@ mod tests {
             },
             send_queued: None,
             health_check_failed: false,
+            listener_counts: None,
         }
     }
 
@@ -872,6 +966,7 @@ mod tests {
             },
             send_queued: None,
             health_check_failed: false,
+            listener_counts: None,
         };
         assert!(matches!(
             j.observe(t, &no_filter(5, true)),
@@ -947,6 +1042,7 @@ mod tests {
             traffic: sample(1, 3).traffic,
             send_queued: None,
             health_check_failed: false,
+            listener_counts: None,
         };
         assert!(matches!(
             j.observe(t + Duration::from_millis(5), &no_filter),
@@ -958,27 +1054,28 @@ mod tests {
         ));
     }
 }
-/// What the drain (or Job quit) says, once, when neither the filter nor Envoy's byte counters
-/// are there: nothing can tell whether a response is still being sent.
-pub const UNSEEN_ADVICE: &str = "the holdfast filter is not in this pod's proxy and Envoy does \
-     not keep its downstream byte counters, so whether a response is still being sent after \
-     the app exited cannot be seen: holdfast does not end the proxy, which ends by pilot-agent's \
-     own drain (terminationDrainDuration) or at the drain's deadline, as without holdfast. \
-     Install the filter (manifests/wasmplugin.yaml) and add the byte counters to \
-     meshConfig.defaultConfig.proxyStatsMatcher (manifests/mesh-config) so holdfast can end it \
-     when nothing is in flight.";
-
 /// Notices a drain (or Job quit) that has waited a whole idle window only because what could
 /// tell idle from busy is not there: Envoy keeps no byte counters and a connection stays open,
 /// or neither the filter nor the counters are there. Not at the first such sample: the app's
 /// own connections close a few milliseconds after its exit, and that wait costs nothing.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct UnexposedBytes {
     since: Option<Instant>,
     said: bool,
+    /// The pod's mesh's words (its agent, its own drain, its settings).
+    texts: &'static crate::mesh::MeshTexts,
 }
 
 impl UnexposedBytes {
+    /// For a pod of the mesh whose texts are `texts`.
+    pub(super) fn new(texts: &'static crate::mesh::MeshTexts) -> UnexposedBytes {
+        UnexposedBytes {
+            since: None,
+            said: false,
+            texts,
+        }
+    }
+
     /// The advice, once, the first time it has mattered for `window`.
     pub(super) fn notice(
         &mut self,
@@ -986,12 +1083,14 @@ impl UnexposedBytes {
         sample: &DrainSample,
         judgement: InFlight,
         window: Duration,
-    ) -> Option<&'static str> {
+    ) -> Option<String> {
         let advice = match judgement {
-            InFlight::Unseen => UNSEEN_ADVICE,
+            InFlight::Unseen => crate::mesh::unseen_advice(self.texts),
             InFlight::Busy {
                 connections: Some(n),
-            } if n > 0 && !sample.traffic.exposed => UNEXPOSED_BYTES_ADVICE,
+            } if n > 0 && !sample.traffic.exposed => {
+                crate::mesh::unexposed_bytes_advice(self.texts)
+            }
             _ => {
                 self.since = None;
                 return None;

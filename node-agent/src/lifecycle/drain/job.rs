@@ -94,7 +94,7 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
     let until = Instant::now() + settings.job_in_flight_wait;
     let mut failed = 0u32;
     let mut samples = 0u32;
-    let mut unexposed = UnexposedBytes::default();
+    let mut unexposed = UnexposedBytes::new(current.profile.texts());
     let mut flushing_told = false;
     let reason = loop {
         samples += 1;
@@ -108,7 +108,7 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
                 }
                 if let Some(advice) = unexposed.notice(now, &sample, j, settings.idle_window) {
                     tracing::warn!("{advice}");
-                    d.errors.push(advice.to_string());
+                    d.errors.push(advice);
                 }
                 Some(j)
             }

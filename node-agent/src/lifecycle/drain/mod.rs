@@ -41,10 +41,7 @@ pub use app_exit::{
     AppContainer, AppTracker, ExitWatcher, PodProcessSource, PodProcsSource, Watch,
 };
 pub use deletion::{drain, HEALTHCHECK_OK_PATH};
-pub use in_flight::{
-    DrainSample, InFlight, InFlightJudge, TrafficBytes, DEFAULT_STAT_PREFIX,
-    UNEXPOSED_BYTES_ADVICE, UNSEEN_ADVICE,
-};
+pub use in_flight::{DrainSample, InFlight, InFlightJudge, TrafficBytes, DEFAULT_STAT_PREFIX};
 pub use job::finish_job;
 pub use plan::DrainPlan;
 

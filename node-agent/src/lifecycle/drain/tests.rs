@@ -216,6 +216,7 @@ impl ProxyAdmin for FakeAdmin {
                 },
                 send_queued: None,
                 health_check_failed: s.health_check_failed != s.gauge_stale,
+                listener_counts: None,
             })
         })
     }
@@ -304,7 +305,9 @@ fn view(
             timestamp: plan::timestamp(SystemTime::now()),
             grace,
         }),
-        ..PodView::default()
+        ..PodView::blank(crate::mesh::istio::profile(
+            &crate::config::ProxyConfig::default(),
+        ))
     }
 }
 
