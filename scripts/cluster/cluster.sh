@@ -19,7 +19,7 @@
 # Addresses: API server https://<node IP>:6443 (also 127.0.0.1), etcd 127.0.0.1:12379 (plain HTTP, loopback
 # only), pods 10.213.0.0/24 on the bridge hfk8s0 (gateway 10.213.0.1), Services 10.214.0.0/24.
 set -euo pipefail
-here="$(cd "$(dirname "$0")" && pwd)"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.env
 source "$here/versions.env"
 STATE="${HOLDFAST_CLUSTER_STATE:-/var/lib/holdfast/cluster}"
@@ -74,12 +74,19 @@ cgroup_pids() {
     done | sort -un
 }
 
+# Running (not gone, not a zombie: a daemon whose starter exited is reaped by PID 1, not by us).
+running() {
+    local st
+    st="$(sed 's/^.*) \(.\).*/\1/' "/proc/$1/stat" 2>/dev/null)" || return 1
+    [[ -n "$st" && "$st" != Z && "$st" != X ]]
+}
+
 kill_pid() { # pid: TERM, then KILL after 5 s
     local pid="$1" i
     kill -TERM "$pid" 2>/dev/null || return 0
-    for i in $(seq 50); do
-        kill -0 "$pid" 2>/dev/null || return 0
-        sleep 0.1
+    for i in $(seq 100); do
+        running "$pid" || return 0
+        sleep 0.05
     done
     kill -KILL "$pid" 2>/dev/null || true
 }
@@ -122,6 +129,7 @@ cleanup() {
     if [[ -x "$K8S_BIN/kube-proxy" ]]; then
         "$K8S_BIN/kube-proxy" --cleanup --v=0 >"$STATE/logs/kube-proxy-cleanup.log" 2>&1 || true
     fi
+    kubelet_iptables_cleanup
     # Pods: through our own containerd (started again if a killed run left it dead), which tears down each
     # sandbox's netns and veth as the kubelet would have.
     if [[ -x "$CRICTL_BIN/crictl" && -d "$STATE/containerd/root" ]]; then
@@ -145,6 +153,24 @@ cleanup() {
     if [[ -d "/sys/class/net/$BRIDGE" ]]; then ip link del "$BRIDGE" 2>/dev/null || log "left: bridge $BRIDGE"; fi
     rm -rf --one-file-system "$STATE" 2>/dev/null || log "left: some of $STATE"
     log "cleaned up in $(($(now_ms) - t0)) ms"
+}
+
+# The kubelet's own chains (pkg/kubelet/kubelet_network_linux.go): KUBE-FIREWALL (drops packets to
+# 127.0.0.0/8 from elsewhere, jumped to from INPUT and OUTPUT), KUBE-KUBELET-CANARY and KUBE-IPTABLES-HINT, in
+# iptables and ip6tables. `kube-proxy --cleanup` leaves them; nothing else here may keep them.
+kubelet_iptables_cleanup() {
+    local ipt t c
+    for ipt in iptables ip6tables; do
+        command -v "$ipt" >/dev/null || continue
+        while "$ipt" -w -D INPUT -j KUBE-FIREWALL 2>/dev/null; do :; done
+        while "$ipt" -w -D OUTPUT -j KUBE-FIREWALL 2>/dev/null; do :; done
+        for t in filter nat mangle; do
+            for c in KUBE-FIREWALL KUBE-KUBELET-CANARY KUBE-IPTABLES-HINT; do
+                "$ipt" -w -t "$t" -F "$c" 2>/dev/null && "$ipt" -w -t "$t" -X "$c" 2>/dev/null || true
+            done
+        done
+    done
+    return 0
 }
 
 crictl_ok() {
@@ -172,7 +198,7 @@ spawn() {
     readlink -f "$bin" >"$STATE/pids/$name.exe"
 }
 
-alive() { kill -0 "$(cat "$STATE/pids/$1.pid")" 2>/dev/null; }
+alive() { running "$(cat "$STATE/pids/$1.pid")"; }
 
 # wait_for NAME SECONDS CMD...: until CMD succeeds; fails naming the log if NAME died or time ran out.
 wait_for() {

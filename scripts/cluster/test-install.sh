@@ -54,7 +54,7 @@ finish() {
         echo "== logs: $STATE/logs (kept until the next 'just cluster up' or 'down')" >&2
         for f in kubelet kube-apiserver containerd; do
             echo "--- $f (last 15 lines)" >&2
-            tail -15 "$STATE/logs/$f.log" 2>/dev/null >&2 || true
+            tail -15 "$STATE/logs/$f.log" >&2 2>/dev/null || true
         done
         kubectl get pods -A -o wide >&2 2>/dev/null || true
         kubectl get events -A >&2 2>/dev/null | tail -20 || true
@@ -62,7 +62,7 @@ finish() {
     if [[ "${HOLDFAST_CLUSTER_KEEP:-}" != 1 ]]; then
         # Keep the logs of a failed run for reading; the processes, pods and rules always go.
         if [[ $rc -ne 0 || $fails -ne 0 ]]; then
-            cp -r "$STATE/logs" "/tmp/holdfast-cluster-logs" 2>/dev/null && echo "== logs copied to /tmp/holdfast-cluster-logs" >&2
+            rm -rf /tmp/holdfast-cluster-logs && cp -r "$STATE/logs" /tmp/holdfast-cluster-logs 2>/dev/null && echo "== logs copied to /tmp/holdfast-cluster-logs" >&2
         fi
         scripts/cluster/cluster.sh down || true
     fi
@@ -110,15 +110,19 @@ curl -sf http://127.0.0.1:5000/v2/ >/dev/null || { cat "$STATE/logs/registry.log
 # The overlay: `just image`'s pins (images:, the WasmPlugin's patch) over the shipped manifests/, written
 # in the state dir so nothing shipped is edited.
 mkdir -p "$STATE/install"
-sed "s|^- .*manifests/\?\$|- $repo/manifests|" "$overlay_src" >"$STATE/install/kustomization.yaml"
-grep -q "^- $repo/manifests\$" "$STATE/install/kustomization.yaml" || {
+# kustomize takes a base only by a relative path.
+base="$(realpath --relative-to="$STATE/install" "$repo/manifests")"
+sed "s|^- .*manifests/\?\$|- $base|" "$overlay_src" >"$STATE/install/kustomization.yaml"
+grep -q "^- $base\$" "$STATE/install/kustomization.yaml" || {
     cat "$STATE/install/kustomization.yaml" >&2
-    echo "test-cluster: could not point the overlay at $repo/manifests" >&2
+    echo "test-cluster: could not point the overlay at $base" >&2
     exit 1
 }
 # STAND-IN: Istio's WasmPlugin CRD (the real one: istio/istio manifests/charts/base/files/crd-all.gen.yaml),
 # reduced to a schema that keeps any field, so `kubectl apply -k manifests/` (README) finds the kind. There
-# is no Istio here; nothing reads the WasmPlugins.
+# is no Istio here; nothing reads the WasmPlugins. They go to istio-system, Istio's own namespace, which an
+# Istio install makes.
+kubectl create namespace istio-system >/dev/null
 kubectl apply -f - >/dev/null <<'EOF'
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
@@ -161,9 +165,9 @@ capeff="$(awk '/^CapEff/ {print $2}' "/proc/$pid/status")"
     fail "CapEff $capeff, expected 0000000000281000 (SYS_ADMIN, NET_ADMIN, SYS_PTRACE)"
 [[ "$(awk '/^NoNewPrivs/ {print $2}' "/proc/$pid/status")" == 1 ]] && pass "no_new_privs (allowPrivilegeEscalation: false)" ||
     fail "no_new_privs is not set"
-[[ "$(readlink "/proc/$pid/ns/pid")" == "$(readlink /proc/1/ns/pid)" ]] && pass "hostPID: the host's pid namespace" ||
+[[ "$(readlink "/proc/$pid/ns/pid")" == "$(readlink /proc/self/ns/pid)" ]] && pass "hostPID: the host's pid namespace" ||
     fail "not in the host's pid namespace"
-[[ "$(readlink "/proc/$pid/ns/net")" != "$(readlink /proc/1/ns/net)" ]] && pass "no host network: a netns of its own" ||
+[[ "$(readlink "/proc/$pid/ns/net")" != "$(readlink /proc/self/ns/net)" ]] && pass "no host network: a netns of its own" ||
     fail "in the host's network namespace"
 rootopts="$(awk '$5 == "/" {print $6}' "/proc/$pid/mountinfo" | head -1)"
 [[ ",$rootopts," == *,ro,* ]] && pass "read-only root filesystem ($rootopts)" || fail "root filesystem mounted $rootopts"
@@ -185,10 +189,10 @@ for _ in $(seq 60); do
 done
 if [[ -n "$gone" ]]; then
     pass "the agent removed its startup taint (node taints now: '${taints}')"
-    kubectl -n holdfast-system logs "$pod" | grep -i taint | head -3 | sed 's/^/    agent: /'
+    kubectl -n holdfast-system logs "$pod" | grep -i taint | head -3 | sed 's/^/    agent: /'  || true
 else
     fail "holdfast.io/agent-not-ready still on the node 30 s after the agent was Ready"
-    kubectl -n holdfast-system logs "$pod" | tail -20 >&2
+    kubectl -n holdfast-system logs "$pod" | tail -20 >&2 || true
 fi
 
 # The agent's own credentials: a token bound to its pod carries the pod's node (user extra
@@ -214,10 +218,17 @@ refused "the agent's token labels its node" "not its labels (metadata.labels)" \
     as_agent patch node "$NODE" --type merge -p '{"metadata":{"labels":{"holdfast.io/test":"x"}}}'
 refused "the agent's token adds a taint" "may only remove its startup taint" \
     as_agent patch node "$NODE" --type json -p '[{"op":"add","path":"/spec/taints","value":[{"key":"x","effect":"NoSchedule"}]}]'
-refused "the agent's token cordons its node" "may only remove its startup taint" \
+refused "the agent's token cordons its node" "not its cordon (spec.unschedulable)" \
     as_agent patch node "$NODE" --type merge -p '{"spec":{"unschedulable":true}}'
-# A token with the agent's identity but no node (not bound to a pod): refused whatever it patches.
-refused "the agent's identity without a node" "may change only the node it runs on" \
+# A token of the agent's ServiceAccount not bound to a pod carries no node: refused whatever it patches.
+unbound="$(kubectl -n holdfast-system create token holdfast-agent --duration 10m)"
+refused "the agent's ServiceAccount with a token bound to no pod (no node)" "may change only the node it runs on" \
+    kubectl --kubeconfig /dev/null --server "$server" --certificate-authority "$STATE/pki/ca.crt" --token "$unbound" \
+    patch node "$NODE" --type merge -p '{"metadata":{"labels":{"holdfast.io/test":"x"}}}'
+# Impersonating the ServiceAccount (no user extra at all): the policy's first expression cannot evaluate
+# (`no such key: extra`) and failurePolicy: Fail refuses: still refused, by this policy, with an evaluation
+# error instead of its message (docs/real-cluster.md, "What the real API server did differently").
+refused "the agent's identity impersonated (no user extra at all)" "ValidatingAdmissionPolicy 'holdfast-agent-node-taint'" \
     kubectl --as "$SA" patch node "$NODE" --type merge -p '{"metadata":{"labels":{"holdfast.io/test":"x"}}}'
 # The control: exactly the agent's patch (test the taint list as read, replace it without the startup
 # taint) is admitted. The admin puts the taint back first.
@@ -278,12 +289,28 @@ echo "  kubectl auth can-i --list --as=$SA:"
 cani="$(kubectl auth can-i --list --as="$SA")"
 echo "$cani" | sed 's/^/    /'
 for want in "pods  .*\[\] *\[\] *\[list watch\]" "nodes  .*\[\] *\[\] *\[get patch\]" "events.events.k8s.io .*\[create patch\]"; do
-    echo "$cani" | grep -Eq "^$want" && pass "granted: $want" || fail "not granted: $want"
+    grep -Eq "^$want" <<<"$cani" && pass "granted: $want" || fail "not granted: $want"
 done
 for no in "get secrets -A" "get pods -n default" "create pods -n default" "delete nodes" "create pods/exec -n default" "update nodes/status"; do
     # shellcheck disable=SC2086
     if kubectl auth can-i $no --as="$SA" >/dev/null 2>&1; then fail "the agent may: $no"; else pass "the agent may not: $no"; fi
 done
+
+echo "== 5. the agent's status and metrics through the real API server and pod network"
+# `holdfast status --node` (README): a port-forward to the node's agent through the API server
+# (node-agent's WebSocket client against the real kube-apiserver and kubelet).
+agent_bin="${CARGO_TARGET_DIR:-target}/release/holdfast"
+if out="$(timeout 30 "$agent_bin" status --node "$NODE" 2>&1)" && [[ "$out" == *"node $NODE"* ]]; then
+    pass "holdfast status --node $NODE through the API server's port-forward: $(head -1 <<<"$out")"
+else
+    fail "holdfast status --node $NODE: $out"
+fi
+pod_ip="$(kubectl -n holdfast-system get pod "$pod" -o jsonpath='{.status.podIP}')"
+if metrics="$(curl -sf -m 5 "http://$pod_ip:15302/metrics")" && grep -q '^holdfast_process_resident_memory_bytes ' <<<"$metrics"; then
+    pass "metrics scraped from the pod's IP ($pod_ip:15302): $(grep -c '^holdfast_' <<<"$metrics") holdfast_ samples"
+else
+    fail "no metrics at http://$pod_ip:15302/metrics"
+fi
 
 kubectl delete namespace hf-noquota hf-baseline --wait=false >/dev/null
 echo "== $([[ $fails -eq 0 ]] && echo PASSED || echo "FAILED: $fails check(s)") in $(($(now_ms) - t0)) ms"
