@@ -243,7 +243,18 @@ fi
 
 # The GKE-shaped quota rule (cluster.sh's AdmissionConfiguration): a system-node-critical pod is admitted
 # only where a quota covers that priority class; holdfast-system has one (manifests/agent/resourcequota.yaml).
+# A new namespace's `default` ServiceAccount comes from the controller-manager moments later; a pod
+# created before it is refused by the ServiceAccount admission instead of the check meant.
+wait_sa() {
+    local i
+    for i in $(seq 100); do
+        kubectl -n "$1" get serviceaccount default >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    fail "namespace $1 has no default ServiceAccount after 10 s"
+}
 kubectl create namespace hf-noquota --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+wait_sa hf-noquota
 critical_pod() {
     cat <<EOF
 apiVersion: v1
@@ -268,6 +279,7 @@ used="$(kubectl -n holdfast-system get resourcequota holdfast-critical-pods -o j
 # namespace enforcing baseline is refused by the real PodSecurity admission.
 kubectl create namespace hf-baseline --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 kubectl label namespace hf-baseline pod-security.kubernetes.io/enforce=baseline --overwrite >/dev/null
+wait_sa hf-baseline
 agent_pod_in() {
     kubectl -n holdfast-system get pod "$pod" -o json | python3 -c '
 import json, sys
