@@ -9,6 +9,7 @@
 #                                       iptables rule it made (also what a killed run left)
 #   scripts/cluster/cluster.sh env      print `export KUBECONFIG=... PATH=...` for a shell
 #   scripts/cluster/cluster.sh status   what runs (PIDs) and `kubectl get nodes`
+#   scripts/cluster/cluster.sh restart-apiserver [SECONDS]   stop kube-apiserver, wait, start it again
 #
 # State lives outside the checkout in $HOLDFAST_CLUSTER_STATE (default /var/lib/holdfast/cluster): pki/,
 # kubeconfigs, logs/<component>.log, pids/<component>.pid, etcd's data, containerd's root, the kubelet's
@@ -361,6 +362,24 @@ EOF
     wait_for containerd 30 crictl_ok
 }
 
+# The API server (also alone: `restart-apiserver`, the agent's watch across an outage).
+start_apiserver() {
+    local ip="$1" pki="$STATE/pki"
+    spawn kube-apiserver "$K8S_BIN/kube-apiserver" \
+        --etcd-servers=http://127.0.0.1:12379 --advertise-address="$ip" --secure-port=6443 \
+        --service-cluster-ip-range="$SVC_CIDR" --allow-privileged=true \
+        --authorization-mode=Node,RBAC \
+        --enable-admission-plugins=NodeRestriction,PodSecurity,ResourceQuota,ValidatingAdmissionPolicy,ServiceAccount,Priority \
+        --admission-control-config-file="$STATE/admission.yaml" \
+        --client-ca-file="$pki/ca.crt" --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" \
+        --kubelet-client-certificate="$pki/apiserver-kubelet-client.crt" --kubelet-client-key="$pki/apiserver-kubelet-client.key" \
+        --kubelet-certificate-authority="$pki/ca.crt" --kubelet-preferred-address-types=InternalIP \
+        --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+        --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
+        --profiling=false --v=1
+    wait_for kube-apiserver 90 "$K8S_BIN/kubectl" --kubeconfig "$KUBECONFIG_ADMIN" get --raw /readyz
+}
+
 start() {
     local ip t0 t
     ip="$(node_ip)"
@@ -395,19 +414,7 @@ plugins:
         operator: In
         values: ["system-node-critical", "system-cluster-critical"]
 EOF
-    spawn kube-apiserver "$K8S_BIN/kube-apiserver" \
-        --etcd-servers=http://127.0.0.1:12379 --advertise-address="$ip" --secure-port=6443 \
-        --service-cluster-ip-range="$SVC_CIDR" --allow-privileged=true \
-        --authorization-mode=Node,RBAC \
-        --enable-admission-plugins=NodeRestriction,PodSecurity,ResourceQuota,ValidatingAdmissionPolicy,ServiceAccount,Priority \
-        --admission-control-config-file="$STATE/admission.yaml" \
-        --client-ca-file="$pki/ca.crt" --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" \
-        --kubelet-client-certificate="$pki/apiserver-kubelet-client.crt" --kubelet-client-key="$pki/apiserver-kubelet-client.key" \
-        --kubelet-certificate-authority="$pki/ca.crt" --kubelet-preferred-address-types=InternalIP \
-        --service-account-issuer=https://kubernetes.default.svc.cluster.local \
-        --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
-        --profiling=false --v=1
-    wait_for kube-apiserver 90 "$K8S_BIN/kubectl" --kubeconfig "$KUBECONFIG_ADMIN" get --raw /readyz
+    start_apiserver "$ip"
     t=$(now_ms); log "etcd + kube-apiserver ready: $((t - t0)) ms"
 
     spawn kube-controller-manager "$K8S_BIN/kube-controller-manager" \
@@ -508,6 +515,15 @@ up)
 down)
     [[ $EUID -eq 0 ]] || die "needs root"
     cleanup
+    ;;
+restart-apiserver)
+    [[ $EUID -eq 0 ]] || die "needs root"
+    t0=$(now_ms)
+    stop_daemon kube-apiserver
+    t1=$(now_ms)
+    sleep "${2:-0}"
+    start_apiserver "$(node_ip)"
+    log "kube-apiserver: stopped in $((t1 - t0)) ms (TERM, KILL after 5 s), ready again $(($(now_ms) - t1)) ms later (${2:-0} s of waiting included)"
     ;;
 env)
     echo "export KUBECONFIG=$KUBECONFIG_ADMIN CRI_CONFIG_FILE=$STATE/crictl.yaml PATH=$K8S_BIN:$CRICTL_BIN:\$PATH"

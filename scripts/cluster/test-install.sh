@@ -324,6 +324,54 @@ else
     fail "no metrics at http://$pod_ip:15302/metrics"
 fi
 
+echo "== 6. the agent's pod watch across an API server restart"
+# A pod shaped as Istio's injector leaves it (the sidecar.istio.io/status annotation, an istio-proxy
+# container; both busybox here: nothing is proxied, the agent only has to see and track it).
+meshed_pod() {
+    cat <<EOF
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $1
+  namespace: default
+  annotations:
+    sidecar.istio.io/status: '{"initContainers":["istio-init"],"containers":["istio-proxy"]}'
+spec:
+  containers:
+  - {name: app, image: localhost/holdfast/busybox:local, imagePullPolicy: Never}
+  - {name: istio-proxy, image: localhost/holdfast/busybox:local, imagePullPolicy: Never}
+EOF
+}
+agent_logs() { kubectl -n holdfast-system logs "$pod" --tail=-1 2>/dev/null || true; }
+# seen POD SECONDS: ms until the agent logs "tracking pod" for POD, or nothing
+seen() {
+    local t0 i
+    t0=$(now_ms)
+    for i in $(seq $(($2 * 4))); do
+        if grep -q "\"tracking pod\",\"pod\":\"default/$1\"" <<<"$(agent_logs)"; then
+            echo $(($(now_ms) - t0))
+            return 0
+        fi
+        sleep 0.25
+    done
+}
+wait_sa default
+kubectl apply -f <(meshed_pod hf-before) >/dev/null
+ms="$(seen hf-before 30)"
+[[ -n "$ms" ]] && pass "the agent tracks a meshed pod ${ms} ms after kubectl apply" || fail "the agent never tracked default/hf-before"
+scripts/cluster/cluster.sh restart-apiserver 3 2>&1 | sed 's/^/  /'
+kubectl apply -f <(meshed_pod hf-after) >/dev/null
+ms="$(seen hf-after 120)"
+if [[ -n "$ms" ]]; then
+    pass "after the API server restart, a new meshed pod tracked ${ms} ms after kubectl apply"
+    agent_logs | grep -o '"message":"pod watch recovered","errors":[0-9]*' | tail -1 | sed 's/^/    agent: /' || true
+else
+    fail "after the API server restart the agent did not track default/hf-after within 120 s"
+fi
+n="$(grep -c '"tracking pod","pod":"default/hf-before"' <<<"$(agent_logs)" || true)"
+[[ "$n" == 1 ]] && pass "the pod from before the restart tracked once, not again after it" ||
+    fail "default/hf-before tracked $n times"
+
 kubectl delete namespace hf-noquota hf-baseline --wait=false >/dev/null
 echo "== $([[ $fails -eq 0 ]] && echo PASSED || echo "FAILED: $fails check(s)") in $(($(now_ms) - t0)) ms"
 [[ $fails -eq 0 ]]
