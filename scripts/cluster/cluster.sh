@@ -467,7 +467,9 @@ serializeImagePulls: false
 # The agent's startup taint, as node pools set it (manifests/agent/node-taint-policy.yaml, docs/install.md).
 registerWithTaints:
 - {key: holdfast.io/agent-not-ready, effect: NoSchedule}
-evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
+# Absolute floors, not percentages: this machine's disk runs near full while four builds share it, and
+# 1% of it (2.5 GB) evicted the test's pods once (DiskPressure).
+evictionHard: {memory.available: "100Mi", nodefs.available: "100Mi", imagefs.available: "100Mi", nodefs.inodesFree: "1%"}
 imageGCHighThresholdPercent: 100
 resolvConf: /etc/resolv.conf
 EOF
