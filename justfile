@@ -133,3 +133,15 @@ lint: setup filter
 
 # Before every push (and what CI runs, .ci/run): formatting, lints as errors, every test and the repeats.
 presubmit: lint test-all
+
+# A real single-node Kubernetes on this machine (root): `just cluster up` builds Kubernetes, etcd, containerd 2,
+# runc and crictl from the Go module proxy once (scripts/cluster/versions.env; cached in /var/cache/holdfast/cluster),
+# cleans a cluster a killed run left, starts one and waits for the node to be Ready; `just cluster down` removes it;
+# `eval "$(just cluster env)"` for kubectl. docs/real-cluster.md.
+cluster *args:
+    scripts/cluster/cluster.sh {{ args }}
+
+# holdfast installed on the real cluster as a user installs it (`just image`, the README's `kubectl apply -k`),
+# every admission and RBAC check by the real API server (root; skips outside CI, fails in CI). docs/real-cluster.md.
+test-cluster: setup filter
+    scripts/cluster/test-install.sh

@@ -55,6 +55,10 @@ command -v dpkg-deb >/dev/null 2>&1 || need_apt+=(dpkg)
 command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || need_apt+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
 # Starts the arm64 agent of the image under emulation (tests/tests/agent_image.rs).
 command -v qemu-aarch64-static >/dev/null 2>&1 || need_apt+=(qemu-user-static)
+# The real cluster (scripts/cluster, issue 38): runc builds with seccomp from libseccomp's headers; conntrack
+# for kube-proxy's clean-up of UDP flows.
+dpkg -s libseccomp-dev >/dev/null 2>&1 || need_apt+=(libseccomp-dev pkg-config)
+command -v conntrack >/dev/null 2>&1 || need_apt+=(conntrack)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
