@@ -36,6 +36,34 @@ enum Command {
     /// the proxy's exit) with its time since the pod was first seen and since the step before,
     /// then the outcome and its reason. A deleted pod stays readable while its row is kept.
     Status(StatusArgs),
+    /// Check the cluster for what makes holdfast silently do less, with your kubeconfig.
+    ///
+    /// Reads the nodes, the agent pods, the agent namespace's ResourceQuotas and every agent's
+    /// status (over a port-forward, at most --concurrency at once, each within --timeout) and
+    /// prints each finding with its stable code (HF0xxx, docs/check-codes.md), the objects it
+    /// names and the fix. Exit codes: 0 nothing wrong or warnings only, 1 at least one error,
+    /// 3 the cluster could not be read. RBAC: the Role holdfast-status-reader and the
+    /// ClusterRole holdfast-cluster-reader (manifests/agent/).
+    Check(CheckArgs),
+}
+
+#[derive(Args)]
+struct CheckArgs {
+    /// The agent's namespace.
+    #[arg(long, default_value = holdfast::cli::check::AGENT_NAMESPACE, value_name = "NAMESPACE")]
+    agent_namespace: String,
+
+    /// Output format.
+    #[arg(short = 'o', long, default_value = "text", value_parser = ["text", "json"])]
+    output: String,
+
+    /// Deadline of one agent's read.
+    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
+    timeout: Duration,
+
+    /// Agents read at once.
+    #[arg(long, default_value_t = 32, value_name = "N")]
+    concurrency: usize,
 }
 
 #[derive(Args)]
@@ -358,6 +386,36 @@ fn main() -> anyhow::Result<()> {
                 std::process::exit(e.exit_code());
             }
             Ok(())
+        }
+        Command::Check(args) => {
+            let opts = holdfast::cli::check::CheckOptions {
+                namespace: args.agent_namespace,
+                json: args.output == "json",
+                fan_out: holdfast::cli::cluster::FanOut {
+                    concurrency: args.concurrency.max(1),
+                    per_agent: args.timeout,
+                    ..Default::default()
+                },
+            };
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("starting the tokio runtime")?;
+            let (text, code) = rt.block_on(async {
+                match holdfast::cli::check::client().await {
+                    Ok(client) => {
+                        holdfast::cli::check::run(&client, &opts, std::time::SystemTime::now())
+                            .await
+                    }
+                    Err(e) => (format!("holdfast check: {e}\n"), 2),
+                }
+            });
+            if code >= 2 {
+                eprint!("{text}");
+            } else {
+                print!("{text}");
+            }
+            std::process::exit(code);
         }
     }
 }
