@@ -3,6 +3,7 @@
 //! (reaching another node's agent through the API server's port-forward).
 pub mod check;
 pub mod cluster;
+pub mod cluster_status;
 pub mod remote;
 pub mod status;
 pub mod table;
