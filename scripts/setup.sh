@@ -55,6 +55,8 @@ command -v dpkg-deb >/dev/null 2>&1 || need_apt+=(dpkg)
 command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || need_apt+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
 # Starts the arm64 agent of the image under emulation (tests/tests/agent_image.rs).
 command -v qemu-aarch64-static >/dev/null 2>&1 || need_apt+=(qemu-user-static)
+# Renders `holdfast status POD --svg`'s picture in a real browser (tests/tests/status_svg.rs).
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then

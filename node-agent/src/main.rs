@@ -129,6 +129,11 @@ struct StatusArgs {
     #[arg(long, default_value_t = 32, value_name = "N")]
     concurrency: usize,
 
+    /// With POD: write the pod's timeline as an SVG picture to FILE (lanes for the app, the
+    /// proxy, the hold and the drain on one time axis; every step with its detail as a tooltip).
+    #[arg(long, value_name = "FILE", requires = "pod")]
+    svg: Option<PathBuf>,
+
     /// With --all-nodes: the agents' namespace.
     #[arg(long, default_value = holdfast::cli::check::AGENT_NAMESPACE, value_name = "NAMESPACE")]
     agent_namespace: String,
@@ -451,6 +456,7 @@ fn main() -> anyhow::Result<()> {
                         ..Default::default()
                     },
                     pod: args.pod,
+                    svg: args.svg,
                 };
                 let stdout = std::io::stdout();
                 std::process::exit(cluster_status::run(&opts, &mut stdout.lock()));
@@ -463,6 +469,16 @@ fn main() -> anyhow::Result<()> {
                 timeout: args.timeout,
                 pod: args.pod,
             };
+            if let Some(file) = &args.svg {
+                match holdfast::cli::status::write_svg(&opts, file) {
+                    Ok(text) => print!("{text}"),
+                    Err(e) => {
+                        eprintln!("holdfast status: {e}");
+                        std::process::exit(e.exit_code());
+                    }
+                }
+                return Ok(());
+            }
             let stdout = std::io::stdout();
             if let Err(e) = holdfast::cli::status::run(&opts, &mut stdout.lock()) {
                 eprintln!("holdfast status: {e}");

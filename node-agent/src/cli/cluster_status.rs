@@ -263,6 +263,8 @@ pub struct ClusterStatusOptions {
     pub fan_out: FanOut,
     /// `POD`: that pod's timeline, from whichever node's agent has it.
     pub pod: Option<String>,
+    /// `--svg FILE`: write `POD`'s timeline there as a picture ([`super::svg`]).
+    pub svg: Option<std::path::PathBuf>,
 }
 
 /// How often `--watch` reads the cluster again.
@@ -329,6 +331,23 @@ pub fn run(opts: &ClusterStatusOptions, out: &mut impl std::io::Write) -> i32 {
                             let mut t = serde_json::to_string_pretty(p).unwrap_or_default();
                             t.push('\n');
                             t
+                        }
+                        Some((r, p)) if opts.svg.is_some() => {
+                            let file = opts.svg.as_deref().expect("checked");
+                            let Some(svg) = super::svg::render(&r.node, p, SystemTime::now())
+                            else {
+                                eprintln!("holdfast status: {sel}: the agent on {} records no steps: upgrade it", r.node);
+                                return 8;
+                            };
+                            if let Err(e) = std::fs::write(file, svg) {
+                                eprintln!("holdfast status: writing {}: {e}", file.display());
+                                return 1;
+                            }
+                            format!(
+                                "wrote {sel}'s timeline (node {}) to {}\n",
+                                r.node,
+                                file.display()
+                            )
                         }
                         Some((r, p)) => {
                             let status = NodeStatus {

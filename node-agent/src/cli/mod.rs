@@ -6,5 +6,6 @@ pub mod cluster;
 pub mod cluster_status;
 pub mod remote;
 pub mod status;
+pub mod svg;
 pub mod table;
 pub mod timeline;
