@@ -75,6 +75,11 @@ pub const CODES: &[(&str, Severity, &str)] = &[
         "the cluster could not be read completely",
     ),
     (
+        "HF0105",
+        Severity::Warning,
+        "a node without a Ready agent and without the startup taint: meshed pods land there unprotected",
+    ),
+    (
         "HF0201",
         Severity::Warning,
         "a pod's hold ran to its deadline (failed open) in the last hour",
@@ -110,6 +115,10 @@ pub const CODES: &[(&str, Severity, &str)] = &[
         "an agent rejected entries of its pod source",
     ),
 ];
+
+/// The agent's startup taint (the agent's `effects::node_taint::STARTUP_TAINT_KEY`, which the
+/// CLI may not link; a unit test keeps the two equal).
+pub const STARTUP_TAINT_KEY: &str = "holdfast.io/agent-not-ready";
 
 /// How far back rows count for the "in the last hour" findings.
 pub const RECENT: Duration = Duration::from_secs(3600);
@@ -199,7 +208,25 @@ pub fn findings(view: &ClusterView, now: SystemTime) -> Vec<Finding> {
                 )
             }
         };
-        out.push(finding("HF0101", objects, message, fix));
+        out.push(finding("HF0101", objects, message, fix.clone()));
+        // Without the startup taint nothing keeps meshed pods off the node until its agent is
+        // Ready (docs/install.md, "New nodes"). A node whose agent is Ready no longer carries it
+        // either way, so only nodes without a Ready agent tell whether their pool sets it.
+        let tainted = node.taints.iter().any(|t| {
+            t.starts_with(&format!("{STARTUP_TAINT_KEY}="))
+                || t.starts_with(&format!("{STARTUP_TAINT_KEY}:"))
+        });
+        if !tainted {
+            out.push(finding(
+                "HF0105",
+                vec![format!("node/{}", node.name)],
+                format!(
+                    "node {} has no Ready holdfast agent and no startup taint {STARTUP_TAINT_KEY}: the scheduler places meshed pods there, which start without a hold",
+                    node.name
+                ),
+                "give the node pool the startup taint holdfast.io/agent-not-ready=true:NoSchedule (docs/install.md, \"New nodes: the startup taint\"; the chart's NOTES.txt prints your platform's setting)".into(),
+            ));
+        }
     }
 
     // HF0102: agents whose status could not be read.

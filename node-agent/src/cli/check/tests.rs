@@ -190,10 +190,18 @@ fn a_clean_install_finds_nothing() {
     assert!(text.contains("0 error(s), 0 warning(s)"), "{text}");
 }
 
+/// A node without a Ready agent that carries the startup taint (its pool sets it): only HF0101.
+fn tainted(name: &str) -> NodeInfo {
+    NodeInfo {
+        taints: vec![format!("{STARTUP_TAINT_KEY}=true:NoSchedule")],
+        ..node(name)
+    }
+}
+
 #[test]
 fn hf0101_a_node_without_an_agent() {
     let mut view = clean();
-    view.nodes.push(node("node-c"));
+    view.nodes.push(tainted("node-c"));
     let f = only(&view, "HF0101", &["node/node-c"]);
     assert_eq!(f.severity, Severity::Error);
     assert!(
@@ -215,6 +223,11 @@ fn hf0101_a_node_whose_agent_is_not_ready() {
     a.ready = false;
     a.phase = "Running".into();
     a.waiting_reason = Some("CrashLoopBackOff".into());
+    view.nodes
+        .iter_mut()
+        .find(|n| n.name == "node-b")
+        .unwrap()
+        .taints = tainted("node-b").taints;
     let f = only(
         &view,
         "HF0101",
@@ -222,6 +235,35 @@ fn hf0101_a_node_whose_agent_is_not_ready() {
     );
     assert!(f.message.contains("CrashLoopBackOff"), "{}", f.message);
     assert!(f.fix.contains("logs holdfast-b"), "{}", f.fix);
+}
+
+/// The same node without the taint: meshed pods can land there before the agent is Ready.
+#[test]
+fn hf0105_a_node_without_agent_and_without_the_startup_taint() {
+    let mut view = clean();
+    view.nodes.push(NodeInfo {
+        taints: vec!["dedicated=mesh:NoSchedule".into()],
+        ..node("node-c")
+    });
+    let found = findings(&view, now());
+    assert_eq!(
+        found.iter().map(|f| f.code).collect::<Vec<_>>(),
+        ["HF0101", "HF0105"],
+        "{found:#?}"
+    );
+    assert!(found[1].objects == ["node/node-c"]);
+    assert!(found[1]
+        .fix
+        .contains("holdfast.io/agent-not-ready=true:NoSchedule"));
+    // With the taint (any value or effect spelling the key), no HF0105.
+    view.nodes.last_mut().unwrap().taints = vec![format!("{STARTUP_TAINT_KEY}:NoSchedule")];
+    assert_eq!(
+        findings(&view, now())
+            .iter()
+            .map(|f| f.code)
+            .collect::<Vec<_>>(),
+        ["HF0101"]
+    );
 }
 
 #[test]
@@ -377,7 +419,7 @@ fn hf0207_source_problems() {
 fn errors_sort_first_and_set_the_exit_code() {
     let mut view = clean();
     view.answers[1].result = Err("refused".into());
-    view.nodes.push(node("node-c"));
+    view.nodes.push(tainted("node-c"));
     let found = findings(&view, now());
     assert_eq!(
         found.iter().map(|f| f.code).collect::<Vec<_>>(),
@@ -392,6 +434,10 @@ fn errors_sort_first_and_set_the_exit_code() {
 /// The CLI's copies of agent constants it may not link (tests/layout.rs) stay equal to them.
 #[test]
 fn constants_agree_with_the_agent() {
+    assert_eq!(
+        STARTUP_TAINT_KEY,
+        crate::effects::node_taint::STARTUP_TAINT_KEY
+    );
     let fixed = crate::lifecycle::drain::envoy_version::INBOUND_ONLY_GRACEFUL_FIXED;
     assert_eq!(DIRECTIONAL_DRAIN_SINCE, (fixed.major, fixed.minor));
     for advice in [
