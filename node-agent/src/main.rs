@@ -36,6 +36,34 @@ enum Command {
     /// the proxy's exit) with its time since the pod was first seen and since the step before,
     /// then the outcome and its reason. A deleted pod stays readable while its row is kept.
     Status(StatusArgs),
+    /// Check the cluster for what makes holdfast silently do less, with your kubeconfig.
+    ///
+    /// Reads the nodes, the agent pods, the agent namespace's ResourceQuotas and every agent's
+    /// status (over a port-forward, at most --concurrency at once, each within --timeout) and
+    /// prints each finding with its stable code (HF0xxx, docs/check-codes.md), the objects it
+    /// names and the fix. Exit codes: 0 nothing wrong or warnings only, 1 at least one error,
+    /// 3 the cluster could not be read. RBAC: the Role holdfast-status-reader and the
+    /// ClusterRole holdfast-cluster-reader (manifests/agent/).
+    Check(CheckArgs),
+}
+
+#[derive(Args)]
+struct CheckArgs {
+    /// The agent's namespace.
+    #[arg(long, default_value = holdfast::cli::check::AGENT_NAMESPACE, value_name = "NAMESPACE")]
+    agent_namespace: String,
+
+    /// Output format.
+    #[arg(short = 'o', long, default_value = "text", value_parser = ["text", "json"])]
+    output: String,
+
+    /// Deadline of one agent's read.
+    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
+    timeout: Duration,
+
+    /// Agents read at once.
+    #[arg(long, default_value_t = 32, value_name = "N")]
+    concurrency: usize,
 }
 
 #[derive(Args)]
@@ -69,9 +97,46 @@ struct StatusArgs {
     #[arg(long, value_name = "NODE")]
     node: Option<String>,
 
-    /// Give up on an answer after this long.
+    /// Give up on an answer after this long (with --all-nodes: each agent's).
     #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
     timeout: Duration,
+
+    /// Every node's agent in one table, with a node column (the default as `kubectl holdfast
+    /// status`): each agent read over a port-forward with your kubeconfig, at most
+    /// --concurrency at once; an agent that does not answer is a row saying so. With --node,
+    /// that node only.
+    #[arg(short = 'A', long)]
+    all_nodes: bool,
+
+    /// With --all-nodes: only pods of this namespace.
+    #[arg(short = 'n', long, value_name = "NAMESPACE")]
+    namespace: Option<String>,
+
+    /// With --all-nodes: only pods in this phase (waiting-for-netns, holding, ready, draining,
+    /// quitting, done, skipped).
+    #[arg(long, value_name = "PHASE", value_parser = holdfast::cli::cluster_status::parse_phase)]
+    phase: Option<holdfast::api::Phase>,
+
+    /// With --all-nodes: only pods of this mesh (istio, kuma, consul).
+    #[arg(long, value_name = "MESH", value_parser = holdfast::cli::cluster_status::parse_mesh)]
+    mesh: Option<holdfast::api::Mesh>,
+
+    /// With --all-nodes: table, wide (more columns) or json (every node's rows).
+    #[arg(short = 'o', long, value_name = "FORMAT", value_parser = ["table", "wide", "json"])]
+    output: Option<String>,
+
+    /// With --all-nodes: agents read at once.
+    #[arg(long, default_value_t = 32, value_name = "N")]
+    concurrency: usize,
+
+    /// With POD: write the pod's timeline as an SVG picture to FILE (lanes for the app, the
+    /// proxy, the hold and the drain on one time axis; every step with its detail as a tooltip).
+    #[arg(long, value_name = "FILE", requires = "pod")]
+    svg: Option<PathBuf>,
+
+    /// With --all-nodes: the agents' namespace.
+    #[arg(long, default_value = holdfast::cli::check::AGENT_NAMESPACE, value_name = "NAMESPACE")]
+    agent_namespace: String,
 }
 
 #[derive(Args)]
@@ -310,11 +375,32 @@ async fn return_freed_memory() {
 fn main() -> anyhow::Result<()> {
     use clap::{CommandFactory, FromArgMatches};
     // `holdfast status --help` lists the exit codes from the one table the code maps to.
-    let matches = Cli::command()
-        .mut_subcommand("status", |c| {
-            c.after_long_help(holdfast::cli::status::exit_codes_help())
+    // Installed as `kubectl-holdfast` (krew, or a link on PATH), kubectl runs it as `kubectl
+    // holdfast ...`: usage says so, and `status` reads every node by default.
+    let plugin = std::env::args_os()
+        .next()
+        .and_then(|a| {
+            std::path::Path::new(&a)
+                .file_name()
+                .map(|f| f.to_string_lossy().starts_with("kubectl-holdfast"))
         })
-        .get_matches();
+        .unwrap_or(false);
+    let mut command = Cli::command().mut_subcommand("status", |c| {
+        c.after_long_help(holdfast::cli::status::exit_codes_help())
+    });
+    if plugin {
+        command = command
+            .name("kubectl holdfast")
+            .bin_name("kubectl holdfast");
+    }
+    let matches = command.get_matches();
+    // `--agent` given (flag or HOLDFAST_AGENT): the user means that one agent.
+    let agent_given = matches.subcommand_matches("status").is_some_and(|m| {
+        matches!(
+            m.value_source("agent"),
+            Some(clap::parser::ValueSource::CommandLine | clap::parser::ValueSource::EnvVariable)
+        )
+    });
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match cli.command {
         Command::Agent(args) => {
@@ -344,20 +430,91 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Status(args) => {
+            use holdfast::cli::cluster_status::{self, ClusterStatusOptions, Filters, Output};
+            let cluster_only = args.namespace.is_some()
+                || args.phase.is_some()
+                || args.mesh.is_some()
+                || matches!(args.output.as_deref(), Some("table" | "wide"));
+            if args.all_nodes || cluster_only || (plugin && !agent_given) {
+                let opts = ClusterStatusOptions {
+                    agent_namespace: args.agent_namespace,
+                    filters: Filters {
+                        namespace: args.namespace,
+                        node: args.node,
+                        phase: args.phase,
+                        mesh: args.mesh,
+                    },
+                    output: match (args.output.as_deref(), args.json) {
+                        (Some("json"), _) | (None, true) => Output::Json,
+                        (Some("wide"), _) => Output::Wide,
+                        _ => Output::Table,
+                    },
+                    watch: args.watch,
+                    fan_out: holdfast::cli::cluster::FanOut {
+                        concurrency: args.concurrency.max(1),
+                        per_agent: args.timeout,
+                        ..Default::default()
+                    },
+                    pod: args.pod,
+                    svg: args.svg,
+                };
+                let stdout = std::io::stdout();
+                std::process::exit(cluster_status::run(&opts, &mut stdout.lock()));
+            }
             let opts = holdfast::cli::status::StatusOptions {
                 agent: args.agent,
-                json: args.json,
+                json: args.json || args.output.as_deref() == Some("json"),
                 watch: args.watch,
                 node: args.node,
                 timeout: args.timeout,
                 pod: args.pod,
             };
+            if let Some(file) = &args.svg {
+                match holdfast::cli::status::write_svg(&opts, file) {
+                    Ok(text) => print!("{text}"),
+                    Err(e) => {
+                        eprintln!("holdfast status: {e}");
+                        std::process::exit(e.exit_code());
+                    }
+                }
+                return Ok(());
+            }
             let stdout = std::io::stdout();
             if let Err(e) = holdfast::cli::status::run(&opts, &mut stdout.lock()) {
                 eprintln!("holdfast status: {e}");
                 std::process::exit(e.exit_code());
             }
             Ok(())
+        }
+        Command::Check(args) => {
+            let opts = holdfast::cli::check::CheckOptions {
+                namespace: args.agent_namespace,
+                json: args.output == "json",
+                fan_out: holdfast::cli::cluster::FanOut {
+                    concurrency: args.concurrency.max(1),
+                    per_agent: args.timeout,
+                    ..Default::default()
+                },
+            };
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("starting the tokio runtime")?;
+            let (text, code) = rt.block_on(async {
+                match holdfast::cli::check::client().await {
+                    Ok(client) => {
+                        holdfast::cli::check::run(&client, &opts, std::time::SystemTime::now())
+                            .await
+                    }
+                    Err(e) => (format!("holdfast check: {e}\n"), 2),
+                }
+            });
+            if code >= 2 {
+                eprint!("{text}");
+            } else {
+                print!("{text}");
+            }
+            std::process::exit(code);
         }
     }
 }

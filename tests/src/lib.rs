@@ -6,6 +6,7 @@ pub mod bench_opts;
 pub mod cri;
 pub mod echo;
 pub mod envoy;
+pub mod helm;
 pub mod hostile;
 pub mod istio_wasm;
 pub mod kustomize;

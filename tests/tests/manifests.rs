@@ -118,11 +118,16 @@ fn kind_of(v: &Value) -> &str {
     v.get("kind").and_then(Value::as_str).unwrap_or("")
 }
 
-/// The one object of `kind` the default install renders, parsed as `T`.
+/// The one object of `kind` the default install renders, parsed as `T`. ClusterRoles: the
+/// agent's (`holdfast-agent`); the people's `holdfast-cluster-reader` is read by name.
 fn one<T: DeserializeOwned>(dir: &str, kind: &str) -> T {
     let found: Vec<_> = objects(dir)
         .into_iter()
         .filter(|(_, v)| kind_of(v) == kind)
+        .filter(|(_, v)| {
+            kind != "ClusterRole"
+                || v.pointer("/metadata/name") == Some(&Value::from("holdfast-agent"))
+        })
         .collect();
     assert_eq!(
         found.len(),
@@ -248,10 +253,21 @@ fn every_manifest_is_in_a_kustomization_and_every_listed_file_exists() {
     }
     assert_eq!(kinds("kuma-filter"), vec!["MeshProxyPatch".to_string()]);
     // Each carries the whole agent.
+    // ClusterRoles: the agent's and the people's holdfast-cluster-reader.
+    for (name, k) in [
+        ("default", &d),
+        ("envoyfilter", &e),
+        ("trafficextension", &t),
+    ] {
+        assert_eq!(
+            k.iter().filter(|x| *x == "ClusterRole").count(),
+            2,
+            "{name}"
+        );
+    }
     for k in [
         "Namespace",
         "ServiceAccount",
-        "ClusterRole",
         "ClusterRoleBinding",
         "Role",
         "DaemonSet",
@@ -806,10 +822,11 @@ fn granted(rules: Option<&[PolicyRule]>) -> BTreeSet<Rule> {
 
 /// kube-rs resource types the agent may build an `Api<T>` for: (type, API group, resource).
 /// `Event` is events.k8s.io's unless the file imports core/v1's.
-const API_TYPES: [(&str, &str, &str); 3] = [
+const API_TYPES: [(&str, &str, &str); 4] = [
     ("Pod", "", "pods"),
     ("Event", "events.k8s.io", "events"),
     ("Node", "", "nodes"),
+    ("ResourceQuota", "", "resourcequotas"),
 ];
 
 /// Methods of `kube::Api` called as `<api>.method(...).await`, and the verb each needs. A
@@ -1005,10 +1022,14 @@ fn rust_files(dir: &Path) -> Vec<PathBuf> {
 /// Sources that run as the person at the keyboard, never in the agent: `holdfast status --node`
 /// reads a node's agent through the API server with the user's kubeconfig. Their calls are
 /// checked against the status reader Role, not the agent's ClusterRole.
-const CLI_SOURCES: [&str; 1] = ["node-agent/src/cli/remote.rs"];
+const CLI_SOURCES: [&str; 2] = [
+    "node-agent/src/cli/remote.rs",
+    "node-agent/src/cli/cluster.rs",
+];
 /// The only agent sources that may use [`CLI_SOURCES`] (the module list and the status CLI).
-const CLI_USERS: [&str; 3] = [
+const CLI_USERS: [&str; 4] = [
     "node-agent/src/cli/mod.rs",
+    "node-agent/src/cli/check.rs",
     "node-agent/src/cli/status.rs",
     "node-agent/src/cli/status/tests.rs",
 ];
@@ -1100,7 +1121,9 @@ fn rbac_matches_the_api_calls_the_agent_makes() {
     );
 }
 
-/// `holdfast status --node` needs exactly what the reader Role grants, in the agent's namespace.
+/// `holdfast status --node` and `holdfast check` need exactly what the reader Role (in the
+/// agent's namespace) and the ClusterRole holdfast-cluster-reader grant together: the Role the
+/// namespaced calls, the ClusterRole the cluster-scoped nodes list.
 #[test]
 fn status_reader_role_grants_exactly_what_status_node_calls() {
     let role: Role = one("", "Role");
@@ -1120,7 +1143,21 @@ fn status_reader_role_grants_exactly_what_status_node_calls() {
         .cloned()
         .or(role.metadata.namespace.clone());
     assert_eq!(namespace.as_deref(), Some(NAMESPACE));
-    let granted = granted(role.rules.as_deref());
+    let cluster_reader: ClusterRole = objects("")
+        .into_iter()
+        .find(|(_, v)| {
+            kind_of(v) == "ClusterRole"
+                && v.pointer("/metadata/name") == Some(&Value::from("holdfast-cluster-reader"))
+        })
+        .map(|(_, v)| serde_json::from_value(v).expect("a ClusterRole"))
+        .expect("the ClusterRole holdfast-cluster-reader");
+    let cluster_granted = granted_rules(&cluster_reader);
+    assert!(
+        cluster_granted.iter().all(|(_, r, _)| r == "nodes"),
+        "the cluster-wide grant is for nodes only: {cluster_granted:?}"
+    );
+    let mut granted = granted(role.rules.as_deref());
+    granted.extend(cluster_granted);
     let mut needed = BTreeSet::new();
     for rel in CLI_SOURCES {
         let src = std::fs::read_to_string(workspace().join(rel)).expect("reading a CLI source");
@@ -1131,6 +1168,8 @@ fn status_reader_role_grants_exactly_what_status_node_calls() {
         ("", "pods", "list"),
         ("", "pods/portforward", "get"),
         ("", "pods/portforward", "create"),
+        ("", "resourcequotas", "list"),
+        ("", "nodes", "list"),
     ]
     .into_iter()
     .map(|(g, r, v)| (g.to_string(), r.to_string(), v.to_string()))

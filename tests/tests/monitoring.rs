@@ -384,6 +384,23 @@ fn the_dashboard_covers_holds_drains_jobs_and_the_agents() {
         heatmaps >= 3,
         "hold duration, release latency and drain duration as heatmaps"
     );
+    // Pod phases over time per node (issue 41): a state-timeline of holdfast_pods by node and
+    // phase; the scenario below checks it reads real data from a real Prometheus.
+    let timelines: Vec<&Value> = d["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .filter(|p| p["type"] == "state-timeline")
+        .collect();
+    assert_eq!(timelines.len(), 1, "one state-timeline of pod phases");
+    let expr = timelines[0]["targets"][0]["expr"].as_str().expect("expr");
+    assert!(
+        expr.contains("holdfast_pods") && expr.contains("by (node, phase)"),
+        "{expr}"
+    );
+    assert!(timelines[0]["targets"][0]["legendFormat"]
+        .as_str()
+        .is_some_and(|l| l.contains("{{node}}") && l.contains("{{phase}}")));
     // Per node: the node variable, and every per-node query filtered by it.
     for q in &queries {
         if q.origin.starts_with("panel") {

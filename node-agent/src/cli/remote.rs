@@ -122,8 +122,22 @@ pub async fn fetch_status_body(
     namespace: &str,
     max_body: usize,
 ) -> Result<String, RemoteError> {
-    let pods: Api<Pod> = Api::namespaced(client, namespace);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let pod = agent_pod(&pods, node, namespace).await?;
+    fetch_pod_status_body(client, &pod, namespace, max_body).await
+}
+
+/// The `/status` body of the agent pod `namespace/pod` (status 200, at most `max_body` bytes),
+/// over a port-forward to its status port: [`fetch_status_body`] once the pod is known (the
+/// cluster-wide reads list the agents once, then call this per agent). Bound it with a timeout.
+pub async fn fetch_pod_status_body(
+    client: kube::Client,
+    pod: &str,
+    namespace: &str,
+    max_body: usize,
+) -> Result<String, RemoteError> {
+    let pods: Api<Pod> = Api::namespaced(client, namespace);
+    let pod = pod.to_string();
     let forward = pods
         .portforward(&pod, &[STATUS_PORT])
         .await

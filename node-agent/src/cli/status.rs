@@ -397,6 +397,34 @@ pub fn pod_text(
     Ok(text)
 }
 
+/// `holdfast status POD --svg FILE`: writes the pod's timeline as an SVG picture
+/// ([`super::svg`]) to `file`; returns what to print.
+pub fn write_svg(opts: &StatusOptions, file: &std::path::Path) -> Result<String> {
+    let pod = pod_selector(opts)?.ok_or_else(|| StatusCliError::BadPod {
+        pod: String::new(),
+        why: "--svg draws one pod's timeline: give POD (namespace/name or uid)".into(),
+    })?;
+    let source = Source::new(opts)?;
+    let status = source.parse(&source.body(opts.timeout)?)?;
+    let label = &source.label;
+    let Some(row) = status.pods.iter().find(|p| pod.matches(p)) else {
+        return Err(StatusCliError::PodNotFound {
+            pod: pod.to_string(),
+            url: label.to_string(),
+            hint: pod.hint(&status),
+        });
+    };
+    let Some(svg) = super::svg::render(&status.node, row, SystemTime::now()) else {
+        return Err(StatusCliError::NoTimeline {
+            pod: pod.to_string(),
+            url: label.to_string(),
+            agent_version: status.agent_version.clone(),
+        });
+    };
+    std::fs::write(file, svg).map_err(StatusCliError::Output)?;
+    Ok(format!("wrote {pod}'s timeline to {}\n", file.display()))
+}
+
 /// Runs `holdfast status`, writing to `out`. Returns only on error or, without `--watch`, when
 /// done.
 pub fn run(opts: &StatusOptions, out: &mut impl Write) -> Result<()> {

@@ -82,7 +82,7 @@ fn push_line(out: &mut String, line: &str) {
     out.push('\n');
 }
 
-fn phase_label(phase: Phase) -> &'static str {
+pub(super) fn phase_label(phase: Phase) -> &'static str {
     match phase {
         // The full name (`waiting-for-netns`, in --json) does not fit the column.
         Phase::WaitingForNetns => "waiting",
@@ -91,7 +91,7 @@ fn phase_label(phase: Phase) -> &'static str {
 }
 
 /// `3 (2.1s)`: connections held and how long the hold lasted (so far, while holding).
-fn held_cell(hold: Option<&HoldRecord>, now: SystemTime) -> String {
+pub(super) fn held_cell(hold: Option<&HoldRecord>, now: SystemTime) -> String {
     let Some(h) = hold else {
         return "-".into();
     };
@@ -105,7 +105,7 @@ fn held_cell(hold: Option<&HoldRecord>, now: SystemTime) -> String {
 }
 
 /// Proxy seen ready to every held packet accepted.
-fn release_cell(hold: Option<&HoldRecord>) -> String {
+pub(super) fn release_cell(hold: Option<&HoldRecord>) -> String {
     match hold.and_then(|h| h.ready_to_release_ms) {
         Some(ms) => short_ms(ms),
         None => "-".into(),
@@ -114,7 +114,7 @@ fn release_cell(hold: Option<&HoldRecord>) -> String {
 
 /// How the pod's drain or Job ended: `app-done 8.1s` (a drain: the column's usual content,
 /// unprefixed to fit), `job completed 12ms`.
-fn end_cell(pod: &PodStatus) -> String {
+pub(super) fn end_cell(pod: &PodStatus) -> String {
     if let Some(d) = &pod.drain {
         return drain_summary(d);
     }

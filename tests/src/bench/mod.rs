@@ -3,6 +3,7 @@
 //! figure.
 
 pub mod drain;
+pub mod fanout;
 pub mod hold;
 pub mod lifecycle;
 pub mod meshes;

@@ -6,6 +6,7 @@
 //! holdfast-bench hold       # startup: holdfast vs serial start vs DROP rule vs nothing
 //! holdfast-bench drain      # shutdown: holdfast vs fixed drain vs EXIT_ON_ZERO_ACTIVE_CONNECTIONS
 //! holdfast-bench lifecycle  # native sidecar vs classic serial start vs classic + holdfast
+//! holdfast-bench fanout     # kubectl holdfast status across 1,000 simulated agents
 //! ```
 //! Figures and the exact commands live in docs/benchmarks.md. Benchmarks are not timed tests:
 //! they print what they measure and never fail on a figure.
@@ -56,6 +57,9 @@ enum Section {
     /// Each mesh's sidecar (Istio, Kuma over TCP and Unix-socket admin, Consul) alone vs with
     /// holdfast: boot calls refused, the shutdown, a Job's completion (root).
     Meshes,
+    /// `kubectl holdfast status` across a simulated cluster of --fanout-agents agents: wall time
+    /// (p50/p95) and the API server's requests, by concurrency cap, and with 1% of agents hung.
+    Fanout,
 }
 
 #[derive(Debug, Parser)]
@@ -64,6 +68,18 @@ struct Args {
     /// Sections to run; none = every known section.
     #[arg(value_enum)]
     sections: Vec<Section>,
+    /// fanout: simulated agents.
+    #[arg(long, default_value_t = 1000)]
+    fanout_agents: usize,
+    /// fanout: pod rows each agent serves.
+    #[arg(long, default_value_t = 30)]
+    fanout_rows: usize,
+    /// fanout: concurrency caps, one variant each.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![8usize, 32, 128])]
+    fanout_concurrency: Vec<usize>,
+    /// fanout: each agent's deadline, in ms.
+    #[arg(long, default_value_t = 5000)]
+    fanout_timeout_ms: u64,
     /// Seconds per measured round (each variant, each workload).
     #[arg(long, default_value_t = 1.0)]
     round_secs: f64,
@@ -178,6 +194,15 @@ fn main() -> ExitCode {
                 holdfast_tests::bench::scale::run(&o, &scale)
             }),
             Section::Meshes => sim_opts(&args).and_then(|o| holdfast_tests::bench::meshes::run(&o)),
+            Section::Fanout => {
+                holdfast_tests::bench::fanout::run(&holdfast_tests::bench::fanout::FanoutOpts {
+                    agents: args.fanout_agents.max(1),
+                    rows: args.fanout_rows,
+                    runs: args.runs.max(1),
+                    concurrencies: args.fanout_concurrency.clone(),
+                    per_agent: Duration::from_millis(args.fanout_timeout_ms),
+                })
+            }
             Section::Lifecycle => sim_opts(&args).and_then(|o| {
                 let lifecycle = holdfast_tests::bench::lifecycle::LifecycleOpts {
                     pods: args.lifecycle_pods,
