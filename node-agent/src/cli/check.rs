@@ -20,7 +20,7 @@ use crate::api::{DrainOutcome, HoldOutcome, Mesh, NodeStatus, PodStatus};
 pub const DIRECTIONAL_DRAIN_SINCE: (u32, u32) = (1, 34);
 
 /// Words both of the drain's advices about missing byte counters say (the agent's
-/// `UNEXPOSED_BYTES_ADVICE` and `UNSEEN_ADVICE`; a unit test keeps them saying it).
+/// `mesh::unexposed_bytes_advice` and `mesh::unseen_advice`; a unit test keeps them saying it).
 pub const BYTE_COUNTERS_ADVICE_MARK: &str = "not keep its downstream byte counters";
 
 /// `major.minor` of a report's Envoy version (`1.36.4`, `1.37.0-dev`).

@@ -378,8 +378,8 @@ fn hf0204_an_envoy_without_the_directional_drain() {
 #[test]
 fn hf0205_a_mesh_config_that_drops_the_byte_counters() {
     for advice in [
-        crate::lifecycle::drain::UNEXPOSED_BYTES_ADVICE,
-        crate::lifecycle::drain::UNSEEN_ADVICE,
+        crate::mesh::unexposed_bytes_advice(&crate::mesh::istio::TEXTS),
+        crate::mesh::unseen_advice(&crate::mesh::istio::TEXTS),
     ] {
         let mut view = clean();
         let mut p = drained("keepalive");
@@ -441,8 +441,8 @@ fn constants_agree_with_the_agent() {
     let fixed = crate::lifecycle::drain::envoy_version::INBOUND_ONLY_GRACEFUL_FIXED;
     assert_eq!(DIRECTIONAL_DRAIN_SINCE, (fixed.major, fixed.minor));
     for advice in [
-        crate::lifecycle::drain::UNEXPOSED_BYTES_ADVICE,
-        crate::lifecycle::drain::UNSEEN_ADVICE,
+        crate::mesh::unexposed_bytes_advice(&crate::mesh::istio::TEXTS),
+        crate::mesh::unseen_advice(&crate::mesh::istio::TEXTS),
     ] {
         assert!(advice.contains(BYTE_COUNTERS_ADVICE_MARK), "{advice}");
     }
