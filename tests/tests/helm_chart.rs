@@ -106,6 +106,35 @@ fn monitoring_on_is_the_monitoring_component() {
         rule.to_string().contains("{{ $labels.node }}"),
         "the alerts' templates must reach Prometheus unrendered"
     );
+    // Grafana's dashboard as a ConfigMap for its sidecar: the one dashboard file, parsed equal.
+    let with_dashboard = helm_install(
+        &h,
+        &[
+            set("monitoring.dashboard.enabled", "true"),
+            set("monitoring.dashboard.namespace", "grafana"),
+        ],
+    );
+    let cm = with_dashboard
+        .get("v1 ConfigMap grafana/holdfast-dashboard")
+        .unwrap_or_else(|| panic!("no dashboard ConfigMap: {:?}", with_dashboard.keys()));
+    assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
+    let served: Value =
+        serde_json::from_str(cm["data"]["holdfast.json"].as_str().expect("data")).expect("JSON");
+    let file: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            holdfast_tests::envoy::workspace_root().join("manifests/monitoring/dashboard.json"),
+        )
+        .expect("dashboard.json"),
+    )
+    .expect("JSON");
+    assert_eq!(
+        served, file,
+        "the ConfigMap carries manifests/monitoring/dashboard.json"
+    );
+    // ConfigMap is not in the schema corpus: read as the API's type, strictly.
+    let _: k8s_openapi::api::core::v1::ConfigMap =
+        serde_json::from_value(cm.clone()).expect("a ConfigMap");
+    assert!(!chart.values().any(|o| o["kind"] == "ConfigMap"));
     // And off by default: no monitoring kinds.
     let off = helm_install(&h, &[]);
     assert!(
