@@ -222,7 +222,13 @@ impl Envoy {
     /// Starts Envoy and returns once it wrote its admin address, without waiting for readiness
     /// (for tests of startup itself; see [`Envoy::wait_ready`]).
     pub fn spawn(bootstrap: &str, opts: &EnvoyOptions) -> anyhow::Result<Envoy> {
-        let bin = envoy_binary()?;
+        let mut bin = envoy_binary()?;
+        if !opts.command_prefix.is_empty() {
+            // The prefix may run Envoy as another uid (`setpriv --reuid 1337`), which cannot
+            // reach a checkout under root's home: the binary from the stage (sim/reach.rs).
+            bin = crate::sim::reach::for_pods(&bin, crate::sim::reach::Need::Exec)
+                .map_err(|e| anyhow!("{e}"))?;
+        }
         let dir = ScratchDir::new(&opts.label)?;
         // JSON is YAML, so one file name serves both.
         let bootstrap_path = dir.path().join("bootstrap.yaml");

@@ -51,9 +51,13 @@ fn fixture(plugin_config: Option<&str>, concurrency: u32) -> Result<Fixture> {
 }
 
 fn fixture_with(plugin_config: Option<&str>, opts: &EnvoyOptions) -> Result<Fixture> {
-    let wasm = envoy::filter_wasm().context(
+    let mut wasm = envoy::filter_wasm().context(
         "the filter module is missing: these tests load the real .wasm (`just test` builds it)",
     )?;
+    if !opts.command_prefix.is_empty() {
+        // Envoy as the proxy's uid reads the module from where that uid can (sim/reach.rs).
+        wasm = holdfast_tests::sim::reach::for_pods(&wasm, holdfast_tests::sim::reach::Need::Read)?;
+    }
     let echo = EchoServer::start()?;
     let any = SocketAddr::from(([127, 0, 0, 1], 0));
     let filter = || Some(holdfast_filter(&wasm, plugin_config));
