@@ -238,9 +238,8 @@ pub const READ_ENV: [&str; 6] = [
 /// pilot-agent's 15053): pilot/cmd/pilot-agent/options/options.go `DNSCaptureByAgent`, and
 /// tools/istio-iptables/pkg/cmd/root.go for the redirect rule.
 pub const ENV_DNS_CAPTURE: &str = "ISTIO_META_DNS_CAPTURE";
-/// pilot-agent's "end Envoy on zero active connections" switch
-/// (pilot/cmd/pilot-agent/options/options.go, used in pkg/envoy/agent.go `terminate`).
-pub const ENV_EXIT_ON_ZERO: &str = "EXIT_ON_ZERO_ACTIVE_CONNECTIONS";
+/// pilot-agent's "end Envoy on zero active connections" switch (`crate::mesh`'s Istio facts).
+pub use crate::mesh::istio::ENV_EXIT_ON_ZERO;
 /// Istio's dual-stack switch (pilot/pkg/features/experimental.go `EnableDualStack`).
 pub const ENV_DUAL_STACK: &str = "ISTIO_DUAL_STACK";
 /// How Istio tells the proxy its interception mode (injection-template.yaml).
@@ -572,51 +571,10 @@ impl PodView {
 }
 
 /// What an operator should change when Envoy exited before the app was done (drain outcome
-/// `proxy-gone-early`). Without `EXIT_ON_ZERO_ACTIVE_CONNECTIONS` pilot-agent ended Envoy after
-/// `terminationDrainDuration`; with it, pilot-agent ignores that duration and ends Envoy once its
-/// listeners count no active connection after `MINIMUM_DRAIN_DURATION` (5 s), polling every
-/// second (pkg/envoy/agent.go `terminate`) — an app between two calls has none.
+/// `proxy-gone-early`), in the words of the pod's mesh
+/// ([`crate::mesh::proxy_gone_early_advice`]).
 pub fn drain_advice(view: &PodView) -> String {
-    match view.profile.mesh {
-        Mesh::Istio => {}
-        // kuma-dp stops Envoy `drainTime` after its SIGTERM (kumahq/kuma app/kuma-dp/cmd/run.go;
-        // per pod the annotation, pkg/plugins/runtime/k8s/metadata/annotations.go).
-        Mesh::Kuma => {
-            return format!(
-                "Envoy exited while the app still ran: kuma-dp stops Envoy its drainTime (30 s by \
-                 default) after SIGTERM. Set the {} annotation (or the control plane's \
-                 sidecarContainer.drainTime) to the pod's grace period, so Envoy outlives the app \
-                 and holdfast ends it when the app is done",
-                crate::mesh::kuma::ANNOTATION_DRAIN_TIME
-            )
-        }
-        // consul-dataplane quits Envoy its shutdown grace period after SIGTERM (lifecycle.go).
-        Mesh::Consul => {
-            return format!(
-                "Envoy exited while the app still ran: consul-dataplane quits Envoy its shutdown \
-                 grace period (30 s by default) after SIGTERM. Set the {} annotation (or the Helm \
-                 value connectInject.sidecarProxy.lifecycle.defaultShutdownGracePeriodSeconds) to \
-                 the pod's grace period, so Envoy outlives the app and holdfast ends it when the \
-                 app is done",
-                crate::mesh::consul::ANNOTATION_SHUTDOWN_GRACE_PERIOD
-            )
-        }
-    }
-    if view.exit_on_zero {
-        format!(
-            "Envoy exited while the app still ran: this pod's proxy sets {ENV_EXIT_ON_ZERO}, so \
-             pilot-agent ends Envoy as soon as no connection is active (after \
-             MINIMUM_DRAIN_DURATION, 5s) and terminationDrainDuration has no effect. Remove \
-             {ENV_EXIT_ON_ZERO} from this pod's proxyMetadata (mesh defaultConfig or the \
-             {ANNOTATION_ISTIO_PROXY_CONFIG} annotation) and set terminationDrainDuration to the \
-             pod's grace period, so holdfast ends Envoy when the app is done"
-        )
-    } else {
-        "Envoy exited while the app still ran: set meshConfig.defaultConfig.\
-         terminationDrainDuration (or this pod's proxy.istio.io/config) to the pod's grace period, \
-         so Envoy outlives the app and holdfast ends it when the app is done"
-            .to_string()
-    }
+    crate::mesh::proxy_gone_early_advice(&view.profile, view.exit_on_zero)
 }
 
 /// Whether a native proxy's preStop is Istio's drain ([`crate::mesh::istio::prestop_drain`]).

@@ -183,3 +183,15 @@ pub static TEXTS: MeshTexts = MeshTexts {
     install_filter: None,
     envoy_1_34: "a consul-dataplane release whose Envoy is 1.34 or later",
 };
+
+/// The advice when Envoy exited before the app was done: consul-dataplane quits Envoy its
+/// shutdown grace period after SIGTERM (pkg/consuldp/lifecycle.go).
+pub fn proxy_gone_early_advice() -> String {
+    format!(
+        "Envoy exited while the app still ran: consul-dataplane quits Envoy its shutdown grace \
+         period (30 s by default) after SIGTERM. Set the {ANNOTATION_SHUTDOWN_GRACE_PERIOD} \
+         annotation (or the Helm value \
+         connectInject.sidecarProxy.lifecycle.defaultShutdownGracePeriodSeconds) to the pod's \
+         grace period, so Envoy outlives the app and holdfast ends it when the app is done"
+    )
+}

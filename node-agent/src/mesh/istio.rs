@@ -154,3 +154,30 @@ pub static TEXTS: MeshTexts = MeshTexts {
     install_filter: Some("Install the filter (manifests/wasmplugin.yaml)"),
     envoy_1_34: "Istio 1.26 or later (Envoy 1.34+)",
 };
+
+/// pilot-agent's "end Envoy on zero active connections" switch
+/// (pilot/cmd/pilot-agent/options/options.go, used in pkg/envoy/agent.go `terminate`).
+pub const ENV_EXIT_ON_ZERO: &str = "EXIT_ON_ZERO_ACTIVE_CONNECTIONS";
+
+/// The advice when Envoy exited before the app was done. Without
+/// `EXIT_ON_ZERO_ACTIVE_CONNECTIONS` pilot-agent ended Envoy after `terminationDrainDuration`;
+/// with it, pilot-agent ignores that duration and ends Envoy once its listeners count no active
+/// connection after `MINIMUM_DRAIN_DURATION` (5 s), polling every second (pkg/envoy/agent.go
+/// `terminate`) — an app between two calls has none.
+pub fn proxy_gone_early_advice(exit_on_zero: bool) -> String {
+    if exit_on_zero {
+        format!(
+            "Envoy exited while the app still ran: this pod's proxy sets {ENV_EXIT_ON_ZERO}, so \
+             pilot-agent ends Envoy as soon as no connection is active (after \
+             MINIMUM_DRAIN_DURATION, 5s) and terminationDrainDuration has no effect. Remove \
+             {ENV_EXIT_ON_ZERO} from this pod's proxyMetadata (mesh defaultConfig or the \
+             {ANNOTATION_PROXY_CONFIG} annotation) and set terminationDrainDuration to the \
+             pod's grace period, so holdfast ends Envoy when the app is done"
+        )
+    } else {
+        "Envoy exited while the app still ran: set meshConfig.defaultConfig.\
+         terminationDrainDuration (or this pod's proxy.istio.io/config) to the pod's grace period, \
+         so Envoy outlives the app and holdfast ends it when the app is done"
+            .to_string()
+    }
+}

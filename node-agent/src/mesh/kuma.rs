@@ -216,3 +216,15 @@ pub static TEXTS: MeshTexts = MeshTexts {
     ),
     envoy_1_34: "a Kuma release whose Envoy is 1.34 or later",
 };
+
+/// The advice when Envoy exited before the app was done: kuma-dp stops Envoy `drainTime` after
+/// its SIGTERM (app/kuma-dp/cmd/run.go; per pod the annotation,
+/// pkg/plugins/runtime/k8s/metadata/annotations.go).
+pub fn proxy_gone_early_advice() -> String {
+    format!(
+        "Envoy exited while the app still ran: kuma-dp stops Envoy its drainTime (30 s by \
+         default) after SIGTERM. Set the {ANNOTATION_DRAIN_TIME} annotation (or the control \
+         plane's sidecarContainer.drainTime) to the pod's grace period, so Envoy outlives the app \
+         and holdfast ends it when the app is done"
+    )
+}

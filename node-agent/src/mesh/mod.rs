@@ -14,7 +14,9 @@ use serde::Serialize;
 
 pub use crate::api::Mesh;
 use crate::config::ProxyConfig;
-pub use texts::{proxy_died_advice, unexposed_bytes_advice, unseen_advice};
+pub use texts::{
+    proxy_died_advice, proxy_gone_early_advice, unexposed_bytes_advice, unseen_advice,
+};
 
 pub mod consul;
 pub mod istio;

@@ -1,7 +1,7 @@
 //! The advice texts that name the pod's mesh's parts (its agent, its own drain, its settings),
 //! made from its [`MeshTexts`].
 
-use super::{MeshProfile, MeshTexts};
+use super::{consul, istio, kuma, Mesh, MeshProfile, MeshTexts};
 
 /// The drain's advice when a connection stays open after the app exited and Envoy keeps no
 /// byte counters (only the bytes could tell an idle keep-alive from traffic in flight).
@@ -48,4 +48,15 @@ pub fn proxy_died_advice(profile: &MeshProfile, app_processes: usize) -> String 
         profile.texts().agent,
         profile.proxy.exact
     )
+}
+
+/// What an operator should change when Envoy exited before the app was done (drain outcome
+/// `proxy-gone-early`): the pod's mesh's own drain setting (`exit_on_zero`: Istio's
+/// `EXIT_ON_ZERO_ACTIVE_CONNECTIONS` is set on the pod).
+pub fn proxy_gone_early_advice(profile: &MeshProfile, exit_on_zero: bool) -> String {
+    match profile.mesh {
+        Mesh::Istio => istio::proxy_gone_early_advice(exit_on_zero),
+        Mesh::Kuma => kuma::proxy_gone_early_advice(),
+        Mesh::Consul => consul::proxy_gone_early_advice(),
+    }
 }
