@@ -17,6 +17,17 @@ use std::path::{Path, PathBuf};
 /// read it from the pod's profile.
 const DEBT: &[(&str, usize, &str)] = &[
     (
+        "cli/check.rs",
+        10,
+        "holdfast check's per-mesh fixes (filter install, Envoy 1.34 release): the CLI may not \
+         link mesh/ (tests/layout.rs); to move beside api::Mesh",
+    ),
+    (
+        "cli/cluster_status.rs",
+        3,
+        "the --mesh filter's parse and its error text: to use api::Mesh's names",
+    ),
+    (
         "pod.rs",
         51,
         "Istio's env switches and proxy.istio.io/config parse, Kuma's and Consul's per-pod \

@@ -61,7 +61,7 @@ dns_failure_refresh_rate:
   base_interval: 5s
   max_interval: 300s
 connect_timeout: 5s
-dns_lookup_family: V4_ONLY
+dns_lookup_family: ALL
 load_assignment:
   cluster_name: holdfast-filter-download
   endpoints:
