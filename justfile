@@ -61,7 +61,7 @@ test-all: test
     just _envoy-istio
     cargo build -p holdfast --target aarch64-unknown-linux-gnu
     cargo build --profile quota -p holdfast --bin holdfast
-    cargo test -p holdfast-tests --test hostile --test agent_image --test agent_container -- --ignored
+    cargo test -p holdfast-tests --test hostile --test agent_image --test agent_container --test runtime_containerd -- --ignored
     "${CARGO_TARGET_DIR:-target}"/debug/holdfast-soak --lifecycles 100 --seed 777
 
 # The Envoy of each Istio people run (istio/proxy ENVOY_VERSION.txt: 1.28 ships 1.36, 1.29 1.37, 1.30 1.38, 1.31 1.39;

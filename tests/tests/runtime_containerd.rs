@@ -86,6 +86,7 @@ fn containerd_startup_call_before_proxy_is_refused() {
 /// The hold on real containers: with the agent, the same boot calls are held until Envoy is
 /// ready and none is refused.
 #[test]
+#[ignore = "long form, `just test-all`: the agent's pod runs the `quota` profile's agent"]
 fn containerd_startup_hold_proxy_two_seconds_late() {
     if runtime_for("containerd_startup_hold_proxy_two_seconds_late").is_none() {
         return;
@@ -131,6 +132,7 @@ fn containerd_startup_hold_proxy_two_seconds_late() {
 /// for 4 s after SIGTERM and every call works, because the agent keeps Envoy until the app is
 /// done; the pod ends with the app, long before the 20 s drain duration.
 #[test]
+#[ignore = "long form, `just test-all`: the agent's pod runs the `quota` profile's agent"]
 fn containerd_drain_waits_for_an_app_calling_through_shutdown() {
     if runtime_for("containerd_drain_waits_for_an_app_calling_through_shutdown").is_none() {
         return;
@@ -177,6 +179,7 @@ fn containerd_drain_waits_for_an_app_calling_through_shutdown() {
 
 /// A Job on real containers: the app exits 0, the agent quits its proxy, the pod Succeeds.
 #[test]
+#[ignore = "long form, `just test-all`: the agent's pod runs the `quota` profile's agent"]
 fn containerd_job_completes_when_its_app_exits() {
     if runtime_for("containerd_job_completes_when_its_app_exits").is_none() {
         return;
