@@ -361,12 +361,12 @@ ms="$(seen hf-before 30)"
 [[ -n "$ms" ]] && pass "the agent tracks a meshed pod ${ms} ms after kubectl apply" || fail "the agent never tracked default/hf-before"
 scripts/cluster/cluster.sh restart-apiserver 3 2>&1 | sed 's/^/  /'
 kubectl apply -f <(meshed_pod hf-after) >/dev/null
-ms="$(seen hf-after 120)"
+ms="$(seen hf-after 180)"
 if [[ -n "$ms" ]]; then
     pass "after the API server restart, a new meshed pod tracked ${ms} ms after kubectl apply"
     agent_logs | grep -o '"message":"pod watch recovered","errors":[0-9]*' | tail -1 | sed 's/^/    agent: /' || true
 else
-    fail "after the API server restart the agent did not track default/hf-after within 120 s"
+    fail "after the API server restart the agent did not track default/hf-after within 180 s"
 fi
 n="$(grep -c '"tracking pod","pod":"default/hf-before"' <<<"$(agent_logs)" || true)"
 [[ "$n" == 1 ]] && pass "the pod from before the restart tracked once, not again after it" ||
