@@ -55,8 +55,12 @@ test: setup filter
 # `test-containerd`), the readiness, drain-parts and filter tests on the Envoy of each Istio 1.28-1.31 (as
 # `test-envoy-istio`), the tests that need other builds (the hostile suite runs the agent optimised, the `quota`
 # profile of Cargo.toml, under the DaemonSet's CPU quota and memory limit; the image index needs the arm64 cross
-# build), and a chaos soak of 100 lifecycles per variant. What CI runs (.ci/run).
-test-all: test
+# build), and a chaos soak of 100 lifecycles per variant. CI (.ci/run) runs `test`, then `test-long`.
+test-all: test test-long
+
+# The long forms alone (what `test-all` adds to `test`; .ci/run runs `test`, then this, to time each).
+test-long: setup filter
+    cargo build --workspace --exclude holdfast-filter --bins
     just _containerd
     just _envoy-istio
     cargo build -p holdfast --target aarch64-unknown-linux-gnu
