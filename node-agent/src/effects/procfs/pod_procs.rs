@@ -122,7 +122,20 @@ struct Index {
     kubepods_roots: Vec<(PathBuf, bool)>,
     /// Full listings of `/proc` made (for tests and the timing figure).
     listings: u64,
+    /// The last listing made for a pod the learned layout does not place
+    /// ([`UNPREDICTED_LISTING_EVERY`]).
+    last_unpredicted_listing: Option<Instant>,
 }
+
+/// How often, at most, `/proc` is listed for a pod whose directory is not where the learned
+/// layout predicts it. A `kubepods` directory is learned from other pods' processes; a pod
+/// under one not learned yet (a second kubelet's `cgroupRoot` on the node, a layout the first
+/// pods did not show) was never looked for again and stayed without its netns, every look
+/// answered "not yet" (seen: the simulated node's pods while a real kubelet ran beside it, each
+/// hold never installed). Once a second at most, for the whole node: a listing costs in
+/// proportion to the node's processes (issue 29), and a pod whose cgroup is predicted right is
+/// never listed for.
+const UNPREDICTED_LISTING_EVERY: Duration = Duration::from_secs(1);
 
 /// A shared, cached index of pod processes.
 #[derive(Debug, Clone)]
@@ -153,6 +166,7 @@ impl PodProcs {
                 pod_dirs: HashMap::new(),
                 kubepods_roots: Vec::new(),
                 listings: 0,
+                last_unpredicted_listing: None,
             })),
         }
     }
@@ -211,7 +225,7 @@ impl PodProcs {
                             index.refresh_if_stale();
                         }
                     }
-                    Some(false) => {}
+                    Some(false) => index.list_for_unpredicted_pod(),
                     None => index.refresh_if_stale(),
                 }
             }
@@ -716,6 +730,26 @@ impl Index {
         );
     }
 
+    /// Lists `/proc` for a pod the learned layout does not place, at most every
+    /// [`UNPREDICTED_LISTING_EVERY`].
+    /// The first such look only starts the clock: a pod the layout places is usually just not
+    /// there yet (its sandbox is being made), and is found without any listing.
+    fn list_for_unpredicted_pod(&mut self) {
+        let now = Instant::now();
+        match self.last_unpredicted_listing {
+            None => {
+                self.last_unpredicted_listing = Some(now);
+                return;
+            }
+            Some(t) if now.duration_since(t) < UNPREDICTED_LISTING_EVERY => return,
+            Some(_) => {}
+        }
+        self.last_unpredicted_listing = Some(now);
+        // Not skipped by `refresh_if_stale`'s own 5 ms bound: at most once a second here.
+        self.last_refresh = None;
+        self.refresh_if_stale();
+    }
+
     fn refresh_if_stale(&mut self) {
         let now = Instant::now();
         if self
@@ -1193,6 +1227,61 @@ mod netns_tests {
             procs.listings(),
             1,
             "pod B found where the kubelet makes it"
+        );
+    }
+
+    /// A pod under a `kubepods` directory other than the one learned from the first pods (a
+    /// second kubelet's `cgroupRoot`): not where the learned layout predicts it, so found by a
+    /// listing — at most one a second — instead of never.
+    #[test]
+    fn a_pod_outside_the_learned_layout_is_still_found() {
+        const UID_B: &str = "3d2f0c4e-2222-4a2b-8c3d-5e6f7a8b9c0d";
+        let f = FakeProc::new("second-root");
+        let cg = f.root.join("cg");
+        let put = |dir: &str, pid: i32, ns: &str| {
+            let d = cg.join(dir);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("cgroup.procs"), format!("{pid}\n")).unwrap();
+            f.process(pid, &format!("0::/{dir}"), Some(ns));
+        };
+        let (a, b) = ("a".repeat(64), "b".repeat(64));
+        put(&format!("kubepods/burstable/pod{UID}/{a}"), 30, "pod");
+        let procs = PodProcs::with_cgroup_root(f.root.clone(), Some(cg.clone()));
+        assert!(matches!(
+            procs.find_netns_blocking(UID),
+            NetnsLookup::Found { .. }
+        ));
+        let learned = procs.listings();
+        // Pod B under another kubelet's root, after the layout was learned.
+        put(
+            &format!("second/kubepods/besteffort/pod{UID_B}/{b}"),
+            50,
+            "other-pod",
+        );
+        assert!(
+            matches!(procs.find_netns_blocking(UID_B), NetnsLookup::NotYet),
+            "the first look only starts the clock"
+        );
+        assert_eq!(procs.listings(), learned);
+        std::thread::sleep(UNPREDICTED_LISTING_EVERY + Duration::from_millis(50));
+        match procs.find_netns_blocking(UID_B) {
+            NetnsLookup::Found { pid, netns } => {
+                assert_eq!((pid, netns.id()), (50, f.ns_id("other-pod")));
+            }
+            other => panic!("pod B under a second kubepods root: {other:?}"),
+        }
+        assert_eq!(procs.listings(), learned + 1, "one listing found it");
+        // A pod with no process anywhere yet: looked for by listing at most once a second.
+        for _ in 0..20 {
+            assert!(matches!(
+                procs.find_netns_blocking("00000000-0000-4000-8000-000000000000"),
+                NetnsLookup::NotYet
+            ));
+        }
+        assert!(
+            procs.listings() <= learned + 2,
+            "{} listings",
+            procs.listings()
         );
     }
 
