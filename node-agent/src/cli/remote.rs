@@ -33,7 +33,8 @@ pub const AGENT_NAMESPACE: &str = "holdfast-system";
 /// Labels of the agent's pods (manifests/agent/daemonset.yaml).
 pub const AGENT_SELECTOR: &str =
     "app.kubernetes.io/name=holdfast,app.kubernetes.io/component=agent";
-/// The agent's status port in the manifests (`--status-listen 0.0.0.0:15300`).
+/// The agent's status port in the manifests (`--status-listen 127.0.0.1:15300`: loopback only,
+/// reached through a port-forward).
 pub const STATUS_PORT: u16 = 15300;
 
 /// Why a node's status could not be read through the API server.

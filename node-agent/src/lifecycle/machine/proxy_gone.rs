@@ -121,9 +121,10 @@ pub(super) fn proxy_gone(
             if p.native() {
                 fx.push(Effect::Problem(
                     "the native sidecar's proxy exited while the app runs: the kubelet \
-                     restarts it after its CrashLoopBackOff back-off (10 s, doubling to 5 \
-                     min) and marks the pod not Ready meanwhile; the app's new connections are \
-                     held until the restarted Envoy is ready (at most the hold deadline)"
+                     restarts it, at once after a first crash and after its CrashLoopBackOff \
+                     back-off (10 s, doubling to 5 min) after the next ones, and marks the pod \
+                     not Ready meanwhile; the app's new connections are held until the \
+                     restarted Envoy is ready (at most the hold deadline)"
                         .to_string(),
                 ));
             }
