@@ -83,6 +83,9 @@ pub struct Metrics {
     /// 1 while `/readyz` answers 200 (the first pod list is loaded), else 0: set at scrape
     /// time, so an alert can tell "runs but acts on no pod" from "down".
     pub ready: Gauge,
+    /// Pod source entries rejected or ignored now: set at scrape time from the list `/status`
+    /// serves (`source::SourceProblems`, passed to the status API; no process-global count).
+    pub source_problems: Gauge,
     /// The startup taint's removal (effects/node_taint.rs): pending until the node is seen
     /// free of it, and the refused tries.
     pub startup_taint: crate::effects::node_taint::TaintMetrics,
@@ -114,6 +117,7 @@ impl Metrics {
             status_api_rejected: Counter::default(),
             pod_task_panics: Counter::default(),
             ready: Gauge::default(),
+            source_problems: Gauge::default(),
             startup_taint: Default::default(),
             pods_by_phase: Family::default(),
         };
@@ -196,6 +200,11 @@ impl Metrics {
             "pods_failed_open",
             "Pods left alone because they broke one of the agent's bounds (an oversized admin answer, netlink messages not from the kernel on the hold's queue, ...): their hold released as without the agent",
             m.pods_failed_open.clone(),
+        );
+        r.register(
+            "source_problems",
+            "Pod source entries rejected or ignored now (bad files, symlink loops, duplicate uids); listed on /status",
+            m.source_problems.clone(),
         );
         r.register(
             "ready",

@@ -146,13 +146,6 @@ impl Collector for ProcessCollector {
                 counter.metric_type(),
             )?)?;
         }
-        let problems = ConstGauge::new(crate::source::problem_count());
-        problems.encode(encoder.encode_descriptor(
-            "holdfast_source_problems",
-            "Pod source entries rejected or ignored now (bad files, symlink loops, duplicate uids); listed on /status",
-            None,
-            problems.metric_type(),
-        )?)?;
         Ok(())
     }
 }

@@ -361,6 +361,8 @@ impl StatusApi {
             "/metrics" => {
                 let ready = self.synced.load(std::sync::atomic::Ordering::Relaxed);
                 self.metrics.metrics.ready.set(i64::from(ready));
+                let problems = i64::try_from(self.source_problems.len()).unwrap_or(i64::MAX);
+                self.metrics.metrics.source_problems.set(problems);
                 let mut r = Response::new(Full::new(Bytes::from(self.metrics.encode(&self.board))));
                 r.headers_mut().insert(
                     hyper::header::CONTENT_TYPE,

@@ -175,15 +175,6 @@ pub fn oversized_annotation(len: usize) -> String {
     format!("(a value of {len} bytes, over the {MAX_ANNOTATION_BYTES} holdfast reads)")
 }
 
-/// The number of problems the pod source reports now ([`SourceProblems::set`] writes it; the
-/// `holdfast_source_problems` gauge reads it). One per process: an agent has one pod source.
-static PROBLEM_COUNT: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
-
-/// How many problems the pod source reports now.
-pub fn problem_count() -> i64 {
-    PROBLEM_COUNT.load(std::sync::atomic::Ordering::Relaxed)
-}
-
 /// The source's current problems, shared with the status API. Cheap to clone.
 #[derive(Debug, Clone, Default)]
 pub struct SourceProblems {
@@ -192,13 +183,19 @@ pub struct SourceProblems {
 
 impl SourceProblems {
     /// Replaces the current list (a source reports its whole picture each time it looks).
-    /// Also sets the count behind `holdfast_source_problems` ([`problem_count`]).
     pub fn set(&self, problems: Vec<SourceProblem>) {
-        PROBLEM_COUNT.store(
-            i64::try_from(problems.len()).unwrap_or(i64::MAX),
-            std::sync::atomic::Ordering::Relaxed,
-        );
         *self.inner.lock().unwrap_or_else(|e| e.into_inner()) = problems;
+    }
+
+    /// How many problems there are now (the status API's `holdfast_source_problems`, set at
+    /// scrape time from the same list `/status` serves).
+    pub fn len(&self) -> usize {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// No problem now.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// A copy of the current list.
