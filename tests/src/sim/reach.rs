@@ -225,10 +225,14 @@ fn stage_file(src: &Path, stage: &Path) -> Result<PathBuf, String> {
     fs::create_dir_all(&entry).map_err(|e| format!("{}: {e}", entry.display()))?;
     fs::set_permissions(&entry, fs::Permissions::from_mode(0o755))
         .map_err(|e| format!("{}: {e}", entry.display()))?;
+    // A name of this call's own: the tests of one binary stage the same file at once (same
+    // pid), and one's clean-up must never remove another's half-made copy.
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let tmp = entry.join(format!(
-        ".{}.{}",
+        ".{}.{}.{}",
         name.to_string_lossy(),
-        std::process::id()
+        std::process::id(),
+        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
     let _ = fs::remove_file(&tmp);
     // A hard link keeps the source's mode, so it serves only when that already lets every uid
@@ -240,7 +244,13 @@ fn stage_file(src: &Path, stage: &Path) -> Result<PathBuf, String> {
         fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755))
             .map_err(|e| format!("{}: {e}", tmp.display()))?;
     }
-    fs::rename(&tmp, &dest).map_err(|e| format!("{}: {e}", dest.display()))?;
+    if let Err(e) = fs::rename(&tmp, &dest) {
+        let _ = fs::remove_file(&tmp);
+        // Another racer's rename won with the same content: as good.
+        if !fs::metadata(&dest).is_ok_and(|m| m.len() == meta.size()) {
+            return Err(format!("{}: {e}", dest.display()));
+        }
+    }
     prune(stage, &entry);
     Ok(dest)
 }
@@ -360,6 +370,35 @@ mod tests {
         assert!(reachable(&f, stranger, m.gid(), Need::Read).is_ok());
         assert!(reachable(&f, stranger, m.gid() + 1, Need::Read).is_err());
         fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// The tests of one binary stage the same file at once: every one gets it (a clean-up of
+    /// a shared temporary name once removed another's copy before its rename: "No such file").
+    #[test]
+    fn staging_the_same_file_at_once_works_for_every_caller() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!(
+                "SKIPPED staging_the_same_file_at_once_works_for_every_caller: the stage is root's"
+            );
+            return;
+        }
+        let d = scratch("race");
+        let src = d.join("module.wasm");
+        fs::write(&src, vec![7u8; 1 << 20]).unwrap();
+        mode(&src, 0o600); // not readable by others: copied, not linked
+        let stage = Path::new("/var/lib/holdfast-tests")
+            .join(format!("race-{}", super::super::random_hex(4)));
+        let got: Vec<Result<PathBuf, String>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| stage_file(&src, &stage)))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let _ = fs::remove_dir_all(&stage);
+        fs::remove_dir_all(&d).unwrap();
+        for g in &got {
+            assert!(g.is_ok(), "{got:?}");
+        }
     }
 
     #[test]
