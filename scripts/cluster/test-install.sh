@@ -331,7 +331,11 @@ done
 echo "== 5. the agent's status and metrics through the real API server and pod network"
 # `holdfast status --node` (README): a port-forward to the node's agent through the API server
 # (node-agent's WebSocket client against the real kube-apiserver and kubelet).
-agent_bin="${CARGO_TARGET_DIR:-target}/release/holdfast"
+# The CLI from the same build as the image: release (`just image`) or quota (HOLDFAST_CLUSTER_IMAGE=quota).
+case "$image_mode" in
+quota) agent_bin="${CARGO_TARGET_DIR:-target}/quota/holdfast" ;;
+*) agent_bin="${CARGO_TARGET_DIR:-target}/release/holdfast" ;;
+esac
 if out="$(timeout 30 "$agent_bin" status --node "$NODE" 2>&1)" && [[ "$out" == *"node $NODE"* ]]; then
     pass "holdfast status --node $NODE through the API server's port-forward: $(head -1 <<<"$out")"
 else
