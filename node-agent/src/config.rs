@@ -15,6 +15,9 @@ pub const ANNOTATION_ENABLED: &str = "holdfast.io/enabled";
 /// Annotation that overrides the hold deadline for one pod (e.g. `"30s"`, `"2m"`).
 pub const ANNOTATION_HOLD_TIMEOUT: &str = "holdfast.io/hold-timeout";
 
+/// holdfast's own annotations, which [`crate::pod::PodView::from_pod`] reads.
+pub const READ_ANNOTATIONS: [&str; 2] = [ANNOTATION_ENABLED, ANNOTATION_HOLD_TIMEOUT];
+
 /// Go's `strconv.ParseBool`, which Istio's `env.Register(..., false, ...)` uses for
 /// `ISTIO_META_DNS_CAPTURE` and `EXIT_ON_ZERO_ACTIVE_CONNECTIONS` (istio/istio pkg/env): anything
 /// else is an error, and Istio then uses the default (false).

@@ -5,12 +5,12 @@
 //! yet, no container ids yet, missing fields in a hand-written file. Everything here returns a
 //! safe answer for such objects instead of failing.
 //!
-//! holdfast acts only on **classic sidecar pods** (see [`NotTracked`] for every way out): the
-//! proxy is a regular container next to at least one other regular container, Istio's sidecar
-//! template injected it (its status annotation names `istio-init` or `istio-validation`), and
-//! interception is REDIRECT. Gateways, waypoints and ztunnel name their container `istio-proxy`
-//! too, but have no capture ports and must drain all listeners: holding or quitting them early
-//! is wrong.
+//! holdfast acts only on **sidecar pods of a mesh it knows** (see [`NotTracked`] for every way
+//! out): the mesh's injector marked the pod, its proxy runs as a sidecar (a regular container
+//! next to at least one other, or a native sidecar) and its interception is REDIRECT. Which
+//! mesh, and everything that mesh's injector wrote for this pod (ports, uid, admin address, its
+//! switches), is read by the pod's [`MeshProfile`] (`crate::mesh`); this file reads what every
+//! pod has: containers, statuses, IPs, deletion.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -20,17 +20,14 @@ use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod};
 pub use crate::api::SidecarMode;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::config::{parse_go_bool, HoldSettings, PodOverrides, ProxyConfig};
-use crate::mesh::istio_config::{
-    proxy_metadata_from_annotation, ANNOTATION_ISTIO_INTERCEPTION_MODE,
-    ANNOTATION_ISTIO_PROXY_CONFIG, ANNOTATION_ISTIO_SIDECAR_STATUS,
-};
+use crate::config::{HoldSettings, PodOverrides, ProxyConfig};
+use crate::mesh::{PodReads, PodSwitches};
 
 pub mod app_end;
 mod shape;
 
 pub use app_end::{app_end, AppContainerEnd, AppEnd, AppNow, ContainerRestart, RestartPolicy};
-pub use shape::{NotTracked, ISTIO_INIT_STEPS};
+pub use shape::NotTracked;
 
 pub use crate::mesh::{Mesh, MeshProfile};
 
@@ -119,12 +116,10 @@ pub struct PodView {
     pub phase: Option<String>,
     /// `status.podIPs` in order (the first is `status.podIP`); empty before the sandbox exists.
     pub pod_ips: Vec<IpAddr>,
-    /// Istio's DNS capture is on for this pod (see [`PodView::dns_capture`]).
-    pub dns_capture: bool,
-    /// pilot-agent ends Envoy on zero active connections (see [`PodView::exit_on_zero`]).
-    pub exit_on_zero: bool,
-    /// The proxy's `ISTIO_DUAL_STACK` is true (decides the admin bind of IPv6-first pods).
-    pub istio_dual_stack: bool,
+    /// The mesh's switches for this pod: DNS capture ([`PodView::dns_capture`]), the agent's
+    /// exit on zero connections ([`PodView::exit_on_zero`]), dual stack (the admin bind of
+    /// IPv6-first pods).
+    pub switches: PodSwitches,
     /// Classic (a regular container) or native (a restartable init container).
     pub mode: SidecarMode,
     /// The mesh that injected the sidecar, and its facts for this pod (proxy uid, capture
@@ -172,9 +167,7 @@ impl PodView {
             deletion: None,
             phase: None,
             pod_ips: Vec::new(),
-            dns_capture: false,
-            exit_on_zero: false,
-            istio_dual_stack: false,
+            switches: PodSwitches::default(),
             mode: SidecarMode::default(),
             profile,
             prestop_drain: false,
@@ -203,47 +196,20 @@ pub struct Deletion {
 /// Kubernetes' default `terminationGracePeriodSeconds`.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
 
-/// Every annotation [`PodView::from_pod`] reads; the pod source drops the others
-/// ([`crate::source::slim`]), so a pod's other annotations (labels' cousins, `kubectl
-/// annotate` in a loop, megabytes of last-applied-configuration) cost nothing past the source.
-pub const READ_ANNOTATIONS: [&str; 12] = [
-    crate::config::ANNOTATION_ENABLED,
-    crate::config::ANNOTATION_HOLD_TIMEOUT,
-    ANNOTATION_ISTIO_SIDECAR_STATUS,
-    ANNOTATION_ISTIO_INTERCEPTION_MODE,
-    ANNOTATION_ISTIO_PROXY_CONFIG,
-    crate::mesh::kuma::ANNOTATION_SIDECAR_INJECTED,
-    crate::mesh::kuma::ANNOTATION_ENVOY_ADMIN_PORT,
-    crate::mesh::kuma::ANNOTATION_SIDECAR_UID,
-    crate::mesh::kuma::ANNOTATION_OUTBOUND_PORT,
-    crate::mesh::kuma::ANNOTATION_INBOUND_PORT,
-    crate::mesh::consul::KEY_INJECT_STATUS,
-    crate::mesh::consul::KEY_TRANSPARENT_PROXY_STATUS,
-];
+/// Whether [`PodView::from_pod`] reads the annotation `key` (holdfast's own and the meshes'); the
+/// pod source drops the others ([`crate::source::slim`]), so a pod's other annotations (labels'
+/// cousins, `kubectl annotate` in a loop, megabytes of last-applied-configuration) cost nothing
+/// past the source.
+pub fn reads_annotation(key: &str) -> bool {
+    crate::config::READ_ANNOTATIONS.contains(&key) || crate::mesh::READ_ANNOTATIONS.contains(&key)
+}
 
 /// Every label [`PodView::from_pod`] reads (the meshes' markers); the source drops the others.
 pub const READ_LABELS: [&str; 2] = crate::mesh::READ_LABELS;
 
-/// Every container environment variable [`PodView::from_pod`] reads; the source drops the others.
-pub const READ_ENV: [&str; 6] = [
-    ENV_DNS_CAPTURE,
-    ENV_EXIT_ON_ZERO,
-    ENV_DUAL_STACK,
-    ENV_INTERCEPTION_MODE,
-    crate::mesh::kuma::ENV_DNS_ENABLED,
-    crate::mesh::kuma::ENV_DNS_PROXY_PORT,
-];
-
-/// The proxy's environment variable that turns on Istio's DNS capture (redirect of port 53 to
-/// pilot-agent's 15053): pilot/cmd/pilot-agent/options/options.go `DNSCaptureByAgent`, and
-/// tools/istio-iptables/pkg/cmd/root.go for the redirect rule.
-pub const ENV_DNS_CAPTURE: &str = "ISTIO_META_DNS_CAPTURE";
-/// pilot-agent's "end Envoy on zero active connections" switch (`crate::mesh`'s Istio facts).
-pub use crate::mesh::istio::ENV_EXIT_ON_ZERO;
-/// Istio's dual-stack switch (pilot/pkg/features/experimental.go `EnableDualStack`).
-pub const ENV_DUAL_STACK: &str = "ISTIO_DUAL_STACK";
-/// How Istio tells the proxy its interception mode (injection-template.yaml).
-pub const ENV_INTERCEPTION_MODE: &str = "ISTIO_META_INTERCEPTION_MODE";
+/// Every container environment variable [`PodView::from_pod`] reads (the meshes' switches); the
+/// source drops the others.
+pub const READ_ENV: [&str; 6] = crate::mesh::READ_ENV;
 
 impl PodView {
     /// Reads a Pod object. Returns why the pod is not tracked when it is not a classic sidecar
@@ -298,84 +264,16 @@ impl PodView {
                 profile.mesh
             ));
         }
-        match profile.mesh {
-            Mesh::Istio => {}
-            Mesh::Kuma => {
-                profile.admin = crate::mesh::kuma::admin_for(
-                    annotation(crate::mesh::kuma::ANNOTATION_ENVOY_ADMIN_PORT).map(String::as_str),
-                    readiness_probe_port(proxy_container),
-                );
-                crate::mesh::kuma::pod_settings(
-                    &mut profile,
-                    &|k| annotation(k).map(String::as_str),
-                    &mut overrides.problems,
-                );
-            }
-            Mesh::Consul => {
-                profile.admin = crate::mesh::consul::admin_for(
-                    proxy_container.args.as_deref().unwrap_or(&[]),
-                    &mut overrides.problems,
-                );
-            }
-        }
+        let annotation_str = |k: &str| annotation(k).map(String::as_str);
+        let switches = profile.read_pod(
+            &PodReads {
+                pod,
+                proxy: proxy_container,
+                annotation: &annotation_str,
+            },
+            &mut overrides.problems,
+        );
         let prestop_drain = mode == SidecarMode::Native && profile.prestop_drain(proxy_container);
-
-        // The proxy's settings: its env first (what pilot-agent reads), then the
-        // proxy.istio.io/config annotation's proxyMetadata.
-        let metadata = match annotation(ANNOTATION_ISTIO_PROXY_CONFIG) {
-            Some(v) => proxy_metadata_from_annotation(v).unwrap_or_else(|problem| {
-                overrides.problems.push(format!("{problem}; ignored"));
-                Default::default()
-            }),
-            None => Default::default(),
-        };
-        let mut flag = |var: &str| -> bool {
-            let (value, from) = match env_value(proxy_container, var) {
-                EnvValue::Literal(v) => (v, "env"),
-                EnvValue::FromElsewhere => {
-                    overrides.problems.push(format!(
-                        "{}'s {var} is set through valueFrom, which holdfast cannot read; assuming false",
-                        proxy_container.name
-                    ));
-                    return false;
-                }
-                EnvValue::Absent => match metadata.get(var) {
-                    Some(v) => (v.as_str(), ANNOTATION_ISTIO_PROXY_CONFIG),
-                    None => return false,
-                },
-            };
-            parse_go_bool(value).unwrap_or_else(|| {
-                overrides.problems.push(format!(
-                    "{var}={value:?} (from {from}) is not a boolean; pilot-agent then uses false, and so does holdfast"
-                ));
-                false
-            })
-        };
-        // Istio's settings; another mesh's proxy has none of these variables.
-        let istio = profile.mesh == Mesh::Istio;
-        let dns_capture = match profile.mesh {
-            Mesh::Istio => flag(ENV_DNS_CAPTURE),
-            // kuma-dp's DNS proxy, where kuma-init redirects DNS when the injector turned the
-            // builtin DNS on (containers/factory.go writes both variables then).
-            Mesh::Kuma => {
-                let on = matches!(
-                    env_value(proxy_container, crate::mesh::kuma::ENV_DNS_ENABLED),
-                    EnvValue::Literal(v) if parse_go_bool(v) == Some(true)
-                );
-                if let EnvValue::Literal(port) =
-                    env_value(proxy_container, crate::mesh::kuma::ENV_DNS_PROXY_PORT)
-                {
-                    // A value that is no port: the default (15053) stays.
-                    if let Ok(p @ 1..) = port.trim().parse::<u16>() {
-                        profile.dns_port = Some(p);
-                    }
-                }
-                on
-            }
-            Mesh::Consul => false,
-        };
-        let exit_on_zero = istio && flag(ENV_EXIT_ON_ZERO);
-        let istio_dual_stack = istio && flag(ENV_DUAL_STACK);
 
         let status = pod.status.as_ref();
         let statuses: &[ContainerStatus] = status
@@ -435,9 +333,7 @@ impl PodView {
             deletion,
             phase: status.and_then(|s| s.phase.clone()),
             pod_ips,
-            dns_capture,
-            exit_on_zero,
-            istio_dual_stack,
+            switches,
             mode,
             profile,
             prestop_drain,
@@ -465,18 +361,12 @@ impl PodView {
     fn admin_v6_loopback(&self) -> bool {
         let all_v6 = !self.pod_ips.is_empty() && self.pod_ips.iter().all(IpAddr::is_ipv6);
         let first_v6 = self.pod_ips.first().is_some_and(IpAddr::is_ipv6);
-        all_v6 || (first_v6 && self.istio_dual_stack)
+        all_v6 || (first_v6 && self.switches.dual_stack)
     }
 
-    /// [`PodView::admin_tcp`] for an Istio pod, with the agent's `--admin-addr` in `proxy`
-    /// (kept for the callers that predate the mesh profile); for a pod whose admin is a Unix
-    /// socket, `proxy.admin` (unused: its client connects to the socket).
+    /// [`PodView::admin_tcp`], or `proxy.admin` for a pod whose admin is a Unix socket
+    /// (unused: its client connects to the socket).
     pub fn admin_addr(&self, proxy: &ProxyConfig) -> SocketAddr {
-        if self.profile.mesh == Mesh::Istio {
-            return crate::mesh::istio::profile(proxy)
-                .admin_tcp_for(self.admin_v6_loopback())
-                .unwrap_or(proxy.admin);
-        }
         self.admin_tcp().unwrap_or(proxy.admin)
     }
 
@@ -485,19 +375,18 @@ impl PodView {
         self.pod_ips.iter().any(IpAddr::is_ipv6)
     }
 
-    /// Whether Istio redirects the pod's DNS (UDP and TCP port 53) to pilot-agent's 15053, so DNS
-    /// is held too: the proxy's `ISTIO_META_DNS_CAPTURE` env (Istio renders mesh-wide and
-    /// per-pod `proxyMetadata` into it at injection; pilot-agent reads only its env), else the
-    /// `proxy.istio.io/config` annotation's `proxyMetadata`. Malformed: false (Istio's default).
+    /// Whether the mesh redirects the pod's DNS to its DNS proxy
+    /// ([`MeshProfile::dns_port`]), so DNS is held too (each mesh's `read_pod` says where it
+    /// reads the switch: Istio's `ISTIO_META_DNS_CAPTURE`, Kuma's `KUMA_DNS_ENABLED`).
     pub fn dns_capture(&self) -> bool {
-        self.dns_capture
+        self.switches.dns_capture
     }
 
-    /// Whether pilot-agent ends Envoy on its own once no listener has an active connection
-    /// (`EXIT_ON_ZERO_ACTIVE_CONNECTIONS`, read like [`PodView::dns_capture`]). With it,
-    /// pilot-agent ignores `terminationDrainDuration` (pkg/envoy/agent.go `terminate`).
+    /// Whether the mesh's agent ends Envoy on its own once no listener has an active connection
+    /// (Istio's `EXIT_ON_ZERO_ACTIVE_CONNECTIONS`: pilot-agent then ignores
+    /// `terminationDrainDuration`, pkg/envoy/agent.go `terminate`).
     pub fn exit_on_zero(&self) -> bool {
-        self.exit_on_zero
+        self.switches.exit_on_zero
     }
 
     /// The app containers: every regular container but the proxy, then the native sidecars
@@ -574,27 +463,7 @@ impl PodView {
 /// `proxy-gone-early`), in the words of the pod's mesh
 /// ([`crate::mesh::proxy_gone_early_advice`]).
 pub fn drain_advice(view: &PodView) -> String {
-    crate::mesh::proxy_gone_early_advice(&view.profile, view.exit_on_zero)
-}
-
-/// Whether a native proxy's preStop is Istio's drain ([`crate::mesh::istio::prestop_drain`]).
-pub fn istio_prestop_drain(proxy: &Container) -> bool {
-    crate::mesh::istio::prestop_drain(proxy)
-}
-
-/// The port of the container's `readinessProbe` (HTTP GET or TCP), when it is a number.
-fn readiness_probe_port(c: &Container) -> Option<u16> {
-    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-    let probe = c.readiness_probe.as_ref()?;
-    let port = probe
-        .http_get
-        .as_ref()
-        .map(|h| &h.port)
-        .or(probe.tcp_socket.as_ref().map(|t| &t.port))?;
-    match port {
-        IntOrString::Int(p) => u16::try_from(*p).ok(),
-        IntOrString::String(s) => s.parse().ok(),
-    }
+    crate::mesh::proxy_gone_early_advice(&view.profile, view.exit_on_zero())
 }
 
 /// The most problems one pod's view keeps (each cut to [`crate::api::text::MAX_POD_TEXT`]).
@@ -662,55 +531,6 @@ fn status_shows_a_run(s: &ContainerStatus) -> bool {
         .as_ref()
         .is_some_and(|st| st.terminated.is_some());
     now || before || s.restart_count > 0
-}
-
-/// A container's environment variable as written in the spec.
-enum EnvValue<'a> {
-    Absent,
-    Literal(&'a str),
-    /// `valueFrom` (a ConfigMap, a field): not knowable from the spec.
-    FromElsewhere,
-}
-
-fn env_value<'a>(c: &'a Container, var: &str) -> EnvValue<'a> {
-    // The kubelet applies the last of duplicate names.
-    match c.env.iter().flatten().rev().find(|e| e.name == var) {
-        None => EnvValue::Absent,
-        Some(e) if e.value_from.is_some() => EnvValue::FromElsewhere,
-        Some(e) => EnvValue::Literal(e.value.as_deref().unwrap_or("")),
-    }
-}
-
-/// The interception mode from every place Istio writes it: the annotation (written by the
-/// injector with the CNI plugin), the proxy's `ISTIO_META_INTERCEPTION_MODE`, and istio-init's
-/// `-m` argument (injection-template.yaml). `None` when none says: Istio's default, REDIRECT.
-fn interception_modes<'a>(
-    pod: &'a Pod,
-    proxy: &'a Container,
-    annotation: &dyn Fn(&str) -> Option<&'a String>,
-) -> Vec<&'a str> {
-    let mut modes = Vec::new();
-    if let Some(m) = annotation(ANNOTATION_ISTIO_INTERCEPTION_MODE) {
-        modes.push(m.as_str());
-    }
-    if let EnvValue::Literal(m) = env_value(proxy, ENV_INTERCEPTION_MODE) {
-        modes.push(m);
-    }
-    let inits = pod.spec.as_ref().and_then(|s| s.init_containers.as_ref());
-    for init in inits.into_iter().flatten() {
-        let args = init.args.iter().flatten().map(String::as_str);
-        let mut args = args.peekable();
-        if args.peek() != Some(&"istio-iptables") {
-            continue;
-        }
-        let args: Vec<&str> = args.collect();
-        for pair in args.windows(2) {
-            if pair[0] == "-m" || pair[0] == "--istio-inbound-interception-mode" {
-                modes.push(pair[1]);
-            }
-        }
-    }
-    modes
 }
 
 #[cfg(test)]

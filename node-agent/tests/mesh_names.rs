@@ -28,20 +28,9 @@ const DEBT: &[(&str, usize, &str)] = &[
         "the --mesh filter's parse and its error text: to use api::Mesh's names",
     ),
     (
-        "pod.rs",
-        51,
-        "Istio's env switches and proxy.istio.io/config parse, Kuma's and Consul's per-pod \
-         reads: to move into mesh/istio.rs, kuma.rs, consul.rs",
-    ),
-    (
         "config.rs",
         1,
         "ProxyConfig's default container `istio-proxy` (the --proxy-* flags are Istio's)",
-    ),
-    (
-        "pod/shape.rs",
-        10,
-        "Istio's interception-mode and CNI checks: to become the profile's shape checks",
     ),
     (
         "lifecycle/drain/in_flight.rs",

@@ -230,7 +230,10 @@ mod tests {
     fn the_hold_covers_ipv6_unless_the_pod_is_known_ipv4_only_and_dns_when_captured() {
         let view = |ips: &[&str], dns: bool| PodView {
             pod_ips: ips.iter().map(|ip| ip.parse().expect("an IP")).collect(),
-            dns_capture: dns,
+            switches: crate::mesh::PodSwitches {
+                dns_capture: dns,
+                ..Default::default()
+            },
             ..PodView::blank(crate::mesh::istio::profile(
                 &crate::config::ProxyConfig::default(),
             ))

@@ -30,6 +30,7 @@
 
 use std::net::SocketAddr;
 
+use super::pod_reads::{PodReads, PodSwitches};
 use super::{AdminAt, Markers, Mesh, MeshProfile, MeshTexts, ProxyName};
 
 /// The inject status key: an annotation and a label, both `injected`.
@@ -175,6 +176,7 @@ pub(super) fn injected(markers: &Markers<'_>) -> Result<(), String> {
 /// Consul's operator texts. Consul cannot load the filter (docs/install.md "Consul: why there is
 /// no filter"); its capture listeners' own counts stand in ([`MeshProfile::listener_counts`]).
 pub static TEXTS: MeshTexts = MeshTexts {
+    injector: "consul-k8s's connect injector",
     agent: "consul-dataplane",
     prestop_drain: "consul-dataplane's drain",
     own_end: "consul-dataplane's own shutdown grace period \
@@ -194,4 +196,19 @@ pub fn proxy_gone_early_advice() -> String {
          connectInject.sidecarProxy.lifecycle.defaultShutdownGracePeriodSeconds) to the pod's \
          grace period, so Envoy outlives the app and holdfast ends it when the app is done"
     )
+}
+
+/// Consul's per-pod reads: the admin address from consul-dataplane's flags ([`admin_for`]).
+/// Consul has no per-pod switch holdfast reads: its DNS redirect (`dns.enableRedirection`) goes
+/// to the consul-dns Service outside the pod (consul-k8s control-plane/connect-inject/webhook/
+/// redirect_traffic.go: `ConsulDNSIP` is `<fullname>_DNS_SERVICE_HOST`), not to a proxy whose
+/// start could be awaited; consul-dataplane's own DNS proxy (`dns.proxy.enabled`, off by
+/// default) is not held; and consul-dataplane has no zero-connections exit.
+pub(super) fn read_pod(
+    profile: &mut MeshProfile,
+    reads: &PodReads<'_>,
+    problems: &mut Vec<String>,
+) -> PodSwitches {
+    profile.admin = admin_for(reads.proxy.args.as_deref().unwrap_or(&[]), problems);
+    PodSwitches::default()
 }

@@ -17,6 +17,8 @@
 
 use k8s_openapi::api::core::v1::Container;
 
+use super::istio_config::proxy_metadata_from_annotation;
+use super::pod_reads::{env_switch, env_value, EnvValue, PodReads, PodSwitches};
 use super::{AdminAt, Markers, Mesh, MeshProfile, MeshTexts, ProxyName};
 use crate::config::ProxyConfig;
 
@@ -143,6 +145,7 @@ pub(super) fn prestop_command(proxy: &Container) -> Option<Vec<&str>> {
 
 /// Istio's operator texts.
 pub static TEXTS: MeshTexts = MeshTexts {
+    injector: "Istio's sidecar template",
     agent: "pilot-agent",
     prestop_drain: "Istio's preStop (`pilot-agent request ... POST drain`) drained inbound",
     own_end: "pilot-agent's own drain (terminationDrainDuration)",
@@ -180,4 +183,102 @@ pub fn proxy_gone_early_advice(exit_on_zero: bool) -> String {
          so Envoy outlives the app and holdfast ends it when the app is done"
             .to_string()
     }
+}
+
+/// The proxy's environment variable that turns on Istio's DNS capture (redirect of port 53 to
+/// pilot-agent's 15053): pilot/cmd/pilot-agent/options/options.go `DNSCaptureByAgent`, and
+/// tools/istio-iptables/pkg/cmd/root.go for the redirect rule.
+pub const ENV_DNS_CAPTURE: &str = "ISTIO_META_DNS_CAPTURE";
+/// Istio's dual-stack switch (pilot/pkg/features/experimental.go `EnableDualStack`).
+pub const ENV_DUAL_STACK: &str = "ISTIO_DUAL_STACK";
+/// How Istio tells the proxy its interception mode (injection-template.yaml).
+pub const ENV_INTERCEPTION_MODE: &str = "ISTIO_META_INTERCEPTION_MODE";
+
+/// Istio's per-pod switches: each from the proxy's env first (what pilot-agent reads; Istio
+/// renders mesh-wide and per-pod `proxyMetadata` into it at injection), then the
+/// `proxy.istio.io/config` annotation's `proxyMetadata`. Malformed: false (Istio's default).
+pub(super) fn read_pod(reads: &PodReads<'_>, problems: &mut Vec<String>) -> PodSwitches {
+    let metadata = match (reads.annotation)(ANNOTATION_PROXY_CONFIG) {
+        Some(v) => proxy_metadata_from_annotation(v).unwrap_or_else(|problem| {
+            problems.push(format!("{problem}; ignored"));
+            Default::default()
+        }),
+        None => Default::default(),
+    };
+    let mut switch = |var: &str| {
+        let fallback = metadata
+            .get(var)
+            .map(|v| (v.as_str(), ANNOTATION_PROXY_CONFIG));
+        env_switch(TEXTS.agent, reads.proxy, var, fallback, problems)
+    };
+    PodSwitches {
+        dns_capture: switch(ENV_DNS_CAPTURE),
+        exit_on_zero: switch(ENV_EXIT_ON_ZERO),
+        dual_stack: switch(ENV_DUAL_STACK),
+    }
+}
+
+/// Istio's gateways, waypoints and ztunnel: a proxy in another role than `sidecar`.
+pub(super) fn not_a_sidecar(reads: &PodReads<'_>) -> Option<String> {
+    // pilot-agent's role is its second argument: `proxy sidecar` in the sidecar template,
+    // `proxy router` for gateways (gateway-injection-template.yaml), `proxy waypoint`
+    // (waypoint.yaml), `proxy ztunnel` (charts/ztunnel/templates/daemonset.yaml).
+    let args: Vec<&str> = reads
+        .proxy
+        .args
+        .iter()
+        .flatten()
+        .map(String::as_str)
+        .collect();
+    let ["proxy", role, ..] = args.as_slice() else {
+        return None;
+    };
+    let kind = match *role {
+        "sidecar" => return None,
+        "router" => "a gateway",
+        "waypoint" => "a waypoint",
+        "ztunnel" => "ztunnel",
+        _ => "not a sidecar",
+    };
+    Some(format!("{} runs `proxy {role}`: {kind}", reads.proxy.name))
+}
+
+/// An interception mode other than REDIRECT, from any place Istio writes it.
+pub(super) fn other_interception(reads: &PodReads<'_>) -> Option<String> {
+    interception_modes(reads)
+        .into_iter()
+        .map(str::trim)
+        .find(|m| !m.is_empty() && !m.eq_ignore_ascii_case("REDIRECT"))
+        .map(str::to_ascii_uppercase)
+}
+
+/// The interception mode from every place Istio writes it: the annotation (written by the
+/// injector with the CNI plugin), the proxy's `ISTIO_META_INTERCEPTION_MODE`, and istio-init's
+/// `-m` argument (injection-template.yaml). Empty when none says: Istio's default, REDIRECT.
+fn interception_modes<'a>(reads: &PodReads<'a>) -> Vec<&'a str> {
+    let mut modes = Vec::new();
+    if let Some(m) = (reads.annotation)(ANNOTATION_INTERCEPTION_MODE) {
+        modes.push(m);
+    }
+    if let EnvValue::Literal(m) = env_value(reads.proxy, ENV_INTERCEPTION_MODE) {
+        modes.push(m);
+    }
+    let inits = reads
+        .pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_ref());
+    for init in inits.into_iter().flatten() {
+        let mut args = init.args.iter().flatten().map(String::as_str).peekable();
+        if args.peek() != Some(&"istio-iptables") {
+            continue;
+        }
+        let args: Vec<&str> = args.collect();
+        for pair in args.windows(2) {
+            if pair[0] == "-m" || pair[0] == "--istio-inbound-interception-mode" {
+                modes.push(pair[1]);
+            }
+        }
+    }
+    modes
 }

@@ -44,7 +44,9 @@
 
 use k8s_openapi::api::core::v1::Container;
 
+use super::pod_reads::{env_value, readiness_probe_port, EnvValue, PodReads, PodSwitches};
 use super::{AdminAt, Markers, Mesh, MeshProfile, MeshTexts, ProxyName};
+use crate::config::parse_go_bool;
 use std::net::SocketAddr;
 
 /// The injector's marker annotation.
@@ -207,6 +209,7 @@ pub fn prestop_drain(proxy: &Container) -> bool {
 /// Kuma's operator texts. Kuma's bootstrap keeps every stat (kumahq/kuma
 /// pkg/xds/bootstrap/template_v3.go: stats tags, no `stats_matcher`).
 pub static TEXTS: MeshTexts = MeshTexts {
+    injector: "Kuma's injector",
     agent: "kuma-dp",
     prestop_drain: "Kuma's preStop (`killall -USR2 kuma-dp`) drained inbound",
     own_end: "kuma-dp's own drainTime (kuma.io/sidecar-drain-time)",
@@ -227,4 +230,34 @@ pub fn proxy_gone_early_advice() -> String {
          plane's sidecarContainer.drainTime) to the pod's grace period, so Envoy outlives the app \
          and holdfast ends it when the app is done"
     )
+}
+
+/// Kuma's per-pod reads: the admin ([`admin_for`]: the annotation's port, the Unix socket when
+/// the proxy's readiness probe is elsewhere), the uid and capture ports ([`pod_settings`]), and
+/// kuma-dp's DNS proxy, where kuma-init redirects DNS when the injector turned the builtin DNS
+/// on (containers/factory.go writes both variables then).
+pub(super) fn read_pod(
+    profile: &mut MeshProfile,
+    reads: &PodReads<'_>,
+    problems: &mut Vec<String>,
+) -> PodSwitches {
+    profile.admin = admin_for(
+        (reads.annotation)(ANNOTATION_ENVOY_ADMIN_PORT),
+        readiness_probe_port(reads.proxy),
+    );
+    pod_settings(profile, reads.annotation, problems);
+    let dns_capture = matches!(
+        env_value(reads.proxy, ENV_DNS_ENABLED),
+        EnvValue::Literal(v) if parse_go_bool(v) == Some(true)
+    );
+    if let EnvValue::Literal(port) = env_value(reads.proxy, ENV_DNS_PROXY_PORT) {
+        // A value that is no port: the default (15053) stays.
+        if let Ok(p @ 1..) = port.trim().parse::<u16>() {
+            profile.dns_port = Some(p);
+        }
+    }
+    PodSwitches {
+        dns_capture,
+        ..PodSwitches::default()
+    }
 }

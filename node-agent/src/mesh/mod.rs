@@ -22,7 +22,10 @@ pub mod consul;
 pub mod istio;
 pub mod istio_config;
 pub mod kuma;
+mod pod_reads;
 mod texts;
+
+pub use pod_reads::{env_value, EnvValue, PodReads, PodSwitches};
 
 /// The path that asks Envoy to exit (its admin API's `POST /quitquitquit`), which ends every
 /// mesh's proxy container with exit code 0: pilot-agent, kuma-dp and consul-dataplane each exit
@@ -55,6 +58,8 @@ pub enum AdminAt {
 /// pod's mesh ([`MeshProfile::texts`]), so a Kuma pod's row never speaks of Istio.
 #[derive(Debug, PartialEq, Eq)]
 pub struct MeshTexts {
+    /// What injects the sidecar (a pod "not injected by" it).
+    pub injector: &'static str,
     /// The program in the proxy container that starts and ends Envoy.
     pub agent: &'static str,
     /// What drains a native sidecar's inbound at the deletion (its preStop).
@@ -181,6 +186,60 @@ impl MeshProfile {
         }
     }
 }
+
+/// What a mesh reads from one pod beyond its markers (its file's `read_pod`).
+impl MeshProfile {
+    /// Reads the pod's own settings into the profile (Kuma's uid and ports, each mesh's admin
+    /// address) and returns the switches they turn on; what cannot be read goes to `problems`
+    /// and the mesh's default stays.
+    pub fn read_pod(&mut self, reads: &PodReads<'_>, problems: &mut Vec<String>) -> PodSwitches {
+        match self.mesh {
+            Mesh::Istio => istio::read_pod(reads, problems),
+            Mesh::Kuma => kuma::read_pod(self, reads, problems),
+            Mesh::Consul => consul::read_pod(self, reads, problems),
+        }
+    }
+
+    /// The proxy is the mesh's, but not a sidecar (a gateway, a waypoint, ztunnel): why.
+    pub fn not_a_sidecar(&self, reads: &PodReads<'_>) -> Option<String> {
+        match self.mesh {
+            Mesh::Istio => istio::not_a_sidecar(reads),
+            Mesh::Kuma | Mesh::Consul => None,
+        }
+    }
+
+    /// The pod's interception mode when it is not REDIRECT (other rules and capture ports).
+    pub fn other_interception(&self, reads: &PodReads<'_>) -> Option<String> {
+        match self.mesh {
+            Mesh::Istio => istio::other_interception(reads),
+            Mesh::Kuma | Mesh::Consul => None,
+        }
+    }
+}
+
+/// Every annotation the meshes read (the pod source keeps these).
+pub const READ_ANNOTATIONS: [&str; 10] = [
+    istio::ANNOTATION_SIDECAR_STATUS,
+    istio::ANNOTATION_INTERCEPTION_MODE,
+    istio::ANNOTATION_PROXY_CONFIG,
+    kuma::ANNOTATION_SIDECAR_INJECTED,
+    kuma::ANNOTATION_ENVOY_ADMIN_PORT,
+    kuma::ANNOTATION_SIDECAR_UID,
+    kuma::ANNOTATION_OUTBOUND_PORT,
+    kuma::ANNOTATION_INBOUND_PORT,
+    consul::KEY_INJECT_STATUS,
+    consul::KEY_TRANSPARENT_PROXY_STATUS,
+];
+
+/// Every container environment variable the meshes read (the pod source keeps these).
+pub const READ_ENV: [&str; 6] = [
+    istio::ENV_DNS_CAPTURE,
+    istio::ENV_EXIT_ON_ZERO,
+    istio::ENV_DUAL_STACK,
+    istio::ENV_INTERCEPTION_MODE,
+    kuma::ENV_DNS_ENABLED,
+    kuma::ENV_DNS_PROXY_PORT,
+];
 
 /// The operator texts of `mesh` ([`MeshTexts`]).
 pub fn texts_of(mesh: Mesh) -> &'static MeshTexts {

@@ -3,14 +3,10 @@
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 
-use super::interception_modes;
 use crate::api::text::pod_text;
 use crate::api::SidecarMode;
 use crate::config::{runtime_class_matches, PodOverrides, ProxyConfig, ANNOTATION_ENABLED};
-use crate::mesh::{self, Markers, Mesh, MeshProfile, Recognised};
-
-/// The init steps Istio's sidecar template injects (see [`crate::mesh::istio::INIT_STEPS`]).
-pub const ISTIO_INIT_STEPS: [&str; 2] = crate::mesh::istio::INIT_STEPS;
+use crate::mesh::{self, Markers, Mesh, MeshProfile, PodReads, Recognised};
 
 /// Why a pod is not tracked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,14 +65,12 @@ impl std::fmt::Display for NotTracked {
                 "interception mode {}: holdfast holds REDIRECT-mode pods only",
                 pod_text(mode)
             ),
-            NotTracked::NotInjected { mesh, why } => {
-                let injector = match mesh {
-                    Mesh::Istio => "Istio's sidecar template",
-                    Mesh::Kuma => "Kuma's injector",
-                    Mesh::Consul => "consul-k8s's connect injector",
-                };
-                write!(f, "not injected by {injector}: {}", pod_text(why))
-            }
+            NotTracked::NotInjected { mesh, why } => write!(
+                f,
+                "not injected by {}: {}",
+                mesh::texts_of(*mesh).injector,
+                pod_text(why)
+            ),
             NotTracked::SeveralMeshes { meshes } => {
                 let names: Vec<&str> = meshes.iter().map(|m| m.as_str()).collect();
                 write!(
@@ -212,25 +206,14 @@ pub(super) fn check<'a>(
         (None, None) => return Err(NotTracked::NoProxy),
     };
     let proxy_name = proxy.name.as_str();
+    let reads = PodReads {
+        pod,
+        proxy,
+        annotation: &annotation_str,
+    };
 
-    if profile.mesh == Mesh::Istio {
-        // pilot-agent's role is its second argument: `proxy sidecar` in the sidecar template,
-        // `proxy router` for gateways (gateway-injection-template.yaml), `proxy waypoint`
-        // (waypoint.yaml), `proxy ztunnel` (charts/ztunnel/templates/daemonset.yaml).
-        let args: Vec<&str> = proxy.args.iter().flatten().map(String::as_str).collect();
-        if let ["proxy", role, ..] = args.as_slice() {
-            if *role != "sidecar" {
-                let kind = match *role {
-                    "router" => "a gateway",
-                    "waypoint" => "a waypoint",
-                    "ztunnel" => "ztunnel",
-                    _ => "not a sidecar",
-                };
-                return Err(NotTracked::NotASidecar {
-                    why: format!("{proxy_name} runs `proxy {role}`: {kind}"),
-                });
-            }
-        }
+    if let Some(why) = profile.not_a_sidecar(&reads) {
+        return Err(NotTracked::NotASidecar { why });
     }
     if !spec.containers.iter().any(|c| c.name != proxy_name) {
         return Err(NotTracked::NotASidecar {
@@ -244,15 +227,8 @@ pub(super) fn check<'a>(
         return Err(not_injected);
     }
 
-    if profile.mesh == Mesh::Istio {
-        for mode in interception_modes(pod, proxy, annotation) {
-            let mode = mode.trim();
-            if !mode.is_empty() && !mode.eq_ignore_ascii_case("REDIRECT") {
-                return Err(NotTracked::Interception {
-                    mode: mode.to_ascii_uppercase(),
-                });
-            }
-        }
+    if let Some(mode) = profile.other_interception(&reads) {
+        return Err(NotTracked::Interception { mode });
     }
 
     if spec.host_users == Some(false) {

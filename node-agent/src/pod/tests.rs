@@ -566,12 +566,22 @@ fn ipv6_admin_address_follows_istio_bootstrap() {
     // Only the legacy status.podIP.
     let legacy = view(&pod_json(json!({"status": {"podIP": "fd00::9"}}))).unwrap();
     assert_eq!(legacy.admin_addr(&proxy), "[::1]:15000".parse().unwrap());
-    // A configured port is kept.
+    // A configured port (the agent's --admin-addr) is kept.
     let custom = ProxyConfig {
         admin: "127.0.0.1:19000".parse().unwrap(),
         ..ProxyConfig::default()
     };
-    assert_eq!(v6.admin_addr(&custom), "[::1]:19000".parse().unwrap());
+    let v6_custom = PodView::from_pod(
+        &pod_json(json!({"status": {"podIP": "fd00::9", "podIPs": [{"ip": "fd00::9"}]}})),
+        "node-a",
+        &custom,
+        &HoldSettings::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        v6_custom.admin_addr(&custom),
+        "[::1]:19000".parse().unwrap()
+    );
     // Garbage in status: ignored, reported, IPv4 default.
     let bad = view(&pod_json(
         json!({"status": {"podIPs": [{"ip": "not-an-ip"}]}}),
@@ -648,7 +658,7 @@ fn drain_advice_depends_on_exit_on_zero() {
         advice.contains("terminationDrainDuration") && advice.contains("grace period"),
         "{advice}"
     );
-    assert!(!advice.contains(ENV_EXIT_ON_ZERO));
+    assert!(!advice.contains(crate::mesh::istio::ENV_EXIT_ON_ZERO));
     let on = view(&pod_json(json!({"spec": {"containers": [{"name": "app"},
         istio_proxy(json!([{"name": "EXIT_ON_ZERO_ACTIVE_CONNECTIONS", "value": "true"}]))]}})))
     .unwrap();

@@ -29,10 +29,10 @@ pub use crate::api::status::SourceProblem;
 /// (uid, name, namespace, annotations, deletion, resource version), the spec's node, host
 /// network and users, restart policy and grace period, each container's name, args, env,
 /// restart policy and preStop exec command (whether a native proxy's preStop is Istio's drain:
-/// [`crate::pod::istio_prestop_drain`]), whether it has a startup probe (an empty marker, not the
+/// [`crate::mesh::MeshProfile::prestop_drain`]), whether it has a startup probe (an empty marker, not the
 /// probe), and the status's phase, IPs, container statuses and the one condition the agent reads
 /// (`AllContainersRestarting`, [`crate::pod::restarting_in_place`]). Of the annotations and env
-/// vars only those read ([`crate::pod::READ_ANNOTATIONS`], [`crate::pod::READ_ENV`]) are kept.
+/// vars only those read ([`crate::pod::reads_annotation`], [`crate::pod::READ_ENV`]) are kept.
 /// Everything else —
 /// `managedFields` (often the largest part), volumes, images, resources, probes, conditions —
 /// is dropped before the object enters the agent's queue (issue 25: a node of large pods must
@@ -96,7 +96,7 @@ pub fn slim(pod: Pod) -> Pod {
             name: m.name,
             namespace: m.namespace,
             annotations: m.annotations.map(|mut a| {
-                a.retain(|k, _| crate::pod::READ_ANNOTATIONS.contains(&k.as_str()));
+                a.retain(|k, _| crate::pod::reads_annotation(k));
                 for v in a.values_mut() {
                     if v.len() > MAX_ANNOTATION_BYTES {
                         *v = oversized_annotation(v.len());

@@ -877,10 +877,8 @@ async fn proxy_gone_before_the_app_is_reported_with_advice() {
 async fn proxy_gone_early_with_exit_on_zero_gets_its_own_advice() {
     let pod = Pod::new();
     let admin = FakeAdmin::new(Some(counts(0)));
-    let view = PodView {
-        exit_on_zero: true,
-        ..deleted_running_app()
-    };
+    let mut view = deleted_running_app();
+    view.switches.exit_on_zero = true;
     let (_tx, rx) = watch::channel(Some(view));
     let report = drain_during(&admin, pod.procs.clone(), rx, &fast_settings(), async {
         tokio::time::sleep(Duration::from_millis(100)).await;
