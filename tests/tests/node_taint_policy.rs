@@ -99,6 +99,12 @@ fn admit(
         );
     }
     let request = json!({"userInfo": {"username": user, "extra": extra}, "operation": "UPDATE"});
+    admit_request(p, &request, old, new)
+}
+
+/// [`admit`] for a whole admission request as the API server binds it.
+fn admit_request(p: &Policy, request: &Value, old: &Value, new: &Value) -> Result<(), String> {
+    let request = request.clone();
     if !p.conditions.iter().all(|c| eval(c, new, old, &request)) {
         return Ok(()); // not the agent: the policy does not apply
     }
@@ -217,6 +223,22 @@ fn the_agent_may_not_touch_another_node_or_anything_else() {
     denied(
         admit(&p, AGENT, Some("node-a"), &own, &moved),
         "the pod CIDR with the taint",
+    );
+}
+
+/// A requester with no user extra at all (the agent's identity impersonated, `kubectl --as`): the
+/// request's `userInfo` has no `extra` field, not an empty one. Refused with the policy's own
+/// message: the `has()` guard keeps the expression from failing on the missing field (without
+/// it the real API server answered 422 with the CEL error: docs/real-cluster.md).
+#[test]
+fn a_requester_without_any_user_extra_gets_the_policys_message() {
+    let p = policy();
+    let old = node("node-a", &["holdfast.io/agent-not-ready"]);
+    let new = without_taints(old.clone());
+    let request = json!({"userInfo": {"username": AGENT}, "operation": "UPDATE"});
+    assert_eq!(
+        admit_request(&p, &request, &old, &new),
+        Err("the holdfast agent may change only the node it runs on".to_string())
     );
 }
 
