@@ -121,6 +121,12 @@ struct StatusArgs {
     #[arg(long, value_name = "MESH", value_parser = holdfast::cli::cluster_status::parse_mesh)]
     mesh: Option<holdfast::api::Mesh>,
 
+    /// With --all-nodes: only pods matching this label selector (kubectl's syntax: `app=web`,
+    /// `tier in (a,b)`, `!canary`), as the API server matches it: needs `list pods` in -n's
+    /// namespace, or cluster-wide without -n, for your kubeconfig.
+    #[arg(short = 'l', long, value_name = "SELECTOR")]
+    selector: Option<String>,
+
     /// With --all-nodes: table, wide (more columns) or json (every node's rows).
     #[arg(short = 'o', long, value_name = "FORMAT", value_parser = ["table", "wide", "json"])]
     output: Option<String>,
@@ -432,6 +438,7 @@ fn main() -> anyhow::Result<()> {
         Command::Status(args) => {
             use holdfast::cli::cluster_status::{self, ClusterStatusOptions, Filters, Output};
             let cluster_only = args.namespace.is_some()
+                || args.selector.is_some()
                 || args.phase.is_some()
                 || args.mesh.is_some()
                 || matches!(args.output.as_deref(), Some("table" | "wide"));
@@ -443,6 +450,7 @@ fn main() -> anyhow::Result<()> {
                         node: args.node,
                         phase: args.phase,
                         mesh: args.mesh,
+                        selector: args.selector,
                     },
                     output: match (args.output.as_deref(), args.json) {
                         (Some("json"), _) | (None, true) => Output::Json,

@@ -187,7 +187,7 @@ pub struct ClusterView {
     pub problems: Vec<String>,
 }
 
-fn list_error(e: kube::Error, what: &str, rbac: &str) -> RemoteError {
+pub(crate) fn list_error(e: kube::Error, what: &str, rbac: &str) -> RemoteError {
     match &e {
         kube::Error::Api(s) if s.code == 403 => RemoteError::Api {
             what: what.to_string(),

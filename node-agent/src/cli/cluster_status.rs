@@ -33,14 +33,61 @@ pub struct Filters {
     pub phase: Option<Phase>,
     /// `--mesh`.
     pub mesh: Option<Mesh>,
+    /// `-l`: a label selector, matched by the API server ([`select_pods`]).
+    pub selector: Option<String>,
 }
 
+/// The pods `-l` selected, by uid (the agents' rows carry no labels).
+pub type Selected = std::collections::HashSet<String>;
+
 impl Filters {
-    fn keeps(&self, p: &PodStatus) -> bool {
+    fn keeps(&self, p: &PodStatus, selected: Option<&Selected>) -> bool {
         self.namespace.as_deref().is_none_or(|n| n == p.namespace)
             && self.phase.is_none_or(|ph| ph == p.phase)
             && self.mesh.is_none_or(|m| Some(m) == p.mesh)
+            && selected.is_none_or(|s| s.contains(&p.uid.to_ascii_lowercase()))
     }
+}
+
+/// The uids of the pods `filters.selector` matches (in `filters.namespace`, or every namespace),
+/// listed by the API server, which parses and matches the selector as `kubectl get -l` does;
+/// `None` without `-l`.
+pub async fn select_pods(
+    client: &kube::Client,
+    filters: &Filters,
+) -> Result<Option<Selected>, RemoteError> {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, ListParams};
+    let Some(selector) = filters.selector.as_deref() else {
+        return Ok(None);
+    };
+    let (pods, scope): (Api<Pod>, String) = match filters.namespace.as_deref() {
+        Some(ns) => (Api::namespaced(client.clone(), ns), format!("in {ns}")),
+        None => (Api::all(client.clone()), "in every namespace".to_string()),
+    };
+    // Only the metadata is needed; a page at a time keeps a large cluster's answer bounded.
+    let mut selected = Selected::new();
+    let mut params = ListParams::default().labels(selector).limit(500);
+    loop {
+        let list = pods.list_metadata(&params).await.map_err(|e| {
+            cluster::list_error(
+                e,
+                &format!("list pods {scope} with -l {selector:?}"),
+                "`list pods` for your kubeconfig (-n NAMESPACE narrows it to one namespace)",
+            )
+        })?;
+        selected.extend(
+            list.items
+                .iter()
+                .filter_map(|p| p.metadata.uid.as_deref())
+                .map(str::to_ascii_lowercase),
+        );
+        match list.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => break,
+        }
+    }
+    Ok(Some(selected))
 }
 
 /// Parses `--phase` (the `/status` names: `holding`, `ready`, `waiting-for-netns`...).
@@ -88,8 +135,9 @@ pub async fn gather(
     // Nodes without an agent: shown when nodes may be listed (ClusterRole
     // holdfast-cluster-reader); without it the table shows the agents only.
     let nodes = cluster::list_nodes(client).await.unwrap_or_default();
+    let selected = select_pods(client, filters).await?;
     let answers = cluster::read_agents(client, agent_namespace, &agents, fan).await;
-    Ok(rows(answers, &nodes, &agents, filters))
+    Ok(rows(answers, &nodes, &agents, filters, selected.as_ref()))
 }
 
 /// The rows of `answers` after `filters`, plus a row for each Linux node of `nodes` without an
@@ -99,6 +147,7 @@ pub fn rows(
     nodes: &[cluster::NodeInfo],
     agents: &[cluster::AgentPod],
     filters: &Filters,
+    selected: Option<&Selected>,
 ) -> Vec<NodeRows> {
     let mut out: Vec<NodeRows> = answers
         .into_iter()
@@ -111,7 +160,7 @@ pub fn rows(
                 pods: status
                     .pods
                     .into_iter()
-                    .filter(|p| filters.keeps(p))
+                    .filter(|p| filters.keeps(p, selected))
                     .collect(),
             },
             Err(why) => NodeRows {
@@ -486,7 +535,7 @@ mod tests {
 
     #[test]
     fn every_node_has_rows_and_the_silent_ones_say_so() {
-        let r = rows(answers(), &nodes(), &agents(), &Filters::default());
+        let r = rows(answers(), &nodes(), &agents(), &Filters::default(), None);
         let text = render(&r, Output::Table, t(10));
         assert!(text.starts_with("NODE "), "{text}");
         assert!(text.contains("node-a           shop/web-1"), "{text}");
@@ -514,7 +563,7 @@ mod tests {
             ..Default::default()
         };
         let text = render(
-            &rows(answers(), &nodes(), &agents(), &f),
+            &rows(answers(), &nodes(), &agents(), &f, None),
             Output::Table,
             t(10),
         );
@@ -528,7 +577,7 @@ mod tests {
             ..Default::default()
         };
         let text = render(
-            &rows(answers(), &nodes(), &agents(), &f),
+            &rows(answers(), &nodes(), &agents(), &f, None),
             Output::Table,
             t(10),
         );
@@ -541,7 +590,7 @@ mod tests {
             ..Default::default()
         };
         let text = render(
-            &rows(answers(), &nodes(), &agents(), &f),
+            &rows(answers(), &nodes(), &agents(), &f, None),
             Output::Table,
             t(10),
         );
@@ -553,13 +602,39 @@ mod tests {
             node: Some("node-a".into()),
             ..Default::default()
         };
-        let r = rows(answers(), &nodes(), &agents(), &f);
+        let r = rows(answers(), &nodes(), &agents(), &f, None);
         assert!(r.iter().all(|r| r.node != "node-c"), "{r:?}");
+    }
+
+    /// `-l`: only the pods the API server matched, by uid (the rows carry no labels); the
+    /// nodes that did not answer stay.
+    #[test]
+    fn a_selector_keeps_the_selected_pods_and_the_unanswered_rows() {
+        let f = Filters {
+            selector: Some("app=api".into()),
+            ..Default::default()
+        };
+        let selected: Selected = ["UID-api-1".to_ascii_lowercase()].into_iter().collect();
+        let text = render(
+            &rows(answers(), &nodes(), &agents(), &f, Some(&selected)),
+            Output::Table,
+            t(10),
+        );
+        assert!(
+            text.contains("pay/api-1") && !text.contains("shop/web-1"),
+            "{text}"
+        );
+        assert!(text.contains("holdfast-b"), "{text}");
+        // Nothing matched: no pod row, every node still listed.
+        let none = Selected::new();
+        let r = rows(answers(), &nodes(), &agents(), &f, Some(&none));
+        assert!(r.iter().all(|r| r.pods.is_empty()), "{r:?}");
+        assert_eq!(r.len(), 3, "{r:?}");
     }
 
     #[test]
     fn json_and_wide() {
-        let r = rows(answers(), &nodes(), &agents(), &Filters::default());
+        let r = rows(answers(), &nodes(), &agents(), &Filters::default(), None);
         let doc: serde_json::Value =
             serde_json::from_str(&render(&r, Output::Json, t(10))).expect("json");
         assert_eq!(doc.as_array().map(Vec::len), Some(3));
