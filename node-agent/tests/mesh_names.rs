@@ -23,11 +23,6 @@ const DEBT: &[(&str, usize, &str)] = &[
          link mesh/ (tests/layout.rs); to move beside api::Mesh",
     ),
     (
-        "cli/cluster_status.rs",
-        3,
-        "the --mesh filter's parse and its error text: to use api::Mesh's names",
-    ),
-    (
         "config.rs",
         1,
         "ProxyConfig's default container `istio-proxy` (the --proxy-* flags are Istio's)",

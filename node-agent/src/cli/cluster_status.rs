@@ -102,7 +102,10 @@ pub fn parse_mesh(s: &str) -> Result<Mesh, String> {
     Mesh::ALL
         .into_iter()
         .find(|m| m.as_str() == s)
-        .ok_or_else(|| format!("unknown mesh {s:?}: one of istio, kuma, consul"))
+        .ok_or_else(|| {
+            let names: Vec<&str> = Mesh::ALL.iter().map(|m| m.as_str()).collect();
+            format!("unknown mesh {s:?}: one of {}", names.join(", "))
+        })
 }
 
 /// One node's part of the cluster view.
