@@ -53,6 +53,19 @@ impl Backoff {
     }
 }
 
+/// `pause` with "equal jitter": a random point of `[pause/2, pause]`, so the agents of many
+/// nodes that failed together (an API server restart) do not retry in step.
+pub fn jittered(pause: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    // std's RandomState is seeded from the OS once per thread and stepped per instance: enough
+    // to spread retries, with no dependency for it.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(pause.subsec_nanos());
+    let fraction = (h.finish() % 1_001) as f64 / 1_000.0;
+    let half = pause / 2;
+    half + half.mul_f64(fraction)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,6 +84,19 @@ mod tests {
         // A first pause longer than the ceiling is kept.
         let b = Backoff::doubling(Duration::from_secs(2), Duration::from_secs(1));
         assert_eq!(b.after(5), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn jitter_spreads_within_the_upper_half() {
+        let pause = Duration::from_secs(4);
+        let picks: std::collections::BTreeSet<Duration> =
+            (0..50).map(|_| jittered(pause)).collect();
+        assert!(
+            picks.iter().all(|p| *p >= pause / 2 && *p <= pause),
+            "{picks:?}"
+        );
+        assert!(picks.len() > 10, "not spread: {picks:?}");
+        assert_eq!(jittered(Duration::ZERO), Duration::ZERO);
     }
 
     proptest! {

@@ -25,7 +25,7 @@ type Respond = tower_test::mock::SendResponse<Response<Body>>;
 
 const NODE: &str = "node-a";
 /// How long one step (a request from the watcher, an event from the source) may take. The
-/// watcher's first retry backoff is 0.8 s plus jitter, so this leaves room for one retry.
+/// source's first retry pause is at most 0.5 s (`WATCH_RETRY`), so this leaves room for retries.
 const STEP: Duration = Duration::from_secs(5);
 
 /// A mock API server and the source running against it.
@@ -312,8 +312,8 @@ async fn list_errors_are_retried_and_never_delete_pods() -> Result<()> {
         respond(send, StatusCode::OK, Vec::new())?;
 
         // The API server now fails: the re-watch gets a 500, the next one a 410 (too old) as
-        // its body's first event; each is retried after a backoff (0.8 s, then 1.6 s, each
-        // plus jitter), the 410 with a re-list.
+        // its body's first event; each is retried after a pause (at most 0.5 s, then 1 s:
+        // `WATCH_RETRY`), the 410 with a re-list.
         let send = expect_watch(&mut api, "100", "re-watch").await?;
         let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
             "status": "Failure", "message": "etcdserver: leader changed", "reason": "InternalError", "code": 500});
@@ -341,7 +341,7 @@ async fn list_errors_are_retried_and_never_delete_pods() -> Result<()> {
         "initial list, then Synced"
     );
     // Errors produce no events (no Deleted while the API server is failing); the first event
-    // after them is the recovered list, two backoffs later (up to 1.6 s + 3.2 s with jitter).
+    // after them is the recovered list, two pauses later (at most 0.5 s + 1 s).
     let first = describe(&h.next_within(Duration::from_secs(15)).await?);
     assert_eq!(first, "A:uid-a@250", "recovered list");
     assert_eq!(h.next_n(1).await?, ["A:uid-b@260"], "recovered list");
@@ -349,19 +349,22 @@ async fn list_errors_are_retried_and_never_delete_pods() -> Result<()> {
     Ok(())
 }
 
-/// An API server that stays down: the retries must back off (0.8 s, 1.6 s, 3.2 s... plus jitter),
-/// not hammer it every second. kube-rs's `default_backoff()` would reset on the `Ok(Init)` the
+/// An API server that stays down: the retries must back off (`WATCH_RETRY`: 0.5 s doubling to a
+/// 5 s cap, each pause jittered into its upper half), not hammer it every second, and not grow
+/// past the cap (a real API server restart left kube-rs's 30 s-capped schedule 26-70 s behind:
+/// docs/real-cluster.md). kube-rs's `default_backoff()` would reset on the `Ok(Init)` the
 /// watcher yields before every list attempt and never grow. Paused time: the delays are measured
 /// on tokio's clock without being waited for.
 #[tokio::test(start_paused = true)]
 async fn retries_back_off_while_the_api_server_is_down() -> Result<()> {
-    // Longer than the longest delay here (3.2 s plus jitter), on the paused clock.
+    // Longer than the longest pause (the 5 s cap), on the paused clock.
     const LONG: Duration = Duration::from_secs(60);
+    let schedule = holdfast::source::kube::WATCH_RETRY;
     let mut h = Harness::start(|mut api| async move {
         let unavailable = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
             "status": "Failure", "message": "unavailable", "reason": "ServiceUnavailable", "code": 503});
         let mut at = Vec::new();
-        for attempt in 0..4 {
+        for attempt in 0..7 {
             let what = format!("list attempt {attempt}");
             let (req, send) = next_request_within(&mut api, &what, LONG).await?;
             if req.uri().query().is_some_and(|q| q.contains("watch=")) {
@@ -375,14 +378,23 @@ async fn retries_back_off_while_the_api_server_is_down() -> Result<()> {
             )?;
         }
         let gaps: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
-        let floors = [800, 1600, 3200].map(Duration::from_millis);
-        for (i, (gap, floor)) in gaps.iter().zip(floors).enumerate() {
-            if *gap < floor || *gap > Duration::from_secs(30) {
+        // 0.5, 1, 2, 4, 5, 5 s nominal; each jittered into [pause/2, pause]; a few ms for the
+        // mock's own steps.
+        for (i, gap) in gaps.iter().enumerate() {
+            let nominal = schedule.after(i as u32);
+            let (floor, ceiling) = (nominal / 2, nominal + Duration::from_millis(50));
+            if *gap < floor || *gap > ceiling {
                 bail!(
-                    "retry {} came after {gap:?}, expected {floor:?}..30s (all gaps: {gaps:?})",
+                    "retry {} came after {gap:?}, expected {floor:?}..{ceiling:?} (all gaps: {gaps:?})",
                     i + 1
                 );
             }
+        }
+        if gaps
+            .last()
+            .is_some_and(|g| *g < Duration::from_millis(2_500))
+        {
+            bail!("the pauses did not grow to the cap: {gaps:?}");
         }
         let (_req, send) = next_request_within(&mut api, "list after the outage", LONG).await?;
         let list = pod_list("100", vec![pod("a", "uid-a", "90")]);

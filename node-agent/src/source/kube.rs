@@ -9,7 +9,7 @@
 //!   reconnect), a pod known before and absent from the new list was deleted while the watch was
 //!   down, and is reported [`PodEvent::Deleted`] so it is not tracked forever;
 //! - the run loop ([`KubePods::run`]): watch errors (connection refused, 410 Gone, 5xx, timeouts)
-//!   are logged, rate-limited, and retried with kube-rs's default backoff parameters. They are
+//!   are logged, rate-limited, and retried after [`WATCH_RETRY`] (capped at 5 s, jittered). They are
 //!   never fatal and never produce events: the agent keeps its pods' last state until the watch
 //!   is back.
 //!
@@ -25,9 +25,10 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::utils::Backoff;
 use kube::runtime::watcher;
 use kube::Api;
+
+use crate::backoff::Backoff;
 use tokio::sync::mpsc;
 
 use super::PodEvent;
@@ -56,8 +57,17 @@ const ERROR_LOG_INTERVAL: Duration = Duration::from_secs(30);
 /// node has at most 110 pods by default, so a list is still two or three requests.
 pub const LIST_PAGE_SIZE: u32 = 50;
 
-/// The retry delay should the backoff ever run out (it is kube-rs's cap).
-const MAX_RETRY_DELAY: Duration = Duration::from_secs(30);
+/// The pause after each failed list or watch: 0.5 s doubling to 5 s, each jittered into its upper
+/// half ([`crate::backoff::jittered`]). Not client-go's 30 s cap (kube-rs's `DefaultBackoff`):
+/// the agent must see a pod before the kubelet starts its app, and the kubelet's own watch
+/// recovers from an API server restart on client-go's schedule. On a real cluster (issue 38,
+/// docs/real-cluster.md) a ~10 s API server restart left the agent's watch at 12–25 s steps, so
+/// pods applied right after it was back were seen 26–70 s later and started without a hold.
+/// With the cap the watch is back within 5 s of the server. The cost is the same one list per
+/// agent, spread over 5 s instead of 30: the lists are field-selected to one node and served
+/// from the API server's watch cache.
+pub const WATCH_RETRY: Backoff =
+    Backoff::doubling(Duration::from_millis(500), Duration::from_secs(5));
 
 /// Follows the pods of one node through the API server.
 pub struct KubePods {
@@ -110,8 +120,7 @@ impl KubePods {
 
     /// Watches and sends events until the receiver is dropped.
     ///
-    /// Errors are retried after kube-rs's [`DefaultBackoff`](watcher::DefaultBackoff) (0.8 s
-    /// doubling to 30 s, jittered, client-go's parameters). It is applied here rather than with
+    /// Errors are retried after [`WATCH_RETRY`]. It is applied here rather than with
     /// `WatchStreamExt::default_backoff()`, which resets the backoff on every `Ok` item: the
     /// watcher yields `Ok(Init)` before each list attempt, so against an API server that is down
     /// the delay would never grow past the first step (a retry every ~1 s forever). Here only the
@@ -124,14 +133,14 @@ impl KubePods {
         futures::pin_mut!(stream);
         let mut mapper = EventMapper::default();
         let mut errors = ErrorLog::default();
-        let mut backoff = watcher::DefaultBackoff::default();
+        let mut previous: Option<Duration> = None;
         tracing::info!(node = %self.node, "watching the API server for this node's pods");
         while let Some(item) = stream.next().await {
             match item {
                 Ok(event) => {
                     if !matches!(event, watcher::Event::Init) {
                         errors.recovered();
-                        backoff.reset();
+                        previous = None;
                     }
                     for ev in mapper.map(event) {
                         if tx.send(ev).await.is_err() {
@@ -141,8 +150,9 @@ impl KubePods {
                 }
                 Err(e) => {
                     errors.failed(&e, Instant::now());
-                    // DefaultBackoff never runs out; the fallback only guards a kube-rs change.
-                    let delay = backoff.next().unwrap_or(MAX_RETRY_DELAY);
+                    let pause = WATCH_RETRY.next(previous);
+                    previous = Some(pause);
+                    let delay = crate::backoff::jittered(pause);
                     tokio::select! {
                         () = tokio::time::sleep(delay) => {}
                         () = tx.closed() => return,
