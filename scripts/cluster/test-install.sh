@@ -13,6 +13,9 @@
 #   4. The agent removes its startup taint through the real API; the ValidatingAdmissionPolicy admits
 #      exactly that patch and refuses others (with the agent's own pod-bound token); the GKE-shaped
 #      quota rule; Pod Security; `kubectl auth can-i --list` as the agent's ServiceAccount.
+#   5-6. Status and metrics through the API server; the pod watch across an API server restart.
+#   7. The Helm chart instead of the kustomize install: helm install, upgrade, uninstall, nothing left
+#      (scripts/cluster/test-helm.sh).
 #
 # Root and Go needed: skipped with a message outside CI, a failure in CI (CI=true).
 # HOLDFAST_CLUSTER_KEEP=1 leaves the cluster up afterwards (`just cluster down` removes it).
@@ -245,10 +248,10 @@ unbound="$(kubectl -n holdfast-system create token holdfast-agent --duration 10m
 refused "the agent's ServiceAccount with a token bound to no pod (no node)" "may change only the node it runs on" \
     kubectl --kubeconfig /dev/null --server "$server" --certificate-authority "$STATE/pki/ca.crt" --token "$unbound" \
     patch node "$NODE" --type merge -p '{"metadata":{"labels":{"holdfast.io/test":"x"}}}'
-# Impersonating the ServiceAccount (no user extra at all): the policy's first expression cannot evaluate
-# (`no such key: extra`) and failurePolicy: Fail refuses: still refused, by this policy, with an evaluation
-# error instead of its message (docs/real-cluster.md, "What the real API server did differently").
-refused "the agent's identity impersonated (no user extra at all)" "ValidatingAdmissionPolicy 'holdfast-agent-node-taint'" \
+# Impersonating the ServiceAccount (no user extra at all): the policy's `has(request.userInfo.extra)` guard
+# gives its own message (without it the real API server refused with a CEL evaluation error instead:
+# docs/real-cluster.md, "What the real API server did differently").
+refused "the agent's identity impersonated (no user extra at all)" "may change only the node it runs on" \
     kubectl --as "$SA" patch node "$NODE" --type merge -p '{"metadata":{"labels":{"holdfast.io/test":"x"}}}'
 # The control: exactly the agent's patch (test the taint list as read, replace it without the startup
 # taint) is admitted. The admin puts the taint back first.
@@ -396,6 +399,22 @@ n="$(grep -c '"tracking pod","pod":"default/hf-before"' <<<"$(agent_logs)" || tr
 [[ "$n" == 1 ]] && pass "the pod from before the restart tracked once, not again after it" ||
     fail "default/hf-before tracked $n times"
 
+# `kubectl holdfast status -l`: the selector matched by the real API server, the rows from the agent.
+kubectl label pod hf-before holdfast.io/test-selected=yes >/dev/null
+if out="$(timeout 30 "$agent_bin" status -A -l holdfast.io/test-selected=yes -o json 2>&1)" &&
+    grep -q '"name": *"hf-before"' <<<"$out" && ! grep -q '"name": *"hf-after"' <<<"$out"; then
+    pass "holdfast status -A -l holdfast.io/test-selected=yes: hf-before's row only"
+else
+    fail "holdfast status -A -l holdfast.io/test-selected=yes: $out"
+fi
+refused "holdfast status -A -l with a malformed selector" "with -l" \
+    timeout 30 "$agent_bin" status -A -l 'app in (' -o json
+
 kubectl delete namespace hf-noquota hf-baseline --wait=false >/dev/null
+
+# Last: the kustomize install replaced by the Helm chart, upgraded and uninstalled (it removes the agent).
+echo "== 7. the Helm chart: install, upgrade, uninstall"
+# shellcheck source=test-helm.sh
+source scripts/cluster/test-helm.sh
 echo "== $([[ $fails -eq 0 ]] && echo PASSED || echo "FAILED: $fails check(s)") in $(($(now_ms) - t0)) ms"
 [[ $fails -eq 0 ]]
