@@ -60,6 +60,36 @@ pub const NEW_PER_DRAIN_LOOK: usize = 128;
 /// bytes): the oldest, as [`MAX_PROCS_PER_POD`] hands out.
 const MAX_INDEXED_PER_POD: usize = 4 * MAX_PROCS_PER_POD;
 
+/// Keeps the first `cap` of `items` (each a pid and its container) fairly: every container's
+/// oldest pids before any container's later ones (by a pid's rank among its own container's
+/// pids, then by pid), and returns them in pid order. A cap by pid alone gave a pod whose app
+/// forks thousands of processes before its proxy starts only app pids, so the proxy's own
+/// processes (two: the mesh's agent and Envoy) were never handed out: no watch on the proxy's
+/// exit, and a Unix-socket admin (Kuma 2.14) never found, the hold run to its deadline (issue 40,
+/// "one liveness question": `a_proxy_started_after_thousands_of_app_processes_is_handed_out`).
+fn cap_per_container<T>(items: &mut Vec<T>, cap: usize, key: impl Fn(&T) -> (i32, Option<&str>)) {
+    if items.len() <= cap {
+        items.sort_unstable_by_key(|t| key(t).0);
+        return;
+    }
+    items.sort_unstable_by_key(|t| key(t).0);
+    let mut seen: HashMap<Option<String>, usize> = HashMap::new();
+    let ranks: Vec<usize> = items
+        .iter()
+        .map(|t| {
+            let n = seen.entry(key(t).1.map(str::to_owned)).or_default();
+            *n += 1;
+            *n
+        })
+        .collect();
+    let mut ranked: Vec<(usize, T)> = ranks.into_iter().zip(items.drain(..)).collect();
+    // Stable: within a rank, pid order stays.
+    ranked.sort_by_key(|(rank, _)| *rank);
+    ranked.truncate(cap);
+    items.extend(ranked.into_iter().map(|(_, t)| t));
+    items.sort_unstable_by_key(|t| key(t).0);
+}
+
 /// What a classified process is now ([`check`]).
 enum Checked {
     /// Exited.
@@ -229,25 +259,33 @@ impl PodProcs {
                     None => index.refresh_if_stale(),
                 }
             }
-            let candidates: Vec<(i32, Option<u64>)> = index
+            let candidates: Vec<(i32, Option<u64>, Option<String>)> = index
                 .pids
                 .iter()
-                .filter(|(_, e)| e.pod.as_ref().is_some_and(|p| p.pod_uid == uid))
-                .map(|(pid, e)| (*pid, e.start_time))
+                .filter_map(|(pid, e)| {
+                    let pod = e.pod.as_ref().filter(|p| p.pod_uid == uid)?;
+                    Some((*pid, e.start_time, pod.container_id.clone()))
+                })
                 .collect();
             (index.proc_root.clone(), candidates)
         };
-        candidates.sort_unstable_by_key(|(pid, _)| *pid);
         if candidates.len() > MAX_PROCS_PER_POD {
             tracing::debug!(
                 pod_uid = uid,
                 processes = candidates.len(),
-                "more processes than the agent watches per pod; the oldest pids are handed out"
+                "more processes than the agent watches per pod; each container's oldest pids are handed out"
             );
-            candidates.truncate(MAX_PROCS_PER_POD);
         }
-        candidates.retain(|(pid, _)| !watched.contains(pid));
-        candidates.truncate(max_new);
+        fn by_container(c: &(i32, Option<u64>, Option<String>)) -> (i32, Option<&str>) {
+            (c.0, c.2.as_deref())
+        }
+        cap_per_container(&mut candidates, MAX_PROCS_PER_POD, by_container);
+        candidates.retain(|(pid, _, _)| !watched.contains(pid));
+        cap_per_container(&mut candidates, max_new, by_container);
+        let candidates: Vec<(i32, Option<u64>)> = candidates
+            .into_iter()
+            .map(|(pid, start, _)| (pid, start))
+            .collect();
         // Outside the lock: what each candidate is now.
         let checked: Vec<(i32, Option<u64>, Checked)> = candidates
             .into_iter()
@@ -667,8 +705,9 @@ impl Index {
         let now = Instant::now();
         // At most this many pids of one pod are kept: the index's memory per pod is bounded
         // whatever the pod forks (the oldest pids are the ones handed out).
-        listed.sort_unstable_by_key(|(pid, _)| *pid);
-        listed.truncate(MAX_INDEXED_PER_POD);
+        cap_per_container(&mut listed, MAX_INDEXED_PER_POD, |(pid, pod)| {
+            (*pid, pod.as_ref().and_then(|p| p.container_id.as_deref()))
+        });
         let present: Vec<i32> = listed.iter().map(|(pid, _)| *pid).collect();
         for (pid, pod) in listed {
             let Some(pod) = pod.filter(|p| p.pod_uid == uid) else {
@@ -1079,6 +1118,69 @@ mod netns_tests {
         assert_eq!(got.len(), MAX_PROCS_PER_POD);
         assert_eq!(got.first().map(|p| p.pid), Some(1000));
         assert!(got.windows(2).all(|w| w[0].pid < w[1].pid));
+    }
+
+    /// Issue 40's liveness question: the app forked 2,100 processes before the proxy container
+    /// started, so every proxy pid is higher than every app pid. The proxy's two processes are
+    /// still handed out (the proxy watch and Kuma's Unix-socket admin lookup pick them from
+    /// what is handed out), by the /proc listing and from the pod's cgroup directory alike,
+    /// within the same caps.
+    #[test]
+    fn a_proxy_started_after_thousands_of_app_processes_is_handed_out() {
+        let uid = "0b6a3c1e-6a59-4d8e-9f3a-0000000000dd";
+        let (sandbox, app, proxy) = ("5".repeat(64), "a".repeat(64), "e".repeat(64));
+        let at = |cid: &str| format!("/kubepods/pod{uid}/{cid}");
+        let mut all: Vec<(i32, String)> = vec![(900, at(&sandbox))];
+        all.extend((1000..3100).map(|pid| (pid, at(&app))));
+        all.extend([(5000, at(&proxy)), (5001, at(&proxy))]);
+
+        // By the /proc listing (no cgroup root followed).
+        let f = FakeProc::new("late-proxy");
+        for (pid, cg) in &all {
+            f.process(*pid, &format!("0::{cg}\n"), None);
+        }
+        let procs = PodProcs::with_cgroup_root(f.root.clone(), None);
+        let got = procs.of_pod_blocking(uid);
+        assert_eq!(got.len(), MAX_PROCS_PER_POD);
+        assert!(got.windows(2).all(|w| w[0].pid < w[1].pid), "in pid order");
+        let pids: Vec<i32> = got.iter().map(|p| p.pid).collect();
+        assert!(
+            pids.contains(&900) && pids.contains(&5000) && pids.contains(&5001),
+            "{pids:?}"
+        );
+        let proxy_pids: Vec<i32> = got
+            .iter()
+            .filter(|p| p.container_id.as_deref() == Some(proxy.as_str()))
+            .map(|p| p.pid)
+            .collect();
+        assert_eq!(proxy_pids, [5000, 5001]);
+
+        // From the pod's cgroup directory (cgroup v2 paths followed): the index keeps at most
+        // MAX_INDEXED_PER_POD of the pod's pids, again every container's oldest first.
+        let tree = Tree(std::env::temp_dir().join(format!("hf-late-proxy-{}", std::process::id())));
+        let (proc_root, cg_root) = (tree.0.join("proc"), tree.0.join("cgroup"));
+        let mut by_dir: HashMap<String, String> = HashMap::new();
+        for (pid, cg) in &all {
+            fake_process(&proc_root, *pid, cg);
+            by_dir
+                .entry(cg.clone())
+                .or_default()
+                .push_str(&format!("{pid}\n"));
+        }
+        std::fs::create_dir_all(cg_root.join(format!("kubepods/pod{uid}"))).unwrap();
+        std::fs::write(cg_root.join(format!("kubepods/pod{uid}/cgroup.procs")), "").unwrap();
+        for (cg, text) in &by_dir {
+            let d = cg_root.join(cg.trim_start_matches('/'));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("cgroup.procs"), text).unwrap();
+        }
+        let procs = PodProcs::with_cgroup_root(proc_root.clone(), Some(cg_root.clone()));
+        let _ = procs.of_pod_blocking(uid); // the first look lists /proc and learns the directory
+        std::thread::sleep(MIN_REFRESH * 2);
+        let got: Vec<i32> = procs.of_pod_blocking(uid).iter().map(|p| p.pid).collect();
+        assert_eq!(got.len(), MAX_PROCS_PER_POD);
+        assert!(got.contains(&5000) && got.contains(&5001), "{got:?}");
+        assert_eq!(procs.listings(), 1, "read from the cgroup directory");
     }
 
     fn slice() -> String {
