@@ -326,6 +326,7 @@ fn every_status_document_field() {
             entry: "e".into(),
             problem: "p".into(),
         }],
+        startup_taint: Some(holdfast::api::StartupTaint::Removed),
     };
     let mut fields = BTreeSet::new();
     keys(

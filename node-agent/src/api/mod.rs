@@ -14,5 +14,6 @@ pub use reports::{
 };
 pub use status::{
     HoldOutcome, HoldRecord, Mesh, NodeStatus, Phase, PodStatus, SidecarMode, SourceProblem,
+    StartupTaint,
 };
 pub use timeline::{Step, StepKind, Timeline, MAX_STEPS};

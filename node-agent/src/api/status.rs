@@ -199,6 +199,34 @@ pub struct NodeStatus {
     /// Pod source entries that were rejected or ignored (bad files, duplicate uids...).
     #[serde(default)]
     pub source_problems: Vec<SourceProblem>,
+    /// What this agent found of its node's startup taint (`None`: pods come from a directory,
+    /// not the API server, or an agent older than this field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup_taint: Option<StartupTaint>,
+}
+
+/// What an agent found of its node's startup taint `holdfast.io/agent-not-ready`
+/// (docs/install.md, "New nodes: the startup taint").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StartupTaint {
+    /// Not removed yet (the first pod list is not loaded, or the API server refuses).
+    Pending,
+    /// The node carried it and this agent removed it.
+    Removed,
+    /// The node did not carry it when this agent first looked: the node pool does not set it,
+    /// or an earlier agent on the node removed it (`holdfast check` tells the two apart: HF0106).
+    NotThere,
+}
+
+impl StartupTaint {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StartupTaint::Pending => "pending",
+            StartupTaint::Removed => "removed",
+            StartupTaint::NotThere => "not-there",
+        }
+    }
 }
 
 /// A pod source entry that was rejected or ignored (a bad file, a duplicate uid...): served on

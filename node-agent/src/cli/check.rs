@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::cluster::ClusterView;
 pub use super::remote::{client, AGENT_NAMESPACE};
-use crate::api::{DrainOutcome, HoldOutcome, Mesh, NodeStatus, PodStatus};
+use crate::api::{DrainOutcome, HoldOutcome, Mesh, NodeStatus, PodStatus, StartupTaint};
 
 /// The first Envoy whose `inboundonly&graceful` drain leaves outbound alone (envoyproxy/envoy
 /// #37873): the agent's `lifecycle::drain::envoy_version::INBOUND_ONLY_GRACEFUL_FIXED`, which
@@ -80,6 +80,11 @@ pub const CODES: &[(&str, Severity, &str)] = &[
         "a node without a Ready agent and without the startup taint: meshed pods land there unprotected",
     ),
     (
+        "HF0106",
+        Severity::Warning,
+        "a new node's first agent found no startup taint: the node pool does not set it",
+    ),
+    (
         "HF0201",
         Severity::Warning,
         "a pod's hold ran to its deadline (failed open) in the last hour",
@@ -122,6 +127,11 @@ pub const STARTUP_TAINT_KEY: &str = "holdfast.io/agent-not-ready";
 
 /// How far back rows count for the "in the last hour" findings.
 pub const RECENT: Duration = Duration::from_secs(3600);
+
+/// An agent pod started this soon after its node joined is the node's first (HF0106): the
+/// DaemonSet's pod is created as the node registers, and the kubelet takes it once the node is
+/// Ready (seconds; minutes with a slow image pull).
+pub const FIRST_AGENT_WINDOW: Duration = Duration::from_secs(10 * 60);
 
 /// One finding.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -223,6 +233,45 @@ pub fn findings(view: &ClusterView, now: SystemTime) -> Vec<Finding> {
                 format!(
                     "node {} has no Ready holdfast agent and no startup taint {STARTUP_TAINT_KEY}: the scheduler places meshed pods there, which start without a hold",
                     node.name
+                ),
+                "give the node pool the startup taint holdfast.io/agent-not-ready=true:NoSchedule (docs/install.md, \"New nodes: the startup taint\"; the chart's NOTES.txt prints your platform's setting)".into(),
+            ));
+        }
+    }
+
+    // HF0106: the startup taint is not configured on a node pool. What the API shows of a node
+    // whose agent is Ready is the same whether its pool set the taint (the agent removed it) or
+    // not; the agent says which it found. `not-there` means the pool does not set it only when
+    // this agent was the node's first: no restart (a restarted agent finds the taint its earlier
+    // run removed) and started within FIRST_AGENT_WINDOW of the node joining (a later pod is a
+    // DaemonSet rollout or an install on an existing node).
+    for answer in &view.answers {
+        let Ok(status) = &answer.result else { continue };
+        if status.startup_taint != Some(StartupTaint::NotThere) {
+            continue;
+        }
+        let Some(agent) = view.agents.iter().find(|a| a.name == answer.pod) else {
+            continue;
+        };
+        let Some(node) = view.nodes.iter().find(|n| n.name == answer.node) else {
+            continue;
+        };
+        let first = match (agent.started, node.created) {
+            (Some(started), Some(created)) => {
+                agent.restarts == 0
+                    && started
+                        .duration_since(created)
+                        .is_ok_and(|d| d <= FIRST_AGENT_WINDOW)
+            }
+            _ => false,
+        };
+        if first {
+            out.push(finding(
+                "HF0106",
+                vec![format!("node/{}", node.name), format!("pod/{ns}/{}", agent.name)],
+                format!(
+                    "node {} joined without the startup taint {STARTUP_TAINT_KEY} (its first agent, {}, found none): until an agent is Ready on a new node of this pool, the scheduler places meshed pods there and they start without a hold",
+                    node.name, agent.name
                 ),
                 "give the node pool the startup taint holdfast.io/agent-not-ready=true:NoSchedule (docs/install.md, \"New nodes: the startup taint\"; the chart's NOTES.txt prints your platform's setting)".into(),
             ));

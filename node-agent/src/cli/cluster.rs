@@ -15,7 +15,7 @@
 //! resourcequotas list); manifests/agent/status-reader-role.yaml and
 //! cluster-reader-clusterrole.yaml, checked against this file by tests/tests/manifests.rs.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
@@ -58,6 +58,8 @@ pub struct NodeInfo {
     pub gke: bool,
     /// Its taints, as `key[=value]:effect`.
     pub taints: Vec<String>,
+    /// `metadata.creationTimestamp`: when the node joined.
+    pub created: Option<SystemTime>,
 }
 
 impl NodeInfo {
@@ -89,6 +91,11 @@ impl NodeInfo {
             ready,
             gke: labels.contains_key("cloud.google.com/gke-nodepool"),
             taints,
+            created: n
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| SystemTime::from(t.0)),
         }
     }
 }
@@ -105,6 +112,10 @@ pub struct AgentPod {
     pub ready: bool,
     /// Why it is not ready, from its containers' states (e.g. `CrashLoopBackOff`), if known.
     pub waiting_reason: Option<String>,
+    /// `status.startTime`: when the kubelet took the pod.
+    pub started: Option<SystemTime>,
+    /// Its containers' restarts, together.
+    pub restarts: i32,
 }
 
 impl AgentPod {
@@ -129,6 +140,12 @@ impl AgentPod {
                             .and_then(|w| w.reason.clone())
                     })
                 }),
+            started: status
+                .and_then(|s| s.start_time.as_ref())
+                .map(|t| SystemTime::from(t.0)),
+            restarts: status
+                .and_then(|s| s.container_statuses.as_ref())
+                .map_or(0, |cs| cs.iter().map(|c| c.restart_count).sum()),
         }
     }
 }

@@ -407,6 +407,7 @@ pub fn run(opts: &ClusterStatusOptions, out: &mut impl std::io::Write) -> i32 {
                                 agent_version: r.agent_version.clone().unwrap_or_default(),
                                 pods: vec![p.clone()],
                                 source_problems: vec![],
+                                startup_taint: None,
                             };
                             if p.timeline.is_none() {
                                 format!("{sel}: the agent on {} is older than the timeline (its rows carry no steps): upgrade it\n", r.node)
@@ -498,6 +499,7 @@ mod tests {
                         pod("pay", "api-1", Phase::Holding, Mesh::Kuma),
                     ],
                     source_problems: vec![],
+                    startup_taint: None,
                 }),
                 elapsed: Duration::from_millis(3),
             },
@@ -519,6 +521,8 @@ mod tests {
                 phase: "Running".into(),
                 ready: true,
                 waiting_reason: None,
+                started: None,
+                restarts: 0,
             })
             .collect()
     }
@@ -532,6 +536,7 @@ mod tests {
                 ready: true,
                 gke: false,
                 taints: vec![],
+                created: None,
             })
             .collect()
     }

@@ -11,6 +11,8 @@
 //! Only taints with our key are removed. RBAC: `nodes` get and patch, nothing else.
 
 use k8s_openapi::api::core::v1::{Node, Taint};
+
+pub use crate::api::StartupTaint;
 use kube::api::{Patch, PatchParams};
 use kube::Api;
 
@@ -62,6 +64,30 @@ pub enum Removal {
 pub struct TaintMetrics {
     pub pending: prometheus_client::metrics::gauge::Gauge,
     pub failures: prometheus_client::metrics::counter::Counter,
+    /// What the loop found, for `/status` ([`TaintMetrics::found`]): 0 not started, else a
+    /// [`StartupTaint`] as 1 + its index.
+    state: std::sync::Arc<std::sync::atomic::AtomicU8>,
+}
+
+impl TaintMetrics {
+    /// What the removal found so far (`None`: it has not started: no API server source).
+    pub fn found(&self) -> Option<StartupTaint> {
+        match self.state.load(std::sync::atomic::Ordering::Relaxed) {
+            1 => Some(StartupTaint::Pending),
+            2 => Some(StartupTaint::Removed),
+            3 => Some(StartupTaint::NotThere),
+            _ => None,
+        }
+    }
+
+    fn set_found(&self, found: StartupTaint) {
+        let v = match found {
+            StartupTaint::Pending => 1,
+            StartupTaint::Removed => 2,
+            StartupTaint::NotThere => 3,
+        };
+        self.state.store(v, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Removes the startup taint, trying again with a doubling pause (1 s, 2 s, … then every 60 s)
@@ -76,6 +102,7 @@ pub async fn remove_startup_taint_retrying(
     metrics: &TaintMetrics,
 ) -> Removal {
     metrics.pending.set(1);
+    metrics.set_found(StartupTaint::Pending);
     let started = tokio::time::Instant::now();
     let mut pause = FIRST_RETRY_PAUSE;
     let mut said_overdue = false;
@@ -85,6 +112,11 @@ pub async fn remove_startup_taint_retrying(
         match remove_startup_taint(client.clone(), node).await {
             Ok(removed) => {
                 metrics.pending.set(0);
+                metrics.set_found(if removed {
+                    StartupTaint::Removed
+                } else {
+                    StartupTaint::NotThere
+                });
                 return if removed {
                     Removal::Removed { tries: attempt }
                 } else {

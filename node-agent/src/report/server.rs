@@ -356,6 +356,7 @@ impl StatusApi {
                 agent_version: env!("CARGO_PKG_VERSION").to_string(),
                 pods: self.board.snapshot(),
                 source_problems: self.source_problems.snapshot(),
+                startup_taint: self.metrics.metrics.startup_taint.found(),
             }),
             "/config" => json(&*self.config),
             "/metrics" => {

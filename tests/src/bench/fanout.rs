@@ -245,6 +245,7 @@ fn status_doc(rows: usize) -> String {
         agent_version: env!("CARGO_PKG_VERSION").into(),
         pods,
         source_problems: vec![],
+        startup_taint: None,
     })
     .expect("a status document")
 }

@@ -25,6 +25,7 @@ fn node(name: &str) -> NodeInfo {
         ready: true,
         gke: false,
         taints: vec![],
+        created: None,
     }
 }
 
@@ -35,6 +36,8 @@ fn agent(name: &str, node: &str) -> AgentPod {
         phase: "Running".into(),
         ready: true,
         waiting_reason: None,
+        started: None,
+        restarts: 0,
     }
 }
 
@@ -101,6 +104,7 @@ fn status(node: &str, pods: Vec<PodStatus>) -> NodeStatus {
         agent_version: "0.1.0".into(),
         pods,
         source_problems: vec![],
+        startup_taint: None,
     }
 }
 
@@ -122,10 +126,19 @@ fn clean() -> ClusterView {
         linux: false,
         ..node("win-1")
     });
+    // node-a joined with the startup taint and its first agent removed it; node-b's agent came
+    // with a rollout an hour after the node joined and found no taint (an earlier agent had
+    // removed it): neither is HF0106.
+    nodes[0].created = Some(t(0));
+    nodes[1].created = Some(t(0));
+    let mut first = agent("holdfast-a", "node-a");
+    first.started = Some(t(20));
+    let mut rolled = agent("holdfast-b", "node-b");
+    rolled.started = Some(t(3600));
     ClusterView {
         namespace: "holdfast-system".into(),
         nodes,
-        agents: vec![agent("holdfast-a", "node-a"), agent("holdfast-b", "node-b")],
+        agents: vec![first, rolled],
         quotas: Some(vec![QuotaInfo {
             name: "holdfast-critical-pods".into(),
             priority_classes: vec!["system-node-critical".into()],
@@ -134,13 +147,19 @@ fn clean() -> ClusterView {
             AgentAnswer {
                 pod: "holdfast-a".into(),
                 node: "node-a".into(),
-                result: Ok(status("node-a", vec![pod("web-1"), drained("web-2"), old])),
+                result: Ok(NodeStatus {
+                    startup_taint: Some(StartupTaint::Removed),
+                    ..status("node-a", vec![pod("web-1"), drained("web-2"), old])
+                }),
                 elapsed: Duration::from_millis(20),
             },
             AgentAnswer {
                 pod: "holdfast-b".into(),
                 node: "node-b".into(),
-                result: Ok(status("node-b", vec![consul])),
+                result: Ok(NodeStatus {
+                    startup_taint: Some(StartupTaint::NotThere),
+                    ..status("node-b", vec![consul])
+                }),
                 elapsed: Duration::from_millis(25),
             },
         ],
@@ -412,6 +431,38 @@ fn hf0207_source_problems() {
         });
     }
     only(&view, "HF0207", &["node/node-a"]);
+}
+
+/// HF0106: a node's first agent (no restart, started 20 s after the node joined) found no startup
+/// taint: the pool does not set it. A restarted agent, or one started long after the node
+/// joined, finds none because an earlier agent removed it: not reported.
+#[test]
+fn hf0106_a_new_node_without_the_startup_taint() {
+    let mut view = clean();
+    if let Ok(s) = &mut view.answers[0].result {
+        s.startup_taint = Some(StartupTaint::NotThere);
+    }
+    let f = only(
+        &view,
+        "HF0106",
+        &["node/node-a", "pod/holdfast-system/holdfast-a"],
+    );
+    assert!(
+        f.fix
+            .contains("holdfast.io/agent-not-ready=true:NoSchedule"),
+        "{}",
+        f.fix
+    );
+
+    let mut restarted = view.clone();
+    restarted.agents[0].restarts = 1;
+    assert!(findings(&restarted, now()).is_empty());
+    let mut late = view.clone();
+    late.agents[0].started = Some(t(FIRST_AGENT_WINDOW.as_secs() + 1));
+    assert!(findings(&late, now()).is_empty());
+    let mut unknown = view;
+    unknown.nodes[0].created = None;
+    assert!(findings(&unknown, now()).is_empty());
 }
 
 /// Several problems at once: errors first, and the exit code says error.

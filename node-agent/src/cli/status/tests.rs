@@ -123,6 +123,7 @@ fn fixture() -> NodeStatus {
             pod("new", Phase::WaitingForNetns),
         ],
         source_problems: vec![],
+        startup_taint: None,
     }
 }
 
@@ -212,6 +213,7 @@ fn empty_node_says_so() {
         agent_version: "0.1.0".into(),
         pods: vec![],
         source_problems: vec![],
+        startup_taint: None,
     };
     assert_eq!(
         render_table(&s, t(0)),
@@ -804,6 +806,7 @@ fn node_with(pods: Vec<PodStatus>) -> NodeStatus {
         agent_version: "0.1.0".into(),
         pods,
         source_problems: vec![],
+        startup_taint: None,
     }
 }
 
