@@ -416,6 +416,7 @@ impl Driver {
                 Effect::Record(o) => self.rec.outcome(&o),
                 Effect::Step(kind, detail) => self.rec.step(kind, detail),
                 Effect::Problem(m) => self.rec.problem(m),
+                Effect::Ignored { stage, input } => self.rec.ignored(stage, input),
                 Effect::Exit => exit = true,
                 Effect::Schedule(t, at) => {
                     let at = Instant::from_std(at);
