@@ -901,7 +901,7 @@ impl Driver {
         let proxy = tokio::task::spawn_blocking(move || proxy_pids_of(&proc_root, &container))
             .await
             .unwrap_or_default();
-        let mut watcher = ExitWatcher::for_pod(&self.key);
+        let mut watcher = ExitWatcher::for_pod(&self.key, &self.shared.procs.proc_root());
         // A pid already gone is skipped, not taken as an exit: the process list can lag, and
         // the Pod status path (a new or no running proxy id) covers a container already down.
         for pid in proxy {

@@ -358,10 +358,16 @@ pub struct MetricsHandle {
 }
 
 impl MetricsHandle {
+    /// The agent's metrics, its own resources read under this process's `/proc`.
     pub fn new() -> Self {
+        Self::with_proc_root(std::path::Path::new("/proc"))
+    }
+
+    /// The agent's metrics, its own resources read under `proc_root` (`--proc-root`).
+    pub fn with_proc_root(proc_root: &std::path::Path) -> Self {
         let mut registry = Registry::default();
         let metrics = Metrics::new(&mut registry);
-        crate::report::process_metrics::register(&mut registry);
+        crate::report::process_metrics::register(&mut registry, proc_root);
         Self {
             registry: Arc::new(registry),
             metrics,
