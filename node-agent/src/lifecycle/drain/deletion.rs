@@ -10,9 +10,9 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
 use super::admin::{Drainer, ProxyAdmin};
-use super::app_exit::{AppContainer, AppTracker, PodProcessSource};
-use super::in_flight::{InFlight, InFlightJudge, UnexposedBytes};
+use super::app_exit::{AppTracker, PodProcessSource};
 use super::plan::{self, DrainPlan};
+use super::step::DrainState;
 use super::{decide, envoy_version, DrainCtx, DrainOutcome, DrainReport, DrainStep, QuitReason};
 use crate::pod::{Deletion, PodView, SidecarMode, DEFAULT_GRACE};
 
@@ -112,50 +112,38 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
         add_advice(&mut report, advice);
     }
 
-    let mut judge = InFlightJudge::new(settings.idle_window);
-    let mut unexposed = UnexposedBytes::new(current.profile.texts());
-    let mut judgement: Option<InFlight> = None;
-    let mut next_stats = Instant::now();
-    let mut failed_samples_while_gone = 0u32;
-    let mut failed_samples_while_running = 0u32;
-    let mut unseen_warned = false;
-    let mut unreadable_told = false;
-    let mut flushing_told = false;
-    let mut app_gone: Option<Instant> = None;
-    let mut samples_since_gone = 0u32;
-    let mut rescans = 0u32;
-    let mut next_rescan = Instant::now() + decide::rescan_every(settings, rescans);
-    let mut exits_told: Vec<String> = Vec::new();
+    // The loop only looks, asks and sleeps; what it saw goes to the step (`step.rs`), which
+    // keeps the counters, the told-once flags and the back-offs, and says what follows.
+    let mut state = DrainState::new(
+        settings,
+        current.profile.texts(),
+        kubelet_ordered,
+        native,
+        t0,
+        Instant::now(),
+    );
+    if deadline_passed {
+        state.deadline_passed();
+    }
     loop {
         let now = Instant::now();
-        tell_container_exits(&d, &snapshot, &mut exits_told);
-        if snapshot.gone_for_drain() && app_gone.is_none() {
-            app_gone = Some(app.last_exit().unwrap_or(now));
-            d.tell(DrainStep::AppGone);
+        for step in state.round(&snapshot, app.last_exit(), now) {
+            d.tell(step);
         }
-        let gone = app_gone.is_some();
-        if gone {
-            samples_since_gone += 1;
-        }
+        let gone = state.gone();
 
-        // Sample the counts: regularly while the app runs (idle history), every settle_poll
-        // once it is gone; not once the deadline has passed (the quit is due now).
-        if !deadline_passed && (gone || now >= next_stats) {
-            next_stats = now + decide::sample_every(settings, now.duration_since(t0));
+        // Sample the counts: regularly while the app runs (idle history), every round once it
+        // is gone; not once the deadline has passed (the quit is due now).
+        if state.sample_due(now) {
             match d.sample(gone).await {
                 Ok(sample) => {
-                    failed_samples_while_running = 0;
                     report.filter_present = Some(sample.filter.is_some());
                     // The filter's counts, else the capture listeners' (Consul).
                     report.last_counts = sample.counts();
                     report.last_traffic_bytes =
                         sample.traffic.exposed.then_some(sample.traffic.total);
-                    let now = Instant::now();
-                    let j = judge.observe(now.into_std(), &sample);
-                    if let Some(advice) = unexposed
-                        .notice(now.into_std(), &sample, j, settings.idle_window)
-                        .filter(|_| gone && !kubelet_ordered)
-                    {
+                    let sampled = state.sampled(Instant::now(), &sample);
+                    if let Some(advice) = sampled.advice {
                         tracing::warn!("{advice}");
                         add_advice(&mut report, advice);
                     }
@@ -181,69 +169,28 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                             "the mesh's agent failed Envoy's health check (outbound would be drain-closed): restored it"
                         );
                     }
-                    if let (InFlight::Sending { bytes }, true, false) = (j, gone, flushing_told) {
-                        flushing_told = true;
-                        d.tell(DrainStep::KernelFlushing { bytes });
-                    }
-                    judgement = Some(j);
-                }
-                Err(()) => {
-                    judgement = None;
-                    if gone {
-                        failed_samples_while_gone += 1;
-                    } else {
-                        failed_samples_while_running =
-                            failed_samples_while_running.saturating_add(1);
-                        next_stats = Instant::now()
-                            + decide::sample_every_after_failures(
-                                settings,
-                                now.duration_since(t0),
-                                failed_samples_while_running,
-                            );
-                    }
-                    if d.refusals > 0 {
-                        // Envoy may have exited: confirm soon rather than at the next regular
-                        // sample.
-                        next_stats = Instant::now() + settings.retry_backoff;
+                    if let Some(step) = sampled.flushing {
+                        d.tell(step);
                     }
                 }
+                Err(()) => state.sample_failed(now, Instant::now(), d.refusals > 0),
             }
         }
 
         let proxy_gone = d.envoy_gone();
-        if proxy_gone {
+        if proxy_gone && !gone {
             // Envoy has exited. Before blaming the drain duration, look at the app once more:
             // it may have exited at the same moment.
-            if !gone {
-                snapshot = app.refresh(&current).await;
-                if snapshot.gone_for_drain() {
-                    app_gone = Some(app.last_exit().unwrap_or_else(Instant::now));
-                }
-            }
+            snapshot = app.refresh(&current).await;
+            state.looked_again(&snapshot, app.last_exit(), Instant::now());
         }
-        let seen = decide::DrainSeen {
-            app_gone: app_gone.is_some(),
-            app_live: snapshot.live,
-            proxy_gone,
-            judgement: if gone { judgement } else { None },
-            stats_exhausted: failed_samples_while_gone >= settings.admin_attempts,
-            deadline_passed,
-            kubelet_ordered,
-            native,
-            pod_removed: false,
-        };
-        if seen.app_gone && seen.stats_exhausted && !seen.proxy_gone && !unreadable_told {
-            unreadable_told = true;
-            let why = format!(
-                "the app is gone but Envoy's counts could not be read {failed_samples_while_gone} \
-                 times: nothing says the last response was sent, so the drain waits for {} or the \
-                 deadline, as without holdfast",
-                current.profile.texts().own_end
-            );
+        let decision = state.decide(proxy_gone, &snapshot, current.profile.texts().own_end);
+        if let Some(why) = decision.unreadable {
             tracing::warn!("{why}");
             d.errors.push(why);
         }
-        match decide::drain_next(seen) {
+        let app_gone = state.app_gone();
+        match decision.next {
             decide::DrainNext::Wait => {}
             decide::DrainNext::End(end) => {
                 return d.end(report, end, &snapshot, app_gone, remaining, &current, &app);
@@ -267,36 +214,16 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                 return d.finish(report, DrainOutcome::AppDone, &app);
             }
         }
-
-        if !gone
-            && !unseen_warned
-            && snapshot
-                .containers
-                .iter()
-                .any(|(_, c)| *c == AppContainer::Unseen)
-        {
-            unseen_warned = true;
-            d.errors.push(
-                "an app container runs by its status but none of the pod's processes is visible \
-                 by container id: the drain cannot see the app exit and waits for the status or \
-                 the deadline (does the agent run with hostPID and the right --proc-root?)"
-                    .to_string(),
-            );
+        if let Some(why) = decision.unseen {
+            d.errors.push(why);
         }
 
-        // Once the app is gone only the counts are awaited: sample every settle_poll at first
-        // (the usual case settles within milliseconds), then back off towards stats_every.
-        let now = Instant::now();
-        let wait = if gone {
-            decide::settle_wait(settings, samples_since_gone)
-        } else {
-            next_stats.min(next_rescan).saturating_duration_since(now)
-        };
+        let wait = state.wait(Instant::now());
         let rescan = tokio::select! {
             biased;
             _ = stop.cancelled() => return d.finish(report, DrainOutcome::AgentStopping, &app),
             _ = tokio::time::sleep_until(deadline) => {
-                deadline_passed = true;
+                state.deadline_passed();
                 false
             }
             changed = view.changed() => {
@@ -318,11 +245,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                         current = v;
                     }
                     _ => {
-                        let next = decide::drain_next(decide::DrainSeen {
-                            pod_removed: true,
-                            ..seen
-                        });
-                        let decide::DrainNext::End(end) = next else {
+                        let decide::DrainNext::End(end) = state.pod_removed() else {
                             unreachable!("decide::drain_next ends every drain whose pod is removed")
                         };
                         return d.end(report, end, &snapshot, app_gone, remaining, &current, &app);
@@ -337,13 +260,12 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                 tracing::debug!(pid, more, "app process exited");
                 true
             }
-            _ = tokio::time::sleep(wait) => Instant::now() >= next_rescan,
+            _ = tokio::time::sleep(wait) => state.rescan_due(Instant::now()),
         };
         // Re-scan on news (an exit, a status change) and regularly for forked processes; not on
         // every count sample.
         if rescan {
-            rescans = rescans.saturating_add(1);
-            next_rescan = Instant::now() + decide::rescan_every(settings, rescans);
+            state.rescanned(Instant::now());
             snapshot = app.refresh(&current).await;
         }
     }
@@ -368,29 +290,6 @@ async fn end_the_meshs_agent<S: PodProcessSource>(
             tracing::warn!("{why}");
             report.errors.push(why);
         }
-    }
-}
-
-/// Tells each app container's end once (for the pod's timeline), as the snapshots show it.
-fn tell_container_exits<A: ProxyAdmin>(
-    d: &Drainer<'_, A>,
-    snapshot: &super::app_exit::AppSnapshot,
-    told: &mut Vec<String>,
-) {
-    for (name, c) in &snapshot.containers {
-        let exit_code = match c {
-            AppContainer::Exited => None,
-            AppContainer::Terminated { exit_code } => Some(*exit_code),
-            _ => continue,
-        };
-        if told.iter().any(|t| t == name) {
-            continue;
-        }
-        told.push(name.clone());
-        d.tell(DrainStep::AppContainerExited {
-            container: name.clone(),
-            exit_code,
-        });
     }
 }
 
