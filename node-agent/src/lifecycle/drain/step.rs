@@ -335,6 +335,89 @@ impl DrainState {
     }
 }
 
+/// A finished Job's bounded wait for in-flight traffic before its proxy is quit, as a step:
+/// each sample (or its failure) in, the decision of [`decide::job_next`] and the next sleep
+/// out. `job.rs` keeps the I/O.
+#[derive(Debug)]
+pub(super) struct JobSettle {
+    settings: DrainSettings,
+    /// The wait is over at this moment.
+    until: Instant,
+    judge: InFlightJudge,
+    unexposed: UnexposedBytes,
+    failed: u32,
+    samples: u32,
+    flushing_told: bool,
+}
+
+impl JobSettle {
+    /// The wait starts `now`, for at most `job_in_flight_wait`.
+    pub(super) fn new(
+        settings: &DrainSettings,
+        texts: &'static crate::mesh::MeshTexts,
+        now: Instant,
+    ) -> JobSettle {
+        JobSettle {
+            settings: settings.clone(),
+            until: now + settings.job_in_flight_wait,
+            judge: InFlightJudge::new(settings.idle_window),
+            unexposed: UnexposedBytes::new(texts),
+            failed: 0,
+            samples: 0,
+            flushing_told: false,
+        }
+    }
+
+    /// A sample answered at `now`: judged; the kernel's flushing and the advice, once each.
+    pub(super) fn sampled(&mut self, now: Instant, sample: &DrainSample) -> Sampled {
+        self.samples += 1;
+        let now = now.into_std();
+        let j = self.judge.observe(now, sample);
+        let flushing = match (j, self.flushing_told) {
+            (InFlight::Sending { bytes }, false) => {
+                self.flushing_told = true;
+                Some(DrainStep::KernelFlushing { bytes })
+            }
+            _ => None,
+        };
+        let advice = self
+            .unexposed
+            .notice(now, sample, j, self.settings.idle_window);
+        Sampled {
+            judgement: Some(j),
+            advice,
+            flushing,
+        }
+    }
+
+    /// A sample failed.
+    pub(super) fn sample_failed(&mut self) {
+        self.samples += 1;
+        self.failed += 1;
+    }
+
+    /// What follows the latest sample (`judgement`: its judgement, `None` when it failed),
+    /// at `now`, with Envoy gone or not.
+    pub(super) fn decide(
+        &self,
+        proxy_gone: bool,
+        judgement: Option<InFlight>,
+        now: Instant,
+    ) -> decide::JobNext {
+        decide::job_next(decide::JobSeen {
+            proxy_gone,
+            judgement,
+            stats_exhausted: self.failed >= self.settings.admin_attempts,
+            out_of_time: now >= self.until,
+        })
+    }
+
+    /// The sleep before the next sample.
+    pub(super) fn wait(&self) -> Duration {
+        decide::settle_wait(&self.settings, self.samples)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -503,6 +586,52 @@ mod tests {
             panic!("the proxy's exit ends the drain");
         };
         assert_eq!(end.outcome, DrainOutcome::AppDone);
+    }
+
+    /// A finished Job's wait: samples every `settle_poll`, quits once the counts stood still
+    /// for the idle window, or at the bounded wait's end, or when the counts cannot be read;
+    /// an Envoy gone is gone.
+    #[test]
+    fn a_jobs_wait_quits_when_idle_or_out_of_time() {
+        let s = settings();
+        let t0 = Instant::now();
+        let mut w = JobSettle::new(&s, texts(), t0);
+        let j = w.sampled(t0, &sample(10)).judgement;
+        assert_eq!(w.decide(false, j, t0), decide::JobNext::Wait);
+        assert_eq!(w.wait(), s.settle_poll);
+        let j = w.sampled(t0 + s.idle_window, &sample(10)).judgement;
+        assert!(matches!(
+            w.decide(false, j, t0 + s.idle_window),
+            decide::JobNext::Quit(QuitReason::Idle(_))
+        ));
+        assert_eq!(w.decide(true, j, t0), decide::JobNext::ProxyAlreadyGone);
+
+        let mut w = JobSettle::new(&s, texts(), t0);
+        let mut bytes = 0;
+        let mut t = t0;
+        loop {
+            bytes += 1;
+            let j = w.sampled(t, &sample(bytes)).judgement;
+            match w.decide(false, j, t) {
+                decide::JobNext::Wait => t += w.wait(),
+                next => {
+                    assert_eq!(next, decide::JobNext::Quit(QuitReason::OutOfTime));
+                    break;
+                }
+            }
+        }
+        assert!(t >= t0 + s.job_in_flight_wait);
+
+        let mut w = JobSettle::new(&s, texts(), t0);
+        for _ in 1..s.admin_attempts {
+            w.sample_failed();
+            assert_eq!(w.decide(false, None, t0), decide::JobNext::Wait);
+        }
+        w.sample_failed();
+        assert_eq!(
+            w.decide(false, None, t0),
+            decide::JobNext::Quit(QuitReason::StatsUnavailable)
+        );
     }
 
     /// An app container running by its status with no process visible is said once, while
