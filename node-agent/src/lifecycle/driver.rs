@@ -19,8 +19,7 @@ use tokio::time::Instant;
 
 use super::machine::{self, Effect, Input, Now, PodFacts, Released, Seen, State, Timer};
 use super::record::Recorder;
-use super::replay::Recorded;
-use crate::effects::admin_socket::AdminSocket;
+use super::replay::InputsLog;
 use crate::effects::envoy_admin::AdminClient;
 use crate::effects::hold::{Error as HoldError, HoldConfig, HoldQueue};
 use crate::effects::netns::PodNetns;
@@ -217,10 +216,7 @@ pub(crate) async fn run(shared: Arc<Shared>, view: watch::Receiver<Option<PodVie
     };
     let ready_poll = d.shared.config.hold.ready_poll;
     let facts = PodFacts::of(&first);
-    tracing::debug!(
-        target: "holdfast::inputs",
-        recorded = %Recorded::Start(facts.clone()).to_json()
-    );
+    InputsLog::start(&facts);
     let (state, fx) = State::new(facts, ready_poll, now());
     if d.drive(state, fx).await {
         // The row stays a while (the agent's `Pods` removes it once the pod is gone for good),
@@ -374,19 +370,8 @@ impl Driver {
                 }
             };
             let fx;
-            // Every input the machine gets, in order, as JSON: the sequence `replay.rs` reads
-            // back (`HOLDFAST_LOG=info,holdfast::inputs=debug`) — but the readiness polls'
-            // timers and a readiness observation the same as the one before, which change
-            // nothing a replay decides: in a burst of pods starting those were thousands of
-            // lines a second, and formatting and writing them was the largest part of what the
-            // agent spent beyond the c978d44 build (issue 29 item 9, `perf` of a 30-pod burst).
-            // Serialized only when enabled.
-            if inputs_log.note(&input) {
-                tracing::debug!(
-                    target: "holdfast::inputs",
-                    recorded = %Recorded::Input(input.clone()).to_json()
-                );
-            }
+            // Every input the machine gets, for a replay (`replay::InputsLog`).
+            inputs_log.log(&input);
             (state, fx) = machine::step(state, input, now());
             exited = self.perform(fx).await;
             if !state.checks_readiness() {
@@ -580,70 +565,25 @@ impl Driver {
         else {
             return Ok(AdminClient::in_netns(netns.try_clone()?, self.admin));
         };
-        let procs = self.shared.procs.clone();
         let view = self.view.clone();
-        let uid = self.key.uid.clone();
-        let proxy_uid = profile.proxy_uid;
-        let found: Arc<std::sync::Mutex<Option<AdminSocket>>> = Default::default();
-        let connector =
-            move |timeout: Duration| -> std::io::Result<std::os::unix::net::UnixStream> {
-                let mut slot = found.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(socket) = slot.as_ref() {
-                    match socket.connect(timeout) {
-                        Ok(stream) => return Ok(stream),
-                        // A permission problem stays one: said as it is, not searched again.
-                        Err(e @ crate::effects::admin_socket::Error::Permission { .. }) => {
-                            return Err(e.into_io())
-                        }
-                        Err(_) => *slot = None,
-                    }
-                }
-                let proxy_id = view
-                    .borrow()
+        let connector = crate::effects::admin_socket::connector(
+            self.shared.procs.clone(),
+            self.key.uid.clone(),
+            crate::effects::admin_socket::SocketAt {
+                proxy_uid: profile.proxy_uid,
+                parent,
+                dir_prefix,
+                name,
+            },
+            move || {
+                view.borrow()
                     .as_ref()
                     .and_then(|v| v.proxy_container().and_then(|c| c.id.clone()))
-                    .ok_or_else(|| {
-                        std::io::Error::new(
-                            std::io::ErrorKind::NotFound,
-                            "the proxy container has no id yet",
-                        )
-                    })?;
-                let container: Vec<i32> = procs
-                    .of_pod_blocking(&uid)
-                    .iter()
-                    .filter(|p| p.container_id.as_deref() == Some(proxy_id.as_str()))
-                    .map(|p| p.pid)
-                    .collect();
-                let proc_root = procs.proc_root();
-                let proxy = proxy_pids_of(&proc_root, &container);
-                // Through Envoy's own root first (the mesh's agent's child made the socket, in
-                // the mount namespace it runs in), then the main process's.
-                let mut last = std::io::Error::new(
-                    std::io::ErrorKind::NotFound,
-                    "no process of the proxy container yet",
-                );
-                let mut found_socket = None;
-                for &pid in proxy.iter().rev() {
-                    match AdminSocket::find(
-                        &proc_root, pid, &proxy, proxy_uid, parent, dir_prefix, name,
-                    ) {
-                        Ok(s) => {
-                            found_socket = Some(s);
-                            break;
-                        }
-                        Err(e) => last = e.into_io(),
-                    }
-                }
-                let socket = found_socket.ok_or(last)?;
-                let stream = socket
-                    .connect(timeout)
-                    .map_err(crate::effects::admin_socket::Error::into_io)?;
-                *slot = Some(socket);
-                Ok(stream)
-            };
+            },
+        );
         Ok(AdminClient::unix(
             &format!("{parent}/{dir_prefix}*/{name}"),
-            Arc::new(connector),
+            connector,
         ))
     }
 
@@ -994,28 +934,6 @@ impl Driver {
     }
 }
 
-/// Which of the machine's inputs the driver logs (`holdfast::inputs`, debug): not the readiness
-/// polls' timers, and not a readiness observation the same as the input before it — the runs
-/// a replay (machine_tests.rs `replay_*`) leaves out anyway.
-#[derive(Debug, Default)]
-struct InputsLog {
-    last_seen: Option<Seen>,
-}
-
-impl InputsLog {
-    /// Whether to log `input` (and remembers it).
-    fn note(&mut self, input: &Input) -> bool {
-        match input {
-            Input::Timer(Timer::ReadinessPoll) => false,
-            Input::Readiness(seen) => self.last_seen.replace(*seen) != Some(*seen),
-            _ => {
-                self.last_seen = None;
-                true
-            }
-        }
-    }
-}
-
 /// Runs blocking hold work (iptables, netlink) off the async runtime.
 async fn blocking<T: Send + 'static>(
     netns: &PodNetns,
@@ -1031,36 +949,6 @@ async fn blocking<T: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Issue 29 item 9: the inputs log leaves out the readiness polls' timers and repeated
-    /// observations (thousands of lines a second in a burst), and keeps every other input and
-    /// every change of what the checks see.
-    #[test]
-    fn the_inputs_log_leaves_out_repeated_polls() {
-        let mut log = InputsLog::default();
-        let logged: Vec<bool> = [
-            Input::NetnsFound {
-                netns: crate::effects::netns::NetnsId { dev: 4, ino: 1 },
-            },
-            Input::Readiness(Seen::Down),
-            Input::Timer(Timer::ReadinessPoll),
-            Input::Readiness(Seen::Down),
-            Input::Timer(Timer::ReadinessPoll),
-            Input::Readiness(Seen::Up),
-            Input::Timer(Timer::ReadinessPoll),
-            Input::Readiness(Seen::Up),
-            Input::Timer(Timer::HoldDeadline),
-            Input::Readiness(Seen::Up),
-            Input::Readiness(Seen::Ready),
-        ]
-        .iter()
-        .map(|i| log.note(i))
-        .collect();
-        assert_eq!(
-            logged,
-            [true, true, false, false, false, true, false, false, true, true, true]
-        );
-    }
 
     #[test]
     fn a_netns_belongs_to_one_pod_at_a_time() {
