@@ -119,8 +119,8 @@ pub const JOB_WATCH_RETRY: Duration = Duration::from_secs(1);
 /// listen → fully ready 0.0 ms p50), so the moment the ports open is on the release's critical
 /// path: at the `ready_poll` cadence (5 ms) it alone added up to 5 ms. A check before the ports
 /// open is one or two `sock_diag` lookups, an `Up` check one `/stats` request on the kept-alive
-/// admin connection: cheap, and the driver paces them node-wide (`driver::FAST_CHECK_SHARE`,
-/// `driver::FAST_WINDOW_LIMIT`) so that many pods starting at once, or an Envoy that waits
+/// admin connection: cheap, and the driver paces them node-wide (`pacing::FAST_CHECK_SHARE`,
+/// `pacing::FAST_WINDOW_LIMIT`) so that many pods starting at once, or an Envoy that waits
 /// minutes for istiod, do not multiply the cost. Before the proxy container runs: `ready_poll`.
 pub const LIVE_WINDOW_POLL: Duration = Duration::from_millis(1);
 
