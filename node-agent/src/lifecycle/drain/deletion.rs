@@ -78,39 +78,12 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
             current.profile.texts().prestop_drain
         );
     }
-    let mut deadline_passed = false;
-    let inbound = tokio::select! {
-        biased;
-        _ = stop.cancelled() => return d.finish(report, DrainOutcome::AgentStopping, &app),
-        // A deadline already passed (an agent restarted late in a drain) skips straight to the
-        // decision, which is the deadline's.
-        _ = tokio::time::sleep_until(deadline) => {
-            deadline_passed = true;
-            (false, None, None)
-        }
-        // The mesh's preStop drained inbound already (Istio's `/drain`, kuma-dp's SIGUSR2).
-        _ = std::future::ready(()), if kubelet_ordered => (false, None, None),
-        r = async {
-            // Which call drains inbound depends on the Envoy (envoy_version.rs); one request,
-            // and a failure only means "as for a current Envoy".
-            let version = d.envoy_version().await;
-            let call = envoy_version::inbound_drain(version, current.profile.texts());
-            (d.post_retrying(call.path).await, version, call.advice)
-        } => r,
+    let Some(deadline_passed) = d
+        .drain_inbound(&mut report, &current, kubelet_ordered, deadline, &stop)
+        .await
+    else {
+        return d.finish(report, DrainOutcome::AgentStopping, &app);
     };
-    let (drained, version, advice) = inbound;
-    report.inbound_drained = drained;
-    report.envoy_version = version.map(|v| v.to_string());
-    if !deadline_passed && !kubelet_ordered {
-        d.tell(DrainStep::InboundDrained {
-            drained,
-            envoy_version: report.envoy_version.clone(),
-        });
-    }
-    if let Some(advice) = advice {
-        tracing::warn!("{advice}");
-        add_advice(&mut report, advice);
-    }
 
     // The loop only looks, asks and sleeps; what it saw goes to the step (`step.rs`), which
     // keeps the counters, the told-once flags and the back-offs, and says what follows.
@@ -137,41 +110,8 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
         if state.sample_due(now) {
             match d.sample(gone).await {
                 Ok(sample) => {
-                    report.filter_present = Some(sample.filter.is_some());
-                    // The filter's counts, else the capture listeners' (Consul).
-                    report.last_counts = sample.counts();
-                    report.last_traffic_bytes =
-                        sample.traffic.exposed.then_some(sample.traffic.total);
-                    let sampled = state.sampled(Instant::now(), &sample);
-                    if let Some(advice) = sampled.advice {
-                        tracing::warn!("{advice}");
-                        add_advice(&mut report, advice);
-                    }
-                    // The gauge in the sample follows `/healthcheck/fail` (and `/ok`) only at
-                    // Envoy's next stats flush; `/ready` says it at once. Asked only of a mesh
-                    // that fails it, in a drain that may undo it.
-                    let health_check_failed = if current.profile.fails_health_check_on_sigterm
-                        && kind == decide::DrainKind::Full
-                    {
-                        d.health_check_failed_now().await
-                    } else {
-                        sample.health_check_failed
-                    };
-                    if decide::restore_health(
-                        current.profile.fails_health_check_on_sigterm,
-                        kind,
-                        health_check_failed,
-                    ) {
-                        let restored = d.post_retrying(HEALTHCHECK_OK_PATH).await;
-                        report.health_checks_restored += u32::from(restored);
-                        tracing::info!(
-                            restored,
-                            "the mesh's agent failed Envoy's health check (outbound would be drain-closed): restored it"
-                        );
-                    }
-                    if let Some(step) = sampled.flushing {
-                        d.tell(step);
-                    }
+                    d.take_sample(&mut state, &mut report, &current, kind, &sample)
+                        .await
                 }
                 Err(()) => state.sample_failed(now, Instant::now(), d.refusals > 0),
             }
@@ -201,17 +141,9 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                     .await;
             }
             decide::DrainNext::Quit(reason) => {
-                report = d.app_gone(report, app_gone);
-                (report.quit_sent_at, report.proxy_exit_seen_at) = d.quit(reason).await;
-                report.quit_reason = Some(reason);
-                if decide::sigterm_after_quit(
-                    current.profile.sigterm_after_quit,
-                    report.proxy_exit_seen_at.is_some(),
-                ) {
-                    end_the_meshs_agent(&mut report, &current, app.source()).await;
-                }
-                tracing::info!(reason = ?reason, "app gone and nothing in flight: proxy quit");
-                return d.finish(report, DrainOutcome::AppDone, &app);
+                return d
+                    .app_done_quit(report, reason, app_gone, &current, &app)
+                    .await;
             }
         }
         if let Some(why) = decision.unseen {
@@ -230,17 +162,9 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                 match (changed, view.borrow_and_update().clone()) {
                     (Ok(()), Some(v)) => {
                         // A shortened grace period moves the kill, and so the deadline, earlier.
-                        let now = SystemTime::now();
-                        if let Some(next) = v.deletion.and_then(|d| plan.shortened(d, now)) {
-                            plan = next;
-                            remaining = plan.remaining(now);
+                        if let Some(next) = v.deletion.and_then(|del| shortened(&mut plan, del, &mut report)) {
+                            remaining = next;
                             deadline = Instant::now() + remaining;
-                            report.deadline_at = plan.deadline;
-                            report.deadline_meaning = plan.meaning;
-                            tracing::info!(
-                                remaining_ms = remaining.as_millis() as u64,
-                                "the pod's grace period was shortened: the drain's deadline follows"
-                            );
                         }
                         current = v;
                     }
@@ -269,6 +193,26 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
             snapshot = app.refresh(&current).await;
         }
     }
+}
+
+/// A shortened grace period (`deletion`, from a pod update) moves the kill, and so the drain's
+/// deadline, earlier: the plan and the report follow; the time remaining from now, if it moved.
+fn shortened(
+    plan: &mut DrainPlan,
+    deletion: Deletion,
+    report: &mut DrainReport,
+) -> Option<Duration> {
+    let now = SystemTime::now();
+    let next = plan.shortened(deletion, now)?;
+    *plan = next;
+    let remaining = plan.remaining(now);
+    report.deadline_at = plan.deadline;
+    report.deadline_meaning = plan.meaning;
+    tracing::info!(
+        remaining_ms = remaining.as_millis() as u64,
+        "the pod's grace period was shortened: the drain's deadline follows"
+    );
+    Some(remaining)
 }
 
 /// Sends the mesh's agent the SIGTERM that ends its fixed wait ([`decide::sigterm_after_quit`]),
@@ -302,6 +246,98 @@ fn add_advice(report: &mut DrainReport, advice: String) {
 }
 
 impl<A: ProxyAdmin> Drainer<'_, A> {
+    /// Drains Envoy's inbound side at once (the call `envoy_version.rs` picks for this Envoy),
+    /// unless the mesh's preStop did (`kubelet_ordered`) or the `deadline` has passed already
+    /// (an agent restarted late in a drain: the decision is the deadline's). Whether the
+    /// deadline has passed; `None`: the agent stops.
+    async fn drain_inbound(
+        &mut self,
+        report: &mut DrainReport,
+        current: &PodView,
+        kubelet_ordered: bool,
+        deadline: Instant,
+        stop: &tokio_util::sync::CancellationToken,
+    ) -> Option<bool> {
+        let mut deadline_passed = false;
+        let inbound = tokio::select! {
+            biased;
+            _ = stop.cancelled() => return None,
+            _ = tokio::time::sleep_until(deadline) => {
+                deadline_passed = true;
+                (false, None, None)
+            }
+            // The mesh's preStop drained inbound already (Istio's `/drain`, kuma-dp's SIGUSR2).
+            _ = std::future::ready(()), if kubelet_ordered => (false, None, None),
+            r = async {
+                // Which call drains inbound depends on the Envoy (envoy_version.rs); one
+                // request, and a failure only means "as for a current Envoy".
+                let version = self.envoy_version().await;
+                let call = envoy_version::inbound_drain(version, current.profile.texts());
+                (self.post_retrying(call.path).await, version, call.advice)
+            } => r,
+        };
+        let (drained, version, advice) = inbound;
+        report.inbound_drained = drained;
+        report.envoy_version = version.map(|v| v.to_string());
+        if !deadline_passed && !kubelet_ordered {
+            self.tell(DrainStep::InboundDrained {
+                drained,
+                envoy_version: report.envoy_version.clone(),
+            });
+        }
+        if let Some(advice) = advice {
+            tracing::warn!("{advice}");
+            add_advice(report, advice);
+        }
+        Some(deadline_passed)
+    }
+
+    /// A sample answered: the report's counts, the step's judgement (its advice and the
+    /// kernel's flushing, once each), and Envoy's health check restored where the mesh's agent
+    /// failed it and the drain may undo that.
+    async fn take_sample(
+        &mut self,
+        state: &mut DrainState,
+        report: &mut DrainReport,
+        current: &PodView,
+        kind: decide::DrainKind,
+        sample: &super::in_flight::DrainSample,
+    ) {
+        report.filter_present = Some(sample.filter.is_some());
+        // The filter's counts, else the capture listeners' (Consul).
+        report.last_counts = sample.counts();
+        report.last_traffic_bytes = sample.traffic.exposed.then_some(sample.traffic.total);
+        let sampled = state.sampled(Instant::now(), sample);
+        if let Some(advice) = sampled.advice {
+            tracing::warn!("{advice}");
+            add_advice(report, advice);
+        }
+        // The gauge in the sample follows `/healthcheck/fail` (and `/ok`) only at Envoy's next
+        // stats flush; `/ready` says it at once. Asked only of a mesh that fails it, in a drain
+        // that may undo it.
+        let health_check_failed =
+            if current.profile.fails_health_check_on_sigterm && kind == decide::DrainKind::Full {
+                self.health_check_failed_now().await
+            } else {
+                sample.health_check_failed
+            };
+        if decide::restore_health(
+            current.profile.fails_health_check_on_sigterm,
+            kind,
+            health_check_failed,
+        ) {
+            let restored = self.post_retrying(HEALTHCHECK_OK_PATH).await;
+            report.health_checks_restored += u32::from(restored);
+            tracing::info!(
+                restored,
+                "the mesh's agent failed Envoy's health check (outbound would be drain-closed): restored it"
+            );
+        }
+        if let Some(step) = sampled.flushing {
+            self.tell(step);
+        }
+    }
+
     /// Records when the app was seen gone.
     fn app_gone(&self, mut report: DrainReport, app_gone: Option<Instant>) -> DrainReport {
         if let Some(at) = app_gone {
@@ -376,6 +412,29 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
             report.proxy_exit_seen_at = Some(self.wall(Instant::now()));
         }
         self.finish(report, end.outcome, app)
+    }
+
+    /// The app is gone and nothing is in flight: quit the proxy (and end the mesh's agent's
+    /// fixed wait where it has one, [`decide::sigterm_after_quit`]).
+    async fn app_done_quit<S: PodProcessSource>(
+        mut self,
+        report: DrainReport,
+        reason: QuitReason,
+        app_gone: Option<Instant>,
+        current: &PodView,
+        app: &AppTracker<S>,
+    ) -> DrainReport {
+        let mut report = self.app_gone(report, app_gone);
+        (report.quit_sent_at, report.proxy_exit_seen_at) = self.quit(reason).await;
+        report.quit_reason = Some(reason);
+        if decide::sigterm_after_quit(
+            current.profile.sigterm_after_quit,
+            report.proxy_exit_seen_at.is_some(),
+        ) {
+            end_the_meshs_agent(&mut report, current, app.source()).await;
+        }
+        tracing::info!(reason = ?reason, "app gone and nothing in flight: proxy quit");
+        self.finish(report, DrainOutcome::AppDone, app)
     }
 
     /// The deadline came: quit the proxy whatever the app and the counts say.
