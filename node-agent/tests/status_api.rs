@@ -134,9 +134,10 @@ fn open_fds(pid: u32) -> usize {
 }
 
 fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    holdfast::report::process_metrics::parse_status(&status)
-        .0
+    procfs::process::Process::new(pid as i32)
+        .and_then(|p| p.status())
+        .ok()
+        .and_then(|s| s.vmrss)
         .unwrap_or(0)
 }
 

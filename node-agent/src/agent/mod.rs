@@ -105,7 +105,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     }
 
     let stop = CancellationToken::new();
-    let metrics = crate::report::metrics::MetricsHandle::new();
+    let metrics = crate::report::metrics::MetricsHandle::with_proc_root(&config.proc_root);
     let shared = Arc::new(Shared {
         metrics: metrics.metrics.clone(),
         events,

@@ -216,6 +216,84 @@ fn exited(fd: &OwnedFd) -> bool {
     matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
 }
 
+/// Where a pod's Unix-socket admin is, for [`connector`].
+#[derive(Debug, Clone, Copy)]
+pub struct SocketAt {
+    /// The uid the socket must be owned by (the proxy's).
+    pub proxy_uid: u32,
+    /// `<parent>/<dir_prefix>*/<name>` in the proxy's filesystem (`crate::mesh::AdminAt`).
+    pub parent: &'static str,
+    pub dir_prefix: &'static str,
+    pub name: &'static str,
+}
+
+/// The connector of a pod's Unix-socket admin ([`crate::effects::envoy_admin::AdminClient::unix`]):
+/// it keeps the socket found last, and finds it anew among the proxy container's current
+/// processes (`proxy_id`: the container's id now; `procs`: the pod `uid`'s processes) whenever
+/// that one stops answering. A permission problem stays one: said as it is, not searched again.
+pub fn connector(
+    procs: crate::effects::procfs::pod_procs::PodProcs,
+    uid: String,
+    at: SocketAt,
+    proxy_id: impl Fn() -> Option<String> + Send + Sync + 'static,
+) -> crate::effects::envoy_admin::UnixConnector {
+    let found: std::sync::Mutex<Option<AdminSocket>> = Default::default();
+    std::sync::Arc::new(
+        move |timeout: Duration| -> std::io::Result<std::os::unix::net::UnixStream> {
+            let mut slot = found.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(socket) = slot.as_ref() {
+                match socket.connect(timeout) {
+                    Ok(stream) => return Ok(stream),
+                    Err(e @ Error::Permission { .. }) => return Err(e.into_io()),
+                    Err(_) => *slot = None,
+                }
+            }
+            let proxy_id = proxy_id().ok_or_else(|| {
+                std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "the proxy container has no id yet",
+                )
+            })?;
+            let container: Vec<i32> = procs
+                .of_pod_blocking(&uid)
+                .iter()
+                .filter(|p| p.container_id.as_deref() == Some(proxy_id.as_str()))
+                .map(|p| p.pid)
+                .collect();
+            let proc_root = procs.proc_root();
+            let proxy = crate::effects::procfs::proxy_procs::proxy_pids_of(&proc_root, &container);
+            // Through Envoy's own root first (the mesh's agent's child made the socket, in the
+            // mount namespace it runs in), then the main process's.
+            let mut last = std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no process of the proxy container yet",
+            );
+            let mut found_socket = None;
+            for &pid in proxy.iter().rev() {
+                match AdminSocket::find(
+                    &proc_root,
+                    pid,
+                    &proxy,
+                    at.proxy_uid,
+                    at.parent,
+                    at.dir_prefix,
+                    at.name,
+                ) {
+                    Ok(s) => {
+                        found_socket = Some(s);
+                        break;
+                    }
+                    Err(e) => last = e.into_io(),
+                }
+            }
+            let socket = found_socket.ok_or(last)?;
+            let stream = socket.connect(timeout).map_err(Error::into_io)?;
+            *slot = Some(socket);
+            Ok(stream)
+        },
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

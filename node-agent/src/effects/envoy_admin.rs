@@ -1,7 +1,10 @@
 //! A small async client for Envoy's admin API, reached inside a pod's network namespace.
 //!
-//! Owns the agent's conversation with Envoy: `GET /ready`, `GET /stats?filter=...`, and the
-//! `POST`s of the drain (`/drain_listeners?inboundonly&graceful`, `/quitquitquit`). The socket is created in the pod's netns ([`PodNetns::connect_tcp`]) and
+//! Owns the agent's conversation with Envoy: `GET /ready`, `GET /stats?filter=...`,
+//! `GET /server_info` (the drain's Envoy version), and the `POST`s of the drain (the inbound
+//! drain `lifecycle::drain::envoy_version` picks, `/healthcheck/ok`, `/quitquitquit`). A TCP
+//! admin's socket is created in the pod's netns ([`PodNetns::connect_tcp`]), a Unix-socket
+//! admin's is connected by the caller's [`UnixConnector`] ([`AdminClient::unix`]); either is
 //! handed to tokio, so the runtime stays in the host's netns. Tests plug in another connector to
 //! reach a fake server on 127.0.0.1 without a netns.
 //!
@@ -289,8 +292,8 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> AdminIo for
 /// [`AdminClient::with_error_callback`]).
 pub type ErrorCallback = Arc<dyn Fn(&'static str) + Send + Sync>;
 
-/// The path that asks Envoy to exit.
-pub const QUIT_PATH: &str = "/quitquitquit";
+/// The path that asks Envoy to exit (one definition, the mesh layer's).
+pub use crate::mesh::QUIT_PATH;
 
 /// State shared by a client and its clones: the kept-alive connection.
 struct Shared {

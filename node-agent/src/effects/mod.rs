@@ -5,5 +5,6 @@ pub mod envoy_admin;
 pub mod hold;
 pub mod http1_client;
 pub mod netns;
+pub mod netns_claims;
 pub mod node_taint;
 pub mod procfs;

@@ -10,7 +10,6 @@
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,12 +17,13 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::machine::{self, Effect, Input, Now, PodFacts, Released, Seen, State, Timer};
+use super::pacing::{FastWindow, Pacing};
 use super::record::Recorder;
-use super::replay::Recorded;
-use crate::effects::admin_socket::AdminSocket;
+use super::replay::InputsLog;
 use crate::effects::envoy_admin::AdminClient;
 use crate::effects::hold::{Error as HoldError, HoldConfig, HoldQueue};
 use crate::effects::netns::PodNetns;
+use crate::effects::netns_claims::{NetnsClaim, NetnsOwners};
 use crate::effects::procfs::pod_procs::NetnsLookup;
 use crate::effects::procfs::proxy_procs::proxy_pids_of;
 use crate::lifecycle::drain::app_exit::ExitWatcher;
@@ -46,126 +46,11 @@ pub(crate) struct Shared {
     pub stop: tokio_util::sync::CancellationToken,
     pub metrics: crate::report::metrics::Metrics,
     pub events: crate::report::events::PodEvents,
-    /// How many pods are in their fast readiness window (see [`FAST_CHECK_SHARE`]).
+    /// How many pods are in their fast readiness window (see
+    /// [`super::pacing::FAST_CHECK_SHARE`]).
     pub fast_window: FastWindow,
     /// Which tracked pod each network namespace in use belongs to.
     pub netns_owners: NetnsOwners,
-}
-
-/// Which tracked pod uses which network namespace: two pods never share one (hostNetwork pods
-/// are not tracked), so a lookup that finds a namespace another tracked pod holds went through
-/// a stale or reused pid, and is refused (issue 25: pod A's drain must never reach pod B's
-/// Envoy). A [`NetnsClaim`] gives its namespace back on drop.
-#[derive(Debug, Clone, Default)]
-pub struct NetnsOwners(Arc<std::sync::Mutex<HashMap<crate::effects::netns::NetnsId, PodKey>>>);
-
-/// One pod's hold on a namespace in [`NetnsOwners`].
-#[derive(Debug)]
-pub struct NetnsClaim {
-    owners: NetnsOwners,
-    id: crate::effects::netns::NetnsId,
-    uid: String,
-}
-
-impl NetnsOwners {
-    /// Claims `id` for `pod`; `Err(owner)` when another tracked pod holds it.
-    pub fn claim(
-        &self,
-        id: crate::effects::netns::NetnsId,
-        pod: &PodKey,
-    ) -> Result<NetnsClaim, PodKey> {
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        match map.get(&id) {
-            Some(owner) if owner.uid != pod.uid => Err(owner.clone()),
-            _ => {
-                map.insert(id, pod.clone());
-                Ok(NetnsClaim {
-                    owners: self.clone(),
-                    id,
-                    uid: pod.uid.clone(),
-                })
-            }
-        }
-    }
-}
-
-impl Drop for NetnsClaim {
-    fn drop(&mut self) {
-        let mut map = self.owners.0.lock().unwrap_or_else(|e| e.into_inner());
-        if map.get(&self.id).is_some_and(|k| k.uid == self.uid) {
-            map.remove(&self.id);
-        }
-    }
-}
-
-/// The node-wide pace of fast readiness checks: with `n` pods between "Envoy starts" and
-/// "ready" at once, each is checked every `n × FAST_CHECK_SHARE`, at most every millisecond
-/// and at least every [`FAST_SPACING_MAX`]: about 2,000 checks a second on the node in all up
-/// to 40 such pods; beyond 40 the spacing stays at 20 ms, so the node total grows again (5,500
-/// a second with 110 in the window). One or two pods starting are checked every millisecond;
-/// 110 at once every 20 ms each — when that many Envoys start on one node their
-/// admin answers take tens to hundreds of milliseconds anyway (the scale benchmark: 40–200 ms
-/// p50 at 110 pods), and checking each every 5 ms, as before the window existed, was about
-/// half of the agent's CPU during such a burst.
-pub const FAST_CHECK_SHARE: Duration = Duration::from_micros(500);
-
-/// The longest spacing of a pod's checks in the fast window (see [`FAST_CHECK_SHARE`]).
-pub const FAST_SPACING_MAX: Duration = Duration::from_millis(20);
-
-/// How long one pod's fast window may last: an Envoy that is not ready this long after it
-/// started (waiting for istiod, a crash loop) is checked at `ready_poll` from then on, so a pod
-/// costs at most ~10,000 fast checks per start however long it waits.
-pub const FAST_WINDOW_LIMIT: Duration = Duration::from_secs(10);
-
-/// The longest stretch of fast checks while Envoy's capture ports listen but it is not LIVE
-/// (`Seen::Up`): each such check is an admin request, and an Envoy that listens but stays not
-/// LIVE for a second is waiting for something (istiod, a crash loop) that milliseconds will not
-/// change. Ports to LIVE is 0.0 ms p50 on an idle node (the scale benchmark's observer).
-pub const UP_FAST_LIMIT: Duration = Duration::from_secs(1);
-
-/// Once the fast window is over (or the proxy has not started for [`FAST_WINDOW_LIMIT`]), a
-/// holding pod's checks back off: doubling from `ready_poll` up to this. An Envoy that is not
-/// ready after ten seconds is then checked once a second: ~0.1 ms of the agent's CPU a second
-/// per such pod (one `sock_diag` lookup, or one capped admin request), instead of 200 checks a
-/// second for as long as the pod holds (up to `--max-hold-timeout`). A pod whose proxy starts
-/// running by its status is checked at once again (see `Driver::follow_view`).
-pub const READY_POLL_MAX: Duration = Duration::from_secs(1);
-
-/// The next spacing of a backed-off pod's checks: `ready_poll` first, then doubling, at most
-/// [`READY_POLL_MAX`] (or `ready_poll` when that is longer).
-pub fn backed_off(previous: Option<Duration>, ready_poll: Duration) -> Duration {
-    crate::backoff::Backoff::doubling(ready_poll, READY_POLL_MAX).next(previous)
-}
-
-/// The spacing of one pod's fast checks with `in_window` pods (itself included) in the window.
-pub fn fast_check_spacing(in_window: u32) -> Duration {
-    (FAST_CHECK_SHARE * in_window).min(FAST_SPACING_MAX)
-}
-
-/// Counts the pods in their fast readiness window; a pod is counted while it holds a
-/// [`FastSlot`].
-#[derive(Debug, Clone, Default)]
-pub struct FastWindow(Arc<AtomicU32>);
-
-impl FastWindow {
-    pub fn enter(&self) -> FastSlot {
-        self.0.fetch_add(1, Ordering::Relaxed);
-        FastSlot(self.0.clone())
-    }
-
-    pub fn pods(&self) -> u32 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
-/// One pod's place in the [`FastWindow`], given back on drop.
-#[derive(Debug)]
-pub struct FastSlot(Arc<AtomicU32>);
-
-impl Drop for FastSlot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 /// Runs one pod's lifecycle until it is gone or the agent stops.
@@ -208,19 +93,12 @@ pub(crate) async fn run(shared: Arc<Shared>, view: watch::Receiver<Option<PodVie
         hold_cfg,
         admin,
         profile: first.profile.clone(),
-        fast_slot: None,
-        fast_since: None,
-        checking_since: None,
-        up_since: None,
-        backoff: None,
+        pacing: Pacing::default(),
         proxy_was_running: false,
     };
     let ready_poll = d.shared.config.hold.ready_poll;
     let facts = PodFacts::of(&first);
-    tracing::debug!(
-        target: "holdfast::inputs",
-        recorded = %Recorded::Start(facts.clone()).to_json()
-    );
+    InputsLog::start(&facts);
     let (state, fx) = State::new(facts, ready_poll, now());
     if d.drive(state, fx).await {
         // The row stays a while (the agent's `Pods` removes it once the pod is gone for good),
@@ -266,17 +144,8 @@ struct Driver {
     /// The pod's mesh profile as first seen: what the driver falls back to when the current
     /// view is gone (never another mesh's).
     profile: MeshProfile,
-    /// Held while the machine asks for fast readiness checks (see [`FAST_CHECK_SHARE`]).
-    fast_slot: Option<FastSlot>,
-    /// Since when the machine has asked for fast checks (see [`FAST_WINDOW_LIMIT`]).
-    fast_since: Option<Instant>,
-    /// Since when the pod's proxy is being checked (the hold's first check, or the proxy
-    /// container seen starting), for the backoff ([`READY_POLL_MAX`]).
-    checking_since: Option<Instant>,
-    /// Since when checks see Envoy up but not LIVE ([`UP_FAST_LIMIT`]).
-    up_since: Option<Instant>,
-    /// The current backed-off spacing of checks.
-    backoff: Option<Duration>,
+    /// The pace of the pod's readiness checks (`pacing.rs`).
+    pacing: Pacing,
     /// The proxy container ran by the last pod view (a change to running resets the backoff).
     proxy_was_running: bool,
 }
@@ -374,24 +243,13 @@ impl Driver {
                 }
             };
             let fx;
-            // Every input the machine gets, in order, as JSON: the sequence `replay.rs` reads
-            // back (`HOLDFAST_LOG=info,holdfast::inputs=debug`) — but the readiness polls'
-            // timers and a readiness observation the same as the one before, which change
-            // nothing a replay decides: in a burst of pods starting those were thousands of
-            // lines a second, and formatting and writing them was the largest part of what the
-            // agent spent beyond the c978d44 build (issue 29 item 9, `perf` of a 30-pod burst).
-            // Serialized only when enabled.
-            if inputs_log.note(&input) {
-                tracing::debug!(
-                    target: "holdfast::inputs",
-                    recorded = %Recorded::Input(input.clone()).to_json()
-                );
-            }
+            // Every input the machine gets, for a replay (`replay::InputsLog`).
+            inputs_log.log(&input);
             (state, fx) = machine::step(state, input, now());
             exited = self.perform(fx).await;
             if !state.checks_readiness() {
                 self.probe = None;
-                self.reset_pacing();
+                self.pacing.reset();
             }
             if !state.keeps_netns() && self.netns.is_some() {
                 // A finished pod (a completed Job may stay for days) keeps no fd on its netns,
@@ -416,11 +274,17 @@ impl Driver {
                 Effect::Record(o) => self.rec.outcome(&o),
                 Effect::Step(kind, detail) => self.rec.step(kind, detail),
                 Effect::Problem(m) => self.rec.problem(m),
+                Effect::Ignored { stage, input } => self.rec.ignored(stage, input),
                 Effect::Exit => exit = true,
                 Effect::Schedule(t, at) => {
                     let at = Instant::from_std(at);
                     let at = if t == Timer::ReadinessPoll {
-                        self.pace_readiness_check(at)
+                        self.pacing.pace(
+                            at,
+                            Instant::now(),
+                            self.shared.config.hold.ready_poll,
+                            &self.shared.fast_window,
+                        )
                     } else {
                         at
                     };
@@ -464,51 +328,6 @@ impl Driver {
             }
         }
         exit
-    }
-
-    /// Forgets the pacing of readiness checks (the machine stopped checking, or the proxy
-    /// container started: a new stretch of checks begins).
-    fn reset_pacing(&mut self) {
-        self.fast_slot = None;
-        self.fast_since = None;
-        self.checking_since = None;
-        self.up_since = None;
-        self.backoff = None;
-    }
-
-    /// When a readiness check the machine wants at `at` is made:
-    /// - fast (the machine asks within `LIVE_WINDOW_POLL`: Envoy starting): the pod enters the
-    ///   node's fast window and the check is spaced by how many pods are in it, for at most
-    ///   [`FAST_WINDOW_LIMIT`] (and [`UP_FAST_LIMIT`] of Envoy up but not LIVE);
-    /// - otherwise at the machine's `ready_poll` for the first [`FAST_WINDOW_LIMIT`] of checks;
-    /// - after either, backing off (doubling from `ready_poll`) to [`READY_POLL_MAX`].
-    fn pace_readiness_check(&mut self, at: Instant) -> Instant {
-        let ready_poll = self.shared.config.hold.ready_poll;
-        let now = Instant::now();
-        let since = *self.checking_since.get_or_insert(now);
-        let asked_fast = at.saturating_duration_since(now) <= machine::LIVE_WINDOW_POLL;
-        if asked_fast {
-            let fast_since = *self.fast_since.get_or_insert(now);
-            let up_too_long = self
-                .up_since
-                .is_some_and(|t| now.saturating_duration_since(t) >= UP_FAST_LIMIT);
-            if now.saturating_duration_since(fast_since) < FAST_WINDOW_LIMIT && !up_too_long {
-                self.backoff = None;
-                let window = &self.shared.fast_window;
-                self.fast_slot.get_or_insert_with(|| window.enter());
-                return at.max(now + fast_check_spacing(window.pods()));
-            }
-        } else {
-            self.fast_since = None;
-            if now.saturating_duration_since(since) < FAST_WINDOW_LIMIT {
-                self.fast_slot = None;
-                return at;
-            }
-        }
-        self.fast_slot = None;
-        let spacing = backed_off(self.backoff, ready_poll);
-        self.backoff = Some(spacing);
-        at.max(now + spacing)
     }
 
     async fn look_for_netns(&mut self) -> Input {
@@ -579,70 +398,25 @@ impl Driver {
         else {
             return Ok(AdminClient::in_netns(netns.try_clone()?, self.admin));
         };
-        let procs = self.shared.procs.clone();
         let view = self.view.clone();
-        let uid = self.key.uid.clone();
-        let proxy_uid = profile.proxy_uid;
-        let found: Arc<std::sync::Mutex<Option<AdminSocket>>> = Default::default();
-        let connector =
-            move |timeout: Duration| -> std::io::Result<std::os::unix::net::UnixStream> {
-                let mut slot = found.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(socket) = slot.as_ref() {
-                    match socket.connect(timeout) {
-                        Ok(stream) => return Ok(stream),
-                        // A permission problem stays one: said as it is, not searched again.
-                        Err(e @ crate::effects::admin_socket::Error::Permission { .. }) => {
-                            return Err(e.into_io())
-                        }
-                        Err(_) => *slot = None,
-                    }
-                }
-                let proxy_id = view
-                    .borrow()
+        let connector = crate::effects::admin_socket::connector(
+            self.shared.procs.clone(),
+            self.key.uid.clone(),
+            crate::effects::admin_socket::SocketAt {
+                proxy_uid: profile.proxy_uid,
+                parent,
+                dir_prefix,
+                name,
+            },
+            move || {
+                view.borrow()
                     .as_ref()
                     .and_then(|v| v.proxy_container().and_then(|c| c.id.clone()))
-                    .ok_or_else(|| {
-                        std::io::Error::new(
-                            std::io::ErrorKind::NotFound,
-                            "the proxy container has no id yet",
-                        )
-                    })?;
-                let container: Vec<i32> = procs
-                    .of_pod_blocking(&uid)
-                    .iter()
-                    .filter(|p| p.container_id.as_deref() == Some(proxy_id.as_str()))
-                    .map(|p| p.pid)
-                    .collect();
-                let proc_root = procs.proc_root();
-                let proxy = proxy_pids_of(&proc_root, &container);
-                // Through Envoy's own root first (the mesh's agent's child made the socket, in
-                // the mount namespace it runs in), then the main process's.
-                let mut last = std::io::Error::new(
-                    std::io::ErrorKind::NotFound,
-                    "no process of the proxy container yet",
-                );
-                let mut found_socket = None;
-                for &pid in proxy.iter().rev() {
-                    match AdminSocket::find(
-                        &proc_root, pid, &proxy, proxy_uid, parent, dir_prefix, name,
-                    ) {
-                        Ok(s) => {
-                            found_socket = Some(s);
-                            break;
-                        }
-                        Err(e) => last = e.into_io(),
-                    }
-                }
-                let socket = found_socket.ok_or(last)?;
-                let stream = socket
-                    .connect(timeout)
-                    .map_err(crate::effects::admin_socket::Error::into_io)?;
-                *slot = Some(socket);
-                Ok(stream)
-            };
+            },
+        );
         Ok(AdminClient::unix(
             &format!("{parent}/{dir_prefix}*/{name}"),
-            Arc::new(connector),
+            connector,
         ))
     }
 
@@ -655,10 +429,10 @@ impl Driver {
         let running = view
             .proxy_container()
             .is_some_and(|c| c.state == crate::pod::ContainerState::Running);
-        if running && !self.proxy_was_running && self.checking_since.is_some() {
+        if running && !self.proxy_was_running && self.pacing.checking() {
             // The proxy container has just started: Envoy may be ready within milliseconds, so
             // a backed-off check comes now, and the fast window starts over.
-            self.reset_pacing();
+            self.pacing.reset();
             let soon = Instant::now() + self.shared.config.hold.ready_poll;
             if let Some(at) = self.timers.get_mut(&Timer::ReadinessPoll) {
                 *at = (*at).min(soon);
@@ -740,11 +514,7 @@ impl Driver {
                 }
             },
         };
-        if matches!(seen, Seen::Up | Seen::Live) {
-            self.up_since.get_or_insert_with(Instant::now);
-        } else {
-            self.up_since = None;
-        }
+        self.pacing.seen(seen, Instant::now());
         Input::Readiness(seen)
     }
 
@@ -900,7 +670,7 @@ impl Driver {
         let proxy = tokio::task::spawn_blocking(move || proxy_pids_of(&proc_root, &container))
             .await
             .unwrap_or_default();
-        let mut watcher = ExitWatcher::for_pod(&self.key);
+        let mut watcher = ExitWatcher::for_pod(&self.key, &self.shared.procs.proc_root());
         // A pid already gone is skipped, not taken as an exit: the process list can lag, and
         // the Pod status path (a new or no running proxy id) covers a container already down.
         for pid in proxy {
@@ -993,28 +763,6 @@ impl Driver {
     }
 }
 
-/// Which of the machine's inputs the driver logs (`holdfast::inputs`, debug): not the readiness
-/// polls' timers, and not a readiness observation the same as the input before it — the runs
-/// a replay (machine_tests.rs `replay_*`) leaves out anyway.
-#[derive(Debug, Default)]
-struct InputsLog {
-    last_seen: Option<Seen>,
-}
-
-impl InputsLog {
-    /// Whether to log `input` (and remembers it).
-    fn note(&mut self, input: &Input) -> bool {
-        match input {
-            Input::Timer(Timer::ReadinessPoll) => false,
-            Input::Readiness(seen) => self.last_seen.replace(*seen) != Some(*seen),
-            _ => {
-                self.last_seen = None;
-                true
-            }
-        }
-    }
-}
-
 /// Runs blocking hold work (iptables, netlink) off the async runtime.
 async fn blocking<T: Send + 'static>(
     netns: &PodNetns,
@@ -1025,118 +773,4 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(move || f(ns, cfg))
         .await
         .map_err(|e| HoldError::Holder(netns.id(), format!("the hold task failed: {e}")))?
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Issue 29 item 9: the inputs log leaves out the readiness polls' timers and repeated
-    /// observations (thousands of lines a second in a burst), and keeps every other input and
-    /// every change of what the checks see.
-    #[test]
-    fn the_inputs_log_leaves_out_repeated_polls() {
-        let mut log = InputsLog::default();
-        let logged: Vec<bool> = [
-            Input::NetnsFound {
-                netns: crate::effects::netns::NetnsId { dev: 4, ino: 1 },
-            },
-            Input::Readiness(Seen::Down),
-            Input::Timer(Timer::ReadinessPoll),
-            Input::Readiness(Seen::Down),
-            Input::Timer(Timer::ReadinessPoll),
-            Input::Readiness(Seen::Up),
-            Input::Timer(Timer::ReadinessPoll),
-            Input::Readiness(Seen::Up),
-            Input::Timer(Timer::HoldDeadline),
-            Input::Readiness(Seen::Up),
-            Input::Readiness(Seen::Ready),
-        ]
-        .iter()
-        .map(|i| log.note(i))
-        .collect();
-        assert_eq!(
-            logged,
-            [true, true, false, false, false, true, false, false, true, true, true]
-        );
-    }
-
-    #[test]
-    fn a_netns_belongs_to_one_pod_at_a_time() {
-        let owners = NetnsOwners::default();
-        let key = |uid: &str| PodKey {
-            uid: uid.into(),
-            namespace: "ns".into(),
-            name: uid.into(),
-        };
-        let ns = crate::effects::netns::NetnsId { dev: 4, ino: 42 };
-        let a = owners.claim(ns, &key("a")).expect("free");
-        // Pod b's lookup went through a pid that is a's process now: refused, naming a.
-        assert_eq!(owners.claim(ns, &key("b")).unwrap_err().uid, "a");
-        let other = crate::effects::netns::NetnsId { dev: 4, ino: 43 };
-        let _b = owners.claim(other, &key("b")).expect("b's own namespace");
-        drop(a);
-        assert!(
-            owners.claim(ns, &key("c")).is_ok(),
-            "free again once a is gone"
-        );
-    }
-
-    /// After the fast window a never-ready Envoy is checked ever less often, down to once a
-    /// second: 5, 10, 20 ... 640 ms, then 1 s for as long as the hold lasts — at most ~600
-    /// checks over a 10-minute hold instead of 120,000 at `ready_poll`.
-    #[test]
-    fn checks_back_off_to_once_a_second() {
-        let poll = Duration::from_millis(5);
-        let mut spacing = None;
-        let mut seen = Vec::new();
-        for _ in 0..12 {
-            let s = backed_off(spacing, poll);
-            seen.push(s.as_millis());
-            spacing = Some(s);
-        }
-        assert_eq!(
-            seen,
-            [5, 10, 20, 40, 80, 160, 320, 640, 1000, 1000, 1000, 1000]
-        );
-        // A ready_poll above the ceiling is kept as asked.
-        assert_eq!(
-            backed_off(None, Duration::from_secs(2)),
-            Duration::from_secs(2)
-        );
-        assert_eq!(
-            backed_off(Some(Duration::from_secs(2)), Duration::from_secs(2)),
-            Duration::from_secs(2)
-        );
-        // Over a 10-minute hold: the checks after the 10 s window.
-        let (mut t, mut n, mut s) = (Duration::ZERO, 0, None);
-        while t < Duration::from_secs(590) {
-            let next = backed_off(s, poll);
-            t += next;
-            n += 1;
-            s = Some(next);
-        }
-        assert!(n < 600, "{n} checks");
-    }
-
-    #[test]
-    fn fast_checks_are_paced_node_wide() {
-        // Alone or with another: every millisecond (the machine asks for no less).
-        assert_eq!(fast_check_spacing(1), Duration::from_micros(500));
-        assert_eq!(fast_check_spacing(2), Duration::from_millis(1));
-        // More at once: ~2,000 checks a second on the node in all, up to 40 pods...
-        assert_eq!(fast_check_spacing(10), Duration::from_millis(5));
-        assert_eq!(fast_check_spacing(40), FAST_SPACING_MAX);
-        // ... then a spacing of 20 ms per pod (110 pods: 5,500 checks a second).
-        assert_eq!(fast_check_spacing(110), FAST_SPACING_MAX);
-
-        let window = FastWindow::default();
-        let a = window.enter();
-        let b = window.enter();
-        assert_eq!(window.pods(), 2);
-        drop(a);
-        assert_eq!(window.pods(), 1);
-        drop(b);
-        assert_eq!(window.pods(), 0);
-    }
 }

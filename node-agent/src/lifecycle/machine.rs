@@ -75,6 +75,24 @@ pub enum Stage {
     Exited,
 }
 
+impl Stage {
+    /// The stage's name, as the `stage` label of `holdfast_inputs_ignored_total` says it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Stage::WaitingForNetns { .. } => "waiting-for-netns",
+            Stage::Checking { .. } => "checking",
+            Stage::SettingUpHold { .. } => "setting-up-hold",
+            Stage::Holding { .. } => "holding",
+            Stage::Releasing { .. } => "releasing",
+            Stage::Running { .. } => "running",
+            Stage::JobWatch { .. } => "job-watch",
+            Stage::Draining { .. } => "draining",
+            Stage::Finished => "finished",
+            Stage::Exited => "exited",
+        }
+    }
+}
+
 /// Whether the pod's processes showed a netns the agent must not use (the node's, its own)
 /// while waiting: since when, and whether the row says so yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,8 +119,8 @@ pub const JOB_WATCH_RETRY: Duration = Duration::from_secs(1);
 /// listen → fully ready 0.0 ms p50), so the moment the ports open is on the release's critical
 /// path: at the `ready_poll` cadence (5 ms) it alone added up to 5 ms. A check before the ports
 /// open is one or two `sock_diag` lookups, an `Up` check one `/stats` request on the kept-alive
-/// admin connection: cheap, and the driver paces them node-wide (`driver::FAST_CHECK_SHARE`,
-/// `driver::FAST_WINDOW_LIMIT`) so that many pods starting at once, or an Envoy that waits
+/// admin connection: cheap, and the driver paces them node-wide (`pacing::FAST_CHECK_SHARE`,
+/// `pacing::FAST_WINDOW_LIMIT`) so that many pods starting at once, or an Envoy that waits
 /// minutes for istiod, do not multiply the cost. Before the proxy container runs: `ready_poll`.
 pub const LIVE_WINDOW_POLL: Duration = Duration::from_millis(1);
 
@@ -240,6 +258,8 @@ impl State {
 pub fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>) {
     let mut fx = Vec::new();
     if s.stage == Stage::Exited {
+        let stage = std::mem::replace(&mut s.stage, Stage::Exited);
+        s.stage = ignored(&mut fx, stage, &input);
         return (s, fx);
     }
     // Facts first: every stage sees the latest pod.
@@ -294,8 +314,14 @@ pub fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>) {
             }));
             exit(&mut fx)
         }
-        (st @ (Stage::JobWatch { .. } | Stage::Draining { .. }), Input::AgentStop) => st,
-        (st @ (Stage::SettingUpHold { .. } | Stage::Releasing { .. }), Input::AgentStop) => st,
+        // The executors and the hold's pending answer see the stop themselves.
+        (
+            st @ (Stage::JobWatch { .. }
+            | Stage::Draining { .. }
+            | Stage::SettingUpHold { .. }
+            | Stage::Releasing { .. }),
+            input @ Input::AgentStop,
+        ) => ignored(&mut fx, st, &input),
         (_, Input::AgentStop) => exit(&mut fx),
 
         // A bound broken: release a hold in force, then leave the pod alone (see `after_hold`).
@@ -329,12 +355,12 @@ pub fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>) {
                 other => other,
             }
         }
-        (st, Input::OverBound(why)) => {
+        (st, input @ Input::OverBound(_)) => {
             // Nothing of the agent's is in force at the other stages; say so only once.
-            if !s.left_alone {
+            if let (false, Input::OverBound(why)) = (s.left_alone, &input) {
                 tracing::debug!(%why, "bound broken outside a hold");
             }
-            st
+            ignored(&mut fx, st, &input)
         }
 
         // No way to look at the proxy: act as without the agent, and say why.
@@ -354,7 +380,7 @@ pub fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>) {
             )));
             release(&mut fx, netns, HoldOutcome::Failed, started, None)
         }
-        (st, Input::CannotLook(_)) => st,
+        (st, input @ Input::CannotLook(_)) => ignored(&mut fx, st, &input),
 
         // An executor that could not start: its outcome says so; the pod runs on as without
         // the agent (Envoy ends by pilot-agent's drain; a Job's proxy is not quit).
@@ -390,7 +416,7 @@ pub fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>) {
                     .and_then(|p| p.running_proxy().map(str::to_string)),
             }
         }
-        (st, Input::ExecutorNotStarted(_)) => st,
+        (st, input @ Input::ExecutorNotStarted(_)) => ignored(&mut fx, st, &input),
 
         // The rest by where the pod is in its life.
         (st @ (Stage::WaitingForNetns { .. } | Stage::Checking { .. }), input) => {
@@ -400,7 +426,14 @@ pub fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>) {
             st @ (Stage::SettingUpHold { .. } | Stage::Holding { .. } | Stage::Releasing { .. }),
             input,
         ) => holding::step(&mut s, st, input, now, &mut fx),
-        (st, input) => afterwards::step(&mut s, st, input, now, &mut fx),
+        (
+            st @ (Stage::Running { .. }
+            | Stage::JobWatch { .. }
+            | Stage::Draining { .. }
+            | Stage::Finished
+            | Stage::Exited),
+            input,
+        ) => afterwards::step(&mut s, st, input, now, &mut fx),
     };
     (s, fx)
 }
@@ -501,6 +534,19 @@ pub(super) fn look_again_for_netns(
         looked: false,
         refused: Refused::Never,
     }
+}
+
+/// An input the stage has nothing to do with (its facts, read in [`step`]'s first pass, are
+/// kept): the stage stays, and [`Effect::Ignored`] says so, for the driver to log at trace and
+/// count in `holdfast_inputs_ignored_total{stage,input}`. Every stage names the inputs it
+/// ignores (no catch-all arm: `catch_alls_stay_out_of_the_machine` in the tests), so a new
+/// input fails to compile until each stage has said what it does with it.
+pub(super) fn ignored(fx: &mut Vec<Effect>, stage: Stage, input: &Input) -> Stage {
+    fx.push(Effect::Ignored {
+        stage: stage.name(),
+        input: input.name(),
+    });
+    stage
 }
 
 pub(super) fn exit(fx: &mut Vec<Effect>) -> Stage {

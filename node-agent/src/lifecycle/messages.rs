@@ -108,6 +108,41 @@ pub enum Input {
     AgentStop,
 }
 
+impl Input {
+    /// The input's name, as the `input` label of `holdfast_inputs_ignored_total` and the trace
+    /// log say it. Every variant by name: a new one fails to compile here.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Input::Pod(Some(_)) => "pod",
+            Input::Pod(None) => "pod-gone",
+            Input::NetnsNotYet => "netns-not-yet",
+            Input::NetnsFound { .. } => "netns-found",
+            Input::NetnsRefused(_) => "netns-refused",
+            Input::Readiness(_) => "readiness",
+            Input::HoldSetUp { .. } => "hold-set-up",
+            Input::NetnsGone => "netns-gone",
+            Input::HoldFailed(_) => "hold-failed",
+            Input::HoldReleased(_) => "hold-released",
+            Input::ReleaseFailed(_) => "release-failed",
+            Input::QuitStarted => "quit-started",
+            Input::JobFinished(_) => "job-finished",
+            Input::DrainFinished(_) => "drain-finished",
+            Input::Timer(Timer::NetnsPoll) => "timer-netns-poll",
+            Input::Timer(Timer::ReadinessPoll) => "timer-readiness-poll",
+            Input::Timer(Timer::HoldDeadline) => "timer-hold-deadline",
+            Input::Timer(Timer::ProxyRecheck) => "timer-proxy-recheck",
+            Input::Timer(Timer::JobWatchRetry) => "timer-job-watch-retry",
+            Input::OverBound(_) => "over-bound",
+            Input::ChildOverBound { .. } => "child-over-bound",
+            Input::HoldBroken(_) => "hold-broken",
+            Input::CannotLook(_) => "cannot-look",
+            Input::ExecutorNotStarted(_) => "executor-not-started",
+            Input::ProxyGone => "proxy-gone",
+            Input::AgentStop => "agent-stop",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Timer {
     NetnsPoll,
@@ -180,4 +215,11 @@ pub enum Effect {
     Problem(String),
     /// Nothing left to do: the task ends.
     Exit,
+    /// The stage had nothing to do with the input (its facts, if any, are kept): the driver
+    /// logs it at trace and counts it in `holdfast_inputs_ignored_total{stage,input}`
+    /// ([`Stage::name`](super::machine::Stage::name), [`Input::name`]). No answer.
+    Ignored {
+        stage: &'static str,
+        input: &'static str,
+    },
 }

@@ -6,6 +6,7 @@ pub mod driver;
 pub mod facts;
 pub mod machine;
 pub mod messages;
+pub mod pacing;
 pub mod readiness;
 pub mod record;
 pub mod replay;

@@ -223,6 +223,13 @@ impl Recorder {
         self.step(kind, Some(detail));
     }
 
+    /// An input the pod's stage had nothing to do with (`Effect::Ignored`): logged at trace
+    /// and counted in `holdfast_inputs_ignored_total{stage,input}`; the row is not touched.
+    pub fn ignored(&self, stage: &str, input: &str) {
+        tracing::trace!(pod = %self.key, stage, input, "input ignored in this stage");
+        self.metrics.input_ignored(stage, input);
+    }
+
     pub fn outcome(&self, outcome: &Outcome) {
         match outcome {
             Outcome::HoldStarted { adopted, late } => self.hold_started(*adopted, *late),

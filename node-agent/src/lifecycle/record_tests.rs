@@ -92,6 +92,7 @@ impl Harness {
                 Effect::SetPhase(p) => self.rec.phase(p),
                 Effect::Problem(m) => self.rec.problem(m),
                 Effect::Step(k, d) => self.rec.step(k, d),
+                Effect::Ignored { stage, input } => self.rec.ignored(stage, input),
                 _ => {}
             }
         }
@@ -633,4 +634,23 @@ fn one_pods_row_stays_small_and_one_line_whatever_it_sends() {
         why.len()
     );
     assert!(!why.chars().any(crate::api::text::is_unsafe_char));
+}
+
+/// An input its stage ignores is counted by stage and input, once per input (the machine's side:
+/// `machine_tests::an_ignored_input_is_said`); an input acted on is not.
+#[test]
+fn an_ignored_input_is_counted() {
+    let mut h = Harness::new(facts(RestartPolicy::Always, false));
+    h.hold();
+    let series = "holdfast_inputs_ignored_total{stage=\"holding\",input=\"proxy-gone\"}";
+    assert!(
+        !h.handle.encode(&h.rec.board).contains(series),
+        "nothing ignored yet"
+    );
+    h.feed(vec![Input::ProxyGone, Input::ProxyGone]);
+    assert_eq!(h.metric(series), 2.0);
+    // A readiness answer while holding is acted on (a poll scheduled): not counted.
+    h.feed(vec![Input::Readiness(Seen::Down)]);
+    let text = h.handle.encode(&h.rec.board);
+    assert!(!text.contains("input=\"readiness\""), "{text}");
 }

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use super::facts::PodFacts;
 use super::machine::{self, Now, Stage, State};
-use super::messages::{Effect, Input};
+use super::messages::{Effect, Input, Seen, Timer};
 use crate::effects::netns::NetnsId;
 
 /// The log target of the recorded inputs.
@@ -257,11 +257,85 @@ fn parse_time(ts: &str) -> Option<SystemTime> {
         .map(SystemTime::from)
 }
 
+/// Which of the machine's inputs the driver logs (`holdfast::inputs`, debug), as JSON, in
+/// order: the sequence [`Recorded`] reads back (`HOLDFAST_LOG=info,holdfast::inputs=debug`) —
+/// but not the readiness polls' timers, and not a readiness observation the same as the input
+/// before it, which change nothing a replay decides (machine_tests.rs `replay_*` leaves those
+/// runs out anyway): in a burst of pods starting those were thousands of lines a second, and
+/// formatting and writing them was the largest part of what the agent spent beyond the c978d44
+/// build (issue 29 item 9, `perf` of a 30-pod burst). Serialized only when enabled.
+#[derive(Debug, Default)]
+pub(crate) struct InputsLog {
+    last_seen: Option<Seen>,
+}
+
+impl InputsLog {
+    /// Logs the facts a pod's machine starts from.
+    pub(crate) fn start(facts: &PodFacts) {
+        tracing::debug!(
+            target: "holdfast::inputs",
+            recorded = %Recorded::Start(facts.clone()).to_json()
+        );
+    }
+
+    /// Logs `input` unless it is one left out (and remembers it).
+    pub(crate) fn log(&mut self, input: &Input) {
+        if self.note(input) {
+            tracing::debug!(
+                target: "holdfast::inputs",
+                recorded = %Recorded::Input(input.clone()).to_json()
+            );
+        }
+    }
+
+    /// Whether to log `input` (and remembers it).
+    fn note(&mut self, input: &Input) -> bool {
+        match input {
+            Input::Timer(Timer::ReadinessPoll) => false,
+            Input::Readiness(seen) => self.last_seen.replace(*seen) != Some(*seen),
+            _ => {
+                self.last_seen = None;
+                true
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::lifecycle::messages::Seen;
     use crate::pod::{ContainerState, RestartPolicy};
+
+    /// Issue 29 item 9: the inputs log leaves out the readiness polls' timers and repeated
+    /// observations (thousands of lines a second in a burst), and keeps every other input and
+    /// every change of what the checks see.
+    #[test]
+    fn the_inputs_log_leaves_out_repeated_polls() {
+        let mut log = InputsLog::default();
+        let logged: Vec<bool> = [
+            Input::NetnsFound {
+                netns: crate::effects::netns::NetnsId { dev: 4, ino: 1 },
+            },
+            Input::Readiness(Seen::Down),
+            Input::Timer(Timer::ReadinessPoll),
+            Input::Readiness(Seen::Down),
+            Input::Timer(Timer::ReadinessPoll),
+            Input::Readiness(Seen::Up),
+            Input::Timer(Timer::ReadinessPoll),
+            Input::Readiness(Seen::Up),
+            Input::Timer(Timer::HoldDeadline),
+            Input::Readiness(Seen::Up),
+            Input::Readiness(Seen::Ready),
+        ]
+        .iter()
+        .map(|i| log.note(i))
+        .collect();
+        assert_eq!(
+            logged,
+            [true, true, false, false, false, true, false, false, true, true, true]
+        );
+    }
 
     fn facts() -> PodFacts {
         PodFacts {

@@ -3,7 +3,7 @@
 //! operator.
 //!
 //! Pod tasks never wait on the API server: [`PodEvents::emit`] queues (bounded; a full queue
-//! drops the event and counts it) and one publisher task posts through kube-rs's event
+//! drops the event and logs a warning) and one publisher task posts through kube-rs's event
 //! [`Recorder`] (events.k8s.io/v1; repeats become a series). Each (pod, reason) is published at
 //! most once per [`MIN_INTERVAL`]. Without the API server (`--pods-dir`) events are only logged.
 

@@ -24,6 +24,14 @@ pub struct KindLabel {
     pub kind: String,
 }
 
+/// A lifecycle stage and an input it ignored (`lifecycle::machine::Stage::name`,
+/// `lifecycle::messages::Input::name`: both fixed sets, so the series are bounded).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IgnoredLabel {
+    pub stage: String,
+    pub input: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabel {
     pub phase: PhaseValue,
@@ -76,6 +84,8 @@ pub struct Metrics {
     pub admin_errors: Family<KindLabel, Counter>,
     /// Pods failed open (left alone) because they broke one of the agent's bounds.
     pub pods_failed_open: Counter,
+    /// Inputs a pod's lifecycle stage had nothing to do with (`Effect::Ignored`).
+    pub inputs_ignored: Family<IgnoredLabel, Counter>,
     /// Status API connections closed at accept at a connection limit (the server counts them).
     pub status_api_rejected: Counter,
     /// Pod tasks that panicked (an agent bug); each is restarted (`agent::Pods`).
@@ -114,6 +124,7 @@ impl Metrics {
             jobs: Family::default(),
             admin_errors: Family::default(),
             pods_failed_open: Counter::default(),
+            inputs_ignored: Family::default(),
             status_api_rejected: Counter::default(),
             pod_task_panics: Counter::default(),
             ready: Gauge::default(),
@@ -200,6 +211,11 @@ impl Metrics {
             "pods_failed_open",
             "Pods left alone because they broke one of the agent's bounds (an oversized admin answer, netlink messages not from the kernel on the hold's queue, ...): their hold released as without the agent",
             m.pods_failed_open.clone(),
+        );
+        r.register(
+            "inputs_ignored",
+            "Inputs a pod's lifecycle stage had nothing to do with (a pod update an executor follows itself, a stray timer, an answer for another stage), by stage and input; the input's facts are kept",
+            m.inputs_ignored.clone(),
         );
         r.register(
             "source_problems",
@@ -317,6 +333,16 @@ impl Metrics {
         }
     }
 
+    /// Counts an input the lifecycle stage `stage` ignored.
+    pub fn input_ignored(&self, stage: &str, input: &str) {
+        self.inputs_ignored
+            .get_or_create(&IgnoredLabel {
+                stage: stage.to_string(),
+                input: input.to_string(),
+            })
+            .inc();
+    }
+
     pub fn outcome(s: &str) -> OutcomeLabel {
         OutcomeLabel {
             outcome: s.to_string(),
@@ -332,10 +358,16 @@ pub struct MetricsHandle {
 }
 
 impl MetricsHandle {
+    /// The agent's metrics, its own resources read under this process's `/proc`.
     pub fn new() -> Self {
+        Self::with_proc_root(std::path::Path::new("/proc"))
+    }
+
+    /// The agent's metrics, its own resources read under `proc_root` (`--proc-root`).
+    pub fn with_proc_root(proc_root: &std::path::Path) -> Self {
         let mut registry = Registry::default();
         let metrics = Metrics::new(&mut registry);
-        crate::report::process_metrics::register(&mut registry);
+        crate::report::process_metrics::register(&mut registry, proc_root);
         Self {
             registry: Arc::new(registry),
             metrics,

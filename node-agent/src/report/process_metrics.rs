@@ -1,10 +1,11 @@
-//! The agent's own resources, as metrics read from `/proc/self` at scrape time, and its
-//! open-files budget.
+//! The agent's own resources, as metrics read from `<proc-root>/self` (the agent's
+//! `--proc-root`, by the `procfs` crate) at scrape time, and its open-files budget.
 //!
 //! Metric names follow the Prometheus process collector (`process_cpu_seconds_total`,
 //! `process_open_fds`, `process_max_fds`, `process_resident_memory_bytes`, `process_threads`),
-//! prefixed `holdfast_` like every metric of the agent. `holdfast_source_problems` (the pod
-//! source's current rejected entries) is registered here too, so one call wires them all.
+//! prefixed `holdfast_` like every metric of the agent.
+
+use std::path::{Path, PathBuf};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -12,77 +13,73 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
-/// Registers the process metrics and `holdfast_source_problems` (call once per registry).
-pub fn register(registry: &mut Registry) {
-    registry.register_collector(Box::new(ProcessCollector));
+/// Registers the process metrics, read under `proc_root` (the agent's `--proc-root`; see
+/// [`own_proc_root`]) (call once per registry).
+pub fn register(registry: &mut Registry, proc_root: &Path) {
+    registry.register_collector(Box::new(ProcessCollector {
+        proc_root: own_proc_root(proc_root),
+    }));
+}
+
+/// Where the agent reads its own `self`: under `--proc-root` when that is a procfs (it has a
+/// `self` entry; `effects::procfs::check_proc_root` has refused one of another pid namespace
+/// at start, so its `self` is the agent), else — a test's fixture tree, which has no `self`
+/// (the same rule as `check_proc_root`) — the process's own `/proc`.
+pub fn own_proc_root(proc_root: &Path) -> PathBuf {
+    if std::fs::symlink_metadata(proc_root.join("self")).is_ok() {
+        proc_root.to_path_buf()
+    } else {
+        PathBuf::from("/proc")
+    }
 }
 
 /// A snapshot of the agent's own resources. Each field is `None` when it could not be read.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ProcessStats {
-    /// Entries in `/proc/self/fd`.
+    /// Entries in `<proc-root>/self/fd`.
     pub open_fds: Option<u64>,
     /// The soft `RLIMIT_NOFILE`.
     pub max_fds: Option<u64>,
-    /// `VmRSS` of `/proc/self/status`, in bytes.
+    /// `VmRSS` of `<proc-root>/self/status`, in bytes.
     pub resident_memory_bytes: Option<u64>,
-    /// `Threads` of `/proc/self/status`.
+    /// `Threads` of `<proc-root>/self/status`.
     pub threads: Option<u64>,
-    /// User and system CPU time, in seconds (`utime` + `stime` of `/proc/self/stat`).
+    /// User and system CPU time, in seconds (`utime` + `stime` of `<proc-root>/self/stat`).
     pub cpu_seconds: Option<f64>,
 }
 
 impl ProcessStats {
-    /// Reads `/proc/self`.
-    pub fn read() -> Self {
-        let open_fds = std::fs::read_dir("/proc/self/fd")
-            .ok()
-            // The listing's own fd is counted too, as the process collector does.
-            .map(|d| d.count() as u64);
+    /// Reads `<proc_root>/self` (`self` is the reader in the pid namespace of that procfs: the
+    /// agent, with the node's `/proc` under `hostPID`).
+    pub fn read(proc_root: &Path) -> Self {
+        let me = procfs::process::Process::new_with_root(proc_root.join("self")).ok();
+        // The listing's own fd is counted too, as the process collector does.
+        let open_fds = me
+            .as_ref()
+            .and_then(|p| p.fd_count().ok())
+            .map(|n| n as u64);
         let max_fds = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
             .ok()
             .map(|(soft, _)| soft);
-        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-        let (rss_kib, threads) = parse_status(&status);
-        let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-            .ok()
-            .flatten()
-            .filter(|t| *t > 0);
-        let cpu_seconds = std::fs::read_to_string("/proc/self/stat")
-            .ok()
-            .and_then(|s| parse_stat_cpu_ticks(&s))
-            .zip(ticks)
-            .map(|(cpu, per_second)| cpu as f64 / per_second as f64);
+        let status = me.as_ref().and_then(|p| p.status().ok());
+        let ticks = procfs::ticks_per_second();
+        let cpu_seconds = me
+            .as_ref()
+            .and_then(|p| p.stat().ok())
+            .and_then(|s| s.utime.checked_add(s.stime))
+            .filter(|_| ticks > 0)
+            .map(|cpu| cpu as f64 / ticks as f64);
         Self {
             open_fds,
             max_fds,
-            resident_memory_bytes: rss_kib.map(|k| k.saturating_mul(1024)),
-            threads,
+            resident_memory_bytes: status
+                .as_ref()
+                .and_then(|s| s.vmrss)
+                .map(|k| k.saturating_mul(1024)),
+            threads: status.as_ref().map(|s| s.threads),
             cpu_seconds,
         }
     }
-}
-
-/// `utime` + `stime` (clock ticks) from the text of `/proc/<pid>/stat` (proc(5): fields 14 and
-/// 15, counted after the `(comm)` field, which may itself contain spaces and parentheses).
-pub fn parse_stat_cpu_ticks(stat: &str) -> Option<u64> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace();
-    // After `comm` come state (field 3) .. utime (14), stime (15).
-    let utime: u64 = fields.nth(11)?.parse().ok()?;
-    let stime: u64 = fields.next()?.parse().ok()?;
-    utime.checked_add(stime)
-}
-
-/// `VmRSS` (KiB) and `Threads` from the text of `/proc/<pid>/status` (proc(5): `VmRSS:\t  1234 kB`).
-pub fn parse_status(status: &str) -> (Option<u64>, Option<u64>) {
-    let field = |name: &str| {
-        status.lines().find_map(|l| {
-            let rest = l.strip_prefix(name)?.strip_prefix(':')?;
-            rest.split_whitespace().next()?.parse::<u64>().ok()
-        })
-    };
-    (field("VmRSS"), field("Threads"))
 }
 
 /// Raises the soft `RLIMIT_NOFILE` to the hard limit and returns `(soft, hard)` after.
@@ -105,11 +102,13 @@ pub fn raise_fd_limit() -> Option<(u64, u64)> {
 }
 
 #[derive(Debug)]
-struct ProcessCollector;
+struct ProcessCollector {
+    proc_root: PathBuf,
+}
 
 impl Collector for ProcessCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let stats = ProcessStats::read();
+        let stats = ProcessStats::read(&self.proc_root);
         let gauges = [
             (
                 "holdfast_process_open_fds",
@@ -154,29 +153,40 @@ impl Collector for ProcessCollector {
 mod tests {
     use super::*;
 
+    /// Another proc root is read, not this process's `/proc`: nothing there, nothing said
+    /// (the open-files limit is the process's own, not a procfs file). A `--proc-root` with a
+    /// `self` is read; a fixture tree without one is not a procfs, and `/proc` is read.
     #[test]
-    fn status_fields_parse_and_garbage_is_none() {
-        let text = "Name:\tholdfast\nThreads:\t7\nVmRSS:\t   12345 kB\n";
-        assert_eq!(parse_status(text), (Some(12345), Some(7)));
-        assert_eq!(parse_status("VmRSS: x kB\nThreads:"), (None, None));
-        assert_eq!(parse_status(""), (None, None));
-    }
-
-    #[test]
-    fn stat_cpu_ticks_parse_past_a_comm_with_spaces_and_parens() {
-        // proc(5) field order; comm "a) b" — the last ')' ends it.
-        let stat = "42 (a) b) S 1 42 42 0 -1 4194560 100 0 0 0 250 31 0 0 20 0 3 0 12345 0 0";
-        assert_eq!(parse_stat_cpu_ticks(stat), Some(281));
-        assert_eq!(parse_stat_cpu_ticks("42 (x) S 1 2"), None);
-        assert_eq!(parse_stat_cpu_ticks("garbage"), None);
-        let own = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
-        assert!(parse_stat_cpu_ticks(&own).is_some(), "{own}");
-        assert!(ProcessStats::read().cpu_seconds.is_some());
+    fn reads_under_the_proc_root() {
+        struct Dir(PathBuf);
+        impl Drop for Dir {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+        let dir = Dir(std::env::temp_dir().join(format!("hf-procroot-{}", std::process::id())));
+        std::fs::create_dir_all(&dir.0).expect("mkdir");
+        assert_eq!(own_proc_root(&dir.0), Path::new("/proc"));
+        std::os::unix::fs::symlink("1", dir.0.join("self")).expect("symlink");
+        assert_eq!(own_proc_root(&dir.0), dir.0);
+        let s = ProcessStats::read(&dir.0);
+        assert_eq!(
+            (
+                s.open_fds,
+                s.resident_memory_bytes,
+                s.threads,
+                s.cpu_seconds
+            ),
+            (None, None, None, None),
+            "{s:?}"
+        );
+        assert!(s.max_fds.is_some());
     }
 
     #[test]
     fn reads_this_process() {
-        let s = ProcessStats::read();
+        let s = ProcessStats::read(Path::new("/proc"));
+        assert!(s.cpu_seconds.is_some(), "{s:?}");
         assert!(s.open_fds.is_some_and(|n| n >= 3), "{s:?}");
         assert!(s.max_fds.is_some_and(|n| n >= s.open_fds.unwrap_or(0)));
         assert!(

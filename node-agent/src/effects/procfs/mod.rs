@@ -20,8 +20,6 @@ pub use cgroup::{parse_pod_cgroup, PodCgroup};
 /// Errors of this module.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cannot read TCP sockets of pid {pid}: {reason}")]
-    Sockets { pid: i32, reason: String },
     #[error("cannot read TCP sockets in netns {netns:?}: {reason}")]
     NetnsSockets { netns: NetnsId, reason: String },
 }
@@ -79,8 +77,8 @@ pub fn proc_root_is_ours(
 /// moment, because another test of the same binary forked a child meanwhile. The child gets a
 /// copy of the fd table at the fork, and `O_CLOEXEC` closes the copy only at its exec, so the
 /// kernel still lists the socket in that window. Seen once in five `just test` runs on a fresh
-/// clone: `sockets::tests::sees_own_listener`, "port 46307 still in {2024, 46307}" just after
-/// the drop. The tests therefore wait, bounded, for a closed socket to go. A reader that keeps
+/// clone: a listener test (since gone with `sockets::listening_ports`), "port 46307 still in
+/// {2024, 46307}" just after the drop. The tests therefore wait, bounded, for a closed socket to go. A reader that keeps
 /// reporting it after that still fails them.
 #[cfg(test)]
 pub(crate) fn gone_soon(mut still_listed: impl FnMut() -> bool) -> bool {

@@ -3,7 +3,8 @@
 //! - [`ExitWatcher`]: one notification per process exit, from a pidfd (`pidfd_open(2)`, Linux
 //!   5.3+) registered with tokio's reactor: the pidfd turns readable the moment the process
 //!   exits (becomes a zombie), so the drain learns of the app's last exit within microseconds
-//!   instead of at the next poll. Kernels without pidfds fall back to polling `/proc/<pid>/stat`.
+//!   instead of at the next poll. Kernels without pidfds fall back to polling
+//!   `<proc-root>/<pid>/stat` (the `procfs` crate, under the agent's `--proc-root`).
 //! - [`AppTracker`]: which of a pod's processes are the app's (non-proxy containers, found by
 //!   container id; the sandbox's pause process and the proxy's processes are not), re-scanned
 //!   as new processes can appear (an app forking a helper), and what that says about each app
@@ -19,7 +20,8 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -58,7 +60,7 @@ pub enum ExitNotice {
 }
 
 /// Exit notifications for a set of processes.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ExitWatcher {
     /// Each task ends when its process exits, with the pid and the moment the exit was seen.
     tasks: JoinSet<(i32, Instant)>,
@@ -68,18 +70,37 @@ pub struct ExitWatcher {
     no_pidfd: bool,
     /// The pod, for log lines (`namespace/name`; empty when not watching a pod's processes).
     pod: String,
+    /// Where the processes' `stat` files are read when pidfds cannot tell (the agent's
+    /// `--proc-root`).
+    proc_root: Arc<Path>,
+}
+
+impl Default for ExitWatcher {
+    fn default() -> Self {
+        ExitWatcher::new()
+    }
 }
 
 impl ExitWatcher {
+    /// A watcher of this process's own `/proc`.
     pub fn new() -> ExitWatcher {
-        ExitWatcher::default()
+        ExitWatcher {
+            tasks: JoinSet::new(),
+            by_task: HashMap::new(),
+            watched: HashSet::new(),
+            no_pidfd: false,
+            pod: String::new(),
+            proc_root: Arc::from(Path::new("/proc")),
+        }
     }
 
-    /// A watcher whose log lines name the pod.
-    pub fn for_pod(pod: &PodKey) -> ExitWatcher {
+    /// A watcher whose log lines name the pod, reading `proc_root` (the agent's
+    /// `--proc-root`) where pidfds cannot tell.
+    pub fn for_pod(pod: &PodKey, proc_root: &Path) -> ExitWatcher {
         ExitWatcher {
             pod: pod.to_string(),
-            ..ExitWatcher::default()
+            proc_root: Arc::from(proc_root),
+            ..ExitWatcher::new()
         }
     }
 
@@ -93,8 +114,9 @@ impl ExitWatcher {
         let how = if self.no_pidfd {
             Opened::Unsupported
         } else {
-            open_exit_fd(pid, &self.pod)
+            open_exit_fd(&self.proc_root, pid, &self.pod)
         };
+        let root = self.proc_root.clone();
         let task = match how {
             Opened::Exited => return Watch::AlreadyExited,
             Opened::Alive(fd) => match register(fd) {
@@ -102,14 +124,14 @@ impl ExitWatcher {
                     // Readable = exited. An error from the reactor (never seen in practice) would
                     // otherwise lose the exit: poll procfs instead.
                     if fd.readable().await.is_err() {
-                        poll_until_gone(pid).await;
+                        poll_until_gone(&root, pid).await;
                     }
                     (pid, Instant::now())
                 }),
                 Err(e) => {
                     tracing::debug!(pid, error = %e, "cannot register a pidfd with the reactor; polling procfs");
                     self.tasks.spawn(async move {
-                        poll_until_gone(pid).await;
+                        poll_until_gone(&root, pid).await;
                         (pid, Instant::now())
                     })
                 }
@@ -119,11 +141,11 @@ impl ExitWatcher {
                     tracing::info!("pidfd_open is not available (Linux < 5.3?); polling procfs for process exits");
                 }
                 self.no_pidfd = true;
-                if process_gone(pid) {
+                if process_gone(&root, pid) {
                     return Watch::AlreadyExited;
                 }
                 self.tasks.spawn(async move {
-                    poll_until_gone(pid).await;
+                    poll_until_gone(&root, pid).await;
                     (pid, Instant::now())
                 })
             }
@@ -231,7 +253,7 @@ enum Opened {
 }
 
 /// Opens a pidfd for `pid` and tells whether the process has already exited.
-fn open_exit_fd(pid: i32, pod: &str) -> Opened {
+fn open_exit_fd(proc_root: &Path, pid: i32, pod: &str) -> Opened {
     // pid <= 0 names no single process (rustix asserts on negative pids).
     let Some(raw) = (pid > 0).then(|| Pid::from_raw(pid)).flatten() else {
         return Opened::Exited;
@@ -252,7 +274,7 @@ fn open_exit_fd(pid: i32, pod: &str) -> Opened {
         // like: polling still works.
         Err(e) => {
             tracing::debug!(pod, pid, error = %e, "pidfd_open failed; polling procfs for this process");
-            if process_gone(pid) {
+            if process_gone(proc_root, pid) {
                 Opened::Exited
             } else {
                 Opened::Unsupported
@@ -261,21 +283,21 @@ fn open_exit_fd(pid: i32, pod: &str) -> Opened {
     }
 }
 
-async fn poll_until_gone(pid: i32) {
-    while !process_gone(pid) {
+async fn poll_until_gone(proc_root: &Path, pid: i32) {
+    while !process_gone(proc_root, pid) {
         tokio::time::sleep(FALLBACK_POLL).await;
     }
 }
 
-/// True when `/proc/<pid>` is gone or the process is a zombie (`Z`) or dead (`X`).
-fn process_gone(pid: i32) -> bool {
-    match std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("stat")) {
-        // `pid (comm) S ...`: comm may hold spaces and parentheses, the state follows the last ')'.
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_none_or(|state| state == "Z" || state == "X"),
-        Err(e) => e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH),
+/// True when `<proc_root>/<pid>` is gone or the process is a zombie (`Z`) or dead (`X`), read
+/// by the `procfs` crate (proc(5) `stat`; it maps ENOENT and ESRCH to `NotFound`).
+fn process_gone(proc_root: &Path, pid: i32) -> bool {
+    let stat = procfs::process::Process::new_with_root(proc_root.join(pid.to_string()))
+        .and_then(|p| p.stat());
+    match stat {
+        Ok(stat) => matches!(stat.state, 'Z' | 'X'),
+        Err(procfs::ProcError::NotFound(_)) => true,
+        Err(_) => false,
     }
 }
 
@@ -308,6 +330,12 @@ pub trait PodProcessSource: Send + Sync {
         let _ = container_id;
         std::future::ready(Err("this process source cannot signal".to_string()))
     }
+
+    /// The procfs the processes are read from (the agent's `--proc-root`), where their `stat`
+    /// is looked at when pidfds cannot tell an exit.
+    fn proc_root(&self) -> PathBuf {
+        PathBuf::from("/proc")
+    }
 }
 
 /// The agent's process index, for one pod.
@@ -338,6 +366,10 @@ impl PodProcessSource for PodProcsSource {
     ) -> impl Future<Output = Vec<PodProcess>> + Send {
         self.procs
             .of_pod_except(&self.uid, watched, NEW_PER_DRAIN_LOOK)
+    }
+
+    fn proc_root(&self) -> PathBuf {
+        self.procs.proc_root()
     }
 
     async fn terminate_main(&self, container_id: &str) -> Result<i32, String> {
@@ -449,8 +481,8 @@ impl<S: PodProcessSource> AppTracker<S> {
 
     pub fn new(pod: &PodKey, source: S) -> AppTracker<S> {
         AppTracker {
+            watcher: ExitWatcher::for_pod(pod, &source.proc_root()),
             source,
-            watcher: ExitWatcher::for_pod(pod),
             pid_container: HashMap::new(),
             seen_alive: HashSet::new(),
             visibility_proven: false,
@@ -585,8 +617,14 @@ mod tests {
 
     #[test]
     fn own_process_is_not_gone() {
-        assert!(!process_gone(std::process::id() as i32));
-        assert!(process_gone(i32::MAX));
+        let proc = Path::new("/proc");
+        assert!(!process_gone(proc, std::process::id() as i32));
+        assert!(process_gone(proc, i32::MAX));
+        // Under another proc root: what is there, not this process's `/proc`.
+        assert!(process_gone(
+            Path::new("/nonexistent-proc"),
+            std::process::id() as i32
+        ));
     }
 
     #[tokio::test]

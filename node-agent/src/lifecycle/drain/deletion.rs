@@ -10,9 +10,9 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
 use super::admin::{Drainer, ProxyAdmin};
-use super::app_exit::{AppContainer, AppTracker, PodProcessSource};
-use super::in_flight::{InFlight, InFlightJudge, UnexposedBytes};
+use super::app_exit::{AppTracker, PodProcessSource};
 use super::plan::{self, DrainPlan};
+use super::step::DrainState;
 use super::{decide, envoy_version, DrainCtx, DrainOutcome, DrainReport, DrainStep, QuitReason};
 use crate::pod::{Deletion, PodView, SidecarMode, DEFAULT_GRACE};
 
@@ -78,172 +78,59 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
             current.profile.texts().prestop_drain
         );
     }
-    let mut deadline_passed = false;
-    let inbound = tokio::select! {
-        biased;
-        _ = stop.cancelled() => return d.finish(report, DrainOutcome::AgentStopping, &app),
-        // A deadline already passed (an agent restarted late in a drain) skips straight to the
-        // decision, which is the deadline's.
-        _ = tokio::time::sleep_until(deadline) => {
-            deadline_passed = true;
-            (false, None, None)
-        }
-        // The mesh's preStop drained inbound already (Istio's `/drain`, kuma-dp's SIGUSR2).
-        _ = std::future::ready(()), if kubelet_ordered => (false, None, None),
-        r = async {
-            // Which call drains inbound depends on the Envoy (envoy_version.rs); one request,
-            // and a failure only means "as for a current Envoy".
-            let version = d.envoy_version().await;
-            let call = envoy_version::inbound_drain(version, current.profile.texts());
-            (d.post_retrying(call.path).await, version, call.advice)
-        } => r,
+    let Some(deadline_passed) = d
+        .drain_inbound(&mut report, &current, kubelet_ordered, deadline, &stop)
+        .await
+    else {
+        return d.finish(report, DrainOutcome::AgentStopping, &app);
     };
-    let (drained, version, advice) = inbound;
-    report.inbound_drained = drained;
-    report.envoy_version = version.map(|v| v.to_string());
-    if !deadline_passed && !kubelet_ordered {
-        d.tell(DrainStep::InboundDrained {
-            drained,
-            envoy_version: report.envoy_version.clone(),
-        });
-    }
-    if let Some(advice) = advice {
-        tracing::warn!("{advice}");
-        add_advice(&mut report, advice);
-    }
 
-    let mut judge = InFlightJudge::new(settings.idle_window);
-    let mut unexposed = UnexposedBytes::new(current.profile.texts());
-    let mut judgement: Option<InFlight> = None;
-    let mut next_stats = Instant::now();
-    let mut failed_samples_while_gone = 0u32;
-    let mut failed_samples_while_running = 0u32;
-    let mut unseen_warned = false;
-    let mut unreadable_told = false;
-    let mut flushing_told = false;
-    let mut app_gone: Option<Instant> = None;
-    let mut samples_since_gone = 0u32;
-    let mut rescans = 0u32;
-    let mut next_rescan = Instant::now() + decide::rescan_every(settings, rescans);
-    let mut exits_told: Vec<String> = Vec::new();
+    // The loop only looks, asks and sleeps; what it saw goes to the step (`step.rs`), which
+    // keeps the counters, the told-once flags and the back-offs, and says what follows.
+    let mut state = DrainState::new(
+        settings,
+        current.profile.texts(),
+        kubelet_ordered,
+        native,
+        t0,
+        Instant::now(),
+    );
+    if deadline_passed {
+        state.deadline_passed();
+    }
     loop {
         let now = Instant::now();
-        tell_container_exits(&d, &snapshot, &mut exits_told);
-        if snapshot.gone_for_drain() && app_gone.is_none() {
-            app_gone = Some(app.last_exit().unwrap_or(now));
-            d.tell(DrainStep::AppGone);
+        for step in state.round(&snapshot, app.last_exit(), now) {
+            d.tell(step);
         }
-        let gone = app_gone.is_some();
-        if gone {
-            samples_since_gone += 1;
-        }
+        let gone = state.gone();
 
-        // Sample the counts: regularly while the app runs (idle history), every settle_poll
-        // once it is gone; not once the deadline has passed (the quit is due now).
-        if !deadline_passed && (gone || now >= next_stats) {
-            next_stats = now + decide::sample_every(settings, now.duration_since(t0));
+        // Sample the counts: regularly while the app runs (idle history), every round once it
+        // is gone; not once the deadline has passed (the quit is due now).
+        if state.sample_due(now) {
             match d.sample(gone).await {
                 Ok(sample) => {
-                    failed_samples_while_running = 0;
-                    report.filter_present = Some(sample.filter.is_some());
-                    // The filter's counts, else the capture listeners' (Consul).
-                    report.last_counts = sample.counts();
-                    report.last_traffic_bytes =
-                        sample.traffic.exposed.then_some(sample.traffic.total);
-                    let now = Instant::now();
-                    let j = judge.observe(now.into_std(), &sample);
-                    if let Some(advice) = unexposed
-                        .notice(now.into_std(), &sample, j, settings.idle_window)
-                        .filter(|_| gone && !kubelet_ordered)
-                    {
-                        tracing::warn!("{advice}");
-                        add_advice(&mut report, advice);
-                    }
-                    // The gauge in the sample follows `/healthcheck/fail` (and `/ok`) only at
-                    // Envoy's next stats flush; `/ready` says it at once. Asked only of a mesh
-                    // that fails it, in a drain that may undo it.
-                    let health_check_failed = if current.profile.fails_health_check_on_sigterm
-                        && kind == decide::DrainKind::Full
-                    {
-                        d.health_check_failed_now().await
-                    } else {
-                        sample.health_check_failed
-                    };
-                    if decide::restore_health(
-                        current.profile.fails_health_check_on_sigterm,
-                        kind,
-                        health_check_failed,
-                    ) {
-                        let restored = d.post_retrying(HEALTHCHECK_OK_PATH).await;
-                        report.health_checks_restored += u32::from(restored);
-                        tracing::info!(
-                            restored,
-                            "the mesh's agent failed Envoy's health check (outbound would be drain-closed): restored it"
-                        );
-                    }
-                    if let (InFlight::Sending { bytes }, true, false) = (j, gone, flushing_told) {
-                        flushing_told = true;
-                        d.tell(DrainStep::KernelFlushing { bytes });
-                    }
-                    judgement = Some(j);
+                    d.take_sample(&mut state, &mut report, &current, kind, &sample)
+                        .await
                 }
-                Err(()) => {
-                    judgement = None;
-                    if gone {
-                        failed_samples_while_gone += 1;
-                    } else {
-                        failed_samples_while_running =
-                            failed_samples_while_running.saturating_add(1);
-                        next_stats = Instant::now()
-                            + decide::sample_every_after_failures(
-                                settings,
-                                now.duration_since(t0),
-                                failed_samples_while_running,
-                            );
-                    }
-                    if d.refusals > 0 {
-                        // Envoy may have exited: confirm soon rather than at the next regular
-                        // sample.
-                        next_stats = Instant::now() + settings.retry_backoff;
-                    }
-                }
+                Err(()) => state.sample_failed(now, Instant::now(), d.refusals > 0),
             }
         }
 
         let proxy_gone = d.envoy_gone();
-        if proxy_gone {
+        if proxy_gone && !gone {
             // Envoy has exited. Before blaming the drain duration, look at the app once more:
             // it may have exited at the same moment.
-            if !gone {
-                snapshot = app.refresh(&current).await;
-                if snapshot.gone_for_drain() {
-                    app_gone = Some(app.last_exit().unwrap_or_else(Instant::now));
-                }
-            }
+            snapshot = app.refresh(&current).await;
+            state.looked_again(&snapshot, app.last_exit(), Instant::now());
         }
-        let seen = decide::DrainSeen {
-            app_gone: app_gone.is_some(),
-            app_live: snapshot.live,
-            proxy_gone,
-            judgement: if gone { judgement } else { None },
-            stats_exhausted: failed_samples_while_gone >= settings.admin_attempts,
-            deadline_passed,
-            kubelet_ordered,
-            native,
-            pod_removed: false,
-        };
-        if seen.app_gone && seen.stats_exhausted && !seen.proxy_gone && !unreadable_told {
-            unreadable_told = true;
-            let why = format!(
-                "the app is gone but Envoy's counts could not be read {failed_samples_while_gone} \
-                 times: nothing says the last response was sent, so the drain waits for {} or the \
-                 deadline, as without holdfast",
-                current.profile.texts().own_end
-            );
+        let decision = state.decide(proxy_gone, &snapshot, current.profile.texts().own_end);
+        if let Some(why) = decision.unreadable {
             tracing::warn!("{why}");
             d.errors.push(why);
         }
-        match decide::drain_next(seen) {
+        let app_gone = state.app_gone();
+        match decision.next {
             decide::DrainNext::Wait => {}
             decide::DrainNext::End(end) => {
                 return d.end(report, end, &snapshot, app_gone, remaining, &current, &app);
@@ -254,75 +141,35 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                     .await;
             }
             decide::DrainNext::Quit(reason) => {
-                report = d.app_gone(report, app_gone);
-                (report.quit_sent_at, report.proxy_exit_seen_at) = d.quit(reason).await;
-                report.quit_reason = Some(reason);
-                if decide::sigterm_after_quit(
-                    current.profile.sigterm_after_quit,
-                    report.proxy_exit_seen_at.is_some(),
-                ) {
-                    end_the_meshs_agent(&mut report, &current, app.source()).await;
-                }
-                tracing::info!(reason = ?reason, "app gone and nothing in flight: proxy quit");
-                return d.finish(report, DrainOutcome::AppDone, &app);
+                return d
+                    .app_done_quit(report, reason, app_gone, &current, &app)
+                    .await;
             }
         }
-
-        if !gone
-            && !unseen_warned
-            && snapshot
-                .containers
-                .iter()
-                .any(|(_, c)| *c == AppContainer::Unseen)
-        {
-            unseen_warned = true;
-            d.errors.push(
-                "an app container runs by its status but none of the pod's processes is visible \
-                 by container id: the drain cannot see the app exit and waits for the status or \
-                 the deadline (does the agent run with hostPID and the right --proc-root?)"
-                    .to_string(),
-            );
+        if let Some(why) = decision.unseen {
+            d.errors.push(why);
         }
 
-        // Once the app is gone only the counts are awaited: sample every settle_poll at first
-        // (the usual case settles within milliseconds), then back off towards stats_every.
-        let now = Instant::now();
-        let wait = if gone {
-            decide::settle_wait(settings, samples_since_gone)
-        } else {
-            next_stats.min(next_rescan).saturating_duration_since(now)
-        };
+        let wait = state.wait(Instant::now());
         let rescan = tokio::select! {
             biased;
             _ = stop.cancelled() => return d.finish(report, DrainOutcome::AgentStopping, &app),
             _ = tokio::time::sleep_until(deadline) => {
-                deadline_passed = true;
+                state.deadline_passed();
                 false
             }
             changed = view.changed() => {
                 match (changed, view.borrow_and_update().clone()) {
                     (Ok(()), Some(v)) => {
                         // A shortened grace period moves the kill, and so the deadline, earlier.
-                        let now = SystemTime::now();
-                        if let Some(next) = v.deletion.and_then(|d| plan.shortened(d, now)) {
-                            plan = next;
-                            remaining = plan.remaining(now);
+                        if let Some(next) = v.deletion.and_then(|del| shortened(&mut plan, del, &mut report)) {
+                            remaining = next;
                             deadline = Instant::now() + remaining;
-                            report.deadline_at = plan.deadline;
-                            report.deadline_meaning = plan.meaning;
-                            tracing::info!(
-                                remaining_ms = remaining.as_millis() as u64,
-                                "the pod's grace period was shortened: the drain's deadline follows"
-                            );
                         }
                         current = v;
                     }
                     _ => {
-                        let next = decide::drain_next(decide::DrainSeen {
-                            pod_removed: true,
-                            ..seen
-                        });
-                        let decide::DrainNext::End(end) = next else {
+                        let decide::DrainNext::End(end) = state.pod_removed() else {
                             unreachable!("decide::drain_next ends every drain whose pod is removed")
                         };
                         return d.end(report, end, &snapshot, app_gone, remaining, &current, &app);
@@ -337,16 +184,35 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
                 tracing::debug!(pid, more, "app process exited");
                 true
             }
-            _ = tokio::time::sleep(wait) => Instant::now() >= next_rescan,
+            _ = tokio::time::sleep(wait) => state.rescan_due(Instant::now()),
         };
         // Re-scan on news (an exit, a status change) and regularly for forked processes; not on
         // every count sample.
         if rescan {
-            rescans = rescans.saturating_add(1);
-            next_rescan = Instant::now() + decide::rescan_every(settings, rescans);
+            state.rescanned(Instant::now());
             snapshot = app.refresh(&current).await;
         }
     }
+}
+
+/// A shortened grace period (`deletion`, from a pod update) moves the kill, and so the drain's
+/// deadline, earlier: the plan and the report follow; the time remaining from now, if it moved.
+fn shortened(
+    plan: &mut DrainPlan,
+    deletion: Deletion,
+    report: &mut DrainReport,
+) -> Option<Duration> {
+    let now = SystemTime::now();
+    let next = plan.shortened(deletion, now)?;
+    *plan = next;
+    let remaining = plan.remaining(now);
+    report.deadline_at = plan.deadline;
+    report.deadline_meaning = plan.meaning;
+    tracing::info!(
+        remaining_ms = remaining.as_millis() as u64,
+        "the pod's grace period was shortened: the drain's deadline follows"
+    );
+    Some(remaining)
 }
 
 /// Sends the mesh's agent the SIGTERM that ends its fixed wait ([`decide::sigterm_after_quit`]),
@@ -371,29 +237,6 @@ async fn end_the_meshs_agent<S: PodProcessSource>(
     }
 }
 
-/// Tells each app container's end once (for the pod's timeline), as the snapshots show it.
-fn tell_container_exits<A: ProxyAdmin>(
-    d: &Drainer<'_, A>,
-    snapshot: &super::app_exit::AppSnapshot,
-    told: &mut Vec<String>,
-) {
-    for (name, c) in &snapshot.containers {
-        let exit_code = match c {
-            AppContainer::Exited => None,
-            AppContainer::Terminated { exit_code } => Some(*exit_code),
-            _ => continue,
-        };
-        if told.iter().any(|t| t == name) {
-            continue;
-        }
-        told.push(name.clone());
-        d.tell(DrainStep::AppContainerExited {
-            container: name.clone(),
-            exit_code,
-        });
-    }
-}
-
 /// Adds `advice` to the report's, after any already there (each is one sentence or more).
 fn add_advice(report: &mut DrainReport, advice: String) {
     report.advice = Some(match report.advice.take() {
@@ -403,6 +246,98 @@ fn add_advice(report: &mut DrainReport, advice: String) {
 }
 
 impl<A: ProxyAdmin> Drainer<'_, A> {
+    /// Drains Envoy's inbound side at once (the call `envoy_version.rs` picks for this Envoy),
+    /// unless the mesh's preStop did (`kubelet_ordered`) or the `deadline` has passed already
+    /// (an agent restarted late in a drain: the decision is the deadline's). Whether the
+    /// deadline has passed; `None`: the agent stops.
+    async fn drain_inbound(
+        &mut self,
+        report: &mut DrainReport,
+        current: &PodView,
+        kubelet_ordered: bool,
+        deadline: Instant,
+        stop: &tokio_util::sync::CancellationToken,
+    ) -> Option<bool> {
+        let mut deadline_passed = false;
+        let inbound = tokio::select! {
+            biased;
+            _ = stop.cancelled() => return None,
+            _ = tokio::time::sleep_until(deadline) => {
+                deadline_passed = true;
+                (false, None, None)
+            }
+            // The mesh's preStop drained inbound already (Istio's `/drain`, kuma-dp's SIGUSR2).
+            _ = std::future::ready(()), if kubelet_ordered => (false, None, None),
+            r = async {
+                // Which call drains inbound depends on the Envoy (envoy_version.rs); one
+                // request, and a failure only means "as for a current Envoy".
+                let version = self.envoy_version().await;
+                let call = envoy_version::inbound_drain(version, current.profile.texts());
+                (self.post_retrying(call.path).await, version, call.advice)
+            } => r,
+        };
+        let (drained, version, advice) = inbound;
+        report.inbound_drained = drained;
+        report.envoy_version = version.map(|v| v.to_string());
+        if !deadline_passed && !kubelet_ordered {
+            self.tell(DrainStep::InboundDrained {
+                drained,
+                envoy_version: report.envoy_version.clone(),
+            });
+        }
+        if let Some(advice) = advice {
+            tracing::warn!("{advice}");
+            add_advice(report, advice);
+        }
+        Some(deadline_passed)
+    }
+
+    /// A sample answered: the report's counts, the step's judgement (its advice and the
+    /// kernel's flushing, once each), and Envoy's health check restored where the mesh's agent
+    /// failed it and the drain may undo that.
+    async fn take_sample(
+        &mut self,
+        state: &mut DrainState,
+        report: &mut DrainReport,
+        current: &PodView,
+        kind: decide::DrainKind,
+        sample: &super::in_flight::DrainSample,
+    ) {
+        report.filter_present = Some(sample.filter.is_some());
+        // The filter's counts, else the capture listeners' (Consul).
+        report.last_counts = sample.counts();
+        report.last_traffic_bytes = sample.traffic.exposed.then_some(sample.traffic.total);
+        let sampled = state.sampled(Instant::now(), sample);
+        if let Some(advice) = sampled.advice {
+            tracing::warn!("{advice}");
+            add_advice(report, advice);
+        }
+        // The gauge in the sample follows `/healthcheck/fail` (and `/ok`) only at Envoy's next
+        // stats flush; `/ready` says it at once. Asked only of a mesh that fails it, in a drain
+        // that may undo it.
+        let health_check_failed =
+            if current.profile.fails_health_check_on_sigterm && kind == decide::DrainKind::Full {
+                self.health_check_failed_now().await
+            } else {
+                sample.health_check_failed
+            };
+        if decide::restore_health(
+            current.profile.fails_health_check_on_sigterm,
+            kind,
+            health_check_failed,
+        ) {
+            let restored = self.post_retrying(HEALTHCHECK_OK_PATH).await;
+            report.health_checks_restored += u32::from(restored);
+            tracing::info!(
+                restored,
+                "the mesh's agent failed Envoy's health check (outbound would be drain-closed): restored it"
+            );
+        }
+        if let Some(step) = sampled.flushing {
+            self.tell(step);
+        }
+    }
+
     /// Records when the app was seen gone.
     fn app_gone(&self, mut report: DrainReport, app_gone: Option<Instant>) -> DrainReport {
         if let Some(at) = app_gone {
@@ -477,6 +412,29 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
             report.proxy_exit_seen_at = Some(self.wall(Instant::now()));
         }
         self.finish(report, end.outcome, app)
+    }
+
+    /// The app is gone and nothing is in flight: quit the proxy (and end the mesh's agent's
+    /// fixed wait where it has one, [`decide::sigterm_after_quit`]).
+    async fn app_done_quit<S: PodProcessSource>(
+        mut self,
+        report: DrainReport,
+        reason: QuitReason,
+        app_gone: Option<Instant>,
+        current: &PodView,
+        app: &AppTracker<S>,
+    ) -> DrainReport {
+        let mut report = self.app_gone(report, app_gone);
+        (report.quit_sent_at, report.proxy_exit_seen_at) = self.quit(reason).await;
+        report.quit_reason = Some(reason);
+        if decide::sigterm_after_quit(
+            current.profile.sigterm_after_quit,
+            report.proxy_exit_seen_at.is_some(),
+        ) {
+            end_the_meshs_agent(&mut report, current, app.source()).await;
+        }
+        tracing::info!(reason = ?reason, "app gone and nothing in flight: proxy quit");
+        self.finish(report, DrainOutcome::AppDone, app)
     }
 
     /// The deadline came: quit the proxy whatever the app and the counts say.

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::admin::{Drainer, ProxyAdmin};
 use super::app_exit::{AppTracker, PodProcessSource};
-use super::in_flight::{InFlight, InFlightJudge, UnexposedBytes};
+use super::step::JobSettle;
 use super::{decide, DrainCtx, DrainStep, JobOutcome, JobReport, QuitReason};
 
 /// Quits the proxy of a Job-like pod once its app has finished for good, so the pod completes.
@@ -89,41 +89,28 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
     report.app_finished_at = Some(d.wall(finished_at));
     tracing::info!(by = ?report.finished_by, "the job's app finished for good; quitting its proxy once nothing is in flight");
 
-    // Wait (bounded) for in-flight traffic to settle, then quit.
-    let mut judge = InFlightJudge::new(settings.idle_window);
-    let until = Instant::now() + settings.job_in_flight_wait;
-    let mut failed = 0u32;
-    let mut samples = 0u32;
-    let mut unexposed = UnexposedBytes::new(current.profile.texts());
-    let mut flushing_told = false;
+    // Wait (bounded) for in-flight traffic to settle, then quit. The step (`step.rs`) keeps
+    // the judge, the counts and the told-once flag; this loop asks Envoy and sleeps.
+    let mut settle = JobSettle::new(settings, current.profile.texts(), Instant::now());
     let reason = loop {
-        samples += 1;
         let judgement = match d.sample(true).await {
             Ok(sample) => {
-                let now = Instant::now().into_std();
-                let j = judge.observe(now, &sample);
-                if let (InFlight::Sending { bytes }, false) = (j, flushing_told) {
-                    flushing_told = true;
-                    d.tell(DrainStep::KernelFlushing { bytes });
+                let sampled = settle.sampled(Instant::now(), &sample);
+                if let Some(step) = sampled.flushing {
+                    d.tell(step);
                 }
-                if let Some(advice) = unexposed.notice(now, &sample, j, settings.idle_window) {
+                if let Some(advice) = sampled.advice {
                     tracing::warn!("{advice}");
                     d.errors.push(advice);
                 }
-                Some(j)
+                sampled.judgement
             }
             Err(()) => {
-                failed += 1;
+                settle.sample_failed();
                 None
             }
         };
-        let next = decide::job_next(decide::JobSeen {
-            proxy_gone: d.envoy_gone(),
-            judgement,
-            stats_exhausted: failed >= settings.admin_attempts,
-            out_of_time: Instant::now() >= until,
-        });
-        match next {
+        match settle.decide(d.envoy_gone(), judgement, Instant::now()) {
             decide::JobNext::Wait => {}
             decide::JobNext::ProxyAlreadyGone => {
                 tracing::info!("the job's proxy has already exited");
@@ -147,7 +134,7 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
                 (Ok(()), Some(_)) => {}
                 _ => return finish(report, JobOutcome::PodGone, d),
             },
-            _ = tokio::time::sleep(decide::settle_wait(settings, samples)) => {}
+            _ = tokio::time::sleep(settle.wait()) => {}
         }
     };
     let (sent, exited) = d.quit(reason).await;

@@ -32,6 +32,7 @@ pub mod envoy_version;
 pub mod in_flight;
 mod job;
 pub mod plan;
+mod step;
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;

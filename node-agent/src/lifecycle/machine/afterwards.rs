@@ -147,7 +147,24 @@ pub(super) fn step(
             }
         }
         // The executors follow the pod themselves and report.
-        (st @ (Stage::JobWatch { .. } | Stage::Draining { .. }), _) => st,
+        (
+            st @ (Stage::JobWatch { .. } | Stage::Draining { .. }),
+            input @ (Input::Pod(_)
+            | Input::NetnsNotYet
+            | Input::NetnsFound { .. }
+            | Input::NetnsRefused(_)
+            | Input::Readiness(_)
+            | Input::HoldSetUp { .. }
+            | Input::NetnsGone
+            | Input::HoldFailed(_)
+            | Input::HoldReleased(_)
+            | Input::ReleaseFailed(_)
+            | Input::Timer(_)
+            | Input::ProxyGone),
+        ) => ignored(fx, st, &input),
+        // The other executor's answer.
+        (st @ Stage::JobWatch { .. }, input @ Input::DrainFinished(_))
+        | (st @ Stage::Draining { .. }, input @ Input::JobFinished(_)) => ignored(fx, st, &input),
 
         (Stage::Finished, Input::Pod(None)) => done_and_exit(fx),
         // Finished, and a container runs again under a new id, or every container restarts in
@@ -167,6 +184,63 @@ pub(super) fn step(
         }
         // Every other input of `Finished` and `Running` changes nothing: `Running` handles
         // every pod update above, `Finished` the ones that matter (the facts are kept).
-        (st, _) => st,
+        (
+            st @ Stage::Running { .. },
+            input @ (Input::NetnsNotYet
+            | Input::NetnsFound { .. }
+            | Input::NetnsRefused(_)
+            | Input::Readiness(_)
+            | Input::HoldSetUp { .. }
+            | Input::NetnsGone
+            | Input::HoldFailed(_)
+            | Input::HoldReleased(_)
+            | Input::ReleaseFailed(_)
+            | Input::QuitStarted
+            | Input::JobFinished(_)
+            | Input::DrainFinished(_)
+            | Input::Timer(Timer::NetnsPoll | Timer::ReadinessPoll | Timer::HoldDeadline)),
+        ) => ignored(fx, st, &input),
+        (
+            st @ Stage::Finished,
+            input @ (Input::Pod(Some(_))
+            | Input::NetnsNotYet
+            | Input::NetnsFound { .. }
+            | Input::NetnsRefused(_)
+            | Input::Readiness(_)
+            | Input::HoldSetUp { .. }
+            | Input::NetnsGone
+            | Input::HoldFailed(_)
+            | Input::HoldReleased(_)
+            | Input::ReleaseFailed(_)
+            | Input::QuitStarted
+            | Input::JobFinished(_)
+            | Input::DrainFinished(_)
+            | Input::Timer(_)
+            | Input::ProxyGone),
+        ) => ignored(fx, st, &input),
+        // Answered for every stage in `machine::step`, before the stage's part is asked; and
+        // `Exited` answers nothing (`machine::step` returns before any stage's part).
+        (
+            st @ (Stage::Running { .. }
+            | Stage::JobWatch { .. }
+            | Stage::Draining { .. }
+            | Stage::Finished),
+            input @ (Input::OverBound(_)
+            | Input::ChildOverBound { .. }
+            | Input::HoldBroken(_)
+            | Input::CannotLook(_)
+            | Input::ExecutorNotStarted(_)
+            | Input::AgentStop),
+        )
+        | (st @ Stage::Exited, input) => ignored(fx, st, &input),
+        // Not this part's stages (`machine::step` routes them to `startup` and `holding`).
+        (
+            st @ (Stage::WaitingForNetns { .. }
+            | Stage::Checking { .. }
+            | Stage::SettingUpHold { .. }
+            | Stage::Holding { .. }
+            | Stage::Releasing { .. }),
+            input,
+        ) => ignored(fx, st, &input),
     }
 }

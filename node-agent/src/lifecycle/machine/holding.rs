@@ -73,7 +73,21 @@ pub(super) fn step(
         // first), so no other input reaches this stage but the agent stopping and a broken
         // bound (both in `machine::step`); a pod update's facts are kept in `s.pod` and read
         // at `HoldSetUp` (a deletion releases at once).
-        (st @ Stage::SettingUpHold { .. }, _) => st,
+        (
+            st @ Stage::SettingUpHold { .. },
+            input @ (Input::Pod(_)
+            | Input::NetnsNotYet
+            | Input::NetnsFound { .. }
+            | Input::NetnsRefused(_)
+            | Input::Readiness(_)
+            | Input::HoldReleased(_)
+            | Input::ReleaseFailed(_)
+            | Input::QuitStarted
+            | Input::JobFinished(_)
+            | Input::DrainFinished(_)
+            | Input::Timer(_)
+            | Input::ProxyGone),
+        ) => ignored(fx, st, &input),
         (
             Stage::Holding {
                 netns,
@@ -137,12 +151,12 @@ pub(super) fn step(
         },
         // The look after a restart: the hold's netns is still the pod's, or none is there yet
         // (a moment of the runtime): the hold stands.
-        (st @ Stage::Holding { netns, .. }, Input::NetnsFound { netns: found })
+        (st @ Stage::Holding { netns, .. }, input @ Input::NetnsFound { netns: found })
             if found == netns =>
         {
-            st
+            ignored(fx, st, &input)
         }
-        (st @ Stage::Holding { .. }, Input::NetnsRefused(_)) => st,
+        (st @ Stage::Holding { .. }, input @ Input::NetnsRefused(_)) => ignored(fx, st, &input),
         // Another netns, or no process of the pod in any (the sandbox died): the hold is in a
         // dead netns. Release it there and hold in the pod's new one.
         (Stage::Holding { netns, started, .. }, Input::NetnsFound { .. } | Input::NetnsNotYet) => {
@@ -190,10 +204,58 @@ pub(super) fn step(
             fail_open(s, fx, netns, format!("releasing the hold failed: {why}"))
         }
         // As for `SettingUpHold`: the release's answer comes first; pod facts are kept.
-        (st @ Stage::Releasing { .. }, _) => st,
+        (
+            st @ Stage::Releasing { .. },
+            input @ (Input::Pod(_)
+            | Input::NetnsNotYet
+            | Input::NetnsFound { .. }
+            | Input::NetnsRefused(_)
+            | Input::Readiness(_)
+            | Input::HoldSetUp { .. }
+            | Input::NetnsGone
+            | Input::HoldFailed(_)
+            | Input::QuitStarted
+            | Input::JobFinished(_)
+            | Input::DrainFinished(_)
+            | Input::Timer(_)
+            | Input::ProxyGone),
+        ) => ignored(fx, st, &input),
         // `Holding`: readiness, its timers, pod updates and the look above are handled; the
         // rest (a stray `ProxyGone` or executor answer) cannot concern a hold.
-        (st, _) => st,
+        (
+            st @ Stage::Holding { .. },
+            input @ (Input::Timer(Timer::NetnsPoll | Timer::ProxyRecheck | Timer::JobWatchRetry)
+            | Input::HoldSetUp { .. }
+            | Input::NetnsGone
+            | Input::HoldFailed(_)
+            | Input::HoldReleased(_)
+            | Input::ReleaseFailed(_)
+            | Input::QuitStarted
+            | Input::JobFinished(_)
+            | Input::DrainFinished(_)
+            | Input::ProxyGone),
+        ) => ignored(fx, st, &input),
+        // Answered for every stage in `machine::step`, before the stage's part is asked.
+        (
+            st @ (Stage::SettingUpHold { .. } | Stage::Holding { .. } | Stage::Releasing { .. }),
+            input @ (Input::OverBound(_)
+            | Input::ChildOverBound { .. }
+            | Input::HoldBroken(_)
+            | Input::CannotLook(_)
+            | Input::ExecutorNotStarted(_)
+            | Input::AgentStop),
+        ) => ignored(fx, st, &input),
+        // Not this part's stages (`machine::step` routes them to `startup` and `afterwards`).
+        (
+            st @ (Stage::WaitingForNetns { .. }
+            | Stage::Checking { .. }
+            | Stage::Running { .. }
+            | Stage::JobWatch { .. }
+            | Stage::Draining { .. }
+            | Stage::Finished
+            | Stage::Exited),
+            input,
+        ) => ignored(fx, st, &input),
     }
 }
 

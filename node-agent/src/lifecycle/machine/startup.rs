@@ -169,9 +169,64 @@ pub(super) fn step(
                 }
             }
         }
-        // A pod update while checking: keep the check going.
-        (st @ Stage::Checking { .. }, Input::Pod(Some(_))) => st,
-        (st, _) => st,
+
+        // --- ignored here, each by name --------------------------------------------------
+        // A poll due while a look is out (the look's answer schedules the next), and answers
+        // of stages the pod is not in.
+        (
+            st @ Stage::WaitingForNetns { .. },
+            input @ (Input::Timer(_)
+            | Input::Readiness(_)
+            | Input::HoldSetUp { .. }
+            | Input::NetnsGone
+            | Input::HoldFailed(_)
+            | Input::HoldReleased(_)
+            | Input::ReleaseFailed(_)
+            | Input::QuitStarted
+            | Input::JobFinished(_)
+            | Input::DrainFinished(_)
+            | Input::ProxyGone),
+        ) => ignored(fx, st, &input),
+        // A pod update while checking: keep the check going (its answer reads the kept facts).
+        (
+            st @ Stage::Checking { .. },
+            input @ (Input::Pod(Some(_))
+            | Input::NetnsNotYet
+            | Input::NetnsFound { .. }
+            | Input::NetnsRefused(_)
+            | Input::Timer(_)
+            | Input::HoldSetUp { .. }
+            | Input::NetnsGone
+            | Input::HoldFailed(_)
+            | Input::HoldReleased(_)
+            | Input::ReleaseFailed(_)
+            | Input::QuitStarted
+            | Input::JobFinished(_)
+            | Input::DrainFinished(_)
+            | Input::ProxyGone),
+        ) => ignored(fx, st, &input),
+        // Answered for every stage in `machine::step`, before the stage's part is asked.
+        (
+            st @ (Stage::WaitingForNetns { .. } | Stage::Checking { .. }),
+            input @ (Input::OverBound(_)
+            | Input::ChildOverBound { .. }
+            | Input::HoldBroken(_)
+            | Input::CannotLook(_)
+            | Input::ExecutorNotStarted(_)
+            | Input::AgentStop),
+        ) => ignored(fx, st, &input),
+        // Not this part's stages (`machine::step` routes them to `holding` and `afterwards`).
+        (
+            st @ (Stage::SettingUpHold { .. }
+            | Stage::Holding { .. }
+            | Stage::Releasing { .. }
+            | Stage::Running { .. }
+            | Stage::JobWatch { .. }
+            | Stage::Draining { .. }
+            | Stage::Finished
+            | Stage::Exited),
+            input,
+        ) => ignored(fx, st, &input),
     }
 }
 
