@@ -14,7 +14,7 @@
 #      exactly that patch and refuses others (with the agent's own pod-bound token); the GKE-shaped
 #      quota rule; Pod Security; `kubectl auth can-i --list` as the agent's ServiceAccount.
 #   5-6. Status and metrics through the API server; the pod watch across an API server restart.
-#   7. The Helm chart instead of the kustomize install: helm install, upgrade, uninstall, nothing left
+#   8. The Helm chart instead of the kustomize install: helm install, upgrade, uninstall, nothing left
 #      (scripts/cluster/test-helm.sh).
 #
 # Root and Go needed: skipped with a message outside CI, a failure in CI (CI=true).
@@ -344,6 +344,18 @@ if out="$(timeout 30 "$agent_bin" status --node "$NODE" 2>&1)" && [[ "$out" == *
 else
     fail "holdfast status --node $NODE: $out"
 fi
+# The agent removed the taint the node registered with, and says so on /status (HF0106's input).
+if out="$(timeout 30 "$agent_bin" status --node "$NODE" --json 2>&1)" && grep -q '"startup_taint": *"removed"' <<<"$out"; then
+    pass "the agent's /status says it removed the startup taint (startup_taint: removed)"
+else
+    fail "the agent's /status does not say startup_taint removed: $(grep -o '"startup_taint"[^,}]*' <<<"$out" || echo "$out" | head -3)"
+fi
+# `kubectl holdfast check` on this clean install: nothing found, exit 0.
+if out="$(timeout 60 "$agent_bin" check 2>&1)"; then
+    pass "holdfast check on the clean install: $(tail -1 <<<"$out")"
+else
+    fail "holdfast check on the clean install exited $?: $out"
+fi
 pod_ip="$(kubectl -n holdfast-system get pod "$pod" -o jsonpath='{.status.podIP}')"
 if metrics="$(curl -sf -m 5 "http://$pod_ip:15302/metrics")" && grep -q '^holdfast_process_resident_memory_bytes ' <<<"$metrics"; then
     pass "metrics scraped from the pod's IP ($pod_ip:15302): $(grep -c '^holdfast_' <<<"$metrics") holdfast_ samples"
@@ -413,7 +425,7 @@ refused "holdfast status -A -l with a malformed selector" "with -l" \
 kubectl delete namespace hf-noquota hf-baseline --wait=false >/dev/null
 
 # Last: the kustomize install replaced by the Helm chart, upgraded and uninstalled (it removes the agent).
-echo "== 7. the Helm chart: install, upgrade, uninstall"
+echo "== 8. the Helm chart: install, upgrade, uninstall"
 # shellcheck source=test-helm.sh
 source scripts/cluster/test-helm.sh
 echo "== $([[ $fails -eq 0 ]] && echo PASSED || echo "FAILED: $fails check(s)") in $(($(now_ms) - t0)) ms"
