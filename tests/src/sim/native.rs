@@ -90,6 +90,23 @@ impl CrashLoopBackOff {
     }
 }
 
+/// Where the kubelet probes a pod's proxy, by the pod's mesh, for both kubelet stand-ins (so they
+/// cannot drift): Istio's `/healthz/ready` on pilot-agent's 15021 (injection-template.yaml);
+/// Kuma's native sidecar (Unix-socket admin) `/ready` on kuma-dp's readiness port 9902
+/// (kumahq/kuma `containers/factory.go`).
+pub fn proxy_probe(v: &PodView) -> (std::net::SocketAddr, &'static str) {
+    match v.spec.mesh {
+        super::Mesh::Kuma(_) => (
+            std::net::SocketAddr::from((v.pod_ip, super::mesh::KUMA_READINESS_PORT)),
+            "/ready",
+        ),
+        _ => (
+            std::net::SocketAddr::from((v.pod_ip, super::istio_init::HEALTH_PORT)),
+            "/healthz/ready",
+        ),
+    }
+}
+
 /// A grace period in whole seconds, as the API has it (a fraction is rounded up).
 pub fn grace_secs(grace: Duration) -> u64 {
     grace.as_secs() + u64::from(grace.subsec_nanos() > 0)

@@ -38,10 +38,10 @@ impl CriPodWorker {
             return;
         }
         let target = ProbeTarget::default();
-        let addr = self
-            .view(|v| std::net::SocketAddr::from((v.pod_ip, crate::sim::istio_init::HEALTH_PORT)));
+        let (addr, path) = self.view(crate::sim::native::proxy_probe);
         let tx = self.tx.clone();
-        prober::spawn(
+        prober::spawn_path(
+            path,
             &self.name,
             None,
             addr,

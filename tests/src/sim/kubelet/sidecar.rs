@@ -32,18 +32,7 @@ impl PodWorker {
             return;
         };
         let target = ProbeTarget::default();
-        // Istio: `/healthz/ready` on 15021; Kuma (native, Unix-socket admin): `/ready` on
-        // kuma-dp's readiness port 9902 (containers/factory.go).
-        let (addr, path) = self.view(|v| match v.spec.mesh {
-            crate::sim::Mesh::Kuma(_) => (
-                std::net::SocketAddr::from((v.pod_ip, crate::sim::mesh::KUMA_READINESS_PORT)),
-                "/ready",
-            ),
-            _ => (
-                std::net::SocketAddr::from((v.pod_ip, crate::sim::istio_init::HEALTH_PORT)),
-                "/healthz/ready",
-            ),
-        });
+        let (addr, path) = self.view(crate::sim::native::proxy_probe);
         let tx = self.tx.clone();
         prober::spawn_path(
             path,
