@@ -397,5 +397,17 @@ n="$(grep -c '"tracking pod","pod":"default/hf-before"' <<<"$(agent_logs)" || tr
     fail "default/hf-before tracked $n times"
 
 kubectl delete namespace hf-noquota hf-baseline --wait=false >/dev/null
+
+echo "== 7. the promises side by side: the same pods without the agent (opted out) and with it"
+# tests/tests/cluster_promises.rs: Istio-shaped pods running the containerd backend's stand-ins
+# (istio-init, the pilot-agent stand-in with real Envoy, scripted apps) under the real kubelet,
+# Job controller and API server; it prints its figures and deletes its namespace, also on failure.
+t7=$(now_ms)
+if cargo test -q -p holdfast-tests --locked --test cluster_promises -- --nocapture 2>&1 |
+    tee "$STATE/logs/cluster-promises.log" | grep -v '^running \|^test result\|^$'; then
+    pass "the promise scenarios ($(($(now_ms) - t7)) ms with the test's build)"
+else
+    fail "the promise scenarios (tests/tests/cluster_promises.rs; log $STATE/logs/cluster-promises.log)"
+fi
 echo "== $([[ $fails -eq 0 ]] && echo PASSED || echo "FAILED: $fails check(s)") in $(($(now_ms) - t0)) ms"
 [[ $fails -eq 0 ]]
