@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use holdfast_tests::cluster::{
     container_status, skip_or_fail, wait, Files, Kube, MeshedPod, Namespace, Remote,
 };
+use holdfast_tests::sim::report::AppEvent;
 use holdfast_tests::sim::{AppReport, AppScript, CallError, Phase};
 use serde_json::{json, Value};
 
@@ -99,18 +100,6 @@ impl Env {
         a.extend_from_slice(flags);
         a.push("--wait=false");
         self.ns.run(&a).expect("kubectl delete");
-    }
-
-    /// Ms from `t0` until the pod object is gone (the kubelet confirmed every container ended).
-    fn gone_ms(&self, name: &str, t0: Instant, timeout: Duration) -> Option<u128> {
-        wait(timeout, name, || {
-            self.ns
-                .run(&["get", "pod", name, "--ignore-not-found", "-o", "name"])
-                .ok()
-                .filter(|o| o.trim().is_empty())
-                .map(|_| t0.elapsed().as_millis())
-        })
-        .ok()
     }
 }
 
@@ -375,8 +364,21 @@ fn jobs(env: &Env, c: &mut Checks) {
                     .and_then(|p| container_status(p, "app"))
                     .and_then(|s| s["restartCount"].as_i64())
                     .unwrap_or(0);
+                // From the app's own report (ms): its exit 42 to its next start.
+                let gap = r.events.iter().enumerate().find_map(|(i, e)| match e {
+                    AppEvent::Exit { at_ms, code: 42 } => {
+                        r.events[i..].iter().find_map(|n| match n {
+                            AppEvent::Start { at_ms: next, .. } => {
+                                Some(format!("{:.1}", (next - at_ms) as f64 / 1000.0))
+                            }
+                            _ => None,
+                        })
+                    }
+                    _ => None,
+                });
                 println!(
-                    "  {with}: the app's restartCount {restarts} (the kubelet's restart rule)"
+                    "  {with}: the app's restartCount {restarts} (the kubelet's restart rule), restarted {} s after its exit 42",
+                    gap.unwrap_or_else(|| "?".into())
                 );
                 c.check(
                     r.exit_codes() == vec![42, 0] && restarts == 1,
@@ -449,13 +451,26 @@ fn deletion(env: &Env, c: &mut Checks) {
     env.delete(&normal.map(|p| p.0), &[]);
     let t3 = Instant::now();
     env.delete(&short.map(|p| p.0), &["--grace-period=3"]);
-    let mut gone = std::collections::HashMap::new();
-    for (n, _, _) in normal {
-        gone.insert(n, env.gone_ms(n, t0, Duration::from_secs(60)));
-    }
-    for (n, _, _) in short {
-        gone.insert(n, env.gone_ms(n, t3, Duration::from_secs(30)));
-    }
+    // Every pod polled together: the time each is gone, from its own `kubectl delete`.
+    let mut gone: std::collections::HashMap<&str, Option<u128>> =
+        all.iter().map(|n| (*n, None)).collect();
+    let _ = wait(Duration::from_secs(60), "every deleted pod gone", || {
+        let left = env
+            .ns
+            .run(&["get", "pods", "-o", "name"])
+            .unwrap_or_default();
+        for n in &all {
+            if gone[n].is_none() && !left.lines().any(|l| l == format!("pod/{n}")) {
+                let since = if normal.iter().any(|p| p.0 == *n) {
+                    t0
+                } else {
+                    t3
+                };
+                gone.insert(n, Some(since.elapsed().as_millis()));
+            }
+        }
+        gone.values().all(Option::is_some).then_some(())
+    });
     let show = |n: &str, what: &str| {
         let r = env.report(n);
         let g = gone[n].map_or("not gone".into(), |ms| format!("{ms} ms"));
@@ -747,9 +762,9 @@ fn native_sidecars(env: &Env, c: &mut Checks) {
         );
     }
     env.check_control(c, with, without);
-    let before: Vec<u32> = [with, without]
+    let before: Vec<holdfast_tests::sim::CallCounts> = [with, without]
         .iter()
-        .map(|n| env.report(n).calls(Phase::Running).failed)
+        .map(|n| env.report(n).calls(Phase::Running))
         .collect();
     let t0 = Instant::now();
     for n in [with, without] {
@@ -777,15 +792,29 @@ fn native_sidecars(env: &Env, c: &mut Checks) {
     }
     std::thread::sleep(Duration::from_secs(2));
     for (i, n) in [with, without].into_iter().enumerate() {
+        if let Some(gap) = env
+            .ns
+            .get(&["pod", n])
+            .ok()
+            .and_then(|p| restart_gap_s(&p, "istio-proxy"))
+        {
+            println!("  {n}: the kubelet restarted the proxy {gap} s after its exit");
+        }
         let r = env.report(n);
         let all = r.calls(Phase::Running);
+        let since: Vec<String> = all
+            .by_error
+            .iter()
+            .map(|(e, k)| (e, k - before[i].by_error.get(e).copied().unwrap_or(0)))
+            .filter(|(_, k)| *k > 0)
+            .map(|(e, k)| format!("{k} {e:?}"))
+            .collect();
         println!(
-            "  {n}: proxy restarted and ready {} ms after the kill; calls since the kill: {} failed ({} refused, {} reset, {} timed out)",
+            "  {n}: proxy restarted and ready {} ms after the kill; the app's calls since the kill: {} ok, {} failed ({})",
             back[i].map_or("-".into(), |m| m.to_string()),
-            all.failed - before[i],
-            all.errors(CallError::ConnectionRefused),
-            all.errors(CallError::ConnectionReset),
-            all.errors(CallError::Timeout),
+            all.ok - before[i].ok,
+            all.failed - before[i].failed,
+            since.join(", "),
         );
     }
     c.check(
@@ -800,7 +829,19 @@ fn native_sidecars(env: &Env, c: &mut Checks) {
     let w = rw.calls(Phase::Running);
     c.check(
         w.errors(CallError::ConnectionRefused) == 0 && w.errors(CallError::Timeout) == 0,
-        "with holdfast no call is refused or times out while the proxy restarts (only the connections open at the crash may reset)",
+        "with holdfast no call is refused or times out while the proxy restarts (only the pooled connections open at the crash end)",
     );
     env.delete(&[with, without], &["--grace-period=1"]);
+}
+
+/// Seconds from a container's last exit to its restart, from the Pod status the kubelet wrote
+/// (`lastState.terminated.finishedAt` → the current run's `startedAt`; the API's times are whole
+/// seconds).
+fn restart_gap_s(pod: &Value, container: &str) -> Option<i64> {
+    let s = container_status(pod, container)?;
+    let t = |v: &Value| v.as_str()?.parse::<k8s_openapi::jiff::Timestamp>().ok();
+    let exited = t(&s["lastState"]["terminated"]["finishedAt"])?;
+    let started = t(&s["state"]["running"]["startedAt"])
+        .or_else(|| t(&s["state"]["terminated"]["startedAt"]))?;
+    Some(started.as_second() - exited.as_second())
 }
