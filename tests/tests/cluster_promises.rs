@@ -17,13 +17,16 @@
 //!    through each Service during `kubectl rollout restart`: failed requests, failed outbound
 //!    calls, the rollout's time;
 //! 5. native sidecars: the kubelet's own ordering at boot (startupProbe), then the proxy
-//!    container crashed (SIGKILL) while the app calls out: refused without, held with.
+//!    container crashed (SIGKILL) while the app calls out: refused without, held with;
+//! 6. the agent's own pod deleted mid-drain: the DaemonSet recreates it and the new agent adopts
+//!    the drain (the pod goes once its app is done, not after pilot-agent's 30 s).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use holdfast_tests::cluster::{
-    container_status, skip_or_fail, wait, Files, Kube, MeshedPod, Namespace, Remote,
+    container_status, skip_or_fail, wait, Files, Kube, MeshedPod, Namespace, Remote, AGENT_NS,
+    AGENT_SELECTOR,
 };
 use holdfast_tests::sim::report::AppEvent;
 use holdfast_tests::sim::{AppReport, AppScript, CallError, Phase};
@@ -166,6 +169,13 @@ fn promises_side_by_side_on_the_real_cluster() {
     let t = Instant::now();
     native_sidecars(&env, &mut c);
     println!("  (native sidecars: {} ms)", t.elapsed().as_millis());
+    // Last: it replaces the agent's pod.
+    let t = Instant::now();
+    agent_deleted_mid_drain(&env, &mut c);
+    println!(
+        "  (agent deleted mid-drain: {} ms)",
+        t.elapsed().as_millis()
+    );
 
     if !c.failed.is_empty() {
         let _ = env
@@ -844,4 +854,116 @@ fn restart_gap_s(pod: &Value, container: &str) -> Option<i64> {
     let started = t(&s["state"]["running"]["startedAt"])
         .or_else(|| t(&s["state"]["terminated"]["startedAt"]))?;
     Some(started.as_second() - exited.as_second())
+}
+
+/// 6. The agent's own pod deleted mid-drain: a deleted pod's app calls out for 10 s after
+///    SIGTERM, pilot-agent's drain is 30 s (the shipped mesh config); 1 s into the drain the
+///    agent's pod is deleted, the DaemonSet recreates it, and the new agent must adopt the drain:
+///    keep Envoy while the app calls, quit it once the app is done. Without the agent (the
+///    control, opted out) Envoy lives the whole 30 s drain.
+fn agent_deleted_mid_drain(env: &Env, c: &mut Checks) {
+    println!("== 6. the agent's own pod deleted mid-drain: the DaemonSet's new agent adopts it");
+    let pod = |name: &str, holdfast: bool| {
+        let mut p = MeshedPod::new(
+            name,
+            AppScript::CallThroughShutdown {
+                every: Duration::from_millis(100),
+                pool: 2,
+                after_sigterm: Duration::from_secs(10),
+            },
+            holdfast,
+        );
+        p.drain = Duration::from_secs(30);
+        p.restart_policy = "Always";
+        p
+    };
+    let (with, without) = ("adopt-with", "adopt-without");
+    env.apply_pod(&pod(with, true));
+    env.apply_pod(&pod(without, false));
+    let calling = wait(Duration::from_secs(60), "both apps calling", || {
+        [with, without]
+            .iter()
+            .all(|n| env.report(n).calls(Phase::Running).ok >= 3)
+            .then_some(())
+    });
+    c.check(calling.is_ok(), "both pods run, their apps call out");
+    env.check_control(c, with, without);
+    let agent_pods = |()| -> Vec<String> {
+        env.kube
+            .get(&["-n", AGENT_NS, "pods", "-l", AGENT_SELECTOR])
+            .ok()
+            .and_then(|v| v["items"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|p| p["metadata"]["name"].as_str().map(String::from))
+            .collect()
+    };
+    let old_agent = agent_pods(()).into_iter().next().expect("the agent's pod");
+
+    let t0 = Instant::now();
+    env.delete(&[with, without], &[]);
+    std::thread::sleep(Duration::from_secs(1));
+    env.kube
+        .run(&["-n", AGENT_NS, "delete", "pod", &old_agent, "--wait=false"])
+        .expect("delete the agent's pod");
+    let t_agent = t0.elapsed().as_millis();
+    let new_agent = wait(
+        Duration::from_secs(60),
+        "the DaemonSet's new agent Ready",
+        || {
+            env.kube.agent_ready().ok()?;
+            agent_pods(()).into_iter().find(|p| *p != old_agent)
+        },
+    );
+    let agent_back = t0.elapsed().as_millis();
+    let mut gone: std::collections::HashMap<&str, Option<u128>> =
+        [(with, None), (without, None)].into_iter().collect();
+    let _ = wait(Duration::from_secs(60), "both pods gone", || {
+        let left = env
+            .ns
+            .run(&["get", "pods", "-o", "name"])
+            .unwrap_or_default();
+        for n in [with, without] {
+            if gone[n].is_none() && !left.lines().any(|l| l == format!("pod/{n}")) {
+                gone.insert(n, Some(t0.elapsed().as_millis()));
+            }
+        }
+        gone.values().all(Option::is_some).then_some(())
+    });
+    println!(
+        "  the agent's pod {old_agent} deleted {t_agent} ms into the drain; {} Ready {agent_back} ms after the pods' deletion",
+        new_agent.as_deref().unwrap_or("no new agent")
+    );
+    for n in [with, without] {
+        let r = env.report(n);
+        println!(
+            "  {n}: calls after SIGTERM {}; deletion to pod gone {}",
+            calls_line(&r, Phase::AfterSigterm),
+            gone[n].map_or("not gone in 60 s".into(), |ms| format!("{ms} ms"))
+        );
+    }
+    c.check(
+        new_agent.is_ok(),
+        "the DaemonSet recreated the agent's pod, Ready",
+    );
+    let w = env.report(with).calls(Phase::AfterSigterm);
+    c.check(
+        w.failed == 0 && w.ok > 0,
+        "with holdfast 0 calls fail through the agent's restart",
+    );
+    let (gw, go) = (gone[with].unwrap_or(u128::MAX), gone[without].unwrap_or(0));
+    c.check(
+        gw < 20_000 && go >= 28_000,
+        "the new agent adopted the drain: the pod went once its app was done, not after the 30 s drain (the control's)",
+    );
+    // The new agent's own word (node-agent/src/lifecycle/drain/deletion.rs).
+    let log = env.kube.agent_log();
+    let quit = log.lines().find(|l| {
+        l.contains("app gone and nothing in flight: proxy quit")
+            && l.contains(&format!("\"pod\":\"{}/{with}\"", env.ns.name))
+    });
+    c.check(
+        quit.is_some(),
+        "the new agent's log: it quit the adopted pod's proxy once the app was gone",
+    );
 }
