@@ -17,7 +17,8 @@
 //!    through each Service during `kubectl rollout restart`: failed requests, failed outbound
 //!    calls, the rollout's time;
 //! 5. native sidecars: the kubelet's own ordering at boot (startupProbe), then the proxy
-//!    container crashed (SIGKILL) while the app calls out: refused without, held with;
+//!    container crashed (SIGKILL) while the app calls out: refused without, held with; then
+//!    deleted (the kubelet stops the sidecar after the app);
 //! 6. the agent's own pod deleted mid-drain: the DaemonSet recreates it and the new agent adopts
 //!    the drain (the pod goes once its app is done, not after pilot-agent's 30 s).
 
@@ -740,7 +741,7 @@ fn native_sidecars(env: &Env, c: &mut Checks) {
             AppScript::BootThenCall {
                 every: Duration::from_millis(200),
                 pool: 2,
-                after_sigterm: Duration::ZERO,
+                after_sigterm: Duration::from_secs(2),
             },
             holdfast,
         );
@@ -841,7 +842,45 @@ fn native_sidecars(env: &Env, c: &mut Checks) {
         w.errors(CallError::ConnectionRefused) == 0 && w.errors(CallError::Timeout) == 0,
         "with holdfast no call is refused or times out while the proxy restarts (only the pooled connections open at the crash end)",
     );
-    env.delete(&[with, without], &["--grace-period=1"]);
+    // Deletion: the kubelet's termination order (KEP-753: the app first, the sidecar once the app
+    // has exited). No preStop on this proxy: holdfast runs its full drain and ends it on
+    // evidence; without it pilot-agent drains its 5 s after the kubelet's SIGTERM.
+    let before: Vec<u32> = [with, without]
+        .iter()
+        .map(|n| env.report(n).calls(Phase::AfterSigterm).failed)
+        .collect();
+    let t0 = Instant::now();
+    env.delete(&[with, without], &[]);
+    let mut gone: std::collections::HashMap<&str, Option<u128>> =
+        [(with, None), (without, None)].into_iter().collect();
+    let _ = wait(Duration::from_secs(60), "both native pods gone", || {
+        let left = env
+            .ns
+            .run(&["get", "pods", "-o", "name"])
+            .unwrap_or_default();
+        for n in [with, without] {
+            if gone[n].is_none() && !left.lines().any(|l| l == format!("pod/{n}")) {
+                gone.insert(n, Some(t0.elapsed().as_millis()));
+            }
+        }
+        gone.values().all(Option::is_some).then_some(())
+    });
+    for (i, n) in [with, without].into_iter().enumerate() {
+        let r = env.report(n);
+        println!(
+            "  {n}: deleted, the app calling 2 s after SIGTERM: calls after SIGTERM {}; deletion to pod gone {}",
+            calls_line(&r, Phase::AfterSigterm),
+            gone[n].map_or("not gone in 60 s".into(), |ms| format!("{ms} ms"))
+        );
+        c.check(
+            r.calls(Phase::AfterSigterm).failed == before[i] && r.calls(Phase::AfterSigterm).ok > 0,
+            &format!("{n}: the kubelet stopped the sidecar after the app: no call failed during shutdown"),
+        );
+    }
+    c.check(
+        gone[with].unwrap_or(u128::MAX) <= gone[without].unwrap_or(0) + 500,
+        "native, deleted: with holdfast the pod goes no later than without (0.5 s slack)",
+    );
 }
 
 /// Seconds from a container's last exit to its restart, from the Pod status the kubelet wrote
