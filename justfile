@@ -148,6 +148,7 @@ cluster *args:
     scripts/cluster/cluster.sh {{ args }}
 
 # holdfast installed on the real cluster as a user installs it (`just image`, the README's `kubectl apply -k`),
-# every admission and RBAC check by the real API server (root; skips outside CI, fails in CI). docs/real-cluster.md.
+# every admission and RBAC check by the real API server, then its promises beside a control without it
+# (tests/tests/cluster_promises.rs) (root; skips outside CI, fails in CI). docs/real-cluster.md.
 test-cluster: setup filter
     scripts/cluster/test-install.sh

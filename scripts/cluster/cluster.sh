@@ -294,11 +294,18 @@ busybox_image() {
     [[ -x /bin/busybox ]] || die "/bin/busybox missing: apt-get install busybox-static (just setup)"
     cp /bin/busybox "$d/root/bin/busybox"
     for a in sh sleep cat ls echo id kill true wget nc date; do ln -s busybox "$d/root/bin/$a"; done
-    tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C "$d/root" -cf "$d/layer.tar" bin
+    # As tests/src/cri/image.rs lays out the containerd backend's base image, so the same pods run here
+    # (tests/tests/cluster_promises.rs): Debian's merged /usr (/lib, /lib64, /sbin point into /usr, which
+    # those pods get from the host as a read-only hostPath), a world-writable /tmp for the proxy's uid
+    # 1337, PATH in the image config.
+    mkdir -p "$d/root/etc" "$d/root/tmp" "$d/root/usr" "$d/root/run" "$d/root/var/run"
+    chmod 1777 "$d/root/tmp"
+    ln -s usr/lib "$d/root/lib" && ln -s usr/lib64 "$d/root/lib64" && ln -s usr/sbin "$d/root/sbin"
+    tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C "$d/root" -cf "$d/layer.tar" bin etc lib lib64 run sbin tmp usr var
     dl="$(sha256sum "$d/layer.tar" | cut -d' ' -f1)"
     sz_l="$(stat -c %s "$d/layer.tar")"
     mv "$d/layer.tar" "$d/oci/blobs/sha256/$dl"
-    cfg='{"architecture":"amd64","os":"linux","config":{"Cmd":["/bin/sleep","2147483647"]},"rootfs":{"type":"layers","diff_ids":["sha256:'"$dl"'"]}}'
+    cfg='{"architecture":"amd64","os":"linux","config":{"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],"Cmd":["/bin/sleep","2147483647"]},"rootfs":{"type":"layers","diff_ids":["sha256:'"$dl"'"]}}'
     printf '%s' "$cfg" >"$d/cfg"
     dc="$(sha256sum "$d/cfg" | cut -d' ' -f1)"
     sz_c="$(stat -c %s "$d/cfg")"

@@ -3,6 +3,7 @@
 pub mod agent;
 pub mod bench;
 pub mod bench_opts;
+pub mod cluster;
 pub mod cri;
 pub mod echo;
 pub mod envoy;

@@ -1,0 +1,593 @@
+//! The promise scenarios on the real cluster of `scripts/cluster/` (issue 38 item 4): pods written
+//! as Istio's injector writes them, run by the real kubelet, with the containerd backend's own
+//! commands (`sim-app istio-init`, the pilot-agent stand-in starting real Envoy as uid 1337, the
+//! scripted apps of [`crate::sim::spec::AppScript`]) and its host files given as `hostPath`
+//! volumes where the containerd backend gives them as bind mounts (`src/cri/kubelet.rs`,
+//! `mounts`). Objects are `serde_json` values applied with the cluster's own `kubectl`.
+//!
+//! Used by `tests/tests/cluster_promises.rs`, which `scripts/cluster/test-install.sh` runs once
+//! the agent is installed and Ready.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::sim::bootstrap::{IstioStatsMatcher, SidecarConfig, BOOTSTRAP_FILE};
+use crate::sim::istio_init::{ADMIN_PORT, HEALTH_PORT, STATUS_PORT};
+use crate::sim::reach;
+use crate::sim::{AppScript, IpFamilies, Mesh};
+
+/// The cluster's bridge gateway (scripts/cluster/cluster.sh `POD_GW`): the node as its pods reach
+/// it. The remote service the apps call listens here.
+pub const NODE_GW: [u8; 4] = [10, 213, 0, 1];
+/// The remote service's port (the simulated node's [`crate::sim::REMOTE_PORT`]).
+pub const REMOTE_PORT: u16 = crate::sim::REMOTE_PORT;
+/// The base image every container runs (scripts/cluster/cluster.sh `PAUSE_IMAGE`: busybox laid
+/// out as `src/cri/image.rs` lays out the containerd backend's base image).
+pub const IMAGE: &str = "localhost/holdfast/busybox:local";
+/// The agent's namespace and pods (manifests/agent/daemonset.yaml).
+pub const AGENT_NS: &str = "holdfast-system";
+pub const AGENT_SELECTOR: &str = "app.kubernetes.io/name=holdfast";
+
+/// Says why the scenarios cannot run: a skip outside CI, a failure with `CI=true`.
+pub fn skip_or_fail(test: &str, why: &str) {
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{test}: cannot run: {why} (CI=true)");
+    }
+    eprintln!("SKIPPED {test}: {why} (`just test-cluster` runs it on the real cluster)");
+}
+
+/// The cluster through its `kubectl` (from `eval "$(just cluster env)"`: KUBECONFIG and PATH).
+#[derive(Debug, Clone)]
+pub struct Kube {
+    kubectl: PathBuf,
+}
+
+impl Kube {
+    /// The cluster if one answers `/readyz` within 10 s, else why not.
+    pub fn reachable() -> Result<Kube, String> {
+        if std::env::var_os("KUBECONFIG").is_none() {
+            return Err("no KUBECONFIG (eval \"$(just cluster env)\")".into());
+        }
+        let kube = Kube {
+            kubectl: PathBuf::from("kubectl"),
+        };
+        kube.run(&["get", "--raw", "/readyz", "--request-timeout=10s"])
+            .map_err(|e| format!("no cluster answers: {e}"))?;
+        Ok(kube)
+    }
+
+    /// `kubectl ARGS`; its stdout, or its stderr as the error.
+    pub fn run(&self, args: &[&str]) -> Result<String, String> {
+        self.run_stdin(args, None)
+    }
+
+    fn run_stdin(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
+        let mut child = Command::new(&self.kubectl)
+            .args(args)
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot run kubectl: {e}"))?;
+        if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            pipe.write_all(text.as_bytes())
+                .map_err(|e| format!("kubectl stdin: {e}"))?;
+        }
+        let out = child
+            .wait_with_output()
+            .map_err(|e| format!("kubectl: {e}"))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(format!(
+                "kubectl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    }
+
+    /// `kubectl apply -f -` of one object.
+    pub fn apply(&self, obj: &Value) -> Result<(), String> {
+        self.run_stdin(&["apply", "-f", "-"], Some(&obj.to_string()))
+            .map(|_| ())
+    }
+
+    /// `kubectl get ARGS -o json`.
+    pub fn get(&self, args: &[&str]) -> Result<Value, String> {
+        let mut a = vec!["get"];
+        a.extend_from_slice(args);
+        a.extend(["-o", "json"]);
+        let text = self.run(&a)?;
+        serde_json::from_str(&text).map_err(|e| format!("kubectl get {}: {e}", args.join(" ")))
+    }
+
+    /// Whether the agent's DaemonSet has every pod ready.
+    pub fn agent_ready(&self) -> Result<(), String> {
+        let ds = self.get(&["-n", AGENT_NS, "daemonset", "holdfast-agent"])?;
+        let want = ds["status"]["desiredNumberScheduled"].as_i64().unwrap_or(0);
+        let ready = ds["status"]["numberReady"].as_i64().unwrap_or(0);
+        if want > 0 && ready == want {
+            Ok(())
+        } else {
+            Err(format!(
+                "the holdfast agent is not installed and Ready ({ready}/{want} pods)"
+            ))
+        }
+    }
+
+    /// The agent's log (every container of every agent pod, all lines, also of restarted ones).
+    pub fn agent_log(&self) -> String {
+        self.run(&[
+            "-n",
+            AGENT_NS,
+            "logs",
+            "-l",
+            AGENT_SELECTOR,
+            "--tail=-1",
+            "--prefix",
+        ])
+        .unwrap_or_default()
+    }
+
+    /// A namespace of the scenarios' own (Pod Security `privileged`: hostPath and NET_ADMIN, as
+    /// Istio without its CNI plugin needs), once its `default` ServiceAccount exists.
+    pub fn namespace(&self, name: &str) -> Result<Namespace, String> {
+        self.apply(&json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name, "labels": {
+                "pod-security.kubernetes.io/enforce": "privileged",
+                "holdfast.io/test": "cluster-promises",
+            }},
+        }))?;
+        let ns = Namespace {
+            kube: self.clone(),
+            name: name.to_string(),
+        };
+        // The ServiceAccount admission refuses pods until the controller-manager made it
+        // (docs/real-cluster.md, "What the real kubelet did differently").
+        wait(
+            Duration::from_secs(20),
+            "the default ServiceAccount",
+            || {
+                self.run(&["-n", name, "get", "serviceaccount", "default"])
+                    .ok()
+                    .map(|_| ())
+            },
+        )?;
+        Ok(ns)
+    }
+}
+
+/// A namespace deleted (with everything in it) when dropped, also when a scenario panics.
+pub struct Namespace {
+    pub kube: Kube,
+    pub name: String,
+}
+
+impl Namespace {
+    /// `kubectl -n NS ARGS`.
+    pub fn run(&self, args: &[&str]) -> Result<String, String> {
+        let mut a = vec!["-n", self.name.as_str()];
+        a.extend_from_slice(args);
+        self.kube.run(&a)
+    }
+
+    pub fn get(&self, args: &[&str]) -> Result<Value, String> {
+        let mut a = vec!["-n", self.name.as_str()];
+        a.extend_from_slice(args);
+        self.kube.get(&a)
+    }
+
+    pub fn apply(&self, obj: &Value) -> Result<(), String> {
+        self.kube.apply(obj)
+    }
+
+    /// The pods matching a label selector.
+    pub fn pods(&self, selector: &str) -> Vec<Value> {
+        self.get(&["pods", "-l", selector])
+            .ok()
+            .and_then(|v| v["items"].as_array().cloned())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Namespace {
+    fn drop(&mut self) {
+        // Grace 0: the scenarios are over; what matters is that nothing is left.
+        let _ = self.kube.run(&[
+            "delete",
+            "namespace",
+            &self.name,
+            "--wait=true",
+            "--timeout=90s",
+        ]);
+    }
+}
+
+/// Polls `f` every 200 ms until it gives a value, or `timeout`.
+pub fn wait<T>(
+    timeout: Duration,
+    what: &str,
+    mut f: impl FnMut() -> Option<T>,
+) -> Result<T, String> {
+    let until = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Ok(v);
+        }
+        if Instant::now() >= until {
+            return Err(format!("{what}: not within {timeout:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The host files the pods run and read, at paths every pod uid reaches ([`reach`]), and a work
+/// directory (Envoy's bootstrap, the apps' reports) removed when dropped.
+pub struct Files {
+    pub sim_app: PathBuf,
+    pub envoy: PathBuf,
+    pub filter: Option<PathBuf>,
+    pub work: PathBuf,
+}
+
+impl Files {
+    pub fn stage(sim_app: &Path, run: &str) -> Result<Files, String> {
+        let envoy = crate::envoy::envoy_binary().map_err(|e| e.to_string())?;
+        let filter = crate::envoy::filter_wasm().ok();
+        let root = PathBuf::from("/var/lib/holdfast-tests/cluster");
+        let work = root.join(run);
+        for d in [&root, &work] {
+            std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+            set_mode(d, 0o755)?;
+        }
+        let staged = reach::pod_files(sim_app, &envoy, filter.as_deref(), &work)
+            .map_err(|e| e.to_string())?;
+        Ok(Files {
+            sim_app: staged.sim_app,
+            envoy: staged.envoy,
+            filter: staged.filter,
+            work,
+        })
+    }
+
+    /// A directory of the work dir, every uid may read it (the proxy's 1337).
+    pub fn dir(&self, name: &str) -> Result<PathBuf, String> {
+        let d = self.work.join(name);
+        std::fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
+        set_mode(&d, 0o755)?;
+        Ok(d)
+    }
+
+    /// Writes an Istio sidecar's Envoy configuration (src/sim/bootstrap.rs, as the simulated
+    /// node's pods get it) into a directory of its own; returns that directory.
+    pub fn sidecar_config(&self, name: &str, health: bool) -> Result<PathBuf, String> {
+        let dir = self.dir(&format!("envoy-{name}"))?;
+        let stats = IstioStatsMatcher::shipped(false).map_err(|e| e.to_string())?;
+        let cfg = SidecarConfig {
+            // pilot-agent names the node from the pod's IP, unknown before the pod runs; Envoy
+            // does not read it.
+            node_id: format!("sidecar~0.0.0.0~{name}.promises~promises.svc.cluster.local"),
+            node_cluster: format!("{name}.promises"),
+            filter: self.filter.clone(),
+            filter_config: String::new(),
+            families: IpFamilies::V4,
+            stats_matcher: Some(stats),
+            health_listener: health,
+            mesh: Mesh::Istio,
+            admin_ip: None,
+            xds: None,
+        };
+        cfg.write(&dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
+        Ok(dir)
+    }
+}
+
+impl Drop for Files {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.work);
+    }
+}
+
+fn set_mode(p: &Path, mode: u32) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| format!("chmod {}: {e}", p.display()))
+}
+
+/// The remote services (`sim-app remote`) on the node's bridge address, killed when dropped.
+pub struct Remote {
+    child: Child,
+    pub addr: SocketAddr,
+}
+
+impl Remote {
+    pub fn start(sim_app: &Path) -> Result<Remote, String> {
+        let addr = SocketAddr::from((NODE_GW, REMOTE_PORT));
+        let mut child = Command::new(sim_app)
+            .args(["remote", "--listen", &addr.to_string(), "--ipv4-only"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("sim-app remote: {e}"))?;
+        let mut line = String::new();
+        let out = child.stdout.take().ok_or("no stdout")?;
+        let mut out = BufReader::new(out);
+        let _ = out.read_line(&mut line);
+        if !line.contains("ready") {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("sim-app remote on {addr} did not start: {line:?}"));
+        }
+        // Keep reading (and dropping) what it prints, so it never blocks on a full pipe.
+        std::thread::spawn(move || for _ in out.lines() {});
+        Ok(Remote { child, addr })
+    }
+}
+
+impl Drop for Remote {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// How the proxy container is injected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sidecar {
+    /// `istio-proxy` a regular container after the app (Istio's default).
+    Classic,
+    /// `istio-proxy` an init container with `restartPolicy: Always` and Istio's startupProbe
+    /// (`values.pilot.env.ENABLE_NATIVE_SIDECARS`).
+    Native,
+}
+
+/// One meshed pod template, as Istio's injector leaves it, running the stand-ins.
+#[derive(Debug, Clone)]
+pub struct MeshedPod {
+    pub name: String,
+    pub app: AppScript,
+    pub call_timeout: Duration,
+    /// The pilot-agent stand-in starts Envoy this late (the xDS wait).
+    pub proxy_delay: Duration,
+    /// pilot-agent's `terminationDrainDuration`.
+    pub drain: Duration,
+    pub grace_s: i64,
+    /// `false`: the opt-out annotation `holdfast.io/enabled: "false"` (the control).
+    pub holdfast: bool,
+    pub restart_policy: &'static str,
+    /// KEP-5307 container restart rules on the app: restart it in place on these exit codes.
+    pub app_restart_on: Vec<i32>,
+    pub sidecar: Sidecar,
+    /// The app serves inbound `ping` on this port.
+    pub serve: Option<u16>,
+    /// Istio's startup and readiness probes on the proxy (`/healthz/ready` on 15021) for a
+    /// classic sidecar too (the injection template renders them for both); a native one always
+    /// has them.
+    pub proxy_probes: bool,
+    pub labels: Vec<(String, String)>,
+}
+
+impl MeshedPod {
+    pub fn new(name: &str, app: AppScript, holdfast: bool) -> MeshedPod {
+        MeshedPod {
+            name: name.to_string(),
+            app,
+            call_timeout: Duration::from_secs(10),
+            proxy_delay: Duration::ZERO,
+            drain: Duration::from_secs(5),
+            grace_s: 30,
+            holdfast,
+            restart_policy: "Never",
+            app_restart_on: Vec::new(),
+            sidecar: Sidecar::Classic,
+            serve: None,
+            proxy_probes: false,
+            labels: Vec::new(),
+        }
+    }
+
+    /// The report the app writes (per pod: `reports` is mounted with `subPathExpr: $(POD_NAME)`,
+    /// so the replicas of a Deployment each get theirs).
+    pub fn report(files: &Files, pod_name: &str) -> PathBuf {
+        files
+            .work
+            .join("reports")
+            .join(pod_name)
+            .join("app-report.jsonl")
+    }
+
+    /// The pod template (metadata and spec).
+    pub fn template(&self, files: &Files, remote: SocketAddr) -> Result<Value, String> {
+        let probed = self.proxy_probes || self.sidecar == Sidecar::Native;
+        let config = files.sidecar_config(&self.name, probed)?;
+        let reports = files.dir("reports")?;
+        let report_in = PathBuf::from("/var/run/holdfast-report");
+        let path = |p: &Path| p.to_string_lossy().into_owned();
+        let sim_app = path(&files.sim_app);
+
+        let mut app_args = self
+            .app
+            .args(&report_in.join("app-report.jsonl"), remote, self.serve);
+        app_args.extend([
+            "--call-timeout-ms".into(),
+            self.call_timeout.as_millis().to_string(),
+        ]);
+        // The pilot-agent stand-in as the simulated node runs it (src/sim/kubelet.rs
+        // `proxy_args_of`, Istio).
+        let mut proxy_args = vec![
+            "pilot-agent".to_string(),
+            "--envoy".into(),
+            path(&files.envoy),
+            "--bootstrap".into(),
+            path(&config.join(BOOTSTRAP_FILE)),
+            "--start-delay-ms".into(),
+            self.proxy_delay.as_millis().to_string(),
+            "--drain-ms".into(),
+            self.drain.as_millis().to_string(),
+            "--envoy-drain-time-s".into(),
+            "45".into(),
+            "--concurrency".into(),
+            "2".into(),
+            "--admin".into(),
+            format!("127.0.0.1:{ADMIN_PORT}"),
+        ];
+        if probed {
+            proxy_args.extend(["--status-port".into(), STATUS_PORT.to_string()]);
+        }
+
+        // The host paths every container gets, read-only at the same path (src/cri/kubelet.rs
+        // `mounts`), the Envoy config read-only, the report directory per pod.
+        let mut ro: Vec<(String, PathBuf, &str)> = vec![
+            ("host-usr".into(), "/usr".into(), "Directory"),
+            (
+                "host-alternatives".into(),
+                "/etc/alternatives".into(),
+                "Directory",
+            ),
+            ("sim-app".into(), files.sim_app.clone(), "File"),
+            ("envoy".into(), files.envoy.clone(), "File"),
+            ("envoy-config".into(), config.clone(), "Directory"),
+        ];
+        if let Some(f) = &files.filter {
+            ro.push(("filter".into(), f.clone(), "File"));
+        }
+        let mut volumes: Vec<Value> = ro
+            .iter()
+            .map(|(n, p, t)| json!({"name": n, "hostPath": {"path": path(p), "type": t}}))
+            .collect();
+        volumes.push(
+            json!({"name": "reports", "hostPath": {"path": path(&reports), "type": "Directory"}}),
+        );
+        let mut mounts: Vec<Value> = ro
+            .iter()
+            .map(|(n, p, _)| json!({"name": n, "mountPath": path(p), "readOnly": true}))
+            .collect();
+        let app_mounts = {
+            let mut m = mounts.clone();
+            m.push(json!({"name": "reports", "mountPath": path(&report_in), "subPathExpr": "$(POD_NAME)"}));
+            m
+        };
+        mounts.truncate(ro.len());
+
+        // Istio 1.28's injection template (src/sim/pod_object.rs `init_specs`, `proxy_spec`):
+        // istio-init root with NET_ADMIN and NET_RAW only; the proxy as uid 1337.
+        let init = json!({
+            "name": "istio-init",
+            "image": IMAGE, "imagePullPolicy": "Never",
+            "command": [sim_app],
+            "args": ["istio-init", "--min-duration-ms", "150"],
+            "securityContext": {
+                "runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": false,
+                "allowPrivilegeEscalation": false, "privileged": false,
+                "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN", "NET_RAW"]},
+            },
+            "volumeMounts": mounts,
+        });
+        let probe = |period: i64, failures: i64| {
+            json!({"httpGet": {"path": "/healthz/ready", "port": HEALTH_PORT},
+                   "periodSeconds": period, "timeoutSeconds": 3, "failureThreshold": failures})
+        };
+        let mut proxy = json!({
+            "name": "istio-proxy",
+            "image": IMAGE, "imagePullPolicy": "Never",
+            "command": [sim_app],
+            "args": proxy_args,
+            "ports": [{"containerPort": 15090, "name": "http-envoy-prom", "protocol": "TCP"}],
+            "securityContext": {"runAsUser": 1337, "runAsGroup": 1337},
+            "volumeMounts": mounts,
+        });
+        if probed {
+            proxy["startupProbe"] = probe(1, 600);
+            proxy["readinessProbe"] = probe(15, 4);
+        }
+        if self.sidecar == Sidecar::Native {
+            proxy["restartPolicy"] = json!("Always");
+        }
+        let mut app = json!({
+            "name": "app",
+            "image": IMAGE, "imagePullPolicy": "Never",
+            "command": [sim_app],
+            "args": app_args,
+            "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+            "volumeMounts": app_mounts,
+        });
+        if let Some(port) = self.serve {
+            app["ports"] = json!([{"containerPort": port, "name": "ping", "protocol": "TCP"}]);
+        }
+        if !self.app_restart_on.is_empty() {
+            // KEP-5307 (k8s.io/api v0.35 core/v1 types.go `ContainerRestartRule`): a regular
+            // container's own restartPolicy and rules; beta and on by default in 1.35
+            // (feature gate ContainerRestartRules).
+            app["restartPolicy"] = json!("Never");
+            app["restartPolicyRules"] = json!([{
+                "action": "Restart",
+                "exitCodes": {"operator": "In", "values": self.app_restart_on},
+            }]);
+        }
+        let (inits, containers) = match self.sidecar {
+            Sidecar::Classic => (vec![init], vec![app, proxy]),
+            // reorderPod with a native sidecar: istio-init, then the proxy, then the rest.
+            Sidecar::Native => (vec![init, proxy], vec![app]),
+        };
+        let status = match self.sidecar {
+            Sidecar::Classic => {
+                r#"{"initContainers":["istio-init"],"containers":["istio-proxy"],"volumes":[],"imagePullSecrets":null,"revision":"default"}"#
+            }
+            Sidecar::Native => {
+                r#"{"initContainers":["istio-init","istio-proxy"],"containers":null,"volumes":[],"imagePullSecrets":null,"revision":"default"}"#
+            }
+        };
+        let mut annotations = serde_json::Map::new();
+        annotations.insert("sidecar.istio.io/status".into(), json!(status));
+        if !self.holdfast {
+            annotations.insert(holdfast::config::ANNOTATION_ENABLED.into(), json!("false"));
+        }
+        let mut labels = serde_json::Map::new();
+        labels.insert("app".into(), json!(self.name));
+        labels.insert("security.istio.io/tlsMode".into(), json!("istio"));
+        for (k, v) in &self.labels {
+            labels.insert(k.clone(), json!(v));
+        }
+        Ok(json!({
+            "metadata": {"labels": labels, "annotations": annotations},
+            "spec": {
+                "restartPolicy": self.restart_policy,
+                "terminationGracePeriodSeconds": self.grace_s,
+                "automountServiceAccountToken": false,
+                "enableServiceLinks": false,
+                "initContainers": inits,
+                "containers": containers,
+                "volumes": volumes,
+            },
+        }))
+    }
+
+    /// A bare Pod of this template.
+    pub fn pod(&self, ns: &str, files: &Files, remote: SocketAddr) -> Result<Value, String> {
+        let mut t = self.template(files, remote)?;
+        t["metadata"]["name"] = json!(self.name);
+        t["metadata"]["namespace"] = json!(ns);
+        Ok(json!({"apiVersion": "v1", "kind": "Pod", "metadata": t["metadata"], "spec": t["spec"]}))
+    }
+}
+
+/// A container's status by name (regular or init), from a Pod object.
+pub fn container_status<'a>(pod: &'a Value, name: &str) -> Option<&'a Value> {
+    ["containerStatuses", "initContainerStatuses"]
+        .iter()
+        .filter_map(|k| pod["status"][k].as_array())
+        .flatten()
+        .find(|c| c["name"] == name)
+}
