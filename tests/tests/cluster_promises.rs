@@ -245,6 +245,34 @@ fn startup(env: &Env, c: &mut Checks) {
         "with holdfast every boot call succeeds, 0 refused",
     );
     env.check_control(c, with, without);
+    // Issue 38 item 3: the agent's Event, posted through the real API server (events.k8s.io/v1,
+    // node-agent/src/report/events.rs), as `kubectl get events` lists it; none for the control.
+    let reasons = |pod: &str| -> Vec<String> {
+        let selector = format!("involvedObject.name={pod}");
+        env.ns
+            .get(&["events", "--field-selector", &selector])
+            .map(|list| {
+                list["items"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|e| e["reportingComponent"] == "holdfast")
+                    .filter_map(|e| e["reason"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let released = wait(Duration::from_secs(20), with, || {
+        reasons(with).iter().any(|r| r == "HoldReleased").then_some(())
+    });
+    c.check(
+        released.is_ok(),
+        &format!("kubectl get events: the agent's HoldReleased on {with} ({:?})", reasons(with)),
+    );
+    c.check(
+        reasons(without).is_empty(),
+        &format!("no holdfast Event on the control {without}"),
+    );
     env.delete(&[with, without], &["--grace-period=1"]);
 }
 
