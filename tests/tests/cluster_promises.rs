@@ -263,11 +263,17 @@ fn startup(env: &Env, c: &mut Checks) {
             .unwrap_or_default()
     };
     let released = wait(Duration::from_secs(20), with, || {
-        reasons(with).iter().any(|r| r == "HoldReleased").then_some(())
+        reasons(with)
+            .iter()
+            .any(|r| r == "HoldReleased")
+            .then_some(())
     });
     c.check(
         released.is_ok(),
-        &format!("kubectl get events: the agent's HoldReleased on {with} ({:?})", reasons(with)),
+        &format!(
+            "kubectl get events: the agent's HoldReleased on {with} ({:?})",
+            reasons(with)
+        ),
     );
     c.check(
         reasons(without).is_empty(),

@@ -1,5 +1,5 @@
 //! The pace of one pod's readiness checks, and the node-wide window that bounds the fast ones:
-//! the driver asks [`Pacing::pace`] when a check the machine wants at some moment is made.
+//! the driver asks `Pacing::pace` when a check the machine wants at some moment is made.
 //! Moved out of `driver.rs` (issue 40 item 4), unchanged.
 
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -21,13 +21,13 @@ pub struct PodReads<'a> {
 /// The pod's switches its mesh's settings turn on (all off for a mesh without them).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PodSwitches {
-    /// The mesh redirects the pod's DNS to its DNS proxy ([`MeshProfile::dns_port`]): DNS is
+    /// The mesh redirects the pod's DNS to its DNS proxy ([`super::MeshProfile::dns_port`]): DNS is
     /// held too.
     pub dns_capture: bool,
     /// The mesh's agent ends Envoy on its own once no listener has an active connection.
     pub exit_on_zero: bool,
     /// The mesh's dual-stack switch: an IPv6-first pod's admin binds `::1`
-    /// ([`MeshProfile::admin_follows_pod_ips`]).
+    /// ([`super::MeshProfile::admin_follows_pod_ips`]).
     pub dual_stack: bool,
 }
 
