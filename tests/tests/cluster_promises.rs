@@ -119,7 +119,10 @@ fn calls_line(r: &AppReport, phase: Phase) -> String {
     )
 }
 
+/// Needs the real cluster with the agent installed: `just test-cluster` (scripts/cluster/
+/// test-install.sh step 7) runs it with `--ignored`; `cargo test` alone passes it by.
 #[test]
+#[ignore = "needs the real cluster with the agent installed: just test-cluster runs it"]
 fn promises_side_by_side_on_the_real_cluster() {
     if !nix::unistd::geteuid().is_root() {
         skip_or_fail(
