@@ -73,15 +73,18 @@ fn cap_per_container<T>(items: &mut Vec<T>, cap: usize, key: impl Fn(&T) -> (i32
         return;
     }
     items.sort_unstable_by_key(|t| key(t).0);
-    let mut seen: HashMap<Option<String>, usize> = HashMap::new();
-    let ranks: Vec<usize> = items
-        .iter()
-        .map(|t| {
-            let n = seen.entry(key(t).1.map(str::to_owned)).or_default();
-            *n += 1;
-            *n
-        })
-        .collect();
+    // Borrowed container ids: a look at a pod over the cap allocates one map, no strings.
+    let ranks: Vec<usize> = {
+        let mut seen: HashMap<Option<&str>, usize> = HashMap::new();
+        items
+            .iter()
+            .map(|t| {
+                let n = seen.entry(key(t).1).or_default();
+                *n += 1;
+                *n
+            })
+            .collect()
+    };
     let mut ranked: Vec<(usize, T)> = ranks.into_iter().zip(items.drain(..)).collect();
     // Stable: within a rank, pid order stays.
     ranked.sort_by_key(|(rank, _)| *rank);
