@@ -14,6 +14,9 @@
 #      exactly that patch and refuses others (with the agent's own pod-bound token); the GKE-shaped
 #      quota rule; Pod Security; `kubectl auth can-i --list` as the agent's ServiceAccount.
 #   5-6. Status and metrics through the API server; the pod watch across an API server restart.
+#   7. The promises side by side (tests/tests/cluster_promises.rs), each scenario with its control.
+#   7b. The Kuma install (`kubectl apply -k manifests/kuma/`, CAP_KILL and CAP_DAC_OVERRIDE added):
+#      the Kuma and Consul scenario again, then back to the default install.
 #   8. The Helm chart instead of the kustomize install: helm install, upgrade, uninstall, nothing left
 #      (scripts/cluster/test-helm.sh).
 #
@@ -439,6 +442,65 @@ if cargo test -q -p holdfast-tests --locked --test cluster_promises -- --ignored
 else
     fail "the promise scenarios (tests/tests/cluster_promises.rs; log $STATE/logs/cluster-promises.log)"
 fi
+
+echo "== 7b. the Kuma install (manifests/kuma/: CAP_KILL, CAP_DAC_OVERRIDE), Kuma and Consul pods again"
+# The same images, pinned the same way, over manifests/kuma instead of manifests/; the filter's
+# MeshProxyPatch needs Kuma's CRD.
+# STAND-IN: Kuma's MeshProxyPatch CRD (the real one: kumahq/kuma deployments/charts/kuma/crds/
+# kuma.io_meshproxypatches.yaml), reduced to a schema that keeps any field, in kuma-system as a
+# Kuma install makes it. Nothing reads the MeshProxyPatch here (there is no Kuma control plane).
+t7b=$(now_ms)
+mkdir -p "$STATE/install-kuma"
+kuma_base="$(realpath --relative-to="$STATE/install-kuma" "$PWD/manifests/kuma")"
+{
+    echo "apiVersion: kustomize.config.k8s.io/v1beta1"
+    echo "kind: Kustomization"
+    echo "resources:"
+    echo "- $kuma_base"
+    # The overlay's `images:` pin (the lines from `images:` up to the next top-level key).
+    awk '/^images:/ {on = 1; print; next} on && /^[a-z]/ {exit} on {print}' "$STATE/install/kustomization.yaml"
+} >"$STATE/install-kuma/kustomization.yaml"
+kubectl create namespace kuma-system >/dev/null
+kubectl apply -f - >/dev/null <<'EOF'
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: meshproxypatches.kuma.io}
+spec:
+  group: kuma.io
+  names: {kind: MeshProxyPatch, listKind: MeshProxyPatchList, plural: meshproxypatches, singular: meshproxypatch}
+  scope: Namespaced
+  versions:
+  - name: v1alpha1
+    served: true
+    storage: true
+    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+EOF
+kubectl wait --for condition=Established crd/meshproxypatches.kuma.io --timeout=30s >/dev/null
+if kubectl apply -k "$STATE/install-kuma" >/dev/null &&
+    kubectl -n holdfast-system rollout status ds/holdfast-agent --timeout=180s >/dev/null; then
+    caps="$(kubectl -n holdfast-system get ds holdfast-agent -o jsonpath='{.spec.template.spec.containers[0].securityContext.capabilities.add}')"
+    if [[ "$caps" == *KILL* && "$caps" == *DAC_OVERRIDE* ]]; then
+        pass "the Kuma install rolled out with capabilities $caps"
+    else
+        fail "the Kuma install's DaemonSet lacks KILL or DAC_OVERRIDE: $caps"
+    fi
+    if HOLDFAST_PROMISES_ONLY=kuma_and_consul HOLDFAST_PROMISES_INSTALL=kuma \
+        cargo test -q -p holdfast-tests --locked --test cluster_promises -- --ignored --nocapture 2>&1 |
+        tee "$STATE/logs/cluster-promises-kuma.log" | grep -v '^running \|^test result\|^$\|not run (HOLDFAST'; then
+        pass "Kuma and Consul pods under the Kuma install ($(($(now_ms) - t7b)) ms)"
+    else
+        fail "Kuma and Consul pods under the Kuma install (log $STATE/logs/cluster-promises-kuma.log)"
+    fi
+else
+    fail "kubectl apply -k of the Kuma install did not roll out in 180 s"
+fi
+# Back to the default install for step 8 (which deletes it), and nothing of Kuma's left.
+kubectl apply -k "$STATE/install" >/dev/null
+kubectl -n holdfast-system rollout status ds/holdfast-agent --timeout=180s >/dev/null ||
+    fail "the default install did not roll out again after the Kuma install"
+kubectl -n kuma-system delete meshproxypatch --all >/dev/null
+kubectl delete crd meshproxypatches.kuma.io >/dev/null
+kubectl delete namespace kuma-system --wait=false >/dev/null
 
 # Last: the kustomize install replaced by the Helm chart, upgraded and uninstalled (it removes the agent).
 echo "== 8. the Helm chart: install, upgrade, uninstall"

@@ -271,9 +271,14 @@ impl Files {
 
     /// Writes an Istio sidecar's Envoy configuration (src/sim/bootstrap.rs, as the simulated
     /// node's pods get it) into a directory of its own; returns that directory.
-    pub fn sidecar_config(&self, name: &str, health: bool) -> Result<PathBuf, String> {
+    pub fn sidecar_config(&self, name: &str, health: bool, mesh: Mesh) -> Result<PathBuf, String> {
         let dir = self.dir(&format!("envoy-{name}"))?;
-        let stats = IstioStatsMatcher::shipped(false).map_err(|e| e.to_string())?;
+        // Istio's stats matcher is Istio's: Kuma's and Consul's bootstraps keep every stat (as
+        // the simulated node writes them, src/sim/kubelet.rs `write_sidecar_config`).
+        let stats = match mesh {
+            Mesh::Istio => Some(IstioStatsMatcher::shipped(false).map_err(|e| e.to_string())?),
+            _ => None,
+        };
         let cfg = SidecarConfig {
             // pilot-agent names the node from the pod's IP, unknown before the pod runs; Envoy
             // does not read it.
@@ -282,9 +287,9 @@ impl Files {
             filter: self.filter.clone(),
             filter_config: String::new(),
             families: IpFamilies::V4,
-            stats_matcher: Some(stats),
+            stats_matcher: stats,
             health_listener: health,
-            mesh: Mesh::Istio,
+            mesh,
             admin_ip: None,
             xds: None,
         };
@@ -343,6 +348,18 @@ impl Drop for Remote {
     }
 }
 
+/// What every mesh's pod template shares ([`MeshedPod::parts`]).
+struct Parts {
+    sim_app: String,
+    /// The pod's Envoy config directory (bootstrap and LDS/CDS files).
+    config: PathBuf,
+    volumes: Vec<Value>,
+    /// The read-only host paths, as every container mounts them.
+    mounts: Vec<Value>,
+    /// The app container.
+    app: Value,
+}
+
 /// How the proxy container is injected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sidecar {
@@ -377,6 +394,9 @@ pub struct MeshedPod {
     /// has them.
     pub proxy_probes: bool,
     pub labels: Vec<(String, String)>,
+    /// The mesh whose injector shaped the pod: Istio (default), or Kuma and Consul as their
+    /// default installs inject them ([`MeshedPod::other_mesh_template`]).
+    pub mesh: Mesh,
 }
 
 impl MeshedPod {
@@ -395,6 +415,7 @@ impl MeshedPod {
             serve: None,
             proxy_probes: false,
             labels: Vec::new(),
+            mesh: Mesh::Istio,
         }
     }
 
@@ -410,20 +431,18 @@ impl MeshedPod {
 
     /// The pod template (metadata and spec).
     pub fn template(&self, files: &Files, remote: SocketAddr) -> Result<Value, String> {
+        if self.mesh != Mesh::Istio {
+            return self.other_mesh_template(files, remote);
+        }
         let probed = self.proxy_probes || self.sidecar == Sidecar::Native;
-        let config = files.sidecar_config(&self.name, probed)?;
-        let reports = files.dir("reports")?;
-        let report_in = PathBuf::from("/var/run/holdfast-report");
+        let Parts {
+            sim_app,
+            config,
+            volumes,
+            mounts,
+            app,
+        } = self.parts(files, remote, probed)?;
         let path = |p: &Path| p.to_string_lossy().into_owned();
-        let sim_app = path(&files.sim_app);
-
-        let mut app_args = self
-            .app
-            .args(&report_in.join("app-report.jsonl"), remote, self.serve);
-        app_args.extend([
-            "--call-timeout-ms".into(),
-            self.call_timeout.as_millis().to_string(),
-        ]);
         // The pilot-agent stand-in as the simulated node runs it (src/sim/kubelet.rs
         // `proxy_args_of`, Istio).
         let mut proxy_args = vec![
@@ -446,40 +465,6 @@ impl MeshedPod {
         if probed {
             proxy_args.extend(["--status-port".into(), STATUS_PORT.to_string()]);
         }
-
-        // The host paths every container gets, read-only at the same path (src/cri/kubelet.rs
-        // `mounts`), the Envoy config read-only, the report directory per pod.
-        let mut ro: Vec<(String, PathBuf, &str)> = vec![
-            ("host-usr".into(), "/usr".into(), "Directory"),
-            (
-                "host-alternatives".into(),
-                "/etc/alternatives".into(),
-                "Directory",
-            ),
-            ("sim-app".into(), files.sim_app.clone(), "File"),
-            ("envoy".into(), files.envoy.clone(), "File"),
-            ("envoy-config".into(), config.clone(), "Directory"),
-        ];
-        if let Some(f) = &files.filter {
-            ro.push(("filter".into(), f.clone(), "File"));
-        }
-        let mut volumes: Vec<Value> = ro
-            .iter()
-            .map(|(n, p, t)| json!({"name": n, "hostPath": {"path": path(p), "type": t}}))
-            .collect();
-        volumes.push(
-            json!({"name": "reports", "hostPath": {"path": path(&reports), "type": "Directory"}}),
-        );
-        let mut mounts: Vec<Value> = ro
-            .iter()
-            .map(|(n, p, _)| json!({"name": n, "mountPath": path(p), "readOnly": true}))
-            .collect();
-        let app_mounts = {
-            let mut m = mounts.clone();
-            m.push(json!({"name": "reports", "mountPath": path(&report_in), "subPathExpr": "$(POD_NAME)"}));
-            m
-        };
-        mounts.truncate(ro.len());
 
         // Istio 1.28's injection template (src/sim/pod_object.rs `init_specs`, `proxy_spec`):
         // istio-init root with NET_ADMIN and NET_RAW only; the proxy as uid 1337.
@@ -515,6 +500,217 @@ impl MeshedPod {
         if self.sidecar == Sidecar::Native {
             proxy["restartPolicy"] = json!("Always");
         }
+        let (inits, containers) = match self.sidecar {
+            Sidecar::Classic => (vec![init], vec![app, proxy]),
+            // reorderPod with a native sidecar: istio-init, then the proxy, then the rest.
+            Sidecar::Native => (vec![init, proxy], vec![app]),
+        };
+        let status = match self.sidecar {
+            Sidecar::Classic => {
+                r#"{"initContainers":["istio-init"],"containers":["istio-proxy"],"volumes":[],"imagePullSecrets":null,"revision":"default"}"#
+            }
+            Sidecar::Native => {
+                r#"{"initContainers":["istio-init","istio-proxy"],"containers":null,"volumes":[],"imagePullSecrets":null,"revision":"default"}"#
+            }
+        };
+        let annotations = vec![("sidecar.istio.io/status".to_string(), status.to_string())];
+        let labels = vec![("security.istio.io/tlsMode".to_string(), "istio".to_string())];
+        Ok(self.finish(annotations, labels, inits, containers, volumes))
+    }
+
+    /// A Kuma or Consul pod as its injector writes it: the containers, annotations and labels
+    /// of the simulated node's shapes (src/sim/mesh.rs `init_container`, `proxy_container`,
+    /// `injected_metadata`, each citing its injector's source), with the containerd backend's
+    /// commands (src/sim/kubelet.rs `proxy_args_of`): `sim-app mesh-init` for the init step,
+    /// the kuma-dp or consul-dataplane stand-in for the proxy. The proxy keeps the injector's
+    /// `args` after `--` (the agent reads Consul's admin flags there); the init container's
+    /// command and args are the stand-in's.
+    ///
+    /// The defaults of each install: Kuma with its builtin DNS on (`KUMA_DNS_ENABLED`,
+    /// kuma-init redirecting DNS to kuma-dp's UDP-only proxy on 15053), classic with the TCP
+    /// admin as 2.13 injects it, or native with the Unix-socket admin as 2.14 does
+    /// ([`Sidecar::Native`]); Consul classic with `-envoy-admin-bind-address=127.0.0.1`.
+    ///
+    /// Left out on purpose: Kuma's probes with the TCP admin (`GET /ready` on the pod IP's
+    /// 9901, which a real Kuma serves through the control plane's `kuma:envoy:admin` listener,
+    /// not in the stand-in's bootstrap); the kubelet's Ready does not decide any scenario here.
+    pub fn other_mesh_template(&self, files: &Files, remote: SocketAddr) -> Result<Value, String> {
+        use crate::sim::mesh::{self as sim_mesh, KumaAdmin, KUMA_DNS_PORT};
+        let native = self.sidecar == Sidecar::Native;
+        let mut spec = crate::sim::PodSpec::new(&self.name)
+            .mesh(self.mesh)
+            .mesh_drain(self.drain);
+        if matches!(self.mesh, Mesh::Kuma(_)) {
+            spec = spec.dns_capture(Duration::ZERO);
+        }
+        if native {
+            spec = spec.native();
+        }
+        let Parts {
+            sim_app,
+            config,
+            volumes: mut vols,
+            mounts,
+            app,
+        } = self.parts(files, remote, false)?;
+        let path = |p: &Path| p.to_string_lossy().into_owned();
+        let to_json = |c| serde_json::to_value(c).map_err(|e| e.to_string());
+
+        let mut init = to_json(sim_mesh::init_container(&spec))?;
+        let mut init_args = vec![
+            "mesh-init".to_string(),
+            "--mesh".into(),
+            self.mesh.to_string(),
+            "--min-duration-ms".into(),
+            "150".into(),
+        ];
+        if spec.dns_capture.is_some() {
+            init_args.extend(["--redirect-dns-port".into(), KUMA_DNS_PORT.to_string()]);
+        }
+        init["command"] = json!([sim_app]);
+        init["args"] = json!(init_args);
+        init["image"] = json!(IMAGE);
+        init["imagePullPolicy"] = json!("Never");
+        init["volumeMounts"] = json!(mounts);
+        if self.mesh == Mesh::Consul {
+            // consul-k8s container_init.go: with transparent proxy and without the CNI plugin
+            // the init container runs `connect-init` as root with NET_ADMIN ("requires both
+            // being a root user and having NET_ADMIN capability"); the sim's spec keeps only
+            // the uid the agent excludes (5996). NET_RAW beside it as the containerd backend
+            // grants it.
+            init["securityContext"] = json!({
+                "runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": false, "privileged": false,
+                "capabilities": {"add": ["NET_ADMIN", "NET_RAW"]},
+            });
+        }
+
+        let mut proxy = to_json(sim_mesh::proxy_container(&spec))?;
+        let bootstrap = path(&config.join(BOOTSTRAP_FILE));
+        let mut command = vec![sim_app.clone()];
+        let mut proxy_mounts = mounts.clone();
+        match self.mesh {
+            Mesh::Kuma(admin) => {
+                command.extend([
+                    "kuma-dp".to_string(),
+                    "--envoy".into(),
+                    path(&files.envoy),
+                    "--bootstrap".into(),
+                    bootstrap,
+                    "--tmpdir".into(),
+                    "/tmp".into(),
+                    "--tmp-is-mounted".into(),
+                    "--drain-time-ms".into(),
+                    self.drain.as_millis().to_string(),
+                    "--start-delay-ms".into(),
+                    self.proxy_delay.as_millis().to_string(),
+                    "--concurrency".into(),
+                    "2".into(),
+                    "--dns-port".into(),
+                    KUMA_DNS_PORT.to_string(),
+                    "--dns-delay-ms".into(),
+                    "0".into(),
+                ]);
+                if admin == KumaAdmin::UnixSocket {
+                    command.push("--admin-socket".into());
+                } else if let Some(p) = proxy.as_object_mut() {
+                    p.remove("readinessProbe");
+                    p.remove("livenessProbe");
+                    p.remove("startupProbe");
+                }
+                // injector.go: the `kuma-sidecar-tmp` emptyDir on the sidecar's /tmp, where
+                // kuma-dp makes its workdir (and 2.14 its admin socket).
+                vols.push(json!({"name": "kuma-sidecar-tmp", "emptyDir": {}}));
+                proxy_mounts.push(json!({"name": "kuma-sidecar-tmp", "mountPath": "/tmp"}));
+                if native {
+                    // The injector's preStop `killall -USR2 kuma-dp`, as the stand-in does it.
+                    proxy["lifecycle"] = json!({"preStop": {"exec": {"command":
+                        [sim_app, "killall-usr2-kuma-dp"]}}});
+                }
+            }
+            Mesh::Consul => command.extend([
+                "consul-dataplane".to_string(),
+                "--admin".into(),
+                spec.admin_addr().to_string(),
+                "--envoy".into(),
+                path(&files.envoy),
+                "--bootstrap".into(),
+                bootstrap,
+                "--shutdown-grace-period-ms".into(),
+                self.drain.as_millis().to_string(),
+                "--start-delay-ms".into(),
+                self.proxy_delay.as_millis().to_string(),
+                "--concurrency".into(),
+                "2".into(),
+            ]),
+            Mesh::Istio => unreachable!("Istio pods are `template`'s"),
+        }
+        command.push("--".into());
+        proxy["command"] = json!(command);
+        proxy["image"] = json!(IMAGE);
+        proxy["imagePullPolicy"] = json!("Never");
+        proxy["volumeMounts"] = json!(proxy_mounts);
+
+        let (inits, containers) = match (self.mesh, native) {
+            (_, true) => (vec![init, proxy], vec![app]),
+            // Kuma's injector puts the classic sidecar first (injector.go).
+            (Mesh::Kuma(_), false) => (vec![init], vec![proxy, app]),
+            (_, false) => (vec![init], vec![app, proxy]),
+        };
+        let (a, l) = sim_mesh::injected_metadata(&spec);
+        let own = |m: Vec<(&str, String)>| -> Vec<(String, String)> {
+            m.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+        };
+        Ok(self.finish(own(a), own(l), inits, containers, vols))
+    }
+
+    /// What every mesh's template shares: the Envoy config (the bootstrap of the pod's mesh,
+    /// Istio's health listener when `health`), the host paths every container gets read-only
+    /// at the same path (src/cri/kubelet.rs `mounts`) and the app container, which writes its
+    /// report to a `hostPath` of its own (`subPathExpr: $(POD_NAME)`).
+    fn parts(&self, files: &Files, remote: SocketAddr, health: bool) -> Result<Parts, String> {
+        let config = files.sidecar_config(&self.name, health, self.mesh)?;
+        let reports = files.dir("reports")?;
+        let report_in = PathBuf::from("/var/run/holdfast-report");
+        let path = |p: &Path| p.to_string_lossy().into_owned();
+        let sim_app = path(&files.sim_app);
+
+        let mut app_args = self
+            .app
+            .args(&report_in.join("app-report.jsonl"), remote, self.serve);
+        app_args.extend([
+            "--call-timeout-ms".into(),
+            self.call_timeout.as_millis().to_string(),
+        ]);
+
+        let mut ro: Vec<(String, PathBuf, &str)> = vec![
+            ("host-usr".into(), "/usr".into(), "Directory"),
+            (
+                "host-alternatives".into(),
+                "/etc/alternatives".into(),
+                "Directory",
+            ),
+            ("sim-app".into(), files.sim_app.clone(), "File"),
+            ("envoy".into(), files.envoy.clone(), "File"),
+            ("envoy-config".into(), config.clone(), "Directory"),
+        ];
+        if let Some(f) = &files.filter {
+            ro.push(("filter".into(), f.clone(), "File"));
+        }
+        let mut volumes: Vec<Value> = ro
+            .iter()
+            .map(|(n, p, t)| json!({"name": n, "hostPath": {"path": path(p), "type": t}}))
+            .collect();
+        volumes.push(
+            json!({"name": "reports", "hostPath": {"path": path(&reports), "type": "Directory"}}),
+        );
+        let mounts: Vec<Value> = ro
+            .iter()
+            .map(|(n, p, _)| json!({"name": n, "mountPath": path(p), "readOnly": true}))
+            .collect();
+        let mut app_mounts = mounts.clone();
+        app_mounts.push(
+            json!({"name": "reports", "mountPath": path(&report_in), "subPathExpr": "$(POD_NAME)"}),
+        );
         let mut app = json!({
             "name": "app",
             "image": IMAGE, "imagePullPolicy": "Never",
@@ -536,31 +732,41 @@ impl MeshedPod {
                 "exitCodes": {"operator": "In", "values": self.app_restart_on},
             }]);
         }
-        let (inits, containers) = match self.sidecar {
-            Sidecar::Classic => (vec![init], vec![app, proxy]),
-            // reorderPod with a native sidecar: istio-init, then the proxy, then the rest.
-            Sidecar::Native => (vec![init, proxy], vec![app]),
-        };
-        let status = match self.sidecar {
-            Sidecar::Classic => {
-                r#"{"initContainers":["istio-init"],"containers":["istio-proxy"],"volumes":[],"imagePullSecrets":null,"revision":"default"}"#
-            }
-            Sidecar::Native => {
-                r#"{"initContainers":["istio-init","istio-proxy"],"containers":null,"volumes":[],"imagePullSecrets":null,"revision":"default"}"#
-            }
-        };
+        Ok(Parts {
+            sim_app,
+            config,
+            volumes,
+            mounts,
+            app,
+        })
+    }
+
+    /// The template from its parts: the injector's annotations and labels beside the pod's own
+    /// (`app`, the opt-out annotation of a control, [`MeshedPod::labels`]).
+    fn finish(
+        &self,
+        injected_annotations: Vec<(String, String)>,
+        injected_labels: Vec<(String, String)>,
+        inits: Vec<Value>,
+        containers: Vec<Value>,
+        volumes: Vec<Value>,
+    ) -> Value {
         let mut annotations = serde_json::Map::new();
-        annotations.insert("sidecar.istio.io/status".into(), json!(status));
+        for (k, v) in injected_annotations {
+            annotations.insert(k, json!(v));
+        }
         if !self.holdfast {
             annotations.insert(holdfast::config::ANNOTATION_ENABLED.into(), json!("false"));
         }
         let mut labels = serde_json::Map::new();
         labels.insert("app".into(), json!(self.name));
-        labels.insert("security.istio.io/tlsMode".into(), json!("istio"));
-        for (k, v) in &self.labels {
-            labels.insert(k.clone(), json!(v));
+        for (k, v) in injected_labels
+            .into_iter()
+            .chain(self.labels.iter().cloned())
+        {
+            labels.insert(k, json!(v));
         }
-        Ok(json!({
+        json!({
             "metadata": {"labels": labels, "annotations": annotations},
             "spec": {
                 "restartPolicy": self.restart_policy,
@@ -571,7 +777,7 @@ impl MeshedPod {
                 "containers": containers,
                 "volumes": volumes,
             },
-        }))
+        })
     }
 
     /// A bare Pod of this template.

@@ -35,6 +35,9 @@ use serde_json::{json, Value};
 
 const TEST: &str = "promises_side_by_side_on_the_real_cluster";
 
+/// One scenario of the run.
+type Scenario = fn(&Env, &mut Checks);
+
 /// The checks of one run: each printed as it is made, the failures asserted at the end.
 #[derive(Default)]
 struct Checks {
@@ -95,6 +98,21 @@ impl Env {
             !self.tracked(&log, without),
             &format!("the agent leaves the control {without} alone (opted out)"),
         );
+    }
+
+    /// The agent's log lines about this namespace's pods whose names start with `prefix`, the
+    /// last `n` of them: printed when a check on those pods fails, to read what the agent did.
+    fn print_agent_lines(&self, prefix: &str, n: usize) {
+        let log = self.kube.agent_log();
+        let key = format!("\"pod\":\"{}/{prefix}", self.ns.name);
+        let lines: Vec<&str> = log.lines().filter(|l| l.contains(&key)).collect();
+        println!(
+            "  the agent's log about {prefix}* (last {n} of {}):",
+            lines.len()
+        );
+        for l in &lines[lines.len().saturating_sub(n)..] {
+            println!("    {l}");
+        }
     }
 
     /// `kubectl delete pod NAMES` with extra flags, without waiting.
@@ -158,28 +176,28 @@ fn promises_side_by_side_on_the_real_cluster() {
     };
     let mut c = Checks::default();
 
-    let t = Instant::now();
-    startup(&env, &mut c);
-    println!("  (startup: {} ms)", t.elapsed().as_millis());
-    let t = Instant::now();
-    jobs(&env, &mut c);
-    println!("  (jobs: {} ms)", t.elapsed().as_millis());
-    let t = Instant::now();
-    deletion(&env, &mut c);
-    println!("  (deletion: {} ms)", t.elapsed().as_millis());
-    let t = Instant::now();
-    rolling_update(&env, &mut c);
-    println!("  (rolling update: {} ms)", t.elapsed().as_millis());
-    let t = Instant::now();
-    native_sidecars(&env, &mut c);
-    println!("  (native sidecars: {} ms)", t.elapsed().as_millis());
-    // Last: it replaces the agent's pod.
-    let t = Instant::now();
-    agent_deleted_mid_drain(&env, &mut c);
-    println!(
-        "  (agent deleted mid-drain: {} ms)",
-        t.elapsed().as_millis()
-    );
+    // HOLDFAST_PROMISES_ONLY=deletion,kuma_and_consul runs those scenarios alone (while
+    // working on one, against a kept cluster); unset, every one runs.
+    let only = std::env::var("HOLDFAST_PROMISES_ONLY").unwrap_or_default();
+    let scenarios: [(&str, Scenario); 7] = [
+        ("startup", startup),
+        ("jobs", jobs),
+        ("deletion", deletion),
+        ("rolling_update", rolling_update),
+        ("native_sidecars", native_sidecars),
+        ("kuma_and_consul", kuma_and_consul),
+        // Last: it replaces the agent's pod.
+        ("agent_deleted_mid_drain", agent_deleted_mid_drain),
+    ];
+    for (name, run) in scenarios {
+        if !only.is_empty() && !only.split(',').any(|o| o.trim() == name) {
+            println!("== {name}: not run (HOLDFAST_PROMISES_ONLY={only})");
+            continue;
+        }
+        let t = Instant::now();
+        run(&env, &mut c);
+        println!("  ({name}: {} ms)", t.elapsed().as_millis());
+    }
 
     if !c.failed.is_empty() {
         let _ = env
@@ -553,34 +571,83 @@ fn deletion(env: &Env, c: &mut Checks) {
         w3.failed == 0,
         "--grace-period=3 with holdfast: 0 calls fail",
     );
+    if w3.failed > 0 || w.failed > 0 {
+        env.print_agent_lines(if w3.failed > 0 { "g3-with" } else { "del-with" }, 60);
+    }
     c.check(
         ms("g3-with") <= ms("g3-without") + 500,
         "--grace-period=3: with holdfast the pod goes no later than without (0.5 s slack)",
     );
 }
 
+/// What a client outside the pods saw: the calls that worked, and each failure with its time
+/// (from the client's start) and what went wrong, to tell a held SYN (connect timed out) from a
+/// refused or cut one.
+#[derive(Default)]
+struct ClientTally {
+    ok: u32,
+    failures: Vec<(u128, String)>,
+}
+
+impl ClientTally {
+    fn failed(&self) -> u32 {
+        self.failures.len() as u32
+    }
+
+    /// The failures as `+12345 ms connect: timed out`, at most `n` of them.
+    fn failures_line(&self, n: usize) -> String {
+        let mut out: Vec<String> = self
+            .failures
+            .iter()
+            .take(n)
+            .map(|(ms, e)| format!("+{ms} ms {e}"))
+            .collect();
+        if self.failures.len() > n {
+            out.push(format!("… {} more", self.failures.len() - n));
+        }
+        out.join("; ")
+    }
+}
+
 /// A client outside the pods: a new connection to `addr` every 50 ms, `ping` → `pong`, until
-/// `stop`; (ok, failed).
-fn service_client(addr: std::net::SocketAddr, stop: &std::sync::atomic::AtomicBool) -> (u32, u32) {
+/// `stop` (or `limit` requests).
+fn service_client(
+    addr: std::net::SocketAddr,
+    stop: &std::sync::atomic::AtomicBool,
+    limit: Option<u32>,
+) -> ClientTally {
     use std::io::{BufRead, BufReader, Write};
-    let (mut ok, mut failed) = (0, 0);
-    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+    let mut tally = ClientTally::default();
+    let start = Instant::now();
+    while !stop.load(std::sync::atomic::Ordering::SeqCst)
+        && limit.is_none_or(|n| tally.ok + tally.failed() < n)
+    {
         let t = Instant::now();
-        let one = || -> std::io::Result<bool> {
-            let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-            s.set_read_timeout(Some(Duration::from_secs(2)))?;
-            s.write_all(b"ping\n")?;
+        let one = || -> Result<(), String> {
+            let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+                .map_err(|e| format!("connect: {e}"))?;
+            s.set_read_timeout(Some(Duration::from_secs(2)))
+                .map_err(|e| format!("socket: {e}"))?;
+            s.write_all(b"ping\n").map_err(|e| format!("write: {e}"))?;
             let mut line = String::new();
-            BufReader::new(s).read_line(&mut line)?;
-            Ok(line.trim() == "pong")
+            BufReader::new(s)
+                .read_line(&mut line)
+                .map_err(|e| format!("read: {e}"))?;
+            match line.trim() {
+                "pong" => Ok(()),
+                "" => Err("read: closed without a reply".into()),
+                other => Err(format!("read: {other:?}")),
+            }
         };
         match one() {
-            Ok(true) => ok += 1,
-            _ => failed += 1,
+            Ok(()) => tally.ok += 1,
+            Err(e) => tally
+                .failures
+                .push((t.duration_since(start).as_millis(), e)),
         }
         std::thread::sleep(Duration::from_millis(50).saturating_sub(t.elapsed()));
     }
-    (ok, failed)
+    tally
 }
 
 /// 4. A rolling update: a 3-replica Deployment behind a Service, the app serving and calling out
@@ -655,12 +722,29 @@ fn rolling_update(env: &Env, c: &mut Checks) {
         std::net::SocketAddr::new(ip, 80)
     };
     let (aw, ao) = (svc(with), svc(without));
+    // kube-proxy programs a new Service's rules on its next sync, after the Deployments are
+    // Ready: until then a connection is refused by its REJECT rule for a Service without
+    // endpoints. Counted, that would be kube-proxy's start-up, not the rollout (one run saw
+    // 10 such refusals in the first 0.5 s on one side only). So the measurement starts once
+    // each Service has answered 5 requests in a row.
+    for (d, addr) in [(with, aw), (without, ao)] {
+        let answered = wait(Duration::from_secs(30), "the Service answering", || {
+            let never = std::sync::atomic::AtomicBool::new(false);
+            let t = service_client(addr, &never, Some(5));
+            (t.failures.is_empty()).then_some(())
+        });
+        c.check(
+            answered.is_ok(),
+            &format!("{d}: the Service answers 5 requests in a row before the rollout"),
+        );
+    }
     let stop = std::sync::atomic::AtomicBool::new(false);
     let (cw, co, rollout_ms) = std::thread::scope(|s| {
-        let hw = s.spawn(|| service_client(aw, &stop));
-        let ho = s.spawn(|| service_client(ao, &stop));
+        let hw = s.spawn(|| service_client(aw, &stop, None));
+        let ho = s.spawn(|| service_client(ao, &stop, None));
         std::thread::sleep(Duration::from_secs(2));
         let t0 = Instant::now();
+        println!("  (the clients started 2 s before the rollout restart)");
         env.ns
             .run(&[
                 "rollout",
@@ -717,12 +801,17 @@ fn rolling_update(env: &Env, c: &mut Checks) {
     let fmt = |ms: Option<u128>| ms.map_or("not done in 180 s".into(), |m| format!("{m} ms"));
     println!(
         "  without holdfast (Istio's drain 5 s): requests through the Service {} ok, {} failed; the apps' outbound calls {} ok, {} failed ({} after SIGTERM); rollout {}",
-        co.0, co.1, oo_ok, oo_failed, oo_after, fmt(rollout_ms[1])
+        co.ok, co.failed(), oo_ok, oo_failed, oo_after, fmt(rollout_ms[1])
     );
     println!(
         "  with holdfast (drain 30 s):           requests through the Service {} ok, {} failed; the apps' outbound calls {} ok, {} failed ({} after SIGTERM); rollout {}",
-        cw.0, cw.1, ow_ok, ow_failed, ow_after, fmt(rollout_ms[0])
+        cw.ok, cw.failed(), ow_ok, ow_failed, ow_after, fmt(rollout_ms[0])
     );
+    for (who, t) in [("without", &co), ("with", &cw)] {
+        if !t.failures.is_empty() {
+            println!("  failed requests {who} holdfast: {}", t.failures_line(12));
+        }
+    }
     c.check(
         rollout_ms.iter().all(Option::is_some),
         "both rollouts complete",
@@ -736,14 +825,193 @@ fn rolling_update(env: &Env, c: &mut Checks) {
         "with holdfast 0 outbound calls fail during the rollout",
     );
     c.check(
-        cw.1 <= co.1,
+        cw.failed() <= co.failed(),
         "with holdfast no more failed requests through the Service than without",
     );
+    if cw.failed() > co.failed() || ow_failed > 0 {
+        env.print_agent_lines(with, 80);
+    }
     if let (Some(w), Some(o)) = (old[0].1.first(), old[1].1.first()) {
         env.check_control(c, w, o);
     }
     for d in [with, without] {
         let _ = env.ns.run(&["delete", "deployment", d, "--wait=false"]);
+    }
+}
+
+/// 6. Kuma and Consul pods as their default installs inject them (`MeshedPod::mesh`,
+///    tests/src/cluster.rs `other_mesh_template`): Kuma 2.13's classic sidecar with the TCP
+///    admin and the builtin DNS on, Kuma 2.14's native sidecar with the Unix-socket admin (and
+///    DNS on), Consul's classic sidecar. Each app calls out every 100 ms from its start and for
+///    4 s after SIGTERM, the proxy 3 s late (the xDS wait); each mesh's own fixed wait on
+///    SIGTERM is its default, 30 s (kuma-dp's `drainTime`, consul-dataplane's
+///    `-shutdown-grace-period-seconds`). Then `kubectl delete` (grace 30 s).
+fn kuma_and_consul(env: &Env, c: &mut Checks) {
+    use holdfast_tests::cluster::Sidecar;
+    use holdfast_tests::sim::{KumaAdmin, Mesh};
+    // Which holdfast install runs: the default one (Istio's, `manifests/`), or the Kuma
+    // install (`manifests/kuma/`, which adds CAP_KILL and CAP_DAC_OVERRIDE for Kuma's pods:
+    // scripts/cluster/test-install.sh step 7b sets this and runs this scenario again).
+    let kuma_install = std::env::var("HOLDFAST_PROMISES_INSTALL").as_deref() == Ok("kuma");
+    println!(
+        "== 6. Kuma and Consul pods, each mesh's default install (holdfast's {} install)",
+        if kuma_install { "Kuma" } else { "default" }
+    );
+    // (name, mesh, sidecar, whether boot calls fail without holdfast): a native sidecar's
+    // startupProbe (kuma-dp's /ready on 9902) holds the app's start until Envoy is ready, so
+    // there the control's boot calls succeed too.
+    let shapes = [
+        (
+            "kuma213",
+            Mesh::Kuma(KumaAdmin::Tcp),
+            Sidecar::Classic,
+            true,
+        ),
+        (
+            "kuma214",
+            Mesh::Kuma(KumaAdmin::UnixSocket),
+            Sidecar::Native,
+            false,
+        ),
+        ("consul", Mesh::Consul, Sidecar::Classic, true),
+    ];
+    let pod = |name: String, mesh: Mesh, sidecar: Sidecar, holdfast: bool| {
+        let mut p = MeshedPod::new(
+            &name,
+            AppScript::CallThroughShutdown {
+                every: Duration::from_millis(100),
+                pool: 2,
+                after_sigterm: Duration::from_secs(4),
+            },
+            holdfast,
+        );
+        p.mesh = mesh;
+        p.sidecar = sidecar;
+        p.proxy_delay = Duration::from_secs(3);
+        p.drain = Duration::from_secs(30);
+        p.restart_policy = "Always";
+        p
+    };
+    let names = |n: &str| (format!("{n}-with"), format!("{n}-without"));
+    for (n, mesh, sidecar, _) in shapes {
+        let (w, o) = names(n);
+        env.apply_pod(&pod(w, mesh, sidecar, true));
+        env.apply_pod(&pod(o, mesh, sidecar, false));
+    }
+    let all: Vec<String> = shapes
+        .iter()
+        .flat_map(|s| {
+            let (w, o) = names(s.0);
+            [w, o]
+        })
+        .collect();
+    // Running: 3 s of the proxy's delay and a few calls past it.
+    let calling = wait(Duration::from_secs(90), "every app calling", || {
+        all.iter()
+            .all(|n| env.report(n).calls(Phase::Running).ok >= 10)
+            .then_some(())
+    });
+    c.check(
+        calling.is_ok(),
+        "every Kuma and Consul pod runs and its app calls out",
+    );
+    if calling.is_err() {
+        let _ = env
+            .ns
+            .run(&["get", "pods", "-o", "wide"])
+            .map(|o| println!("{o}"));
+    }
+    for (n, _, _, _) in shapes {
+        let (w, o) = names(n);
+        env.check_control(c, &w, &o);
+    }
+    for (n, mesh, _, control_fails) in shapes {
+        let (w, o) = names(n);
+        let (rw, ro) = (env.report(&w), env.report(&o));
+        println!(
+            "  {n} ({mesh}): before SIGTERM without holdfast {}; with holdfast {}",
+            calls_line(&ro, Phase::Running),
+            calls_line(&rw, Phase::Running)
+        );
+        if control_fails {
+            c.check(
+                ro.calls(Phase::Running).failed > 0,
+                &format!("{n}: without holdfast the calls before the proxy is ready fail (the control shows the failure)"),
+            );
+        }
+        c.check(
+            rw.calls(Phase::Running).failed == 0,
+            &format!("{n}: with holdfast 0 calls fail at the start"),
+        );
+    }
+
+    let t0 = Instant::now();
+    let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+    env.delete(&refs, &[]);
+    let mut gone: std::collections::HashMap<String, u128> = std::collections::HashMap::new();
+    let _ = wait(Duration::from_secs(60), "every deleted pod gone", || {
+        let left = env
+            .ns
+            .run(&["get", "pods", "-o", "name"])
+            .unwrap_or_default();
+        for n in &all {
+            if !gone.contains_key(n) && !left.lines().any(|l| l == format!("pod/{n}")) {
+                gone.insert(n.clone(), t0.elapsed().as_millis());
+            }
+        }
+        (gone.len() == all.len()).then_some(())
+    });
+    let ms = |n: &str| gone.get(n).copied().unwrap_or(u128::MAX);
+    let shown = |n: &str| {
+        gone.get(n)
+            .map_or("not gone in 60 s".into(), |m| format!("{m} ms"))
+    };
+    for (n, mesh, _, _) in shapes {
+        let (w, o) = names(n);
+        let (rw, ro) = (env.report(&w), env.report(&o));
+        println!(
+            "  {n} ({mesh}) deleted: without holdfast calls after SIGTERM {}, pod gone {}; with holdfast {}, pod gone {}",
+            calls_line(&ro, Phase::AfterSigterm),
+            shown(&o),
+            calls_line(&rw, Phase::AfterSigterm),
+            shown(&w)
+        );
+        let after = rw.calls(Phase::AfterSigterm);
+        c.check(
+            after.failed == 0 && after.ok > 0,
+            &format!("{n}: with holdfast 0 calls fail through the shutdown"),
+        );
+        c.check(
+            after.failed <= ro.calls(Phase::AfterSigterm).failed,
+            &format!("{n}: with holdfast no more calls fail after SIGTERM than without"),
+        );
+        c.check(
+            ms(&w) <= ms(&o).saturating_add(500),
+            &format!("{n}: with holdfast the pod goes no later than without (0.5 s slack)"),
+        );
+        if after.failed > 0 || ms(&w) > ms(&o).saturating_add(500) {
+            env.print_agent_lines(&w, 40);
+        }
+    }
+    // kuma-dp waits its drainTime after the kubelet's SIGTERM whatever Envoy does; the agent
+    // ends that wait with a second SIGTERM to kuma-dp (uid 5678), which needs CAP_KILL: only
+    // the Kuma install grants it (manifests/kuma/kustomization.yaml). With it the classic pod
+    // goes once its app is done; without it the reason is said and the pod ends at drainTime,
+    // as without holdfast (docs/install.md, "Privileges").
+    let (w, o) = names("kuma213");
+    if kuma_install {
+        c.check(
+            ms(&w).saturating_add(10_000) <= ms(&o),
+            &format!("kuma213: with the Kuma install the pod goes once its app is done, 10 s or more before kuma-dp's drainTime ends the control ({} vs {})", shown(&w), shown(&o)),
+        );
+    } else {
+        let log = env.kube.agent_log();
+        let key = format!("\"pod\":\"{}/{w}\"", env.ns.name);
+        c.check(
+            log.lines()
+                .any(|l| l.contains(&key) && l.contains("the agent needs CAP_KILL")),
+            "kuma213: without CAP_KILL (the default install) the agent says why kuma-dp's drainTime stands",
+        );
     }
 }
 

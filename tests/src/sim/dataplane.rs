@@ -230,6 +230,11 @@ pub struct KumaDpArgs {
     /// components, before Envoy is ready).
     #[arg(long, requires = "dns_port")]
     pub dns_delay_ms: Option<u64>,
+    /// After `--`: the container's `args` as Kuma's injector writes them (`run
+    /// --log-level=info --concurrency=2`), kept on the real cluster's pods so the pod object
+    /// is the injector's (tests/src/cluster.rs); not read.
+    #[arg(last = true)]
+    pub injector_args: Vec<String>,
 }
 
 /// The container's view of its `/tmp`: kuma-dp and its Envoy get a mount namespace of their
@@ -493,6 +498,12 @@ pub struct ConsulDataplaneArgs {
     /// Envoy's --concurrency.
     #[arg(long, default_value_t = 2)]
     pub concurrency: u32,
+    /// After `--`: the container's `args` as consul-k8s writes them (`-envoy-admin-bind-address=`,
+    /// `-shutdown-grace-period-seconds=`, ...), kept on the real cluster's pods so the agent
+    /// reads the injector's flags from the pod object (tests/src/cluster.rs); not read here (the
+    /// flags above say the same).
+    #[arg(last = true)]
+    pub injector_args: Vec<String>,
 }
 
 /// consul-dataplane's `gracefulShutdown`: drain (if on), the fixed wait, `/quitquitquit`. Runs
