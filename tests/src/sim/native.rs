@@ -93,11 +93,21 @@ impl CrashLoopBackOff {
 /// Where the kubelet probes a pod's proxy, by the pod's mesh, for both kubelet stand-ins (so they
 /// cannot drift): Istio's `/healthz/ready` on pilot-agent's 15021 (injection-template.yaml);
 /// Kuma's native sidecar (Unix-socket admin) `/ready` on kuma-dp's readiness port 9902
-/// (kumahq/kuma `containers/factory.go`).
+/// (kumahq/kuma `containers/factory.go`); Consul's native sidecar the exec of
+/// `consul-dataplane -check-proxy-health` ([`super::mesh::CONSUL_NATIVE_STARTUP_PROBE`]), which
+/// asks Envoy's `/ready` on `127.0.0.1:19000` from inside the pod: the prober asks the same
+/// from the pod's netns (its readiness probe, a TCP connect to 20000, is read the same way).
 pub fn proxy_probe(v: &PodView) -> (std::net::SocketAddr, &'static str) {
     match v.spec.mesh {
         super::Mesh::Kuma(_) => (
             std::net::SocketAddr::from((v.pod_ip, super::mesh::KUMA_READINESS_PORT)),
+            "/ready",
+        ),
+        super::Mesh::Consul => (
+            std::net::SocketAddr::from((
+                std::net::Ipv4Addr::LOCALHOST,
+                super::mesh::CONSUL_ADMIN_PORT,
+            )),
             "/ready",
         ),
         _ => (
