@@ -1,9 +1,7 @@
 //! Kuma's native sidecar (2.14's default, with the admin on its Unix socket) and Consul's
 //! (consul-k8s 1.9+ `dataplaneAsSidecarInitContainer`: an exec startup probe, no preStop) on the
 //! simulated node, without and with holdfast. The netns backend only: the containerd backend
-//! does not build native Kuma or Consul sidecars (Kuma's preStop `killall -USR2 kuma-dp` and
-//! `/ready` probes on 9902, Consul's exec probe of its loopback admin, are in the netns kubelet
-//! stand-in only; `cri::kubelet::unsupported` says so).
+//! refuses native Kuma or Consul sidecars (`cri::kubelet::unsupported` says why).
 
 use std::time::{Duration, Instant};
 

@@ -1001,7 +1001,7 @@ pub(crate) fn unsupported(spec: &crate::sim::PodSpec) -> Option<&'static str> {
         (spec.cni, "Istio CNI mode"),
         (
             spec.mesh != crate::sim::Mesh::Istio && spec.is_native(),
-            "a native Kuma sidecar (its preStop `killall` and probes are built on the netns backend only)",
+            "a native Kuma or Consul sidecar (not tried on this backend: Kuma's preStop `killall` in the container, Consul's exec startup probe of the pod's loopback, which the node's prober cannot reach)",
         ),
     ];
     checks.into_iter().find(|(on, _)| *on).map(|(_, what)| what)
