@@ -1,5 +1,7 @@
-//! The agent's configuration: defaults that follow Istio's conventions, per-pod overrides read from
-//! annotations, and the duration syntax both use.
+//! The agent's configuration: the flags' typed values, per-pod overrides read from annotations,
+//! and the duration syntax both use. The `--proxy-*` flags change Istio's profile only, so their
+//! defaults are Istio's and live with its other facts (`ProxyConfig`'s `Default`, in
+//! `mesh/istio.rs`).
 //!
 //! Flags are parsed by the binary (clap); this module holds the typed result and the pure
 //! validating constructors, so every rule here is unit-tested without a process environment.
@@ -65,7 +67,9 @@ pub enum SourceConfig {
     Kube,
 }
 
-/// The sidecar's conventions (Istio defaults).
+/// What the `--proxy-*` flags set: the values of Istio's profile an operator may change (Kuma's
+/// and Consul's come from their injectors' pod specs, read per pod), and the sandboxed runtime
+/// classes. Its `Default` (Istio's injection template's values) is in `mesh/istio.rs`.
 #[derive(Debug, Clone, Serialize)]
 pub struct ProxyConfig {
     /// Name of the proxy container in the pod spec.
@@ -118,22 +122,6 @@ pub struct HoldSettings {
     pub ready_poll: Duration,
     /// Wait for the holdfast filter's `loaded` stat too, not only for Envoy's `/ready`.
     pub require_filter: bool,
-}
-
-impl Default for ProxyConfig {
-    fn default() -> Self {
-        Self {
-            container: "istio-proxy".into(),
-            uid: 1337,
-            admin: SocketAddr::from(([127, 0, 0, 1], 15000)),
-            outbound_port: 15001,
-            inbound_port: 15006,
-            sandboxed_runtime_classes: DEFAULT_SANDBOXED_RUNTIME_CLASSES
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
-        }
-    }
 }
 
 impl Default for HoldSettings {

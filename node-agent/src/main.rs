@@ -187,24 +187,25 @@ struct AgentArgs {
     #[arg(long, env = "HOLDFAST_METRICS_LISTEN", value_name = "ADDR")]
     metrics_listen: Option<SocketAddr>,
 
-    /// Name of the sidecar container in meshed pods.
-    #[arg(long, default_value = "istio-proxy", value_name = "NAME")]
+    /// Name of Istio's sidecar container (Kuma's and Consul's are their injectors'). The
+    /// defaults of this and the next four flags are Istio's sidecar template's.
+    #[arg(long, default_value_t = ProxyConfig::default().container, value_name = "NAME")]
     proxy_container: String,
 
-    /// uid the proxy runs as; its own connections are never held.
-    #[arg(long, default_value_t = 1337, value_name = "UID")]
+    /// uid Istio's proxy runs as; its own connections are never held.
+    #[arg(long, default_value_t = ProxyConfig::default().uid, value_name = "UID")]
     proxy_uid: u32,
 
-    /// Envoy admin address inside each pod's network namespace.
-    #[arg(long, default_value = "127.0.0.1:15000", value_name = "ADDR")]
+    /// Istio's Envoy admin address inside each pod's network namespace.
+    #[arg(long, default_value_t = ProxyConfig::default().admin, value_name = "ADDR")]
     admin_addr: SocketAddr,
 
-    /// Envoy's outbound capture port (Istio: 15001).
-    #[arg(long, default_value_t = 15001, value_name = "PORT")]
+    /// Istio's Envoy outbound capture port.
+    #[arg(long, default_value_t = ProxyConfig::default().outbound_port, value_name = "PORT")]
     outbound_port: u16,
 
-    /// Envoy's inbound capture port (Istio: 15006).
-    #[arg(long, default_value_t = 15006, value_name = "PORT")]
+    /// Istio's Envoy inbound capture port.
+    #[arg(long, default_value_t = ProxyConfig::default().inbound_port, value_name = "PORT")]
     inbound_port: u16,
 
     /// RuntimeClass names of sandboxed runtimes (gVisor, Kata) whose pods are left alone, with

@@ -17,13 +17,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, ensure, Context, Result};
-use holdfast::config::{HoldSettings, PodOverrides};
+use holdfast::config::{HoldSettings, PodOverrides, ProxyConfig};
 use holdfast::effects::envoy_admin::{AdminClient, ServerState};
 use holdfast::effects::procfs::pod_procs::{PodProcess, PodProcs};
 use holdfast::lifecycle::drain::{
     self, AppContainer, AppTracker, DrainCtx, DrainOutcome, DrainSettings, DrainStep, ExitWatcher,
-    IdleReason, PodProcessSource, PodProcsSource, QuitReason, Watch,
+    IdleReason, PodProcessSource, PodProcsSource, PodProxy, QuitReason, Watch,
 };
+use holdfast::mesh::istio;
 use holdfast::pod::{
     AppEnd, ContainerState, ContainerView, Deletion, PodKey, PodView, RestartPolicy,
 };
@@ -692,7 +693,7 @@ impl RealPod {
     fn start_drain(&self) -> RunningDrain {
         let (tx, rx) = watch::channel(Some(pod_view(Duration::from_secs(30))));
         let (steps_tx, steps) = tokio::sync::mpsc::unbounded_channel();
-        let (procs, admin) = (self.procs(), self.admin.clone());
+        let (procs, admin) = (self.procs(), istio_proxy(self.admin.clone()));
         let task = tokio::spawn(async move {
             let (key, settings) = (key(), DrainSettings::default());
             let ctx = DrainCtx {
@@ -805,15 +806,21 @@ impl RealPod {
     }
 }
 
+/// A [`RealPod`]'s admin as the drain reaches an Istio pod's (its own listeners left out of the
+/// idle test), without a sock_diag socket.
+fn istio_proxy(admin: AdminClient) -> PodProxy {
+    PodProxy::new(admin, None, &istio::profile(&ProxyConfig::default()))
+}
+
 /// The drain's (or Job wait's) context for a [`RealPod`]'s processes and admin.
 fn ctx<'a>(
     key: &'a PodKey,
-    admin: &'a AdminClient,
+    admin: &'a PodProxy,
     settings: &'a DrainSettings,
     procs: Procs,
     rx: watch::Receiver<Option<PodView>>,
     stop: CancellationToken,
-) -> DrainCtx<'a, AdminClient, Procs> {
+) -> DrainCtx<'a, PodProxy, Procs> {
     DrainCtx {
         key,
         admin,
@@ -1275,7 +1282,7 @@ async fn job_completes_against_real_envoy() -> Result<()> {
     let (_tx, rx) = watch::channel(Some(view));
     let key = key();
     let procs = pod.procs();
-    let admin = pod.admin.clone();
+    let admin = istio_proxy(pod.admin.clone());
     let job_task = tokio::spawn(async move {
         drain::finish_job(ctx(
             &key,

@@ -3,46 +3,10 @@
 //! shape that keeps these true"). This test reads every product file of `node-agent/src` —
 //! comments and unit-test modules left out, since citations of a mesh's source belong in
 //! comments — and counts the words `istio`, `kuma` and `consul` (any case) in the code.
-//!
-//! Not yet zero: [`DEBT`] lists the files that still name a mesh in code when this test came
-//! in, each with its count and why it is there. The test fails when a file not listed names a
-//! mesh, when a listed file names meshes more often than listed, and when a listed file names
-//! them less often (then lower its count, or drop its line: the debt only goes down).
+//! The count is zero everywhere: a file that names a mesh in code fails the test.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-
-/// Files outside `mesh/` and `api/` that still name a mesh in code, with the count, and why.
-/// Paying one off: move the fact or text into the mesh's file in `node-agent/src/mesh/` and
-/// read it from the pod's profile.
-const DEBT: &[(&str, usize, &str)] = &[
-    (
-        "cli/check.rs",
-        10,
-        "holdfast check's per-mesh fixes (filter install, Envoy 1.34 release): the CLI may not \
-         link mesh/ (tests/layout.rs); to move beside api::Mesh",
-    ),
-    (
-        "config.rs",
-        1,
-        "ProxyConfig's default container `istio-proxy` (the --proxy-* flags are Istio's)",
-    ),
-    (
-        "lifecycle/drain/in_flight.rs",
-        1,
-        "Istio's own listeners as the default of from_stats (tests' shorthand)",
-    ),
-    (
-        "lifecycle/drain/admin.rs",
-        1,
-        "AdminClient as a ProxyAdmin (tests) samples with Istio's own listeners",
-    ),
-    (
-        "main.rs",
-        1,
-        "the --proxy-container flag's default `istio-proxy`",
-    ),
-];
 
 fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
@@ -130,28 +94,16 @@ fn mesh_names_stay_in_mesh_and_api() {
             found.insert(rel, n);
         }
     }
-    let debt: BTreeMap<&str, usize> = DEBT.iter().map(|(f, n, _)| (*f, *n)).collect();
-    let mut wrong = Vec::new();
-    for (file, n) in &found {
-        match debt.get(file.as_str()) {
-            None => wrong.push(format!(
+    let wrong: Vec<String> = found
+        .iter()
+        .map(|(file, n)| {
+            format!(
                 "{file}: names a mesh {n} time(s) in code; a mesh's facts and texts go in \
-                 node-agent/src/mesh/ (read them from the pod's MeshProfile)"
-            )),
-            Some(max) if n > max => wrong.push(format!(
-                "{file}: names a mesh {n} time(s), more than its {max} of known debt"
-            )),
-            Some(max) if n < max => wrong.push(format!(
-                "{file}: names a mesh {n} time(s) now, fewer than its {max}: lower its DEBT count"
-            )),
-            _ => {}
-        }
-    }
-    for (file, _) in debt.iter().filter(|(f, _)| !found.contains_key(**f)) {
-        wrong.push(format!(
-            "{file}: names no mesh any more: drop its DEBT line"
-        ));
-    }
+                 node-agent/src/mesh/ (read them from the pod's MeshProfile), the CLI's beside \
+                 api::Mesh"
+            )
+        })
+        .collect();
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 

@@ -607,16 +607,18 @@ impl AdminClient {
         Ok(r.body)
     }
 
-    /// One sample as the agent's drain takes it: the same request
-    /// (`/stats?usedonly&filter=<sample_regex>`) read by the agent's own parsers.
+    /// One sample as the agent's drain takes it of an Istio pod: the same request
+    /// (`/stats?usedonly&filter=<sample_regex>`) read by the agent's own parsers, Istio's own
+    /// listeners left out of the bytes.
     pub fn drain_sample(&self, stat_prefix: &str) -> anyhow::Result<DrainSample> {
         let path = format!(
             "/stats?usedonly&filter={}",
             percent_encode(&in_flight::sample_regex(stat_prefix))
         );
         let stats = Stats::parse(&self.get_ok(&path)?);
-        Ok(DrainSample::from_stats(
+        Ok(DrainSample::from_stats_skipping(
             stat_prefix,
+            &holdfast::mesh::istio::OWN_HTTP_PREFIXES,
             stats.values.iter().map(|(k, v)| (k.as_str(), *v)),
         ))
     }

@@ -57,6 +57,31 @@ impl Mesh {
     }
 }
 
+/// The fixes `holdfast check` gives that name a mesh's parts. They live here, beside [`Mesh`],
+/// because the CLI links only `api` (tests/layout.rs); the agent's own texts are in its mesh
+/// profiles (`mesh::MeshTexts`).
+impl Mesh {
+    /// How to get the holdfast filter into this mesh's proxies (docs/install.md, "Delivering the
+    /// filter"); `None`: the mesh cannot load it (Consul), so its absence is expected.
+    pub fn filter_install_fix(self) -> Option<&'static str> {
+        match self {
+            Mesh::Istio => Some("install the filter (kubectl apply -k manifests/, or the chart's meshes.istio), check that its WasmPlugins select the pod (label security.istio.io/tlsMode=istio) and that istiod could pull the module (istioctl proxy-config ... ; docs/install.md, \"Delivering the filter\")"),
+            Mesh::Kuma => Some("install the MeshProxyPatch (manifests/kuma-filter, or the chart's meshes.kuma.enabled=true) for the pod's mesh; check the module's URL and sha256 (docs/install.md, \"Delivering the filter\")"),
+            Mesh::Consul => None,
+        }
+    }
+
+    /// Which release of this mesh brings Envoy 1.34+ (`drain_listeners?inboundonly` no longer
+    /// drains outbound: envoyproxy/envoy#37873); docs/install.md, "Tested Envoy versions".
+    pub fn envoy_1_34_fix(self) -> &'static str {
+        match self {
+            Mesh::Istio => "upgrade the mesh to a release shipping Envoy 1.34 or later (Istio 1.26+); docs/install.md, \"Tested Envoy versions\"",
+            Mesh::Kuma => "upgrade Kuma to a release whose Envoy is 1.34 or later; docs/install.md, \"Tested Envoy versions\"",
+            Mesh::Consul => "upgrade consul-dataplane to a release whose Envoy is 1.34 or later; docs/install.md, \"Tested Envoy versions\"",
+        }
+    }
+}
+
 impl std::fmt::Display for Mesh {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::cluster::ClusterView;
 pub use super::remote::{client, AGENT_NAMESPACE};
-use crate::api::{DrainOutcome, HoldOutcome, Mesh, NodeStatus, PodStatus, StartupTaint};
+use crate::api::{DrainOutcome, HoldOutcome, NodeStatus, PodStatus, StartupTaint};
 
 /// The first Envoy whose `inboundonly&graceful` drain leaves outbound alone (envoyproxy/envoy
 /// #37873): the agent's `lifecycle::drain::envoy_version::INBOUND_ONLY_GRACEFUL_FIXED`, which
@@ -396,8 +396,8 @@ fn pod_findings(node: &str, status: &NodeStatus, now: SystemTime, out: &mut Vec<
         }
         let Some(d) = &p.drain else { continue };
         let mesh = p.mesh.unwrap_or_default();
-        // Consul cannot take the filter (docs/install.md): its absence there is expected.
-        if d.filter_present == Some(false) && mesh != Mesh::Consul {
+        // A mesh that cannot take the filter has no fix for it: its absence there is expected.
+        if let (Some(false), Some(fix)) = (d.filter_present, mesh.filter_install_fix()) {
             out.push(finding(
                 "HF0203",
                 vec![pod_ref(p), format!("node/{node}")],
@@ -405,10 +405,7 @@ fn pod_findings(node: &str, status: &NodeStatus, now: SystemTime, out: &mut Vec<
                     "{}/{}'s {mesh} sidecar had no holdfast filter stats when it drained: the filter is not loaded there, so the drain cannot count connections in flight",
                     p.namespace, p.name
                 ),
-                match mesh {
-                    Mesh::Kuma => "install the MeshProxyPatch (manifests/kuma-filter, or the chart's meshes.kuma.enabled=true) for the pod's mesh; check the module's URL and sha256 (docs/install.md, \"Delivering the filter\")".into(),
-                    _ => "install the filter (kubectl apply -k manifests/, or the chart's meshes.istio), check that its WasmPlugins select the pod (label security.istio.io/tlsMode=istio) and that istiod could pull the module (istioctl proxy-config ... ; docs/install.md, \"Delivering the filter\")".into(),
-                },
+                fix.into(),
             ));
         }
         if let Some(v) = d.envoy_version.as_deref() {
@@ -420,7 +417,7 @@ fn pod_findings(node: &str, status: &NodeStatus, now: SystemTime, out: &mut Vec<
                         "{}/{}'s Envoy is {v}: before 1.34 the inbound drain (drain_listeners?inboundonly&graceful) drains outbound too, so the app's outbound keep-alives are closed while it shuts down (envoyproxy/envoy#37873)",
                         p.namespace, p.name
                     ),
-                    "upgrade the mesh to a release shipping Envoy 1.34 or later (Istio 1.26+); docs/install.md, \"Tested Envoy versions\"".into(),
+                    mesh.envoy_1_34_fix().into(),
                 ));
             }
         }

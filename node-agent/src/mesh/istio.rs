@@ -15,12 +15,14 @@
 //! - end: `POST /quitquitquit`; pilot-agent exits with code 0 when Envoy does (pkg/envoy/agent.go
 //!   `Run`: Envoy's exit ends the agent), so a Job pod ends Succeeded.
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
 use k8s_openapi::api::core::v1::Container;
 
 use super::istio_config::proxy_metadata_from_annotation;
 use super::pod_reads::{env_switch, env_value, EnvValue, PodReads, PodSwitches};
 use super::{AdminAt, Markers, Mesh, MeshProfile, MeshTexts, ProxyName};
-use crate::config::ProxyConfig;
+use crate::config::{ProxyConfig, DEFAULT_SANDBOXED_RUNTIME_CLASSES};
 
 pub use super::istio_config::{
     ANNOTATION_ISTIO_INTERCEPTION_MODE as ANNOTATION_INTERCEPTION_MODE,
@@ -55,6 +57,37 @@ pub const OWN_HTTP_PREFIXES: [&str; 5] = [
     "secure_stats",
     "secure_merged_stats",
 ];
+
+/// The proxy container's name in Istio's injection template (`istio-proxy`).
+pub const CONTAINER: &str = "istio-proxy";
+/// The uid the template runs the proxy as (`runAsUser: 1337`, `ProxyUID` in
+/// tools/istio-iptables), excluded by its iptables rules.
+pub const PROXY_UID: u32 = 1337;
+/// Envoy's admin address in Istio's bootstrap (`localhost:15000`, IPv4 first: pkg/bootstrap's
+/// `proxyAdminPort`; `::1` on IPv6 pods, [`super::MeshProfile::admin_tcp_for`]).
+pub const ADMIN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 15000);
+/// istio-iptables' outbound capture port (`ProxyPort`, 15001).
+pub const OUTBOUND_PORT: u16 = 15001;
+/// istio-iptables' inbound capture port (`InboundCapturePort`, 15006).
+pub const INBOUND_PORT: u16 = 15006;
+
+/// The `--proxy-*` flags' defaults: Istio's values above (the flags change Istio's profile
+/// only), and every known sandboxed runtime class.
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        Self {
+            container: CONTAINER.into(),
+            uid: PROXY_UID,
+            admin: ADMIN,
+            outbound_port: OUTBOUND_PORT,
+            inbound_port: INBOUND_PORT,
+            sandboxed_runtime_classes: DEFAULT_SANDBOXED_RUNTIME_CLASSES
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        }
+    }
+}
 
 /// Istio's profile with the agent's `--proxy-*` flags.
 pub fn profile(flags: &ProxyConfig) -> MeshProfile {

@@ -49,9 +49,11 @@ use super::exit_watch::ExitTimes;
 use super::runtime::{Containerd, BASE_IMAGE};
 use super::status::{info_netns, info_pid, parse_info};
 use crate::sim::kubelet::{PodEvent, PodWorker, Restart, RestartKind};
-use crate::sim::native::NativeState;
+use crate::sim::native::{
+    record_container_start, record_container_start_error, restarts_due, NativeKubelet, NativeState,
+};
 use crate::sim::node::{NodeEnv, Shared};
-use crate::sim::pod_object::{now_ts, CState, ContainerView, PodView, ProbeState, Terminated};
+use crate::sim::pod_object::{now_ts, CState, ContainerView, PodView, Terminated};
 use crate::sim::prober::ProbeTarget;
 use crate::sim::SimError;
 
@@ -225,7 +227,7 @@ impl CriPodWorker {
                 Ok(PodEvent::Delete) => self.on_delete(),
                 Ok(PodEvent::Shutdown) | Err(RecvTimeoutError::Disconnected) => self.on_shutdown(),
                 Ok(PodEvent::Probe(r)) => self.on_probe(r),
-                Ok(PodEvent::HookDone { .. }) => self.on_hook_done(),
+                Ok(PodEvent::HookDone { .. }) => self.hook_returned(),
                 Ok(PodEvent::Restart(r)) => self.on_restart(r),
                 Ok(_) => {}
                 Err(RecvTimeoutError::Timeout) => {}
@@ -233,7 +235,7 @@ impl CriPodWorker {
             self.poll_exits();
             self.finish_restart();
             self.restart_due();
-            self.on_native_tick();
+            self.native_timers(Instant::now());
             if self.serial_pending && self.post_started.load(Ordering::SeqCst) {
                 self.serial_pending = false;
                 if !self.deleting && !self.shutting_down {
@@ -525,29 +527,13 @@ impl CriPodWorker {
         match self.create_and_start(&name, attempt, args, None) {
             Ok((cid, pid)) => {
                 self.running.insert(cid.clone(), Slot::Container(i));
-                let probed = self.update(|v| {
-                    let probed =
-                        v.spec.proxy_probes && v.containers[i].name == v.spec.proxy_container();
-                    let c = &mut v.containers[i];
-                    if restarting {
-                        c.restart_count += 1;
-                    }
-                    c.id = Some(cid.clone());
-                    c.pid = pid;
-                    c.state = CState::Running {
-                        started_at: now_ts(),
-                    };
-                    c.probed = probed.then(ProbeState::default);
-                    probed
-                });
-                if probed {
+                if self.update(|v| record_container_start(v, i, &cid, pid, restarting)) {
                     self.probe_running(&cid);
                 }
             }
             Err(e) => {
                 eprintln!("sim: pod {}: cannot start {name}: {e}", self.name);
-                let reason = format!("RunContainerError: {e}");
-                self.update(|v| v.containers[i].state = CState::Waiting { reason });
+                self.update(|v| record_container_start_error(v, i, &e));
             }
         }
     }
@@ -721,15 +707,7 @@ impl CriPodWorker {
     }
 
     fn restart_due(&mut self) {
-        let now = Instant::now();
-        let due: Vec<usize> = self
-            .restart_at
-            .iter()
-            .filter(|(_, t)| **t <= now)
-            .map(|(i, _)| *i)
-            .collect();
-        for i in due {
-            self.restart_at.remove(&i);
+        for i in restarts_due(&mut self.restart_at, Instant::now()) {
             if !self.deleting && !self.shutting_down {
                 self.start_container(i);
             }
@@ -1023,7 +1001,7 @@ pub(crate) fn unsupported(spec: &crate::sim::PodSpec) -> Option<&'static str> {
         (spec.cni, "Istio CNI mode"),
         (
             spec.mesh != crate::sim::Mesh::Istio && spec.is_native(),
-            "a native Kuma sidecar (its preStop `killall` and probes are built on the netns backend only)",
+            "a native Kuma or Consul sidecar (not tried on this backend: Kuma's preStop `killall` in the container, Consul's exec startup probe of the pod's loopback, which the node's prober cannot reach)",
         ),
     ];
     checks.into_iter().find(|(on, _)| *on).map(|(_, what)| what)

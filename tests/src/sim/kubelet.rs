@@ -36,12 +36,12 @@ mod sidecar;
 use super::bootstrap::{IstioStatsMatcher, SidecarConfig, XdsRest, SHIPPED_MESH_CONFIG};
 use super::cgroup::Cgroup;
 use super::istio_init::{INBOUND_PORT, OUTBOUND_PORT, PROXY_UID};
-use super::native::NativeState;
+use super::native::{
+    record_container_start, record_container_start_error, restarts_due, NativeKubelet, NativeState,
+};
 use super::netns::{NetNs, REMOTE_IP6};
 use super::node::{NodeEnv, Shared};
-use super::pod_object::{
-    now_ts, CState, ContainerView, PodView, ProbeState, Terminated, PROXY_IMAGE,
-};
+use super::pod_object::{now_ts, CState, ContainerView, PodView, Terminated, PROXY_IMAGE};
 use super::prober::{ProbeResult, ProbeTarget};
 use super::process::{notify_exit, reap, spawn_in, Exit};
 use super::{random_hex, SimError};
@@ -731,29 +731,13 @@ impl PodWorker {
         let args = self.container_args(i);
         match self.spawn(Slot::Container(i), &id, &args, &name) {
             Ok(pid) => {
-                let probed = self.update(|v| {
-                    let probed =
-                        v.spec.proxy_probes && v.containers[i].name == v.spec.proxy_container();
-                    let c = &mut v.containers[i];
-                    if restarting {
-                        c.restart_count += 1;
-                    }
-                    c.id = Some(id.clone());
-                    c.pid = Some(pid);
-                    c.state = CState::Running {
-                        started_at: now_ts(),
-                    };
-                    c.probed = probed.then(ProbeState::default);
-                    probed
-                });
-                if probed {
+                if self.update(|v| record_container_start(v, i, &id, Some(pid), restarting)) {
                     self.probe_running(&id);
                 }
             }
             Err(e) => {
                 eprintln!("sim: pod {}: cannot start {name}: {e}", self.name);
-                let reason = format!("RunContainerError: {e}");
-                self.update(|v| v.containers[i].state = CState::Waiting { reason });
+                self.update(|v| record_container_start_error(v, i, &e));
             }
         }
     }
@@ -931,14 +915,7 @@ impl PodWorker {
                 }
             }
         }
-        let due: Vec<usize> = self
-            .restart_at
-            .iter()
-            .filter(|(_, t)| **t <= now)
-            .map(|(i, _)| *i)
-            .collect();
-        for i in due {
-            self.restart_at.remove(&i);
+        for i in restarts_due(&mut self.restart_at, now) {
             self.start_container(i);
         }
     }

@@ -28,9 +28,11 @@
 //!   `Setup` ([`consul_rules`]); Envoy admin on 127.0.0.1:19000 (`-envoy-admin-bind-port`);
 //!   consul-dataplane's lifecycle server on 127.0.0.1:20600 (`DefaultGracefulPort`).
 //!
-//! What the sim leaves out: Kuma's DNS redirect to 15053 (`--redirect-dns`, off in the default
-//! golden), its IPv6 rules, Kuma's CNI (`kuma-validation`), Consul's multi-port pods
-//! (`consul-dataplane-<svc>`, ports + service index) and Consul native sidecars.
+//! Consul's native sidecar (consul-k8s 1.9+) is built as [`proxy_container`] says, on the netns
+//! backend. What the sim leaves out: Kuma's CNI (`kuma-validation`), Consul's multi-port pods
+//! (`consul-dataplane-<svc>`, ports + service index), Consul's DNS redirection and IPv6 rules,
+//! and a native Consul sidecar on a dual-stack install (its startup probe asks 127.0.0.1 while
+//! its admin is on `::1`: [`CONSUL_NATIVE_STARTUP_PROBE`]).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -78,6 +80,13 @@ pub const KUMA_DNS_PORT: u16 = 15053;
 pub const CONSUL_ADMIN_PORT: u16 = 19000;
 /// consul-dataplane's lifecycle (graceful shutdown/startup) port.
 pub const CONSUL_GRACEFUL_PORT: u16 = 20600;
+/// A native consul-dataplane's startup probe (hashicorp/consul-k8s
+/// control-plane/connect-inject/webhook/consul_dataplane_sidecar.go, v1.9.0+): the exec of
+/// consul-dataplane's `-check-proxy-health`, which asks `GET http://127.0.0.1:<admin port>/ready`
+/// (its default 19000: the probe passes no flags) and exits 0 on a 2xx/3xx answer
+/// (hashicorp/consul-dataplane cmd/consul-dataplane/main.go `doHealthCheck`, v1.9.0+).
+pub const CONSUL_NATIVE_STARTUP_PROBE: [&str; 2] =
+    ["/usr/local/bin/consul-dataplane", "-check-proxy-health"];
 /// The admin socket's file name inside kuma-dp's workdir.
 pub const KUMA_ADMIN_SOCKET: &str = "kuma-envoy-admin.sock";
 
@@ -630,6 +639,14 @@ pub fn init_container(spec: &super::PodSpec) -> Container {
 /// - `consul-dataplane` (control-plane/connect-inject/webhook/consul_dataplane_sidecar.go):
 ///   the lifecycle flags (`-graceful-port=20600`, `-shutdown-drain-listeners`,
 ///   `-shutdown-grace-period-seconds=30`, ...), uid/gid 5995, readiness a TCP probe of 20000.
+///   Native (consul-k8s 1.9.0+, `connectInject.dataplaneAsSidecarInitContainer.defaultEnabled`,
+///   off by default, or the pod annotation `consul.hashicorp.com/enable-consul-dataplane-as-sidecar`;
+///   hashicorp/consul-k8s d113609da, #4678): `restartPolicy: Always`, appended to the init
+///   containers after `consul-connect-inject-init` (mesh_webhook.go), the startup probe an exec
+///   of `/usr/local/bin/consul-dataplane -check-proxy-health` with the chart's defaults
+///   (`initialProbeCheckDelaySeconds: 1`, `probeCheckPeriodSeconds: 1`,
+///   `probeCheckFailureThreshold: 10`, `probeCheckTimeoutSeconds: 5`: charts/consul/values.yaml),
+///   and no lifecycle hook (consul-dataplane drains at its SIGTERM).
 pub fn proxy_container(spec: &super::PodSpec) -> Container {
     let mesh = spec.mesh;
     let uid = i64::from(mesh.proxy_uid());
@@ -671,6 +688,17 @@ pub fn proxy_container(spec: &super::PodSpec) -> Container {
                         ..TCPSocketAction::default()
                     }),
                     initial_delay_seconds: Some(1),
+                    ..Probe::default()
+                }),
+                restart_policy: spec.is_native().then(|| "Always".to_string()),
+                startup_probe: spec.is_native().then(|| Probe {
+                    exec: Some(ExecAction {
+                        command: Some(CONSUL_NATIVE_STARTUP_PROBE.map(String::from).to_vec()),
+                    }),
+                    initial_delay_seconds: Some(1),
+                    period_seconds: Some(1),
+                    failure_threshold: Some(10),
+                    timeout_seconds: Some(5),
                     ..Probe::default()
                 }),
                 security_context: Some(security),

@@ -1,5 +1,7 @@
-//! What the kubelet does for a native sidecar (a restartable init container), as plain rules
-//! both kubelet stand-ins ([`super::kubelet`], [`crate::cri::kubelet`]) follow. Read from
+//! What the kubelet does for a native sidecar (a restartable init container), and how its prober
+//! reaches each mesh's proxy: the one module of kubelet rules both kubelet stand-ins
+//! ([`super::kubelet`], [`crate::cri::kubelet`]) follow — plain functions and state, and the
+//! [`NativeKubelet`] trait whose provided methods drive both. Read from
 //! kubernetes/kubernetes `pkg/kubelet/kuberuntime` (1.33):
 //!
 //! - **Start** (`kuberuntime_container.go` `computeInitContainerActions`): init containers run in
@@ -24,10 +26,12 @@
 //!   will be started again, the pod is killed (`KillPod`, `InitContainersToStart = nil`: "To
 //!   prevent the restartable init containers to keep pod alive"), through the same kill path.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use super::kubelet::PodEvent;
 use super::pod_object::{now_ts, CState, PodView, ProbeState, Terminated};
-use super::prober::ProbeResult;
+use super::prober::{ProbeResult, ProbeTarget};
 
 /// kubelet's `MaxContainerBackOff`.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
@@ -93,11 +97,21 @@ impl CrashLoopBackOff {
 /// Where the kubelet probes a pod's proxy, by the pod's mesh, for both kubelet stand-ins (so they
 /// cannot drift): Istio's `/healthz/ready` on pilot-agent's 15021 (injection-template.yaml);
 /// Kuma's native sidecar (Unix-socket admin) `/ready` on kuma-dp's readiness port 9902
-/// (kumahq/kuma `containers/factory.go`).
+/// (kumahq/kuma `containers/factory.go`); Consul's native sidecar the exec of
+/// `consul-dataplane -check-proxy-health` ([`super::mesh::CONSUL_NATIVE_STARTUP_PROBE`]), which
+/// asks Envoy's `/ready` on `127.0.0.1:19000` from inside the pod: the prober asks the same
+/// from the pod's netns (its readiness probe, a TCP connect to 20000, is read the same way).
 pub fn proxy_probe(v: &PodView) -> (std::net::SocketAddr, &'static str) {
     match v.spec.mesh {
         super::Mesh::Kuma(_) => (
             std::net::SocketAddr::from((v.pod_ip, super::mesh::KUMA_READINESS_PORT)),
+            "/ready",
+        ),
+        super::Mesh::Consul => (
+            std::net::SocketAddr::from((
+                std::net::Ipv4Addr::LOCALHOST,
+                super::mesh::CONSUL_ADMIN_PORT,
+            )),
             "/ready",
         ),
         _ => (
@@ -413,6 +427,214 @@ pub fn regular_done_for_good(v: &PodView) -> bool {
     v.containers
         .iter()
         .all(|c| c.id.is_some() && !c.is_running() && !v.will_restart(c))
+}
+
+/// Records regular container `i` running as `id` (a restart counts; a probed proxy's probe
+/// state starts over). Returns whether it is probed (the proxy of a pod with probes).
+pub fn record_container_start(
+    v: &mut PodView,
+    i: usize,
+    id: &str,
+    pid: Option<u32>,
+    restarting: bool,
+) -> bool {
+    let probed = v.spec.proxy_probes && v.containers[i].name == v.spec.proxy_container();
+    let c = &mut v.containers[i];
+    if restarting {
+        c.restart_count += 1;
+    }
+    c.id = Some(id.to_string());
+    c.pid = pid;
+    c.state = CState::Running {
+        started_at: now_ts(),
+    };
+    c.probed = probed.then(ProbeState::default);
+    probed
+}
+
+/// Records that regular container `i` could not be started.
+pub fn record_container_start_error(v: &mut PodView, i: usize, e: &dyn std::fmt::Display) {
+    v.containers[i].state = CState::Waiting {
+        reason: format!("RunContainerError: {e}"),
+    };
+}
+
+/// The regular containers whose restart back-off ended by `now`, taken out of `restart_at`.
+pub fn restarts_due(restart_at: &mut HashMap<usize, Instant>, now: Instant) -> Vec<usize> {
+    let due: Vec<usize> = restart_at
+        .iter()
+        .filter(|(_, t)| **t <= now)
+        .map(|(i, _)| *i)
+        .collect();
+    for i in &due {
+        restart_at.remove(i);
+    }
+    due
+}
+
+/// The preStop hook's command as the stand-ins run it with `sim-app`: `pilot-agent request ...`
+/// is `sim-app request ...`, `killall -USR2 kuma-dp` is `sim-app killall-usr2-kuma-dp`.
+pub fn pre_stop_sim_args(hook: &[String]) -> Vec<String> {
+    if hook.first().map(String::as_str) == Some("killall") {
+        vec!["killall-usr2-kuma-dp".into()]
+    } else {
+        hook.iter().skip(1).cloned().collect()
+    }
+}
+
+/// Starts the prober of a pod's proxy ([`proxy_probe`] says where, by the pod's mesh), from
+/// `netns` (the pod's own on the netns backend; `None`: the node's, as the kubelet probes the pod
+/// IP on the containerd backend), its tickers from the pod's admission; results go to `tx`.
+pub(crate) fn start_proxy_prober(
+    v: &PodView,
+    pod: &str,
+    netns: Option<std::fs::File>,
+    admitted: Instant,
+    tx: std::sync::mpsc::Sender<PodEvent>,
+) -> ProbeTarget {
+    let target = ProbeTarget::default();
+    let (addr, path) = proxy_probe(v);
+    super::prober::spawn_path(path, pod, netns, addr, admitted, target.clone(), move |r| {
+        let _ = tx.send(PodEvent::Probe(r));
+    });
+    target
+}
+
+/// A kubelet stand-in as the native-sidecar rules drive it. The backend says what runs and
+/// does what the rules decide (start or stop a container, run the preStop hook: a process or a
+/// CRI call); the rules themselves — the app started once the sidecar's startup probe passed,
+/// the sidecar restarted with back-off while the pod runs and never during its termination, a
+/// Job's pod killed once its regular containers are done for good, the stop order (the regular
+/// containers at once, the sidecar's hook at once and its `StopContainer` only once the others
+/// have exited) — are the provided methods, so both stand-ins follow them by construction.
+pub trait NativeKubelet {
+    fn native_state(&mut self) -> &mut NativeState;
+    fn native_view<R>(&self, f: impl FnOnce(&PodView) -> R) -> R;
+    fn native_update<R>(&self, f: impl FnOnce(&mut PodView) -> R) -> R;
+    /// The pod is being deleted.
+    fn deleting(&self) -> bool;
+    /// The node is shutting down.
+    fn shutting_down(&self) -> bool;
+    /// The sidecar's container runs.
+    fn sidecar_running(&self) -> bool;
+    /// A container the sidecar must outlive still runs (its turn has not come).
+    fn others_running(&self) -> bool;
+    /// Starts (or restarts) the sidecar's container.
+    fn start_sidecar(&mut self);
+    /// Starts the regular containers.
+    fn start_regular_containers(&mut self);
+    /// Stops every running regular container: SIGTERM, SIGKILL after `grace` seconds.
+    fn stop_regular(&mut self, grace: u64);
+    /// Stops the sidecar's container: SIGTERM, SIGKILL after `timeout` seconds.
+    fn stop_sidecar(&mut self, timeout: u64);
+    /// Runs the sidecar's preStop hook (bounded by `grace` seconds); its end comes back as
+    /// [`NativeKubelet::hook_returned`] (or, when it cannot run, [`NativeState::hook_done`]).
+    fn run_pre_stop(&mut self, grace: u64);
+
+    /// The pod is deleted or the node shuts down.
+    fn pod_stopping(&self) -> bool {
+        self.deleting() || self.shutting_down()
+    }
+
+    /// A probe result: the container's `started`/`ready`; a native sidecar's first startup
+    /// success lets the regular containers start.
+    fn on_probe(&mut self, r: ProbeResult) {
+        let probed = self.native_update(|v| apply_probe(v, &r));
+        if probed == Probed::SidecarStarted
+            && !self.pod_stopping()
+            && !self.native_state().killing()
+        {
+            self.start_regular_containers();
+        }
+    }
+
+    /// The sidecar's container exited (`t`, at `finished`): started again at once, after its
+    /// back-off, or — during the pod's termination — not at all.
+    fn sidecar_exited(&mut self, t: Terminated, finished: Instant) {
+        let stopping = self.pod_stopping();
+        let next = self
+            .native_state()
+            .exited(finished, Instant::now(), stopping);
+        self.native_update(|v| record_sidecar_exit(v, t, next));
+        if next == AfterExit::StartNow {
+            self.start_sidecar();
+        }
+    }
+
+    /// A regular container exited (already recorded): while the pod is deleted the sidecar may
+    /// now have its turn; otherwise a Job whose regular containers are all done for good is
+    /// killed, sidecar included.
+    fn after_regular_exit(&mut self) {
+        if self.deleting() || self.native_state().killing() {
+            self.advance_sidecar_stop();
+            return;
+        }
+        if self.shutting_down() {
+            return;
+        }
+        if self.native_view(regular_done_for_good) {
+            self.native_state().kill();
+            self.begin_sidecar_stop();
+        }
+    }
+
+    /// Deletion of a native pod: the regular containers stopped at once with the grace period
+    /// (at least 2 s), the sidecar's hook and ordered stop.
+    fn on_native_delete(&mut self) {
+        self.native_state().kill();
+        let grace = self
+            .native_view(|v| grace_secs(v.spec.grace))
+            .max(MIN_GRACE_SECS);
+        self.stop_regular(grace);
+        if !self.native_state().stopping() {
+            self.begin_sidecar_stop();
+        }
+    }
+
+    /// Begins the sidecar's stop (if it runs): its preStop hook now, then its turn.
+    fn begin_sidecar_stop(&mut self) {
+        if !self.sidecar_running() {
+            return;
+        }
+        let (grace, hook) = self.native_view(|v| {
+            (
+                grace_secs(v.spec.grace),
+                v.spec.pre_stop_command().is_some(),
+            )
+        });
+        self.native_state().begin_stop(grace, hook, Instant::now());
+        if hook {
+            self.run_pre_stop(grace);
+        }
+        self.advance_sidecar_stop();
+    }
+
+    /// The sidecar's preStop hook returned.
+    fn hook_returned(&mut self) {
+        self.native_state().hook_done();
+        self.advance_sidecar_stop();
+    }
+
+    /// Moves the sidecar's stop on: stopped once its hook returned and every container it must
+    /// outlive has exited (or the grace period ran out), with what is left of the grace period.
+    fn advance_sidecar_stop(&mut self) {
+        let turn = !self.others_running();
+        if let Some(timeout) = self.native_state().advance_stop(Instant::now(), turn) {
+            self.stop_sidecar(timeout);
+        }
+    }
+
+    /// The native timers at `now`: the sidecar's restart after its back-off, its stop's
+    /// deadlines.
+    fn native_timers(&mut self, now: Instant) {
+        let stopping = self.pod_stopping();
+        if self.native_state().restart_due(now, stopping) {
+            self.start_sidecar();
+        }
+        if self.native_state().stop_due(now) {
+            self.advance_sidecar_stop();
+        }
+    }
 }
 
 #[cfg(test)]

@@ -969,6 +969,51 @@ mod tests {
         )
     }
 
+    /// Consul's native sidecar as consul-k8s 1.9+ injects it (`sim::mesh::proxy_container`):
+    /// `consul-dataplane` appended to the init containers after `consul-connect-inject-init`,
+    /// `restartPolicy: Always`, the exec startup probe, no preStop; the app alone in containers.
+    #[test]
+    fn the_native_consul_pod_has_the_injectors_shape() {
+        let v = PodView::new(
+            PodSpec::new("web").mesh(crate::sim::Mesh::Consul).native(),
+            "5d0c7c1e-3d2a-4c55-9a57-3f1f6b0e9d12".into(),
+            "node-a",
+            Ipv4Addr::new(198, 18, 0, 254),
+            Ipv4Addr::new(198, 18, 1, 6),
+        );
+        let pod = v.to_pod();
+        let spec = pod.spec.expect("spec");
+        let inits = spec.init_containers.expect("init containers");
+        let names: Vec<&str> = inits.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["consul-connect-inject-init", "consul-dataplane"]);
+        let dp = &inits[1];
+        assert_eq!(dp.restart_policy.as_deref(), Some("Always"));
+        let startup = dp.startup_probe.as_ref().expect("startup probe");
+        assert_eq!(
+            startup.exec.as_ref().and_then(|e| e.command.clone()),
+            Some(vec![
+                "/usr/local/bin/consul-dataplane".to_string(),
+                "-check-proxy-health".to_string()
+            ])
+        );
+        assert_eq!(
+            (startup.period_seconds, startup.failure_threshold),
+            (Some(1), Some(10))
+        );
+        assert!(dp.lifecycle.is_none(), "no preStop: {:?}", dp.lifecycle);
+        assert!(inits[0].restart_policy.is_none());
+        let apps: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+        assert!(!apps.contains(&"consul-dataplane"), "{apps:?}");
+        // A dual-stack install's admin on ::1 fails the probe's 127.0.0.1: not simulated.
+        assert!(PodSpec::new("d")
+            .mesh(crate::sim::Mesh::Consul)
+            .consul_dual_stack()
+            .ip_families(crate::sim::IpFamilies::DualV6First)
+            .native()
+            .conflict()
+            .is_some());
+    }
+
     /// The key fields of Istio 1.28.0's golden file for a native sidecar,
     /// `pkg/kube/inject/testdata/inject/native-sidecar.yaml.injected` (the injector's expected
     /// output from `manifests/charts/istio-control/istio-discovery/files/injection-template.yaml`),

@@ -651,7 +651,10 @@ impl PodSpec {
             return Some("an Istio option (CNI, IPv6, DNS capture, user init, serial start, xDS delay, lifecycle override, EXIT_ON_ZERO_ACTIVE_CONNECTIONS, DROP baseline) on a Kuma or Consul pod (not simulated)");
         }
         match (self.mesh, self.is_native()) {
-            (Mesh::Consul, true) => Some("a native Consul sidecar (not simulated)"),
+            // consul-dataplane's `-check-proxy-health` asks 127.0.0.1 whatever
+            // `-envoy-admin-bind-address` says, so with the admin on `::1` the startup probe
+            // would never pass ([`super::mesh::CONSUL_NATIVE_STARTUP_PROBE`]).
+            (Mesh::Consul, true) if self.consul_dual_stack => Some("a native Consul sidecar on a dual-stack install (its startup probe asks 127.0.0.1, its admin is on ::1; not simulated)"),
             (Mesh::Kuma(KumaAdmin::Tcp), true) => Some("a native Kuma sidecar with the TCP admin (its probes would go to the pod IP's 9901, where the admin does not listen; not simulated)"),
             (Mesh::Kuma(_) | Mesh::Consul, false) if self.proxy_probes => {
                 Some("probes of a classic Kuma or Consul proxy (not simulated)")

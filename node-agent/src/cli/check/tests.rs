@@ -4,7 +4,7 @@
 //! through port-forwards of a loopback API server) is in tests/check_cluster.rs.
 use super::*;
 use crate::api::{
-    DrainReport, FilterCounts, HoldRecord, IdleReason, Phase, QuitReason, SidecarMode,
+    DrainReport, FilterCounts, HoldRecord, IdleReason, Mesh, Phase, QuitReason, SidecarMode,
     SourceProblem, TimestampMeaning,
 };
 use crate::cli::cluster::{AgentAnswer, AgentPod, NodeInfo, QuotaInfo};
@@ -384,6 +384,21 @@ fn hf0204_an_envoy_without_the_directional_drain() {
     rows_of(&mut view, "node-a").push(p);
     let f = only(&view, "HF0204", &["pod/shop/old-envoy"]);
     assert!(f.message.contains("1.33.2"), "{}", f.message);
+    assert!(f.fix.contains("Istio 1.26"), "{}", f.fix);
+    // A Kuma or Consul sidecar's fix names its own mesh's release, not Istio's.
+    for (mesh, part) in [(Mesh::Kuma, "Kuma"), (Mesh::Consul, "consul-dataplane")] {
+        let mut view = clean();
+        let mut p = drained("old-envoy");
+        p.mesh = Some(mesh);
+        p.drain.as_mut().unwrap().envoy_version = Some("1.33.2".into());
+        rows_of(&mut view, "node-a").push(p);
+        let f = only(&view, "HF0204", &["pod/shop/old-envoy"]);
+        assert!(
+            f.fix.contains(part) && !f.fix.contains("Istio"),
+            "{mesh}: {}",
+            f.fix
+        );
+    }
     // 1.34.0 has it; a -dev suffix reads as its number.
     for v in ["1.34.0", "1.36.4-dev", "2.0.0"] {
         let mut view = clean();

@@ -1,5 +1,6 @@
 //! The admin side of a drain and a Job quit: what the executors ask of a pod's Envoy
-//! ([`ProxyAdmin`], implemented for [`AdminClient`]; a scripted fake in the tests) and how
+//! ([`ProxyAdmin`], implemented for [`PodProxy`]: the pod's [`AdminClient`] and its mesh's
+//! listeners; a scripted fake in the tests) and how
 //! (`Drainer`: every call under the drain's timeout and a bounded number of attempts,
 //! refusals counted — enough of them mean Envoy has exited — errors kept for the report).
 
@@ -138,7 +139,11 @@ impl PodProxy {
 
 impl ProxyAdmin for PodProxy {
     async fn admin_post(&self, path: &str) -> Result<(), AdminFailure> {
-        self.admin.admin_post(path).await
+        self.admin
+            .post(path)
+            .await
+            .map(|_| ())
+            .map_err(AdminFailure::from)
     }
 
     async fn drain_sample(&self, prefix: &str) -> Result<DrainSample, AdminFailure> {
@@ -152,17 +157,39 @@ impl ProxyAdmin for PodProxy {
     }
 
     async fn probe(&self) -> Result<(), AdminFailure> {
-        ProxyAdmin::probe(&self.admin).await
+        self.admin
+            .ready()
+            .await
+            .map(|_| ())
+            .map_err(AdminFailure::from)
     }
 
     async fn health_check_failed(&self) -> Result<bool, AdminFailure> {
-        ProxyAdmin::health_check_failed(&self.admin).await
+        self.admin
+            .ready()
+            .await
+            .map(|state| state == ServerState::Draining)
+            .map_err(AdminFailure::from)
     }
 
     async fn server_info(&self) -> Result<Vec<u8>, AdminFailure> {
-        ProxyAdmin::server_info(&self.admin).await
+        let response = self
+            .admin
+            .request_capped("GET", SERVER_INFO_PATH, SERVER_INFO_MAX)
+            .await?;
+        if response.status != 200 {
+            return Err(AdminFailure {
+                refused: false,
+                message: format!(
+                    "Envoy admin: GET {SERVER_INFO_PATH} answered HTTP {}",
+                    response.status
+                ),
+            });
+        }
+        Ok(response.body)
     }
 
+    /// `None` without a sock_diag socket ([`PodProxy::open_sockets`]).
     async fn send_queued(&self) -> Option<u64> {
         let diag = self.sockets.clone()?;
         // Not the agent's own connections to the admin API (their last answer waits for the
@@ -205,51 +232,6 @@ async fn sample_with(
         ports,
         stats.values.iter().map(|(k, v)| (k.as_str(), *v)),
     ))
-}
-
-impl ProxyAdmin for AdminClient {
-    async fn admin_post(&self, path: &str) -> Result<(), AdminFailure> {
-        self.post(path)
-            .await
-            .map(|_| ())
-            .map_err(AdminFailure::from)
-    }
-
-    async fn drain_sample(&self, prefix: &str) -> Result<DrainSample, AdminFailure> {
-        sample_with(self, prefix, &crate::mesh::istio::OWN_HTTP_PREFIXES, None).await
-    }
-
-    async fn probe(&self) -> Result<(), AdminFailure> {
-        self.ready().await.map(|_| ()).map_err(AdminFailure::from)
-    }
-
-    async fn health_check_failed(&self) -> Result<bool, AdminFailure> {
-        self.ready()
-            .await
-            .map(|state| state == ServerState::Draining)
-            .map_err(AdminFailure::from)
-    }
-
-    async fn server_info(&self) -> Result<Vec<u8>, AdminFailure> {
-        let response = self
-            .request_capped("GET", SERVER_INFO_PATH, SERVER_INFO_MAX)
-            .await?;
-        if response.status != 200 {
-            return Err(AdminFailure {
-                refused: false,
-                message: format!(
-                    "Envoy admin: GET {SERVER_INFO_PATH} answered HTTP {}",
-                    response.status
-                ),
-            });
-        }
-        Ok(response.body)
-    }
-
-    /// An admin client alone does not see the pod's sockets ([`PodProxy`] does).
-    async fn send_queued(&self) -> Option<u64> {
-        None
-    }
 }
 
 /// Collected errors, bounded.

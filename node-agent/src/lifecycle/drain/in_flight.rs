@@ -27,8 +27,8 @@
 //! kernel's, inbound, for seconds — quitting then cut a 4 MiB download at 1.6 MB.
 //!
 //! The byte test leaves out the listeners that move bytes during every drain without carrying
-//! the pod's traffic ([`PROXY_OWN_HTTP_PREFIXES`]): Envoy's admin (this agent's own polling,
-//! pilot-agent's stats merge) and Istio's bootstrap listeners for kubelet probes and Prometheus
+//! the pod's traffic (its mesh's, `MeshProfile::own_http_prefixes`): Envoy's admin (this agent's
+//! own polling, pilot-agent's stats merge) and, for Istio, its bootstrap listeners for kubelet probes and Prometheus
 //! scrapes. Any other listener that moves a byte in the window keeps the drain waiting, which
 //! errs towards waiting: a listener missing from the list can only delay an idle verdict, and
 //! only if it moves bytes at least every idle window (100 ms), which probes and scrapes (seconds
@@ -70,11 +70,6 @@ pub use crate::api::{DirectionCounts, FilterCounts, IdleReason, DEFAULT_STAT_PRE
 
 /// Gauges above this are taken as garbage (an underflowed gauge reads near 2^64), not as counts.
 const MAX_SANE_GAUGE: u64 = 1 << 48;
-
-/// Istio's `http.<stat_prefix>` scopes whose bytes are not the pod's traffic
-/// ([`crate::mesh::istio::OWN_HTTP_PREFIXES`]); each mesh's are in its profile
-/// (`MeshProfile::own_http_prefixes`), the idle test skips the pod's mesh's.
-pub const PROXY_OWN_HTTP_PREFIXES: [&str; 5] = crate::mesh::istio::OWN_HTTP_PREFIXES;
 
 const BYTE_COUNTERS: [&str; 2] = [
     ".downstream_cx_rx_bytes_total",
@@ -147,14 +142,9 @@ pub struct TrafficBytes {
 }
 
 impl TrafficBytes {
-    /// Sums the byte counters among `(name, value)` stats of an Istio pod; every other name is
-    /// ignored.
-    pub fn from_stats<K: AsRef<str>>(stats: impl IntoIterator<Item = (K, u64)>) -> TrafficBytes {
-        TrafficBytes::from_stats_skipping(&PROXY_OWN_HTTP_PREFIXES, stats)
-    }
-
     /// Sums the byte counters among `(name, value)` stats, leaving out the HTTP listeners whose
-    /// stat prefix is in `own` (the pod's mesh's own listeners).
+    /// stat prefix is in `own` (the pod's mesh's own listeners, `MeshProfile::own_http_prefixes`:
+    /// there is no default mesh); every other name is ignored.
     pub fn from_stats_skipping<K: AsRef<str>>(
         own: &[&str],
         stats: impl IntoIterator<Item = (K, u64)>,
@@ -278,16 +268,8 @@ pub struct DrainSample {
 }
 
 impl DrainSample {
-    /// Reads a sample of an Istio pod from the answer to
-    /// `/stats?usedonly&filter=<sample_regex(prefix)>`.
-    pub fn from_stats<K: AsRef<str>>(
-        prefix: &str,
-        stats: impl IntoIterator<Item = (K, u64)> + Clone,
-    ) -> DrainSample {
-        DrainSample::from_stats_skipping(prefix, &PROXY_OWN_HTTP_PREFIXES, stats)
-    }
-
-    /// [`DrainSample::from_stats`] for a pod whose mesh's own listeners are `own`.
+    /// Reads a sample from the answer to `/stats?usedonly&filter=<sample_regex(prefix)>` of a pod
+    /// whose mesh's own listeners are `own` (`MeshProfile::own_http_prefixes`).
     pub fn from_stats_skipping<K: AsRef<str>>(
         prefix: &str,
         own: &[&str],
@@ -509,6 +491,9 @@ impl InFlightJudge {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The own listeners of these tests' pods: Istio's.
+    const OWN: &[&str] = &crate::mesh::istio::OWN_HTTP_PREFIXES;
 
     fn stats(pairs: &[(&str, u64)]) -> Option<FilterCounts> {
         FilterCounts::from_stats(DEFAULT_STAT_PREFIX, pairs.iter().map(|(k, v)| (*k, *v)))
@@ -737,7 +722,7 @@ mod tests {
 
     #[test]
     fn traffic_bytes_leave_out_the_proxys_own_listeners() {
-        let t = TrafficBytes::from_stats(SIDECAR_STATS.iter().map(|(k, v)| (*k, *v)));
+        let t = TrafficBytes::from_stats_skipping(OWN, SIDECAR_STATS.iter().map(|(k, v)| (*k, *v)));
         assert_eq!(
             t,
             TrafficBytes {
@@ -748,10 +733,14 @@ mod tests {
             }
         );
         // A tcp_proxy whose stat prefix is `admin` is traffic: only Envoy's admin HCM is `http.admin`.
-        let t = TrafficBytes::from_stats([("tcp.admin.downstream_cx_rx_bytes_total", 3u64)]);
+        let t = TrafficBytes::from_stats_skipping(
+            OWN,
+            [("tcp.admin.downstream_cx_rx_bytes_total", 3u64)],
+        );
         assert_eq!(t.total, 3);
-        let s = DrainSample::from_stats(
+        let s = DrainSample::from_stats_skipping(
             DEFAULT_STAT_PREFIX,
+            OWN,
             SIDECAR_STATS.iter().map(|(k, v)| (*k, *v)),
         );
         assert_eq!(s.filter.map(|f| f.outbound.cx_active), Some(Some(0)));
@@ -913,8 +902,9 @@ mod tests {
             ("wasmcustom.holdfast.workers_ready", 1),
             ("wasmcustom.holdfast.inbound.cx_active", 1),
         ];
-        let s = DrainSample::from_stats(
+        let s = DrainSample::from_stats_skipping(
             DEFAULT_STAT_PREFIX,
+            OWN,
             istio_default.iter().map(|(k, v)| (*k, *v)),
         );
         assert!(!s.traffic.exposed);
@@ -940,7 +930,10 @@ mod tests {
             InFlight::Idle(IdleReason::NoConnections)
         );
         // Only the admin API's counters kept: exposed, nothing of the pod's traffic moved yet.
-        let t = TrafficBytes::from_stats([("http.admin.downstream_cx_tx_bytes_total", 9u64)]);
+        let t = TrafficBytes::from_stats_skipping(
+            OWN,
+            [("http.admin.downstream_cx_tx_bytes_total", 9u64)],
+        );
         assert_eq!(
             t,
             TrafficBytes {
@@ -1028,7 +1021,10 @@ mod tests {
             InFlight::Idle(IdleReason::NoBytesMoved { .. })
         ));
         // An underflowed buffered gauge is garbage, not bytes held.
-        let t2 = TrafficBytes::from_stats([("tcp.x.downstream_cx_tx_bytes_buffered", u64::MAX)]);
+        let t2 = TrafficBytes::from_stats_skipping(
+            OWN,
+            [("tcp.x.downstream_cx_tx_bytes_buffered", u64::MAX)],
+        );
         assert_eq!(t2.buffered, 0);
     }
 

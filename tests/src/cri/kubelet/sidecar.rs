@@ -12,11 +12,10 @@ use k8s_cri::v1::{ExecSyncRequest, StopContainerRequest};
 use super::{CriPodWorker, Slot};
 use crate::sim::kubelet::PodEvent;
 use crate::sim::native::{
-    apply_probe, grace_secs, record_sidecar_exit, record_sidecar_start, record_sidecar_start_error,
-    regular_done_for_good, AfterExit, Probed, MIN_GRACE_SECS,
+    pre_stop_sim_args, record_sidecar_start, record_sidecar_start_error, start_proxy_prober,
+    NativeKubelet, NativeState,
 };
-use crate::sim::pod_object::{now_ts, Terminated, PRE_STOP_DRAIN};
-use crate::sim::prober::{self, ProbeResult, ProbeTarget};
+use crate::sim::pod_object::{now_ts, PodView, Terminated};
 use crate::sim::PROXY_CONTAINER;
 
 /// `finishedAt` as an `Instant` of this process (the back-off counts from it).
@@ -37,21 +36,8 @@ impl CriPodWorker {
         if self.probe.is_some() || !self.view(|v| v.spec.proxy_probes) {
             return;
         }
-        let target = ProbeTarget::default();
-        let (addr, path) = self.view(crate::sim::native::proxy_probe);
-        let tx = self.tx.clone();
-        prober::spawn_path(
-            path,
-            &self.name,
-            None,
-            addr,
-            self.admitted,
-            target.clone(),
-            move |r| {
-                let _ = tx.send(PodEvent::Probe(r));
-            },
-        );
-        self.probe = Some(target);
+        let (name, admitted, tx) = (self.name.clone(), self.admitted, self.tx.clone());
+        self.probe = Some(self.view(|v| start_proxy_prober(v, &name, None, admitted, tx)));
     }
 
     pub(super) fn probe_running(&self, id: &str) {
@@ -66,21 +52,8 @@ impl CriPodWorker {
         }
     }
 
-    /// A probe result (see the netns backend's `on_probe`).
-    pub(super) fn on_probe(&mut self, r: ProbeResult) {
-        let probed = self.update(|v| apply_probe(v, &r));
-        if probed == Probed::SidecarStarted && !self.pod_stopping() && !self.native.killing() {
-            self.start_regular_containers();
-        }
-    }
-
-    /// The pod is deleted or the node shuts down.
-    fn pod_stopping(&self) -> bool {
-        self.deleting || self.shutting_down
-    }
-
     /// Creates and starts the sidecar's container (a new attempt on a restart).
-    pub(super) fn start_sidecar(&mut self) {
+    fn create_sidecar(&mut self) {
         let restarting = self.sidecar_attempts > 0;
         if !restarting {
             if let Err(e) = self.argv.write_sidecar_config() {
@@ -103,50 +76,12 @@ impl CriPodWorker {
         }
     }
 
-    /// The sidecar's container exited: restart it with back-off while the pod runs.
+    /// The sidecar's container exited: restart it with back-off while the pod runs
+    /// ([`NativeKubelet::sidecar_exited`]).
     pub(super) fn on_sidecar_exit(&mut self, t: Terminated) {
         self.probe_stopped();
-        let next = self
-            .native
-            .exited(instant_of(&t), Instant::now(), self.pod_stopping());
-        self.update(|v| record_sidecar_exit(v, t, next));
-        if next == AfterExit::StartNow {
-            self.start_sidecar();
-        }
-    }
-
-    /// A regular container exited (recorded): the sidecar's turn, or a Job's end.
-    pub(super) fn after_regular_exit(&mut self) {
-        if self.deleting || self.native.killing() {
-            self.advance_sidecar_stop();
-            return;
-        }
-        if self.shutting_down {
-            return;
-        }
-        if self.view(regular_done_for_good) {
-            self.native.kill();
-            self.begin_sidecar_stop();
-        }
-    }
-
-    /// Deletion: `StopContainer(grace)` for the regular containers at once, the sidecar's hook
-    /// and ordered stop.
-    pub(super) fn on_native_delete(&mut self) {
-        self.native.kill();
-        let grace = self.view(|v| grace_secs(v.spec.grace)).max(MIN_GRACE_SECS);
-        let regular: Vec<String> = self
-            .running
-            .iter()
-            .filter(|(_, s)| **s != Slot::Sidecar)
-            .map(|(id, _)| id.clone())
-            .collect();
-        for cid in regular {
-            self.stop_container(cid, grace);
-        }
-        if !self.native.stopping() {
-            self.begin_sidecar_stop();
-        }
+        let finished = instant_of(&t);
+        self.sidecar_exited(t, finished);
     }
 
     fn sidecar_cid(&self) -> Option<String> {
@@ -154,52 +89,6 @@ impl CriPodWorker {
             .iter()
             .find(|(_, s)| **s == Slot::Sidecar)
             .map(|(id, _)| id.clone())
-    }
-
-    fn begin_sidecar_stop(&mut self) {
-        let Some(cid) = self.sidecar_cid() else {
-            return;
-        };
-        let (grace, hook) = self.view(|v| (grace_secs(v.spec.grace), v.spec.istio_pre_stop()));
-        self.native.begin_stop(grace, hook, Instant::now());
-        if hook {
-            // The kubelet's exec hook: ExecSync in the container, bounded by the grace period.
-            let (rt, tx, name) = (self.rt, self.tx.clone(), self.name.clone());
-            let mut cmd = vec![self.env.sim_app.to_string_lossy().into_owned()];
-            cmd.extend(PRE_STOP_DRAIN[1..].iter().map(|s| s.to_string()));
-            std::thread::spawn(move || {
-                let mut c = rt.client.clone();
-                match rt.call(c.exec_sync(ExecSyncRequest {
-                    container_id: cid,
-                    cmd,
-                    timeout: grace as i64,
-                })) {
-                    Ok(r) if r.exit_code != 0 => {
-                        eprintln!("sim: pod {name}: preStop hook exited {}", r.exit_code)
-                    }
-                    Ok(_) => {}
-                    Err(e) => eprintln!("sim: pod {name}: preStop hook: {e}"),
-                }
-                let _ = tx.send(PodEvent::HookDone { pid: 0 });
-            });
-        }
-        self.advance_sidecar_stop();
-    }
-
-    pub(super) fn on_hook_done(&mut self) {
-        self.native.hook_done();
-        self.advance_sidecar_stop();
-    }
-
-    /// `StopContainer` for the sidecar once its hook returned and its turn came.
-    fn advance_sidecar_stop(&mut self) {
-        let turn = !self.running.values().any(|s| *s != Slot::Sidecar);
-        let Some(timeout) = self.native.advance_stop(Instant::now(), turn) else {
-            return;
-        };
-        if let Some(cid) = self.sidecar_cid() {
-            self.stop_container(cid, timeout);
-        }
     }
 
     /// `StopContainer(timeout)` on a thread of its own (it returns once the container is gone).
@@ -216,19 +105,93 @@ impl CriPodWorker {
         });
     }
 
-    /// Every turn of the worker's loop: a back-off that ended, a stop deadline that passed.
-    pub(super) fn on_native_tick(&mut self) {
-        let now = Instant::now();
-        if self.native.restart_due(now, self.pod_stopping()) {
-            self.start_sidecar();
-        }
-        if self.native.stop_due(now) {
-            self.advance_sidecar_stop();
-        }
-    }
-
     /// The next native timer, to bound the worker's wait.
     pub(super) fn native_deadline(&self) -> Option<Instant> {
         self.native.deadline()
+    }
+}
+
+/// The containerd backend's containers are CRI containers: `StopContainer` with a timeout, the
+/// preStop hook an `ExecSync` in the sidecar's container.
+impl NativeKubelet for CriPodWorker {
+    fn native_state(&mut self) -> &mut NativeState {
+        &mut self.native
+    }
+
+    fn native_view<R>(&self, f: impl FnOnce(&PodView) -> R) -> R {
+        self.view(f)
+    }
+
+    fn native_update<R>(&self, f: impl FnOnce(&mut PodView) -> R) -> R {
+        self.update(f)
+    }
+
+    fn deleting(&self) -> bool {
+        self.deleting
+    }
+
+    fn shutting_down(&self) -> bool {
+        self.shutting_down
+    }
+
+    fn sidecar_running(&self) -> bool {
+        self.sidecar_cid().is_some()
+    }
+
+    fn others_running(&self) -> bool {
+        self.running.values().any(|s| *s != Slot::Sidecar)
+    }
+
+    fn start_sidecar(&mut self) {
+        self.create_sidecar();
+    }
+
+    fn start_regular_containers(&mut self) {
+        CriPodWorker::start_regular_containers(self);
+    }
+
+    fn stop_regular(&mut self, grace: u64) {
+        let regular: Vec<String> = self
+            .running
+            .iter()
+            .filter(|(_, s)| **s != Slot::Sidecar)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for cid in regular {
+            self.stop_container(cid, grace);
+        }
+    }
+
+    fn stop_sidecar(&mut self, timeout: u64) {
+        if let Some(cid) = self.sidecar_cid() {
+            self.stop_container(cid, timeout);
+        }
+    }
+
+    /// The kubelet's exec hook: `ExecSync` in the container, bounded by the grace period.
+    fn run_pre_stop(&mut self, grace: u64) {
+        let Some(cid) = self.sidecar_cid() else {
+            self.native.hook_done();
+            return;
+        };
+        let (rt, tx, name) = (self.rt, self.tx.clone(), self.name.clone());
+        let hook = self.view(|v| v.spec.pre_stop_command()).unwrap_or_default();
+        let mut cmd = vec![self.env.sim_app.to_string_lossy().into_owned()];
+        cmd.extend(pre_stop_sim_args(&hook));
+        std::thread::spawn(move || {
+            let mut c = rt.client.clone();
+            match rt.call(c.exec_sync(ExecSyncRequest {
+                container_id: cid,
+                cmd,
+                timeout: grace as i64,
+            })) {
+                Ok(r) if r.exit_code != 0 => {
+                    eprintln!("sim: pod {name}: preStop hook exited {}", r.exit_code)
+                }
+                Ok(_) => {}
+                Err(e) => eprintln!("sim: pod {name}: preStop hook: {e}"),
+            }
+            let _ = tx.send(PodEvent::HookDone { pid: 0 });
+        });
     }
 }
