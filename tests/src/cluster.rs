@@ -627,21 +627,30 @@ impl MeshedPod {
                         [sim_app, "killall-usr2-kuma-dp"]}}});
                 }
             }
-            Mesh::Consul => command.extend([
-                "consul-dataplane".to_string(),
-                "--admin".into(),
-                spec.admin_addr().to_string(),
-                "--envoy".into(),
-                path(&files.envoy),
-                "--bootstrap".into(),
-                bootstrap,
-                "--shutdown-grace-period-ms".into(),
-                self.drain.as_millis().to_string(),
-                "--start-delay-ms".into(),
-                self.proxy_delay.as_millis().to_string(),
-                "--concurrency".into(),
-                "2".into(),
-            ]),
+            Mesh::Consul => {
+                if native {
+                    // consul-k8s's exec startup probe (`consul-dataplane -check-proxy-health`,
+                    // tests/src/sim/mesh.rs CONSUL_NATIVE_STARTUP_PROBE), run by the real
+                    // kubelet in the container as the stand-in's same check.
+                    proxy["startupProbe"]["exec"]["command"] =
+                        json!([sim_app, "consul-check-proxy-health"]);
+                }
+                command.extend([
+                    "consul-dataplane".to_string(),
+                    "--admin".into(),
+                    spec.admin_addr().to_string(),
+                    "--envoy".into(),
+                    path(&files.envoy),
+                    "--bootstrap".into(),
+                    bootstrap,
+                    "--shutdown-grace-period-ms".into(),
+                    self.drain.as_millis().to_string(),
+                    "--start-delay-ms".into(),
+                    self.proxy_delay.as_millis().to_string(),
+                    "--concurrency".into(),
+                    "2".into(),
+                ]);
+            }
             Mesh::Istio => unreachable!("Istio pods are `template`'s"),
         }
         command.push("--".into());

@@ -842,7 +842,8 @@ fn rolling_update(env: &Env, c: &mut Checks) {
 /// 6. Kuma and Consul pods as their default installs inject them (`MeshedPod::mesh`,
 ///    tests/src/cluster.rs `other_mesh_template`): Kuma 2.13's classic sidecar with the TCP
 ///    admin and the builtin DNS on, Kuma 2.14's native sidecar with the Unix-socket admin (and
-///    DNS on), Consul's classic sidecar. Each app calls out every 100 ms from its start and for
+///    DNS on), Consul's classic sidecar and its native one (`dataplaneAsSidecarInitContainer`,
+///    the exec startup probe, no preStop). Each app calls out every 100 ms from its start and for
 ///    4 s after SIGTERM, the proxy 3 s late (the xDS wait); each mesh's own fixed wait on
 ///    SIGTERM is its default, 30 s (kuma-dp's `drainTime`, consul-dataplane's
 ///    `-shutdown-grace-period-seconds`). Then `kubectl delete` (grace 30 s).
@@ -874,6 +875,7 @@ fn kuma_and_consul(env: &Env, c: &mut Checks) {
             false,
         ),
         ("consul", Mesh::Consul, Sidecar::Classic, true),
+        ("consulnative", Mesh::Consul, Sidecar::Native, false),
     ];
     let pod = |name: String, mesh: Mesh, sidecar: Sidecar, holdfast: bool| {
         let mut p = MeshedPod::new(

@@ -10,8 +10,9 @@
 //!   listening.
 //! - `dns-proxy`: pilot-agent's DNS proxy on localhost:15053 (started by `pilot-agent`).
 //! - `request`: `pilot-agent request` (Istio's native-sidecar preStop hook runs it).
-//! - `mesh-init`, `kuma-dp`, `consul-dataplane`, `killall-usr2-kuma-dp`: Kuma's and Consul's
-//!   init step, proxy processes and Kuma's native preStop hook (`sim::mesh`, `sim::dataplane`).
+//! - `mesh-init`, `kuma-dp`, `consul-dataplane`, `killall-usr2-kuma-dp`,
+//!   `consul-check-proxy-health`: Kuma's and Consul's init step, proxy processes, Kuma's native
+//!   preStop hook and Consul's native startup probe (`sim::mesh`, `sim::dataplane`).
 
 use std::io::Write;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
@@ -100,6 +101,13 @@ enum Cmd {
     ConsulDataplane(ConsulDataplaneArgs),
     /// `killall -USR2 kuma-dp` in the caller's container (Kuma's native-sidecar preStop hook).
     KillallUsr2KumaDp,
+    /// `consul-dataplane -check-proxy-health` (Consul's native-sidecar startup probe, an exec in
+    /// the container): `GET /ready` on Envoy's admin, exit 0 on a 2xx/3xx answer
+    /// (hashicorp/consul-dataplane cmd/consul-dataplane/main.go `doHealthCheck`).
+    ConsulCheckProxyHealth {
+        #[arg(long, default_value = "127.0.0.1:19000")]
+        admin: SocketAddr,
+    },
     /// The remote services (echo).
     Remote {
         #[arg(long)]
@@ -185,6 +193,20 @@ fn main() -> anyhow::Result<()> {
         Cmd::KumaDp(args) => std::process::exit(dataplane::run_kuma_dp(&args, &term)?),
         Cmd::ConsulDataplane(args) => {
             std::process::exit(dataplane::run_consul_dataplane(&args, &term)?)
+        }
+        Cmd::ConsulCheckProxyHealth { admin } => {
+            let admin = holdfast_tests::sim::mesh::AdminAddr::Tcp(admin);
+            match dataplane::admin_call(&admin, "GET", "/ready") {
+                Ok((code, _)) if (200..400).contains(&code) => {}
+                Ok((code, body)) => {
+                    eprintln!("envoy not ready: {code} {}", body.trim());
+                    std::process::exit(1);
+                }
+                Err(e) => {
+                    eprintln!("envoy admin: {e}");
+                    std::process::exit(1);
+                }
+            }
         }
         Cmd::KillallUsr2KumaDp => {
             dataplane::killall_usr2_kuma_dp()?;
