@@ -236,6 +236,10 @@ pub fn wait<T>(
 /// directory (Envoy's bootstrap, the apps' reports) removed when dropped.
 pub struct Files {
     pub sim_app: PathBuf,
+    /// A copy of `sim_app` named `pilot-agent`: Istio's native-sidecar preStop hook runs
+    /// `pilot-agent request ... POST drain`, and the agent knows that hook by its first word
+    /// ending in `pilot-agent` (node-agent/src/mesh/istio.rs), as the injector writes it.
+    pub pilot_agent: PathBuf,
     pub envoy: PathBuf,
     pub filter: Option<PathBuf>,
     pub work: PathBuf,
@@ -253,7 +257,15 @@ impl Files {
         }
         let staged = reach::pod_files(sim_app, &envoy, filter.as_deref(), &work)
             .map_err(|e| e.to_string())?;
+        let bin = work.join("bin");
+        std::fs::create_dir_all(&bin).map_err(|e| format!("{}: {e}", bin.display()))?;
+        set_mode(&bin, 0o755)?;
+        let pilot_agent = bin.join("pilot-agent");
+        std::fs::copy(&staged.sim_app, &pilot_agent)
+            .map_err(|e| format!("{}: {e}", pilot_agent.display()))?;
+        set_mode(&pilot_agent, 0o755)?;
         Ok(Files {
+            pilot_agent,
             sim_app: staged.sim_app,
             envoy: staged.envoy,
             filter: staged.filter,
@@ -394,6 +406,10 @@ pub struct MeshedPod {
     /// has them.
     pub proxy_probes: bool,
     pub labels: Vec<(String, String)>,
+    /// A native `istio-proxy` gets Istio's preStop drain hook (`pilot-agent request
+    /// --debug-port=15020 POST drain`, injection-template.yaml's default for native sidecars);
+    /// off, the shape of `global.proxy.lifecycle` set (no hook).
+    pub pre_stop_drain: bool,
     /// The mesh whose injector shaped the pod: Istio (default), or Kuma and Consul as their
     /// default installs inject them ([`MeshedPod::other_mesh_template`]).
     pub mesh: Mesh,
@@ -415,6 +431,7 @@ impl MeshedPod {
             serve: None,
             proxy_probes: false,
             labels: Vec::new(),
+            pre_stop_drain: false,
             mesh: Mesh::Istio,
         }
     }
@@ -499,6 +516,14 @@ impl MeshedPod {
         }
         if self.sidecar == Sidecar::Native {
             proxy["restartPolicy"] = json!("Always");
+            if self.pre_stop_drain {
+                // src/sim/pod_object.rs PRE_STOP_DRAIN, with the staged `pilot-agent`.
+                let mut hook = crate::sim::pod_object::PRE_STOP_DRAIN
+                    .map(String::from)
+                    .to_vec();
+                hook[0] = path(&files.pilot_agent);
+                proxy["lifecycle"] = json!({"preStop": {"exec": {"command": hook}}});
+            }
         }
         let (inits, containers) = match self.sidecar {
             Sidecar::Classic => (vec![init], vec![app, proxy]),
@@ -699,6 +724,7 @@ impl MeshedPod {
                 "Directory",
             ),
             ("sim-app".into(), files.sim_app.clone(), "File"),
+            ("pilot-agent".into(), files.pilot_agent.clone(), "File"),
             ("envoy".into(), files.envoy.clone(), "File"),
             ("envoy-config".into(), config.clone(), "Directory"),
         ];

@@ -179,12 +179,13 @@ fn promises_side_by_side_on_the_real_cluster() {
     // HOLDFAST_PROMISES_ONLY=deletion,kuma_and_consul runs those scenarios alone (while
     // working on one, against a kept cluster); unset, every one runs.
     let only = std::env::var("HOLDFAST_PROMISES_ONLY").unwrap_or_default();
-    let scenarios: [(&str, Scenario); 7] = [
+    let scenarios: [(&str, Scenario); 8] = [
         ("startup", startup),
         ("jobs", jobs),
         ("deletion", deletion),
         ("rolling_update", rolling_update),
         ("native_sidecars", native_sidecars),
+        ("native_istio_prestop", native_istio_prestop),
         ("kuma_and_consul", kuma_and_consul),
         // Last: it replaces the agent's pod.
         ("agent_deleted_mid_drain", agent_deleted_mid_drain),
@@ -1188,6 +1189,100 @@ fn native_sidecars(env: &Env, c: &mut Checks) {
         gone[with].unwrap_or(u128::MAX) <= gone[without].unwrap_or(0) + 500,
         "native, deleted: with holdfast the pod goes no later than without (0.5 s slack)",
     );
+}
+
+/// 5b. A native `istio-proxy` as Istio injects it by default: with the preStop drain hook
+///    (`pilot-agent request --debug-port=15020 POST drain`; the pods of scenario 5 have the
+///    `global.proxy.lifecycle` shape, no hook). The kubelet runs the hook when the pod's
+///    termination starts and stops the sidecar after the app; the agent recognises the hook and
+///    only measures ("kubelet-ordered"). The app calls every 100 ms and for 4 s after SIGTERM.
+fn native_istio_prestop(env: &Env, c: &mut Checks) {
+    println!("== 5b. native sidecars with Istio's preStop drain hook (Istio's default)");
+    let pod = |name: &str, holdfast: bool| {
+        let mut p = MeshedPod::new(
+            name,
+            AppScript::CallThroughShutdown {
+                every: Duration::from_millis(100),
+                pool: 2,
+                after_sigterm: Duration::from_secs(4),
+            },
+            holdfast,
+        );
+        p.sidecar = holdfast_tests::cluster::Sidecar::Native;
+        p.pre_stop_drain = true;
+        p.restart_policy = "Always";
+        // The shipped mesh config's 30 s with holdfast, Istio's default 5 s for the control.
+        p.drain = Duration::from_secs(if holdfast { 30 } else { 5 });
+        p
+    };
+    let (with, without) = ("nhook-with", "nhook-without");
+    env.apply_pod(&pod(with, true));
+    env.apply_pod(&pod(without, false));
+    let up = wait(Duration::from_secs(60), "both apps calling", || {
+        [with, without]
+            .iter()
+            .all(|n| env.report(n).calls(Phase::Running).ok >= 5)
+            .then_some(())
+    });
+    c.check(
+        up.is_ok(),
+        "both native pods with the preStop hook run, their apps call out",
+    );
+    env.check_control(c, with, without);
+    for n in [with, without] {
+        let r = env.report(n);
+        c.check(
+            r.calls(Phase::Running).failed == 0,
+            &format!(
+                "{n}: the kubelet started the app after the proxy's startupProbe: no call failed"
+            ),
+        );
+    }
+    let t0 = Instant::now();
+    env.delete(&[with, without], &[]);
+    let mut gone: std::collections::HashMap<&str, Option<u128>> =
+        [(with, None), (without, None)].into_iter().collect();
+    let _ = wait(Duration::from_secs(60), "both pods gone", || {
+        let left = env
+            .ns
+            .run(&["get", "pods", "-o", "name"])
+            .unwrap_or_default();
+        for n in [with, without] {
+            if gone[n].is_none() && !left.lines().any(|l| l == format!("pod/{n}")) {
+                gone.insert(n, Some(t0.elapsed().as_millis()));
+            }
+        }
+        gone.values().all(Option::is_some).then_some(())
+    });
+    for n in [with, without] {
+        let r = env.report(n);
+        println!(
+            "  {n}: deleted, the app calling 4 s after SIGTERM: calls after SIGTERM {}; deletion to pod gone {}",
+            calls_line(&r, Phase::AfterSigterm),
+            gone[n].map_or("not gone in 60 s".into(), |ms| format!("{ms} ms"))
+        );
+        let after = r.calls(Phase::AfterSigterm);
+        c.check(
+            after.failed == 0 && after.ok > 0,
+            &format!("{n}: the hook drains inbound only, the kubelet stops the sidecar after the app: no call failed during shutdown"),
+        );
+    }
+    c.check(
+        gone[with].unwrap_or(u128::MAX) <= gone[without].unwrap_or(0) + 500,
+        "native with the preStop hook, deleted: with holdfast the pod goes no later than without (0.5 s slack)",
+    );
+    let log = env.kube.agent_log();
+    let key = format!("\"pod\":\"{}/{with}\"", env.ns.name);
+    let measured = log
+        .lines()
+        .any(|l| l.contains(&key) && l.contains("the kubelet ends the proxy after the app"));
+    c.check(
+        measured,
+        "the agent recognised Istio's preStop drain on the native sidecar and left the order to the kubelet",
+    );
+    if !measured {
+        env.print_agent_lines(with, 30);
+    }
 }
 
 /// Seconds from a container's last exit to its restart, from the Pod status the kubelet wrote
