@@ -13,7 +13,8 @@
 #   4. The agent removes its startup taint through the real API; the ValidatingAdmissionPolicy admits
 #      exactly that patch and refuses others (with the agent's own pod-bound token); the GKE-shaped
 #      quota rule; Pod Security; `kubectl auth can-i --list` as the agent's ServiceAccount.
-#   5-6. Status and metrics through the API server; the pod watch across an API server restart.
+#   5-6. Status and metrics through the API server; the pod watch across an API server restart;
+#      6b. and across a cut of the agent's own connection (the API server up).
 #   7. The promises side by side (tests/tests/cluster_promises.rs), each scenario with its control.
 #   7b. The Kuma install (`kubectl apply -k manifests/kuma/`, CAP_KILL and CAP_DAC_OVERRIDE added):
 #      the Kuma and Consul scenario again, then back to the default install.
@@ -414,6 +415,35 @@ n="$(grep -c '"tracking pod","pod":"default/hf-before"' <<<"$(agent_logs)" || tr
 [[ "$n" == 1 ]] && pass "the pod from before the restart tracked once, not again after it" ||
     fail "default/hf-before tracked $n times"
 
+echo "== 6b. the agent's own connection to the API server cut, the API server up"
+# The agent (no hostNetwork) reaches the API server through the kubernetes Service's ClusterIP
+# (KUBERNETES_SERVICE_HOST); a REJECT with a TCP reset in its pod's network namespace cuts exactly
+# its connections (the watch dies at once) while the API server, the kubelet and the controllers
+# go on. A pod created meanwhile must be seen once the connection is back.
+cid="$(crictl ps --name '^agent$' -q | head -1)"
+agent_pid="$(crictl inspect -o go-template --template '{{.info.pid}}' "$cid")"
+svc_ip="$(kubectl get service kubernetes -n default -o jsonpath='{.spec.clusterIP}')"
+cut=(OUTPUT -d "$svc_ip" -p tcp --dport 443 -m comment --comment holdfast-test-cut -j REJECT --reject-with tcp-reset)
+failed_before="$(agent_logs | grep -c 'pod watch failed' || true)"
+nsenter -t "$agent_pid" -n iptables -I "${cut[@]}"
+sleep 3
+kubectl apply -f <(meshed_pod hf-cut) >/dev/null
+sleep 5
+nsenter -t "$agent_pid" -n iptables -D "${cut[@]}"
+t_back=$(now_ms)
+failed_after="$(agent_logs | grep -c 'pod watch failed' || true)"
+((failed_after > failed_before)) && pass "the cut broke the agent's watch (it logged 'pod watch failed')" ||
+    fail "the agent's watch did not notice the cut ($failed_before → $failed_after 'pod watch failed' lines)"
+if [[ -n "$(seen hf-cut 60)" ]]; then
+    pass "a pod created while the agent's connection was cut tracked $(($(now_ms) - t_back)) ms after it was restored"
+else
+    fail "the agent did not track default/hf-cut within 60 s of its connection coming back"
+fi
+for p in hf-before hf-after; do
+    n="$(grep -c "\"tracking pod\",\"pod\":\"default/$p\"" <<<"$(agent_logs)" || true)"
+    [[ "$n" == 1 ]] && pass "default/$p tracked once, not again after the cut" || fail "default/$p tracked $n times"
+done
+
 # `kubectl holdfast status -l`: the selector matched by the real API server, the rows from the agent.
 kubectl label pod hf-before holdfast.io/test-selected=yes >/dev/null
 if out="$(timeout 30 "$agent_bin" status -A -l holdfast.io/test-selected=yes -o json 2>&1)" &&
@@ -428,7 +458,7 @@ refused "holdfast status -A -l with a malformed selector" "with -l" \
 kubectl delete namespace hf-noquota hf-baseline --wait=false >/dev/null
 
 # Step 6's busybox pods (held by the agent: their istio-proxy runs no Envoy) are not needed past here.
-kubectl delete pod hf-before hf-after --wait=false >/dev/null 2>&1 || true
+kubectl delete pod hf-before hf-after hf-cut --wait=false >/dev/null 2>&1 || true
 
 echo "== 7. the promises side by side: the same pods without the agent (opted out) and with it"
 # tests/tests/cluster_promises.rs: Istio-shaped pods running the containerd backend's stand-ins
