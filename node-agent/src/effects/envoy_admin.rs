@@ -21,7 +21,7 @@
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,9 +30,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::effects::http1_client::{Connection, Failure};
 use crate::effects::netns::PodNetns;
 
-/// Envoy's admin address in Istio sidecars.
-pub const DEFAULT_ADMIN_ADDR: SocketAddr =
-    SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 15000);
+/// Envoy's admin address in Istio sidecars (`crate::mesh::istio::ADMIN`), for tests and tools:
+/// the agent asks each pod's own (`MeshProfile::admin`).
+pub const DEFAULT_ADMIN_ADDR: SocketAddr = crate::mesh::istio::ADMIN;
 
 /// The cap of an answer that is a word or two (`/ready`: `LIVE`; the `POST`s: `OK`): Envoy's
 /// admin handlers write a status word (source/server/admin/admin.cc, server_cmd_handler.cc).

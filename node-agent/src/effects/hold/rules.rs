@@ -187,13 +187,16 @@ impl RuleSpec {
     }
 }
 
+/// Istio's ports and uid (`crate::mesh::istio`), for tests and tools: the agent builds every
+/// pod's rules from that pod's mesh profile (`HoldConfig::for_pod`), never from this default.
 impl Default for RuleSpec {
     fn default() -> Self {
+        use crate::mesh::istio;
         RuleSpec {
             queue_num: 15015,
-            outbound_port: 15001,
-            inbound_port: Some(15006),
-            proxy_uid: 1337,
+            outbound_port: istio::OUTBOUND_PORT,
+            inbound_port: Some(istio::INBOUND_PORT),
+            proxy_uid: istio::PROXY_UID,
             iptables: "iptables".to_string(),
             iptables_restore: "iptables-restore".to_string(),
             ipv6: false,
