@@ -231,6 +231,13 @@ pub struct SocketAt {
 /// it keeps the socket found last, and finds it anew among the proxy container's current
 /// processes (`proxy_id`: the container's id now; `procs`: the pod `uid`'s processes) whenever
 /// that one stops answering. A permission problem stays one: said as it is, not searched again.
+///
+/// Before a socket was ever found, no proxy process (or socket) is "not yet" (`NotFound`: the
+/// proxy is starting). Once one was found, the proxy container without a process is Envoy gone
+/// — the kubelet stopped the sidecar, or it crashed — and the error is `ConnectionRefused`, as a
+/// TCP admin's closed port says it, so the drain sees the proxy gone instead of retrying "not
+/// yet" to its deadline (seen on the real cluster: a Kuma 2.14 native sidecar stopped by the
+/// kubelet after its app, the drain asking its socket 52 times, then quitting at the deadline).
 pub fn connector(
     procs: crate::effects::procfs::pod_procs::PodProcs,
     uid: String,
@@ -238,9 +245,12 @@ pub fn connector(
     proxy_id: impl Fn() -> Option<String> + Send + Sync + 'static,
 ) -> crate::effects::envoy_admin::UnixConnector {
     let found: std::sync::Mutex<Option<AdminSocket>> = Default::default();
+    let ever_found = std::sync::atomic::AtomicBool::new(false);
     std::sync::Arc::new(
         move |timeout: Duration| -> std::io::Result<std::os::unix::net::UnixStream> {
             let mut slot = found.lock().unwrap_or_else(|p| p.into_inner());
+            let gone_or_not_yet =
+                |what: &str| absent(ever_found.load(std::sync::atomic::Ordering::Relaxed), what);
             if let Some(socket) = slot.as_ref() {
                 match socket.connect(timeout) {
                     Ok(stream) => return Ok(stream),
@@ -248,12 +258,8 @@ pub fn connector(
                     Err(_) => *slot = None,
                 }
             }
-            let proxy_id = proxy_id().ok_or_else(|| {
-                std::io::Error::new(
-                    std::io::ErrorKind::NotFound,
-                    "the proxy container has no id yet",
-                )
-            })?;
+            let proxy_id =
+                proxy_id().ok_or_else(|| gone_or_not_yet("the proxy container has no id"))?;
             let container: Vec<i32> = procs
                 .of_pod_blocking(&uid)
                 .iter()
@@ -264,10 +270,7 @@ pub fn connector(
             let proxy = crate::effects::procfs::proxy_procs::proxy_pids_of(&proc_root, &container);
             // Through Envoy's own root first (the mesh's agent's child made the socket, in the
             // mount namespace it runs in), then the main process's.
-            let mut last = std::io::Error::new(
-                std::io::ErrorKind::NotFound,
-                "no process of the proxy container yet",
-            );
+            let mut last = gone_or_not_yet("no process of the proxy container");
             let mut found_socket = None;
             for &pid in proxy.iter().rev() {
                 match AdminSocket::find(
@@ -289,15 +292,38 @@ pub fn connector(
             let socket = found_socket.ok_or(last)?;
             let stream = socket.connect(timeout).map_err(Error::into_io)?;
             *slot = Some(socket);
+            ever_found.store(true, std::sync::atomic::Ordering::Relaxed);
             Ok(stream)
         },
     )
+}
+
+/// The error of a socket or proxy process not found: "not yet" (`NotFound`) before a socket was
+/// ever found, Envoy gone (`ConnectionRefused`, as a closed TCP port says it) after.
+fn absent(ever_found: bool, what: &str) -> std::io::Error {
+    if ever_found {
+        std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            format!("{what}: the proxy's Envoy answered before and is gone"),
+        )
+    } else {
+        std::io::Error::new(std::io::ErrorKind::NotFound, format!("{what} yet"))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::net::UnixListener;
+
+    #[test]
+    fn a_proxy_gone_after_it_answered_is_refused_not_not_yet() {
+        let before = absent(false, "no process of the proxy container");
+        assert_eq!(before.kind(), std::io::ErrorKind::NotFound);
+        assert_eq!(before.to_string(), "no process of the proxy container yet");
+        let after = absent(true, "no process of the proxy container");
+        assert_eq!(after.kind(), std::io::ErrorKind::ConnectionRefused);
+    }
 
     /// A directory standing for a container's `/tmp`, reached through this process's own
     /// `/proc/<pid>/root` (the node's `/`).
