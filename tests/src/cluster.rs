@@ -240,6 +240,10 @@ pub struct Files {
     /// `pilot-agent request ... POST drain`, and the agent knows that hook by its first word
     /// ending in `pilot-agent` (node-agent/src/mesh/istio.rs), as the injector writes it.
     pub pilot_agent: PathBuf,
+    /// A copy of `sim_app` named `kuma-dp`: the kuma-dp stand-in runs as it, so its process is
+    /// named `kuma-dp` and Kuma's native preStop hook, the injector's own `killall -USR2
+    /// kuma-dp` (the node's psmisc killall, through the mounted `/usr`), finds it by name.
+    pub kuma_dp: PathBuf,
     pub envoy: PathBuf,
     pub filter: Option<PathBuf>,
     pub work: PathBuf,
@@ -260,12 +264,15 @@ impl Files {
         let bin = work.join("bin");
         std::fs::create_dir_all(&bin).map_err(|e| format!("{}: {e}", bin.display()))?;
         set_mode(&bin, 0o755)?;
-        let pilot_agent = bin.join("pilot-agent");
-        std::fs::copy(&staged.sim_app, &pilot_agent)
-            .map_err(|e| format!("{}: {e}", pilot_agent.display()))?;
-        set_mode(&pilot_agent, 0o755)?;
+        let copy_as = |name: &str| -> Result<PathBuf, String> {
+            let to = bin.join(name);
+            std::fs::copy(&staged.sim_app, &to).map_err(|e| format!("{}: {e}", to.display()))?;
+            set_mode(&to, 0o755)?;
+            Ok(to)
+        };
         Ok(Files {
-            pilot_agent,
+            pilot_agent: copy_as("pilot-agent")?,
+            kuma_dp: copy_as("kuma-dp")?,
             sim_app: staged.sim_app,
             envoy: staged.envoy,
             filter: staged.filter,
@@ -615,6 +622,7 @@ impl MeshedPod {
         let mut proxy_mounts = mounts.clone();
         match self.mesh {
             Mesh::Kuma(admin) => {
+                command[0] = path(&files.kuma_dp);
                 command.extend([
                     "kuma-dp".to_string(),
                     "--envoy".into(),
@@ -646,11 +654,9 @@ impl MeshedPod {
                 // kuma-dp makes its workdir (and 2.14 its admin socket).
                 vols.push(json!({"name": "kuma-sidecar-tmp", "emptyDir": {}}));
                 proxy_mounts.push(json!({"name": "kuma-sidecar-tmp", "mountPath": "/tmp"}));
-                if native {
-                    // The injector's preStop `killall -USR2 kuma-dp`, as the stand-in does it.
-                    proxy["lifecycle"] = json!({"preStop": {"exec": {"command":
-                        [sim_app, "killall-usr2-kuma-dp"]}}});
-                }
+                // A native sidecar keeps the injector's preStop `killall -USR2 kuma-dp` (from
+                // `proxy_container`), run by the real kubelet in the container with the node's
+                // killall; the stand-in runs as `kuma-dp` (`Files::kuma_dp`) for it to match.
             }
             Mesh::Consul => {
                 if native {
@@ -725,6 +731,7 @@ impl MeshedPod {
             ),
             ("sim-app".into(), files.sim_app.clone(), "File"),
             ("pilot-agent".into(), files.pilot_agent.clone(), "File"),
+            ("kuma-dp".into(), files.kuma_dp.clone(), "File"),
             ("envoy".into(), files.envoy.clone(), "File"),
             ("envoy-config".into(), config.clone(), "Directory"),
         ];

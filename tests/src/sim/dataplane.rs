@@ -613,20 +613,35 @@ pub fn run_consul_dataplane(args: &ConsulDataplaneArgs, term: &TermSignal) -> io
 }
 
 /// The native Kuma sidecar's preStop hook `killall -USR2 kuma-dp`, as the kubelet execs it in
-/// the container: SIGUSR2 to every process of the caller's cgroup (the container's) whose
-/// command is kuma-dp (here: `sim-app kuma-dp`). Returns how many it signalled.
+/// the container: SIGUSR2 to every process of the container whose command is kuma-dp (here:
+/// `sim-app kuma-dp`). Returns how many it signalled.
+///
+/// Which processes are the container's: in its own PID namespace (a real container, as the real
+/// kubelet runs the hook), every process `/proc` shows, as `killall` sees them; on the simulated
+/// node's netns backend (no PID namespace), the processes of the caller's cgroup.
 pub fn killall_usr2_kuma_dp() -> io::Result<usize> {
-    let cgroup = std::fs::read_to_string("/proc/self/cgroup")?;
-    let rel = cgroup
-        .lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .ok_or_else(|| io::Error::other("no cgroup v2 line in /proc/self/cgroup"))?;
-    let root = super::cgroup::cgroup2_root().map_err(|e| io::Error::other(e.to_string()))?;
-    let procs = std::fs::read_to_string(
-        Path::new(&root)
-            .join(rel.trim_start_matches('/'))
-            .join("cgroup.procs"),
-    )?;
+    let (procs, scope) = if own_pid_namespace() {
+        let pids: Vec<String> = std::fs::read_dir("/proc")?
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().map(String::from))
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+            .collect();
+        (pids.join("\n"), "the container's PID namespace".to_string())
+    } else {
+        let cgroup = std::fs::read_to_string("/proc/self/cgroup")?;
+        let rel = cgroup
+            .lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .ok_or_else(|| io::Error::other("no cgroup v2 line in /proc/self/cgroup"))?
+            .to_string();
+        let root = super::cgroup::cgroup2_root().map_err(|e| io::Error::other(e.to_string()))?;
+        let procs = std::fs::read_to_string(
+            Path::new(&root)
+                .join(rel.trim_start_matches('/'))
+                .join("cgroup.procs"),
+        )?;
+        (procs, format!("cgroup {rel}"))
+    };
     let mut n = 0;
     for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
@@ -641,17 +656,26 @@ pub fn killall_usr2_kuma_dp() -> io::Result<usize> {
         }
     }
     eprintln!(
-        "{} killall -USR2 kuma-dp: cgroup {rel}, {n} signalled",
+        "{} killall -USR2 kuma-dp: {scope}, {n} signalled",
         super::report::now_ms()
     );
     if n == 0 {
         // killall exits 1 when no process matched.
         return Err(io::Error::other(format!(
-            "kuma-dp: no process found in cgroup {rel} ({})",
+            "kuma-dp: no process found in {scope} ({})",
             procs.split_whitespace().collect::<Vec<_>>().join(" ")
         )));
     }
     Ok(n)
+}
+
+/// Whether this process runs in the sidecar container's own PID namespace, as the real kubelet
+/// execs the hook: there pid 1 is the container's entrypoint, kuma-dp itself. (On the netns
+/// backend there is no PID namespace: pid 1 is the machine's init.) `NSpid` cannot tell: a
+/// container's own procfs shows one level.
+fn own_pid_namespace() -> bool {
+    let cmdline = std::fs::read("/proc/1/cmdline").unwrap_or_default();
+    cmdline.split(|b| *b == 0).nth(1) == Some(b"kuma-dp".as_slice())
 }
 
 /// kuma-dp's embedded DNS proxy (app/kuma-dp/pkg/dataplane/dnsproxy/component.go, v2.14.3):
