@@ -80,6 +80,39 @@ pub struct DrainCtx<'a, A, S> {
     pub steps: Option<tokio::sync::mpsc::UnboundedSender<DrainStep>>,
 }
 
+/// What an executor works with once started from its [`DrainCtx`] (the set-up [`drain`] and
+/// [`finish_job`] share): the admin calls, their errors and the steps told, from `t0`; the app's
+/// processes; the pod's view; the agent's stop.
+struct Started<'a, A, S> {
+    d: admin::Drainer<'a, A>,
+    app: AppTracker<S>,
+    view: watch::Receiver<Option<PodView>>,
+    stop: CancellationToken,
+    settings: &'a DrainSettings,
+}
+
+impl<'a, A, S: PodProcessSource> DrainCtx<'a, A, S> {
+    /// Starts an executor at `t0` (`t0_wall` on the wall clock).
+    fn start(self, t0: tokio::time::Instant, t0_wall: std::time::SystemTime) -> Started<'a, A, S> {
+        let DrainCtx {
+            key,
+            admin,
+            processes,
+            view,
+            stop,
+            settings,
+            steps,
+        } = self;
+        Started {
+            d: admin::Drainer::new(admin, settings, steps, t0, t0_wall),
+            app: AppTracker::new(key, processes),
+            view,
+            stop,
+            settings,
+        }
+    }
+}
+
 /// A step of a drain or a Job watch, told as it happens (see [`DrainCtx::steps`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DrainStep {
