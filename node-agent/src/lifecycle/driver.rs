@@ -48,17 +48,17 @@ type Executor = Pin<Box<dyn Future<Output = Input> + Send>>;
 
 /// What every pod's driver shares (made once by [`crate::agent::run`]).
 pub(crate) struct Shared {
-    pub config: Arc<crate::config::Config>,
-    pub board: crate::report::board::StatusBoard,
-    pub procs: crate::effects::procfs::pod_procs::PodProcs,
-    pub stop: tokio_util::sync::CancellationToken,
-    pub metrics: crate::report::metrics::Metrics,
-    pub events: crate::report::events::PodEvents,
+    pub(crate) config: Arc<crate::config::Config>,
+    pub(crate) board: crate::report::board::StatusBoard,
+    pub(crate) procs: crate::effects::procfs::pod_procs::PodProcs,
+    pub(crate) stop: tokio_util::sync::CancellationToken,
+    pub(crate) metrics: crate::report::metrics::Metrics,
+    pub(crate) events: crate::report::events::PodEvents,
     /// How many pods are in their fast readiness window (see
     /// [`super::pacing::FAST_CHECK_SHARE`]).
-    pub fast_window: FastWindow,
+    pub(crate) fast_window: FastWindow,
     /// Which tracked pod each network namespace in use belongs to.
-    pub netns_owners: NetnsOwners,
+    pub(crate) netns_owners: NetnsOwners,
 }
 
 /// Runs one pod's lifecycle until it is gone or the agent stops.

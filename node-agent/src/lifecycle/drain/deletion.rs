@@ -19,7 +19,7 @@ use super::Started;
 use super::{decide, envoy_version, DrainCtx, DrainOutcome, DrainReport, DrainStep, QuitReason};
 use crate::pod::{Deletion, PodView, SidecarMode, DEFAULT_GRACE};
 
-/// Envoy's admin call that undoes `/healthcheck/fail` ([`decide::restore_health`]).
+/// Envoy's admin call that undoes `/healthcheck/fail` (`decide::restore_health`).
 pub const HEALTHCHECK_OK_PATH: &str = "/healthcheck/ok";
 
 /// Drains a pod being deleted: see the module docs. Call once the pod has a

@@ -27,7 +27,7 @@
 //! kernel's, inbound, for seconds — quitting then cut a 4 MiB download at 1.6 MB.
 //!
 //! The byte test leaves out the listeners that move bytes during every drain without carrying
-//! the pod's traffic ([`PROXY_OWN_HTTP_PREFIXES`]): Envoy's admin (this agent's own polling,
+//! the pod's traffic (`PROXY_OWN_HTTP_PREFIXES`): Envoy's admin (this agent's own polling,
 //! pilot-agent's stats merge) and Istio's bootstrap listeners for kubelet probes and Prometheus
 //! scrapes. Any other listener that moves a byte in the window keeps the drain waiting, which
 //! errs towards waiting: a listener missing from the list can only delay an idle verdict, and
@@ -74,7 +74,7 @@ const MAX_SANE_GAUGE: u64 = 1 << 48;
 /// Istio's `http.<stat_prefix>` scopes whose bytes are not the pod's traffic
 /// ([`crate::mesh::istio::OWN_HTTP_PREFIXES`]); each mesh's are in its profile
 /// (`MeshProfile::own_http_prefixes`), the idle test skips the pod's mesh's.
-pub const PROXY_OWN_HTTP_PREFIXES: [&str; 5] = crate::mesh::istio::OWN_HTTP_PREFIXES;
+pub(crate) const PROXY_OWN_HTTP_PREFIXES: [&str; 5] = crate::mesh::istio::OWN_HTTP_PREFIXES;
 
 const BYTE_COUNTERS: [&str; 2] = [
     ".downstream_cx_rx_bytes_total",
@@ -90,7 +90,7 @@ const BUFFERED_GAUGES: [&str; 1] = [".downstream_cx_tx_bytes_buffered"];
 
 /// Envoy's server state (0 LIVE, 1 DRAINING: its health check failed, `POST
 /// /healthcheck/fail`; envoyproxy/envoy envoy/admin/v3/server_info.proto `State`).
-pub const SERVER_STATE: &str = "server.state";
+pub(crate) const SERVER_STATE: &str = "server.state";
 
 /// The filter's stats a drain sample reads (the rest of its stats are not asked for).
 const FILTER_STATS: [&str; 5] = [
@@ -114,7 +114,7 @@ pub fn sample_regex(prefix: &str) -> String {
 
 /// Whether a sample keeps the line named `name`: what [`sample_regex`] asks for, so a pod's
 /// Envoy that answers more than it was asked costs the agent no memory for it.
-pub fn sample_keeps(prefix: &str, name: &str) -> bool {
+pub(crate) fn sample_keeps(prefix: &str, name: &str) -> bool {
     if name == SERVER_STATE {
         return true;
     }
@@ -149,13 +149,16 @@ pub struct TrafficBytes {
 impl TrafficBytes {
     /// Sums the byte counters among `(name, value)` stats of an Istio pod; every other name is
     /// ignored.
-    pub fn from_stats<K: AsRef<str>>(stats: impl IntoIterator<Item = (K, u64)>) -> TrafficBytes {
+    #[cfg(test)]
+    pub(crate) fn from_stats<K: AsRef<str>>(
+        stats: impl IntoIterator<Item = (K, u64)>,
+    ) -> TrafficBytes {
         TrafficBytes::from_stats_skipping(&PROXY_OWN_HTTP_PREFIXES, stats)
     }
 
     /// Sums the byte counters among `(name, value)` stats, leaving out the HTTP listeners whose
     /// stat prefix is in `own` (the pod's mesh's own listeners).
-    pub fn from_stats_skipping<K: AsRef<str>>(
+    pub(crate) fn from_stats_skipping<K: AsRef<str>>(
         own: &[&str],
         stats: impl IntoIterator<Item = (K, u64)>,
     ) -> TrafficBytes {
@@ -204,7 +207,7 @@ impl FilterCounts {
     /// The filter sets `loaded` and `workers_ready` when it is configured, so an installed
     /// filter always lists something; a `cx_active` gauge it never moved is not listed under
     /// `usedonly` (Envoy lists a gauge once it was set, added to or subtracted from) and reads 0.
-    pub fn from_stats<K: AsRef<str>>(
+    pub(crate) fn from_stats<K: AsRef<str>>(
         prefix: &str,
         stats: impl IntoIterator<Item = (K, u64)>,
     ) -> Option<FilterCounts> {
@@ -288,7 +291,7 @@ impl DrainSample {
     }
 
     /// [`DrainSample::from_stats`] for a pod whose mesh's own listeners are `own`.
-    pub fn from_stats_skipping<K: AsRef<str>>(
+    pub(crate) fn from_stats_skipping<K: AsRef<str>>(
         prefix: &str,
         own: &[&str],
         stats: impl IntoIterator<Item = (K, u64)> + Clone,
@@ -308,7 +311,7 @@ impl DrainSample {
 
     /// [`DrainSample::from_stats_skipping`] that also reads the directional counts of the
     /// capture listeners on `ports` (outbound, inbound) ([`listener_counts`]).
-    pub fn from_stats_with_listeners<K: AsRef<str>>(
+    pub(crate) fn from_stats_with_listeners<K: AsRef<str>>(
         prefix: &str,
         own: &[&str],
         ports: Option<ListenerPorts>,
@@ -320,16 +323,16 @@ impl DrainSample {
     }
 
     /// The counts a judgement and the row use: the filter's, else the capture listeners'.
-    pub fn counts(&self) -> Option<FilterCounts> {
+    pub(crate) fn counts(&self) -> Option<FilterCounts> {
         self.filter.or(self.listener_counts)
     }
 }
 
 /// The capture ports whose listeners' `downstream_cx_active` give the directional counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ListenerPorts {
-    pub outbound: u16,
-    pub inbound: u16,
+pub(crate) struct ListenerPorts {
+    pub(crate) outbound: u16,
+    pub(crate) inbound: u16,
 }
 
 /// Whether `name` is `listener.<address>_<port>.downstream_cx_active` (Envoy's per-listener
@@ -349,7 +352,7 @@ fn listener_active_port(name: &str) -> Option<u16> {
 /// agent/xds/listeners.go), and its bootstrap keeps every stat (consul-dataplane
 /// pkg/consuldp/testdata/TestBootstrapConfig/*.golden: no `stats_matcher`). Summed over the
 /// listeners on each port (one per address family). `None` when neither port's gauge is there.
-pub fn listener_counts<K: AsRef<str>>(
+pub(crate) fn listener_counts<K: AsRef<str>>(
     ports: ListenerPorts,
     stats: impl IntoIterator<Item = (K, u64)>,
 ) -> Option<FilterCounts> {
@@ -385,7 +388,7 @@ pub fn listener_counts<K: AsRef<str>>(
 }
 
 /// [`sample_regex`] that also asks for the capture listeners' `downstream_cx_active`.
-pub fn sample_regex_with_listeners(prefix: &str, ports: Option<ListenerPorts>) -> String {
+pub(crate) fn sample_regex_with_listeners(prefix: &str, ports: Option<ListenerPorts>) -> String {
     let base = sample_regex(prefix);
     match ports {
         None => base,
@@ -397,7 +400,11 @@ pub fn sample_regex_with_listeners(prefix: &str, ports: Option<ListenerPorts>) -
 }
 
 /// [`sample_keeps`] that also keeps the capture listeners' `downstream_cx_active`.
-pub fn sample_keeps_with_listeners(prefix: &str, ports: Option<ListenerPorts>, name: &str) -> bool {
+pub(crate) fn sample_keeps_with_listeners(
+    prefix: &str,
+    ports: Option<ListenerPorts>,
+    name: &str,
+) -> bool {
     sample_keeps(prefix, name)
         || ports.is_some_and(|p| {
             listener_active_port(name).is_some_and(|port| port == p.outbound || port == p.inbound)
@@ -423,7 +430,7 @@ pub enum InFlight {
 
 impl FilterCounts {
     /// Connections open through the proxy in every direction (`None`: a count is garbage).
-    pub fn open(&self) -> Option<u64> {
+    pub(crate) fn open(&self) -> Option<u64> {
         [self.inbound, self.outbound, self.unknown]
             .iter()
             .try_fold(0u64, |sum, d| d.cx_active.map(|n| sum.saturating_add(n)))
@@ -442,7 +449,7 @@ pub struct InFlightJudge {
 
 impl InFlightJudge {
     /// A judge that calls connections idle once no byte moved for `idle_window`.
-    pub fn new(idle_window: Duration) -> InFlightJudge {
+    pub(crate) fn new(idle_window: Duration) -> InFlightJudge {
         InFlightJudge {
             idle_window,
             last_bytes: None,
@@ -452,7 +459,7 @@ impl InFlightJudge {
 
     /// Takes the sample taken at `now` and judges. Samples must come in time order; a failed
     /// `/stats` request is no sample (call nothing).
-    pub fn observe(&mut self, now: Instant, sample: &DrainSample) -> InFlight {
+    pub(crate) fn observe(&mut self, now: Instant, sample: &DrainSample) -> InFlight {
         let bytes = sample.traffic;
         let queued = sample.send_queued.unwrap_or(0);
         if !bytes.exposed {
