@@ -8,13 +8,13 @@
 //! - [`agent`]: the agent itself — follows the pods, runs one [`lifecycle`] driver per meshed
 //!   pod, serves the status API, removes the node's startup taint.
 //! - [`lifecycle`]: one pod's life — the pure [`lifecycle::machine`] (hold or not, release, when
-//!   a drain or a Job watch starts, outcomes, phases), its [`lifecycle::driver`], the proxy's
+//!   a drain or a Job watch starts, outcomes, phases), its `lifecycle::driver`, the proxy's
 //!   [`lifecycle::readiness`], the [`lifecycle::drain`] and Job executors (their rules: the pure
-//!   [`lifecycle::drain::decide`]), and the one [`lifecycle::record`]er of outcomes (board,
+//!   `lifecycle::drain::decide`), and the one recorder of outcomes, `lifecycle::record` (board,
 //!   metrics, Events, log together).
 //! - [`report`]: where outcomes go — the status [`report::board`], Prometheus
-//!   [`report::metrics`], Kubernetes [`report::events`], the read-only status API
-//!   ([`report::server`]) and the agent's own resources ([`report::process_metrics`]).
+//!   [`report::metrics`], Kubernetes `report::events`, the read-only status API
+//!   ([`report::server`]) and the agent's own resources (`report::process_metrics`).
 //! - [`effects`]: what touches the node — entering a pod's netns ([`effects::netns`]), the
 //!   startup hold's iptables rules and NFQUEUE ([`effects::hold`]), the Envoy admin client
 //!   ([`effects::envoy_admin`] on [`effects::http1_client`]), procfs and sock_diag

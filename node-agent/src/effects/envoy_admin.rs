@@ -30,9 +30,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::effects::http1_client::{Connection, Failure};
 use crate::effects::netns::PodNetns;
 
-/// Envoy's admin address in Istio sidecars (`crate::mesh::istio::ADMIN`), for tests and tools:
-/// the agent asks each pod's own (`MeshProfile::admin`).
-pub const DEFAULT_ADMIN_ADDR: SocketAddr = crate::mesh::istio::ADMIN;
+/// The reference mesh's Envoy admin address (`crate::mesh::REFERENCE_ADMIN`), for tests and
+/// tools: the agent asks each pod's own (`MeshProfile::admin`).
+pub const DEFAULT_ADMIN_ADDR: SocketAddr = crate::mesh::REFERENCE_ADMIN;
 
 /// The cap of an answer that is a word or two (`/ready`: `LIVE`; the `POST`s: `OK`): Envoy's
 /// admin handlers write a status word (source/server/admin/admin.cc, server_cmd_handler.cc).

@@ -6,6 +6,12 @@
 //! how a drain or Job watch runs is `lifecycle::drain`'s (the effect executors).
 //!
 //! Runs inside the pod's tracing span (`pod`, `uid`), so no line repeats the pod.
+//!
+//! This file is the loop (`drive`: inputs in, `perform`: effects out) and what follows the
+//! pod's object; each kind of effect is in its own module: `netns` (finding the pod's network
+//! namespace), `envoy` (the admin client and the readiness check), `hold` (the hold's rule and
+//! queue), `proxy_watch` (the ready proxy's processes) and `executor` (starting the drain or the
+//! Job watch).
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -16,20 +22,22 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::machine::{self, Effect, Input, Now, PodFacts, Released, Seen, State, Timer};
+mod envoy;
+mod executor;
+mod hold;
+mod netns;
+mod proxy_watch;
+
+use self::proxy_watch::ProxyWatch;
+use super::machine::{self, Effect, Input, Now, PodFacts, State, Timer};
 use super::pacing::{FastWindow, Pacing};
 use super::record::Recorder;
 use super::replay::InputsLog;
-use crate::effects::envoy_admin::AdminClient;
-use crate::effects::hold::{Error as HoldError, HoldConfig, HoldQueue};
+use crate::effects::hold::{HoldConfig, HoldQueue};
 use crate::effects::netns::PodNetns;
 use crate::effects::netns_claims::{NetnsClaim, NetnsOwners};
-use crate::effects::procfs::pod_procs::NetnsLookup;
-use crate::effects::procfs::proxy_procs::proxy_pids_of;
-use crate::lifecycle::drain::app_exit::ExitWatcher;
-use crate::lifecycle::drain::{self, DrainCtx, DrainStep, PodProcsSource};
-use crate::lifecycle::readiness::{Readiness, ReadinessProbe};
-use crate::mesh::AdminAt;
+use crate::lifecycle::drain::DrainStep;
+use crate::lifecycle::readiness::ReadinessProbe;
 use crate::mesh::MeshProfile;
 use crate::pod::{PodKey, PodView};
 
@@ -40,17 +48,17 @@ type Executor = Pin<Box<dyn Future<Output = Input> + Send>>;
 
 /// What every pod's driver shares (made once by [`crate::agent::run`]).
 pub(crate) struct Shared {
-    pub config: Arc<crate::config::Config>,
-    pub board: crate::report::board::StatusBoard,
-    pub procs: crate::effects::procfs::pod_procs::PodProcs,
-    pub stop: tokio_util::sync::CancellationToken,
-    pub metrics: crate::report::metrics::Metrics,
-    pub events: crate::report::events::PodEvents,
+    pub(crate) config: Arc<crate::config::Config>,
+    pub(crate) board: crate::report::board::StatusBoard,
+    pub(crate) procs: crate::effects::procfs::pod_procs::PodProcs,
+    pub(crate) stop: tokio_util::sync::CancellationToken,
+    pub(crate) metrics: crate::report::metrics::Metrics,
+    pub(crate) events: crate::report::events::PodEvents,
     /// How many pods are in their fast readiness window (see
     /// [`super::pacing::FAST_CHECK_SHARE`]).
-    pub fast_window: FastWindow,
+    pub(crate) fast_window: FastWindow,
     /// Which tracked pod each network namespace in use belongs to.
-    pub netns_owners: NetnsOwners,
+    pub(crate) netns_owners: NetnsOwners,
 }
 
 /// Runs one pod's lifecycle until it is gone or the agent stops.
@@ -88,8 +96,7 @@ pub(crate) async fn run(shared: Arc<Shared>, view: watch::Receiver<Option<PodVie
         steps_rx,
         pending: VecDeque::new(),
         last_progress: Instant::now(),
-        proxy_watch: None,
-        proxy_watch_for: None,
+        proxy_watch: ProxyWatch::default(),
         hold_cfg,
         admin,
         profile: first.profile.clone(),
@@ -132,11 +139,8 @@ struct Driver {
     /// Answers of performed effects, fed to the machine in order.
     pending: VecDeque<Input>,
     last_progress: Instant,
-    /// Pidfds of the ready proxy's own processes (pilot-agent and Envoy; while the machine `watches_proxy`):
-    /// the first exit is `ProxyGone`. No polling: a pidfd turns readable on exit.
-    proxy_watch: Option<ExitWatcher>,
-    /// The proxy container id the watch was armed for (armed once per id).
-    proxy_watch_for: Option<String>,
+    /// The ready proxy's own processes, whose first exit is `ProxyGone` (`proxy_watch.rs`).
+    proxy_watch: ProxyWatch,
     /// What the pod's current object asks for, computed once per pod update: the hold's rules
     /// and queue, and Envoy's admin address (`[::1]` for IPv6-first pods).
     hold_cfg: Option<HoldConfig>,
@@ -172,8 +176,8 @@ impl Driver {
                     let executor = self.executor.as_mut();
                     let mut executor_done = false;
                     let hold_stopped = self.queue.as_ref().map(HoldQueue::stopped);
-                    let has_proxy_watch = self.proxy_watch.is_some();
-                    let proxy_watch = self.proxy_watch.as_mut();
+                    let has_proxy_watch = self.proxy_watch.is_armed();
+                    let proxy_watch = &mut self.proxy_watch;
                     let mut proxy_gone = false;
                     let mut view_changed = false;
                     let input = tokio::select! {
@@ -201,7 +205,7 @@ impl Driver {
                                 None => continue,
                             }
                         }
-                        (pid, _) = async { proxy_watch.expect("guarded").next_exit().await }, if has_proxy_watch => {
+                        pid = proxy_watch.next_exit(), if has_proxy_watch => {
                             tracing::info!(pid, "a process of the proxy (pilot-agent or Envoy) exited");
                             proxy_gone = true;
                             Input::ProxyGone
@@ -236,8 +240,7 @@ impl Driver {
                     }
                     if proxy_gone {
                         // One-shot: re-armed when the machine is back in `Running`.
-                        self.proxy_watch = None;
-                        self.proxy_watch_for = None;
+                        self.proxy_watch.clear();
                     }
                     input
                 }
@@ -330,96 +333,6 @@ impl Driver {
         exit
     }
 
-    async fn look_for_netns(&mut self) -> Input {
-        match self.shared.procs.find_netns(&self.key.uid).await {
-            NetnsLookup::NotYet => Input::NetnsNotYet,
-            NetnsLookup::Refused(why) => Input::NetnsRefused(why),
-            NetnsLookup::Found { pid, netns } => {
-                let id = netns.id();
-                if self.netns.as_ref().map(PodNetns::id) != Some(id) {
-                    match self.shared.netns_owners.claim(id, &self.key) {
-                        Ok(claim) => self.netns_claim = Some(claim),
-                        Err(owner) => {
-                            // Looked up again at the next poll; the row says so if it lasts.
-                            return Input::NetnsRefused(format!(
-                                "pid {pid} is in network namespace {id:?}, which belongs to tracked pod {owner}: a stale or reused pid, not this pod's"
-                            ));
-                        }
-                    }
-                    tracing::info!(pid, netns = ?id, "found the pod's network namespace");
-                    // A probe of the old netns asks the wrong Envoy: made anew at the next check.
-                    self.probe = None;
-                    self.netns = Some(netns);
-                }
-                Input::NetnsFound { netns: id }
-            }
-        }
-    }
-
-    fn make_probe(&self, netns: &PodNetns) -> Result<ReadinessProbe, String> {
-        let cfg = &self.shared.config;
-        let admin_addr = self.admin;
-        let dns_port = self.hold_cfg.as_ref().and_then(|c| c.rules.dns_port);
-        let options = crate::lifecycle::readiness::ProbeOptions {
-            stat_prefix: cfg.drain.stat_prefix.clone(),
-            dns_port,
-            on_admin_error: Some(crate::lifecycle::readiness::count_admin_errors(
-                &self.shared.metrics,
-            )),
-        };
-        let profile = self.current_profile();
-        let client = self
-            .admin_client(netns)
-            .map_err(|e| format!("cannot reach the pod's network namespace: {e}"))?;
-        let admin_port = matches!(profile.admin, AdminAt::Tcp(_)).then_some(admin_addr.port());
-        ReadinessProbe::with_admin(netns, client, admin_port, &profile, &cfg.hold, options)
-            .map_err(|e| format!("cannot reach the pod's network namespace: {e}"))
-    }
-
-    /// The pod's mesh profile: the current view's, else the one the pod was first seen with.
-    fn current_profile(&self) -> MeshProfile {
-        self.view
-            .borrow()
-            .as_ref()
-            .map(|v| v.profile.clone())
-            .unwrap_or_else(|| self.profile.clone())
-    }
-
-    /// The pod's Envoy admin client: TCP inside its netns, or the mesh's Unix socket in the
-    /// proxy's filesystem ([`crate::effects::admin_socket`]), found anew from the proxy
-    /// container's current processes whenever the one found last stops answering.
-    fn admin_client(&self, netns: &PodNetns) -> crate::effects::netns::Result<AdminClient> {
-        let profile = self.current_profile();
-        let AdminAt::UnixSocket {
-            parent,
-            dir_prefix,
-            name,
-        } = profile.admin
-        else {
-            return Ok(AdminClient::in_netns(netns.try_clone()?, self.admin));
-        };
-        let view = self.view.clone();
-        let connector = crate::effects::admin_socket::connector(
-            self.shared.procs.clone(),
-            self.key.uid.clone(),
-            crate::effects::admin_socket::SocketAt {
-                proxy_uid: profile.proxy_uid,
-                parent,
-                dir_prefix,
-                name,
-            },
-            move || {
-                view.borrow()
-                    .as_ref()
-                    .and_then(|v| v.proxy_container().and_then(|c| c.id.clone()))
-            },
-        );
-        Ok(AdminClient::unix(
-            &format!("{parent}/{dir_prefix}*/{name}"),
-            connector,
-        ))
-    }
-
     /// Recomputes what depends on the pod's object (once per update, not per check). The admin
     /// address depends on the pod's IPs (`[::1]` for IPv6-first pods), which the Pod status
     /// often shows only after the netns exists: a probe made before follows it.
@@ -452,325 +365,4 @@ impl Driver {
             }
         }
     }
-
-    /// Why the hold in force stopped holding on its own, as the machine's input: forged
-    /// messages on its queue (a broken bound) or its reader thread's failure.
-    fn hold_stopped_input(&self) -> Option<Input> {
-        let q = self.queue.as_ref()?;
-        q.tampered()
-            .map(Input::OverBound)
-            .or_else(|| q.failure().map(Input::HoldBroken))
-    }
-
-    async fn check_readiness(&mut self) -> Input {
-        if let Some(input) = self.hold_stopped_input() {
-            return input;
-        }
-        if let Some(q) = &self.queue {
-            if self.last_progress.elapsed() >= STATUS_EVERY {
-                self.last_progress = Instant::now();
-                let held = q.held();
-                self.rec
-                    .hold_progress(held.packets, held.connections, held.first_held_at);
-            }
-        }
-        // Made when first needed, and dropped once the machine is past the hold (see
-        // `drive`): an idle pod keeps no admin connection, netlink socket or netns fd open.
-        if self.probe.is_none() {
-            let made = match self.netns.as_ref().map(PodNetns::try_clone) {
-                Some(Ok(netns)) => self.make_probe(&netns),
-                Some(Err(e)) => Err(format!(
-                    "cannot keep a handle on the pod's network namespace: {e}"
-                )),
-                None => Err("the pod's network namespace is not known".to_string()),
-            };
-            match made {
-                Ok(p) => self.probe = Some(p),
-                // No way to look: the machine decides what that means (as without the agent).
-                Err(why) => return Input::CannotLook(why),
-            }
-        }
-        let seen = match &self.probe {
-            None => return Input::CannotLook("no readiness probe".to_string()),
-            Some(p) => match p.check().await {
-                Readiness::Ready => Seen::Ready,
-                Readiness::PortsClosed => Seen::Down,
-                Readiness::Starting => Seen::Starting,
-                Readiness::NotLive => Seen::Up,
-                Readiness::FilterNotLoaded => Seen::Live,
-                Readiness::OverBound => {
-                    let why = p
-                        .take_violation()
-                        .unwrap_or_else(|| "the admin answer broke a bound".into());
-                    return Input::OverBound(why);
-                }
-                Readiness::CannotReach => {
-                    let why = p
-                        .take_violation()
-                        .unwrap_or_else(|| "the admin API cannot be reached".into());
-                    // Not asked again: a new probe (and a new look) comes with the next start.
-                    self.probe = None;
-                    return Input::CannotLook(why);
-                }
-            },
-        };
-        self.pacing.seen(seen, Instant::now());
-        Input::Readiness(seen)
-    }
-
-    fn hold_config(&self) -> Option<HoldConfig> {
-        self.hold_cfg.clone()
-    }
-
-    async fn remove_leftover(&mut self) {
-        let (Some(netns), Some(cfg)) = (&self.netns, self.hold_config()) else {
-            return;
-        };
-        match blocking(netns, cfg, |ns, c| HoldQueue::remove_leftover(&ns, &c)).await {
-            Ok(true) => tracing::info!("removed a hold rule left by a previous agent"),
-            Ok(false) => {}
-            Err(e) => {
-                if !self.child_over_bound(&e) {
-                    self.rec
-                        .problem(format!("removing a leftover hold rule failed: {e}"));
-                }
-            }
-        }
-    }
-
-    /// Tells the machine when a hold command broke its bounds (`Input::ChildOverBound`, fed
-    /// before the effect's own answer). Whether it did is the error's.
-    fn child_over_bound(&mut self, e: &HoldError) -> bool {
-        let Some(remembered) = e.over_bound() else {
-            return false;
-        };
-        self.pending.push_back(Input::ChildOverBound {
-            why: e.to_string(),
-            remembered,
-        });
-        true
-    }
-
-    async fn disarm_and_mark(&mut self) {
-        let (Some(netns), Some(cfg)) = (&self.netns, self.hold_config()) else {
-            return;
-        };
-        if let Err(e) = blocking(netns, cfg, |ns, c| HoldQueue::disarm_and_mark(&ns, &c)).await {
-            self.rec.problem(format!(
-                "cannot mark the pod's network namespace as over its bounds: {e}"
-            ));
-        }
-    }
-
-    async fn install_hold(&mut self, fresh: bool) -> Input {
-        let (Some(netns), Some(cfg)) = (&self.netns, self.hold_config()) else {
-            return Input::HoldFailed("the pod's network namespace is not known".into());
-        };
-        let id = netns.id();
-        let result = blocking(netns, cfg, move |ns, c| {
-            if fresh {
-                HoldQueue::start_fresh(&ns, &c).map(|q| (q, false))
-            } else {
-                HoldQueue::start_or_adopt(&ns, &c)
-            }
-        })
-        .await;
-        match result {
-            Ok((queue, adopted)) => {
-                // Checked once the hold is in (a proxy's restart must not wait for this look:
-                // the app's calls are refused meanwhile): a netns no process of the pod is in
-                // any more is dead (our handle keeps it), and a hold there holds nothing of the
-                // pod's. It is released at once and the machine looks for the pod's new one.
-                if !self.netns_in_use(id).await {
-                    tracing::info!(netns = ?id, "no process of the pod is in its network namespace any more: no hold there");
-                    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || queue.release()).await {
-                        tracing::warn!(error = %e, "releasing the hold in a dead network namespace failed");
-                    }
-                    return Input::NetnsGone;
-                }
-                let age = if adopted {
-                    std::time::SystemTime::now()
-                        .duration_since(queue.since())
-                        .unwrap_or_default()
-                } else {
-                    Duration::ZERO
-                };
-                self.queue = Some(queue);
-                let app_running = self.app_running().await;
-                Input::HoldSetUp {
-                    adopted,
-                    app_running,
-                    age,
-                }
-            }
-            Err(e) => {
-                self.child_over_bound(&e);
-                Input::HoldFailed(e.to_string())
-            }
-        }
-    }
-
-    async fn release(&mut self, ready_at: Option<std::time::Instant>) -> Input {
-        let Some(queue) = self.queue.take() else {
-            return Input::ReleaseFailed("no hold to release".into());
-        };
-        let release_started = Instant::now().into_std();
-        match tokio::task::spawn_blocking(move || queue.release()).await {
-            Ok(Ok(report)) => Input::HoldReleased(Released {
-                connections: report.stats.connections,
-                packets: report.stats.packets,
-                first_held_at: report.stats.first_held_at,
-                // Held connections go at the accept verdict; the rule removal follows it.
-                ready_to_release: ready_at
-                    .map(|t| release_started.saturating_duration_since(t) + report.verdict_after),
-            }),
-            Ok(Err(e)) => {
-                self.child_over_bound(&e);
-                Input::ReleaseFailed(e.to_string())
-            }
-            Err(e) => Input::ReleaseFailed(format!("the release task failed: {e}")),
-        }
-    }
-
-    /// Arms the proxy watch while the machine wants it (once per proxy container id), drops it
-    /// otherwise. The container's processes are found by container id in the pod's cgroup, and
-    /// of those only the proxy's own are watched: the container's main process (pilot-agent)
-    /// and its children (Envoy), see `effects::procfs::proxy_procs`; an OOM-kill of either ends
-    /// the container.
-    async fn sync_proxy_watch(&mut self, state: &State) {
-        if !state.watches_proxy() {
-            self.proxy_watch = None;
-            self.proxy_watch_for = None;
-            return;
-        }
-        let proxy_id = self
-            .view
-            .borrow()
-            .as_ref()
-            .and_then(|v| v.proxy_container().and_then(|c| c.id.clone()));
-        let Some(proxy_id) = proxy_id else {
-            return;
-        };
-        if self.proxy_watch_for.as_deref() == Some(proxy_id.as_str()) {
-            return;
-        }
-        self.proxy_watch_for = Some(proxy_id.clone());
-        let container: Vec<i32> = self
-            .shared
-            .procs
-            .of_pod(&self.key.uid)
-            .await
-            .iter()
-            .filter(|p| p.container_id.as_deref() == Some(proxy_id.as_str()))
-            .map(|p| p.pid)
-            .collect();
-        // Only the proxy itself (pilot-agent and Envoy), not every process of its container:
-        // an exec session or probe ending is not the proxy going (issue 29).
-        let proc_root = self.shared.procs.proc_root();
-        let proxy = tokio::task::spawn_blocking(move || proxy_pids_of(&proc_root, &container))
-            .await
-            .unwrap_or_default();
-        let mut watcher = ExitWatcher::for_pod(&self.key, &self.shared.procs.proc_root());
-        // A pid already gone is skipped, not taken as an exit: the process list can lag, and
-        // the Pod status path (a new or no running proxy id) covers a container already down.
-        for pid in proxy {
-            let _ = watcher.watch(pid);
-        }
-        if watcher.live() > 0 {
-            tracing::debug!(processes = watcher.live(), "watching the proxy's processes");
-            self.proxy_watch = Some(watcher);
-        }
-    }
-
-    /// Whether a process of the pod's sandbox or containers is in netns `id` now (a sandbox that
-    /// died leaves none: the kubelet recreates it with a new netns).
-    async fn netns_in_use(&mut self, id: crate::effects::netns::NetnsId) -> bool {
-        let source = self.shared.procs.clone();
-        let uid = self.key.uid.clone();
-        let procs = source.of_pod(&uid).await;
-        let root = source.proc_root();
-        procs.iter().filter(|p| p.container_id.is_some()).any(|p| {
-            crate::effects::netns::NetnsId::of_path(&root.join(p.pid.to_string()).join("ns/net"))
-                .is_ok_and(|ns| ns == id)
-        })
-    }
-
-    /// Whether a process of an app container (not the sandbox, not the proxy) exists now.
-    async fn app_running(&mut self) -> bool {
-        let Some(view) = self.view.borrow().clone() else {
-            return false;
-        };
-        let app_ids: Vec<String> = view.app_containers().filter_map(|c| c.id.clone()).collect();
-        let procs = self.shared.procs.of_pod(&self.key.uid).await;
-        procs.iter().any(|p| {
-            p.container_id
-                .as_ref()
-                .is_some_and(|id| app_ids.iter().any(|a| a == id))
-        })
-    }
-
-    /// Starts the drain (`drain`) or the Job watch as the running executor.
-    fn start_executor(&mut self, drain: bool) {
-        let admin = match self.netns.as_ref().map(PodNetns::try_clone) {
-            Some(Ok(ns)) => {
-                let t = self.shared.config.drain.admin_timeout;
-                // The pod's sockets, asked in its netns too (the kernel's send queues).
-                let sockets = drain::PodProxy::open_sockets(&ns);
-                let client = match self.admin_client(&ns) {
-                    Ok(client) => client,
-                    Err(_) => AdminClient::in_netns(ns, self.admin),
-                }
-                .with_timeouts(t, t)
-                .with_error_callback({
-                    let count =
-                        crate::lifecycle::readiness::count_admin_errors(&self.shared.metrics);
-                    move |kind| count(kind)
-                });
-                drain::PodProxy::new(client, sockets, &self.current_profile())
-            }
-            other => {
-                let why = match other {
-                    Some(Err(e)) => {
-                        format!("cannot keep a handle on the pod's network namespace: {e}")
-                    }
-                    _ => "the pod's network namespace is not known".into(),
-                };
-                // The machine decides what a drain or Job watch that cannot start means.
-                self.pending.push_back(Input::ExecutorNotStarted(why));
-                return;
-            }
-        };
-        let key = self.key.clone();
-        let shared = self.shared.clone();
-        let view = self.view.clone();
-        let steps = self.steps_tx.clone();
-        self.executor = Some(Box::pin(async move {
-            let ctx = DrainCtx {
-                key: &key,
-                admin: &admin,
-                processes: PodProcsSource::new(shared.procs.clone(), key.uid.clone()),
-                view,
-                stop: shared.stop.clone(),
-                settings: &shared.config.drain,
-                steps: Some(steps),
-            };
-            if drain {
-                Input::DrainFinished(Box::new(drain::drain(ctx).await))
-            } else {
-                Input::JobFinished(Box::new(drain::finish_job(ctx).await))
-            }
-        }));
-    }
-}
-
-/// Runs blocking hold work (iptables, netlink) off the async runtime.
-async fn blocking<T: Send + 'static>(
-    netns: &PodNetns,
-    cfg: HoldConfig,
-    f: impl FnOnce(PodNetns, HoldConfig) -> crate::effects::hold::Result<T> + Send + 'static,
-) -> Result<T, HoldError> {
-    let ns = netns.try_clone().map_err(HoldError::Netns)?;
-    tokio::task::spawn_blocking(move || f(ns, cfg))
-        .await
-        .map_err(|e| HoldError::Holder(netns.id(), format!("the hold task failed: {e}")))?
 }

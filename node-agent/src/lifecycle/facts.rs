@@ -14,35 +14,35 @@ use crate::pod::{
 /// What the machine needs to know about the pod, from its latest [`PodView`].
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PodFacts {
-    pub deletion: Option<Deletion>,
-    pub restart_policy: RestartPolicy,
+    pub(crate) deletion: Option<Deletion>,
+    pub(crate) restart_policy: RestartPolicy,
     /// The regular app (non-proxy) containers: runtime id and state.
-    pub apps: Vec<(Option<String>, ContainerState)>,
+    pub(crate) apps: Vec<(Option<String>, ContainerState)>,
     /// Each app container's own restart policy and rules, in the order of `apps` (Kubernetes
     /// 1.35's container restart rules); empty when none has any: the pod's policy decides.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub app_restarts: Vec<ContainerRestart>,
+    pub(crate) app_restarts: Vec<ContainerRestart>,
     /// The proxy container: runtime id and state (`None`: not in the spec).
-    pub proxy: Option<(Option<String>, ContainerState)>,
+    pub(crate) proxy: Option<(Option<String>, ContainerState)>,
     /// A user init container (not Istio's own step, not a native sidecar) is running now, as the
     /// Pod status says.
-    pub user_init_running: bool,
+    pub(crate) user_init_running: bool,
     /// This pod's hold deadline (annotation or flag).
-    pub hold_timeout: Duration,
+    pub(crate) hold_timeout: Duration,
     /// The pod's phase is terminal (`PodView::is_terminal`): nothing will run in it again.
-    pub terminal: bool,
+    pub(crate) terminal: bool,
     /// Classic or native sidecar (see [`SidecarMode`]).
-    pub mode: SidecarMode,
+    pub(crate) mode: SidecarMode,
     /// The kubelet restarts every container in place (KEP-5532, `PodView::restarting_in_place`):
     /// nothing is finished while it does.
-    pub restarting_in_place: bool,
+    pub(crate) restarting_in_place: bool,
     /// The proxy has a startup probe (`PodView::proxy_startup_probe`): for a native sidecar the
     /// kubelet then starts the app only once the proxy is ready.
-    pub proxy_startup_probe: bool,
+    pub(crate) proxy_startup_probe: bool,
 }
 
 impl PodFacts {
-    pub fn of(view: &PodView) -> PodFacts {
+    pub(crate) fn of(view: &PodView) -> PodFacts {
         PodFacts {
             deletion: view.deletion,
             restart_policy: view.restart_policy,
@@ -76,19 +76,19 @@ impl PodFacts {
     }
 
     /// A Job-like pod: the kubelet does not restart an app that finished (well).
-    pub fn is_job(&self) -> bool {
+    pub(crate) fn is_job(&self) -> bool {
         self.restart_policy.is_job()
     }
 
     /// The proxy is a native sidecar: the kubelet starts the app only after the proxy's startup
     /// probe passed, and stops the proxy after the app (and for a Job once the app is done), so
     /// holdfast neither holds the first start nor watches a Job.
-    pub fn native(&self) -> bool {
+    pub(crate) fn native(&self) -> bool {
         self.mode == SidecarMode::Native
     }
 
     /// How far the app is from finished by the status ([`app_end()`], the one rule).
-    pub fn app_end(&self) -> AppEnd {
+    pub(crate) fn app_end(&self) -> AppEnd {
         app_end(
             self.restart_policy,
             // A state other than `waiting` implies the container ran; a `waiting` one is not
@@ -110,7 +110,7 @@ impl PodFacts {
     /// again: an exited app or proxy of a `restartPolicy: Always` pod (a sandbox being
     /// recreated kills them all), a failed one under `OnFailure`, or every container of a pod
     /// being restarted in place (`restarting_in_place`, whatever the policy).
-    pub fn finished(&self) -> bool {
+    pub(crate) fn finished(&self) -> bool {
         if self.terminal {
             return true;
         }
@@ -141,7 +141,7 @@ impl PodFacts {
     /// Whether a container of the pod was restarted since `before`: the same container (app
     /// or proxy) now runs with another runtime id (the kubelet's restart, a recreated sandbox,
     /// an in-place restart of every container). A first start (no id before) is not one.
-    pub fn restarted_since(&self, before: &PodFacts) -> bool {
+    pub(crate) fn restarted_since(&self, before: &PodFacts) -> bool {
         let changed = |was: &(Option<String>, ContainerState),
                        now: &(Option<String>, ContainerState)| {
             matches!((&was.0, now), (Some(a), (Some(b), ContainerState::Running)) if a != b)
@@ -159,7 +159,7 @@ impl PodFacts {
     }
 
     /// The proxy's container id while it runs.
-    pub fn running_proxy(&self) -> Option<&str> {
+    pub(crate) fn running_proxy(&self) -> Option<&str> {
         match &self.proxy {
             Some((Some(id), ContainerState::Running)) => Some(id),
             _ => None,
@@ -167,12 +167,12 @@ impl PodFacts {
     }
 
     /// The proxy container runs by the pod's status (Envoy runs or is about to).
-    pub fn proxy_running(&self) -> bool {
+    pub(crate) fn proxy_running(&self) -> bool {
         matches!(self.proxy, Some((_, ContainerState::Running)))
     }
 
     /// Some app container runs, waits to run, or has not run yet: the app is not finished.
-    pub fn app_may_run(&self) -> bool {
+    pub(crate) fn app_may_run(&self) -> bool {
         self.app_end() == AppEnd::Running
     }
 }
@@ -185,7 +185,7 @@ impl PodFacts {
 ///   without IPv6 the rules never match; ip6tables failing fails open for IPv6 alone.
 /// - **DNS** when Istio captures the pod's DNS (`PodView::dns_capture`): then DNS goes to
 ///   pilot-agent's DNS proxy, which must be held like Envoy's ports until it listens.
-pub fn hold_scope(view: &PodView) -> HoldScope {
+pub(crate) fn hold_scope(view: &PodView) -> HoldScope {
     HoldScope {
         ipv6: view.has_ipv6() || view.pod_ips.is_empty(),
         dns: view.dns_capture(),
@@ -204,7 +204,7 @@ pub fn hold_scope(view: &PodView) -> HoldScope {
 /// not even redirected and istio-init's own run separates it from the app's start; with CNI the
 /// redirect exists from the sandbox on, and the window between the last user init container and
 /// the app is the status lag (documented in docs/reference.md, "Where holdfast acts").
-pub fn pass_through(pod: &PodFacts) -> bool {
+pub(crate) fn pass_through(pod: &PodFacts) -> bool {
     pod.user_init_running
 }
 
@@ -213,7 +213,7 @@ pub fn pass_through(pod: &PodFacts) -> bool {
 /// off gently (20 ms to 5 s, 100 ms to 30 s) to 500 ms, so a pod whose sandbox does not come
 /// (CNI trouble, a stuck node) costs ~nothing while one that is merely slow on a loaded node is
 /// still found well before its init containers end. Any pod update resets it.
-pub fn netns_poll_after(waiting: Duration) -> Duration {
+pub(crate) fn netns_poll_after(waiting: Duration) -> Duration {
     match waiting.as_millis() {
         0..1_000 => Duration::from_millis(5),
         1_000..5_000 => Duration::from_millis(20),

@@ -1,6 +1,6 @@
 //! One pod's lifecycle as a pure state machine: `step(state, input, now) -> (state, effects)`.
 //!
-//! No I/O, no runtime: the driver ([`super::driver`]) turns the outside world into [`Input`]s
+//! No I/O, no runtime: the driver (`super::driver`) turns the outside world into [`Input`]s
 //! (pod updates, netns lookups, readiness observations, results of the hold and of the drain and
 //! Job executors, timers, the agent stopping) and performs the [`Effect`]s. Every decision about
 //! *what happens next* to a pod — hold or not, when a hold ends and why, when a drain or a Job
@@ -8,7 +8,7 @@
 //! case is a table row in `machine_tests.rs`. The shape is ztunnel's in-pod state manager
 //! (`process_msg`): messages in, commands out.
 //!
-//! [`step`] handles the agent stopping, then hands each input to the part of the pod's life it is
+//! `step` handles the agent stopping, then hands each input to the part of the pod's life it is
 //! in: `startup` (waiting for the netns, the first readiness look), `holding` (the startup
 //! hold), `afterwards` (running, proxy restarts, the Job watch and the drain).
 
@@ -22,9 +22,9 @@ mod holding;
 mod proxy_gone;
 mod startup;
 
-pub use super::facts::{netns_poll_after, pass_through, PodFacts, RestartPolicy};
-pub use super::messages::{Effect, Input, Now, Outcome, Released, Seen, Timer};
-pub use proxy_gone::{ProxyGonePace, PROXY_GONE_BUDGET, PROXY_GONE_WINDOW};
+pub(crate) use super::facts::{netns_poll_after, pass_through, PodFacts};
+pub(crate) use super::messages::{Effect, Input, Now, Outcome, Released, Seen, Timer};
+pub(crate) use proxy_gone::ProxyGonePace;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Stage {
@@ -77,7 +77,7 @@ pub enum Stage {
 
 impl Stage {
     /// The stage's name, as the `stage` label of `holdfast_inputs_ignored_total` says it.
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             Stage::WaitingForNetns { .. } => "waiting-for-netns",
             Stage::Checking { .. } => "checking",
@@ -105,10 +105,10 @@ pub enum Refused {
 /// How long a refused netns must last before the pod's row shows it: runc puts `runc init` in
 /// the container's cgroup before it joins the sandbox's netns, so a look at that moment sees
 /// the node's netns (docs/containerd-backend.md); that passes within milliseconds.
-pub const REFUSAL_NOTED_AFTER: Duration = Duration::from_secs(2);
+pub(crate) const REFUSAL_NOTED_AFTER: Duration = Duration::from_secs(2);
 
 /// How long after a Job watch could not start it is started again.
-pub const JOB_WATCH_RETRY: Duration = Duration::from_secs(1);
+pub(crate) const JOB_WATCH_RETRY: Duration = Duration::from_secs(1);
 
 /// How often a holding pod is checked while its Envoy starts: the proxy container runs by the
 /// pod's status (pilot-agent launches Envoy at once), Envoy's admin port listens
@@ -122,11 +122,11 @@ pub const JOB_WATCH_RETRY: Duration = Duration::from_secs(1);
 /// admin connection: cheap, and the driver paces them node-wide (`pacing::FAST_CHECK_SHARE`,
 /// `pacing::FAST_WINDOW_LIMIT`) so that many pods starting at once, or an Envoy that waits
 /// minutes for istiod, do not multiply the cost. Before the proxy container runs: `ready_poll`.
-pub const LIVE_WINDOW_POLL: Duration = Duration::from_millis(1);
+pub(crate) const LIVE_WINDOW_POLL: Duration = Duration::from_millis(1);
 
 /// When to check again after `seen`: fast while Envoy starts (`proxy_running`: the proxy
 /// container runs by the pod's status).
-pub fn next_check_after(seen: Seen, ready_poll: Duration, proxy_running: bool) -> Duration {
+pub(crate) fn next_check_after(seen: Seen, ready_poll: Duration, proxy_running: bool) -> Duration {
     match seen {
         Seen::Up | Seen::Live | Seen::Starting => ready_poll.min(LIVE_WINDOW_POLL),
         Seen::Down if proxy_running => ready_poll.min(LIVE_WINDOW_POLL),
@@ -153,7 +153,7 @@ pub struct State {
     pub proxy_restarted: bool,
     /// The proxy container ran by the last pod view (for the timeline's `proxy-running`).
     pub proxy_running: bool,
-    /// How far the proxy got in the current start, as [`readiness_step`] ranks it (for the
+    /// How far the proxy got in the current start, as `readiness_step` ranks it (for the
     /// timeline: each level once per start; a proxy restart starts over).
     pub readiness_seen: u8,
     /// The pace and budget of re-checks after the proxy was seen going (`machine/proxy_gone.rs`).
@@ -169,7 +169,7 @@ pub struct State {
 }
 
 impl State {
-    pub fn new(pod: PodFacts, ready_poll: Duration, now: Now) -> (State, Vec<Effect>) {
+    pub(crate) fn new(pod: PodFacts, ready_poll: Duration, now: Now) -> (State, Vec<Effect>) {
         if pod.finished() {
             // A completed pod (an agent restarted after its Job finished): nothing to wait for.
             let state = State {
@@ -224,7 +224,7 @@ impl State {
 
     /// Whether the machine may still ask for readiness observations (deciding whether to hold,
     /// or holding): outside these stages the driver keeps no readiness probe open.
-    pub fn checks_readiness(&self) -> bool {
+    pub(crate) fn checks_readiness(&self) -> bool {
         matches!(
             self.stage,
             Stage::Checking { .. }
@@ -239,7 +239,7 @@ impl State {
     /// a drain or a Job watch, where the agent itself ends Envoy, nor while a re-check waits
     /// for its pace (`machine/proxy_gone.rs`). A watch costs one pidfd per process and no
     /// polling.
-    pub fn watches_proxy(&self) -> bool {
+    pub(crate) fn watches_proxy(&self) -> bool {
         matches!(self.stage, Stage::Running { .. })
             && !self.stopping
             && !self.deleting()
@@ -249,13 +249,13 @@ impl State {
     /// Whether the driver keeps a handle on the pod's netns: not once the pod is finished (a
     /// completed Job may stay for days; its netns must not be kept alive by the agent's fd). A
     /// pod that runs again is looked up anew.
-    pub fn keeps_netns(&self) -> bool {
+    pub(crate) fn keeps_netns(&self) -> bool {
         !matches!(self.stage, Stage::Finished | Stage::Exited)
     }
 }
 
 /// One transition.
-pub fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>) {
+pub(crate) fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>) {
     let mut fx = Vec::new();
     if s.stage == Stage::Exited {
         let stage = std::mem::replace(&mut s.stage, Stage::Exited);
@@ -478,7 +478,7 @@ fn timeline_steps(s: &mut State, input: &Input, fx: &mut Vec<Effect>) {
 /// How far a readiness observation says the proxy got (0: nothing listens), and the step that
 /// marks it. Levels only rise within one start of the proxy (a look may see an earlier level
 /// after a later one: an Envoy shutting down), so each step is recorded once per start.
-pub fn readiness_step(seen: Seen) -> (u8, Option<StepKind>, Option<&'static str>) {
+pub(crate) fn readiness_step(seen: Seen) -> (u8, Option<StepKind>, Option<&'static str>) {
     match seen {
         Seen::Down => (0, None, None),
         Seen::Starting => (

@@ -5,10 +5,12 @@ use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::jiff::Timestamp;
 
+use super::proxy_gone::PROXY_GONE_BUDGET;
 use super::*;
 use crate::api::{DrainReport, FinishedBy, JobOutcome, JobReport};
 use crate::lifecycle::drain::app_exit::{AppContainer, AppSnapshot};
 use crate::lifecycle::drain::plan::DrainPlan;
+use crate::lifecycle::facts::RestartPolicy;
 use crate::pod::{AppEnd, ContainerState, Deletion, SidecarMode};
 
 const POLL: Duration = Duration::from_millis(5);

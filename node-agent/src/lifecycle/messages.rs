@@ -10,9 +10,9 @@ use super::facts::PodFacts;
 
 /// The clock, both ways: monotonic for timers, wall for reports.
 #[derive(Debug, Clone, Copy)]
-pub struct Now {
-    pub mono: Instant,
-    pub wall: SystemTime,
+pub(crate) struct Now {
+    pub(crate) mono: Instant,
+    pub(crate) wall: SystemTime,
 }
 
 /// A readiness observation.
@@ -34,12 +34,12 @@ pub enum Seen {
 /// What a release did, for the record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Released {
-    pub connections: u64,
-    pub packets: u64,
+    pub(crate) connections: u64,
+    pub(crate) packets: u64,
     /// From the proxy seen ready to every held packet accepted.
-    pub ready_to_release: Option<Duration>,
+    pub(crate) ready_to_release: Option<Duration>,
     /// When the first packet was held (`None`: nothing was held), for the timeline.
-    pub first_held_at: Option<SystemTime>,
+    pub(crate) first_held_at: Option<SystemTime>,
 }
 
 /// Serde: the driver logs every input as JSON (`holdfast::inputs`, debug) and
@@ -111,7 +111,7 @@ pub enum Input {
 impl Input {
     /// The input's name, as the `input` label of `holdfast_inputs_ignored_total` and the trace
     /// log say it. Every variant by name: a new one fails to compile here.
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             Input::Pod(Some(_)) => "pod",
             Input::Pod(None) => "pod-gone",
@@ -217,7 +217,7 @@ pub enum Effect {
     Exit,
     /// The stage had nothing to do with the input (its facts, if any, are kept): the driver
     /// logs it at trace and counts it in `holdfast_inputs_ignored_total{stage,input}`
-    /// ([`Stage::name`](super::machine::Stage::name), [`Input::name`]). No answer.
+    /// (`Stage::name`, `Input::name`). No answer.
     Ignored {
         stage: &'static str,
         input: &'static str,

@@ -19,21 +19,21 @@ use super::machine::{self, Seen};
 /// admin answers take tens to hundreds of milliseconds anyway (the scale benchmark: 40–200 ms
 /// p50 at 110 pods), and checking each every 5 ms, as before the window existed, was about
 /// half of the agent's CPU during such a burst.
-pub const FAST_CHECK_SHARE: Duration = Duration::from_micros(500);
+pub(crate) const FAST_CHECK_SHARE: Duration = Duration::from_micros(500);
 
 /// The longest spacing of a pod's checks in the fast window (see [`FAST_CHECK_SHARE`]).
-pub const FAST_SPACING_MAX: Duration = Duration::from_millis(20);
+pub(crate) const FAST_SPACING_MAX: Duration = Duration::from_millis(20);
 
 /// How long one pod's fast window may last: an Envoy that is not ready this long after it
 /// started (waiting for istiod, a crash loop) is checked at `ready_poll` from then on, so a pod
 /// costs at most ~10,000 fast checks per start however long it waits.
-pub const FAST_WINDOW_LIMIT: Duration = Duration::from_secs(10);
+pub(crate) const FAST_WINDOW_LIMIT: Duration = Duration::from_secs(10);
 
 /// The longest stretch of fast checks while Envoy's capture ports listen but it is not LIVE
 /// (`Seen::Up`): each such check is an admin request, and an Envoy that listens but stays not
 /// LIVE for a second is waiting for something (istiod, a crash loop) that milliseconds will not
 /// change. Ports to LIVE is 0.0 ms p50 on an idle node (the scale benchmark's observer).
-pub const UP_FAST_LIMIT: Duration = Duration::from_secs(1);
+pub(crate) const UP_FAST_LIMIT: Duration = Duration::from_secs(1);
 
 /// Once the fast window is over (or the proxy has not started for [`FAST_WINDOW_LIMIT`]), a
 /// holding pod's checks back off: doubling from `ready_poll` up to this. An Envoy that is not
@@ -41,38 +41,38 @@ pub const UP_FAST_LIMIT: Duration = Duration::from_secs(1);
 /// per such pod (one `sock_diag` lookup, or one capped admin request), instead of 200 checks a
 /// second for as long as the pod holds (up to `--max-hold-timeout`). A pod whose proxy starts
 /// running by its status is checked at once again (see `Driver::follow_view`).
-pub const READY_POLL_MAX: Duration = Duration::from_secs(1);
+pub(crate) const READY_POLL_MAX: Duration = Duration::from_secs(1);
 
 /// The next spacing of a backed-off pod's checks: `ready_poll` first, then doubling, at most
 /// [`READY_POLL_MAX`] (or `ready_poll` when that is longer).
-pub fn backed_off(previous: Option<Duration>, ready_poll: Duration) -> Duration {
+pub(crate) fn backed_off(previous: Option<Duration>, ready_poll: Duration) -> Duration {
     crate::backoff::Backoff::doubling(ready_poll, READY_POLL_MAX).next(previous)
 }
 
 /// The spacing of one pod's fast checks with `in_window` pods (itself included) in the window.
-pub fn fast_check_spacing(in_window: u32) -> Duration {
+pub(crate) fn fast_check_spacing(in_window: u32) -> Duration {
     (FAST_CHECK_SHARE * in_window).min(FAST_SPACING_MAX)
 }
 
 /// Counts the pods in their fast readiness window; a pod is counted while it holds a
 /// [`FastSlot`].
 #[derive(Debug, Clone, Default)]
-pub struct FastWindow(Arc<AtomicU32>);
+pub(crate) struct FastWindow(Arc<AtomicU32>);
 
 impl FastWindow {
-    pub fn enter(&self) -> FastSlot {
+    pub(crate) fn enter(&self) -> FastSlot {
         self.0.fetch_add(1, Ordering::Relaxed);
         FastSlot(self.0.clone())
     }
 
-    pub fn pods(&self) -> u32 {
+    pub(crate) fn pods(&self) -> u32 {
         self.0.load(Ordering::Relaxed)
     }
 }
 
 /// One pod's place in the [`FastWindow`], given back on drop.
 #[derive(Debug)]
-pub struct FastSlot(Arc<AtomicU32>);
+pub(crate) struct FastSlot(Arc<AtomicU32>);
 
 impl Drop for FastSlot {
     fn drop(&mut self) {

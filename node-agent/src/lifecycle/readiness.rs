@@ -3,14 +3,14 @@
 //! Ready means all of:
 //! 1. both capture ports have a TCP socket in LISTEN state in the pod's network namespace (and,
 //!    when a DNS capture port is given, a bound UDP socket on it, plus a TCP listener where the
-//!    mesh's DNS proxy serves TCP too: `MeshProfile::dns_tcp`, [`wanted_listeners`]). Asked of the kernel through `sock_diag`
+//!    mesh's DNS proxy serves TCP too: `MeshProfile::dns_tcp`, `wanted_listeners`). Asked of the kernel through `sock_diag`
 //!    ([`SockDiag`], a netlink socket made once inside the pod's netns): one exact lookup per
 //!    port ([`SockDiag::tcp_listening_all`]), a hash probe, unlike `/proc/<pid>/net/tcp` (walks
 //!    the whole established table) or a dump (walks the whole listening hash). Checked first,
 //!    every poll;
 //! 2. then one `GET /stats?filter=...` on the kept-alive admin connection returns Envoy's
 //!    `server.state` (0 = LIVE), `server.concurrency` (worker threads) and the filter's gauges,
-//!    decided by the pure [`decide`]: LIVE, and the filter configured on every worker.
+//!    decided by the pure `decide`: LIVE, and the filter configured on every worker.
 //!
 //! The admin API is only asked once the ports listen, so a waiting pod does not load its
 //! starting Envoy with requests, and the first request after that reuses one connection. From
@@ -31,17 +31,13 @@ use crate::mesh::MeshProfile;
 /// Envoy's `wasmcustom.` namespace; `DrainSettings.stat_prefix` has the configured one).
 pub const DEFAULT_STAT_PREFIX: &str = crate::lifecycle::drain::DEFAULT_STAT_PREFIX;
 
-/// Stat the filter sets to 1 once configured, with the default prefix (older filters' only
-/// readiness signal; one gauge shared by every VM, so set by the main thread's canary too).
-pub const FILTER_LOADED_STAT: &str = "wasmcustom.holdfast.loaded";
-
 /// Envoy's server state gauge (`envoy/docs/root/configuration/observability/statistics.rst`:
 /// "state, Gauge, Current State of the Server"; `admin.v3.ServerInfo.State`: LIVE = 0,
 /// DRAINING = 1, PRE_INITIALIZING = 2, INITIALIZING = 3).
-pub const SERVER_STATE_STAT: &str = "server.state";
+pub(crate) const SERVER_STATE_STAT: &str = "server.state";
 
 /// Envoy's worker-thread count (same document: "concurrency, Gauge, Number of worker threads").
-pub const SERVER_CONCURRENCY_STAT: &str = "server.concurrency";
+pub(crate) const SERVER_CONCURRENCY_STAT: &str = "server.concurrency";
 
 /// Timeout of one admin request during the hold; the next poll retries.
 const ADMIN_TIMEOUT: Duration = Duration::from_millis(500);
@@ -50,7 +46,7 @@ const ADMIN_TIMEOUT: Duration = Duration::from_millis(500);
 /// exact name: Envoy 1.40 answers 141 bytes (docs/benchmarks.md, "Hostile pods"); 16 KiB is
 /// over a hundred times that. Anything larger is not Envoy answering this request, and the pod is
 /// failed open ([`Readiness::OverBound`]) instead of read again and again.
-pub const READINESS_STATS_MAX: usize = 16 * 1024;
+pub(crate) const READINESS_STATS_MAX: usize = 16 * 1024;
 
 /// One readiness observation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,11 +68,11 @@ pub enum Readiness {
     Ready,
     /// The agent may not reach the admin API at all (a Unix socket it lacks the permission
     /// for): the hold is released as without holdfast, not held to its deadline.
-    /// [`ReadinessProbe::take_violation`] says why.
+    /// `ReadinessProbe::take_violation` says why.
     CannotReach,
     /// What answers on the pod's admin port broke one of the agent's bounds (an answer larger
-    /// than [`READINESS_STATS_MAX`]): the pod is to be failed open, not asked again.
-    /// [`ReadinessProbe::take_violation`] says what happened.
+    /// than `READINESS_STATS_MAX`): the pod is to be failed open, not asked again.
+    /// `ReadinessProbe::take_violation` says what happened.
     OverBound,
 }
 
@@ -96,7 +92,7 @@ pub struct ProbeOptions {
 
 /// The one admin-error callback: counts each failed request's kind in
 /// `holdfast_admin_errors_total{kind}` (readiness probes and the drain's client share it).
-pub fn count_admin_errors(metrics: &crate::report::metrics::Metrics) -> ErrorCallback {
+pub(crate) fn count_admin_errors(metrics: &crate::report::metrics::Metrics) -> ErrorCallback {
     let errors = metrics.admin_errors.clone();
     Arc::new(move |kind: &'static str| {
         errors
@@ -172,7 +168,7 @@ impl ReadinessProbe {
 
     /// A probe for the pod in `netns` whose admin API `admin` reaches (TCP in the netns, or
     /// a Unix socket: `admin_port` `None`).
-    pub fn with_admin(
+    pub(crate) fn with_admin(
         netns: &PodNetns,
         admin: AdminClient,
         admin_port: Option<u16>,
@@ -272,7 +268,7 @@ impl ReadinessProbe {
     }
 
     /// What made the last check [`Readiness::OverBound`].
-    pub fn take_violation(&self) -> Option<String> {
+    pub(crate) fn take_violation(&self) -> Option<String> {
         self.violation
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -335,15 +331,15 @@ impl ReadinessProbe {
 
 /// The sockets readiness waits for: TCP listeners and a bound UDP port.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Wanted {
-    pub tcp: Vec<u16>,
-    pub udp: Option<u16>,
+pub(crate) struct Wanted {
+    pub(crate) tcp: Vec<u16>,
+    pub(crate) udp: Option<u16>,
 }
 
 /// What a pod's proxy must have open before it is ready: the capture ports (TCP), and with a
 /// DNS port the UDP socket on it, plus its TCP listener only where the mesh's DNS proxy serves
 /// TCP (`dns_tcp`: Istio's pilot-agent; not Kuma's kuma-dp, which serves UDP only).
-pub fn wanted_listeners(capture: [u16; 2], dns_port: Option<u16>, dns_tcp: bool) -> Wanted {
+pub(crate) fn wanted_listeners(capture: [u16; 2], dns_port: Option<u16>, dns_tcp: bool) -> Wanted {
     let mut tcp = capture.to_vec();
     if dns_tcp {
         tcp.extend(dns_port);
@@ -353,7 +349,7 @@ pub fn wanted_listeners(capture: [u16; 2], dns_port: Option<u16>, dns_tcp: bool)
 
 /// The `/stats?filter=` regex (RE2) that returns everything [`decide`] reads, in one request.
 /// Envoy's gauge that turns 1 when its worker threads have started (initialisation done).
-pub const WORKERS_STARTED_STAT: &str = "listener_manager.workers_started";
+pub(crate) const WORKERS_STARTED_STAT: &str = "listener_manager.workers_started";
 
 pub fn stats_filter(stat_prefix: &str) -> String {
     format!(
@@ -376,7 +372,7 @@ pub fn stats_filter(stat_prefix: &str) -> String {
 ///   default) one configured worker is enough.
 /// - Else `<prefix>.loaded` (older filters): must be 1.
 /// - No filter stat at all: the filter is not installed; ready unless `require_filter`.
-pub fn decide(stats: &Stats, stat_prefix: &str, require_filter: bool) -> Readiness {
+pub(crate) fn decide(stats: &Stats, stat_prefix: &str, require_filter: bool) -> Readiness {
     if stats.get(SERVER_STATE_STAT) != Some(0) || stats.get(WORKERS_STARTED_STAT) != Some(1) {
         return Readiness::NotLive;
     }

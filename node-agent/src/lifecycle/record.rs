@@ -26,11 +26,11 @@ use crate::report::metrics::Metrics;
 
 /// Records one pod's outcomes. Cheap to clone.
 #[derive(Clone)]
-pub struct Recorder {
-    pub key: PodKey,
-    pub board: StatusBoard,
-    pub metrics: Metrics,
-    pub events: PodEvents,
+pub(crate) struct Recorder {
+    pub(crate) key: PodKey,
+    pub(crate) board: StatusBoard,
+    pub(crate) metrics: Metrics,
+    pub(crate) events: PodEvents,
 }
 
 impl Recorder {
@@ -38,7 +38,12 @@ impl Recorder {
     /// pod already has (its task restarted after a panic, or it was opted out and in again) is
     /// kept, timeline, hold, drain and `last_error` included: a row lives as long as its pod,
     /// not its task; the new start is a step on it.
-    pub fn start(&self, problems: Option<String>, mode: SidecarMode, mesh: crate::api::Mesh) {
+    pub(crate) fn start(
+        &self,
+        problems: Option<String>,
+        mode: SidecarMode,
+        mesh: crate::api::Mesh,
+    ) {
         let problems = problems.map(|p| pod_text(&p));
         for p in problems.iter() {
             tracing::warn!("{p}");
@@ -84,7 +89,7 @@ impl Recorder {
 
     /// A pod that has the proxy container but is left alone, and why: a row in phase `skipped`
     /// and one info line (the caller calls this once per pod).
-    pub fn skipped(board: &StatusBoard, key: &PodKey, reason: &str) {
+    pub(crate) fn skipped(board: &StatusBoard, key: &PodKey, reason: &str) {
         // The reason quotes the pod's own text (a container arg, an annotation).
         let reason = pod_text(reason);
         tracing::info!(pod = %key, uid = %key.uid, %reason, "pod has the proxy container but is not tracked");
@@ -112,7 +117,7 @@ impl Recorder {
     /// The agent leaves a tracked pod alone (its task kept panicking): the pod's row, kept,
     /// turns `skipped` with the reason as a step on its timeline (a fresh `skipped` row if it
     /// has none).
-    pub fn left_alone(board: &StatusBoard, key: &PodKey, reason: &str) {
+    pub(crate) fn left_alone(board: &StatusBoard, key: &PodKey, reason: &str) {
         tracing::warn!(pod = %key, uid = %key.uid, %reason, "leaving the pod alone");
         let mut kept = false;
         board.update(&key.namespace, &key.name, |row| {
@@ -133,13 +138,13 @@ impl Recorder {
         }
     }
 
-    pub fn phase(&self, phase: Phase) {
+    pub(crate) fn phase(&self, phase: Phase) {
         tracing::debug!(phase = phase.as_str(), "phase");
         self.row(|row| row.phase = phase);
     }
 
     /// A problem worth the operator's attention: the log, the row's `last_error` and a step.
-    pub fn problem(&self, message: String) {
+    pub(crate) fn problem(&self, message: String) {
         // Problems quote what the pod or its Envoy said.
         let message = pod_text(&message);
         tracing::warn!("{message}");
@@ -156,7 +161,12 @@ impl Recorder {
 
     /// The held counts so far (while holding); the app's first held connection is a step,
     /// dated when its first packet was held.
-    pub fn hold_progress(&self, packets: u64, connections: u64, first_held_at: Option<SystemTime>) {
+    pub(crate) fn hold_progress(
+        &self,
+        packets: u64,
+        connections: u64,
+        first_held_at: Option<SystemTime>,
+    ) {
         self.row(|row| {
             let h = row.hold.get_or_insert_with(HoldRecord::default);
             h.packets_held = packets;
@@ -166,13 +176,13 @@ impl Recorder {
     }
 
     /// A step of the pod's life the lifecycle machine saw (`Effect::Step`), dated now.
-    pub fn step(&self, kind: StepKind, detail: Option<String>) {
+    pub(crate) fn step(&self, kind: StepKind, detail: Option<String>) {
         tracing::debug!(step = kind.as_str(), detail = detail.as_deref(), "step");
         self.row(|row| push_step(row, SystemTime::now(), kind, detail));
     }
 
     /// A step the drain or Job executor told ([`DrainStep`]), dated now.
-    pub fn drain_step(&self, step: &DrainStep) {
+    pub(crate) fn drain_step(&self, step: &DrainStep) {
         let (kind, detail) = match step {
             DrainStep::InboundDrained {
                 drained,
@@ -225,12 +235,12 @@ impl Recorder {
 
     /// An input the pod's stage had nothing to do with (`Effect::Ignored`): logged at trace
     /// and counted in `holdfast_inputs_ignored_total{stage,input}`; the row is not touched.
-    pub fn ignored(&self, stage: &str, input: &str) {
+    pub(crate) fn ignored(&self, stage: &str, input: &str) {
         tracing::trace!(pod = %self.key, stage, input, "input ignored in this stage");
         self.metrics.input_ignored(stage, input);
     }
 
-    pub fn outcome(&self, outcome: &Outcome) {
+    pub(crate) fn outcome(&self, outcome: &Outcome) {
         match outcome {
             Outcome::HoldStarted { adopted, late } => self.hold_started(*adopted, *late),
             Outcome::HoldEnded {

@@ -9,9 +9,8 @@ use k8s_openapi::jiff::Timestamp;
 use super::*;
 use crate::api::{DrainOutcome, DrainReport, JobOutcome, JobReport};
 use crate::effects::netns::NetnsId;
-use crate::lifecycle::machine::{
-    step, Effect, Input, Now, PodFacts, Released, RestartPolicy, Seen, State, Timer,
-};
+use crate::lifecycle::facts::RestartPolicy;
+use crate::lifecycle::machine::{step, Effect, Input, Now, PodFacts, Released, Seen, State, Timer};
 use crate::pod::{ContainerState, Deletion};
 use crate::report::metrics::MetricsHandle;
 

@@ -1,7 +1,7 @@
 //! The machine's inputs, recorded by a running agent and replayed (issue 28 item 6).
 //!
-//! The driver logs, at debug level under the target [`TARGET`], the pod's first facts and then
-//! every input it feeds [`machine::step`], as JSON ([`Recorded`]); the end-to-end tests' agents
+//! The driver logs, at debug level under the target `TARGET`, the pod's first facts and then
+//! every input it feeds `machine::step`, as JSON (`Recorded`); the end-to-end tests' agents
 //! log it (`HOLDFAST_LOG=holdfast=debug`), and an operator can with
 //! `HOLDFAST_LOG=info,holdfast::inputs=debug`. [`Recording::from_log`] reads one pod's
 //! sequences back from the agent's log (text or JSON format; one sequence per agent that
@@ -24,13 +24,13 @@ use super::messages::{Effect, Input, Seen, Timer};
 use crate::effects::netns::NetnsId;
 
 /// The log target of the recorded inputs.
-pub const TARGET: &str = "holdfast::inputs";
+pub(crate) const TARGET: &str = "holdfast::inputs";
 /// The log field that carries a [`Recorded`] as JSON.
-pub const FIELD: &str = "recorded";
+pub(crate) const FIELD: &str = "recorded";
 
 /// One line of a recording.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub enum Recorded {
+pub(crate) enum Recorded {
     /// An agent began to follow the pod with these facts (`State::new`).
     Start(PodFacts),
     /// The next input the machine got.
@@ -39,7 +39,7 @@ pub enum Recorded {
 
 impl Recorded {
     /// The JSON the driver logs (`{"Start":…}`, `{"Input":…}`).
-    pub fn to_json(&self) -> String {
+    pub(crate) fn to_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_else(|e| format!("{{\"unrecordable\":\"{e}\"}}"))
     }
 }

@@ -27,6 +27,18 @@ mod texts;
 
 pub use pod_reads::{env_value, EnvValue, PodReads, PodSwitches};
 
+/// The capture ports, proxy uid and admin address that tools and tests use where no pod's
+/// profile is at hand (`RuleSpec::default`, `envoy_admin::DEFAULT_ADMIN_ADDR`): Istio's, the
+/// first mesh holdfast served. The agent never uses them for a pod: it reads each pod's
+/// [`MeshProfile`].
+pub const REFERENCE_OUTBOUND_PORT: u16 = istio::OUTBOUND_PORT;
+/// See [`REFERENCE_OUTBOUND_PORT`].
+pub const REFERENCE_INBOUND_PORT: u16 = istio::INBOUND_PORT;
+/// See [`REFERENCE_OUTBOUND_PORT`].
+pub const REFERENCE_PROXY_UID: u32 = istio::PROXY_UID;
+/// See [`REFERENCE_OUTBOUND_PORT`].
+pub const REFERENCE_ADMIN: std::net::SocketAddr = istio::ADMIN;
+
 /// The path that asks Envoy to exit (its admin API's `POST /quitquitquit`), which ends every
 /// mesh's proxy container with exit code 0: pilot-agent, kuma-dp and consul-dataplane each exit
 /// when their Envoy does (kuma-dp not during its SIGTERM wait: `MeshProfile::sigterm_after_quit`;

@@ -18,26 +18,21 @@ pub struct StatusBoard {
 
 impl StatusBoard {
     /// Inserts or replaces a pod's row.
-    pub fn put(&self, status: PodStatus) {
+    pub(crate) fn put(&self, status: PodStatus) {
         let key = format!("{}/{}", status.namespace, status.name);
         self.lock().insert(key, status);
     }
 
     /// Changes a pod's row in place, if it exists.
-    pub fn update(&self, namespace: &str, name: &str, f: impl FnOnce(&mut PodStatus)) {
+    pub(crate) fn update(&self, namespace: &str, name: &str, f: impl FnOnce(&mut PodStatus)) {
         if let Some(row) = self.lock().get_mut(&format!("{namespace}/{name}")) {
             f(row);
         }
     }
 
-    /// Removes a pod's row (the pod is gone).
-    pub fn remove(&self, namespace: &str, name: &str) {
-        self.lock().remove(&format!("{namespace}/{name}"));
-    }
-
     /// Removes a pod's row only if it still belongs to pod `uid` (a pod re-created under the same
     /// name has a new uid and keeps its row).
-    pub fn remove_if_uid(&self, namespace: &str, name: &str, uid: &str) {
+    pub(crate) fn remove_if_uid(&self, namespace: &str, name: &str, uid: &str) {
         let mut rows = self.lock();
         let key = format!("{namespace}/{name}");
         if rows.get(&key).is_some_and(|r| r.uid == uid) {
@@ -46,12 +41,12 @@ impl StatusBoard {
     }
 
     /// A copy of one pod's row, if it has one.
-    pub fn snapshot_row(&self, namespace: &str, name: &str) -> Option<PodStatus> {
+    pub(crate) fn snapshot_row(&self, namespace: &str, name: &str) -> Option<PodStatus> {
         self.lock().get(&format!("{namespace}/{name}")).cloned()
     }
 
     /// A copy of every row, ordered by `namespace/name`.
-    pub fn snapshot(&self) -> Vec<PodStatus> {
+    pub(crate) fn snapshot(&self) -> Vec<PodStatus> {
         self.lock().values().cloned().collect()
     }
 

@@ -17,13 +17,13 @@ use tokio::sync::mpsc;
 use crate::pod::PodKey;
 
 /// The shortest time between two events of the same reason on the same pod.
-pub const MIN_INTERVAL: Duration = Duration::from_secs(30);
+pub(crate) const MIN_INTERVAL: Duration = Duration::from_secs(30);
 /// Events waiting to be posted; past this they are dropped (and logged).
 const QUEUE: usize = 256;
 
 /// Why an event was posted: the stable `reason` operators filter on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Reason {
+pub(crate) enum Reason {
     /// The hold ended because the proxy became ready (Normal).
     HoldReleased,
     /// The hold deadline passed before the proxy was ready (Warning).
@@ -50,7 +50,8 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason (the reference's table is checked against it).
-    pub const ALL: [Reason; 10] = [
+    #[cfg(test)]
+    pub(crate) const ALL: [Reason; 10] = [
         Reason::HoldReleased,
         Reason::HoldDeadline,
         Reason::DrainCompleted,
@@ -63,7 +64,7 @@ impl Reason {
         Reason::SidecarLostDuringTermination,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Reason::HoldReleased => "HoldReleased",
             Reason::HoldDeadline => "HoldDeadline",
@@ -78,7 +79,7 @@ impl Reason {
         }
     }
 
-    pub fn is_warning(self) -> bool {
+    pub(crate) fn is_warning(self) -> bool {
         matches!(
             self,
             Reason::HoldDeadline
@@ -92,7 +93,7 @@ impl Reason {
     }
 
     /// The `action` field: what holdfast did.
-    pub fn action(self) -> &'static str {
+    pub(crate) fn action(self) -> &'static str {
         match self {
             Reason::HoldReleased | Reason::HoldDeadline => "ReleaseHold",
             Reason::DrainCompleted
@@ -115,7 +116,7 @@ struct Pending {
 
 /// Where pod tasks send events. Cheap to clone.
 #[derive(Debug, Clone, Default)]
-pub struct PodEvents {
+pub(crate) struct PodEvents {
     tx: Option<mpsc::Sender<Pending>>,
     /// Tests: every emitted event is also sent here (see [`PodEvents::capturing`]).
     capture: Option<mpsc::UnboundedSender<(PodKey, Reason, String)>>,
@@ -123,13 +124,14 @@ pub struct PodEvents {
 
 impl PodEvents {
     /// Events are only logged (no API server).
-    pub fn log_only() -> Self {
+    pub(crate) fn log_only() -> Self {
         Self::default()
     }
 
     /// Events are logged and handed to the returned receiver (a test hook: assert that an
     /// outcome posted its Event without an API server).
-    pub fn capturing() -> (Self, mpsc::UnboundedReceiver<(PodKey, Reason, String)>) {
+    #[cfg(test)]
+    pub(crate) fn capturing() -> (Self, mpsc::UnboundedReceiver<(PodKey, Reason, String)>) {
         let (tx, rx) = mpsc::unbounded_channel();
         (
             Self {
@@ -141,7 +143,7 @@ impl PodEvents {
     }
 
     /// Posts events through `client`, reporting as `holdfast` from `node`.
-    pub fn start(client: kube::Client, node: &str) -> Self {
+    pub(crate) fn start(client: kube::Client, node: &str) -> Self {
         let recorder = Recorder::new(
             client,
             Reporter {
@@ -158,7 +160,7 @@ impl PodEvents {
     }
 
     /// Queues an event on `pod`. Never blocks.
-    pub fn emit(&self, pod: &PodKey, reason: Reason, note: String) {
+    pub(crate) fn emit(&self, pod: &PodKey, reason: Reason, note: String) {
         // A note may quote the pod (its Envoy's errors, its annotations): one line, cut to the
         // API's limit with the cut said, before it reaches the log or the API.
         use crate::api::text::{cut, escape_controls};
@@ -184,7 +186,7 @@ impl PodEvents {
 }
 
 /// The reference Events use for a pod.
-pub fn pod_reference(pod: &PodKey) -> ObjectReference {
+pub(crate) fn pod_reference(pod: &PodKey) -> ObjectReference {
     ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Pod".into()),

@@ -1,5 +1,5 @@
 //! The agent's Prometheus metrics (served at `/metrics` on the status API). Every name starts
-//! with `holdfast_`; every metric has help text. Pod tasks record into [`Metrics`]; the phase
+//! with `holdfast_`; every metric has help text. Pod tasks record into `Metrics`; the phase
 //! gauge is computed from the status board at scrape time, so it can never drift.
 
 use std::sync::Arc;
@@ -15,36 +15,36 @@ use crate::api::{Mesh, SidecarMode};
 use crate::report::board::{Phase, StatusBoard};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OutcomeLabel {
-    pub outcome: String,
+pub(crate) struct OutcomeLabel {
+    pub(crate) outcome: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct KindLabel {
-    pub kind: String,
+pub(crate) struct KindLabel {
+    pub(crate) kind: String,
 }
 
 /// A lifecycle stage and an input it ignored (`lifecycle::machine::Stage::name`,
 /// `lifecycle::messages::Input::name`: both fixed sets, so the series are bounded).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct IgnoredLabel {
-    pub stage: String,
-    pub input: String,
+pub(crate) struct IgnoredLabel {
+    pub(crate) stage: String,
+    pub(crate) input: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PhaseLabel {
-    pub phase: PhaseValue,
+pub(crate) struct PhaseLabel {
+    pub(crate) phase: PhaseValue,
     /// `classic`, `native`, or `none` (a skipped pod: holdfast acts in no mode).
-    pub mode: String,
+    pub(crate) mode: String,
     /// `istio`, `kuma`, `consul` (the mesh profile the pod is followed with), or `none` (a
     /// skipped pod). 6 tracked phases × 2 modes × 3 meshes + 1: 37 series per agent.
-    pub mesh: String,
+    pub(crate) mesh: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
-pub enum PhaseValue {
+pub(crate) enum PhaseValue {
     waiting_for_netns,
     holding,
     ready,
@@ -70,35 +70,35 @@ impl From<Phase> for PhaseValue {
 
 /// Everything the agent counts. Cheap to clone (shared state).
 #[derive(Clone)]
-pub struct Metrics {
-    pub holds_started: Counter,
-    pub holds_released: Family<OutcomeLabel, Counter>,
-    pub held_connections: Counter,
-    pub hold_duration: Histogram,
-    pub hold_release_latency: Histogram,
-    pub drains: Family<OutcomeLabel, Counter>,
-    pub drain_duration: Histogram,
-    pub drain_exit_lag: Histogram,
-    pub drain_errors: Counter,
-    pub jobs: Family<OutcomeLabel, Counter>,
-    pub admin_errors: Family<KindLabel, Counter>,
+pub(crate) struct Metrics {
+    pub(crate) holds_started: Counter,
+    pub(crate) holds_released: Family<OutcomeLabel, Counter>,
+    pub(crate) held_connections: Counter,
+    pub(crate) hold_duration: Histogram,
+    pub(crate) hold_release_latency: Histogram,
+    pub(crate) drains: Family<OutcomeLabel, Counter>,
+    pub(crate) drain_duration: Histogram,
+    pub(crate) drain_exit_lag: Histogram,
+    pub(crate) drain_errors: Counter,
+    pub(crate) jobs: Family<OutcomeLabel, Counter>,
+    pub(crate) admin_errors: Family<KindLabel, Counter>,
     /// Pods failed open (left alone) because they broke one of the agent's bounds.
-    pub pods_failed_open: Counter,
+    pub(crate) pods_failed_open: Counter,
     /// Inputs a pod's lifecycle stage had nothing to do with (`Effect::Ignored`).
-    pub inputs_ignored: Family<IgnoredLabel, Counter>,
+    pub(crate) inputs_ignored: Family<IgnoredLabel, Counter>,
     /// Status API connections closed at accept at a connection limit (the server counts them).
-    pub status_api_rejected: Counter,
+    pub(crate) status_api_rejected: Counter,
     /// Pod tasks that panicked (an agent bug); each is restarted (`agent::Pods`).
-    pub pod_task_panics: Counter,
+    pub(crate) pod_task_panics: Counter,
     /// 1 while `/readyz` answers 200 (the first pod list is loaded), else 0: set at scrape
     /// time, so an alert can tell "runs but acts on no pod" from "down".
-    pub ready: Gauge,
+    pub(crate) ready: Gauge,
     /// Pod source entries rejected or ignored now: set at scrape time from the list `/status`
     /// serves (`source::SourceProblems`, passed to the status API; no process-global count).
-    pub source_problems: Gauge,
+    pub(crate) source_problems: Gauge,
     /// The startup taint's removal (effects/node_taint.rs): pending until the node is seen
     /// free of it, and the refused tries.
-    pub startup_taint: crate::effects::node_taint::TaintMetrics,
+    pub(crate) startup_taint: crate::effects::node_taint::TaintMetrics,
     pods_by_phase: Family<PhaseLabel, Gauge>,
 }
 
@@ -109,7 +109,7 @@ fn seconds_buckets() -> Histogram {
 
 impl Metrics {
     /// Creates the metrics and registers them (with help text) in `registry`.
-    pub fn new(registry: &mut Registry) -> Self {
+    pub(crate) fn new(registry: &mut Registry) -> Self {
         let histogram = seconds_buckets;
         let m = Metrics {
             holds_started: Counter::default(),
@@ -276,7 +276,7 @@ impl Metrics {
     }
 
     /// Refreshes the per-phase gauge from the board (called at scrape time).
-    pub fn observe_board(&self, board: &StatusBoard) {
+    pub(crate) fn observe_board(&self, board: &StatusBoard) {
         let phases = [
             Phase::WaitingForNetns,
             Phase::Holding,
@@ -334,7 +334,7 @@ impl Metrics {
     }
 
     /// Counts an input the lifecycle stage `stage` ignored.
-    pub fn input_ignored(&self, stage: &str, input: &str) {
+    pub(crate) fn input_ignored(&self, stage: &str, input: &str) {
         self.inputs_ignored
             .get_or_create(&IgnoredLabel {
                 stage: stage.to_string(),
@@ -343,7 +343,7 @@ impl Metrics {
             .inc();
     }
 
-    pub fn outcome(s: &str) -> OutcomeLabel {
+    pub(crate) fn outcome(s: &str) -> OutcomeLabel {
         OutcomeLabel {
             outcome: s.to_string(),
         }
@@ -353,8 +353,8 @@ impl Metrics {
 /// The registry and metrics together, as the status API serves them.
 #[derive(Clone)]
 pub struct MetricsHandle {
-    pub registry: Arc<Registry>,
-    pub metrics: Metrics,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) metrics: Metrics,
 }
 
 impl MetricsHandle {
@@ -364,7 +364,7 @@ impl MetricsHandle {
     }
 
     /// The agent's metrics, its own resources read under `proc_root` (`--proc-root`).
-    pub fn with_proc_root(proc_root: &std::path::Path) -> Self {
+    pub(crate) fn with_proc_root(proc_root: &std::path::Path) -> Self {
         let mut registry = Registry::default();
         let metrics = Metrics::new(&mut registry);
         crate::report::process_metrics::register(&mut registry, proc_root);

@@ -15,7 +15,7 @@ use prometheus_client::registry::Registry;
 
 /// Registers the process metrics, read under `proc_root` (the agent's `--proc-root`; see
 /// [`own_proc_root`]) (call once per registry).
-pub fn register(registry: &mut Registry, proc_root: &Path) {
+pub(crate) fn register(registry: &mut Registry, proc_root: &Path) {
     registry.register_collector(Box::new(ProcessCollector {
         proc_root: own_proc_root(proc_root),
     }));
@@ -25,7 +25,7 @@ pub fn register(registry: &mut Registry, proc_root: &Path) {
 /// `self` entry; `effects::procfs::check_proc_root` has refused one of another pid namespace
 /// at start, so its `self` is the agent), else — a test's fixture tree, which has no `self`
 /// (the same rule as `check_proc_root`) — the process's own `/proc`.
-pub fn own_proc_root(proc_root: &Path) -> PathBuf {
+pub(crate) fn own_proc_root(proc_root: &Path) -> PathBuf {
     if std::fs::symlink_metadata(proc_root.join("self")).is_ok() {
         proc_root.to_path_buf()
     } else {
@@ -35,23 +35,23 @@ pub fn own_proc_root(proc_root: &Path) -> PathBuf {
 
 /// A snapshot of the agent's own resources. Each field is `None` when it could not be read.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct ProcessStats {
+pub(crate) struct ProcessStats {
     /// Entries in `<proc-root>/self/fd`.
-    pub open_fds: Option<u64>,
+    pub(crate) open_fds: Option<u64>,
     /// The soft `RLIMIT_NOFILE`.
-    pub max_fds: Option<u64>,
+    pub(crate) max_fds: Option<u64>,
     /// `VmRSS` of `<proc-root>/self/status`, in bytes.
-    pub resident_memory_bytes: Option<u64>,
+    pub(crate) resident_memory_bytes: Option<u64>,
     /// `Threads` of `<proc-root>/self/status`.
-    pub threads: Option<u64>,
+    pub(crate) threads: Option<u64>,
     /// User and system CPU time, in seconds (`utime` + `stime` of `<proc-root>/self/stat`).
-    pub cpu_seconds: Option<f64>,
+    pub(crate) cpu_seconds: Option<f64>,
 }
 
 impl ProcessStats {
     /// Reads `<proc_root>/self` (`self` is the reader in the pid namespace of that procfs: the
     /// agent, with the node's `/proc` under `hostPID`).
-    pub fn read(proc_root: &Path) -> Self {
+    pub(crate) fn read(proc_root: &Path) -> Self {
         let me = procfs::process::Process::new_with_root(proc_root.join("self")).ok();
         // The listing's own fd is counted too, as the process collector does.
         let open_fds = me
@@ -89,7 +89,7 @@ impl ProcessStats {
 /// are far below what the kernel allows the container (hard, often 1048576), and the status API
 /// is capped at [`crate::report::server::MAX_CONNECTIONS`], far below either: a flood of clients can
 /// take at most that many fds, never the rest.
-pub fn raise_fd_limit() -> Option<(u64, u64)> {
+pub(crate) fn raise_fd_limit() -> Option<(u64, u64)> {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
     if soft < hard {

@@ -3,7 +3,7 @@
 //! `/config` (the effective configuration). No endpoint changes state; anything but GET/HEAD gets
 //! 405.
 //!
-//! **Three listeners, so no client can take another's place** ([`Role`]):
+//! **Three listeners, so no client can take another's place** (`Role`):
 //!
 //! - **local** (`--status-listen`, a loopback address only, `127.0.0.1:15300`): every endpoint.
 //!   `/status` and `/config` (pod names, namespaces, errors, the configuration) exist only here:
@@ -17,23 +17,23 @@
 //!   `Authorization` header after authenticating the caller (k8s.io/apiserver
 //!   pkg/endpoints/filters/authentication.go), so a token never reaches the agent that way. See
 //!   docs/install.md, "Reaching the status API".
-//! - **health** (`--health-listen`, `[::]:15301` dual-stack in the DaemonSet, [`bind_listener`]): `/healthz` and `/readyz`
+//! - **health** (`--health-listen`, `[::]:15301` dual-stack in the DaemonSet, `bind_listener`): `/healthz` and `/readyz`
 //!   only, for the kubelet. One request per connection (no keep-alive), a short head timeout,
-//!   a per-peer limit: a slot is held for at most [`HEALTH_HEAD_TIMEOUT`], so the probes cannot
+//!   a per-peer limit: a slot is held for at most `HEALTH_HEAD_TIMEOUT`, so the probes cannot
 //!   be starved by clients of the other listeners (they have their own slots) nor by a few peers
 //!   of this one. The shipped NetworkPolicy admits nobody to it: the kubelet's probes come from
 //!   the node, which NetworkPolicy always admits.
 //! - **metrics** (`--metrics-listen`, `[::]:15302`): `/metrics` only, for Prometheus; counts
 //!   and durations, no pod names. Keep-alive, with a per-peer limit.
 //!
-//! **No client can starve the agent.** Each listener serves at most its [`Limits`]'
+//! **No client can starve the agent.** Each listener serves at most its `Limits`'
 //! `max_connections` at once, and at most `per_peer` from one IP address; past either a new
 //! connection is accepted and closed at once (so it takes no fd for longer than that). A
 //! connection must send its request head within the head timeout — hyper starts that timer
 //! whenever it waits for a head, so it also ends an idle keep-alive connection — and lives at
-//! most [`CONNECTION_LIFETIME`]; request heads are capped at [`MAX_HEADER_BYTES`]. At start the
+//! most `CONNECTION_LIFETIME`; request heads are capped at [`MAX_HEADER_BYTES`]. At start the
 //! open-files limit is raised to its hard limit
-//! ([`crate::report::process_metrics::raise_fd_limit`]); the three listeners' share stays
+//! (`crate::report::process_metrics::raise_fd_limit`); the three listeners' share stays
 //! the sum of their `max_connections` + 3.
 
 use std::collections::HashMap;
@@ -59,13 +59,13 @@ pub const MAX_CONNECTIONS: usize = 64;
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// The health listener's head timeout: the kubelet writes its probe at once after connecting;
 /// a connection that sends nothing for this long loses its slot.
-pub const HEALTH_HEAD_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const HEALTH_HEAD_TIMEOUT: Duration = Duration::from_secs(1);
 /// Connections from one IP address at once, on the health and metrics listeners. The kubelet
 /// probes with one connection at a time, Prometheus scrapes with one: 8 leaves room for
 /// retries and a second scraper, and keeps 70 connections of one client from taking the rest.
 pub const PER_PEER_CONNECTIONS: usize = 8;
 /// The longest one connection is kept, whatever it does.
-pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(30);
+pub(crate) const CONNECTION_LIFETIME: Duration = Duration::from_secs(30);
 /// The largest request head (request line and headers); a larger one gets 431.
 pub const MAX_HEADER_BYTES: usize = 8 * 1024;
 /// hyper's read buffer per connection (its minimum is 8 KiB).
@@ -77,7 +77,7 @@ const REJECT_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Which endpoints a listener serves (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
+pub(crate) enum Role {
     /// Every endpoint; bound to loopback.
     Local,
     /// `/healthz` and `/readyz`, one request per connection.
@@ -87,7 +87,7 @@ pub enum Role {
 }
 
 impl Role {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Role::Local => "status",
             Role::Health => "health",
@@ -96,7 +96,7 @@ impl Role {
     }
 
     /// What a listener of this role allows.
-    pub fn limits(self) -> Limits {
+    pub(crate) fn limits(self) -> Limits {
         match self {
             Role::Local => Limits {
                 max_connections: MAX_CONNECTIONS,
@@ -124,13 +124,13 @@ impl Role {
 
 /// A listener's bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    pub max_connections: usize,
+pub(crate) struct Limits {
+    pub(crate) max_connections: usize,
     /// Connections from one IP address at once (`None`: no per-peer limit; the loopback
     /// listener's clients all come from 127.0.0.1).
-    pub per_peer: Option<usize>,
-    pub head_timeout: Duration,
-    pub keep_alive: bool,
+    pub(crate) per_peer: Option<usize>,
+    pub(crate) head_timeout: Duration,
+    pub(crate) keep_alive: bool,
 }
 
 /// Open connections per peer address; a [`PeerSlot`] gives its place back on drop.
@@ -176,7 +176,7 @@ impl Drop for PeerSlot {
 /// pod's IPv6 address (issue 30: `0.0.0.0` alone restarted the agent forever there). A kernel
 /// without IPv6 (`ipv6.disable=1`: no AF_INET6 sockets) gets `0.0.0.0` on the same port, said
 /// in a warning. Every other address is bound as given.
-pub fn bind_listener(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+pub(crate) fn bind_listener(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
     let std::net::SocketAddr::V6(v6) = addr else {
         return bind_plain(addr);
     };
@@ -252,7 +252,7 @@ impl StatusApi {
     }
 
     /// Serves `role`'s endpoints on `listener` until `shutdown` completes.
-    pub async fn serve_role(
+    pub(crate) async fn serve_role(
         self,
         listener: TcpListener,
         role: Role,

@@ -187,16 +187,17 @@ impl RuleSpec {
     }
 }
 
-/// Istio's ports and uid (`crate::mesh::istio`), for tests and tools: the agent builds every
-/// pod's rules from that pod's mesh profile (`HoldConfig::for_pod`), never from this default.
+/// The reference mesh's ports and uid (`crate::mesh::REFERENCE_OUTBOUND_PORT`), for tests and
+/// tools: the agent builds every pod's rules from that pod's mesh profile
+/// (`HoldConfig::for_pod`), never from this default.
 impl Default for RuleSpec {
     fn default() -> Self {
-        use crate::mesh::istio;
+        use crate::mesh;
         RuleSpec {
             queue_num: 15015,
-            outbound_port: istio::OUTBOUND_PORT,
-            inbound_port: Some(istio::INBOUND_PORT),
-            proxy_uid: istio::PROXY_UID,
+            outbound_port: mesh::REFERENCE_OUTBOUND_PORT,
+            inbound_port: Some(mesh::REFERENCE_INBOUND_PORT),
+            proxy_uid: mesh::REFERENCE_PROXY_UID,
             iptables: "iptables".to_string(),
             iptables_restore: "iptables-restore".to_string(),
             ipv6: false,

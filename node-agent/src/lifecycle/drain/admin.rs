@@ -31,7 +31,7 @@ const SERVER_INFO_MAX: usize = 1 << 20;
 /// filter, on 1.36 and 1.40 alike): the filter's five stats and four per HTTP or TCP listener
 /// prefix that carried traffic — ~350 bytes for the simulated sidecar, ~360 more per used TCP
 /// route that names its cluster. 64 KiB, four times the readiness cap
-/// ([`crate::lifecycle::readiness::READINESS_STATS_MAX`]), is ~170 used TCP routes: past a
+/// (`crate::lifecycle::readiness::READINESS_STATS_MAX`), is ~170 used TCP routes: past a
 /// sidecar's usual share, and a bound on what a pod's Envoy can make the agent read every
 /// sample of a long drain. A larger answer is a failed sample.
 pub const DRAIN_SAMPLE_MAX: usize = 64 * 1024;
@@ -43,8 +43,8 @@ const MAX_ERRORS_KEPT: usize = 10;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdminFailure {
     /// The connection was refused (nothing listens: Envoy has exited).
-    pub refused: bool,
-    pub message: String,
+    pub(crate) refused: bool,
+    pub(crate) message: String,
 }
 
 impl std::fmt::Display for AdminFailure {
@@ -97,7 +97,7 @@ pub trait ProxyAdmin: Send + Sync {
 /// netns) and a sock_diag socket made in the same netns, for the kernel's send queues that
 /// Envoy's counters cannot see ([`in_flight`]'s module docs).
 pub struct PodProxy {
-    pub admin: AdminClient,
+    pub(crate) admin: AdminClient,
     sockets: Option<Arc<SockDiag>>,
     /// The mesh's own listeners, left out of the idle test (`MeshProfile::own_http_prefixes`).
     own_http_prefixes: &'static [&'static str],
@@ -107,10 +107,10 @@ pub struct PodProxy {
 }
 
 impl PodProxy {
-    /// `admin` with the pod's sock_diag socket ([`PodProxy::open_sockets`]), for a pod of the
+    /// `admin` with the pod's sock_diag socket (`PodProxy::open_sockets`), for a pod of the
     /// mesh `profile`: its own listeners are left out of the idle test
     /// (`MeshProfile::own_http_prefixes`), and its capture listeners give the counts where the
-    /// mesh says so ([`in_flight::listener_counts`]: Consul's, which cannot load the filter).
+    /// mesh says so (`in_flight::listener_counts`: Consul's, which cannot load the filter).
     pub fn new(
         admin: AdminClient,
         sockets: Option<SockDiag>,
@@ -128,7 +128,7 @@ impl PodProxy {
 
     /// A sock_diag socket made in `netns`; without one (a kernel without `CONFIG_INET_DIAG`)
     /// the send queues are unknown, and the drain judges as before.
-    pub fn open_sockets(netns: &PodNetns) -> Option<SockDiag> {
+    pub(crate) fn open_sockets(netns: &PodNetns) -> Option<SockDiag> {
         SockDiag::open_in(netns)
             .inspect_err(|e| {
                 tracing::warn!(netns = ?netns.id(), error = %e, "sock_diag unavailable: the drain cannot see bytes still queued in the pod's sockets");
@@ -189,7 +189,7 @@ impl ProxyAdmin for PodProxy {
         Ok(response.body)
     }
 
-    /// `None` without a sock_diag socket ([`PodProxy::open_sockets`]).
+    /// `None` without a sock_diag socket (`PodProxy::open_sockets`).
     async fn send_queued(&self) -> Option<u64> {
         let diag = self.sockets.clone()?;
         // Not the agent's own connections to the admin API (their last answer waits for the

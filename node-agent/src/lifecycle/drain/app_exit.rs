@@ -50,15 +50,6 @@ pub enum Watch {
     AlreadyExited,
 }
 
-/// How a process's exit is noticed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExitNotice {
-    /// A pidfd, readable on exit.
-    Pidfd,
-    /// Polling procfs (no pidfd support).
-    Polling,
-}
-
 /// Exit notifications for a set of processes.
 #[derive(Debug)]
 pub struct ExitWatcher {
@@ -96,7 +87,7 @@ impl ExitWatcher {
 
     /// A watcher whose log lines name the pod, reading `proc_root` (the agent's
     /// `--proc-root`) where pidfds cannot tell.
-    pub fn for_pod(pod: &PodKey, proc_root: &Path) -> ExitWatcher {
+    pub(crate) fn for_pod(pod: &PodKey, proc_root: &Path) -> ExitWatcher {
         ExitWatcher {
             pod: pod.to_string(),
             proc_root: Arc::from(proc_root),
@@ -155,18 +146,9 @@ impl ExitWatcher {
         Watch::Watching
     }
 
-    /// How exits are noticed (pidfds unless the kernel lacks them).
-    pub fn notice(&self) -> ExitNotice {
-        if self.no_pidfd {
-            ExitNotice::Polling
-        } else {
-            ExitNotice::Pidfd
-        }
-    }
-
     /// The pids watched by pidfd and not reported as exited: each is still the process it was
     /// (empty when exits are polled: a polled pid could be reused unnoticed).
-    pub fn pidfd_watched(&self) -> HashSet<i32> {
+    pub(crate) fn pidfd_watched(&self) -> HashSet<i32> {
         if self.no_pidfd {
             HashSet::new()
         } else {
@@ -175,7 +157,7 @@ impl ExitWatcher {
     }
 
     /// True while `pid` is watched and has not been reported as exited.
-    pub fn is_watching(&self, pid: i32) -> bool {
+    pub(crate) fn is_watching(&self, pid: i32) -> bool {
         self.watched.contains(&pid)
     }
 
@@ -226,7 +208,7 @@ impl ExitWatcher {
     /// The exits already noticed and not yet taken (each as [`ExitWatcher::next_exit`] returns
     /// it), without waiting: a group of processes killed at once reaches the caller as one
     /// batch, so it looks at the pod once rather than once per process.
-    pub fn ready_exits(&mut self) -> Vec<(i32, Instant)> {
+    pub(crate) fn ready_exits(&mut self) -> Vec<(i32, Instant)> {
         let mut out = Vec::new();
         while let Some(done) = self.tasks.try_join_next_with_id() {
             out.extend(self.take(done));
@@ -475,7 +457,7 @@ pub struct AppTracker<S> {
 
 impl<S: PodProcessSource> AppTracker<S> {
     /// The process source the tracker reads.
-    pub fn source(&self) -> &S {
+    pub(crate) fn source(&self) -> &S {
         &self.source
     }
 
@@ -581,7 +563,7 @@ impl<S: PodProcessSource> AppTracker<S> {
 
     /// Takes every app process exit already noticed, without waiting (see
     /// [`ExitWatcher::ready_exits`]); records the last. The number taken.
-    pub fn take_ready_exits(&mut self) -> usize {
+    pub(crate) fn take_ready_exits(&mut self) -> usize {
         let exits = self.watcher.ready_exits();
         for (pid, at) in &exits {
             self.last_exit = Some(self.last_exit.map_or(*at, |t| t.max(*at)));
@@ -591,23 +573,18 @@ impl<S: PodProcessSource> AppTracker<S> {
     }
 
     /// When the last app process exit was noticed.
-    pub fn last_exit(&self) -> Option<Instant> {
+    pub(crate) fn last_exit(&self) -> Option<Instant> {
         self.last_exit
     }
 
     /// App processes watched and not yet seen exiting.
-    pub fn live(&self) -> usize {
+    pub(crate) fn live(&self) -> usize {
         self.watcher.live()
     }
 
     /// App processes seen alive since the tracker started.
-    pub fn processes_seen(&self) -> usize {
+    pub(crate) fn processes_seen(&self) -> usize {
         self.processes_seen
-    }
-
-    /// How exits are noticed.
-    pub fn notice(&self) -> ExitNotice {
-        self.watcher.notice()
     }
 }
 

@@ -21,7 +21,10 @@ use super::in_flight::InFlight;
 /// `None`: keep waiting — also when nothing can be seen ([`InFlight::Unseen`]: no filter and no
 /// byte counters), since a response may still be on its way out; pilot-agent's own drain then
 /// ends Envoy, as without holdfast.
-pub fn quit_when_idle(judgement: Option<InFlight>, stats_exhausted: bool) -> Option<QuitReason> {
+pub(crate) fn quit_when_idle(
+    judgement: Option<InFlight>,
+    stats_exhausted: bool,
+) -> Option<QuitReason> {
     match judgement {
         Some(InFlight::Idle(why)) => Some(QuitReason::Idle(why)),
         Some(InFlight::Unseen | InFlight::Busy { .. } | InFlight::Sending { .. }) => None,
@@ -38,12 +41,12 @@ pub fn quit_when_idle(judgement: Option<InFlight>, stats_exhausted: bool) -> Opt
 /// sidecar without that preStop (the mesh's `global.proxy.lifecycle`) drains only after its
 /// SIGTERM, for `terminationDrainDuration`: the full drain ends it on evidence instead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DrainKind {
+pub(crate) enum DrainKind {
     Full,
     KubeletOrdered,
 }
 
-pub fn drain_kind(view: &PodView) -> DrainKind {
+pub(crate) fn drain_kind(view: &PodView) -> DrainKind {
     if view.mode == crate::pod::SidecarMode::Native && view.prestop_drain {
         DrainKind::KubeletOrdered
     } else {
@@ -61,7 +64,7 @@ pub fn drain_kind(view: &PodView) -> DrainKind {
 /// ?inboundonly&graceful` keeps its listeners draining, and kuma-dp's readiness (9902, which the
 /// kubelet probes) says terminating whatever Envoy's health says. Not in a kubelet-ordered drain
 /// (the app is gone by the proxy's SIGTERM there).
-pub fn restore_health(
+pub(crate) fn restore_health(
     mesh_fails_health_check: bool,
     kind: DrainKind,
     health_check_failed: bool,
@@ -72,13 +75,13 @@ pub fn restore_health(
 /// Whether the drain, having quit Envoy, also sends the mesh's agent a SIGTERM: its agent waits
 /// a fixed drain time after its first SIGTERM whatever Envoy does (kuma-dp), and Envoy's exit was
 /// seen (the quit did its work; a second SIGTERM before it would make kuma-dp kill Envoy).
-pub fn sigterm_after_quit(mesh_waits_after_sigterm: bool, proxy_exit_seen: bool) -> bool {
+pub(crate) fn sigterm_after_quit(mesh_waits_after_sigterm: bool, proxy_exit_seen: bool) -> bool {
     mesh_waits_after_sigterm && proxy_exit_seen
 }
 
 /// What a drain does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DrainNext {
+pub(crate) enum DrainNext {
     /// Keep watching.
     Wait,
     /// The app is done and nothing is in flight: quit the proxy (outcome `app-done`).
@@ -92,40 +95,40 @@ pub enum DrainNext {
 
 /// How a drain that ends without a quit ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DrainEnd {
-    pub outcome: DrainOutcome,
+pub(crate) struct DrainEnd {
+    pub(crate) outcome: DrainOutcome,
     /// Envoy exited but the app's end was not seen (its processes are not visible).
-    pub app_unknown: bool,
+    pub(crate) app_unknown: bool,
     /// The proxy's exit is seen now: the report dates it (a kubelet-ordered end, a sidecar
     /// lost). A classic Envoy that exited by itself is dated by nobody: its exit was not what
     /// the drain waited for.
-    pub proxy_exit_seen: bool,
+    pub(crate) proxy_exit_seen: bool,
 }
 
 /// What was observed at one point of a drain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DrainSeen {
+pub(crate) struct DrainSeen {
     /// The app ran and is gone ([`AppSnapshot::gone_for_drain`]).
-    pub app_gone: bool,
+    pub(crate) app_gone: bool,
     /// App processes alive.
-    pub app_live: usize,
+    pub(crate) app_live: usize,
     /// Envoy has exited (`Drainer::envoy_gone` in `admin.rs`).
-    pub proxy_gone: bool,
+    pub(crate) proxy_gone: bool,
     /// The latest in-flight judgement (`None`: the last sample failed).
-    pub judgement: Option<InFlight>,
+    pub(crate) judgement: Option<InFlight>,
     /// Failed samples since the app went reached the allowed attempts.
-    pub stats_exhausted: bool,
+    pub(crate) stats_exhausted: bool,
     /// The drain's deadline (the kubelet's kill time minus the margin) has passed.
-    pub deadline_passed: bool,
+    pub(crate) deadline_passed: bool,
     /// The kubelet ends the proxy ([`DrainKind::KubeletOrdered`]): never quit it.
-    pub kubelet_ordered: bool,
+    pub(crate) kubelet_ordered: bool,
     /// A native sidecar (the kubelet does not restart it during termination).
-    pub native: bool,
+    pub(crate) native: bool,
     /// The pod object was removed from the source.
-    pub pod_removed: bool,
+    pub(crate) pod_removed: bool,
 }
 
-pub fn drain_next(seen: DrainSeen) -> DrainNext {
+pub(crate) fn drain_next(seen: DrainSeen) -> DrainNext {
     let end = |outcome, app_unknown, proxy_exit_seen| {
         DrainNext::End(DrainEnd {
             outcome,
@@ -180,7 +183,7 @@ pub fn drain_next(seen: DrainSeen) -> DrainNext {
 
 /// What a Job watch does next, once its app has finished for good.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum JobNext {
+pub(crate) enum JobNext {
     Wait,
     /// Quit the proxy, so the pod completes.
     Quit(QuitReason),
@@ -190,18 +193,18 @@ pub enum JobNext {
 
 /// What was observed at one point of a finished Job's wait for in-flight traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct JobSeen {
+pub(crate) struct JobSeen {
     /// Enough consecutive refused admin connections: Envoy has exited.
-    pub proxy_gone: bool,
+    pub(crate) proxy_gone: bool,
     /// The latest in-flight judgement (`None`: the last sample failed).
-    pub judgement: Option<InFlight>,
+    pub(crate) judgement: Option<InFlight>,
     /// Failed samples reached the allowed attempts.
-    pub stats_exhausted: bool,
+    pub(crate) stats_exhausted: bool,
     /// The bounded wait for in-flight traffic (`job_in_flight_wait`) is over.
-    pub out_of_time: bool,
+    pub(crate) out_of_time: bool,
 }
 
-pub fn job_next(seen: JobSeen) -> JobNext {
+pub(crate) fn job_next(seen: JobSeen) -> JobNext {
     if seen.proxy_gone {
         return JobNext::ProxyAlreadyGone;
     }
@@ -216,7 +219,7 @@ pub fn job_next(seen: JobSeen) -> JobNext {
 /// with exit codes ([`PodView::apps_finished_for_good`]); procfs is faster but only says
 /// "exited", which is for good only when the kubelet never restarts (`Never`) —
 /// [`crate::pod::app_end()`] decides both. Either way every app container must have run.
-pub fn job_finished(view: &PodView, snapshot: &AppSnapshot) -> Option<FinishedBy> {
+pub(crate) fn job_finished(view: &PodView, snapshot: &AppSnapshot) -> Option<FinishedBy> {
     if view.apps_finished_for_good() {
         Some(FinishedBy::Status)
     } else if snapshot.live == 0
@@ -229,7 +232,7 @@ pub fn job_finished(view: &PodView, snapshot: &AppSnapshot) -> Option<FinishedBy
 }
 
 /// Longest pause between two periodic rescans of the app's processes ([`rescan_every`]).
-pub const RESCAN_EVERY_MAX: Duration = Duration::from_secs(1);
+pub(crate) const RESCAN_EVERY_MAX: Duration = Duration::from_secs(1);
 
 /// The pause before the next periodic rescan of the app's processes, after `rescans` of them:
 /// `rescan_every`, doubling with each rescan up to [`RESCAN_EVERY_MAX`]. Rescans only look for
@@ -239,12 +242,12 @@ pub const RESCAN_EVERY_MAX: Duration = Duration::from_secs(1);
 /// processes (issue 29: 2,000) costs each rescan a read of its `cgroup.procs`, and at a rescan
 /// every 100 ms under the DaemonSet's 0.2-core quota that pushed an honest pod's hold after
 /// its app's first connect.
-pub fn rescan_every(settings: &DrainSettings, rescans: u32) -> Duration {
+pub(crate) fn rescan_every(settings: &DrainSettings, rescans: u32) -> Duration {
     Backoff::doubling(settings.rescan_every, RESCAN_EVERY_MAX).after(rescans)
 }
 
 /// Longest pause between two samples while the app still runs.
-pub const SAMPLE_EVERY_MAX: Duration = Duration::from_secs(1);
+pub(crate) const SAMPLE_EVERY_MAX: Duration = Duration::from_secs(1);
 
 /// The pause between two samples while the app still runs, `running_for` into the drain:
 /// `stats_every` for the first 10 s, then doubling every 10 s up to [`SAMPLE_EVERY_MAX`], so a
@@ -252,7 +255,7 @@ pub const SAMPLE_EVERY_MAX: Duration = Duration::from_secs(1);
 /// samples only give the judge its history; the app's exit is seen at once (pidfd), and from
 /// then on samples come every `settle_poll` ([`settle_wait`]), so the back-off never lets Envoy
 /// outlive the app by more than the idle window and a few polls.
-pub fn sample_every(settings: &DrainSettings, running_for: Duration) -> Duration {
+pub(crate) fn sample_every(settings: &DrainSettings, running_for: Duration) -> Duration {
     let tens = u32::try_from(running_for.as_secs() / 10).unwrap_or(u32::MAX);
     Backoff::doubling(settings.stats_every, SAMPLE_EVERY_MAX).after(tens)
 }
@@ -262,7 +265,7 @@ pub fn sample_every(settings: &DrainSettings, running_for: Duration) -> Duration
 /// its history, and a failed one (an answer over the cap, a timeout; a refusal is confirmed
 /// sooner by the caller) gives none. Issue 29: a pod's "Envoy" answering every sample with
 /// 1 MB was read up to the 64 KiB cap every 100 ms for as long as the app ran.
-pub fn sample_every_after_failures(
+pub(crate) fn sample_every_after_failures(
     settings: &DrainSettings,
     running_for: Duration,
     failures: u32,
@@ -274,7 +277,7 @@ pub fn sample_every_after_failures(
 /// The pause before the `samples`-th sample while waiting for in-flight traffic to settle:
 /// `settle_poll` for the first ten (the usual case settles within milliseconds), then doubling
 /// every ten samples up to `stats_every`, so a long wait does not poll Envoy every 5 ms.
-pub fn settle_wait(settings: &DrainSettings, samples: u32) -> Duration {
+pub(crate) fn settle_wait(settings: &DrainSettings, samples: u32) -> Duration {
     Backoff::doubling(settings.settle_poll, settings.stats_every).after(samples / 10)
 }
 

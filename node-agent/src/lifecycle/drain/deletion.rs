@@ -6,17 +6,20 @@
 
 use std::time::{Duration, SystemTime};
 
+use tokio::sync::watch;
 // tokio's clock throughout, so paused-time tests drive the deadlines.
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::admin::{Drainer, ProxyAdmin};
-use super::app_exit::{AppTracker, PodProcessSource};
+use super::app_exit::{AppSnapshot, AppTracker, PodProcessSource};
 use super::plan::{self, DrainPlan};
 use super::step::DrainState;
+use super::Started;
 use super::{decide, envoy_version, DrainCtx, DrainOutcome, DrainReport, DrainStep, QuitReason};
 use crate::pod::{Deletion, PodView, SidecarMode, DEFAULT_GRACE};
 
-/// Envoy's admin call that undoes `/healthcheck/fail` ([`decide::restore_health`]).
+/// Envoy's admin call that undoes `/healthcheck/fail` (`decide::restore_health`).
 pub const HEALTHCHECK_OK_PATH: &str = "/healthcheck/ok";
 
 /// Drains a pod being deleted: see the module docs. Call once the pod has a
@@ -24,35 +27,21 @@ pub const HEALTHCHECK_OK_PATH: &str = "/healthcheck/ok";
 /// agent stops. Never panics, never exceeds the deadline by more than one admin timeout plus
 /// `quit_confirm`.
 pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) -> DrainReport {
-    let DrainCtx {
-        key,
-        admin,
-        processes,
+    let t0 = Instant::now();
+    let started_at = SystemTime::now();
+    let Started {
+        mut d,
+        mut app,
         mut view,
         stop,
         settings,
-        steps,
-    } = ctx;
-    let t0 = Instant::now();
-    let started_at = SystemTime::now();
+    } = ctx.start(t0, started_at);
     let initial = view.borrow_and_update().clone();
-    let deletion = match initial.as_ref().and_then(|v| v.deletion) {
-        Some(d) => d,
-        None => {
-            tracing::warn!("drain started for a pod without a deletionTimestamp; assuming deletion now with the default grace period");
-            Deletion {
-                timestamp: plan::timestamp(started_at),
-                grace: DEFAULT_GRACE,
-            }
-        }
-    };
-    let mut plan = DrainPlan::new(deletion, started_at);
-    let mut remaining = plan.remaining(started_at);
-    let mut deadline = t0 + remaining;
-    let mut d = Drainer::new(admin, settings, steps, t0, started_at);
+    let deletion = deletion_or_now(initial.as_ref(), started_at);
+    let mut deadline = Deadline::new(deletion, started_at, t0);
     let mut report = DrainReport {
-        deadline_at: plan.deadline,
-        deadline_meaning: plan.meaning,
+        deadline_at: deadline.plan.deadline,
+        deadline_meaning: deadline.plan.meaning,
         ..DrainReport::new(DrainOutcome::AppDone, started_at)
     };
     let Some(mut current) = initial else {
@@ -61,25 +50,17 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
     };
     tracing::info!(
         grace_s = deletion.grace.as_secs(),
-        remaining_ms = remaining.as_millis() as u64,
-        deadline_meaning = ?plan.meaning,
+        remaining_ms = deadline.remaining.as_millis() as u64,
+        deadline_meaning = ?deadline.plan.meaning,
         "pod deleted: draining inbound, watching the app"
     );
 
     // Grab the app's processes first (the kubelet is sending SIGTERM right now), then drain.
-    let mut app = AppTracker::new(key, processes);
     let mut snapshot = app.refresh(&current).await;
     let kind = decide::drain_kind(&current);
-    let native = current.mode == SidecarMode::Native;
     let kubelet_ordered = kind == decide::DrainKind::KubeletOrdered;
-    if kubelet_ordered {
-        tracing::info!(
-            "native sidecar with its mesh's preStop drain ({}): the kubelet ends the proxy after the app; measuring only",
-            current.profile.texts().prestop_drain
-        );
-    }
     let Some(deadline_passed) = d
-        .drain_inbound(&mut report, &current, kubelet_ordered, deadline, &stop)
+        .drain_inbound(&mut report, &current, kubelet_ordered, deadline.at, &stop)
         .await
     else {
         return d.finish(report, DrainOutcome::AgentStopping, &app);
@@ -87,14 +68,9 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
 
     // The loop only looks, asks and sleeps; what it saw goes to the step (`step.rs`), which
     // keeps the counters, the told-once flags and the back-offs, and says what follows.
-    let mut state = DrainState::new(
-        settings,
-        current.profile.texts(),
-        kubelet_ordered,
-        native,
-        t0,
-        Instant::now(),
-    );
+    let native = current.mode == SidecarMode::Native;
+    let texts = current.profile.texts();
+    let mut state = DrainState::new(settings, texts, kubelet_ordered, native, t0, Instant::now());
     if deadline_passed {
         state.deadline_passed();
     }
@@ -103,22 +79,15 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
         for step in state.round(&snapshot, app.last_exit(), now) {
             d.tell(step);
         }
-        let gone = state.gone();
-
         // Sample the counts: regularly while the app runs (idle history), every round once it
         // is gone; not once the deadline has passed (the quit is due now).
         if state.sample_due(now) {
-            match d.sample(gone).await {
-                Ok(sample) => {
-                    d.take_sample(&mut state, &mut report, &current, kind, &sample)
-                        .await
-                }
-                Err(()) => state.sample_failed(now, Instant::now(), d.refusals > 0),
-            }
+            d.sample_and_take(&mut state, &mut report, &current, kind, now)
+                .await;
         }
 
         let proxy_gone = d.envoy_gone();
-        if proxy_gone && !gone {
+        if proxy_gone && !state.gone() {
             // Envoy has exited. Before blaming the drain duration, look at the app once more:
             // it may have exited at the same moment.
             snapshot = app.refresh(&current).await;
@@ -130,61 +99,38 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
             d.errors.push(why);
         }
         let app_gone = state.app_gone();
-        match decision.next {
-            decide::DrainNext::Wait => {}
-            decide::DrainNext::End(end) => {
-                return d.end(report, end, &snapshot, app_gone, remaining, &current, &app);
-            }
-            decide::DrainNext::DeadlineQuit => {
-                return d
-                    .deadline_quit(report, &app, snapshot.live, app_gone, remaining)
-                    .await;
-            }
-            decide::DrainNext::Quit(reason) => {
-                return d
-                    .app_done_quit(report, reason, app_gone, &current, &app)
-                    .await;
-            }
+        let remaining = deadline.remaining;
+        if decision.next != decide::DrainNext::Wait {
+            let seen = (&snapshot, app_gone, remaining, &current, &app);
+            return d.conclude(report, decision.next, seen).await;
         }
         if let Some(why) = decision.unseen {
             d.errors.push(why);
         }
 
         let wait = state.wait(Instant::now());
-        let rescan = tokio::select! {
-            biased;
-            _ = stop.cancelled() => return d.finish(report, DrainOutcome::AgentStopping, &app),
-            _ = tokio::time::sleep_until(deadline) => {
+        let rescan = match news(&stop, deadline.at, &mut view, &mut app, wait).await {
+            News::AgentStopping => return d.finish(report, DrainOutcome::AgentStopping, &app),
+            News::Deadline => {
                 state.deadline_passed();
                 false
             }
-            changed = view.changed() => {
-                match (changed, view.borrow_and_update().clone()) {
-                    (Ok(()), Some(v)) => {
-                        // A shortened grace period moves the kill, and so the deadline, earlier.
-                        if let Some(next) = v.deletion.and_then(|del| shortened(&mut plan, del, &mut report)) {
-                            remaining = next;
-                            deadline = Instant::now() + remaining;
-                        }
-                        current = v;
-                    }
-                    _ => {
-                        let decide::DrainNext::End(end) = state.pod_removed() else {
-                            unreachable!("decide::drain_next ends every drain whose pod is removed")
-                        };
-                        return d.end(report, end, &snapshot, app_gone, remaining, &current, &app);
-                    }
+            News::Pod(Some(v)) => {
+                // A shortened grace period moves the kill, and so the deadline, earlier.
+                if let Some(del) = v.deletion {
+                    deadline.follow(del, &mut report);
                 }
+                current = *v;
                 true
             }
-            (pid, _) = app.next_exit() => {
-                // Issue 29: the exits of a group killed at once (2,000 processes at the end of
-                // a grace period) are taken together and cost one rescan, not one each.
-                let more = app.take_ready_exits();
-                tracing::debug!(pid, more, "app process exited");
-                true
+            News::Pod(None) => {
+                let decide::DrainNext::End(end) = state.pod_removed() else {
+                    unreachable!("decide::drain_next ends every drain whose pod is removed")
+                };
+                return d.end(report, end, &snapshot, app_gone, remaining, &current, &app);
             }
-            _ = tokio::time::sleep(wait) => state.rescan_due(Instant::now()),
+            News::AppExited => true,
+            News::Slept => state.rescan_due(Instant::now()),
         };
         // Re-scan on news (an exit, a status change) and regularly for forked processes; not on
         // every count sample.
@@ -195,24 +141,108 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
     }
 }
 
-/// A shortened grace period (`deletion`, from a pod update) moves the kill, and so the drain's
-/// deadline, earlier: the plan and the report follow; the time remaining from now, if it moved.
-fn shortened(
-    plan: &mut DrainPlan,
-    deletion: Deletion,
-    report: &mut DrainReport,
-) -> Option<Duration> {
-    let now = SystemTime::now();
-    let next = plan.shortened(deletion, now)?;
-    *plan = next;
-    let remaining = plan.remaining(now);
-    report.deadline_at = plan.deadline;
-    report.deadline_meaning = plan.meaning;
-    tracing::info!(
-        remaining_ms = remaining.as_millis() as u64,
-        "the pod's grace period was shortened: the drain's deadline follows"
-    );
-    Some(remaining)
+/// The pod's deletion as its view says, or (a drain started without one) now with the default
+/// grace period.
+fn deletion_or_now(view: Option<&PodView>, now: SystemTime) -> Deletion {
+    match view.and_then(|v| v.deletion) {
+        Some(d) => d,
+        None => {
+            tracing::warn!("drain started for a pod without a deletionTimestamp; assuming deletion now with the default grace period");
+            Deletion {
+                timestamp: plan::timestamp(now),
+                grace: DEFAULT_GRACE,
+            }
+        }
+    }
+}
+
+/// The drain's deadline: its plan ([`DrainPlan`]), the time it left when last planned, and the
+/// moment on tokio's clock.
+struct Deadline {
+    plan: DrainPlan,
+    remaining: Duration,
+    at: Instant,
+}
+
+impl Deadline {
+    /// The deadline of `deletion`, first seen at `started_at` (`t0` on tokio's clock).
+    fn new(deletion: Deletion, started_at: SystemTime, t0: Instant) -> Deadline {
+        let plan = DrainPlan::new(deletion, started_at);
+        let remaining = plan.remaining(started_at);
+        Deadline {
+            plan,
+            remaining,
+            at: t0 + remaining,
+        }
+    }
+
+    /// A shortened grace period (`deletion`, from a pod update) moves the kill, and so the
+    /// drain's deadline, earlier: the plan and the report follow.
+    fn follow(&mut self, deletion: Deletion, report: &mut DrainReport) {
+        let now = SystemTime::now();
+        let Some(next) = self.plan.shortened(deletion, now) else {
+            return;
+        };
+        self.plan = next;
+        self.remaining = self.plan.remaining(now);
+        self.at = Instant::now() + self.remaining;
+        report.deadline_at = self.plan.deadline;
+        report.deadline_meaning = self.plan.meaning;
+        tracing::info!(
+            remaining_ms = self.remaining.as_millis() as u64,
+            "the pod's grace period was shortened: the drain's deadline follows"
+        );
+    }
+}
+
+/// What a round saw, for its conclusion: the app's snapshot, when the app was seen gone, the
+/// time the deadline left, the pod's view, the app's tracker.
+type RoundSeen<'a, S> = (
+    &'a AppSnapshot,
+    Option<Instant>,
+    Duration,
+    &'a PodView,
+    &'a AppTracker<S>,
+);
+
+/// What ended a wait of the drain's loop.
+enum News {
+    AgentStopping,
+    Deadline,
+    /// The pod's object changed (`None`: it was removed).
+    Pod(Option<Box<PodView>>),
+    /// App processes exited.
+    AppExited,
+    /// `wait` passed with no news.
+    Slept,
+}
+
+/// Waits for news, at most `wait`: the agent stopping, the `deadline`, a change of the pod's
+/// `view`, an exit of the `app`'s processes, in that order when several are ready.
+async fn news<S: PodProcessSource>(
+    stop: &CancellationToken,
+    deadline: Instant,
+    view: &mut watch::Receiver<Option<PodView>>,
+    app: &mut AppTracker<S>,
+    wait: Duration,
+) -> News {
+    tokio::select! {
+        biased;
+        _ = stop.cancelled() => News::AgentStopping,
+        _ = tokio::time::sleep_until(deadline) => News::Deadline,
+        changed = view.changed() => match (changed, view.borrow_and_update().clone()) {
+            (Ok(()), Some(v)) => News::Pod(Some(Box::new(v))),
+            _ => News::Pod(None),
+        },
+        (pid, _) = app.next_exit() => {
+            // Issue 29: the exits of a group killed at once (2,000 processes at the end of
+            // a grace period) are taken together and cost one rescan, not one each.
+            let more = app.take_ready_exits();
+            tracing::debug!(pid, more, "app process exited");
+            News::AppExited
+        }
+        _ = tokio::time::sleep(wait) => News::Slept,
+    }
 }
 
 /// Sends the mesh's agent the SIGTERM that ends its fixed wait ([`decide::sigterm_after_quit`]),
@@ -258,6 +288,12 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
         deadline: Instant,
         stop: &tokio_util::sync::CancellationToken,
     ) -> Option<bool> {
+        if kubelet_ordered {
+            tracing::info!(
+                "native sidecar with its mesh's preStop drain ({}): the kubelet ends the proxy after the app; measuring only",
+                current.profile.texts().prestop_drain
+            );
+        }
         let mut deadline_passed = false;
         let inbound = tokio::select! {
             biased;
@@ -290,6 +326,24 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
             add_advice(report, advice);
         }
         Some(deadline_passed)
+    }
+
+    /// Samples Envoy's counts (the round began at `now`) and gives the step what came back.
+    async fn sample_and_take(
+        &mut self,
+        state: &mut DrainState,
+        report: &mut DrainReport,
+        current: &PodView,
+        kind: decide::DrainKind,
+        now: Instant,
+    ) {
+        match self.sample(state.gone()).await {
+            Ok(sample) => {
+                self.take_sample(state, report, current, kind, &sample)
+                    .await
+            }
+            Err(()) => state.sample_failed(now, Instant::now(), self.refusals > 0),
+        }
     }
 
     /// A sample answered: the report's counts, the step's judgement (its advice and the
@@ -335,6 +389,31 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
         }
         if let Some(step) = sampled.flushing {
             self.tell(step);
+        }
+    }
+
+    /// Ends the drain as a round's decision (`next`, not `Wait`) says, by what the round saw:
+    /// the app's snapshot, when it was seen gone, the time the deadline left, the pod's view.
+    async fn conclude<S: PodProcessSource>(
+        self,
+        report: DrainReport,
+        next: decide::DrainNext,
+        seen: RoundSeen<'_, S>,
+    ) -> DrainReport {
+        let (snapshot, app_gone, remaining, current, app) = seen;
+        match next {
+            decide::DrainNext::End(end) => {
+                self.end(report, end, snapshot, app_gone, remaining, current, app)
+            }
+            decide::DrainNext::DeadlineQuit => {
+                self.deadline_quit(report, app, snapshot.live, app_gone, remaining)
+                    .await
+            }
+            decide::DrainNext::Quit(reason) => {
+                self.app_done_quit(report, reason, app_gone, current, app)
+                    .await
+            }
+            decide::DrainNext::Wait => unreachable!("a drain that waits is not concluded"),
         }
     }
 

@@ -40,14 +40,14 @@
 use serde::Deserialize;
 
 /// The inbound drain, as pilot-agent sends it.
-pub const DRAIN_INBOUND_PATH: &str = "/drain_listeners?inboundonly&graceful";
+pub(crate) const DRAIN_INBOUND_PATH: &str = "/drain_listeners?inboundonly&graceful";
 
 /// Envoy's version number, from `/server_info`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct EnvoyVersion {
-    pub major: u32,
-    pub minor: u32,
-    pub patch: u32,
+pub(crate) struct EnvoyVersion {
+    pub(crate) major: u32,
+    pub(crate) minor: u32,
+    pub(crate) patch: u32,
 }
 
 impl std::fmt::Display for EnvoyVersion {
@@ -57,7 +57,7 @@ impl std::fmt::Display for EnvoyVersion {
 }
 
 /// The first Envoy whose `inboundonly&graceful` drain leaves outbound alone (#37873).
-pub const INBOUND_ONLY_GRACEFUL_FIXED: EnvoyVersion = EnvoyVersion {
+pub(crate) const INBOUND_ONLY_GRACEFUL_FIXED: EnvoyVersion = EnvoyVersion {
     major: 1,
     minor: 34,
     patch: 0,
@@ -66,7 +66,7 @@ pub const INBOUND_ONLY_GRACEFUL_FIXED: EnvoyVersion = EnvoyVersion {
 impl EnvoyVersion {
     /// Parses `/server_info`'s JSON. `None` when the body is not JSON, has no `version`, or the
     /// version is not `<revision>/<x.y.z…>/…`: the caller then drains as for a current Envoy.
-    pub fn from_server_info(body: &[u8]) -> Option<EnvoyVersion> {
+    pub(crate) fn from_server_info(body: &[u8]) -> Option<EnvoyVersion> {
         #[derive(Deserialize)]
         struct ServerInfo {
             version: String,
@@ -77,7 +77,7 @@ impl EnvoyVersion {
 
     /// `9e5580933739775e8bce696a57a2e1bc99368f23/1.40.0/Clean/RELEASE/BoringSSL` → 1.40.0; a
     /// suffix on the number (`1.37.0-dev`) is ignored.
-    pub fn from_version_string(version: &str) -> Option<EnvoyVersion> {
+    pub(crate) fn from_version_string(version: &str) -> Option<EnvoyVersion> {
         let number = version.split('/').nth(1)?;
         let mut parts = number.split('.').map(|p| {
             let digits: String = p.chars().take_while(char::is_ascii_digit).collect();
@@ -97,14 +97,14 @@ impl EnvoyVersion {
 /// The inbound drain for one Envoy: the admin path, and advice when the version makes the drain
 /// touch outbound whatever the agent sends.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InboundDrain {
-    pub path: &'static str,
-    pub advice: Option<String>,
+pub(crate) struct InboundDrain {
+    pub(crate) path: &'static str,
+    pub(crate) advice: Option<String>,
 }
 
 /// Decides the inbound drain call for `version` (`None`: unknown), its advice in the words of
 /// the pod's mesh (`texts`).
-pub fn inbound_drain(
+pub(crate) fn inbound_drain(
     version: Option<EnvoyVersion>,
     texts: &crate::mesh::MeshTexts,
 ) -> InboundDrain {

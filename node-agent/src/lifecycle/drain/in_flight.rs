@@ -85,7 +85,7 @@ const BUFFERED_GAUGES: [&str; 1] = [".downstream_cx_tx_bytes_buffered"];
 
 /// Envoy's server state (0 LIVE, 1 DRAINING: its health check failed, `POST
 /// /healthcheck/fail`; envoyproxy/envoy envoy/admin/v3/server_info.proto `State`).
-pub const SERVER_STATE: &str = "server.state";
+pub(crate) const SERVER_STATE: &str = "server.state";
 
 /// The filter's stats a drain sample reads (the rest of its stats are not asked for).
 const FILTER_STATS: [&str; 5] = [
@@ -109,7 +109,7 @@ pub fn sample_regex(prefix: &str) -> String {
 
 /// Whether a sample keeps the line named `name`: what [`sample_regex`] asks for, so a pod's
 /// Envoy that answers more than it was asked costs the agent no memory for it.
-pub fn sample_keeps(prefix: &str, name: &str) -> bool {
+pub(crate) fn sample_keeps(prefix: &str, name: &str) -> bool {
     if name == SERVER_STATE {
         return true;
     }
@@ -194,7 +194,7 @@ impl FilterCounts {
     /// The filter sets `loaded` and `workers_ready` when it is configured, so an installed
     /// filter always lists something; a `cx_active` gauge it never moved is not listed under
     /// `usedonly` (Envoy lists a gauge once it was set, added to or subtracted from) and reads 0.
-    pub fn from_stats<K: AsRef<str>>(
+    pub(crate) fn from_stats<K: AsRef<str>>(
         prefix: &str,
         stats: impl IntoIterator<Item = (K, u64)>,
     ) -> Option<FilterCounts> {
@@ -290,7 +290,7 @@ impl DrainSample {
 
     /// [`DrainSample::from_stats_skipping`] that also reads the directional counts of the
     /// capture listeners on `ports` (outbound, inbound) ([`listener_counts`]).
-    pub fn from_stats_with_listeners<K: AsRef<str>>(
+    pub(crate) fn from_stats_with_listeners<K: AsRef<str>>(
         prefix: &str,
         own: &[&str],
         ports: Option<ListenerPorts>,
@@ -302,16 +302,16 @@ impl DrainSample {
     }
 
     /// The counts a judgement and the row use: the filter's, else the capture listeners'.
-    pub fn counts(&self) -> Option<FilterCounts> {
+    pub(crate) fn counts(&self) -> Option<FilterCounts> {
         self.filter.or(self.listener_counts)
     }
 }
 
 /// The capture ports whose listeners' `downstream_cx_active` give the directional counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ListenerPorts {
-    pub outbound: u16,
-    pub inbound: u16,
+pub(crate) struct ListenerPorts {
+    pub(crate) outbound: u16,
+    pub(crate) inbound: u16,
 }
 
 /// Whether `name` is `listener.<address>_<port>.downstream_cx_active` (Envoy's per-listener
@@ -331,7 +331,7 @@ fn listener_active_port(name: &str) -> Option<u16> {
 /// agent/xds/listeners.go), and its bootstrap keeps every stat (consul-dataplane
 /// pkg/consuldp/testdata/TestBootstrapConfig/*.golden: no `stats_matcher`). Summed over the
 /// listeners on each port (one per address family). `None` when neither port's gauge is there.
-pub fn listener_counts<K: AsRef<str>>(
+pub(crate) fn listener_counts<K: AsRef<str>>(
     ports: ListenerPorts,
     stats: impl IntoIterator<Item = (K, u64)>,
 ) -> Option<FilterCounts> {
@@ -367,7 +367,7 @@ pub fn listener_counts<K: AsRef<str>>(
 }
 
 /// [`sample_regex`] that also asks for the capture listeners' `downstream_cx_active`.
-pub fn sample_regex_with_listeners(prefix: &str, ports: Option<ListenerPorts>) -> String {
+pub(crate) fn sample_regex_with_listeners(prefix: &str, ports: Option<ListenerPorts>) -> String {
     let base = sample_regex(prefix);
     match ports {
         None => base,
@@ -379,7 +379,11 @@ pub fn sample_regex_with_listeners(prefix: &str, ports: Option<ListenerPorts>) -
 }
 
 /// [`sample_keeps`] that also keeps the capture listeners' `downstream_cx_active`.
-pub fn sample_keeps_with_listeners(prefix: &str, ports: Option<ListenerPorts>, name: &str) -> bool {
+pub(crate) fn sample_keeps_with_listeners(
+    prefix: &str,
+    ports: Option<ListenerPorts>,
+    name: &str,
+) -> bool {
     sample_keeps(prefix, name)
         || ports.is_some_and(|p| {
             listener_active_port(name).is_some_and(|port| port == p.outbound || port == p.inbound)
@@ -405,7 +409,7 @@ pub enum InFlight {
 
 impl FilterCounts {
     /// Connections open through the proxy in every direction (`None`: a count is garbage).
-    pub fn open(&self) -> Option<u64> {
+    pub(crate) fn open(&self) -> Option<u64> {
         [self.inbound, self.outbound, self.unknown]
             .iter()
             .try_fold(0u64, |sum, d| d.cx_active.map(|n| sum.saturating_add(n)))
@@ -424,7 +428,7 @@ pub struct InFlightJudge {
 
 impl InFlightJudge {
     /// A judge that calls connections idle once no byte moved for `idle_window`.
-    pub fn new(idle_window: Duration) -> InFlightJudge {
+    pub(crate) fn new(idle_window: Duration) -> InFlightJudge {
         InFlightJudge {
             idle_window,
             last_bytes: None,
@@ -434,7 +438,7 @@ impl InFlightJudge {
 
     /// Takes the sample taken at `now` and judges. Samples must come in time order; a failed
     /// `/stats` request is no sample (call nothing).
-    pub fn observe(&mut self, now: Instant, sample: &DrainSample) -> InFlight {
+    pub(crate) fn observe(&mut self, now: Instant, sample: &DrainSample) -> InFlight {
         let bytes = sample.traffic;
         let queued = sample.send_queued.unwrap_or(0);
         if !bytes.exposed {

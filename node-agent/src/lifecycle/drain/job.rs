@@ -4,13 +4,16 @@
 
 use std::time::SystemTime;
 
+use tokio::sync::watch;
 // tokio's clock throughout, so paused-time tests drive the deadlines.
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::admin::{Drainer, ProxyAdmin};
-use super::app_exit::{AppTracker, PodProcessSource};
+use super::app_exit::PodProcessSource;
 use super::step::JobSettle;
-use super::{decide, DrainCtx, DrainStep, JobOutcome, JobReport, QuitReason};
+use super::{decide, DrainCtx, DrainStep, JobOutcome, JobReport, QuitReason, Started};
+use crate::pod::PodView;
 
 /// Quits the proxy of a Job-like pod once its app has finished for good, so the pod completes.
 /// Call after the startup hold for a pod that is not being deleted; returns at once with
@@ -18,37 +21,14 @@ use super::{decide, DrainCtx, DrainStep, JobOutcome, JobReport, QuitReason};
 /// deletion starts (call [`super::drain`] then), and otherwise when the proxy was quit, the pod is gone
 /// or the agent stops.
 pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) -> JobReport {
-    let DrainCtx {
-        key,
-        admin,
-        processes,
+    let Started {
+        mut d,
+        mut app,
         mut view,
         stop,
         settings,
-        steps,
-    } = ctx;
-    let mut d = Drainer::new(admin, settings, steps, Instant::now(), SystemTime::now());
+    } = ctx.start(Instant::now(), SystemTime::now());
     let mut report = JobReport::new(JobOutcome::NotAJob);
-    let finish = |mut report: JobReport, outcome: JobOutcome, d: Drainer<'_, A>| {
-        report.outcome = outcome;
-        report.app_finished_to_quit = report
-            .app_finished_at
-            .zip(report.quit_sent_at)
-            .and_then(|(a, q)| q.duration_since(a).ok());
-        report.errors = d.errors.kept;
-        report.error_count = d.errors.count;
-        if !matches!(outcome, JobOutcome::NotAJob) {
-            tracing::debug!(
-                outcome = outcome.as_str(),
-                finished_by = ?report.finished_by,
-                app_finished_to_quit_ms = report.app_finished_to_quit.map(|d| d.as_secs_f64() * 1e3),
-                "job watch finished"
-            );
-        }
-        report
-    };
-
-    let mut app = AppTracker::new(key, processes);
     let mut current = match view.borrow_and_update().clone() {
         Some(v) => v,
         None => return finish(report, JobOutcome::PodGone, d),
@@ -89,10 +69,36 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
     report.app_finished_at = Some(d.wall(finished_at));
     tracing::info!(by = ?report.finished_by, "the job's app finished for good; quitting its proxy once nothing is in flight");
 
-    // Wait (bounded) for in-flight traffic to settle, then quit. The step (`step.rs`) keeps
-    // the judge, the counts and the told-once flag; this loop asks Envoy and sleeps.
-    let mut settle = JobSettle::new(settings, current.profile.texts(), Instant::now());
-    let reason = loop {
+    let texts = current.profile.texts();
+    let reason = match settle(&mut d, texts, &stop, &mut view).await {
+        Ok(reason) => reason,
+        Err(outcome) => return finish(report, outcome, d),
+    };
+    let (sent, exited) = d.quit(reason).await;
+    report.quit_sent_at = sent;
+    report.proxy_exit_seen_at = exited;
+    report.quit_reason = Some(reason);
+    let outcome = match (sent, exited) {
+        (None, Some(_)) => JobOutcome::ProxyAlreadyGone,
+        (_, Some(_)) => JobOutcome::Completed,
+        // Asked (or the ask failed) and Envoy still answers: the pod will not complete.
+        (_, None) => JobOutcome::ProxyNotStopped,
+    };
+    finish(report, outcome, d)
+}
+
+/// Waits (bounded) for in-flight traffic to settle once the Job's app has finished: why to quit
+/// the proxy now, or how the watch ends without a quit. The step (`step.rs`) keeps the judge,
+/// the counts and the told-once flag; this loop asks Envoy and sleeps.
+async fn settle<A: ProxyAdmin>(
+    d: &mut Drainer<'_, A>,
+    texts: &'static crate::mesh::MeshTexts,
+    stop: &CancellationToken,
+    view: &mut watch::Receiver<Option<PodView>>,
+) -> Result<QuitReason, JobOutcome> {
+    let settings = d.settings;
+    let mut settle = JobSettle::new(settings, texts, Instant::now());
+    loop {
         let judgement = match d.sample(true).await {
             Ok(sample) => {
                 let sampled = settle.sampled(Instant::now(), &sample);
@@ -114,7 +120,7 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
             decide::JobNext::Wait => {}
             decide::JobNext::ProxyAlreadyGone => {
                 tracing::info!("the job's proxy has already exited");
-                return finish(report, JobOutcome::ProxyAlreadyGone, d);
+                return Err(JobOutcome::ProxyAlreadyGone);
             }
             decide::JobNext::Quit(reason) => {
                 if reason == QuitReason::OutOfTime {
@@ -123,29 +129,38 @@ pub async fn finish_job<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A,
                         crate::config::format_duration(settings.job_in_flight_wait)
                     ));
                 }
-                break reason;
+                return Ok(reason);
             }
         }
         tokio::select! {
             biased;
-            _ = stop.cancelled() => return finish(report, JobOutcome::AgentStopping, d),
+            _ = stop.cancelled() => return Err(JobOutcome::AgentStopping),
             changed = view.changed() => match (changed, view.borrow_and_update().clone()) {
-                (Ok(()), Some(v)) if v.deletion.is_some() => return finish(report, JobOutcome::Deleting, d),
+                (Ok(()), Some(v)) if v.deletion.is_some() => return Err(JobOutcome::Deleting),
                 (Ok(()), Some(_)) => {}
-                _ => return finish(report, JobOutcome::PodGone, d),
+                _ => return Err(JobOutcome::PodGone),
             },
             _ = tokio::time::sleep(settle.wait()) => {}
         }
-    };
-    let (sent, exited) = d.quit(reason).await;
-    report.quit_sent_at = sent;
-    report.proxy_exit_seen_at = exited;
-    report.quit_reason = Some(reason);
-    let outcome = match (sent, exited) {
-        (None, Some(_)) => JobOutcome::ProxyAlreadyGone,
-        (_, Some(_)) => JobOutcome::Completed,
-        // Asked (or the ask failed) and Envoy still answers: the pod will not complete.
-        (_, None) => JobOutcome::ProxyNotStopped,
-    };
-    finish(report, outcome, d)
+    }
+}
+
+/// The report of a Job watch that ends with `outcome`.
+fn finish<A>(mut report: JobReport, outcome: JobOutcome, d: Drainer<'_, A>) -> JobReport {
+    report.outcome = outcome;
+    report.app_finished_to_quit = report
+        .app_finished_at
+        .zip(report.quit_sent_at)
+        .and_then(|(a, q)| q.duration_since(a).ok());
+    report.errors = d.errors.kept;
+    report.error_count = d.errors.count;
+    if !matches!(outcome, JobOutcome::NotAJob) {
+        tracing::debug!(
+            outcome = outcome.as_str(),
+            finished_by = ?report.finished_by,
+            app_finished_to_quit_ms = report.app_finished_to_quit.map(|d| d.as_secs_f64() * 1e3),
+            "job watch finished"
+        );
+    }
+    report
 }

@@ -2,8 +2,8 @@
 //! has finished.
 //!
 //! - [`drain`] (`deletion.rs`): on deletion, drain Envoy's inbound listeners at once, as
-//!   pilot-agent does, and nothing that touches outbound ([`envoy_version`] says why and what
-//!   each Envoy version does with the call), watch the app's processes exit ([`app_exit`]) and
+//!   pilot-agent does, and nothing that touches outbound (`envoy_version` says why and what
+//!   each Envoy version does with the call), watch the app's processes exit (`app_exit`) and
 //!   what is in flight (the filter's connection counts, Envoy's byte counters: [`in_flight`]),
 //!   and `POST /quitquitquit` as soon as the app is gone and nothing is in flight — or at the
 //!   deadline ([`plan`]) derived from the grace period.
@@ -11,7 +11,7 @@
 //!   app container has exited for good (`restartPolicy: Never`, or `OnFailure` with exit code
 //!   0), so the pod completes.
 //!
-//! The two executors only sample and perform: what they do next is decided in [`decide`], pure
+//! The two executors only sample and perform: what they do next is decided in `decide`, pure
 //! functions of what was observed that both share (when the app is finished is
 //! [`crate::pod::app_end()`], the one rule the machine asks too). How they talk to Envoy is
 //! [`admin`].
@@ -20,15 +20,15 @@
 //! ends by its deadline, and both return promptly when the agent stops or the pod goes. They
 //! never fail: what went wrong is in the report.
 //!
-//! Generic over [`ProxyAdmin`] (implemented for [`AdminClient`]) and [`PodProcessSource`]
+//! Generic over `ProxyAdmin` (implemented for [`AdminClient`]) and [`PodProcessSource`]
 //! (implemented by [`PodProcsSource`]), so the logic is tested with real processes and a fake
 //! admin API, and against a real Envoy in `node-agent/tests/drain_parts.rs`.
 
 pub mod admin;
-pub mod app_exit;
-pub mod decide;
+pub(crate) mod app_exit;
+pub(crate) mod decide;
 mod deletion;
-pub mod envoy_version;
+pub(crate) mod envoy_version;
 pub mod in_flight;
 mod job;
 pub mod plan;
@@ -37,14 +37,13 @@ mod step;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-pub use admin::{AdminFailure, PodProxy, ProxyAdmin};
+pub use admin::PodProxy;
 pub use app_exit::{
     AppContainer, AppTracker, ExitWatcher, PodProcessSource, PodProcsSource, Watch,
 };
 pub use deletion::{drain, HEALTHCHECK_OK_PATH};
 pub use in_flight::{DrainSample, InFlight, InFlightJudge, TrafficBytes, DEFAULT_STAT_PREFIX};
 pub use job::finish_job;
-pub use plan::DrainPlan;
 
 // The wire types live in `crate::api`; re-exported here so callers keep their paths.
 pub use crate::api::time::{ms, opt_ms};
@@ -59,8 +58,7 @@ use crate::effects::envoy_admin::AdminClient;
 use crate::pod::{PodKey, PodView};
 
 /// Envoy admin paths the drain uses (the inbound drain's is decided in [`envoy_version`]).
-pub use envoy_version::DRAIN_INBOUND_PATH;
-pub const SERVER_INFO_PATH: &str = "/server_info";
+pub(crate) const SERVER_INFO_PATH: &str = "/server_info";
 pub use crate::effects::envoy_admin::QUIT_PATH;
 
 /// What [`drain`] and [`finish_job`] work with.
@@ -78,6 +76,39 @@ pub struct DrainCtx<'a, A, S> {
     /// Told each [`DrainStep`] as it happens (the driver: the row's phase and the pod's
     /// timeline; tests: "the drain has begun" without a sleep).
     pub steps: Option<tokio::sync::mpsc::UnboundedSender<DrainStep>>,
+}
+
+/// What an executor works with once started from its [`DrainCtx`] (the set-up [`drain`] and
+/// [`finish_job`] share): the admin calls, their errors and the steps told, from `t0`; the app's
+/// processes; the pod's view; the agent's stop.
+struct Started<'a, A, S> {
+    d: admin::Drainer<'a, A>,
+    app: AppTracker<S>,
+    view: watch::Receiver<Option<PodView>>,
+    stop: CancellationToken,
+    settings: &'a DrainSettings,
+}
+
+impl<'a, A, S: PodProcessSource> DrainCtx<'a, A, S> {
+    /// Starts an executor at `t0` (`t0_wall` on the wall clock).
+    fn start(self, t0: tokio::time::Instant, t0_wall: std::time::SystemTime) -> Started<'a, A, S> {
+        let DrainCtx {
+            key,
+            admin,
+            processes,
+            view,
+            stop,
+            settings,
+            steps,
+        } = self;
+        Started {
+            d: admin::Drainer::new(admin, settings, steps, t0, t0_wall),
+            app: AppTracker::new(key, processes),
+            view,
+            stop,
+            settings,
+        }
+    }
 }
 
 /// A step of a drain or a Job watch, told as it happens (see [`DrainCtx::steps`]).

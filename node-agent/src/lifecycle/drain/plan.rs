@@ -17,7 +17,7 @@
 //!   the moment of the delete request, so the kill comes at `deletionTimestamp + grace`. Seen by a
 //!   prompt watcher, the timestamp is **now or in the past**.
 //!
-//! [`DrainPlan`] tells them apart by that: a timestamp still in the future when the deletion is
+//! `DrainPlan` tells them apart by that: a timestamp still in the future when the deletion is
 //! first observed is the kill time itself; one that is not is the request time.
 //!
 //! The API server writes `deletionTimestamp` in whole seconds (`metav1.Time` is RFC 3339
@@ -39,30 +39,30 @@ pub use crate::api::TimestampMeaning;
 use crate::pod::Deletion;
 
 /// Longest margin kept before the kill.
-pub const MAX_MARGIN: Duration = Duration::from_secs(1);
+pub(crate) const MAX_MARGIN: Duration = Duration::from_secs(1);
 /// Share of the grace period kept as margin when that is less than [`MAX_MARGIN`].
 const MARGIN_DIVISOR: u32 = 10;
 /// Remaining times are capped here, so a huge grace period cannot overflow a timer (a year is
 /// forever for a drain).
-pub const MAX_REMAINING: Duration = Duration::from_secs(365 * 24 * 3600);
+pub(crate) const MAX_REMAINING: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// The deadline of one pod's drain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DrainPlan {
+pub(crate) struct DrainPlan {
     /// When the kubelet is expected to SIGKILL the pod's containers (`None`: beyond what
     /// `SystemTime` can represent, i.e. never in practice).
-    pub kill_at: Option<SystemTime>,
+    pub(crate) kill_at: Option<SystemTime>,
     /// Kept between the drain's deadline and the kill.
-    pub margin: Duration,
+    pub(crate) margin: Duration,
     /// The drain's deadline: `kill_at - margin`.
-    pub deadline: Option<SystemTime>,
+    pub(crate) deadline: Option<SystemTime>,
     /// How the timestamp was read.
-    pub meaning: TimestampMeaning,
+    pub(crate) meaning: TimestampMeaning,
 }
 
 impl DrainPlan {
     /// Plans the drain of a pod whose deletion was first observed at `observed`.
-    pub fn new(deletion: Deletion, observed: SystemTime) -> DrainPlan {
+    pub(crate) fn new(deletion: Deletion, observed: SystemTime) -> DrainPlan {
         let stamp = system_time(deletion.timestamp);
         let (meaning, kill_at) = if stamp > observed {
             (
@@ -94,7 +94,7 @@ impl DrainPlan {
     /// grace period may be provided by a user"; the new timestamp is the old minus the old
     /// `deletionGracePeriodSeconds` plus the new), and the kubelet then kills sooner. `None`:
     /// the same deadline or a later one (never followed: the kubelet does not wait longer).
-    pub fn shortened(&self, deletion: Deletion, observed: SystemTime) -> Option<DrainPlan> {
+    pub(crate) fn shortened(&self, deletion: Deletion, observed: SystemTime) -> Option<DrainPlan> {
         let next = DrainPlan::new(deletion, observed);
         match (self.deadline, next.deadline) {
             (None, Some(_)) => Some(next),
@@ -104,7 +104,7 @@ impl DrainPlan {
     }
 
     /// Time left until the deadline at `now`: zero once it passed, at most [`MAX_REMAINING`].
-    pub fn remaining(&self, now: SystemTime) -> Duration {
+    pub(crate) fn remaining(&self, now: SystemTime) -> Duration {
         match self.deadline {
             None => MAX_REMAINING,
             Some(d) => d
@@ -135,7 +135,7 @@ fn refine_whole_second(stamp: SystemTime, deletion: Deletion, observed: SystemTi
 
 /// A jiff timestamp as a `SystemTime` (jiff's own conversion; jiff's range, years
 /// -9999..=9999, fits `SystemTime` on Linux).
-pub fn system_time(ts: Timestamp) -> SystemTime {
+pub(crate) fn system_time(ts: Timestamp) -> SystemTime {
     SystemTime::from(ts)
 }
 
@@ -149,7 +149,7 @@ pub fn timestamp(t: SystemTime) -> Timestamp {
 }
 
 /// The margin for a grace period: 10 % of it, at most [`MAX_MARGIN`]. Zero grace, zero margin.
-pub fn margin_for(grace: Duration) -> Duration {
+pub(crate) fn margin_for(grace: Duration) -> Duration {
     (grace / MARGIN_DIVISOR).min(MAX_MARGIN)
 }
 

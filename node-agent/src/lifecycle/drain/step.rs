@@ -55,24 +55,24 @@ pub(super) struct DrainState {
 #[derive(Debug, Default, PartialEq)]
 pub(super) struct Sampled {
     /// The judgement of this sample.
-    pub judgement: Option<InFlight>,
+    pub(crate) judgement: Option<InFlight>,
     /// Advice for the report (told once: the counts that could tell idle from busy are not
     /// there).
-    pub advice: Option<String>,
+    pub(crate) advice: Option<String>,
     /// The kernel still sends what the app wrote (told once, after the app is gone).
-    pub flushing: Option<DrainStep>,
+    pub(crate) flushing: Option<DrainStep>,
 }
 
 /// The decision of one round.
 #[derive(Debug, PartialEq)]
 pub(super) struct Decision {
-    pub next: DrainNext,
+    pub(crate) next: DrainNext,
     /// The app is gone and Envoy's counts cannot be read (said once per drain, logged as a
     /// warning too).
-    pub unreadable: Option<String>,
+    pub(crate) unreadable: Option<String>,
     /// An app container runs by its status but none of its processes is visible (said once
     /// per drain, when the drain waits).
-    pub unseen: Option<String>,
+    pub(crate) unseen: Option<String>,
 }
 
 impl DrainState {

@@ -12,7 +12,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::admin::{AdminFailure, ProxyAdmin};
 use super::decide::settle_wait;
+use super::envoy_version::DRAIN_INBOUND_PATH;
 use super::in_flight::DirectionCounts;
 use super::*;
 use crate::config::{HoldSettings, PodOverrides};

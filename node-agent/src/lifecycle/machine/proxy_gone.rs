@@ -13,17 +13,17 @@
 use super::*;
 
 /// The spacing kept after a re-check when the next proxy-gone comes: doubles from this.
-pub const PROXY_GONE_SPACING_MIN: Duration = Duration::from_secs(1);
+pub(crate) const PROXY_GONE_SPACING_MIN: Duration = Duration::from_secs(1);
 /// The longest spacing (the kubelet's own longest restart back-off, `MaxContainerBackOff`).
-pub const PROXY_GONE_SPACING_MAX: Duration = Duration::from_secs(300);
+pub(crate) const PROXY_GONE_SPACING_MAX: Duration = Duration::from_secs(300);
 /// After this long without a proxy-gone the spacing starts over at the minimum, as the
 /// kubelet's restart back-off does (client-go `util/flowcontrol/backoff.go`: an entry not
 /// updated for `2 * maxDuration` has expired; 2 × 5 min).
-pub const PROXY_GONE_QUIET: Duration = Duration::from_secs(600);
+pub(crate) const PROXY_GONE_QUIET: Duration = Duration::from_secs(600);
 /// Re-checks a pod may cause in one [`PROXY_GONE_WINDOW`]; the next fails it open.
-pub const PROXY_GONE_BUDGET: u32 = 10;
+pub(crate) const PROXY_GONE_BUDGET: u32 = 10;
 /// The budget's window, from its first re-check.
-pub const PROXY_GONE_WINDOW: Duration = Duration::from_secs(3600);
+pub(crate) const PROXY_GONE_WINDOW: Duration = Duration::from_secs(3600);
 
 /// One pod's record of proxy-gone re-checks (part of the machine's [`State`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -36,12 +36,12 @@ pub struct ProxyGonePace {
     in_window: u32,
     /// A proxy-gone came within the spacing: its re-check waits for `Timer::ProxyRecheck`, and
     /// the proxy is not watched meanwhile (its next exits would only repeat the news).
-    pub deferred: bool,
+    pub(crate) deferred: bool,
 }
 
 /// What to do with a proxy-gone now.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Pace {
+pub(crate) enum Pace {
     /// Re-check now (counted).
     Now,
     /// Re-check at this moment, not before.
@@ -52,7 +52,7 @@ pub enum Pace {
 
 impl ProxyGonePace {
     /// Whether a re-check may be made `now`, counting it if so.
-    pub fn take(&mut self, now: Instant) -> Pace {
+    pub(crate) fn take(&mut self, now: Instant) -> Pace {
         if self
             .last
             .is_some_and(|t| now.saturating_duration_since(t) >= PROXY_GONE_QUIET)
