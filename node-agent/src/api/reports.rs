@@ -12,7 +12,9 @@ use super::time::{ms, opt_ms};
 pub enum DrainOutcome {
     /// The app exited and nothing was in flight: the proxy was quit (or had just exited).
     AppDone,
-    /// The deadline came first: the proxy was quit with the app (or traffic) still there.
+    /// The deadline came with the app (or traffic) still there: the proxy was left running to
+    /// the grace period's end (the kubelet's kill), as without holdfast — or, in a
+    /// kubelet-ordered drain, left to the kubelet at the deadline.
     Deadline,
     /// Envoy exited while the app still ran: the mesh's drain duration is shorter than the
     /// app's shutdown (see [`DrainReport::advice`]).
@@ -61,7 +63,8 @@ pub enum QuitReason {
     /// A finished Job's counts could not be read; the app's exit alone decided (a drain never
     /// quits for this: it waits for the deadline).
     StatsUnavailable,
-    /// The deadline (drain) or the bounded wait (Job) ran out.
+    /// A finished Job's bounded wait for traffic in flight ran out (a pod's drain never quits
+    /// for its deadline: it leaves the proxy to the grace period's end).
     OutOfTime,
 }
 

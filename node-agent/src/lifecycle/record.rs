@@ -676,9 +676,7 @@ fn quit_reason(reason: QuitReason) -> String {
         QuitReason::StatsUnavailable => {
             "the proxy's counts could not be read: the app's exit decided".into()
         }
-        QuitReason::OutOfTime => {
-            "out of time: the drain's deadline, or the Job's wait for traffic in flight".into()
-        }
+        QuitReason::OutOfTime => "out of time: the Job's wait for traffic in flight ran out".into(),
     }
 }
 

@@ -86,9 +86,6 @@ pub(crate) enum DrainNext {
     Wait,
     /// The app is done and nothing is in flight: quit the proxy (outcome `app-done`).
     Quit(QuitReason),
-    /// The deadline came first: quit the proxy whatever the app and the counts say (outcome
-    /// `deadline`).
-    DeadlineQuit,
     /// The drain ends now, the proxy left as it is (gone, or the kubelet's to end).
     End(DrainEnd),
 }
@@ -145,6 +142,11 @@ pub(crate) fn drain_next(seen: DrainSeen) -> DrainNext {
             end(DrainOutcome::PodGone, false, false)
         };
     }
+    if seen.proxy_gone && seen.deadline_passed && !seen.kubelet_ordered {
+        // Past the deadline the proxy was left running (below): its end now is the grace
+        // period's (the kubelet's kill, or the mesh's own drain), as without holdfast.
+        return end(DrainOutcome::Deadline, false, false);
+    }
     if seen.proxy_gone {
         return if seen.app_gone || seen.app_live == 0 {
             let outcome = if seen.kubelet_ordered {
@@ -159,15 +161,18 @@ pub(crate) fn drain_next(seen: DrainSeen) -> DrainNext {
             end(DrainOutcome::ProxyGoneEarly, false, false)
         };
     }
-    if seen.deadline_passed {
+    if seen.deadline_passed && seen.kubelet_ordered {
         // The kubelet's to end in a kubelet-ordered drain: it kills the proxy at the grace
         // period's end; holdfast never quits it.
-        return if seen.kubelet_ordered {
-            end(DrainOutcome::Deadline, false, false)
-        } else {
-            DrainNext::DeadlineQuit
-        };
+        return end(DrainOutcome::Deadline, false, false);
     }
+    // Past the deadline too, the proxy is quit only on evidence (the app gone, nothing in
+    // flight): while the app runs or traffic is in flight it is left running, to the app's
+    // exit (then quit as usual) or the kubelet's kill, as without holdfast. The deadline is the
+    // kill time the API server's `deletionTimestamp` implies, but the kubelet counts the grace
+    // period from when *it* sees the deletion: on the real cluster a `--grace-period=3`
+    // deletion reached the app's SIGTERM ~0.5 s late under load, and a quit at the deadline
+    // refused the app's last calls while Envoy would have served them to the real kill.
     if !seen.app_gone || seen.kubelet_ordered {
         return DrainNext::Wait;
     }
@@ -385,23 +390,28 @@ mod tests {
         ] {
             assert_eq!(drain_next(s), want, "{s:?}");
         }
-        // The deadline ends the wait, whatever the app and the counts; Envoy gone still says
-        // how it went.
+        // Past the deadline the proxy is never quit while the app runs or traffic is in
+        // flight (the kubelet may kill later than the deadline says); the app's exit and an
+        // idle judgement still quit it; Envoy gone then is the grace period's end.
         let late = |s: DrainSeen| DrainSeen {
             deadline_passed: true,
             ..s
         };
         assert_eq!(
             drain_next(late(seen(false, 1, false, busy, false))),
-            DrainNext::DeadlineQuit
+            DrainNext::Wait
         );
         assert_eq!(
             drain_next(late(seen(true, 0, false, busy, false))),
-            DrainNext::DeadlineQuit
+            DrainNext::Wait
+        );
+        assert_eq!(
+            drain_next(late(seen(true, 0, false, idle, false))),
+            DrainNext::Quit(QuitReason::Idle(IdleReason::NoConnections))
         );
         assert_eq!(
             drain_next(late(seen(false, 2, true, None, false))),
-            end(DrainOutcome::ProxyGoneEarly, false, false)
+            end(DrainOutcome::Deadline, false, false)
         );
     }
 
@@ -470,9 +480,18 @@ mod tests {
                 end(DrainOutcome::KubeletOrdered, false, true),
             ),
             (
-                "classic deadline: quit",
+                "classic deadline, the app running: left running, no quit",
                 with(&|s| s.deadline_passed = true),
-                DrainNext::DeadlineQuit,
+                DrainNext::Wait,
+            ),
+            (
+                "classic, past the deadline, the proxy gone with the app running: the kill",
+                with(&|s| {
+                    s.deadline_passed = true;
+                    s.proxy_gone = true;
+                    s.app_live = 2;
+                }),
+                end(DrainOutcome::Deadline, false, false),
             ),
         ] {
             assert_eq!(next, want, "{what}");

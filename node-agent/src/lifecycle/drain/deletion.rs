@@ -73,6 +73,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
     let mut state = DrainState::new(settings, texts, kubelet_ordered, native, t0, Instant::now());
     if deadline_passed {
         state.deadline_passed();
+        d.deadline_passed(&snapshot, kubelet_ordered, deadline.remaining);
     }
     loop {
         let now = Instant::now();
@@ -80,7 +81,7 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
             d.tell(step);
         }
         // Sample the counts: regularly while the app runs (idle history), every round once it
-        // is gone; not once the deadline has passed (the quit is due now).
+        // is gone (past the deadline too: only an idle judgement quits the proxy then).
         if state.sample_due(now) {
             d.sample_and_take(&mut state, &mut report, &current, kind, now)
                 .await;
@@ -109,10 +110,12 @@ pub async fn drain<A: ProxyAdmin, S: PodProcessSource>(ctx: DrainCtx<'_, A, S>) 
         }
 
         let wait = state.wait(Instant::now());
-        let rescan = match news(&stop, deadline.at, &mut view, &mut app, wait).await {
+        let next_deadline = (!state.past_deadline()).then_some(deadline.at);
+        let rescan = match news(&stop, next_deadline, &mut view, &mut app, wait).await {
             News::AgentStopping => return d.finish(report, DrainOutcome::AgentStopping, &app),
             News::Deadline => {
                 state.deadline_passed();
+                d.deadline_passed(&snapshot, kubelet_ordered, deadline.remaining);
                 false
             }
             News::Pod(Some(v)) => {
@@ -217,11 +220,12 @@ enum News {
     Slept,
 }
 
-/// Waits for news, at most `wait`: the agent stopping, the `deadline`, a change of the pod's
-/// `view`, an exit of the `app`'s processes, in that order when several are ready.
+/// Waits for news, at most `wait`: the agent stopping, the `deadline` (`None`: passed already),
+/// a change of the pod's `view`, an exit of the `app`'s processes, in that order when several
+/// are ready.
 async fn news<S: PodProcessSource>(
     stop: &CancellationToken,
-    deadline: Instant,
+    deadline: Option<Instant>,
     view: &mut watch::Receiver<Option<PodView>>,
     app: &mut AppTracker<S>,
     wait: Duration,
@@ -229,7 +233,7 @@ async fn news<S: PodProcessSource>(
     tokio::select! {
         biased;
         _ = stop.cancelled() => News::AgentStopping,
-        _ = tokio::time::sleep_until(deadline) => News::Deadline,
+        _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => News::Deadline,
         changed = view.changed() => match (changed, view.borrow_and_update().clone()) {
             (Ok(()), Some(v)) => News::Pod(Some(Box::new(v))),
             _ => News::Pod(None),
@@ -405,10 +409,6 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
             decide::DrainNext::End(end) => {
                 self.end(report, end, snapshot, app_gone, remaining, current, app)
             }
-            decide::DrainNext::DeadlineQuit => {
-                self.deadline_quit(report, app, snapshot.live, app_gone, remaining)
-                    .await
-            }
             decide::DrainNext::Quit(reason) => {
                 self.app_done_quit(report, reason, app_gone, current, app)
                     .await
@@ -471,6 +471,15 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
                 tracing::warn!("{advice}");
                 add_advice(&mut report, advice);
             }
+            DrainOutcome::Deadline if self.envoy_gone() => {
+                self.errors.push(format!(
+                    "the proxy ended past the drain deadline ({} after the deletion was seen) \
+                     with {} app process(es) still running: the grace period's end (the \
+                     kubelet's kill, or the mesh's own drain), as without holdfast",
+                    crate::config::format_duration(remaining),
+                    snapshot.live
+                ));
+            }
             DrainOutcome::Deadline => {
                 self.errors.push(format!(
                     "the drain deadline came ({} after the deletion was seen) with the proxy still \
@@ -516,29 +525,32 @@ impl<A: ProxyAdmin> Drainer<'_, A> {
         self.finish(report, DrainOutcome::AppDone, app)
     }
 
-    /// The deadline came: quit the proxy whatever the app and the counts say.
-    async fn deadline_quit<S: PodProcessSource>(
-        mut self,
-        report: DrainReport,
-        app: &AppTracker<S>,
-        live: usize,
-        app_gone: Option<Instant>,
+    /// The deadline came with the drain still waiting (the app running, or traffic in flight):
+    /// said once; the proxy is left running ([`decide::drain_next`]). Not said in a
+    /// kubelet-ordered drain, which the deadline ends.
+    fn deadline_passed(
+        &mut self,
+        snapshot: &AppSnapshot,
+        kubelet_ordered: bool,
         remaining: Duration,
-    ) -> DrainReport {
-        self.errors.push(format!(
-            "drain deadline reached ({} after the deletion was seen) with {live} app \
-                 process(es) alive{}; quitting the proxy",
+    ) {
+        if kubelet_ordered {
+            return;
+        }
+        let why = format!(
+            "the drain deadline came ({} after the deletion was seen) with {} app process(es) \
+             alive{}: the proxy is left running for them, to the app's exit (then quit as usual) \
+             or the kubelet's kill at the grace period's end, as without holdfast",
             crate::config::format_duration(remaining),
-            if app_gone.is_some() {
+            snapshot.live,
+            if snapshot.live == 0 {
                 " and traffic in flight"
             } else {
                 ""
             },
-        ));
-        let mut report = self.app_gone(report, app_gone);
-        (report.quit_sent_at, report.proxy_exit_seen_at) = self.quit(QuitReason::OutOfTime).await;
-        report.quit_reason = Some(QuitReason::OutOfTime);
-        self.finish(report, DrainOutcome::Deadline, app)
+        );
+        tracing::warn!("{why}");
+        self.errors.push(why);
     }
 
     fn finish<S: PodProcessSource>(

@@ -114,6 +114,11 @@ impl DrainState {
         self.deadline_passed = true;
     }
 
+    /// Whether the deadline has passed.
+    pub(super) fn past_deadline(&self) -> bool {
+        self.deadline_passed
+    }
+
     /// When the app was seen gone.
     pub(super) fn app_gone(&self) -> Option<Instant> {
         self.app_gone
@@ -160,10 +165,11 @@ impl DrainState {
     }
 
     /// Whether to sample Envoy's counts now: regularly while the app runs (the judge's
-    /// history), every round once it is gone; never once the deadline has passed (the quit is
-    /// due now). A sample taken is spaced from the next.
+    /// history), every round once it is gone — past the deadline too, where only an idle
+    /// judgement quits the proxy ([`decide::drain_next`]). A sample taken is spaced from the
+    /// next.
     pub(super) fn sample_due(&mut self, now: Instant) -> bool {
-        if self.deadline_passed || !(self.gone_this_round || now >= self.next_stats) {
+        if !(self.gone_this_round || now >= self.next_stats) {
             return false;
         }
         self.next_stats = now + decide::sample_every(&self.settings, now.duration_since(self.t0));
@@ -556,8 +562,9 @@ mod tests {
         );
     }
 
-    /// The deadline stops the samples and decides; the proxy's exit with the app still
-    /// running is an early exit, unless a second look shows the app gone too.
+    /// Past the deadline the running app keeps its proxy, and the proxy's exit is the grace
+    /// period's end; before it, the proxy's exit with the app still running is an early exit,
+    /// unless a second look shows the app gone too.
     #[test]
     fn the_deadline_and_the_proxys_exit_decide() {
         let s = settings();
@@ -565,10 +572,18 @@ mod tests {
         let mut d = DrainState::new(&s, texts(), false, false, t0, t0);
         d.round(&running(), None, t0);
         d.deadline_passed();
-        assert!(!d.sample_due(t0), "no sample once the deadline passed");
         assert_eq!(
             d.decide(false, &running(), "x").next,
-            DrainNext::DeadlineQuit
+            DrainNext::Wait,
+            "past the deadline the running app keeps its proxy"
+        );
+        let DrainNext::End(end) = d.decide(true, &running(), "x").next else {
+            panic!("the proxy's exit past the deadline ends the drain");
+        };
+        assert_eq!(
+            end.outcome,
+            DrainOutcome::Deadline,
+            "the grace period's end"
         );
 
         let mut d = DrainState::new(&s, texts(), false, false, t0, t0);
