@@ -18,9 +18,14 @@
 //!    calls, the rollout's time;
 //! 5. native sidecars: the kubelet's own ordering at boot (startupProbe), then the proxy
 //!    container crashed (SIGKILL) while the app calls out: refused without, held with; then
-//!    deleted (the kubelet stops the sidecar after the app);
+//!    deleted (the kubelet stops the sidecar after the app); 5b. a native proxy with Istio's
+//!    preStop drain hook (Istio's default), which the agent leaves to the kubelet's order;
 //! 6. the agent's own pod deleted mid-drain: the DaemonSet recreates it and the new agent adopts
-//!    the drain (the pod goes once its app is done, not after pilot-agent's 30 s).
+//!    the drain (the pod goes once its app is done, not after pilot-agent's 30 s);
+//! 7. Kuma (2.13 classic, 2.14 native) and Consul (classic, native) pods as their default
+//!    installs inject them (run again under the Kuma install by test-install.sh step 7b).
+//!
+//! `HOLDFAST_PROMISES_ONLY=name,...` runs those scenarios alone against a kept cluster.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -840,7 +845,7 @@ fn rolling_update(env: &Env, c: &mut Checks) {
     }
 }
 
-/// 6. Kuma and Consul pods as their default installs inject them (`MeshedPod::mesh`,
+/// 7. Kuma and Consul pods as their default installs inject them (`MeshedPod::mesh`,
 ///    tests/src/cluster.rs `other_mesh_template`): Kuma 2.13's classic sidecar with the TCP
 ///    admin and the builtin DNS on, Kuma 2.14's native sidecar with the Unix-socket admin (and
 ///    DNS on), Consul's classic sidecar and its native one (`dataplaneAsSidecarInitContainer`,
@@ -856,7 +861,7 @@ fn kuma_and_consul(env: &Env, c: &mut Checks) {
     // scripts/cluster/test-install.sh step 7b sets this and runs this scenario again).
     let kuma_install = std::env::var("HOLDFAST_PROMISES_INSTALL").as_deref() == Ok("kuma");
     println!(
-        "== 6. Kuma and Consul pods, each mesh's default install (holdfast's {} install)",
+        "== 7. Kuma and Consul pods, each mesh's default install (holdfast's {} install)",
         if kuma_install { "Kuma" } else { "default" }
     );
     // (name, mesh, sidecar, whether boot calls fail without holdfast): a native sidecar's
