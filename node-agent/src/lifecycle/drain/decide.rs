@@ -138,6 +138,10 @@ pub(crate) fn drain_next(seen: DrainSeen) -> DrainNext {
         // last: in a kubelet-ordered drain that is the end it was watching for, seen late.
         return if seen.kubelet_ordered {
             end(DrainOutcome::KubeletOrdered, false, true)
+        } else if seen.deadline_passed {
+            // Past the deadline the proxy was left to the kill; the pod's removal is that
+            // kill seen before the proxy's refusals were.
+            end(DrainOutcome::Deadline, false, false)
         } else {
             end(DrainOutcome::PodGone, false, false)
         };
@@ -430,6 +434,14 @@ mod tests {
                 "classic pod object removed",
                 with(&|s| s.pod_removed = true),
                 end(DrainOutcome::PodGone, false, false),
+            ),
+            (
+                "classic pod object removed past the deadline: the kill, seen by the removal",
+                with(&|s| {
+                    s.pod_removed = true;
+                    s.deadline_passed = true;
+                }),
+                end(DrainOutcome::Deadline, false, false),
             ),
             (
                 "kubelet-ordered pod object removed: its end, seen late",
