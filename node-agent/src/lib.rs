@@ -17,7 +17,7 @@
 //!   ([`report::server`]) and the agent's own resources (`report::process_metrics`).
 //! - [`effects`]: what touches the node — entering a pod's netns ([`effects::netns`]), the
 //!   startup hold's iptables rules and NFQUEUE ([`effects::hold`]), the Envoy admin client
-//!   ([`effects::envoy_admin`] on [`effects::http1_client`]), procfs and sock_diag
+//!   ([`effects::envoy_admin`] on `effects::http1_client`), procfs and sock_diag
 //!   ([`effects::procfs`]), the node taint ([`effects::node_taint`]).
 //! - [`source`]: where Pod objects come from (a pods directory, or the API server); [`pod`]:
 //!   what the agent reads from a Pod object, and which pods it acts on.

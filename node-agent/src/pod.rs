@@ -5,7 +5,7 @@
 //! yet, no container ids yet, missing fields in a hand-written file. Everything here returns a
 //! safe answer for such objects instead of failing.
 //!
-//! holdfast acts only on **sidecar pods of a mesh it knows** (see [`NotTracked`] for every way
+//! holdfast acts only on **sidecar pods of a mesh it knows** (see `NotTracked` for every way
 //! out): the mesh's injector marked the pod, its proxy runs as a sidecar (a regular container
 //! next to at least one other, or a native sidecar) and its interception is REDIRECT. Which
 //! mesh, and everything that mesh's injector wrote for this pod (ports, uid, admin address, its
@@ -17,19 +17,20 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod};
 
-pub use crate::api::SidecarMode;
+pub(crate) use crate::api::SidecarMode;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::config::{HoldSettings, PodOverrides, ProxyConfig};
 use crate::mesh::{PodReads, PodSwitches};
 
-pub mod app_end;
+pub(crate) mod app_end;
 mod shape;
 
-pub use app_end::{app_end, AppContainerEnd, AppEnd, AppNow, ContainerRestart, RestartPolicy};
-pub use shape::NotTracked;
+pub(crate) use app_end::{app_end, AppContainerEnd, AppNow, ContainerRestart};
+pub use app_end::{AppEnd, RestartPolicy};
+pub(crate) use shape::NotTracked;
 
-pub use crate::mesh::{Mesh, MeshProfile};
+pub(crate) use crate::mesh::MeshProfile;
 
 /// Stable identity of a pod: its UID, plus `namespace/name` for humans.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -74,7 +75,7 @@ impl ContainerView {
     }
 
     /// This container for the app-finished rule ([`app_end()`]), by its status.
-    pub fn app_end(&self) -> AppContainerEnd {
+    pub(crate) fn app_end(&self) -> AppContainerEnd {
         AppContainerEnd {
             ran: self.has_run(),
             now: match self.state {
@@ -116,8 +117,8 @@ pub struct PodView {
     pub phase: Option<String>,
     /// `status.podIPs` in order (the first is `status.podIP`); empty before the sandbox exists.
     pub pod_ips: Vec<IpAddr>,
-    /// The mesh's switches for this pod: DNS capture ([`PodView::dns_capture`]), the agent's
-    /// exit on zero connections ([`PodView::exit_on_zero`]), dual stack (the admin bind of
+    /// The mesh's switches for this pod: DNS capture (`PodView::dns_capture`), the agent's
+    /// exit on zero connections (`PodView::exit_on_zero`), dual stack (the admin bind of
     /// IPv6-first pods).
     pub switches: PodSwitches,
     /// Classic (a regular container) or native (a restartable init container).
@@ -132,7 +133,7 @@ pub struct PodView {
     pub prestop_drain: bool,
     /// The kubelet restarts every container of the pod in place (Kubernetes 1.35+, KEP-5532
     /// `RestartAllContainers`): the condition `AllContainersRestarting` is `True` (see
-    /// [`restarting_in_place`]). Same sandbox, netns, IP and uid; init containers run again.
+    /// `restarting_in_place`). Same sandbox, netns, IP and uid; init containers run again.
     pub restarting_in_place: bool,
     /// The proxy container has a `startupProbe` (Istio's injection template writes one on the
     /// native sidecar unless `values.global.proxy.startupProbe.enabled=false`). Without it the
@@ -145,10 +146,10 @@ pub struct PodView {
 /// pkg/kubelet/status/generate.go `GenerateAllContainersRestartingCondition`: `True` from the
 /// restart rule's trigger until every old container has been cleaned up, then `False` while the
 /// init containers and containers start again).
-pub const ALL_CONTAINERS_RESTARTING: &str = "AllContainersRestarting";
+pub(crate) const ALL_CONTAINERS_RESTARTING: &str = "AllContainersRestarting";
 
 /// Whether the pod's conditions say the kubelet is restarting every container in place.
-pub fn restarting_in_place(conditions: &[k8s_openapi::api::core::v1::PodCondition]) -> bool {
+pub(crate) fn restarting_in_place(conditions: &[k8s_openapi::api::core::v1::PodCondition]) -> bool {
     conditions
         .iter()
         .any(|c| c.type_ == ALL_CONTAINERS_RESTARTING && c.status == "True")
@@ -181,7 +182,7 @@ impl PodView {
     /// all containers in the pod have voluntarily terminated ... and the system is not going to
     /// restart any of these containers"; "PodFailed ... will not be restarted"). Also a pod the
     /// kubelet rejected at admission (`OutOfcpu`, `NodeAffinity`): Failed, no container ran.
-    pub fn is_terminal(&self) -> bool {
+    pub(crate) fn is_terminal(&self) -> bool {
         matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"))
     }
 }
@@ -194,22 +195,22 @@ pub struct Deletion {
 }
 
 /// Kubernetes' default `terminationGracePeriodSeconds`.
-pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_GRACE: Duration = Duration::from_secs(30);
 
 /// Whether [`PodView::from_pod`] reads the annotation `key` (holdfast's own and the meshes'); the
 /// pod source drops the others ([`crate::source::slim`]), so a pod's other annotations (labels'
 /// cousins, `kubectl annotate` in a loop, megabytes of last-applied-configuration) cost nothing
 /// past the source.
-pub fn reads_annotation(key: &str) -> bool {
+pub(crate) fn reads_annotation(key: &str) -> bool {
     crate::config::READ_ANNOTATIONS.contains(&key) || crate::mesh::READ_ANNOTATIONS.contains(&key)
 }
 
 /// Every label [`PodView::from_pod`] reads (the meshes' markers); the source drops the others.
-pub const READ_LABELS: [&str; 2] = crate::mesh::READ_LABELS;
+pub(crate) const READ_LABELS: [&str; 2] = crate::mesh::READ_LABELS;
 
 /// Every container environment variable [`PodView::from_pod`] reads (the meshes' switches); the
 /// source drops the others.
-pub const READ_ENV: [&str; 6] = crate::mesh::READ_ENV;
+pub(crate) const READ_ENV: [&str; 6] = crate::mesh::READ_ENV;
 
 impl PodView {
     /// Reads a Pod object. Returns why the pod is not tracked when it is not a classic sidecar
@@ -353,7 +354,7 @@ impl PodView {
     /// `ISTIO_DUAL_STACK` still binds IPv4). Kuma's and Consul's admin address is their
     /// profile's whatever the pod's IPs (`MeshProfile::admin_follows_pod_ips`: Kuma's
     /// `adminAddress`, Consul's `-envoy-admin-bind-address` flag).
-    pub fn admin_tcp(&self) -> Option<SocketAddr> {
+    pub(crate) fn admin_tcp(&self) -> Option<SocketAddr> {
         self.profile.admin_tcp_for(self.admin_v6_loopback())
     }
 
@@ -366,26 +367,26 @@ impl PodView {
 
     /// [`PodView::admin_tcp`], or `proxy.admin` for a pod whose admin is a Unix socket
     /// (unused: its client connects to the socket).
-    pub fn admin_addr(&self, proxy: &ProxyConfig) -> SocketAddr {
+    pub(crate) fn admin_addr(&self, proxy: &ProxyConfig) -> SocketAddr {
         self.admin_tcp().unwrap_or(proxy.admin)
     }
 
     /// Whether the pod has an IPv6 address (its IPv6 connections are then held too).
-    pub fn has_ipv6(&self) -> bool {
+    pub(crate) fn has_ipv6(&self) -> bool {
         self.pod_ips.iter().any(IpAddr::is_ipv6)
     }
 
     /// Whether the mesh redirects the pod's DNS to its DNS proxy
     /// ([`MeshProfile::dns_port`]), so DNS is held too (each mesh's `read_pod` says where it
     /// reads the switch: Istio's `ISTIO_META_DNS_CAPTURE`, Kuma's `KUMA_DNS_ENABLED`).
-    pub fn dns_capture(&self) -> bool {
+    pub(crate) fn dns_capture(&self) -> bool {
         self.switches.dns_capture
     }
 
     /// Whether the mesh's agent ends Envoy on its own once no listener has an active connection
     /// (Istio's `EXIT_ON_ZERO_ACTIVE_CONNECTIONS`: pilot-agent then ignores
     /// `terminationDrainDuration`, pkg/envoy/agent.go `terminate`).
-    pub fn exit_on_zero(&self) -> bool {
+    pub(crate) fn exit_on_zero(&self) -> bool {
         self.switches.exit_on_zero
     }
 
@@ -395,7 +396,7 @@ impl PodView {
     /// kubelet stops them only after every regular container, the proxy included, has exited:
     /// never wait for their processes to exit before quitting the proxy (that waits for the
     /// deadline). [`PodView::regular_app_containers`] leaves them out.
-    pub fn app_containers(&self) -> impl Iterator<Item = &ContainerView> {
+    pub(crate) fn app_containers(&self) -> impl Iterator<Item = &ContainerView> {
         self.regular_app_containers().chain(
             self.init_containers
                 .iter()
@@ -404,12 +405,12 @@ impl PodView {
     }
 
     /// The regular (`spec.containers`) app containers: every one but the proxy.
-    pub fn regular_app_containers(&self) -> impl Iterator<Item = &ContainerView> {
+    pub(crate) fn regular_app_containers(&self) -> impl Iterator<Item = &ContainerView> {
         self.containers.iter().filter(|c| !c.is_proxy)
     }
 
     /// The proxy container: a regular one (classic), or a restartable init container (native).
-    pub fn proxy_container(&self) -> Option<&ContainerView> {
+    pub(crate) fn proxy_container(&self) -> Option<&ContainerView> {
         self.containers
             .iter()
             .chain(self.init_containers.iter().filter(|c| c.restartable))
@@ -421,7 +422,7 @@ impl PodView {
     /// (the kubelet stops sidecars in the reverse order of their start, each after the regular
     /// containers and the sidecars started after it: kubernetes/kubernetes
     /// pkg/kubelet/kuberuntime/kuberuntime_termination_order.go).
-    pub fn containers_before_proxy_stops(&self) -> impl Iterator<Item = &ContainerView> {
+    pub(crate) fn containers_before_proxy_stops(&self) -> impl Iterator<Item = &ContainerView> {
         let later_sidecars: Vec<&ContainerView> = match self.mode {
             SidecarMode::Classic => Vec::new(),
             SidecarMode::Native => self
@@ -436,7 +437,7 @@ impl PodView {
     }
 
     /// A container's own restart policy and rules (none for a name not in the spec).
-    pub fn container_restart(&self, name: &str) -> ContainerRestart {
+    pub(crate) fn container_restart(&self, name: &str) -> ContainerRestart {
         self.containers
             .iter()
             .find(|c| c.name == name)
@@ -445,7 +446,7 @@ impl PodView {
     }
 
     /// How far the app is from finished by the Pod status alone ([`app_end()`]: the one rule).
-    pub fn app_end_by_status(&self) -> AppEnd {
+    pub(crate) fn app_end_by_status(&self) -> AppEnd {
         app_end(
             self.restart_policy,
             self.regular_app_containers().map(ContainerView::app_end),
@@ -454,7 +455,7 @@ impl PodView {
 
     /// True when every regular app container ran, has exited, and the kubelet will not restart
     /// any of them, so the pod only waits for its proxy: a finished Job (see [`app_end()`]).
-    pub fn apps_finished_for_good(&self) -> bool {
+    pub(crate) fn apps_finished_for_good(&self) -> bool {
         self.app_end_by_status() == AppEnd::ForGood
     }
 }
@@ -462,12 +463,12 @@ impl PodView {
 /// What an operator should change when Envoy exited before the app was done (drain outcome
 /// `proxy-gone-early`), in the words of the pod's mesh
 /// ([`crate::mesh::proxy_gone_early_advice`]).
-pub fn drain_advice(view: &PodView) -> String {
+pub(crate) fn drain_advice(view: &PodView) -> String {
     crate::mesh::proxy_gone_early_advice(&view.profile, view.exit_on_zero())
 }
 
 /// The most problems one pod's view keeps (each cut to [`crate::api::text::MAX_POD_TEXT`]).
-pub const MAX_POD_PROBLEMS: usize = 8;
+pub(crate) const MAX_POD_PROBLEMS: usize = 8;
 
 /// Keeps a pod's problems bounded before they reach its row and the log: at most
 /// [`MAX_POD_PROBLEMS`], each made safe with [`crate::api::text::pod_text`] (they quote the pod's
@@ -485,7 +486,7 @@ fn bound_problems(problems: &mut Vec<String>) {
 }
 
 /// `containerd://abc` → `abc`. Returns `None` for an empty id.
-pub fn strip_runtime_prefix(id: &str) -> Option<String> {
+pub(crate) fn strip_runtime_prefix(id: &str) -> Option<String> {
     let bare = id.split_once("://").map_or(id, |(_, rest)| rest);
     (!bare.is_empty()).then(|| bare.to_ascii_lowercase())
 }

@@ -43,7 +43,7 @@ pub enum Error {
     Kube(#[from] crate::source::kube::Error),
 }
 
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// How often the pods directory is rescanned in full as a safety net (changes arrive through
 /// inotify at once).

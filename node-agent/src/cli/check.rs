@@ -3,7 +3,7 @@
 //! means and the fix), the objects it names, and the fix. Errors make the command exit 1, so it
 //! can gate a pipeline; warnings are printed and leave the exit code 0.
 //!
-//! [`findings`] is a pure function of what [`super::cluster::gather`] read: the nodes, the agent
+//! `findings` is a pure function of what `super::cluster::gather` read: the nodes, the agent
 //! pods, the agent namespace's ResourceQuotas and every agent's `/status` rows.
 
 use std::time::{Duration, SystemTime};
@@ -17,11 +17,11 @@ use crate::api::{DrainOutcome, HoldOutcome, NodeStatus, PodStatus, StartupTaint}
 /// The first Envoy whose `inboundonly&graceful` drain leaves outbound alone (envoyproxy/envoy
 /// #37873): the agent's `lifecycle::drain::envoy_version::INBOUND_ONLY_GRACEFUL_FIXED`, which
 /// the CLI may not link (tests/layout.rs); a unit test keeps the two equal.
-pub const DIRECTIONAL_DRAIN_SINCE: (u32, u32) = (1, 34);
+pub(crate) const DIRECTIONAL_DRAIN_SINCE: (u32, u32) = (1, 34);
 
 /// Words both of the drain's advices about missing byte counters say (the agent's
 /// `mesh::unexposed_bytes_advice` and `mesh::unseen_advice`; a unit test keeps them saying it).
-pub const BYTE_COUNTERS_ADVICE_MARK: &str = "not keep its downstream byte counters";
+pub(crate) const BYTE_COUNTERS_ADVICE_MARK: &str = "not keep its downstream byte counters";
 
 /// `major.minor` of a report's Envoy version (`1.36.4`, `1.37.0-dev`).
 fn major_minor(v: &str) -> Option<(u32, u32)> {
@@ -35,7 +35,7 @@ fn major_minor(v: &str) -> Option<(u32, u32)> {
 /// How bad a finding is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Severity {
+pub(crate) enum Severity {
     /// holdfast does nothing where it should: `check` exits 1.
     Error,
     /// holdfast does less than it could, or something needs a look.
@@ -43,7 +43,7 @@ pub enum Severity {
 }
 
 impl Severity {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Severity::Error => "error",
             Severity::Warning => "warning",
@@ -53,7 +53,7 @@ impl Severity {
 
 /// Every code `check` can report, its severity and a one-line title (docs/check-codes.md has
 /// one section per code; tests check the two agree).
-pub const CODES: &[(&str, Severity, &str)] = &[
+pub(crate) const CODES: &[(&str, Severity, &str)] = &[
     (
         "HF0101",
         Severity::Error,
@@ -123,19 +123,19 @@ pub const CODES: &[(&str, Severity, &str)] = &[
 
 /// The agent's startup taint (the agent's `effects::node_taint::STARTUP_TAINT_KEY`, which the
 /// CLI may not link; a unit test keeps the two equal).
-pub const STARTUP_TAINT_KEY: &str = "holdfast.io/agent-not-ready";
+pub(crate) const STARTUP_TAINT_KEY: &str = "holdfast.io/agent-not-ready";
 
 /// How far back rows count for the "in the last hour" findings.
-pub const RECENT: Duration = Duration::from_secs(3600);
+pub(crate) const RECENT: Duration = Duration::from_secs(3600);
 
 /// An agent pod started this soon after its node joined is the node's first (HF0106): the
 /// DaemonSet's pod is created as the node registers, and the kubelet takes it once the node is
 /// Ready (seconds; minutes with a slow image pull).
-pub const FIRST_AGENT_WINDOW: Duration = Duration::from_secs(10 * 60);
+pub(crate) const FIRST_AGENT_WINDOW: Duration = Duration::from_secs(10 * 60);
 
 /// One finding.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Finding {
+pub(crate) struct Finding {
     pub code: &'static str,
     pub severity: Severity,
     /// The objects it is about, as `kind/namespace/name` or `kind/name`.
@@ -165,7 +165,7 @@ fn finding(code: &'static str, objects: Vec<String>, message: String, fix: Strin
 }
 
 /// Everything wrong in `view`, errors first, then by code and object.
-pub fn findings(view: &ClusterView, now: SystemTime) -> Vec<Finding> {
+pub(crate) fn findings(view: &ClusterView, now: SystemTime) -> Vec<Finding> {
     let mut out = Vec::new();
     let ns = &view.namespace;
     for problem in &view.problems {
@@ -467,7 +467,7 @@ fn pod_findings(node: &str, status: &NodeStatus, now: SystemTime, out: &mut Vec<
 }
 
 /// The findings as text: one block per finding, then a summary line.
-pub fn render_text(findings: &[Finding], view: &ClusterView) -> String {
+pub(crate) fn render_text(findings: &[Finding], view: &ClusterView) -> String {
     let mut out = String::new();
     for f in findings {
         out.push_str(&format!(
@@ -506,7 +506,7 @@ pub fn render_text(findings: &[Finding], view: &ClusterView) -> String {
 }
 
 /// The exit code for `findings`: 1 with any error, else 0.
-pub fn exit_code(findings: &[Finding]) -> i32 {
+pub(crate) fn exit_code(findings: &[Finding]) -> i32 {
     i32::from(findings.iter().any(|f| f.severity == Severity::Error))
 }
 
@@ -521,10 +521,10 @@ pub struct CheckOptions {
 }
 
 /// Exit code when the cluster cannot be read at all (no kubeconfig, the agents not listable).
-pub const EXIT_UNREADABLE: i32 = 3;
+pub(crate) const EXIT_UNREADABLE: i32 = 3;
 
 /// Runs the check against `client`: the text (or JSON) to print and the exit code (0 clean or
-/// warnings only, 1 errors, [`EXIT_UNREADABLE`] when the agents cannot even be listed).
+/// warnings only, 1 errors, `EXIT_UNREADABLE` when the agents cannot even be listed).
 pub async fn run(client: &kube::Client, opts: &CheckOptions, now: SystemTime) -> (String, i32) {
     let view = match super::cluster::gather(client, &opts.namespace, opts.fan_out).await {
         Ok(v) => v,

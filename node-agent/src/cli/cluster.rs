@@ -1,13 +1,13 @@
 //! The cluster as `kubectl holdfast check` and `kubectl holdfast status` read it, with the
 //! user's kubeconfig: the nodes, the agent pods, the ResourceQuotas of the agent's namespace,
 //! and every agent's `/status`, each read over a port-forward to its loopback status port
-//! ([`super::remote::fetch_pod_status_body`]: the agent answers `/status` on loopback only, so
+//! (`super::remote::fetch_pod_status_body`: the agent answers `/status` on loopback only, so
 //! the API server's pod proxy, which connects to the pod IP, cannot reach it; see
 //! [`super::remote`] for why).
 //!
 //! The fan-out is bounded: at most [`FanOut::concurrency`] agents are read at once, each
 //! within [`FanOut::per_agent`]; an agent that does not answer in time (or at all) is an
-//! [`AgentAnswer`] saying why, never left out. Calls to the API server: one list of nodes, one
+//! `AgentAnswer` saying why, never left out. Calls to the API server: one list of nodes, one
 //! of agent pods, one of quotas, and one port-forward per running agent.
 //!
 //! RBAC (the caller's): the Role `holdfast-status-reader` (pods list, pods/portforward get and
@@ -15,7 +15,7 @@
 //! resourcequotas list); manifests/agent/status-reader-role.yaml and
 //! cluster-reader-clusterrole.yaml, checked against this file by tests/tests/manifests.rs.
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
@@ -48,7 +48,7 @@ impl Default for FanOut {
 
 /// A node as `check` needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeInfo {
+pub(crate) struct NodeInfo {
     pub name: String,
     /// `kubernetes.io/os` is `linux` (or unset): the DaemonSet's nodeSelector picks it.
     pub linux: bool,
@@ -63,7 +63,7 @@ pub struct NodeInfo {
 }
 
 impl NodeInfo {
-    pub fn from_node(n: &Node) -> NodeInfo {
+    pub(crate) fn from_node(n: &Node) -> NodeInfo {
         let labels = n.metadata.labels.clone().unwrap_or_default();
         let ready = n
             .status
@@ -102,7 +102,7 @@ impl NodeInfo {
 
 /// An agent pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AgentPod {
+pub(crate) struct AgentPod {
     pub name: String,
     /// `spec.nodeName` (`None`: not scheduled).
     pub node: Option<String>,
@@ -119,7 +119,7 @@ pub struct AgentPod {
 }
 
 impl AgentPod {
-    pub fn from_pod(p: &Pod) -> AgentPod {
+    pub(crate) fn from_pod(p: &Pod) -> AgentPod {
         let status = p.status.as_ref();
         AgentPod {
             name: p.metadata.name.clone().unwrap_or_default(),
@@ -152,14 +152,14 @@ impl AgentPod {
 
 /// A ResourceQuota of the agent's namespace, as `check` needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QuotaInfo {
+pub(crate) struct QuotaInfo {
     pub name: String,
     /// The PriorityClass names its scope selector admits (`In`), empty without one.
     pub priority_classes: Vec<String>,
 }
 
 impl QuotaInfo {
-    pub fn from_quota(q: &ResourceQuota) -> QuotaInfo {
+    pub(crate) fn from_quota(q: &ResourceQuota) -> QuotaInfo {
         let priority_classes = q
             .spec
             .as_ref()
@@ -181,17 +181,15 @@ impl QuotaInfo {
 
 /// One agent's `/status`, or why it could not be read.
 #[derive(Debug, Clone)]
-pub struct AgentAnswer {
+pub(crate) struct AgentAnswer {
     pub pod: String,
     pub node: String,
     pub result: Result<NodeStatus, String>,
-    /// How long the read took (to the deadline when it ran out).
-    pub elapsed: Duration,
 }
 
 /// Everything read from the cluster.
 #[derive(Debug, Clone, Default)]
-pub struct ClusterView {
+pub(crate) struct ClusterView {
     /// The agent's namespace.
     pub namespace: String,
     pub nodes: Vec<NodeInfo>,
@@ -218,7 +216,7 @@ pub(crate) fn list_error(e: kube::Error, what: &str, rbac: &str) -> RemoteError 
 }
 
 /// The nodes (`list nodes`, cluster-wide).
-pub async fn list_nodes(client: &kube::Client) -> Result<Vec<NodeInfo>, RemoteError> {
+pub(crate) async fn list_nodes(client: &kube::Client) -> Result<Vec<NodeInfo>, RemoteError> {
     let nodes: Api<Node> = Api::all(client.clone());
     let list = nodes.list(&ListParams::default()).await.map_err(|e| {
         list_error(
@@ -233,7 +231,7 @@ pub async fn list_nodes(client: &kube::Client) -> Result<Vec<NodeInfo>, RemoteEr
 }
 
 /// The agent pods of `namespace` (`list pods` with the agent's labels).
-pub async fn list_agents(
+pub(crate) async fn list_agents(
     client: &kube::Client,
     namespace: &str,
 ) -> Result<Vec<AgentPod>, RemoteError> {
@@ -254,7 +252,7 @@ pub async fn list_agents(
 }
 
 /// The ResourceQuotas of `namespace`.
-pub async fn list_quotas(
+pub(crate) async fn list_quotas(
     client: &kube::Client,
     namespace: &str,
 ) -> Result<Vec<QuotaInfo>, RemoteError> {
@@ -270,7 +268,7 @@ pub async fn list_quotas(
 }
 
 /// The agent on each node: a running one if there are several (a rolling update).
-pub fn agent_per_node(agents: &[AgentPod]) -> Vec<&AgentPod> {
+pub(crate) fn agent_per_node(agents: &[AgentPod]) -> Vec<&AgentPod> {
     let mut by_node: std::collections::BTreeMap<&str, &AgentPod> = Default::default();
     for a in agents {
         let Some(node) = a.node.as_deref() else {
@@ -290,7 +288,7 @@ pub fn agent_per_node(agents: &[AgentPod]) -> Vec<&AgentPod> {
 /// Reads every agent in `agents` that runs (one per node, [`agent_per_node`]), at most
 /// `fan.concurrency` at once, each within `fan.per_agent`. Agents not running get an answer
 /// saying so without a request.
-pub async fn read_agents(
+pub(crate) async fn read_agents(
     client: &kube::Client,
     namespace: &str,
     agents: &[AgentPod],
@@ -304,7 +302,6 @@ pub async fn read_agents(
         let node = a.node.clone().unwrap_or_default();
         let phase = a.phase.clone();
         async move {
-            let started = Instant::now();
             let result = if phase != "Running" {
                 Err(format!(
                     "agent pod {namespace}/{pod} is {phase}, not Running"
@@ -328,12 +325,7 @@ pub async fn read_agents(
                     }),
                 }
             };
-            AgentAnswer {
-                pod,
-                node,
-                result,
-                elapsed: started.elapsed(),
-            }
+            AgentAnswer { pod, node, result }
         }
     });
     let mut out: Vec<AgentAnswer> = futures::stream::iter(reads)
@@ -346,7 +338,7 @@ pub async fn read_agents(
 
 /// Reads the whole cluster for `check`: nodes, agents, quotas, every agent's status. Fails only
 /// when the agents cannot be listed; other reads that fail are in `problems`.
-pub async fn gather(
+pub(crate) async fn gather(
     client: &kube::Client,
     namespace: &str,
     fan: FanOut,

@@ -1,5 +1,5 @@
 //! `kubectl holdfast status` (`holdfast status --all-nodes`): every agent's rows in one table,
-//! with a node column. The agents are read as [`super::cluster::read_agents`] reads them
+//! with a node column. The agents are read as `super::cluster::read_agents` reads them
 //! (port-forwards, bounded concurrency, a deadline per agent); an agent that does not answer,
 //! or is not running, is a row saying so, never left out, and whatever filter is given. With
 //! `list nodes` allowed, a Linux node without an agent pod is a row too.
@@ -33,12 +33,12 @@ pub struct Filters {
     pub phase: Option<Phase>,
     /// `--mesh`.
     pub mesh: Option<Mesh>,
-    /// `-l`: a label selector, matched by the API server ([`select_pods`]).
+    /// `-l`: a label selector, matched by the API server (`select_pods`).
     pub selector: Option<String>,
 }
 
 /// The pods `-l` selected, by uid (the agents' rows carry no labels).
-pub type Selected = std::collections::HashSet<String>;
+pub(crate) type Selected = std::collections::HashSet<String>;
 
 impl Filters {
     fn keeps(&self, p: &PodStatus, selected: Option<&Selected>) -> bool {
@@ -52,7 +52,7 @@ impl Filters {
 /// The uids of the pods `filters.selector` matches (in `filters.namespace`, or every namespace),
 /// listed by the API server, which parses and matches the selector as `kubectl get -l` does;
 /// `None` without `-l`.
-pub async fn select_pods(
+pub(crate) async fn select_pods(
     client: &kube::Client,
     filters: &Filters,
 ) -> Result<Option<Selected>, RemoteError> {
@@ -145,7 +145,7 @@ pub async fn gather(
 
 /// The rows of `answers` after `filters`, plus a row for each Linux node of `nodes` without an
 /// agent pod in `agents`; by node name.
-pub fn rows(
+pub(crate) fn rows(
     answers: Vec<AgentAnswer>,
     nodes: &[cluster::NodeInfo],
     agents: &[cluster::AgentPod],
@@ -201,7 +201,7 @@ fn cell(s: &str, width: usize) -> String {
 }
 
 /// The table (or wide table, or JSON) of `rows`.
-pub fn render(rows: &[NodeRows], output: Output, now: SystemTime) -> String {
+pub(crate) fn render(rows: &[NodeRows], output: Output, now: SystemTime) -> String {
     if output == Output::Json {
         let mut s = serde_json::to_string_pretty(rows).unwrap_or_default();
         s.push('\n');
@@ -320,7 +320,7 @@ pub struct ClusterStatusOptions {
 }
 
 /// How often `--watch` reads the cluster again.
-pub const WATCH_PERIOD: std::time::Duration = std::time::Duration::from_secs(2);
+pub(crate) const WATCH_PERIOD: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Runs `kubectl holdfast status`, writing to `out`; the exit code (as `holdfast status`'s
 /// [`super::status::EXIT_CODES`]).
@@ -501,13 +501,11 @@ mod tests {
                     source_problems: vec![],
                     startup_taint: None,
                 }),
-                elapsed: Duration::from_millis(3),
             },
             AgentAnswer {
                 pod: "holdfast-b".into(),
                 node: "node-b".into(),
                 result: Err("no answer within 5000 ms".into()),
-                elapsed: Duration::from_secs(5),
             },
         ]
     }

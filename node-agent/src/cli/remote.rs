@@ -1,7 +1,7 @@
 //! `holdfast status --node NODE`: read a node's status through the API server, as
 //! `kubectl port-forward` does, so no port needs opening: find the node's agent pod, open the
 //! `pods/portforward` subresource to its status port, and `GET /status` over that stream with the
-//! agent's one HTTP/1.1 client ([`crate::effects::http1_client`]).
+//! agent's one HTTP/1.1 client (`crate::effects::http1_client`).
 //!
 //! Why port-forward and not the API server's pod proxy (`pods/<name>:15300/proxy`): the agent's
 //! `/status` answers loopback clients only ([`crate::report::server`]). The pod proxy connects from
@@ -31,7 +31,7 @@ use crate::effects::http1_client::{Connection, Failure};
 /// Namespace the manifests install the agent into.
 pub const AGENT_NAMESPACE: &str = "holdfast-system";
 /// Labels of the agent's pods (manifests/agent/daemonset.yaml).
-pub const AGENT_SELECTOR: &str =
+pub(crate) const AGENT_SELECTOR: &str =
     "app.kubernetes.io/name=holdfast,app.kubernetes.io/component=agent";
 /// The agent's status port in the manifests (`--status-listen 127.0.0.1:15300`: loopback only,
 /// reached through a port-forward).
@@ -131,7 +131,7 @@ pub async fn fetch_status_body(
 /// The `/status` body of the agent pod `namespace/pod` (status 200, at most `max_body` bytes),
 /// over a port-forward to its status port: [`fetch_status_body`] once the pod is known (the
 /// cluster-wide reads list the agents once, then call this per agent). Bound it with a timeout.
-pub async fn fetch_pod_status_body(
+pub(crate) async fn fetch_pod_status_body(
     client: kube::Client,
     pod: &str,
     namespace: &str,

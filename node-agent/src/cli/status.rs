@@ -1,8 +1,8 @@
 //! `holdfast status`: the node's table, read from the agent's status API (`GET /status`);
-//! `holdfast status POD`: one pod's timeline from the same document ([`super::timeline`]).
+//! `holdfast status POD`: one pod's timeline from the same document (`super::timeline`).
 //!
 //! This module owns the client side of the status API: parsing `--agent`, one bounded HTTP/1.1
-//! `GET` on the agent's one HTTP client ([`crate::effects::http1_client`], hyper), decoding the
+//! `GET` on the agent's one HTTP client (`crate::effects::http1_client`, hyper), decoding the
 //! [`NodeStatus`] JSON, and rendering it as a table that fits an 80-column terminal. Rendering is
 //! pure ([`render_table`], with the clock passed in) so it is tested without an agent; `--watch`
 //! and `--json` are thin loops over the same pieces ([`run`]).
@@ -19,16 +19,15 @@ use crate::api::NodeStatus;
 use crate::cli::timeline::{render_timeline, PodSelector};
 use crate::effects::http1_client::{Connection, Failure};
 
-pub use super::table::{
-    escape_controls, fit_end, fit_middle, render_table, short_duration, short_ms, TABLE_WIDTH,
-};
+pub(crate) use super::table::TABLE_WIDTH;
+pub use super::table::{fit_end, render_table};
 use super::table::{http_status, truncate, wrap};
 
 /// The agent's default `--status-listen`, as a URL.
 pub const DEFAULT_AGENT_URL: &str = "http://127.0.0.1:15300";
 
 /// `--watch` refresh period.
-pub const WATCH_PERIOD: Duration = Duration::from_secs(1);
+pub(crate) const WATCH_PERIOD: Duration = Duration::from_secs(1);
 
 /// Largest `/status` body accepted (a node's worth of pods is a few hundred KiB at most).
 const MAX_BODY: usize = 16 << 20;
@@ -134,7 +133,7 @@ impl StatusCliError {
     }
 }
 
-pub type Result<T, E = StatusCliError> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = StatusCliError> = std::result::Result<T, E>;
 
 /// Where the agent's status API is: `http://HOST[:PORT][/BASE]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -215,7 +214,7 @@ impl AgentUrl {
     }
 
     /// The full path of `endpoint` (e.g. `/status`) under the base path.
-    pub fn path(&self, endpoint: &str) -> String {
+    pub(crate) fn path(&self, endpoint: &str) -> String {
         format!("{}{endpoint}", self.base_path)
     }
 }
@@ -229,7 +228,7 @@ impl std::fmt::Display for AgentUrl {
 /// `GET /status` from the agent: the body as served, once the status is 200. `timeout` bounds
 /// the whole exchange (connect, send, read). HTTP on hyper, as the agent's admin client
 /// ([`crate::effects::http1_client`]), on a small runtime of its own (the CLI is synchronous).
-pub fn fetch_status_body(agent: &AgentUrl, timeout: Duration) -> Result<String> {
+pub(crate) fn fetch_status_body(agent: &AgentUrl, timeout: Duration) -> Result<String> {
     let unreachable = |why: String| StatusCliError::Unreachable {
         url: agent.to_string(),
         why,
@@ -307,7 +306,7 @@ async fn fetch_async(agent: &AgentUrl, timeout: Duration) -> Result<String> {
 }
 
 /// Decodes a `/status` body.
-pub fn parse_status(agent: &AgentUrl, body: &str) -> Result<NodeStatus> {
+pub(crate) fn parse_status(agent: &AgentUrl, body: &str) -> Result<NodeStatus> {
     serde_json::from_str(body).map_err(|e| StatusCliError::BadDocument {
         url: agent.to_string(),
         why: e.to_string(),
@@ -327,20 +326,20 @@ pub struct StatusOptions {
     pub agent: String,
     /// `--json`: print the document as served.
     pub json: bool,
-    /// `--watch`: refresh in place every [`WATCH_PERIOD`] until interrupted.
+    /// `--watch`: refresh in place every `WATCH_PERIOD` until interrupted.
     pub watch: bool,
     /// `--node`: read that node's agent through the API server (a port-forward to its status
     /// port) instead of `agent`.
     pub node: Option<String>,
     /// Bound of one request.
     pub timeout: Duration,
-    /// `POD` (`namespace/name` or uid, see [`PodSelector::parse`]): that pod's timeline
+    /// `POD` (`namespace/name` or uid, see `PodSelector::parse`): that pod's timeline
     /// instead of the node's table (with `--json`: its row, steps included).
     pub pod: Option<String>,
 }
 
 /// The pod `opts` names, if any (a usage error when it is malformed).
-pub fn pod_selector(opts: &StatusOptions) -> Result<Option<PodSelector>> {
+pub(crate) fn pod_selector(opts: &StatusOptions) -> Result<Option<PodSelector>> {
     opts.pod
         .as_deref()
         .map(|p| {
@@ -354,7 +353,7 @@ pub fn pod_selector(opts: &StatusOptions) -> Result<Option<PodSelector>> {
 
 /// One pod's text from a `/status` body: its timeline, or with `json` its row as served.
 /// Errors: the pod is not on the board, or the agent records no steps.
-pub fn pod_text(
+pub(crate) fn pod_text(
     label: &str,
     status: &NodeStatus,
     body: &str,

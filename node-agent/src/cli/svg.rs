@@ -53,7 +53,7 @@ fn kind_name(kind: StepKind) -> String {
 
 /// Escapes text for SVG character data and attribute values, and drops what XML 1.0 cannot
 /// carry (control characters other than tab and newline).
-pub fn escape(s: &str) -> String {
+pub(crate) fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {

@@ -7,7 +7,7 @@ use crate::api::{DrainOutcome, DrainReport, JobReport, Mesh, SidecarMode};
 use crate::api::{HoldOutcome, HoldRecord, NodeStatus, Phase, PodStatus};
 
 /// Width the table is laid out for.
-pub const TABLE_WIDTH: usize = 80;
+pub(crate) const TABLE_WIDTH: usize = 80;
 
 /// Column widths: POD, MESH, MODE, PHASE, HELD, RELEASE; END takes the rest of
 /// [`TABLE_WIDTH`] (21: the longest drain outcome with its time, `proxy-gone-early 5.0s`,
@@ -22,7 +22,7 @@ const END_W: usize = TABLE_WIDTH - POD_W - MESH_W - MODE_W - PHASE_W - HELD_W - 
 /// Indent of a row's detail lines (errors, advice).
 const DETAIL_INDENT: &str = "    ";
 
-/// The node's table, at most [`TABLE_WIDTH`] columns wide: a header line, one row per pod
+/// The node's table, at most `TABLE_WIDTH` columns wide: a header line, one row per pod
 /// (namespace/name, the mesh that injected its sidecar, sidecar mode, phase, connections held and for how long,
 /// proxy-ready-to-release time, how the drain or Job ended), each followed by indented detail
 /// lines: what holdfast does for a native sidecar, and anything that needs an operator (a hold
@@ -225,7 +225,7 @@ pub(super) fn wrap_limited(text: &str, width: usize, max_lines: usize) -> Vec<St
 /// `\u{9b}`): C0 controls (ESC, BEL, CR, ...), DEL, C1 controls (CSI, OSC, ...) and the Unicode
 /// bidirectional overrides. Pod names, reasons and errors come from the cluster and Envoy: printed
 /// raw, an OSC or CSI sequence in them would rewrite the operator's terminal (issue 11).
-pub fn escape_controls(s: &str) -> String {
+pub(crate) fn escape_controls(s: &str) -> String {
     if !s.chars().any(needs_escape) {
         return s.to_string();
     }
@@ -256,7 +256,7 @@ fn one_line(s: &str) -> String {
 }
 
 /// A duration in at most 6 characters: `340ms`, `2.1s`, `75s`, `12m`, `5h`.
-pub fn short_duration(d: Duration) -> String {
+pub(crate) fn short_duration(d: Duration) -> String {
     let s = d.as_secs_f64();
     if s < 1.0 {
         format!("{}ms", d.as_millis())
@@ -272,7 +272,7 @@ pub fn short_duration(d: Duration) -> String {
 }
 
 /// Milliseconds in at most 7 characters: `0.41ms`, `12.3ms`, `340ms`, `2.1s`.
-pub fn short_ms(ms: f64) -> String {
+pub(crate) fn short_ms(ms: f64) -> String {
     if !ms.is_finite() || ms < 0.0 {
         "?".into()
     } else if ms < 10.0 {
@@ -303,7 +303,7 @@ pub fn fit_end(s: &str, width: usize) -> String {
 
 /// `s` cut to `width` characters by dropping its middle (`default/web-7d..-x2x9z`), so the
 /// namespace and the distinguishing suffix of a pod's name both stay.
-pub fn fit_middle(s: &str, width: usize) -> String {
+pub(crate) fn fit_middle(s: &str, width: usize) -> String {
     let n = s.chars().count();
     if n <= width {
         return s.to_string();

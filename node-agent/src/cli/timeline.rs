@@ -16,7 +16,7 @@ use super::table::{escape_controls, fit_end, fit_middle, short_ms, wrap, TABLE_W
 
 /// Which pod `holdfast status POD` is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PodSelector {
+pub(crate) enum PodSelector {
     /// `namespace/name`.
     Name { namespace: String, name: String },
     /// The pod's `metadata.uid` (a word without `/`).
@@ -25,7 +25,7 @@ pub enum PodSelector {
 
 impl PodSelector {
     /// Parses `namespace/name` or a uid; `Err` says what is wrong and what to give instead.
-    pub fn parse(text: &str) -> Result<PodSelector, String> {
+    pub(crate) fn parse(text: &str) -> Result<PodSelector, String> {
         let t = text.trim();
         if t.is_empty() {
             return Err("empty; give namespace/name (e.g. default/web-0) or the pod's uid".into());
@@ -52,7 +52,7 @@ impl PodSelector {
     }
 
     /// Whether `pod` is the one named.
-    pub fn matches(&self, pod: &PodStatus) -> bool {
+    pub(crate) fn matches(&self, pod: &PodStatus) -> bool {
         match self {
             PodSelector::Name { namespace, name } => {
                 &pod.namespace == namespace && &pod.name == name
@@ -61,14 +61,9 @@ impl PodSelector {
         }
     }
 
-    /// The pod with this name or uid on the board.
-    pub fn find<'a>(&self, status: &'a NodeStatus) -> Option<&'a PodStatus> {
-        status.pods.iter().find(|p| self.matches(p))
-    }
-
     /// A hint for a pod not found: a uid that is some pod's name, or a name in another
     /// namespace.
-    pub fn hint(&self, status: &NodeStatus) -> Option<String> {
+    pub(crate) fn hint(&self, status: &NodeStatus) -> Option<String> {
         let named = |name: &str| -> Vec<String> {
             status
                 .pods
@@ -105,7 +100,7 @@ const DETAIL_AT: usize = 2 + TIME_W + 1 + TIME_W + 2 + STEP_W + 1;
 /// The pod's timeline, at most [`TABLE_WIDTH`] columns: who the pod is, one line per step (its
 /// time since the pod was first seen, since the step before, its name and what the agent knew,
 /// wrapped under the detail column), and the outcome with its reason.
-pub fn render_timeline(status: &NodeStatus, pod: &PodStatus, now: SystemTime) -> String {
+pub(crate) fn render_timeline(status: &NodeStatus, pod: &PodStatus, now: SystemTime) -> String {
     let mut out = String::new();
     let mut line = |s: &str| {
         out.push_str(fit_end(s, TABLE_WIDTH).trim_end());

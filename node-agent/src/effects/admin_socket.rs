@@ -25,7 +25,7 @@ use std::path::Path;
 use std::time::Duration;
 
 /// The most entries of the parent directory looked at (the pod controls how many there are).
-pub const MAX_DIR_ENTRIES: usize = 256;
+pub(crate) const MAX_DIR_ENTRIES: usize = 256;
 
 /// Why the socket could not be found or reached.
 #[derive(Debug, thiserror::Error)]
@@ -218,7 +218,7 @@ fn exited(fd: &OwnedFd) -> bool {
 
 /// Where a pod's Unix-socket admin is, for [`connector`].
 #[derive(Debug, Clone, Copy)]
-pub struct SocketAt {
+pub(crate) struct SocketAt {
     /// The uid the socket must be owned by (the proxy's).
     pub proxy_uid: u32,
     /// `<parent>/<dir_prefix>*/<name>` in the proxy's filesystem (`crate::mesh::AdminAt`).
@@ -238,7 +238,7 @@ pub struct SocketAt {
 /// TCP admin's closed port says it, so the drain sees the proxy gone instead of retrying "not
 /// yet" to its deadline (seen on the real cluster: a Kuma 2.14 native sidecar stopped by the
 /// kubelet after its app, the drain asking its socket 52 times, then quitting at the deadline).
-pub fn connector(
+pub(crate) fn connector(
     procs: crate::effects::procfs::pod_procs::PodProcs,
     uid: String,
     at: SocketAt,

@@ -4,15 +4,15 @@
 //! `GET /server_info` (the drain's Envoy version), and the `POST`s of the drain (the inbound
 //! drain `lifecycle::drain::envoy_version` picks, `/healthcheck/ok`, `/quitquitquit`). A TCP
 //! admin's socket is created in the pod's netns ([`PodNetns::connect_tcp`]), a Unix-socket
-//! admin's is connected by the caller's [`UnixConnector`] ([`AdminClient::unix`]); either is
+//! admin's is connected by the caller's `UnixConnector` ([`AdminClient::unix`]); either is
 //! handed to tokio, so the runtime stays in the host's netns. Tests plug in another connector to
 //! reach a fake server on 127.0.0.1 without a netns.
 //!
-//! HTTP/1.1 on hyper ([`crate::effects::http1_client`]; Envoy's admin answers HTTP/1.0 with 426) over one
+//! HTTP/1.1 on hyper (`crate::effects::http1_client`; Envoy's admin answers HTTP/1.0 with 426) over one
 //! kept-alive connection per client: a readiness poll every few milliseconds costs one request,
 //! not a connection (and a thread to enter the netns) each time. A closed connection is
 //! replaced on the next request. Bodies are capped to what the agent reads — `/ready` and the
-//! `POST`s at [`SMALL_ANSWER_MAX`], `/stats` at the client's cap ([`DEFAULT_MAX_BODY`], set
+//! `POST`s at `SMALL_ANSWER_MAX`, `/stats` at the client's cap (`DEFAULT_MAX_BODY`, set
 //! lower by readiness) — and an answer over its cap is [`Error::TooLarge`], read no further:
 //! a pod's Envoy (or whatever listens on its admin port) cannot make the agent read megabytes.
 //! Every exchange has a connect and a response timeout. Failures are reported by kind through a callback
@@ -36,14 +36,14 @@ pub const DEFAULT_ADMIN_ADDR: SocketAddr = crate::mesh::REFERENCE_ADMIN;
 
 /// The cap of an answer that is a word or two (`/ready`: `LIVE`; the `POST`s: `OK`): Envoy's
 /// admin handlers write a status word (source/server/admin/admin.cc, server_cmd_handler.cc).
-pub const SMALL_ANSWER_MAX: usize = 4 * 1024;
+pub(crate) const SMALL_ANSWER_MAX: usize = 4 * 1024;
 
 /// The default cap of a `/stats` answer: the drain's sample, the largest the agent asks for,
 /// lists its filter's stats and two byte counters per HTTP or TCP listener prefix that carried
 /// traffic (`usedonly`). Measured on the simulated sidecar (Envoy 1.40 with Istio's listeners and
 /// stats matcher, docs/benchmarks.md, "Hostile pods"): 352 bytes; a sidecar whose TCP routes each name their cluster (`tcp.outbound|port||host.`)
 /// adds ~180 bytes per used route, so 1 MiB is ~5,000 used routes: far past any pod's.
-pub const DEFAULT_MAX_BODY: usize = 1 << 20;
+pub(crate) const DEFAULT_MAX_BODY: usize = 1 << 20;
 
 /// Where an admin client connects, as its errors and logs name it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -159,7 +159,7 @@ impl Error {
 }
 
 /// Result of this module.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Envoy's server state, as `/ready` reports it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -211,7 +211,7 @@ impl Stats {
     /// [`parse`](Self::parse), keeping only the values whose name `keep` accepts (the others
     /// count as `skipped`): what answers on a pod's admin port may list anything, and only
     /// what the agent reads takes memory.
-    pub fn parse_keeping(text: &str, keep: impl Fn(&str) -> bool) -> Stats {
+    pub(crate) fn parse_keeping(text: &str, keep: impl Fn(&str) -> bool) -> Stats {
         let mut stats = Stats::default();
         for line in text.lines() {
             let line = line.trim_end_matches('\r');
@@ -269,12 +269,12 @@ impl Response {
 
 /// Makes a connected, blocking TCP stream to an address within a timeout. Called on a blocking
 /// thread.
-pub type Connector =
+pub(crate) type Connector =
     Arc<dyn Fn(SocketAddr, Duration) -> std::io::Result<std::net::TcpStream> + Send + Sync>;
 
 /// Makes a connected, blocking Unix stream to Envoy's admin socket within a timeout. Called on a
 /// blocking thread.
-pub type UnixConnector =
+pub(crate) type UnixConnector =
     Arc<dyn Fn(Duration) -> std::io::Result<std::os::unix::net::UnixStream> + Send + Sync>;
 
 /// How a client reaches the admin API.
@@ -290,10 +290,10 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> AdminIo for
 
 /// Told the [`Error::kind`] of every failed request that is a real failure (see
 /// [`AdminClient::with_error_callback`]).
-pub type ErrorCallback = Arc<dyn Fn(&'static str) + Send + Sync>;
+pub(crate) type ErrorCallback = Arc<dyn Fn(&'static str) + Send + Sync>;
 
 /// The path that asks Envoy to exit (one definition, the mesh layer's).
-pub use crate::mesh::QUIT_PATH;
+pub(crate) use crate::mesh::QUIT_PATH;
 
 /// State shared by a client and its clones: the kept-alive connection.
 struct Shared {
@@ -379,7 +379,7 @@ impl AdminClient {
     }
 
     /// Sets both the connect and the response timeout.
-    pub fn with_timeout(self, timeout: Duration) -> AdminClient {
+    pub(crate) fn with_timeout(self, timeout: Duration) -> AdminClient {
         self.with_timeouts(timeout, timeout)
     }
 
@@ -401,7 +401,7 @@ impl AdminClient {
         self
     }
 
-    pub fn addr(&self) -> SocketAddr {
+    pub(crate) fn addr(&self) -> SocketAddr {
         self.addr
     }
 
@@ -439,7 +439,7 @@ impl AdminClient {
 
     /// Like [`stats_with`](Self::stats_with), keeping only the values `keep` accepts (see
     /// [`Stats::parse_keeping`]).
-    pub async fn stats_keeping(
+    pub(crate) async fn stats_keeping(
         &self,
         filter: Option<&str>,
         used_only: bool,
@@ -451,7 +451,7 @@ impl AdminClient {
 
     /// Like [`stats_keeping`](Self::stats_keeping), with the answer capped at `cap` bytes
     /// (never above the client's cap): more is [`Error::TooLarge`], read no further.
-    pub async fn stats_keeping_capped(
+    pub(crate) async fn stats_keeping_capped(
         &self,
         filter: Option<&str>,
         used_only: bool,
@@ -506,7 +506,12 @@ impl AdminClient {
     }
 
     /// [`request`](Self::request) with a body cap of at most `cap` (never above the client's).
-    pub async fn request_capped(&self, method: &str, path: &str, cap: usize) -> Result<Response> {
+    pub(crate) async fn request_capped(
+        &self,
+        method: &str,
+        path: &str,
+        cap: usize,
+    ) -> Result<Response> {
         let quit = method == "POST" && path == QUIT_PATH;
         let cap = cap.min(self.max_body);
         let result = self.request_uncounted(method, path, quit, cap).await;
@@ -521,7 +526,7 @@ impl AdminClient {
     }
 
     /// Envoy's admin on a Unix socket (`shown`: its path, for errors and logs), connected by
-    /// `connector` ([`crate::effects::admin_socket`]). [`AdminClient::addr`] is then
+    /// `connector` ([`crate::effects::admin_socket`]). `AdminClient::addr` is then
     /// `127.0.0.1:0` (no TCP port is the admin's).
     pub fn unix(shown: &str, connector: UnixConnector) -> AdminClient {
         let mut client = AdminClient::with_connector(
@@ -533,16 +538,11 @@ impl AdminClient {
         client
     }
 
-    /// What errors and logs name: the TCP address or the Unix socket.
-    pub fn shown(&self) -> &AdminAddr {
-        &self.shown
-    }
-
     /// Opens the kept-alive connection now if there is none, without a request, so that the
     /// next request does not wait for entering the netns and connecting (readiness does this
     /// while Envoy starts, to take the connect off the release's critical path). A failure is
     /// not counted: the next request connects again, and counts its own failure.
-    pub async fn connect_ahead(&self) {
+    pub(crate) async fn connect_ahead(&self) {
         let mut slot = self.shared.connection.lock().await;
         if slot.as_ref().is_some_and(|c| !c.is_closed()) {
             return;

@@ -20,20 +20,20 @@ use hyper_util::rt::TokioIo;
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 
 /// A connection ready for requests (one at a time). Dropping it closes the connection.
-pub struct Connection {
+pub(crate) struct Connection {
     sender: SendRequest<Empty<Bytes>>,
 }
 
 /// A complete response.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Answer {
+pub(crate) struct Answer {
     pub status: hyper::StatusCode,
     pub body: Vec<u8>,
 }
 
 /// Why an exchange failed.
 #[derive(Debug)]
-pub enum Failure {
+pub(crate) enum Failure {
     /// The request was not written (the connection was found closed first): safe to retry on a
     /// new connection, whatever the method.
     NotSent(String),
@@ -65,7 +65,7 @@ impl Connection {
     /// connection does (peer close, or this value dropped).
     /// `stream` is a `TcpStream` (admin client, `holdfast status --agent`) or a port-forward
     /// stream through the API server (`holdfast status --node`).
-    pub async fn handshake<S>(stream: S) -> Result<Connection, Failure>
+    pub(crate) async fn handshake<S>(stream: S) -> Result<Connection, Failure>
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
@@ -84,12 +84,12 @@ impl Connection {
     }
 
     /// Whether the peer has closed the connection (a new one is needed).
-    pub fn is_closed(&self) -> bool {
+    pub(crate) fn is_closed(&self) -> bool {
         self.sender.is_closed()
     }
 
     /// One request without a body; the answer's body is read whole, at most `max_body` bytes.
-    pub async fn exchange(
+    pub(crate) async fn exchange(
         &mut self,
         method: hyper::Method,
         path: &str,

@@ -3,8 +3,8 @@
 pub mod admin_socket;
 pub mod envoy_admin;
 pub mod hold;
-pub mod http1_client;
+pub(crate) mod http1_client;
 pub mod netns;
-pub mod netns_claims;
+pub(crate) mod netns_claims;
 pub mod node_taint;
 pub mod procfs;

@@ -62,7 +62,7 @@ pub enum Error {
 /// `NET_ADMIN` can fill its own tables, and `iptables -S` would print all of it into the
 /// agent's memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CommandLimits {
+pub(crate) struct CommandLimits {
     pub max_output: usize,
     pub timeout: Duration,
 }
@@ -82,7 +82,7 @@ impl Default for CommandLimits {
 }
 
 /// Result of this module.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Identity of a network namespace: device and inode of its nsfs file.
 #[derive(
@@ -104,7 +104,8 @@ impl NetnsId {
     }
 
     /// The netns of the calling thread (`/proc/thread-self/ns/net`).
-    pub fn current_thread() -> std::io::Result<NetnsId> {
+    #[cfg(test)]
+    pub(crate) fn current_thread() -> std::io::Result<NetnsId> {
         NetnsId::of_path(Path::new("/proc/thread-self/ns/net"))
     }
 }
@@ -126,11 +127,6 @@ pub struct PodNetns {
 }
 
 impl PodNetns {
-    /// Opens the netns of a process, `/proc/<pid>/ns/net`.
-    pub fn open_pid(pid: i32) -> Result<PodNetns> {
-        PodNetns::open_path(&Path::new("/proc").join(pid.to_string()).join("ns/net"))
-    }
-
     /// Opens a netns file such as `/proc/<pid>/ns/net` or `/run/netns/<name>`.
     pub fn open_path(path: &Path) -> Result<PodNetns> {
         let open_error = |source| Error::Open {
@@ -199,7 +195,7 @@ impl PodNetns {
 
     /// Runs a program inside this netns (forked from a thread in the netns, so the child inherits
     /// it), with arguments as a vector (never through a shell), optional stdin, and waits for it,
-    /// within the default [`CommandLimits`].
+    /// within the default `CommandLimits`.
     pub fn run_command(
         &self,
         program: &str,
@@ -211,7 +207,7 @@ impl PodNetns {
 
     /// [`run_command`](Self::run_command) within `limits`: output beyond `max_output` or a run
     /// beyond `timeout` kills the child and is an [`Error::CommandOverBound`].
-    pub fn run_command_limited(
+    pub(crate) fn run_command_limited(
         &self,
         program: &str,
         args: &[String],
@@ -301,10 +297,10 @@ fn xtables_lockfile(netns: NetnsId) -> String {
 /// pod that floods its own tables must not make a listing grow into the agent's memory limit
 /// (the children run in the agent's cgroup: on cgroup v2 nodes the kubelet sets
 /// `memory.oom.group`, and the whole agent would be killed).
-pub const CHILD_MAX_DATA: u64 = 16 << 20;
+pub(crate) const CHILD_MAX_DATA: u64 = 16 << 20;
 /// The most CPU time such a command may take (`RLIMIT_CPU`, soft: SIGXCPU; one second more:
 /// SIGKILL). Its wall time is bounded by [`CommandLimits::timeout`].
-pub const CHILD_MAX_CPU_SECS: u64 = 2;
+pub(crate) const CHILD_MAX_CPU_SECS: u64 = 2;
 
 /// Puts a just-started command inside its own bounds ([`CHILD_MAX_DATA`],
 /// [`CHILD_MAX_CPU_SECS`], no core file), with `prlimit(2)` on its pid: safe code, applied a

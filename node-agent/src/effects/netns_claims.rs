@@ -12,11 +12,13 @@ use crate::pod::PodKey;
 /// a stale or reused pid, and is refused (issue 25: pod A's drain must never reach pod B's
 /// Envoy). A [`NetnsClaim`] gives its namespace back on drop.
 #[derive(Debug, Clone, Default)]
-pub struct NetnsOwners(Arc<std::sync::Mutex<HashMap<crate::effects::netns::NetnsId, PodKey>>>);
+pub(crate) struct NetnsOwners(
+    Arc<std::sync::Mutex<HashMap<crate::effects::netns::NetnsId, PodKey>>>,
+);
 
 /// One pod's hold on a namespace in [`NetnsOwners`].
 #[derive(Debug)]
-pub struct NetnsClaim {
+pub(crate) struct NetnsClaim {
     owners: NetnsOwners,
     id: crate::effects::netns::NetnsId,
     uid: String,
@@ -24,7 +26,7 @@ pub struct NetnsClaim {
 
 impl NetnsOwners {
     /// Claims `id` for `pod`; `Err(owner)` when another tracked pod holds it.
-    pub fn claim(
+    pub(crate) fn claim(
         &self,
         id: crate::effects::netns::NetnsId,
         pod: &PodKey,

@@ -12,7 +12,7 @@
 
 use k8s_openapi::api::core::v1::{Node, Taint};
 
-pub use crate::api::StartupTaint;
+pub(crate) use crate::api::StartupTaint;
 use kube::api::{Patch, PatchParams};
 use kube::Api;
 
@@ -38,7 +38,7 @@ pub enum Error {
 }
 
 /// Result of this module.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The retry loop's first pause after a refused try, doubling up to [`MAX_RETRY_PAUSE`], which it
 /// then keeps for as long as the agent runs (one GET a minute: nothing for the API server).
@@ -71,7 +71,7 @@ pub struct TaintMetrics {
 
 impl TaintMetrics {
     /// What the removal found so far (`None`: it has not started: no API server source).
-    pub fn found(&self) -> Option<StartupTaint> {
+    pub(crate) fn found(&self) -> Option<StartupTaint> {
         match self.state.load(std::sync::atomic::Ordering::Relaxed) {
             1 => Some(StartupTaint::Pending),
             2 => Some(StartupTaint::Removed),
@@ -189,7 +189,7 @@ pub async fn remove_startup_taint(client: kube::Client, node: &str) -> Result<bo
 
 /// The JSON patch that removes every taint with [`STARTUP_TAINT_KEY`] from `taints` (the node's
 /// list as read), or `None` when there is none.
-pub fn removal_patch(taints: &[Taint]) -> Result<Option<json_patch::Patch>, String> {
+pub(crate) fn removal_patch(taints: &[Taint]) -> Result<Option<json_patch::Patch>, String> {
     if !taints.iter().any(|t| t.key == STARTUP_TAINT_KEY) {
         return Ok(None);
     }

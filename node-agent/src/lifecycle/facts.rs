@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 pub use crate::api::SidecarMode;
-pub use crate::effects::hold::HoldScope;
-pub use crate::pod::RestartPolicy;
+pub(crate) use crate::effects::hold::HoldScope;
+pub(crate) use crate::pod::RestartPolicy;
 use crate::pod::{
     app_end, AppEnd, ContainerRestart, ContainerState, ContainerView, Deletion, PodView,
 };

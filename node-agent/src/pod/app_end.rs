@@ -38,7 +38,7 @@ pub enum RestartPolicy {
 
 impl RestartPolicy {
     /// The spec's value; anything else is `Always` (the API server admits only these three).
-    pub fn from_spec(value: Option<&str>) -> RestartPolicy {
+    pub(crate) fn from_spec(value: Option<&str>) -> RestartPolicy {
         match value {
             Some("Never") => RestartPolicy::Never,
             Some("OnFailure") => RestartPolicy::OnFailure,
@@ -47,11 +47,11 @@ impl RestartPolicy {
     }
 
     /// A Job-like pod: the kubelet does not restart an app that finished (well).
-    pub fn is_job(self) -> bool {
+    pub(crate) fn is_job(self) -> bool {
         self != RestartPolicy::Always
     }
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             RestartPolicy::Always => "Always",
             RestartPolicy::OnFailure => "OnFailure",
@@ -97,7 +97,7 @@ impl RestartRule {
 impl ContainerRestart {
     /// Reads a container's spec: its `restartPolicy` (an unknown value reads as unset; the API
     /// server admits only the three) and `restartPolicyRules` (at most 64 read).
-    pub fn from_spec(c: &k8s_openapi::api::core::v1::Container) -> ContainerRestart {
+    pub(crate) fn from_spec(c: &k8s_openapi::api::core::v1::Container) -> ContainerRestart {
         let policy = match c.restart_policy.as_deref() {
             Some("Never") => Some(RestartPolicy::Never),
             Some("OnFailure") => Some(RestartPolicy::OnFailure),
@@ -133,7 +133,7 @@ impl ContainerRestart {
     /// Whether the kubelet restarts the container after it exited with `exit_code`
     /// (`ContainerShouldRestart`): the first matching rule that restarts, else the container's
     /// policy, else the pod's.
-    pub fn restarts_after(&self, pod: RestartPolicy, exit_code: i32) -> bool {
+    pub(crate) fn restarts_after(&self, pod: RestartPolicy, exit_code: i32) -> bool {
         let policy = match self.policy {
             Some(own) => {
                 if self
@@ -157,7 +157,7 @@ impl ContainerRestart {
 
     /// Whether the kubelet may restart the container at all (`IsContainerRestartable`): asked
     /// when the exit code is not known yet (procfs saw the processes go).
-    pub fn restartable(&self, pod: RestartPolicy) -> bool {
+    pub(crate) fn restartable(&self, pod: RestartPolicy) -> bool {
         match self.policy {
             Some(own) => self.rules.iter().any(|r| r.restarts) || own != RestartPolicy::Never,
             None => pod != RestartPolicy::Never,
@@ -172,7 +172,7 @@ const MAX_RULE_VALUES: usize = 256;
 
 /// Where one app container is now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AppNow {
+pub(crate) enum AppNow {
     /// Not started yet, or waiting to start again (CrashLoopBackOff).
     Waiting,
     /// Running (by the status, or with live processes).
@@ -185,7 +185,7 @@ pub enum AppNow {
 
 /// One regular app container, as far as the caller knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AppContainerEnd {
+pub(crate) struct AppContainerEnd {
     /// It ran at some point (a process seen, or the status says so).
     pub ran: bool,
     pub now: AppNow,
@@ -202,7 +202,10 @@ pub enum AppEnd {
 }
 
 /// The rule (see the module docs). A pod without app containers is never finished.
-pub fn app_end(policy: RestartPolicy, apps: impl IntoIterator<Item = AppContainerEnd>) -> AppEnd {
+pub(crate) fn app_end(
+    policy: RestartPolicy,
+    apps: impl IntoIterator<Item = AppContainerEnd>,
+) -> AppEnd {
     let mut any = false;
     let mut for_good = true;
     for app in apps {

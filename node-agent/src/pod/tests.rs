@@ -43,7 +43,7 @@ fn istio_proxy(env: serde_json::Value) -> serde_json::Value {
 
 /// An injected classic-sidecar pod (app first, istio-proxy appended, istio-init), merged with
 /// `extra` (objects merge, arrays replace).
-pub fn pod_json(extra: serde_json::Value) -> Pod {
+pub(crate) fn pod_json(extra: serde_json::Value) -> Pod {
     let mut base = json!({
         "apiVersion": "v1",
         "kind": "Pod",
@@ -254,7 +254,7 @@ fn waypoint_and_ztunnel_are_not_sidecars() {
 /// A native-sidecar pod as Istio 1.28 injects it, with `pre_stop` as the proxy's preStop exec
 /// command (`None`: no hook), a log shipper (a native sidecar) started after the proxy, the
 /// proxy and the shipper running.
-pub fn native_pod(pre_stop: Option<serde_json::Value>) -> Pod {
+pub(crate) fn native_pod(pre_stop: Option<serde_json::Value>) -> Pod {
     let mut proxy = istio_proxy(json!([]));
     proxy["restartPolicy"] = json!("Always");
     if let Some(cmd) = pre_stop {

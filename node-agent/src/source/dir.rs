@@ -51,7 +51,7 @@ pub enum Error {
     },
 }
 
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Largest pod file read; real Pod objects are a few KiB (the API server caps a whole object at
 /// 1.5 MiB, etcd's request limit), so 1 MiB leaves room and bounds what one file can cost.
@@ -144,11 +144,6 @@ impl PodsDir {
     pub fn with_problems(mut self, problems: SourceProblems) -> Self {
         self.problems = problems;
         self
-    }
-
-    /// The list this source reports its problems into.
-    pub fn problems(&self) -> &SourceProblems {
-        &self.problems
     }
 
     /// One full pass: the events since the previous pass (all pods on the first pass).

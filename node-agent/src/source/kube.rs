@@ -3,8 +3,8 @@
 //!
 //! This module owns:
 //! - building the API client from the in-cluster service account (or a kubeconfig), with an error
-//!   that says what is missing ([`KubePods::connect`]);
-//! - turning watcher events into [`PodEvent`]s ([`EventMapper`], pure and unit-tested), including
+//!   that says what is missing (`KubePods::connect`);
+//! - turning watcher events into [`PodEvent`]s (`EventMapper`, pure and unit-tested), including
 //!   the relist diff: after a re-list (the watcher restarts after a 410 Gone, a desync or a
 //!   reconnect), a pod known before and absent from the new list was deleted while the watch was
 //!   down, and is reported [`PodEvent::Deleted`] so it is not tracked forever;
@@ -15,7 +15,7 @@
 //!
 //! Idle cost per pod is nothing: one watch stream (one HTTP connection) for the whole node; with
 //! no pod changes the task is parked on that socket. There is no timer or poll per pod — the only
-//! per-pod state is a uid in [`EventMapper`]'s set — and the periodic work is per watch, not per
+//! per-pod state is a uid in `EventMapper`'s set — and the periodic work is per watch, not per
 //! pod: a re-watch when the server closes the stream (kube-runtime 5 `watcher::Config::default()`
 //! asks `timeoutSeconds=290`) and the API server's periodic bookmark events (`bookmarks: true`), both
 //! per watch. [`PodEvent::Synced`] is sent once, after the first complete list (`InitDone`).
@@ -47,7 +47,7 @@ pub enum Error {
     },
 }
 
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// How often a persisting watch error is logged at most (the first one is logged at once).
 const ERROR_LOG_INTERVAL: Duration = Duration::from_secs(30);
@@ -77,7 +77,7 @@ pub struct KubePods {
 
 impl KubePods {
     /// The API client this source watches with (shared with the event publisher).
-    pub fn client(&self) -> kube::Client {
+    pub(crate) fn client(&self) -> kube::Client {
         self.api.clone().into_client()
     }
 }
@@ -95,7 +95,7 @@ impl KubePods {
     /// if there is one, else the in-cluster service account (`KUBERNETES_SERVICE_HOST`/`_PORT`
     /// and the mounted token). No request is made here: an unreachable API server is retried by
     /// [`run`](Self::run), not reported as a startup error.
-    pub async fn connect(node: &str) -> Result<Self> {
+    pub(crate) async fn connect(node: &str) -> Result<Self> {
         match kube::Client::try_default().await {
             Ok(client) => Ok(Self::new(client, node)),
             Err(source) => Err(Error::ClientConfig {
@@ -114,7 +114,7 @@ impl KubePods {
     }
 
     /// The field selector every list and watch request carries.
-    pub fn field_selector(&self) -> String {
+    pub(crate) fn field_selector(&self) -> String {
         format!("spec.nodeName={}", self.node)
     }
 
@@ -188,7 +188,7 @@ fn missing_config() -> String {
 /// Turns watcher events into [`PodEvent`]s and keeps the set of known pod uids for the relist
 /// diff. Pure: no I/O, so every transition is unit-tested.
 #[derive(Debug, Default)]
-pub struct EventMapper {
+pub(crate) struct EventMapper {
     /// uids reported Applied and not since Deleted.
     known: HashSet<String>,
     /// During a (re)list: the uids listed so far.
@@ -199,7 +199,7 @@ pub struct EventMapper {
 
 impl EventMapper {
     /// The pod events one watcher event stands for.
-    pub fn map(&mut self, event: watcher::Event<Pod>) -> Vec<PodEvent> {
+    pub(crate) fn map(&mut self, event: watcher::Event<Pod>) -> Vec<PodEvent> {
         match event {
             watcher::Event::Apply(pod) => self.applied(pod, false),
             watcher::Event::InitApply(pod) => self.applied(pod, true),
@@ -238,7 +238,8 @@ impl EventMapper {
     }
 
     /// The uids currently considered present (for tests and diagnostics).
-    pub fn known(&self) -> impl Iterator<Item = &str> {
+    #[cfg(test)]
+    pub(crate) fn known(&self) -> impl Iterator<Item = &str> {
         self.known.iter().map(String::as_str)
     }
 

@@ -23,7 +23,7 @@ pub enum PodEvent {
     Synced,
 }
 
-pub use crate::api::status::SourceProblem;
+pub(crate) use crate::api::status::SourceProblem;
 
 /// A Pod object cut down to what the agent reads ([`crate::pod::PodView::from_pod`]): metadata
 /// (uid, name, namespace, annotations, deletion, resource version), the spec's node, host
@@ -37,7 +37,7 @@ pub use crate::api::status::SourceProblem;
 /// `managedFields` (often the largest part), volumes, images, resources, probes, conditions —
 /// is dropped before the object enters the agent's queue (issue 25: a node of large pods must
 /// not fill the agent's memory with fields it never reads).
-pub fn slim(pod: Pod) -> Pod {
+pub(crate) fn slim(pod: Pod) -> Pod {
     use k8s_openapi::api::core::v1::{
         Container, ExecAction, Lifecycle, LifecycleHandler, PodSpec, PodStatus,
     };
@@ -167,11 +167,11 @@ pub fn slim(pod: Pod) -> Pod {
 /// for each of them, so the pod gets the same outcome (a problem on its row, or left alone as
 /// not injected) without the agent carrying, hashing and parsing the value on each update
 /// (issue 29: the API server allows 256 KiB of annotations).
-pub const MAX_ANNOTATION_BYTES: usize = 16 * 1024;
+pub(crate) const MAX_ANNOTATION_BYTES: usize = 16 * 1024;
 
 /// What [`slim`] keeps of an annotation over [`MAX_ANNOTATION_BYTES`]: invalid as every
 /// annotation the agent reads, and says why.
-pub fn oversized_annotation(len: usize) -> String {
+pub(crate) fn oversized_annotation(len: usize) -> String {
     format!("(a value of {len} bytes, over the {MAX_ANNOTATION_BYTES} holdfast reads)")
 }
 
@@ -183,19 +183,14 @@ pub struct SourceProblems {
 
 impl SourceProblems {
     /// Replaces the current list (a source reports its whole picture each time it looks).
-    pub fn set(&self, problems: Vec<SourceProblem>) {
+    pub(crate) fn set(&self, problems: Vec<SourceProblem>) {
         *self.inner.lock().unwrap_or_else(|e| e.into_inner()) = problems;
     }
 
     /// How many problems there are now (the status API's `holdfast_source_problems`, set at
     /// scrape time from the same list `/status` serves).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.inner.lock().unwrap_or_else(|e| e.into_inner()).len()
-    }
-
-    /// No problem now.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// A copy of the current list.

@@ -151,7 +151,6 @@ fn clean() -> ClusterView {
                     startup_taint: Some(StartupTaint::Removed),
                     ..status("node-a", vec![pod("web-1"), drained("web-2"), old])
                 }),
-                elapsed: Duration::from_millis(20),
             },
             AgentAnswer {
                 pod: "holdfast-b".into(),
@@ -160,7 +159,6 @@ fn clean() -> ClusterView {
                     startup_taint: Some(StartupTaint::NotThere),
                     ..status("node-b", vec![consul])
                 }),
-                elapsed: Duration::from_millis(25),
             },
         ],
         problems: vec![],

@@ -4,7 +4,10 @@ use crate::api::{
     DrainOutcome, DrainReport, FilterCounts, HoldOutcome, HoldRecord, IdleReason, JobOutcome,
     JobReport, Phase, PodStatus, QuitReason, SidecarMode, TimestampMeaning,
 };
-use crate::cli::table::{needs_escape, wrap_limited, NATIVE_DETAIL};
+use crate::cli::table::{
+    escape_controls, fit_middle, needs_escape, short_duration, short_ms, wrap_limited,
+    NATIVE_DETAIL,
+};
 use std::io::Read;
 use std::net::TcpListener;
 

@@ -67,7 +67,7 @@ impl Error {
     /// Whether a command run in the pod's namespace broke its own bounds (the pod's tables
     /// made it too costly): `Some(false)` now, `Some(true)` before (the namespace remembers it,
     /// [`rules::BOUND_CHAIN`]); `None` for any other failure. See [`HoldQueue::disarm_and_mark`].
-    pub fn over_bound(&self) -> Option<bool> {
+    pub(crate) fn over_bound(&self) -> Option<bool> {
         match self {
             Error::Netns(crate::effects::netns::Error::CommandOverBound { .. }) => Some(false),
             Error::Rules(e) => e.over_bound(),
@@ -77,12 +77,12 @@ impl Error {
 }
 
 /// Result of this module.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Distinct connections a hold remembers (to count them): a pod's startup burst opens tens to
 /// hundreds. Past this, packets are still held and counted, connections no more (the count
 /// then reads "at least").
-pub const MAX_TRACKED_FLOWS: usize = 4096;
+pub(crate) const MAX_TRACKED_FLOWS: usize = 4096;
 
 /// How to hold.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -108,7 +108,7 @@ impl Default for HoldConfig {
 /// What one pod's hold covers, beyond the capture ports: decided by the lifecycle from the pod's
 /// facts (`lifecycle::facts::hold_scope`), applied here.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct HoldScope {
+pub(crate) struct HoldScope {
     /// Hold the pod's IPv6 connections too (ip6tables rules).
     pub ipv6: bool,
     /// Hold DNS to the mesh's DNS proxy (its DNS capture is on: Istio's pilot-agent on 15053).
@@ -118,7 +118,7 @@ pub struct HoldScope {
 impl HoldConfig {
     /// The hold for one pod: the node's settings, and what the pod's own shape asks for.
     /// The proxy's uid and ports are its mesh's (`profile`), never held by the hold itself.
-    pub fn for_pod(
+    pub(crate) fn for_pod(
         config: &crate::config::Config,
         profile: &crate::mesh::MeshProfile,
         scope: HoldScope,
@@ -198,7 +198,7 @@ struct Shared {
 /// Wakes the hold's owner when the hold stops holding on its own (the holder thread failed, or
 /// stopped reading forged messages): see [`HoldQueue::stopped`]. A wake-up before anyone waits
 /// is kept (one permit), so it is never lost.
-pub type StopSignal = Arc<tokio::sync::Notify>;
+pub(crate) type StopSignal = Arc<tokio::sync::Notify>;
 
 impl Shared {
     /// Counts packets that now wait for a verdict.
@@ -347,7 +347,7 @@ impl HoldQueue {
     /// [`adopt`](Self::adopt) if the netns has a hold, else [`start`](Self::start), listing the
     /// rules once (each `iptables` run costs milliseconds, and a pod's init window is short).
     /// Returns the hold and whether it was adopted.
-    pub fn start_or_adopt(netns: &PodNetns, cfg: &HoldConfig) -> Result<(HoldQueue, bool)> {
+    pub(crate) fn start_or_adopt(netns: &PodNetns, cfg: &HoldConfig) -> Result<(HoldQueue, bool)> {
         let per_family = rules::find_per_family(netns, &cfg.rules)?;
         let found = rules::merge(&per_family);
         if found.is_active() {
@@ -372,7 +372,7 @@ impl HoldQueue {
     /// holdfast's chains, so nothing is held, and marks the namespace so that no later look —
     /// this agent's or a successor's — runs anything heavier there than a cheap probe
     /// ([`rules::disarm_and_mark`]). No listing.
-    pub fn disarm_and_mark(netns: &PodNetns, cfg: &HoldConfig) -> Result<()> {
+    pub(crate) fn disarm_and_mark(netns: &PodNetns, cfg: &HoldConfig) -> Result<()> {
         Ok(rules::disarm_and_mark(netns, &cfg.rules, unix_now())?)
     }
 
@@ -433,11 +433,6 @@ impl HoldQueue {
         })
     }
 
-    /// The netns this hold is in.
-    pub fn netns_id(&self) -> NetnsId {
-        self.netns.id()
-    }
-
     /// The queue number in use.
     pub fn queue_num(&self) -> u16 {
         self.cfg.rules.queue_num
@@ -492,13 +487,13 @@ impl HoldQueue {
     /// than 0). The holder thread stopped reading at once (a flood costs the agent nothing
     /// more; the kernel fails new packets open when the socket's buffer is full); release the
     /// hold.
-    pub fn tampered(&self) -> Option<String> {
+    pub(crate) fn tampered(&self) -> Option<String> {
         lock(&self.shared).tampered.clone()
     }
 
     /// Why the holder thread stopped, if it did. The queue is then closed: held SYNs were
     /// dropped (TCP retransmits them) and new ones bypass it. Call `release` to lift the rules.
-    pub fn failure(&self) -> Option<String> {
+    pub(crate) fn failure(&self) -> Option<String> {
         lock(&self.shared).failure.clone()
     }
 
@@ -506,7 +501,7 @@ impl HoldQueue {
     /// ([`failure`](Self::failure)) or a forged message stopped it reading
     /// ([`tampered`](Self::tampered)). Await `notified()` on it beside other work, so the hold
     /// is released at once rather than at the next readiness check or its deadline.
-    pub fn stopped(&self) -> StopSignal {
+    pub(crate) fn stopped(&self) -> StopSignal {
         self.stopped.clone()
     }
 

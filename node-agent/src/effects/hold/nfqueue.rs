@@ -9,8 +9,8 @@
 //! id 0, as libnfnetlink checks (`nfnl_recv`: "sender is not kernel"). Any process with
 //! `CAP_NET_ADMIN` in the pod's namespace can send netlink messages to this socket's port id
 //! (listed in `/proc/net/netfilter/nfnetlink_queue`); such a message is dropped unread and
-//! counted ([`NfQueue::forged`]), and [`crate::effects::hold::HoldQueue`] then fails the pod
-//! open. At most [`MAX_DATAGRAMS_PER_READ`] datagrams are read per call, so a flood can never
+//! counted (`NfQueue::forged`), and [`crate::effects::hold::HoldQueue`] then fails the pod
+//! open. At most `MAX_DATAGRAMS_PER_READ` datagrams are read per call, so a flood can never
 //! keep the reader from its stop signal.
 //!
 //! Configuration: copy 128 bytes of each packet (enough for the IP and TCP headers, from which the
@@ -74,17 +74,17 @@ pub enum Error {
 }
 
 /// Result of this module.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// IP protocol number of TCP.
 pub const IPPROTO_TCP: u8 = 6;
 /// IP protocol number of UDP.
-pub const IPPROTO_UDP: u8 = 17;
+pub(crate) const IPPROTO_UDP: u8 = 17;
 
 /// A TCP or UDP flow, read from a queued packet's headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Flow {
-    /// [`IPPROTO_TCP`] or [`IPPROTO_UDP`].
+    /// [`IPPROTO_TCP`] or `IPPROTO_UDP`.
     pub protocol: u8,
     pub src: IpAddr,
     pub src_port: u16,
@@ -110,7 +110,7 @@ const RECV_BUF: usize = 8 * 1024;
 
 /// Datagrams one [`NfQueue::recv_packets`] reads at most; the caller polls again (and sees its
 /// stop signal) before reading more. A burst of 100 SYNs at once is read in one call.
-pub const MAX_DATAGRAMS_PER_READ: usize = 256;
+pub(crate) const MAX_DATAGRAMS_PER_READ: usize = 256;
 
 /// What one read from the socket brought.
 enum Received {
@@ -123,7 +123,7 @@ enum Received {
 /// A bound NFQUEUE. Closing it (drop) unbinds the queue, and the kernel then DROPS every packet
 /// still waiting for a verdict: accept them first (see [`crate::effects::hold::HoldQueue::release`]).
 #[derive(Debug)]
-pub struct NfQueue {
+pub(crate) struct NfQueue {
     fd: OwnedFd,
     queue_num: u16,
     seq: u32,
@@ -139,7 +139,7 @@ pub struct NfQueue {
 impl NfQueue {
     /// Opens a netlink socket in the CALLING THREAD's netns and binds queue `queue_num`, with
     /// copy range, max length and fail-open set in the same message.
-    pub fn bind(queue_num: u16, max_len: u32) -> Result<NfQueue> {
+    pub(crate) fn bind(queue_num: u16, max_len: u32) -> Result<NfQueue> {
         let fd = socket(
             AddressFamily::Netlink,
             SockType::Raw,
@@ -186,14 +186,14 @@ impl NfQueue {
         Ok(queue)
     }
 
-    pub fn queue_num(&self) -> u16 {
+    pub(crate) fn queue_num(&self) -> u16 {
         self.queue_num
     }
 
     /// Reads the packets available now (non-blocking, at most [`MAX_DATAGRAMS_PER_READ`]
     /// datagrams) into `out`; returns how many were added. Datagrams not from the kernel are
     /// dropped and counted ([`NfQueue::forged`]).
-    pub fn recv_packets(&mut self, out: &mut Vec<QueuedPacket>) -> Result<usize> {
+    pub(crate) fn recv_packets(&mut self, out: &mut Vec<QueuedPacket>) -> Result<usize> {
         let before = out.len();
         out.extend(self.pending.drain(..));
         for _ in 0..MAX_DATAGRAMS_PER_READ {
@@ -212,12 +212,12 @@ impl NfQueue {
 
     /// Datagrams dropped so far because their sender was not the kernel, and the first
     /// sender's port id.
-    pub fn forged(&self) -> (u64, Option<u32>) {
+    pub(crate) fn forged(&self) -> (u64, Option<u32>) {
         (self.forged, self.forged_from)
     }
 
     /// Accepts every waiting packet with an id up to and including `max_id` (one batch verdict).
-    pub fn accept_up_to(&mut self, max_id: u32) -> Result<()> {
+    pub(crate) fn accept_up_to(&mut self, max_id: u32) -> Result<()> {
         let mut attrs = Vec::new();
         // struct nfqnl_msg_verdict_hdr { __be32 verdict; __be32 id; }
         let mut verdict = NF_ACCEPT.to_be_bytes().to_vec();
@@ -228,7 +228,7 @@ impl NfQueue {
     }
 
     /// Waits until the socket is readable or `timeout` passes; `true` if readable.
-    pub fn wait_readable(&self, timeout: Duration) -> Result<bool> {
+    pub(crate) fn wait_readable(&self, timeout: Duration) -> Result<bool> {
         let millis = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
         let mut fds = [PollFd::new(self.fd.as_fd(), PollFlags::POLLIN)];
         match poll(&mut fds, PollTimeout::from(millis)) {

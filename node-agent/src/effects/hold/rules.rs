@@ -18,7 +18,7 @@
 //! tools/istio-iptables/pkg/capture/run.go; golden `testdata/ipv6-inbound-ports.golden`), and the
 //! kernel's REDIRECT of a locally generated packet rewrites it to the loopback address of its
 //! family (`nf_nat_redirect_ipv6`: `::1`). IPv6 is best effort: if `ip6tables` is missing or
-//! fails, the IPv4 hold stands and the error is reported (see [`Installed::ipv6_error`]).
+//! fails, the IPv4 hold stands and the error is reported (see `Installed::ipv6_error`).
 //!
 //! **DNS** ([`RuleSpec::dns_port`]): with `ISTIO_META_DNS_CAPTURE`, istio-iptables appends
 //! `-A ISTIO_OUTPUT -j ISTIO_OUTPUT_DNS` after the uid/gid 1337 RETURNs, and in ISTIO_OUTPUT_DNS
@@ -40,12 +40,12 @@
 //! exists at all (no output to read); only if one does, `iptables -S <chain>` lists it and
 //! `iptables -C` checks each jump as holdfast writes it.
 //!
-//! **Over its bounds, remembered** ([`BOUND_CHAIN`]): a command in a pod's namespace runs with
+//! **Over its bounds, remembered** (`BOUND_CHAIN`): a command in a pod's namespace runs with
 //! bounds of its own (`effects::netns`). iptables-nft 1.8.9 fetches the whole table for any
 //! listing, check or rule deletion — `-S <chain>` of a 50,000-rule table took 2.2 s and 68 MB
 //! here — while creating, flushing and deleting chains and adding rules cost ~20 ms and 2 MB
 //! whatever the table holds. So a flooded table breaks the bounds of a listing or a release, and
-//! the pod is failed open: [`disarm_and_mark`] empties holdfast's chains (nothing is held) and
+//! the pod is failed open: `disarm_and_mark` empties holdfast's chains (nothing is held) and
 //! creates `HOLDFAST_BOUND` with the time in a comment, in one cheap transaction; every later
 //! look — a restarted agent's too — first probes for that chain, cheaply, and runs nothing
 //! heavier in that namespace ([`Error::Remembered`]).
@@ -53,16 +53,16 @@
 use crate::effects::netns::PodNetns;
 
 /// Chain holding the outbound rule, jumped to from `OUTPUT`.
-pub const OUT_CHAIN: &str = "HOLDFAST_OUT";
+pub(crate) const OUT_CHAIN: &str = "HOLDFAST_OUT";
 /// Chain holding the inbound rule, jumped to from `INPUT`.
-pub const IN_CHAIN: &str = "HOLDFAST_IN";
+pub(crate) const IN_CHAIN: &str = "HOLDFAST_IN";
 /// Comment on every holdfast rule.
-pub const COMMENT: &str = "holdfast";
+pub(crate) const COMMENT: &str = "holdfast";
 /// The chain whose presence says a command in this namespace broke its bounds (see the module
 /// docs): made by [`disarm_and_mark`], probed before any listing.
-pub const BOUND_CHAIN: &str = "HOLDFAST_BOUND";
+pub(crate) const BOUND_CHAIN: &str = "HOLDFAST_BOUND";
 /// The comment of the rule in [`BOUND_CHAIN`]: `holdfast-over-bound-ms=<Unix milliseconds>`.
-pub const BOUND_PREFIX: &str = "holdfast-over-bound-ms=";
+pub(crate) const BOUND_PREFIX: &str = "holdfast-over-bound-ms=";
 
 /// Errors of this module.
 #[derive(Debug, thiserror::Error)]
@@ -78,7 +78,7 @@ pub enum Error {
         stderr: String,
     },
     /// A command in this namespace broke its bounds before (this agent's or a previous one's:
-    /// [`BOUND_CHAIN`] is there), so none is run again to look.
+    /// `BOUND_CHAIN` is there), so none is run again to look.
     #[error("a command the agent ran in network namespace {0:?} broke its bounds before (holdfast's {BOUND_CHAIN} marker is there): nothing more is run there")]
     Remembered(crate::effects::netns::NetnsId),
 }
@@ -87,7 +87,7 @@ impl Error {
     /// Whether a command broke its own bounds (its output, time, memory or CPU: the pod's
     /// tables made it too costly), now or before (`Some(true)`: remembered, [`BOUND_CHAIN`]);
     /// `None` for any other failure.
-    pub fn over_bound(&self) -> Option<bool> {
+    pub(crate) fn over_bound(&self) -> Option<bool> {
         match self {
             Error::Netns(crate::effects::netns::Error::CommandOverBound { .. }) => Some(false),
             Error::Remembered(_) => Some(true),
@@ -97,7 +97,7 @@ impl Error {
 }
 
 /// Result of this module.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// What to hold and how.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -126,7 +126,7 @@ pub struct RuleSpec {
     pub ip6tables_restore: String,
     /// When the hold began (Unix milliseconds), written into the chain as a marker rule so that an
     /// agent adopting the hold counts its deadline from the hold's start, not its own
-    /// ([`SINCE_PREFIX`]). `None` writes no marker (what agents before it wrote).
+    /// (`SINCE_PREFIX`). `None` writes no marker (what agents before it wrote).
     #[serde(skip)]
     pub since: Option<u64>,
 }
@@ -136,7 +136,7 @@ pub struct RuleSpec {
 /// (a rule without `-j` only counts); the chain's flush at release removes it with the rest.
 /// A pod (it may write rules in its own namespace) can forge it only to shorten its own hold:
 /// the deadline is counted from it, never past `--max-hold-timeout` from the agent's own look.
-pub const SINCE_PREFIX: &str = "holdfast-since-ms=";
+pub(crate) const SINCE_PREFIX: &str = "holdfast-since-ms=";
 
 /// An address family: iptables or ip6tables.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,14 +150,6 @@ impl Family {
         match self {
             Family::V4 => "127.0.0.1/32",
             Family::V6 => "::1/128",
-        }
-    }
-
-    /// The family's name in messages.
-    pub fn name(self) -> &'static str {
-        match self {
-            Family::V4 => "IPv4",
-            Family::V6 => "IPv6",
         }
     }
 
@@ -178,7 +170,7 @@ impl Family {
 
 impl RuleSpec {
     /// The families the hold covers.
-    pub fn families(&self) -> &'static [Family] {
+    pub(crate) fn families(&self) -> &'static [Family] {
         if self.ipv6 {
             &[Family::V4, Family::V6]
         } else {
@@ -209,7 +201,7 @@ impl Default for RuleSpec {
     }
 }
 
-/// A hold found in a netns by [`find`].
+/// A hold found in a netns by `find`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct FoundHold {
     /// Queue number of the first NFQUEUE rule in the holdfast chains, if any.
@@ -218,11 +210,11 @@ pub struct FoundHold {
     pub queue_rules: usize,
     /// `-A OUTPUT ... -j HOLDFAST_OUT` / `-A INPUT ... -j HOLDFAST_IN` rules, as printed by `-S`
     /// ([`parse_found`]), or as holdfast writes them where `iptables -C` found them
-    /// ([`find`]).
+    /// (`find`).
     pub jumps: Vec<String>,
     /// Holdfast chains that exist.
     pub chains: Vec<String>,
-    /// When the hold began, by its marker rule ([`SINCE_PREFIX`]; the earliest if several).
+    /// When the hold began, by its marker rule (`SINCE_PREFIX`; the earliest if several).
     pub since: Option<u64>,
 }
 
@@ -234,7 +226,7 @@ impl FoundHold {
 }
 
 /// The hold rules of one family as argument vectors for `iptables -A`, without the table flag.
-pub fn hold_rules(spec: &RuleSpec, family: Family) -> Vec<Vec<String>> {
+pub(crate) fn hold_rules(spec: &RuleSpec, family: Family) -> Vec<Vec<String>> {
     let queue = spec.queue_num.to_string();
     let uid = spec.proxy_uid.to_string();
     // Every rule ends the same way: marked as ours, queued, passed when no agent is bound.
@@ -306,7 +298,7 @@ pub fn hold_rules(spec: &RuleSpec, family: Family) -> Vec<Vec<String>> {
 }
 
 /// The jumps from the built-in chains, inserted first so no earlier ACCEPT skips the hold.
-pub fn jump_rules() -> Vec<Vec<String>> {
+pub(crate) fn jump_rules() -> Vec<Vec<String>> {
     vec![
         args(&[
             "-I",
@@ -378,7 +370,7 @@ fn canonical_jumps() -> [(&'static str, &'static str, String); 2] {
 /// holdfast's own rule text and chain names only, never from the text the pod's table printed
 /// (issue 29: a pod writes its own table, and `-D <its spec>` would hand its text to
 /// iptables-restore's parser). A jump the pod added in another form keeps the chain referenced
-/// and the transaction fails: [`flush_script`] then empties the chains instead.
+/// and the transaction fails: `flush_script` then empties the chains instead.
 pub fn remove_script(existing: &FoundHold) -> Option<String> {
     if existing.jumps.is_empty() && existing.chains.is_empty() {
         return None;
@@ -400,7 +392,7 @@ pub fn remove_script(existing: &FoundHold) -> Option<String> {
 
 /// `iptables-restore --noflush` input that empties holdfast's chains in `existing` (a jump to an
 /// empty chain returns at once: nothing is held), for when they cannot be removed.
-pub fn flush_script(existing: &FoundHold) -> Option<String> {
+pub(crate) fn flush_script(existing: &FoundHold) -> Option<String> {
     let chains = holdfast_chains(existing);
     if chains.is_empty() {
         return None;
@@ -488,13 +480,13 @@ fn run_checked(
 
 /// Reads the holdfast rules present in the netns (all families of `spec`, merged). An IPv6
 /// table that cannot be listed counts as holding nothing (see [`find_per_family`]).
-pub fn find(netns: &PodNetns, spec: &RuleSpec) -> Result<FoundHold> {
+pub(crate) fn find(netns: &PodNetns, spec: &RuleSpec) -> Result<FoundHold> {
     Ok(merge(&find_per_family(netns, spec)?))
 }
 
 /// What the probe ([`probe_script`]) says about a namespace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Probe {
+pub(crate) enum Probe {
     /// No holdfast chain: nothing of holdfast's is there (a jump needs its chain).
     Nothing,
     /// [`BOUND_CHAIN`] is there.
@@ -508,7 +500,7 @@ pub enum Probe {
 /// exists ("Chain already exists" otherwise, at the line of the first that does). Creating and
 /// deleting chains costs iptables-nft the same whatever the rest of the table holds (20 ms and
 /// 2 MB beside 50,000 rules, against 2.2 s and 68 MB for `-S <chain>`).
-pub fn probe_script() -> String {
+pub(crate) fn probe_script() -> String {
     let mut script = String::from("*filter\n");
     for chain in [BOUND_CHAIN, OUT_CHAIN, IN_CHAIN] {
         script.push_str(&format!("-N {chain}\n-X {chain}\n"));
@@ -520,7 +512,7 @@ pub fn probe_script() -> String {
 /// Reads the probe's end: success is [`Probe::Nothing`]; a failure at line 2 (`-N` of
 /// [`BOUND_CHAIN`], iptables-restore's "line 2 failed", nft and legacy alike) is
 /// [`Probe::Remembered`]; any other failure is [`Probe::List`].
-pub fn parse_probe(success: bool, stderr: &str) -> Probe {
+pub(crate) fn parse_probe(success: bool, stderr: &str) -> Probe {
     if success {
         Probe::Nothing
     } else if stderr.contains("line 2 failed") {
@@ -587,7 +579,7 @@ fn find_family(netns: &PodNetns, spec: &RuleSpec, family: Family) -> Result<Foun
 
 /// Per address family, what [`find_per_family`] saw.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FoundPerFamily {
+pub(crate) struct FoundPerFamily {
     /// The families whose tables were listed, with what they hold.
     pub families: Vec<(Family, FoundHold)>,
     /// Why the IPv6 table could not be listed (IPv6 is then left out: fail open).
@@ -596,7 +588,7 @@ pub struct FoundPerFamily {
 
 impl FoundPerFamily {
     /// Nothing found, for a namespace known to be new: every family of `spec` is installed.
-    pub fn nothing(spec: &RuleSpec) -> FoundPerFamily {
+    pub(crate) fn nothing(spec: &RuleSpec) -> FoundPerFamily {
         FoundPerFamily {
             families: spec
                 .families()
@@ -610,7 +602,7 @@ impl FoundPerFamily {
 
 /// What [`install_over`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Installed {
+pub(crate) struct Installed {
     /// The families whose rules are in force.
     pub families: Vec<Family>,
     /// Why IPv6 is not held although asked for (`ip6tables` missing or failing): IPv4 is held
@@ -620,7 +612,7 @@ pub struct Installed {
 
 /// [`find`], keeping each family's findings apart (for [`install_over`]). IPv4 must list; an
 /// IPv6 failure is recorded in [`FoundPerFamily::ipv6_error`] and the family left out.
-pub fn find_per_family(netns: &PodNetns, spec: &RuleSpec) -> Result<FoundPerFamily> {
+pub(crate) fn find_per_family(netns: &PodNetns, spec: &RuleSpec) -> Result<FoundPerFamily> {
     let mut found = FoundPerFamily::default();
     for &family in spec.families() {
         match (family, find_family(netns, spec, family)) {
@@ -636,7 +628,7 @@ pub fn find_per_family(netns: &PodNetns, spec: &RuleSpec) -> Result<FoundPerFami
 }
 
 /// Merges per-family findings into one [`FoundHold`].
-pub fn merge(found: &FoundPerFamily) -> FoundHold {
+pub(crate) fn merge(found: &FoundPerFamily) -> FoundHold {
     let mut merged = FoundHold::default();
     for (_, f) in &found.families {
         merged.queue_num = merged.queue_num.or(f.queue_num);
@@ -657,7 +649,7 @@ pub fn merge(found: &FoundPerFamily) -> FoundHold {
 /// busy node each child took 20–90 ms; issue 29). IPv4's failure is an error (the caller
 /// clears what did go in); an IPv6 failure (or an IPv6 table that could not be listed) is
 /// reported in [`Installed::ipv6_error`] and leaves the IPv4 hold in force.
-pub fn install_over(
+pub(crate) fn install_over(
     netns: &PodNetns,
     spec: &RuleSpec,
     existing: &FoundPerFamily,
@@ -716,7 +708,7 @@ pub fn install_over(
 /// it into a namespace that had none: one jump per built-in chain, then the chains. It fails as
 /// a whole (a transaction) if the table differs — a jump already gone, or a second jump to our
 /// chain (`-X` then refuses: the chain is still referenced) — and changes nothing then.
-pub fn installed_removal_script() -> String {
+pub(crate) fn installed_removal_script() -> String {
     let mut script = String::from("*filter\n");
     for jump in jump_rules() {
         // `-I CHAIN 1 spec` → `-D CHAIN spec`.
@@ -737,7 +729,11 @@ pub fn installed_removal_script() -> String {
 /// family where that transaction fails (someone changed the table) and every family not in
 /// `installed` are cleared as [`remove`] does, by listing first. `true` if anything was
 /// removed.
-pub fn remove_installed(netns: &PodNetns, spec: &RuleSpec, installed: &[Family]) -> Result<bool> {
+pub(crate) fn remove_installed(
+    netns: &PodNetns,
+    spec: &RuleSpec,
+    installed: &[Family],
+) -> Result<bool> {
     let restore = args(&["-w", "5", "--noflush"]);
     let script = installed_removal_script();
     let mut removed = Vec::new();
@@ -762,7 +758,7 @@ pub fn remove_installed(netns: &PodNetns, spec: &RuleSpec, installed: &[Family])
 /// are not: an empty chain holds nothing) and creates [`BOUND_CHAIN`] with a rule dated `at_ms`
 /// (Unix milliseconds): only chain declarations and an appended rule, which iptables-nft does at
 /// the same small cost whatever the pod's table holds.
-pub fn disarm_script(at_ms: u64) -> String {
+pub(crate) fn disarm_script(at_ms: u64) -> String {
     format!(
         "*filter\n:{OUT_CHAIN} - [0:0]\n:{IN_CHAIN} - [0:0]\n:{BOUND_CHAIN} - [0:0]\n\
          -A {BOUND_CHAIN} -m comment --comment {BOUND_PREFIX}{at_ms}\nCOMMIT\n"
@@ -773,7 +769,7 @@ pub fn disarm_script(at_ms: u64) -> String {
 /// the namespace remembers it for every later look, this agent's or a successor's ([`find`]
 /// answers [`Error::Remembered`] from then on). One cheap transaction per family, no listing;
 /// IPv6 best effort.
-pub fn disarm_and_mark(netns: &PodNetns, spec: &RuleSpec, at_ms: u64) -> Result<()> {
+pub(crate) fn disarm_and_mark(netns: &PodNetns, spec: &RuleSpec, at_ms: u64) -> Result<()> {
     let restore = args(&["-w", "5", "--noflush"]);
     for family in [Family::V4, Family::V6] {
         match (
@@ -863,7 +859,7 @@ fn remove_found(
 /// not known yet, and a successor (or this agent, once the IPs are in the status) may hold a
 /// spec for an IPv4-only pod. Removing with that spec left the IPv6 rules behind (the chaos soak
 /// found them in running pods after agent restarts).
-pub fn remove(netns: &PodNetns, spec: &RuleSpec) -> Result<bool> {
+pub(crate) fn remove(netns: &PodNetns, spec: &RuleSpec) -> Result<bool> {
     remove_families(netns, spec, &[Family::V4, Family::V6])
 }
 

@@ -51,7 +51,7 @@ pub fn parse_pod_cgroup(proc_pid_cgroup_contents: &str) -> Option<PodCgroup> {
 /// (`/kubepods/burstable/pod<uid>`, `/kubepods.slice/.../kubepods-burstable-pod<uid_>.slice`).
 /// `None` for cgroup v1, for runc's `slice:prefix:name` form, and for a path seen through a
 /// cgroup namespace (`/../..`: not under the agent's mount) — the callers then list `/proc`.
-pub fn pod_dir_v2(proc_pid_cgroup_contents: &str) -> Option<String> {
+pub(crate) fn pod_dir_v2(proc_pid_cgroup_contents: &str) -> Option<String> {
     let path = proc_pid_cgroup_contents
         .lines()
         .find_map(|l| l.strip_prefix("0::"))?

@@ -10,11 +10,11 @@
 
 pub mod cgroup;
 pub mod pod_procs;
-pub mod proxy_procs;
+pub(crate) mod proxy_procs;
 pub mod sock_diag;
 pub mod sockets;
 
-pub use crate::effects::netns::NetnsId;
+pub(crate) use crate::effects::netns::NetnsId;
 pub use cgroup::{parse_pod_cgroup, PodCgroup};
 
 /// Errors of this module.
@@ -25,7 +25,7 @@ pub enum Error {
 }
 
 /// Result of this module.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Checks that the procfs at `proc_root` is one of the agent's own pid namespace: the pids it
 /// lists are the ones the agent's `pidfd_open` and signals mean. A procfs of another pid
@@ -48,7 +48,7 @@ pub fn check_proc_root(proc_root: &std::path::Path) -> std::result::Result<(), S
 }
 
 /// The decision of [`check_proc_root`], from what `<proc_root>/self` reads (`Err`: why not).
-pub fn proc_root_is_ours(
+pub(crate) fn proc_root_is_ours(
     proc_root: &std::path::Path,
     self_link: std::result::Result<String, String>,
     pid: u32,

@@ -10,15 +10,15 @@
 //! process can exit and its pid be given to another pod's process (pids wrap around — 32768 by
 //! default — and a pod can hasten that by forking). So a pid is tied to its pod by its start
 //! time as well (`/proc/<pid>/stat` field 22, recorded when it was classified), and whenever a
-//! pod's processes are handed out ([`PodProcs::of_pod`]) each is checked again: a different
+//! pod's processes are handed out (`PodProcs::of_pod`) each is checked again: a different
 //! start time means a different process, classified anew. The netns lookup goes further: it
 //! opens a pidfd first, reads the cgroup and the start time again, opens `ns/net`, and checks
 //! the pidfd has not exited since — so the namespace opened is the one of the process whose
-//! cgroup said it is the pod's ([`PodProcs::find_netns`]).
+//! cgroup said it is the pod's (`PodProcs::find_netns`).
 //!
 //! **A pod's own cgroup, not all of `/proc`.** Once one of a pod's processes is classified on a
 //! cgroup v2 node (the agent sees the node's cgroup paths), the pod's cgroup directory is known
-//! ([`crate::effects::procfs::cgroup::pod_dir_v2`]), and later questions about that pod read
+//! (`crate::effects::procfs::cgroup::pod_dir_v2`), and later questions about that pod read
 //! its `cgroup.procs` files (the pod's directory and its containers') instead of listing every
 //! process of the node: what the agent spends on a pod no longer grows with what other tenants
 //! run. The listing stays for pods whose cgroup is not known yet (waiting for their first
@@ -43,7 +43,7 @@ const SETTLE: Duration = Duration::from_millis(250);
 /// burst by `perf`).
 const MIN_REFRESH: Duration = Duration::from_millis(5);
 
-/// The most processes of one pod handed out by [`PodProcs::of_pod`] (the oldest pids: a
+/// The most processes of one pod handed out by `PodProcs::of_pod` (the oldest pids: a
 /// pod's sandbox and its containers' first processes): what one pod's processes cost the agent
 /// per look is bounded, whatever it forks. A drain watches those it is given by pidfd; as they
 /// exit, the next look hands out the rest.
@@ -54,7 +54,7 @@ pub const MAX_PROCS_PER_POD: usize = 512;
 /// check 512 processes (1,024 `/proc` reads) in one burst as it began, and under the
 /// DaemonSet's 0.2-core quota (20 ms a 100 ms period) that burst could hold up another pod's
 /// hold. 128 a look reaches the per-pod cap within a second.
-pub const NEW_PER_DRAIN_LOOK: usize = 128;
+pub(crate) const NEW_PER_DRAIN_LOOK: usize = 128;
 
 /// The most pids of one pod the index keeps from the pod's cgroup directory (an entry is ~100
 /// bytes): the oldest, as [`MAX_PROCS_PER_POD`] hands out.
@@ -189,7 +189,7 @@ impl PodProcs {
     }
 
     /// An index reading pods' cgroup directories under `cgroup_root` (`None`: never).
-    pub fn with_cgroup_root(proc_root: PathBuf, cgroup_root: Option<PathBuf>) -> Self {
+    pub(crate) fn with_cgroup_root(proc_root: PathBuf, cgroup_root: Option<PathBuf>) -> Self {
         Self {
             inner: Arc::new(Mutex::new(Index {
                 proc_root,
@@ -205,7 +205,8 @@ impl PodProcs {
     }
 
     /// How many full listings of `/proc` this index has made.
-    pub fn listings(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn listings(&self) -> u64 {
         self.inner
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -215,7 +216,7 @@ impl PodProcs {
     /// The processes of pod `uid` (canonical lowercase uid), oldest pid first, at most
     /// [`MAX_PROCS_PER_POD`]. Each is checked again before it is handed out: a pid whose start
     /// time changed since it was classified is another process now (pid reuse), and is
-    /// classified anew. Blocking I/O: call from `spawn_blocking` (see [`PodProcs::of_pod`]).
+    /// classified anew. Blocking I/O: call from `spawn_blocking` (see `PodProcs::of_pod`).
     ///
     /// The index's lock is held only to find the pod's processes (reading its cgroup
     /// directory, or listing `/proc` at most every `MIN_REFRESH`) and to copy them out; the
@@ -239,7 +240,7 @@ impl PodProcs {
     /// oldest): a caller that watches what it is given gets the rest at its next looks, so a
     /// pod with thousands of processes costs it a few reads per look, not one burst
     /// ([`NEW_PER_DRAIN_LOOK`]).
-    pub fn of_pod_blocking_except(
+    pub(crate) fn of_pod_blocking_except(
         &self,
         uid: &str,
         watched: &HashSet<i32>,
@@ -345,7 +346,7 @@ impl PodProcs {
     }
 
     /// Async wrapper of [`PodProcs::of_pod_blocking`].
-    pub async fn of_pod(&self, uid: &str) -> Vec<PodProcess> {
+    pub(crate) async fn of_pod(&self, uid: &str) -> Vec<PodProcess> {
         let this = self.clone();
         let uid = uid.to_string();
         tokio::task::spawn_blocking(move || this.of_pod_blocking(&uid))
@@ -354,7 +355,7 @@ impl PodProcs {
     }
 
     /// Async wrapper of [`PodProcs::of_pod_blocking_except`].
-    pub async fn of_pod_except(
+    pub(crate) async fn of_pod_except(
         &self,
         uid: &str,
         watched: HashSet<i32>,
@@ -368,7 +369,7 @@ impl PodProcs {
     }
 
     /// The proc root this index reads.
-    pub fn proc_root(&self) -> PathBuf {
+    pub(crate) fn proc_root(&self) -> PathBuf {
         self.inner
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -402,7 +403,7 @@ impl PodProcs {
     /// cri-o/cri-o docs/crio.conf.5.md) there is no pause process and the first one may be an
     /// init container that exits within milliseconds, so the result is an open netns handle,
     /// not a pid to keep using; call again to find a live process later.
-    pub async fn find_netns(&self, uid: &str) -> NetnsLookup {
+    pub(crate) async fn find_netns(&self, uid: &str) -> NetnsLookup {
         let this = self.clone();
         let uid = uid.to_string();
         tokio::task::spawn_blocking(move || this.find_netns_blocking(&uid))
@@ -410,7 +411,7 @@ impl PodProcs {
             .unwrap_or(NetnsLookup::NotYet)
     }
 
-    /// Blocking form of [`PodProcs::find_netns`].
+    /// Blocking form of `PodProcs::find_netns`.
     pub fn find_netns_blocking(&self, uid: &str) -> NetnsLookup {
         let proc_root = self.proc_root();
         let candidates: Vec<PodProcess> = self

@@ -23,7 +23,7 @@ use std::path::Path;
 
 /// What the kernel says about one process, as the choice needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProcInfo {
+pub(crate) struct ProcInfo {
     pub pid: i32,
     pub ppid: i32,
     /// Clock ticks after boot.
@@ -33,7 +33,7 @@ pub struct ProcInfo {
 /// The proxy's own processes among `container` (every process of the proxy container): the
 /// oldest (the main process; equal start times, the lower pid) and its direct children. Empty
 /// when `container` is.
-pub fn proxy_pids(container: &[ProcInfo]) -> Vec<i32> {
+pub(crate) fn proxy_pids(container: &[ProcInfo]) -> Vec<i32> {
     let Some(main) = container
         .iter()
         .min_by_key(|p| (p.start_time, p.pid))
@@ -52,7 +52,7 @@ pub fn proxy_pids(container: &[ProcInfo]) -> Vec<i32> {
 
 /// Reads `pid`'s parent and start time under `proc_root`; `None` when it is gone or its stat
 /// cannot be read.
-pub fn read_info(proc_root: &Path, pid: i32) -> Option<ProcInfo> {
+pub(crate) fn read_info(proc_root: &Path, pid: i32) -> Option<ProcInfo> {
     let stat = procfs::process::Process::new_with_root(proc_root.join(pid.to_string()))
         .ok()?
         .stat()
@@ -66,7 +66,7 @@ pub fn read_info(proc_root: &Path, pid: i32) -> Option<ProcInfo> {
 
 /// [`proxy_pids`] of the container whose processes are `pids` (read under `proc_root`; a pid
 /// gone meanwhile is left out). Blocking: one small read per process.
-pub fn proxy_pids_of(proc_root: &Path, pids: &[i32]) -> Vec<i32> {
+pub(crate) fn proxy_pids_of(proc_root: &Path, pids: &[i32]) -> Vec<i32> {
     let infos: Vec<ProcInfo> = pids
         .iter()
         .filter_map(|&pid| read_info(proc_root, pid))
@@ -78,7 +78,7 @@ pub fn proxy_pids_of(proc_root: &Path, pids: &[i32]) -> Vec<i32> {
 /// oldest: the mesh's agent, kuma-dp), pinned by a pidfd whose process still has the start time
 /// read before (a pid reused meanwhile is not signalled). Returns the pid signalled. Needs
 /// `CAP_KILL` for a process of another uid (the proxy's): `EPERM` without it.
-pub fn terminate_main(proc_root: &Path, pids: &[i32]) -> Result<i32, String> {
+pub(crate) fn terminate_main(proc_root: &Path, pids: &[i32]) -> Result<i32, String> {
     let infos: Vec<ProcInfo> = pids
         .iter()
         .filter_map(|&pid| read_info(proc_root, pid))

@@ -95,7 +95,7 @@ pub enum Error {
 }
 
 /// Result of this module.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Which sockets to list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -301,7 +301,7 @@ impl SockDiag {
     ///
     /// A dump: the kernel walks the established hash (every bucket, like `ss -t`), so this is
     /// asked only while a drain samples, not by the frequent readiness checks.
-    pub fn tcp_send_queued(&self, skip_port: u16) -> Result<u64> {
+    pub(crate) fn tcp_send_queued(&self, skip_port: u16) -> Result<u64> {
         let sockets = self.sockets(Kind::TcpSending)?;
         Ok(sockets
             .iter()
@@ -323,7 +323,7 @@ impl SockDiag {
     /// DNS capture's 15053): one exact lookup per family, not a dump of every UDP socket of the
     /// namespace (a pod can open thousands). A kernel that refuses the exact form is answered
     /// from a dump.
-    pub fn udp_bound(&self, port: u16) -> Result<bool> {
+    pub(crate) fn udp_bound(&self, port: u16) -> Result<bool> {
         let mut dumper = self.lock();
         if !dumper.exact_unsupported {
             match dumper.udp_bound_reached(port) {

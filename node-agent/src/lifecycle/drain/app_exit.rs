@@ -474,7 +474,7 @@ impl<S: PodProcessSource> AppTracker<S> {
     }
 
     /// Re-scans the pod's processes, watches new app processes, and reports where each app
-    /// container is: those the proxy must outlive ([`PodView::containers_before_proxy_stops`]).
+    /// container is: those the proxy must outlive (`PodView::containers_before_proxy_stops`).
     /// For a classic proxy the regular containers only: the kubelet stops restartable init
     /// containers (native sidecars such as log shippers) after every regular container, the
     /// proxy included, has exited (kubernetes pkg/kubelet/kuberuntime

@@ -13,7 +13,7 @@
 //!
 //! The two executors only sample and perform: what they do next is decided in `decide`, pure
 //! functions of what was observed that both share (when the app is finished is
-//! [`crate::pod::app_end()`], the one rule the machine asks too). How they talk to Envoy is
+//! `crate::pod::app_end()`, the one rule the machine asks too). How they talk to Envoy is
 //! [`admin`].
 //!
 //! Both are bounded: every admin call has a timeout and a bounded number of attempts, the drain
@@ -59,7 +59,7 @@ use crate::pod::{PodKey, PodView};
 
 /// Envoy admin paths the drain uses (the inbound drain's is decided in [`envoy_version`]).
 pub(crate) const SERVER_INFO_PATH: &str = "/server_info";
-pub use crate::effects::envoy_admin::QUIT_PATH;
+pub(crate) use crate::effects::envoy_admin::QUIT_PATH;
 
 /// What [`drain`] and [`finish_job`] work with.
 pub struct DrainCtx<'a, A, S> {
