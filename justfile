@@ -127,10 +127,11 @@ demo *args:
     cargo build -p holdfast --bin holdfast -p holdfast-tests --bin holdfast-demo --bin sim-app
     "${CARGO_TARGET_DIR:-target}"/debug/holdfast-demo {{ args }}
 
-# Commit subjects (<= 72 characters), formatting, lints as errors (the agent and tests; the filter natively and for
-# wasm32), docs as errors.
+# Commit subjects (<= 72 characters), no function in node-agent/src/lifecycle/ over 120 lines, formatting, lints as
+# errors (the agent and tests; the filter natively and for wasm32), docs as errors.
 lint: setup filter
     scripts/check-commit-subjects.sh
+    scripts/long-functions.sh
     cargo fmt --all -- --check
     cargo clippy --workspace --exclude holdfast-filter --all-targets -- -D warnings
     cargo clippy -p holdfast-filter --target wasm32-wasip1 -- -D warnings

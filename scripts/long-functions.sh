@@ -2,6 +2,7 @@
 # Lists the functions of node-agent/src/lifecycle/ (product code: no `*tests.rs` file, no
 # `#[cfg(test)] mod`) longer than a limit (default 120 lines, signature to closing brace), with
 # their length; exits 1 when there is one. Issue 40: "no function in lifecycle/ over ~120 lines".
+# `just lint` runs it with the default limit.
 # Usage: scripts/long-functions.sh [limit] [dir]
 set -euo pipefail
 limit="${1:-120}"

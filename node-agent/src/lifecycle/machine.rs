@@ -8,9 +8,11 @@
 //! case is a table row in `machine_tests.rs`. The shape is ztunnel's in-pod state manager
 //! (`process_msg`): messages in, commands out.
 //!
-//! `step` handles the agent stopping, then hands each input to the part of the pod's life it is
-//! in: `startup` (waiting for the netns, the first readiness look), `holding` (the startup
-//! hold), `afterwards` (running, proxy restarts, the Job watch and the drain).
+//! `step` handles the agent stopping, broken bounds, no way to look and executors that could
+//! not start, then hands each input to the part of the pod's life it is in: `startup`
+//! (waiting for the netns, the first readiness look), `holding` (the startup hold),
+//! `afterwards` (running, proxy restarts, the Job watch and the drain). Each part hands each
+//! stage to a function of the stage's name, which names every input it ignores.
 
 use std::time::{Duration, Instant};
 
@@ -254,7 +256,10 @@ impl State {
     }
 }
 
-/// One transition.
+/// One transition: the latest facts kept, the input put in its common form, the timeline's
+/// steps marked; then the inputs every stage answers alike (the agent stopping, a broken bound,
+/// no way to look, an executor that could not start), and the rest by where the pod is in its
+/// life.
 pub(crate) fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>) {
     let mut fx = Vec::new();
     if s.stage == Stage::Exited {
@@ -262,161 +267,16 @@ pub(crate) fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>)
         s.stage = ignored(&mut fx, stage, &input);
         return (s, fx);
     }
-    // Facts first: every stage sees the latest pod.
-    match &input {
-        Input::Pod(p) => {
-            s.containers_restarted = match (&s.pod, p) {
-                (Some(before), Some(now)) => {
-                    now.restarted_since(before)
-                        || (now.restarting_in_place && !before.restarting_in_place)
-                }
-                _ => false,
-            };
-            s.pod = p.clone();
-        }
-        Input::AgentStop => s.stopping = true,
-        // A deferred proxy-gone re-check is due, whatever the stage now (`afterwards.rs`).
-        Input::Timer(Timer::ProxyRecheck) => s.proxy_gone.deferred = false,
-        _ => {}
-    }
-    // The hold's NFQUEUE reader stopped: nothing holds any more (its queue closed, new SYNs
-    // bypass it), and the agent cannot tell the pod's doing from a kernel error: fail it open
-    // and leave it alone, as for a broken bound (row, Warning Event, counter, the hold's rules
-    // removed).
+    keep_facts(&mut s, &input);
     let child_over_bound = matches!(input, Input::ChildOverBound { .. });
-    let input = match input {
-        Input::HoldBroken(why) => Input::OverBound(format!(
-            "the startup hold's queue reader stopped ({why}); the hold no longer held"
-        )),
-        // A command in the pod's namespace over its bounds (issue 29): the pod's tables cost
-        // more than the agent spends on a pod. Its namespace is marked (unless it already
-        // was), so no agent, after a restart either, runs such a command there again.
-        Input::ChildOverBound { why, remembered } => {
-            if !remembered {
-                fx.push(Effect::RememberOverBound);
-            }
-            Input::OverBound(child_over_bound_reason(&why, remembered))
-        }
-        other => other,
-    };
+    let input = normalise(input, &mut fx);
     timeline_steps(&mut s, &input, &mut fx);
     let stage = std::mem::replace(&mut s.stage, Stage::Exited);
     s.stage = match (stage, input) {
-        // The agent stops: holds stay for the successor; executors end themselves (they watch
-        // the same stop signal) and report; everything else just ends.
-        (Stage::Holding { started, .. }, Input::AgentStop) => {
-            fx.push(Effect::LeaveHoldForSuccessor);
-            fx.push(Effect::Record(Outcome::HoldEnded {
-                outcome: HoldOutcome::AgentStopped,
-                released: None,
-                held_for: now.mono.saturating_duration_since(started),
-                timeout: s.pod.as_ref().map_or(Duration::ZERO, |p| p.hold_timeout),
-            }));
-            exit(&mut fx)
-        }
-        // The executors and the hold's pending answer see the stop themselves.
-        (
-            st @ (Stage::JobWatch { .. }
-            | Stage::Draining { .. }
-            | Stage::SettingUpHold { .. }
-            | Stage::Releasing { .. }),
-            input @ Input::AgentStop,
-        ) => ignored(&mut fx, st, &input),
-        (_, Input::AgentStop) => exit(&mut fx),
-
-        // A bound broken: release a hold in force, then leave the pod alone (see `after_hold`).
-        (Stage::Holding { netns, started, .. }, Input::OverBound(why)) => {
-            s.left_alone = true;
-            fx.push(Effect::Record(Outcome::FailedOpen { why }));
-            release(&mut fx, netns, HoldOutcome::Failed, started, None)
-        }
-        (st @ (Stage::SettingUpHold { .. } | Stage::Releasing { .. }), Input::OverBound(why)) => {
-            // The hold's own answer comes next and `after_hold` leaves the pod alone.
-            if !s.left_alone {
-                s.left_alone = true;
-                fx.push(Effect::Record(Outcome::FailedOpen { why }));
-            }
-            st
-        }
-        (Stage::Checking { .. }, Input::OverBound(why)) => {
-            s.left_alone = true;
-            fx.push(Effect::Record(Outcome::FailedOpen { why }));
-            fx.push(Effect::RemoveLeftoverHold);
-            Stage::Finished
-        }
-        // A command's bound at another stage (removing a leftover hold: after the first look,
-        // a failed hold, a restart): left alone from now on as well.
-        (st, Input::OverBound(why)) if child_over_bound && !s.left_alone => {
-            s.left_alone = true;
-            fx.push(Effect::Record(Outcome::FailedOpen { why }));
-            match st {
-                Stage::Running { .. } => Stage::Finished,
-                // A running executor ends by its own answer.
-                other => other,
-            }
-        }
-        (st, input @ Input::OverBound(_)) => {
-            // Nothing of the agent's is in force at the other stages; say so only once.
-            if let (false, Input::OverBound(why)) = (s.left_alone, &input) {
-                tracing::debug!(%why, "bound broken outside a hold");
-            }
-            ignored(&mut fx, st, &input)
-        }
-
-        // No way to look at the proxy: act as without the agent, and say why.
-        (Stage::Checking { netns, .. }, Input::CannotLook(why)) => {
-            fx.push(Effect::Problem(format!(
-                "cannot check the proxy's readiness ({why}): no startup hold, as without holdfast"
-            )));
-            match s.pod.clone() {
-                None => done_and_exit(&mut fx),
-                Some(p) => enter_running(&mut fx, netns, &p),
-            }
-        }
-        (Stage::Holding { netns, started, .. }, Input::CannotLook(why)) => {
-            fx.push(Effect::Problem(format!(
-                "cannot check the proxy's readiness ({why}): the hold is released, as without \
-                 holdfast"
-            )));
-            release(&mut fx, netns, HoldOutcome::Failed, started, None)
-        }
-        (st, input @ Input::CannotLook(_)) => ignored(&mut fx, st, &input),
-
-        // An executor that could not start: its outcome says so; the pod runs on as without
-        // the agent (Envoy ends by pilot-agent's drain; a Job's proxy is not quit).
-        (Stage::Draining { .. }, Input::ExecutorNotStarted(why)) => {
-            let mut report = DrainReport::new(DrainOutcome::NotStarted, now.wall);
-            report.errors = vec![why];
-            report.error_count = 1;
-            fx.push(Effect::Record(Outcome::Drain(Box::new(report))));
-            fx.push(Effect::SetPhase(Phase::Done));
-            if s.pod.is_none() || s.stopping {
-                exit(&mut fx)
-            } else {
-                Stage::Finished
-            }
-        }
-        (Stage::JobWatch { netns }, Input::ExecutorNotStarted(why)) => {
-            let mut report = JobReport::new(JobOutcome::NotStarted);
-            report.errors = vec![why];
-            report.error_count = 1;
-            fx.push(Effect::Record(Outcome::Job(Box::new(report))));
-            fx.push(Effect::SetPhase(Phase::Ready));
-            // Tried again later (the netns handle may be had then); until then the pod runs as
-            // without the agent.
-            fx.push(Effect::Schedule(
-                Timer::JobWatchRetry,
-                now.mono + JOB_WATCH_RETRY,
-            ));
-            Stage::Running {
-                netns,
-                proxy_id: s
-                    .pod
-                    .as_ref()
-                    .and_then(|p| p.running_proxy().map(str::to_string)),
-            }
-        }
-        (st, input @ Input::ExecutorNotStarted(_)) => ignored(&mut fx, st, &input),
+        (st, Input::AgentStop) => agent_stop(&s, st, now, &mut fx),
+        (st, Input::OverBound(why)) => over_bound(&mut s, st, why, child_over_bound, &mut fx),
+        (st, Input::CannotLook(why)) => cannot_look(&s, st, why, &mut fx),
+        (st, Input::ExecutorNotStarted(why)) => executor_not_started(&s, st, why, now, &mut fx),
 
         // The rest by where the pod is in its life.
         (st @ (Stage::WaitingForNetns { .. } | Stage::Checking { .. }), input) => {
@@ -436,6 +296,192 @@ pub(crate) fn step(mut s: State, input: Input, now: Now) -> (State, Vec<Effect>)
         ) => afterwards::step(&mut s, st, input, now, &mut fx),
     };
     (s, fx)
+}
+
+/// Facts first: every stage sees the latest pod (and whether its containers restarted), the
+/// agent stopping, a deferred proxy-gone re-check due.
+fn keep_facts(s: &mut State, input: &Input) {
+    match input {
+        Input::Pod(p) => {
+            s.containers_restarted = match (&s.pod, p) {
+                (Some(before), Some(now)) => {
+                    now.restarted_since(before)
+                        || (now.restarting_in_place && !before.restarting_in_place)
+                }
+                _ => false,
+            };
+            s.pod = p.clone();
+        }
+        Input::AgentStop => s.stopping = true,
+        // A deferred proxy-gone re-check is due, whatever the stage now (`afterwards.rs`).
+        Input::Timer(Timer::ProxyRecheck) => s.proxy_gone.deferred = false,
+        _ => {}
+    }
+}
+
+/// The inputs that are a broken bound under another name become [`Input::OverBound`].
+fn normalise(input: Input, fx: &mut Vec<Effect>) -> Input {
+    match input {
+        // The hold's NFQUEUE reader stopped: nothing holds any more (its queue closed, new SYNs
+        // bypass it), and the agent cannot tell the pod's doing from a kernel error: fail it
+        // open and leave it alone, as for a broken bound (row, Warning Event, counter, the
+        // hold's rules removed).
+        Input::HoldBroken(why) => Input::OverBound(format!(
+            "the startup hold's queue reader stopped ({why}); the hold no longer held"
+        )),
+        // A command in the pod's namespace over its bounds (issue 29): the pod's tables cost
+        // more than the agent spends on a pod. Its namespace is marked (unless it already
+        // was), so no agent, after a restart either, runs such a command there again.
+        Input::ChildOverBound { why, remembered } => {
+            if !remembered {
+                fx.push(Effect::RememberOverBound);
+            }
+            Input::OverBound(child_over_bound_reason(&why, remembered))
+        }
+        other => other,
+    }
+}
+
+/// The agent stops: holds stay for the successor; executors end themselves (they watch the
+/// same stop signal) and report; everything else just ends.
+fn agent_stop(s: &State, stage: Stage, now: Now, fx: &mut Vec<Effect>) -> Stage {
+    match stage {
+        Stage::Holding { started, .. } => {
+            fx.push(Effect::LeaveHoldForSuccessor);
+            fx.push(Effect::Record(Outcome::HoldEnded {
+                outcome: HoldOutcome::AgentStopped,
+                released: None,
+                held_for: now.mono.saturating_duration_since(started),
+                timeout: s.pod.as_ref().map_or(Duration::ZERO, |p| p.hold_timeout),
+            }));
+            exit(fx)
+        }
+        // The executors and the hold's pending answer see the stop themselves.
+        st @ (Stage::JobWatch { .. }
+        | Stage::Draining { .. }
+        | Stage::SettingUpHold { .. }
+        | Stage::Releasing { .. }) => ignored(fx, st, &Input::AgentStop),
+        _ => exit(fx),
+    }
+}
+
+/// A bound broken (`child_over_bound`: by a command the agent ran in the pod's namespace):
+/// release a hold in force, then leave the pod alone (see `after_hold`).
+fn over_bound(
+    s: &mut State,
+    stage: Stage,
+    why: String,
+    child_over_bound: bool,
+    fx: &mut Vec<Effect>,
+) -> Stage {
+    match stage {
+        Stage::Holding { netns, started, .. } => {
+            s.left_alone = true;
+            fx.push(Effect::Record(Outcome::FailedOpen { why }));
+            release(fx, netns, HoldOutcome::Failed, started, None)
+        }
+        st @ (Stage::SettingUpHold { .. } | Stage::Releasing { .. }) => {
+            // The hold's own answer comes next and `after_hold` leaves the pod alone.
+            if !s.left_alone {
+                s.left_alone = true;
+                fx.push(Effect::Record(Outcome::FailedOpen { why }));
+            }
+            st
+        }
+        Stage::Checking { .. } => {
+            s.left_alone = true;
+            fx.push(Effect::Record(Outcome::FailedOpen { why }));
+            fx.push(Effect::RemoveLeftoverHold);
+            Stage::Finished
+        }
+        // A command's bound at another stage (removing a leftover hold: after the first look,
+        // a failed hold, a restart): left alone from now on as well.
+        st if child_over_bound && !s.left_alone => {
+            s.left_alone = true;
+            fx.push(Effect::Record(Outcome::FailedOpen { why }));
+            match st {
+                Stage::Running { .. } => Stage::Finished,
+                // A running executor ends by its own answer.
+                other => other,
+            }
+        }
+        st => {
+            // Nothing of the agent's is in force at the other stages; say so only once.
+            if !s.left_alone {
+                tracing::debug!(%why, "bound broken outside a hold");
+            }
+            ignored(fx, st, &Input::OverBound(why))
+        }
+    }
+}
+
+/// No way to look at the proxy: act as without the agent, and say why.
+fn cannot_look(s: &State, stage: Stage, why: String, fx: &mut Vec<Effect>) -> Stage {
+    match stage {
+        Stage::Checking { netns, .. } => {
+            fx.push(Effect::Problem(format!(
+                "cannot check the proxy's readiness ({why}): no startup hold, as without holdfast"
+            )));
+            match s.pod.clone() {
+                None => done_and_exit(fx),
+                Some(p) => enter_running(fx, netns, &p),
+            }
+        }
+        Stage::Holding { netns, started, .. } => {
+            fx.push(Effect::Problem(format!(
+                "cannot check the proxy's readiness ({why}): the hold is released, as without \
+                 holdfast"
+            )));
+            release(fx, netns, HoldOutcome::Failed, started, None)
+        }
+        st => ignored(fx, st, &Input::CannotLook(why)),
+    }
+}
+
+/// An executor that could not start: its outcome says so; the pod runs on as without the
+/// agent (Envoy ends by pilot-agent's drain; a Job's proxy is not quit).
+fn executor_not_started(
+    s: &State,
+    stage: Stage,
+    why: String,
+    now: Now,
+    fx: &mut Vec<Effect>,
+) -> Stage {
+    match stage {
+        Stage::Draining { .. } => {
+            let mut report = DrainReport::new(DrainOutcome::NotStarted, now.wall);
+            report.errors = vec![why];
+            report.error_count = 1;
+            fx.push(Effect::Record(Outcome::Drain(Box::new(report))));
+            fx.push(Effect::SetPhase(Phase::Done));
+            if s.pod.is_none() || s.stopping {
+                exit(fx)
+            } else {
+                Stage::Finished
+            }
+        }
+        Stage::JobWatch { netns } => {
+            let mut report = JobReport::new(JobOutcome::NotStarted);
+            report.errors = vec![why];
+            report.error_count = 1;
+            fx.push(Effect::Record(Outcome::Job(Box::new(report))));
+            fx.push(Effect::SetPhase(Phase::Ready));
+            // Tried again later (the netns handle may be had then); until then the pod runs as
+            // without the agent.
+            fx.push(Effect::Schedule(
+                Timer::JobWatchRetry,
+                now.mono + JOB_WATCH_RETRY,
+            ));
+            Stage::Running {
+                netns,
+                proxy_id: s
+                    .pod
+                    .as_ref()
+                    .and_then(|p| p.running_proxy().map(str::to_string)),
+            }
+        }
+        st => ignored(fx, st, &Input::ExecutorNotStarted(why)),
+    }
 }
 
 /// The failed-open reason of [`Input::ChildOverBound`].

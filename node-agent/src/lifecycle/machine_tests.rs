@@ -2390,8 +2390,9 @@ fn an_ignored_input_is_said() {
 
 /// No catch-all arm in the machine: each stage names every input it ignores, so a new `Input`
 /// fails to compile until each stage says what it does with it (the matches have no `_` or
-/// bare binding in the input's place but for the stages a part does not own). Two earlier
-/// bugs were Pod updates dropped in exactly such arms.
+/// bare binding in the input's place but for the stages a part does not own, and each
+/// stage's own `match input` has none at all). Two earlier bugs were Pod updates dropped in
+/// exactly such arms.
 #[test]
 fn catch_alls_stay_out_of_the_machine() {
     let sources = [
@@ -2418,5 +2419,103 @@ fn catch_alls_stay_out_of_the_machine() {
             }
         }
     }
+    // Each stage's own function matches the input alone (`match input { .. }`): no arm there
+    // may take any input (`_ =>`, `_ if`, a bare binding such as `input =>` or `other =>`).
+    // Matches over other things (`match p { Some(..) => .., _ => .. }`) are nested deeper
+    // and not looked at.
+    for (file, text, stages) in [
+        ("machine/startup.rs", include_str!("machine/startup.rs"), 2),
+        ("machine/holding.rs", include_str!("machine/holding.rs"), 3),
+        (
+            "machine/afterwards.rs",
+            include_str!("machine/afterwards.rs"),
+            4,
+        ),
+    ] {
+        let arms = input_match_arms(text);
+        assert!(
+            arms.len() >= stages,
+            "{file}: {} `match input` blocks, one a stage expected: {stages}",
+            arms.len()
+        );
+        for pattern in arms.iter().flatten() {
+            let pattern = pattern.split(" if ").next().unwrap_or_default().trim();
+            // Any alternative that is `_`, `name @ _` or a bare lower-case name.
+            let catch_all = pattern.split('|').any(|alt| {
+                let alt = alt.rsplit(" @ ").next().unwrap_or_default().trim();
+                !alt.is_empty()
+                    && alt
+                        .chars()
+                        .all(|c| c == '_' || c.is_ascii_lowercase() || c.is_ascii_digit())
+            });
+            if catch_all {
+                found.push(format!("{file}: `{pattern} =>` in a `match input`"));
+            }
+        }
+    }
     assert!(found.is_empty(), "catch-all arms: {found:?}");
+}
+
+/// The arms' patterns (guards included) of each `match input { .. }` in `text`, one list a
+/// match: the text before each `=>` at the match's own level, from the end of the arm before
+/// (a `,` or a closing bracket at that level). Comments and string literals are dropped first.
+fn input_match_arms(text: &str) -> Vec<Vec<String>> {
+    let code: String = text
+        .lines()
+        .map(|l| l.split("//").next().unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut plain = String::new();
+    let mut chars = code.chars();
+    while let Some(c) = chars.next() {
+        if c == '"' {
+            while let Some(c) = chars.next() {
+                match c {
+                    '\\' => {
+                        chars.next();
+                    }
+                    '"' => break,
+                    _ => {}
+                }
+            }
+            plain.push_str("\"\"");
+        } else {
+            plain.push(c);
+        }
+    }
+    let flat = plain.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut matches = Vec::new();
+    for (at, head) in flat.match_indices("match input {") {
+        let (mut depth, mut arm, mut arms) = (0usize, String::new(), Vec::new());
+        let mut rest = flat[at + head.len()..].chars().peekable();
+        while let Some(c) = rest.next() {
+            match c {
+                '{' | '(' | '[' => depth += 1,
+                '}' | ')' | ']' if depth == 0 => break,
+                '}' | ')' | ']' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        arm.clear();
+                        continue;
+                    }
+                }
+                ',' if depth == 0 => {
+                    arm.clear();
+                    continue;
+                }
+                '=' if depth == 0 && rest.peek() == Some(&'>') => {
+                    rest.next();
+                    arms.push(arm.trim().to_string());
+                    arm.clear();
+                    continue;
+                }
+                _ => {}
+            }
+            if depth == 0 {
+                arm.push(c);
+            }
+        }
+        matches.push(arms);
+    }
+    matches
 }
