@@ -182,10 +182,14 @@ impl DrainState {
         let now = now.into_std();
         let j = self.judge.observe(now, sample);
         let gone = self.gone_this_round;
-        let advice = self
-            .unexposed
-            .notice(now, sample, j, self.settings.idle_window)
-            .filter(|_| gone && !self.kubelet_ordered);
+        // The advice is for a drain held after the app's exit: the connections the app keeps
+        // while it runs must not use up the once-only notice (it was said, and dropped, then).
+        let advice = if gone && !self.kubelet_ordered {
+            self.unexposed
+                .notice(now, sample, j, self.settings.idle_window)
+        } else {
+            None
+        };
         let flushing = match (j, gone, self.flushing_told) {
             (InFlight::Sending { bytes }, true, false) => {
                 self.flushing_told = true;
@@ -700,6 +704,47 @@ mod tests {
             matches!(next, DrainNext::Quit(QuitReason::Idle(_))),
             "{next:?}"
         );
+    }
+
+    /// Without Envoy's byte counters an open connection after the app's exit holds the drain,
+    /// and the advice (said once) is for that drain: a connection the app held open while it
+    /// ran, as apps do, must not use it up before the exit. It did: the advice was noticed
+    /// while the app ran and dropped there, so the drain it later held went unexplained.
+    #[test]
+    fn unexposed_bytes_advice_is_kept_for_the_drain_after_the_exit() {
+        let s = settings();
+        let unexposed = |outbound| {
+            let mut sample = with_filter(outbound, 0);
+            sample.traffic.exposed = false;
+            sample
+        };
+        for kubelet_ordered in [false, true] {
+            let t0 = Instant::now();
+            let mut d = DrainState::new(&s, texts(), kubelet_ordered, kubelet_ordered, t0, t0);
+            // The app runs with its connection open for three windows: nothing said.
+            let mut t = t0;
+            for _ in 0..4 {
+                d.round(&running(), None, t);
+                assert_eq!(d.sampled(t, &unexposed(1)).advice, None);
+                t += s.idle_window;
+            }
+            // It exits; the connection stays open: said once it held the drain a window.
+            d.round(&exited(), None, t);
+            assert_eq!(d.sampled(t, &unexposed(1)).advice, None, "not at once");
+            t += s.idle_window;
+            d.round(&exited(), None, t);
+            let advice = d.sampled(t, &unexposed(1)).advice;
+            if kubelet_ordered {
+                // The kubelet ends that proxy: nothing to advise.
+                assert_eq!(advice, None);
+                continue;
+            }
+            let advice = advice.expect("the drain the connection held is explained");
+            assert!(advice.contains("proxyStatsMatcher"), "{advice}");
+            t += MS;
+            d.round(&exited(), None, t);
+            assert_eq!(d.sampled(t, &unexposed(1)).advice, None, "said once");
+        }
     }
 
     /// A finished Job's wait: samples every `settle_poll`, quits once the counts stood still
