@@ -1,6 +1,12 @@
 //! The drain and Job logic against real processes (`sleep` children, watched by pidfd) and a
 //! scripted admin API. No root needed. Envoy itself is exercised in
 //! `node-agent/tests/drain_parts.rs`.
+//!
+//! These tests check the I/O: pidfd exit notices, the process index, the admin calls, the
+//! loop's wiring of the step to its effects. The judgements (when to quit, which outcome, the
+//! deadline, counts and back-offs) are table tests of the step (`step.rs`, `decide.rs`). A test
+//! here waits on what the drain did ([`until`] and the fakes' waits), never on a fixed sleep;
+//! a sleep left is tokio's paused clock passing a deadline, or the scenario's own timing.
 
 use std::future::Future;
 use std::process::{Child, Command};
