@@ -182,10 +182,14 @@ impl DrainState {
         let now = now.into_std();
         let j = self.judge.observe(now, sample);
         let gone = self.gone_this_round;
-        let advice = self
-            .unexposed
-            .notice(now, sample, j, self.settings.idle_window)
-            .filter(|_| gone && !self.kubelet_ordered);
+        // The advice is for a drain held after the app's exit: the connections the app keeps
+        // while it runs must not use up the once-only notice (it was said, and dropped, then).
+        let advice = if gone && !self.kubelet_ordered {
+            self.unexposed
+                .notice(now, sample, j, self.settings.idle_window)
+        } else {
+            None
+        };
         let flushing = match (j, gone, self.flushing_told) {
             (InFlight::Sending { bytes }, true, false) => {
                 self.flushing_told = true;
@@ -601,6 +605,146 @@ mod tests {
             panic!("the proxy's exit ends the drain");
         };
         assert_eq!(end.outcome, DrainOutcome::AppDone);
+    }
+
+    /// A sample with the filter's counts, `outbound` connections open and none other, and these
+    /// byte counters (exposed).
+    fn with_filter(outbound: u64, total: u64) -> DrainSample {
+        let dir = |active| crate::api::DirectionCounts {
+            cx_active: Some(active),
+        };
+        DrainSample {
+            filter: Some(crate::api::FilterCounts {
+                inbound: dir(0),
+                outbound: dir(outbound),
+                unknown: dir(0),
+            }),
+            ..sample(total)
+        }
+    }
+
+    /// The real cluster's case: the kubelet counts the grace period from when it sees the
+    /// deletion, which may be later than `deletionTimestamp` says, so the app can still be
+    /// calling out — and then exit — past the drain's deadline. No quit at the deadline while
+    /// it runs with a connection open; its exit then quits the proxy as any other drain's does,
+    /// once nothing is in flight. (Was a paused-time test against real processes in
+    /// `drain/tests.rs`, `an_app_that_exits_past_the_deadline_still_gets_its_quit`.)
+    #[test]
+    fn an_app_that_exits_past_the_deadline_still_gets_its_quit() {
+        let s = settings();
+        let t0 = Instant::now();
+        let mut d = DrainState::new(&s, texts(), false, false, t0, t0);
+        d.round(&running(), None, t0);
+        assert!(d.sample_due(t0));
+        d.sampled(t0, &with_filter(1, 10));
+        assert_eq!(d.decide(false, &running(), "x").next, DrainNext::Wait);
+
+        // Grace 1 s: the deadline, 900 ms in.
+        let deadline = t0 + Duration::from_millis(900);
+        d.deadline_passed();
+        d.round(&running(), None, deadline);
+        assert!(d.sample_due(deadline));
+        d.sampled(deadline, &with_filter(1, 10));
+        assert_eq!(
+            d.decide(false, &running(), "x").next,
+            DrainNext::Wait,
+            "no quit at the deadline while the app runs"
+        );
+
+        // 1.3 s in, its connection closed, the app exits.
+        let exit = t0 + Duration::from_millis(1300);
+        let steps = d.round(&exited(), Some(exit), exit);
+        assert!(steps.contains(&DrainStep::AppGone), "{steps:?}");
+        assert!(d.sample_due(exit), "sampled past the deadline too");
+        d.sampled(exit, &with_filter(0, 10));
+        let next = d.decide(false, &exited(), "x").next;
+        assert!(
+            matches!(next, DrainNext::Quit(QuitReason::Idle(_))),
+            "{next:?}"
+        );
+    }
+
+    /// The kernel still holds bytes the app wrote: Envoy's counts say idle, yet the quit waits
+    /// until the send queues are empty, and the row says why once — only once the app is gone
+    /// (while it runs the drain is not waiting on that).
+    #[test]
+    fn the_kernels_flushing_holds_the_quit_and_is_told_once_after_the_exit() {
+        let s = settings();
+        let queued = |q| DrainSample {
+            send_queued: Some(q),
+            ..sample(10)
+        };
+        let t0 = Instant::now();
+        let mut d = DrainState::new(&s, texts(), false, false, t0, t0);
+        d.round(&running(), None, t0);
+        assert_eq!(d.sampled(t0, &queued(400_000)).flushing, None);
+        let t1 = t0 + s.idle_window;
+        d.round(&running(), None, t1);
+        let ran = d.sampled(t1, &queued(400_000));
+        assert_eq!(ran.judgement, Some(InFlight::Sending { bytes: 400_000 }));
+        assert_eq!(ran.flushing, None, "not told while the app runs");
+
+        let t2 = t1 + MS;
+        d.round(&exited(), None, t2);
+        assert_eq!(
+            d.sampled(t2, &queued(400_000)).flushing,
+            Some(DrainStep::KernelFlushing { bytes: 400_000 })
+        );
+        assert_eq!(d.decide(false, &exited(), "x").next, DrainNext::Wait);
+        let t3 = t2 + s.idle_window;
+        d.round(&exited(), None, t3);
+        assert_eq!(d.sampled(t3, &queued(1)).flushing, None, "told once");
+        assert_eq!(d.decide(false, &exited(), "x").next, DrainNext::Wait);
+
+        let t4 = t3 + MS;
+        d.round(&exited(), None, t4);
+        d.sampled(t4, &queued(0));
+        let next = d.decide(false, &exited(), "x").next;
+        assert!(
+            matches!(next, DrainNext::Quit(QuitReason::Idle(_))),
+            "{next:?}"
+        );
+    }
+
+    /// Without Envoy's byte counters an open connection after the app's exit holds the drain,
+    /// and the advice (said once) is for that drain: a connection the app held open while it
+    /// ran, as apps do, must not use it up before the exit. It did: the advice was noticed
+    /// while the app ran and dropped there, so the drain it later held went unexplained.
+    #[test]
+    fn unexposed_bytes_advice_is_kept_for_the_drain_after_the_exit() {
+        let s = settings();
+        let unexposed = |outbound| {
+            let mut sample = with_filter(outbound, 0);
+            sample.traffic.exposed = false;
+            sample
+        };
+        for kubelet_ordered in [false, true] {
+            let t0 = Instant::now();
+            let mut d = DrainState::new(&s, texts(), kubelet_ordered, kubelet_ordered, t0, t0);
+            // The app runs with its connection open for three windows: nothing said.
+            let mut t = t0;
+            for _ in 0..4 {
+                d.round(&running(), None, t);
+                assert_eq!(d.sampled(t, &unexposed(1)).advice, None);
+                t += s.idle_window;
+            }
+            // It exits; the connection stays open: said once it held the drain a window.
+            d.round(&exited(), None, t);
+            assert_eq!(d.sampled(t, &unexposed(1)).advice, None, "not at once");
+            t += s.idle_window;
+            d.round(&exited(), None, t);
+            let advice = d.sampled(t, &unexposed(1)).advice;
+            if kubelet_ordered {
+                // The kubelet ends that proxy: nothing to advise.
+                assert_eq!(advice, None);
+                continue;
+            }
+            let advice = advice.expect("the drain the connection held is explained");
+            assert!(advice.contains("proxyStatsMatcher"), "{advice}");
+            t += MS;
+            d.round(&exited(), None, t);
+            assert_eq!(d.sampled(t, &unexposed(1)).advice, None, "said once");
+        }
     }
 
     /// A finished Job's wait: samples every `settle_poll`, quits once the counts stood still

@@ -1,13 +1,20 @@
 //! The drain and Job logic against real processes (`sleep` children, watched by pidfd) and a
 //! scripted admin API. No root needed. Envoy itself is exercised in
 //! `node-agent/tests/drain_parts.rs`.
+//!
+//! These tests check the I/O: pidfd exit notices, the process index, the admin calls, the
+//! loop's wiring of the step to its effects. The judgements (when to quit, which outcome, the
+//! deadline, counts and back-offs) are table tests of the step (`step.rs`, `decide.rs`). A test
+//! here waits on what the drain did ([`until`] and the fakes' waits), never on a fixed sleep;
+//! a sleep left is tokio's paused clock passing a deadline, or the scenario's own timing.
 
 use std::future::Future;
 use std::process::{Child, Command};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 // tokio's clock, as the executors use it: paused-time tests drive the deadlines.
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -53,28 +60,79 @@ impl Drop for Proc {
     }
 }
 
+/// How long a test waits for what it waits on ([`until`]) before it fails: far above what
+/// any of these waits takes on a loaded machine, far below a hung test.
+const WAIT_LIMIT: Duration = Duration::from_secs(10);
+
+/// Told at every call the drain (or the Job watch) makes on the fakes below, so a test that
+/// waits on what the drain did ([`until`]) looks again then. One for all tests: a test woken
+/// by another's drain only looks again.
+static NEWS: Notify = Notify::const_new();
+
+/// What a test waits on instead of a sleep: returns once `done` holds, looked at whenever the
+/// drain calls a fake, and fails naming `what` after [`WAIT_LIMIT`] (real time, also in
+/// paused-time tests) — a failure fails fast and says what did not happen.
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let give_up = std::time::Instant::now() + WAIT_LIMIT;
+    loop {
+        let news = NEWS.notified();
+        tokio::pin!(news);
+        news.as_mut().enable();
+        if done() {
+            return;
+        }
+        let left = give_up.saturating_duration_since(std::time::Instant::now());
+        assert!(!left.is_zero(), "waited {WAIT_LIMIT:?} for {what}");
+        let _ = tokio::time::timeout(left, news).await;
+    }
+}
+
 /// A pod's processes as the agent's index would list them (killed ones may linger as zombies).
 #[derive(Clone, Default)]
-struct FakeProcs(Arc<Mutex<Vec<PodProcess>>>);
+struct FakeProcs {
+    procs: Arc<Mutex<Vec<PodProcess>>>,
+    /// How many times the drain looked at the pod's processes.
+    scans: Arc<AtomicU32>,
+}
 
 impl FakeProcs {
     fn add(&self, pid: i32, container: Option<&str>) {
-        self.0.lock().unwrap().push(PodProcess {
+        self.procs.lock().unwrap().push(PodProcess {
             pid,
             container_id: container.map(str::to_string),
         });
+    }
+    fn scans(&self) -> u32 {
+        self.scans.load(Ordering::SeqCst)
+    }
+    /// Waits until the drain has looked at the pod's processes `n` times in all: after an
+    /// exit, the look that follows it (every exit notice rescans), where a sleep used to give
+    /// the drain time to notice.
+    async fn scanned(&self, n: u32) {
+        until(
+            &format!("the drain's look #{n} at the pod's processes"),
+            || self.scans() >= n,
+        )
+        .await;
+    }
+    /// Waits until the drain has looked at the processes again (once more than now).
+    async fn rescanned(&self) {
+        self.scanned(self.scans() + 1).await;
     }
 }
 
 impl PodProcessSource for FakeProcs {
     async fn processes(&self) -> Vec<PodProcess> {
-        self.0.lock().unwrap().clone()
+        let procs = self.procs.lock().unwrap().clone();
+        self.scans.fetch_add(1, Ordering::SeqCst);
+        NEWS.notify_waiters();
+        procs
     }
 
     /// The real signalling (pidfd, start time checked) on the fake pod's real processes.
     async fn terminate_main(&self, container_id: &str) -> Result<i32, String> {
         let pids: Vec<i32> = self
-            .0
+            .procs
             .lock()
             .unwrap()
             .iter()
@@ -111,6 +169,8 @@ struct AdminState {
     /// Envoy keeps no byte counters (a stats matcher drops them).
     bytes_unexposed: bool,
     stats_calls: u32,
+    /// When each `/stats` call came (answered or not).
+    sampled_at: Vec<Instant>,
     /// `/server_info`'s body (`None`: the request fails, not refused).
     server_info: Option<Vec<u8>>,
     /// Bytes the pod's sockets hold in the kernel's send queues (`None`: unknown).
@@ -140,20 +200,47 @@ impl FakeAdmin {
     fn with<T>(&self, f: impl FnOnce(&mut AdminState) -> T) -> T {
         f(&mut self.state.lock().unwrap())
     }
+    /// [`FakeAdmin::with`] for a call of the drain's: waiting tests look again.
+    fn called<T>(&self, f: impl FnOnce(&mut AdminState) -> T) -> T {
+        let out = self.with(f);
+        NEWS.notify_waiters();
+        out
+    }
     fn paths(&self) -> Vec<String> {
         self.with(|s| s.posts.iter().map(|(p, _)| p.clone()).collect())
     }
     /// Waits until the drain has sampled `/stats` `n` times: the drain has begun (its inbound
     /// drain is sent and the app's processes are known), where a sleep used to stand in for it.
     async fn sampled(&self, n: u32) {
-        let t0 = Instant::now();
-        while self.with(|s| s.stats_calls) < n {
-            assert!(
-                t0.elapsed() < Duration::from_secs(10),
-                "the drain never sampled /stats {n} times"
-            );
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        until(&format!("/stats sampled {n} times"), || {
+            self.with(|s| s.stats_calls) >= n
+        })
+        .await;
+    }
+    /// Waits until the drain's samples span `span` (first to last): the judge has that much
+    /// history (counts that stood still that long are idle at the app's exit).
+    async fn samples_span(&self, span: Duration) {
+        until(&format!("samples spanning {span:?}"), || {
+            self.with(|s| match (s.sampled_at.first(), s.sampled_at.last()) {
+                (Some(first), Some(last)) => last.duration_since(*first) >= span,
+                _ => false,
+            })
+        })
+        .await;
+    }
+    /// Waits until the drain has sampled `/stats` `watch` or more after now — it has looked at
+    /// what it holds on that long — or has quit: what a test that checks the drain holds (no
+    /// quit yet) waits on, instead of a sleep that a loaded machine may end before the drain
+    /// looked at all.
+    async fn watched_for(&self, watch: Duration) {
+        let from = Instant::now();
+        until(&format!("a sample {watch:?} on, or the quit"), || {
+            self.with(|s| {
+                s.posts.iter().any(|(p, _)| p == QUIT_PATH)
+                    || s.sampled_at.last().is_some_and(|t| *t >= from + watch)
+            })
+        })
+        .await;
     }
     fn quit_at(&self) -> Option<Instant> {
         self.with(|s| {
@@ -174,7 +261,7 @@ fn refused() -> AdminFailure {
 
 impl ProxyAdmin for FakeAdmin {
     async fn admin_post(&self, path: &str) -> Result<(), AdminFailure> {
-        self.with(|s| {
+        self.called(|s| {
             if s.gone {
                 return Err(refused());
             }
@@ -192,11 +279,12 @@ impl ProxyAdmin for FakeAdmin {
     }
 
     async fn drain_sample(&self, _prefix: &str) -> Result<DrainSample, AdminFailure> {
-        self.with(|s| {
+        self.called(|s| {
             if s.gone {
                 return Err(refused());
             }
             s.stats_calls += 1;
+            s.sampled_at.push(Instant::now());
             if s.stats_failures > 0 {
                 s.stats_failures -= 1;
                 return Err(AdminFailure {
@@ -224,11 +312,11 @@ impl ProxyAdmin for FakeAdmin {
     }
 
     async fn probe(&self) -> Result<(), AdminFailure> {
-        self.with(|s| if s.gone { Err(refused()) } else { Ok(()) })
+        self.called(|s| if s.gone { Err(refused()) } else { Ok(()) })
     }
 
     async fn health_check_failed(&self) -> Result<bool, AdminFailure> {
-        self.with(|s| {
+        self.called(|s| {
             if s.gone {
                 Err(refused())
             } else {
@@ -238,7 +326,7 @@ impl ProxyAdmin for FakeAdmin {
     }
 
     async fn send_queued(&self) -> Option<u64> {
-        self.with(|s| {
+        self.called(|s| {
             if s.send_queued.is_some_and(|q| q > 0) {
                 s.last_queued_at = Some(Instant::now());
             }
@@ -247,7 +335,7 @@ impl ProxyAdmin for FakeAdmin {
     }
 
     async fn server_info(&self) -> Result<Vec<u8>, AdminFailure> {
-        self.with(|s| match (&s.server_info, s.gone) {
+        self.called(|s| match (&s.server_info, s.gone) {
             (_, true) => Err(refused()),
             (Some(body), false) => Ok(body.clone()),
             (None, false) => Err(AdminFailure {
@@ -373,6 +461,32 @@ fn ctx_telling_steps<'a>(
         ..ctx(admin, procs, rx, CancellationToken::new(), settings)
     };
     (ctx, steps)
+}
+
+/// Waits until the drain tells a step that `wanted` matches; the steps told until then,
+/// that one last.
+async fn told_until(
+    steps: &mut tokio::sync::mpsc::UnboundedReceiver<DrainStep>,
+    wanted: impl Fn(&DrainStep) -> bool,
+) -> Vec<DrainStep> {
+    let mut told = Vec::new();
+    let found = tokio::time::timeout(WAIT_LIMIT, async {
+        while let Some(step) = steps.recv().await {
+            let done = wanted(&step);
+            told.push(step);
+            if done {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(
+        found,
+        Ok(true),
+        "the step waited for was not told: {told:?}"
+    );
+    told
 }
 
 fn ctx<'a>(
@@ -540,7 +654,8 @@ async fn quits_as_soon_as_the_app_exits() {
     let settings = fast_settings();
     let killed = Arc::new(Mutex::new(None));
     let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        // The drain's samples span an idle window, none moving, before the app exits.
+        admin.samples_span(settings.idle_window).await;
         *killed.lock().unwrap() = Some(Instant::now());
         pod.app.kill();
     })
@@ -551,7 +666,7 @@ async fn quits_as_soon_as_the_app_exits() {
     assert!(report.inbound_drained);
     assert_eq!(report.envoy_version.as_deref(), Some("1.40.0"));
     assert_eq!(report.advice, None);
-    // Nothing moved in the 150 ms before the exit: idle at once.
+    // Nothing moved in the idle window before the exit: idle at once.
     assert!(
         matches!(
             report.quit_reason,
@@ -580,13 +695,16 @@ async fn a_forked_helper_keeps_the_app_alive() {
     let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
         admin.sampled(1).await;
         pod.app.kill();
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // The drain sees the exit (the look that follows it), then holds for two idle windows.
+        pod.procs.rescanned().await;
+        admin.watched_for(settings.idle_window * 2).await;
         assert!(admin.quit_at().is_none(), "quit while the helper still ran");
         // A helper forked late is found by the re-scan, and keeps the app alive too.
         let late = Proc::sleep();
         pod.procs.add(late.pid(), Some(APP_ID));
         helper.kill();
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        pod.procs.rescanned().await;
+        admin.watched_for(settings.idle_window * 3).await;
         assert!(
             admin.quit_at().is_none(),
             "quit while the late helper still ran"
@@ -619,7 +737,8 @@ async fn idle_keepalives_do_not_hold_the_drain_but_moving_bytes_do() {
     let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
         admin.sampled(1).await;
         pod.app.kill();
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        pod.procs.rescanned().await;
+        admin.watched_for(settings.idle_window * 2).await;
         assert!(admin.quit_at().is_none(), "quit while bytes were moving");
         admin.with(|s| s.bytes_per_sample = 0);
         *stopped_moving.lock().unwrap() = Some(Instant::now());
@@ -658,20 +777,25 @@ async fn bytes_queued_in_the_kernel_hold_the_drain_until_sent() {
     let settings = fast_settings();
     let flushed = Arc::new(Mutex::new(None));
     let (ctx, mut steps) = ctx_telling_steps(&admin, pod.procs.clone(), rx, &settings);
-    let (report, ()) = tokio::join!(drain(ctx), async {
+    let (report, mut told) = tokio::join!(drain(ctx), async {
         admin.sampled(1).await;
         pod.app.kill();
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // The drain, the app gone, saw the bytes queued; it holds for three idle windows.
+        let told = told_until(&mut steps, |s| {
+            matches!(s, DrainStep::KernelFlushing { .. })
+        })
+        .await;
+        admin.watched_for(settings.idle_window * 3).await;
         assert!(
             admin.quit_at().is_none(),
             "quit while the kernel still held bytes for the client"
         );
         admin.with(|s| s.send_queued = Some(0));
         *flushed.lock().unwrap() = Some(Instant::now());
+        told
     });
     assert_eq!(report.outcome, DrainOutcome::AppDone, "{report:?}");
     // The timeline says why the quit waited, once.
-    let mut told = Vec::new();
     while let Ok(step) = steps.try_recv() {
         told.push(step);
     }
@@ -729,7 +853,8 @@ async fn an_empty_send_queue_does_not_hold_the_drain() {
 }
 
 /// A drain with Envoy keeping no byte counters (Istio's default stats matcher): the app exits
-/// with one outbound connection open, which closes `close_after` later. Asserts the drain did
+/// with one outbound connection open, which closes once the drain has seen it open
+/// `close_after` past the exit. Asserts the drain did
 /// not quit before, and returns its report.
 async fn drain_without_byte_counters(close_after: Duration) -> DrainReport {
     let mut pod = Pod::new();
@@ -739,7 +864,10 @@ async fn drain_without_byte_counters(close_after: Duration) -> DrainReport {
     let report = drain_during(&admin, pod.procs.clone(), rx, &fast_settings(), async {
         admin.sampled(1).await;
         pod.app.kill();
-        tokio::time::sleep(close_after).await;
+        // The connection stays open until the drain has watched it `close_after` past the
+        // exit it saw.
+        pod.procs.rescanned().await;
+        admin.watched_for(close_after).await;
         assert!(
             admin.quit_at().is_none(),
             "quit by bytes Envoy does not keep"
@@ -796,8 +924,10 @@ async fn a_shortened_grace_period_is_followed() {
     let (tx, rx) = watch::channel(Some(first));
     let settings = fast_settings();
     let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        admin.sampled(1).await;
         tx.send_replace(Some(shorter));
+        // Paused time: only tokio's clock passes, past the shortened deadline (no process
+        // exits meanwhile: nothing real is awaited).
         tokio::time::sleep(Duration::from_millis(1300)).await;
         admin.with(|s| s.gone = true); // the kubelet's SIGKILL at the shortened grace's end
     })
@@ -828,6 +958,8 @@ async fn past_the_deadline_the_running_app_keeps_its_proxy() {
     )));
     let settings = fast_settings();
     let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
+        // Paused time: only tokio's clock passes, past the deadline (no process exits
+        // meanwhile: nothing real is awaited).
         tokio::time::sleep(Duration::from_millis(1500)).await;
         assert_eq!(admin.quit_at(), None, "no quit at the deadline");
         admin.with(|s| s.gone = true); // the kubelet's SIGKILL
@@ -847,37 +979,6 @@ async fn past_the_deadline_the_running_app_keeps_its_proxy() {
     );
 }
 
-/// The real cluster's case: the kubelet counts the grace period from when it sees the deletion,
-/// which may be later than `deletionTimestamp` says, so the app can still be calling out — and
-/// then exit — past the drain's deadline. Its exit then quits the proxy as any other drain does,
-/// once nothing is in flight.
-#[tokio::test(start_paused = true)]
-async fn an_app_that_exits_past_the_deadline_still_gets_its_quit() {
-    let mut pod = Pod::new();
-    let admin = FakeAdmin::new(Some(counts(1)));
-    let (_tx, rx) = watch::channel(Some(view(
-        RestartPolicy::Always,
-        ContainerState::Running,
-        Some(Duration::from_secs(1)),
-    )));
-    let settings = fast_settings();
-    let t = Instant::now();
-    let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
-        tokio::time::sleep(Duration::from_millis(1300)).await;
-        assert_eq!(admin.quit_at(), None, "no quit at the deadline");
-        admin.with(|s| s.counts = Some(counts(0)));
-        pod.app.kill();
-    })
-    .await;
-    assert_eq!(report.outcome, DrainOutcome::AppDone, "{report:?}");
-    assert!(
-        matches!(report.quit_reason, Some(QuitReason::Idle(_))),
-        "{report:?}"
-    );
-    let quit_after = admin.quit_at().expect("quit").duration_since(t);
-    assert!(quit_after >= Duration::from_millis(1300), "{quit_after:?}");
-}
-
 #[tokio::test]
 async fn proxy_gone_before_the_app_is_reported_with_advice() {
     let pod = Pod::new();
@@ -886,7 +987,7 @@ async fn proxy_gone_before_the_app_is_reported_with_advice() {
     let settings = fast_settings();
     let t = Instant::now();
     let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        admin.sampled(1).await;
         admin.with(|s| s.gone = true); // pilot-agent's drain duration ran out
     })
     .await;
@@ -916,7 +1017,7 @@ async fn proxy_gone_early_with_exit_on_zero_gets_its_own_advice() {
     view.switches.exit_on_zero = true;
     let (_tx, rx) = watch::channel(Some(view));
     let report = drain_during(&admin, pod.procs.clone(), rx, &fast_settings(), async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        admin.sampled(1).await;
         admin.with(|s| s.gone = true);
     })
     .await;
@@ -969,6 +1070,7 @@ async fn unreadable_stats_leave_the_proxy_to_its_own_end_not_a_blind_quit() {
     );
     let (_tx, rx) = watch::channel(Some(v));
     let report = drain_during(&admin, procs, rx, &fast_settings(), async {
+        // Paused time, no process at all: only tokio's clock passes, past the deadline.
         tokio::time::sleep(Duration::from_millis(1500)).await;
         assert_eq!(
             admin.quit_at(),
@@ -991,7 +1093,9 @@ async fn unreadable_stats_leave_the_proxy_to_its_own_end_not_a_blind_quit() {
     );
 }
 
-#[tokio::test]
+// Paused time: no process at all (the fakes answer for Envoy and the pod), so nothing real is
+// awaited and tokio's clock can run ahead through the waits.
+#[tokio::test(start_paused = true)]
 async fn invisible_app_waits_for_status_not_procfs() {
     // No process of the pod is visible at all (wrong proc root, no hostPID): the app's exit
     // cannot be seen, so the drain must not take "no processes" for "app gone".
@@ -1000,7 +1104,8 @@ async fn invisible_app_waits_for_status_not_procfs() {
     let (tx, rx) = watch::channel(Some(deleted_running_app()));
     let settings = fast_settings();
     let report = drain_during(&admin, procs, rx, &settings, async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        admin.sampled(1).await;
+        admin.watched_for(settings.idle_window * 3).await;
         assert!(
             admin.quit_at().is_none(),
             "quit without seeing the app exit"
@@ -1067,10 +1172,11 @@ async fn pod_gone_and_agent_stopping_end_the_drain_promptly() {
     let (_tx, rx) = watch::channel(Some(deleted_running_app()));
     let stop = CancellationToken::new();
     let t = Instant::now();
+    let sampled = admin.with(|s| s.stats_calls);
     let report = tokio::join!(
         run_drain(&admin, pod.procs.clone(), rx, stop.clone(), &settings),
         async {
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            admin.sampled(sampled + 1).await;
             stop.cancel();
         }
     )
@@ -1092,7 +1198,8 @@ async fn job_never_completes_from_procfs_before_the_status() {
     let settings = fast_settings();
     let killed = Arc::new(Mutex::new(None));
     let report = job_during(&admin, pod.procs.clone(), rx, &settings, async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The watch has looked at the app's processes (and watches them by pidfd).
+        pod.procs.scanned(1).await;
         *killed.lock().unwrap() = Some(Instant::now());
         pod.app.kill();
     })
@@ -1121,18 +1228,32 @@ async fn job_on_failure_waits_for_exit_code_zero() {
         None,
     )));
     let settings = fast_settings();
+    // The watch's settle wait (its samples) starts once it takes the app as finished.
+    let settling = || admin.with(|s| s.stats_calls) > 0 || admin.quit_at().is_some();
     let report = job_during(&admin, pod.procs.clone(), rx, &settings, async {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        pod.procs.scanned(1).await;
         pod.app.kill();
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        // The look after the exit, and a periodic one after it (or the settle wait begun).
+        let after_exit = pod.procs.scans() + 2;
+        until("two looks after the exit", || {
+            pod.procs.scans() >= after_exit || settling()
+        })
+        .await;
         // procfs alone must not end an OnFailure job: the exit code decides.
+        assert!(!settling(), "finished without the exit code");
         assert!(admin.quit_at().is_none(), "quit without the exit code");
         tx.send_replace(Some(view(
             RestartPolicy::OnFailure,
             ContainerState::Terminated { exit_code: 1 },
             None,
         )));
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        // Two looks after the status changed: the first may have begun before it.
+        let after_status = pod.procs.scans() + 2;
+        until("two looks after the status", || {
+            pod.procs.scans() >= after_status || settling()
+        })
+        .await;
+        assert!(!settling(), "finished although the kubelet restarts it");
         assert!(
             admin.quit_at().is_none(),
             "quit although the kubelet restarts it"
@@ -1148,7 +1269,9 @@ async fn job_on_failure_waits_for_exit_code_zero() {
     assert_eq!(report.finished_by, Some(FinishedBy::Status));
 }
 
-#[tokio::test]
+// Paused time: no process at all (the fakes answer for Envoy and the pod), so nothing real is
+// awaited and tokio's clock can run ahead through the waits.
+#[tokio::test(start_paused = true)]
 async fn job_waits_for_in_flight_then_quits() {
     let procs = FakeProcs::default();
     let admin = FakeAdmin::new(Some(counts(1)));
@@ -1160,7 +1283,8 @@ async fn job_waits_for_in_flight_then_quits() {
     )));
     let settings = fast_settings();
     let report = job_during(&admin, procs, rx, &settings, async {
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        admin.sampled(1).await;
+        admin.watched_for(settings.idle_window * 3 / 2).await;
         assert!(admin.quit_at().is_none(), "quit while bytes were moving");
         // The connection closes with the last byte; with byte counters the bytes decide.
         admin.with(|s| {
@@ -1180,7 +1304,9 @@ async fn job_waits_for_in_flight_then_quits() {
 }
 
 /// The Job's quit waits for the kernel's send queues too (the same rule).
-#[tokio::test]
+// Paused time: no process at all (the fakes answer for Envoy and the pod), so nothing real is
+// awaited and tokio's clock can run ahead through the waits.
+#[tokio::test(start_paused = true)]
 async fn job_waits_for_bytes_queued_in_the_kernel() {
     let procs = FakeProcs::default();
     let admin = FakeAdmin::new(Some(counts(0)));
@@ -1192,7 +1318,8 @@ async fn job_waits_for_bytes_queued_in_the_kernel() {
     )));
     let settings = fast_settings();
     let report = job_during(&admin, procs, rx, &settings, async {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        admin.sampled(1).await;
+        admin.watched_for(settings.idle_window * 2).await;
         assert!(admin.quit_at().is_none(), "quit while bytes were queued");
         admin.with(|s| s.send_queued = Some(0));
     })
@@ -1216,7 +1343,9 @@ async fn job_of(admin: &FakeAdmin, view: PodView, settings: &DrainSettings) -> J
     .await
 }
 
-#[tokio::test]
+// Paused time: no process at all (the fakes answer for Envoy and the pod), so nothing real is
+// awaited and tokio's clock can run ahead through the waits.
+#[tokio::test(start_paused = true)]
 async fn job_edge_cases() {
     let settings = fast_settings();
     // restartPolicy Always: not a job.
@@ -1266,10 +1395,12 @@ async fn job_edge_cases() {
     v.containers[0].id = None;
     let (_tx, rx) = watch::channel(Some(v));
     let stop = CancellationToken::new();
+    let procs = FakeProcs::default();
     let r = tokio::join!(
-        run_job(&admin, FakeProcs::default(), rx, stop.clone(), &settings),
+        run_job(&admin, procs.clone(), rx, stop.clone(), &settings),
         async {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            // The watch looked at the app twice (once periodically): it waits.
+            procs.scanned(2).await;
             stop.cancel();
         }
     )
@@ -1379,6 +1510,8 @@ async fn an_app_that_never_started_gets_no_early_quit() {
     let (_tx, rx) = watch::channel(Some(v));
     let settings = fast_settings();
     let report = drain_during(&admin, procs, rx, &settings, async {
+        // Paused time: only tokio's clock passes, past the deadline (the sandbox and proxy
+        // never exit meanwhile: nothing real is awaited).
         tokio::time::sleep(Duration::from_millis(2500)).await;
         assert_eq!(admin.quit_at(), None, "no quit, at the deadline either");
         admin.with(|s| s.gone = true); // the kubelet's SIGKILL
@@ -1426,9 +1559,11 @@ async fn a_native_sidecar_with_istios_prestop_is_left_to_the_kubelet() {
     let (_tx, rx) = watch::channel(Some(native_view(true, false)));
     let settings = fast_settings();
     let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        admin.sampled(1).await;
         pod.app.kill();
-        // The kubelet's SIGTERM to pilot-agent, once the app is gone: Envoy exits.
+        pod.procs.rescanned().await;
+        // The kubelet's SIGTERM to pilot-agent, ~50 ms after the app is gone: Envoy exits.
+        // This sleep is the kubelet's lag the drain measures (the scenario), not a wait.
         tokio::time::sleep(Duration::from_millis(60)).await;
         admin.with(|s| s.gone = true);
     })
@@ -1449,7 +1584,7 @@ async fn a_native_sidecar_with_istios_prestop_is_left_to_the_kubelet() {
     let admin = FakeAdmin::new(Some(counts(0)));
     let (_tx, rx) = watch::channel(Some(native_view(false, false)));
     let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        admin.sampled(1).await;
         pod.app.kill();
     })
     .await;
@@ -1471,10 +1606,11 @@ async fn a_native_proxy_outlives_the_sidecars_started_after_it() {
     let settings = fast_settings();
     let shipper_killed = Arc::new(Mutex::new(None));
     let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        admin.sampled(1).await;
         pod.app.kill();
         // The app is gone; the shipper flushes for a while: no quit meanwhile.
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        pod.procs.rescanned().await;
+        admin.watched_for(settings.idle_window * 4).await;
         assert!(admin.quit_at().is_none(), "quit while the shipper ran");
         *shipper_killed.lock().unwrap() = Some(Instant::now());
         shipper.kill();
@@ -1504,7 +1640,7 @@ async fn a_native_proxy_lost_during_termination_is_sidecar_lost() {
         let (_tx, rx) = watch::channel(Some(native_view(istio_prestop, false)));
         let settings = fast_settings();
         let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            admin.sampled(1).await;
             admin.with(|s| s.gone = true); // OOM-killed
         })
         .await;
@@ -1530,7 +1666,7 @@ async fn a_kubelet_ordered_drain_whose_pod_object_goes_first_is_still_kubelet_or
     let settings = fast_settings();
     let (ctx, mut steps) = ctx_telling_steps(&admin, pod.procs.clone(), rx, &settings);
     let (report, ()) = tokio::join!(drain(ctx), async {
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        admin.sampled(1).await;
         pod.app.kill();
         // Once the drain has seen the app gone, Envoy still answers the agent: the removal
         // comes first.
@@ -1564,7 +1700,9 @@ async fn a_kubelet_ordered_drain_whose_pod_object_goes_first_is_still_kubelet_or
 /// pilot-agent that restarts it) is `proxy-not-stopped`, with what was seen in `errors` — the
 /// pod will not complete, and the operator must hear of it. The control: the same Job whose
 /// Envoy exits on the quit is `completed`.
-#[tokio::test]
+// Paused time: no process at all (the fakes answer for Envoy and the pod), so nothing real is
+// awaited and tokio's clock can run ahead through the waits.
+#[tokio::test(start_paused = true)]
 async fn a_job_whose_proxy_still_answers_after_the_quit_is_proxy_not_stopped() {
     let settings = fast_settings();
     let finished = || {
@@ -1611,12 +1749,11 @@ async fn kumas_failed_health_check_is_undone_while_the_app_calls_out() {
     let (_tx, rx) = watch::channel(Some(kuma()));
     let settings = fast_settings();
     let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
         // Outbound is not drain-closed while the app still runs.
-        assert!(
-            !admin.with(|s| s.health_check_failed),
-            "the failed health check was not undone while the app ran"
-        );
+        until("the failed health check undone while the app ran", || {
+            !admin.with(|s| s.health_check_failed)
+        })
+        .await;
         pod.app.kill();
     })
     .await;
@@ -1633,7 +1770,8 @@ async fn kumas_failed_health_check_is_undone_while_the_app_calls_out() {
     admin.with(|s| s.health_check_failed = true);
     let (_tx, rx) = watch::channel(Some(deleted_running_app()));
     let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        // Two samples, each of which could have restored it, while the app runs.
+        admin.sampled(2).await;
         pod.app.kill();
     })
     .await;
@@ -1649,9 +1787,10 @@ async fn kumas_failed_health_check_is_undone_while_the_app_calls_out() {
     native.profile = crate::mesh::kuma::profile();
     let (_tx, rx) = watch::channel(Some(native));
     let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        admin.sampled(2).await;
         pod.app.kill();
-        tokio::time::sleep(Duration::from_millis(60)).await;
+        // The kubelet's SIGTERM once the app is gone: Envoy exits.
+        pod.procs.rescanned().await;
         admin.with(|s| s.gone = true);
     })
     .await;
@@ -1677,11 +1816,11 @@ async fn kumas_failed_health_check_is_seen_before_the_gauge_flush() {
     let (_tx, rx) = watch::channel(Some(v));
     let settings = fast_settings();
     let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
-        tokio::time::sleep(settings.stats_every * 3).await;
+        // Three samples (the gauge in each still says "not failed"): undone by then.
+        admin.sampled(3).await;
         assert!(
             !admin.with(|s| s.health_check_failed),
-            "the failed health check is still failed {:?} into the drain",
-            settings.stats_every * 3
+            "the failed health check is still failed three samples into the drain"
         );
         pod.app.kill();
     })
@@ -1729,7 +1868,7 @@ async fn kuma_dp_gets_the_sigterm_that_ends_its_fixed_wait() {
     let (_tx, rx) = watch::channel(Some(kuma()));
     let settings = fast_settings();
     let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        admin.sampled(1).await;
         pod.app.kill();
     })
     .await;
@@ -1745,7 +1884,7 @@ async fn kuma_dp_gets_the_sigterm_that_ends_its_fixed_wait() {
     let admin = FakeAdmin::new(Some(counts(0)));
     let (_tx, rx) = watch::channel(Some(deleted_running_app()));
     let report = drain_during(&admin, pod.procs.clone(), rx, &settings, async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        admin.sampled(1).await;
         pod.app.kill();
     })
     .await;
