@@ -11,10 +11,10 @@
 //! `images/archive/importer.go`).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde_json::json;
 
+use crate::sim::netns::run_output as run;
 use crate::sim::SimError;
 
 /// Debian's `busybox-static` (`just setup` installs it).
@@ -22,25 +22,6 @@ pub const BUSYBOX: &str = "/bin/busybox";
 
 /// The busybox applets the images link (the pause process is `sleep`).
 const APPLETS: [&str; 8] = ["sh", "sleep", "cat", "ls", "echo", "id", "kill", "true"];
-
-/// Runs a command given as program + args (never a shell string); returns stdout.
-pub(crate) fn run(program: &str, args: &[&str]) -> Result<String, SimError> {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .map_err(|source| SimError::Io {
-            what: format!("cannot run {program} (`just setup` installs it)"),
-            source,
-        })?;
-    if !out.status.success() {
-        return Err(SimError::Command {
-            cmd: format!("{program} {}", args.join(" ")),
-            status: out.status,
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        });
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
 
 fn io(what: String) -> impl FnOnce(std::io::Error) -> SimError {
     move |source| SimError::Io { what, source }

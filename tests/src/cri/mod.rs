@@ -96,7 +96,7 @@ pub fn runtime_for(test: &str) -> Option<&'static Containerd> {
 pub fn host_netns_holdfast_rules() -> Vec<String> {
     let mut left = Vec::new();
     for table in ["filter", "mangle", "nat", "raw"] {
-        if let Ok(out) = image::run("iptables", &["-w", "-t", table, "-S"]) {
+        if let Ok(out) = crate::sim::netns::run_output("iptables", &["-w", "-t", table, "-S"]) {
             left.extend(
                 out.lines()
                     .filter(|l| l.to_ascii_lowercase().contains("holdfast"))

@@ -15,7 +15,8 @@ use k8s_cri::v1::{
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 
-use super::image::{build_busybox_image, run};
+use super::image::build_busybox_image;
+use crate::sim::netns::run_output as run;
 use crate::sim::{random_hex, SimError};
 
 /// The one image every container runs (busybox; the pause process is its default command).

@@ -16,8 +16,9 @@ use std::process::Command;
 
 use super::SimError;
 
-/// Runs a command to completion; a non-zero exit is an error carrying its stderr.
-pub(crate) fn run(program: &str, args: &[&str]) -> Result<(), SimError> {
+/// Runs a command given as program + args (never a shell string) to completion; a non-zero
+/// exit is an error carrying its stderr. Returns its stdout.
+pub(crate) fn run_output(program: &str, args: &[&str]) -> Result<String, SimError> {
     let out = Command::new(program)
         .args(args)
         .output()
@@ -32,7 +33,12 @@ pub(crate) fn run(program: &str, args: &[&str]) -> Result<(), SimError> {
             stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
         });
     }
-    Ok(())
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// [`run_output`] for a command whose output is not needed.
+pub(crate) fn run(program: &str, args: &[&str]) -> Result<(), SimError> {
+    run_output(program, args).map(drop)
 }
 
 /// Prefix length used for every address of the simulated node (198.18.0.0/15, RFC 2544).
