@@ -48,13 +48,13 @@ use k8s_openapi::jiff::Timestamp;
 use super::exit_watch::ExitTimes;
 use super::runtime::{Containerd, BASE_IMAGE};
 use super::status::{info_netns, info_pid, parse_info};
+use crate::sim::kubelet::pod_core::PodCore;
 use crate::sim::kubelet::{PodEvent, PodWorker, Restart, RestartKind};
 use crate::sim::native::{
-    record_container_start, record_container_start_error, restarts_due, NativeKubelet, NativeState,
+    record_container_start, record_container_start_error, restarts_due, NativeKubelet,
 };
 use crate::sim::node::{NodeEnv, Shared};
-use crate::sim::pod_object::{now_ts, CState, ContainerView, PodView, Terminated};
-use crate::sim::prober::ProbeTarget;
+use crate::sim::pod_object::{now_ts, CState, ContainerView, Terminated};
 use crate::sim::SimError;
 
 mod sidecar;
@@ -74,9 +74,8 @@ enum Slot {
 
 /// One pod's worker on the containerd backend.
 pub(crate) struct CriPodWorker {
-    name: String,
-    env: Arc<NodeEnv>,
-    shared: Arc<Shared>,
+    /// What both backends' workers share ([`crate::sim::kubelet::pod_core`]).
+    core: PodCore,
     rx: Receiver<PodEvent>,
     rt: &'static Containerd,
     /// The netns backend's worker, used only for what both share: the containers' command
@@ -86,8 +85,6 @@ pub(crate) struct CriPodWorker {
     running: HashMap<String, Slot>,
     attempts: HashMap<usize, u32>,
     restart_at: HashMap<usize, Instant>,
-    deleting: bool,
-    shutting_down: bool,
     pod_dir: PathBuf,
     /// When each container's init process exited (pidfd), more exact than the runtime's time.
     exits: ExitTimes,
@@ -101,23 +98,12 @@ pub(crate) struct CriPodWorker {
     netns_path: Option<PathBuf>,
     /// The worker's own events (probe results, hook ends) come back through the node's channel.
     tx: Sender<PodEvent>,
-    /// When the kubelet admitted the pod: its probes tick from here.
-    admitted: Instant,
-    /// The proxy's prober, when the spec asks for probes.
-    probe: Option<ProbeTarget>,
-    /// A native sidecar's kubelet state ([`crate::sim::native`]).
-    native: NativeState,
     /// Container starts of the native sidecar so far (its CRI `attempt`).
     sidecar_attempts: u32,
     /// Starts of the injected init container so far (its CRI `attempt`).
     init_attempts: u32,
     /// The sandbox's `PodSandboxMetadata.attempt`: + 1 for each recreation.
     sandbox_attempt: u32,
-    /// A restart of every container in progress ([`Restart`]): its old containers are being
-    /// killed; `finish_restart` goes on once they are gone.
-    restart: Option<Restart>,
-    /// After a restart: start the proxy container this long after the app.
-    proxy_late: Option<Duration>,
 }
 
 /// With `HOLDFAST_SIM_TRACE` set, prints one line per runtime step (wall clock in ms, the pod,
@@ -160,11 +146,8 @@ impl CriPodWorker {
             unused_tx,
         );
         let pod_dir = env.work_dir.join(&name);
-        let native = NativeState::new(env.restart_backoff);
         CriPodWorker {
-            name,
-            env,
-            shared,
+            core: PodCore::new(name, env, shared),
             rx,
             rt,
             argv,
@@ -172,8 +155,6 @@ impl CriPodWorker {
             running: HashMap::new(),
             attempts: HashMap::new(),
             restart_at: HashMap::new(),
-            deleting: false,
-            shutting_down: false,
             pod_dir,
             exits: ExitTimes::default(),
             stopping: Arc::new(AtomicBool::new(false)),
@@ -181,37 +162,20 @@ impl CriPodWorker {
             serial_pending: false,
             netns_path: None,
             tx,
-            admitted: Instant::now(),
-            probe: None,
-            native,
             sidecar_attempts: 0,
             init_attempts: 0,
             sandbox_attempt: 0,
-            restart: None,
-            proxy_late: None,
         }
-    }
-
-    /// Applies `f` to the pod's view, rewrites the pod file and wakes waiters.
-    fn update<R>(&self, f: impl FnOnce(&mut PodView) -> R) -> R {
-        self.shared.update_pod(&self.env.pods_dir, &self.name, f)
-    }
-
-    fn view<R>(&self, f: impl FnOnce(&PodView) -> R) -> R {
-        self.shared.view_pod(&self.name, f)
     }
 
     /// Runs the pod until it is deleted (or the node shuts down), then removes its sandbox.
     pub(crate) fn run(mut self) {
-        self.update(|_| ());
-        if let Err(e) = self.start_sandbox_and_init() {
-            eprintln!("sim: pod {}: {e}", self.name);
-            let reason = e.to_string();
-            self.update(|v| v.failed_reason = Some(reason));
-        }
+        self.core.scheduled();
+        let setup = self.start_sandbox_and_init();
+        self.core.started(setup);
         self.start_prober();
         loop {
-            if (self.deleting || self.shutting_down) && self.running.is_empty() {
+            if self.core.pod_stopping() && self.running.is_empty() {
                 break;
             }
             let next = self
@@ -238,26 +202,22 @@ impl CriPodWorker {
             self.native_timers(Instant::now());
             if self.serial_pending && self.post_started.load(Ordering::SeqCst) {
                 self.serial_pending = false;
-                if !self.deleting && !self.shutting_down {
+                if !self.core.deleting && !self.core.shutting_down {
                     // The proxy's postStart hook returned: every container not started yet.
-                    for i in 0..self.view(|v| v.containers.len()) {
-                        if self.view(|v| v.containers[i].id.is_none()) {
+                    for i in 0..self.core.view(|v| v.containers.len()) {
+                        if self.core.view(|v| v.containers[i].id.is_none()) {
                             self.start_container(i);
                         }
                     }
                 }
             }
         }
-        if let Some(p) = &self.probe {
+        if let Some(p) = &self.core.probe {
             p.stop();
         }
         self.remove_sandbox();
-        trace(&self.name, "gone", None);
-        let pods_dir = self.env.pods_dir.clone();
-        self.update(|v| {
-            v.gone = true;
-            let _ = std::fs::remove_file(pods_dir.join(v.file_name()));
-        });
+        trace(&self.core.name, "gone", None);
+        self.core.gone();
     }
 
     fn start_sandbox_and_init(&mut self) -> Result<(), SimError> {
@@ -267,8 +227,9 @@ impl CriPodWorker {
 
     /// `RunPodSandbox` (attempt `sandbox_attempt`): the pod's netns from CNI, its IP.
     fn start_sandbox(&mut self) -> Result<(), SimError> {
-        let (uid, name, namespace) =
-            self.view(|v| (v.uid.clone(), v.spec.name.clone(), v.spec.namespace.clone()));
+        let (uid, name, namespace) = self
+            .core
+            .view(|v| (v.uid.clone(), v.spec.name.clone(), v.spec.namespace.clone()));
         std::fs::create_dir_all(&self.pod_dir).map_err(|source| SimError::Io {
             what: format!("cannot create {}", self.pod_dir.display()),
             source,
@@ -281,14 +242,14 @@ impl CriPodWorker {
                 namespace,
                 attempt: self.sandbox_attempt,
             }),
-            hostname: self.name.clone(),
+            hostname: self.core.name.clone(),
             log_directory: self.pod_dir.to_string_lossy().into_owned(),
-            labels: [(NODE_LABEL.to_string(), self.env.test_name.clone())].into(),
+            labels: [(NODE_LABEL.to_string(), self.core.env.test_name.clone())].into(),
             // The resolv.conf kubelet asks for with `dnsPolicy: ClusterFirst` (kubelet
             // `pkg/kubelet/network/dns/dns.go`, `GetPodDNS`): the cluster DNS (here the node's
             // remote-services address), the namespace's search list, ndots:5.
             dns_config: Some(DnsConfig {
-                servers: vec![self.env.remote_ip.to_string()],
+                servers: vec![self.core.env.remote_ip.to_string()],
                 searches: vec![
                     format!("{}.svc.cluster.local", config_namespace),
                     "svc.cluster.local".into(),
@@ -311,7 +272,7 @@ impl CriPodWorker {
                 runtime_handler: String::new(),
             }))?
             .pod_sandbox_id;
-        trace(&self.name, "RunPodSandbox", Some(t.elapsed()));
+        trace(&self.core.name, "RunPodSandbox", Some(t.elapsed()));
         set_node_allocatable_cpu();
         self.sandbox = Some((id.clone(), config));
         let st = self.rt.call(c.pod_sandbox_status(PodSandboxStatusRequest {
@@ -322,23 +283,30 @@ impl CriPodWorker {
         let info = parse_info(&st.info);
         let pid = info_pid(&info);
         if let Some(path) = info_netns(&info) {
-            self.shared.set_netns_path(&self.name, path.clone());
+            self.core
+                .shared
+                .set_netns_path(&self.core.name, path.clone());
             self.netns_path = Some(path);
         }
         let pod_ip = ip.as_deref().and_then(|s| s.parse().ok()).ok_or_else(|| {
             SimError::Setup(format!("the sandbox has no IPv4 pod IP (CNI said {ip:?})"))
         })?;
-        self.update(|v| {
+        self.core.update(|v| {
             v.pod_ip = pod_ip;
             v.sandbox_ready = true;
             v.sandbox_pid = pid;
             v.start_time = Some(now_ts());
         });
 
-        if self.view(|v| v.spec.drop_until_ready) {
+        if self.core.view(|v| v.spec.drop_until_ready) {
             let path = self.shared_netns_path()?;
-            let admin = self.view(|v| v.spec.admin_addr());
-            super::baselines::drop_until_ready(&self.name, &path, admin, self.stopping.clone())?;
+            let admin = self.core.view(|v| v.spec.admin_addr());
+            super::baselines::drop_until_ready(
+                &self.core.name,
+                &path,
+                admin,
+                self.stopping.clone(),
+            )?;
         }
         Ok(())
     }
@@ -346,8 +314,9 @@ impl CriPodWorker {
     /// The injected init container (istio-init, or the other meshes' init), a new attempt each
     /// time (kubelet names a container `<name>_<sandbox>_<namespace>_<uid>_<attempt>`).
     fn start_init(&mut self) -> Result<(), SimError> {
-        let (min_ms, mesh) =
-            self.view(|v| (v.spec.init_duration.as_millis().to_string(), v.spec.mesh));
+        let (min_ms, mesh) = self
+            .core
+            .view(|v| (v.spec.init_duration.as_millis().to_string(), v.spec.mesh));
         let init_name = mesh.init_container();
         let args = if mesh == crate::sim::Mesh::Istio {
             vec!["istio-init".to_string(), "--min-duration-ms".into(), min_ms]
@@ -372,7 +341,7 @@ impl CriPodWorker {
         self.init_attempts += 1;
         let (cid, pid) = self.create_and_start(init_name, attempt, args, Some(caps))?;
         self.running.insert(cid.clone(), Slot::Init);
-        self.update(|v| {
+        self.core.update(|v| {
             let mut c = ContainerView::new(init_name, mesh.init_image(), "");
             c.id = Some(cid);
             c.pid = pid;
@@ -389,7 +358,7 @@ impl CriPodWorker {
         self.sandbox
             .as_ref()
             .and(self.netns_path.clone())
-            .ok_or_else(|| SimError::Setup(format!("pod {}: no sandbox netns", self.name)))
+            .ok_or_else(|| SimError::Setup(format!("pod {}: no sandbox netns", self.core.name)))
     }
 
     /// The read-only host paths every container gets at the same path: `/usr` (glibc, iptables,
@@ -400,10 +369,10 @@ impl CriPodWorker {
         let mut ro: Vec<&Path> = vec![
             Path::new("/usr"),
             Path::new("/etc/alternatives"),
-            &self.env.sim_app,
-            &self.env.envoy,
+            &self.core.env.sim_app,
+            &self.core.env.envoy,
         ];
-        if let Some(f) = &self.env.filter {
+        if let Some(f) = &self.core.env.filter {
             ro.push(f);
         }
         let mount = |p: &Path, readonly: bool| Mount {
@@ -421,7 +390,9 @@ impl CriPodWorker {
     /// `kuma-sidecar-tmp` emptyDir on `/tmp`, as the injector mounts it (kuma-dp makes its
     /// workdir and Envoy's admin socket there).
     fn own_mounts(&self, name: &str) -> Vec<Mount> {
-        let kuma = self.view(|v| matches!(v.spec.mesh, crate::sim::Mesh::Kuma(_)));
+        let kuma = self
+            .core
+            .view(|v| matches!(v.spec.mesh, crate::sim::Mesh::Kuma(_)));
         if !kuma || name != crate::sim::Mesh::Kuma(crate::sim::KumaAdmin::Tcp).proxy_container() {
             return Vec::new();
         }
@@ -457,7 +428,7 @@ impl CriPodWorker {
                 image: BASE_IMAGE.into(),
                 ..Default::default()
             }),
-            command: vec![self.env.sim_app.to_string_lossy().into_owned()],
+            command: vec![self.core.env.sim_app.to_string_lossy().into_owned()],
             args,
             working_dir: self.pod_dir.to_string_lossy().into_owned(),
             mounts: {
@@ -487,7 +458,7 @@ impl CriPodWorker {
             }))?
             .container_id;
         trace(
-            &self.name,
+            &self.core.name,
             &format!("CreateContainer {name}"),
             Some(t.elapsed()),
         );
@@ -496,7 +467,7 @@ impl CriPodWorker {
             container_id: cid.clone(),
         }))?;
         trace(
-            &self.name,
+            &self.core.name,
             &format!("StartContainer {name}"),
             Some(t.elapsed()),
         );
@@ -512,14 +483,14 @@ impl CriPodWorker {
     }
 
     fn start_container(&mut self, i: usize) {
-        let (name, restarting) = self.view(|v| {
+        let (name, restarting) = self.core.view(|v| {
             let c = &v.containers[i];
             (c.name.clone(), c.id.is_some())
         });
-        let is_proxy = self.view(|v| name == v.spec.proxy_container());
+        let is_proxy = self.core.view(|v| name == v.spec.proxy_container());
         if is_proxy && !restarting {
             if let Err(e) = self.argv.write_sidecar_config() {
-                eprintln!("sim: pod {}: {e}", self.name);
+                eprintln!("sim: pod {}: {e}", self.core.name);
             }
         }
         let attempt = *self.attempts.entry(i).and_modify(|a| *a += 1).or_insert(0);
@@ -527,13 +498,16 @@ impl CriPodWorker {
         match self.create_and_start(&name, attempt, args, None) {
             Ok((cid, pid)) => {
                 self.running.insert(cid.clone(), Slot::Container(i));
-                if self.update(|v| record_container_start(v, i, &cid, pid, restarting)) {
+                if self
+                    .core
+                    .update(|v| record_container_start(v, i, &cid, pid, restarting))
+                {
                     self.probe_running(&cid);
                 }
             }
             Err(e) => {
-                eprintln!("sim: pod {}: cannot start {name}: {e}", self.name);
-                self.update(|v| record_container_start_error(v, i, &e));
+                eprintln!("sim: pod {}: cannot start {name}: {e}", self.core.name);
+                self.core.update(|v| record_container_start_error(v, i, &e));
             }
         }
     }
@@ -549,7 +523,7 @@ impl CriPodWorker {
             })) {
                 Ok(r) => r.status,
                 Err(e) => {
-                    eprintln!("sim: pod {}: ContainerStatus {cid}: {e}", self.name);
+                    eprintln!("sim: pod {}: ContainerStatus {cid}: {e}", self.core.name);
                     None
                 }
             };
@@ -569,7 +543,7 @@ impl CriPodWorker {
             let ms =
                 |a: Timestamp, b: Timestamp| (a.as_nanosecond() - b.as_nanosecond()) as f64 / 1e6;
             trace(
-                &self.name,
+                &self.core.name,
                 &format!(
                     "exit of {slot:?} seen {:.1} ms after the process exited; finishedAt {:.1} ms after",
                     ms(now_ts(), exited_at),
@@ -591,10 +565,10 @@ impl CriPodWorker {
     }
 
     fn on_exit(&mut self, slot: Slot, t: Terminated) {
-        if self.restart.is_some() {
+        if self.core.restart.is_some() {
             // Killed by the restart: terminated, not restarted on its own (`finish_restart`
             // starts the pod again).
-            let probed = self.update(|v| {
+            let probed = self.core.update(|v| {
                 let c = match slot {
                     Slot::Init => v.init.as_mut(),
                     Slot::Container(i) => v.containers.get_mut(i),
@@ -616,7 +590,7 @@ impl CriPodWorker {
             Slot::Init => {
                 let ok = t.exit_code == 0;
                 let code = t.exit_code;
-                self.update(|v| {
+                self.core.update(|v| {
                     if let Some(c) = v.init.as_mut() {
                         c.state = CState::Terminated(t);
                         c.pid = None;
@@ -625,33 +599,36 @@ impl CriPodWorker {
                         v.failed_reason = Some(format!("Init:Error (exit {code})"));
                     }
                 });
-                if ok && !self.deleting && !self.shutting_down && self.is_native() {
+                if ok && !self.core.deleting && !self.core.shutting_down && self.core.is_native() {
                     // The next init container: the sidecar; the app once its startup probe
                     // passed (`on_probe`).
                     self.start_sidecar();
                     return;
                 }
-                if ok && !self.deleting && !self.shutting_down {
-                    let proxy = self.view(|v| {
+                if ok && !self.core.deleting && !self.core.shutting_down {
+                    let proxy = self.core.view(|v| {
                         v.containers
                             .iter()
                             .position(|c| c.name == v.spec.proxy_container())
                     });
-                    if let (true, Some(p)) = (self.view(|v| v.spec.serial_start), proxy) {
+                    if let (true, Some(p)) = (self.core.view(|v| v.spec.serial_start), proxy) {
                         // holdApplicationUntilProxyStarts: the proxy first; its postStart hook
                         // holds back the others (see `baselines`).
                         self.start_container(p);
                         self.serial_pending = true;
                         match self.shared_netns_path() {
                             Ok(path) => super::baselines::post_start_wait(
-                                &self.name,
+                                &self.core.name,
                                 path,
-                                self.view(|v| v.spec.admin_addr()),
+                                self.core.view(|v| v.spec.admin_addr()),
                                 self.stopping.clone(),
                                 self.post_started.clone(),
                             ),
                             Err(e) => {
-                                eprintln!("sim: pod {}: {e}; starting the app anyway", self.name);
+                                eprintln!(
+                                    "sim: pod {}: {e}; starting the app anyway",
+                                    self.core.name
+                                );
                                 self.post_started.store(true, Ordering::SeqCst);
                             }
                         }
@@ -661,9 +638,9 @@ impl CriPodWorker {
                 }
             }
             Slot::Container(i) => {
-                let deleting = self.deleting || self.shutting_down;
-                let base = self.env.restart_backoff;
-                let (backoff, probed) = self.update(|v| {
+                let deleting = self.core.deleting || self.core.shutting_down;
+                let base = self.core.env.restart_backoff;
+                let (backoff, probed) = self.core.update(|v| {
                     let probed = v.containers[i].probed.is_some();
                     (v.container_exited(i, t, deleting, base), probed)
                 });
@@ -673,7 +650,7 @@ impl CriPodWorker {
                 if let Some(b) = backoff {
                     self.restart_at.insert(i, Instant::now() + b);
                 }
-                if self.is_native() {
+                if self.core.is_native() {
                     self.after_regular_exit();
                 }
             }
@@ -683,15 +660,20 @@ impl CriPodWorker {
 
     /// Starts the regular containers in spec order, without waiting for readiness.
     fn start_regular_containers(&mut self) {
-        let delay = self.view(|v| v.spec.app_start_delay);
-        let proxy_late = self.proxy_late.take().filter(|d| !d.is_zero());
+        let delay = self.core.view(|v| v.spec.app_start_delay);
+        let proxy_late = self.core.proxy_late.take().filter(|d| !d.is_zero());
         // Spec order: Kuma's injector puts its classic sidecar first.
-        let mut order: Vec<usize> = (0..self.view(|v| v.containers.len())).collect();
-        if self.view(|v| matches!(v.spec.mesh, crate::sim::Mesh::Kuma(_))) {
+        let mut order: Vec<usize> = (0..self.core.view(|v| v.containers.len())).collect();
+        if self
+            .core
+            .view(|v| matches!(v.spec.mesh, crate::sim::Mesh::Kuma(_)))
+        {
             order.reverse();
         }
         for i in order {
-            let is_proxy = self.view(|v| v.containers[i].name == v.spec.proxy_container());
+            let is_proxy = self
+                .core
+                .view(|v| v.containers[i].name == v.spec.proxy_container());
             if let (true, Some(late)) = (is_proxy, proxy_late) {
                 // After a restart of every container: the new Envoy comes late (as on the
                 // netns backend; the restart timer starts it).
@@ -708,7 +690,7 @@ impl CriPodWorker {
 
     fn restart_due(&mut self) {
         for i in restarts_due(&mut self.restart_at, Instant::now()) {
-            if !self.deleting && !self.shutting_down {
+            if !self.core.deleting && !self.core.shutting_down {
                 self.start_container(i);
             }
         }
@@ -720,7 +702,7 @@ impl CriPodWorker {
         let timeout = grace.as_secs() + u64::from(grace.subsec_nanos() > 0);
         for cid in self.running.keys() {
             let (rt, cid) = (self.rt, cid.clone());
-            let name = self.name.clone();
+            let name = self.core.name.clone();
             std::thread::spawn(move || {
                 let mut c = rt.client.clone();
                 let t = Instant::now();
@@ -740,15 +722,15 @@ impl CriPodWorker {
     }
 
     fn on_delete(&mut self) {
-        if self.deleting {
+        if self.core.deleting {
             return;
         }
-        self.deleting = true;
+        self.core.deleting = true;
         self.stopping.store(true, Ordering::SeqCst);
-        trace(&self.name, "deleted", None);
+        trace(&self.core.name, "deleted", None);
         self.restart_at.clear();
-        let grace = self.view(|v| v.spec.grace);
-        self.update(|v| {
+        let grace = self.core.view(|v| v.spec.grace);
+        self.core.update(|v| {
             let due = now_ts().as_nanosecond() + grace.as_nanos() as i128;
             v.deletion_at = Some(Timestamp::from_nanosecond(due).unwrap_or_else(|_| now_ts()));
             for c in v.containers.iter_mut().chain(v.sidecar.iter_mut()) {
@@ -757,7 +739,7 @@ impl CriPodWorker {
                 }
             }
         });
-        if self.is_native() {
+        if self.core.is_native() {
             self.on_native_delete();
             return;
         }
@@ -765,13 +747,13 @@ impl CriPodWorker {
     }
 
     fn on_shutdown(&mut self) {
-        if self.shutting_down {
+        if self.core.shutting_down {
             return;
         }
-        self.shutting_down = true;
+        self.core.shutting_down = true;
         self.stopping.store(true, Ordering::SeqCst);
         self.restart_at.clear();
-        if let Some(p) = &self.probe {
+        if let Some(p) = &self.core.probe {
             p.stop();
         }
         self.stop_all(Duration::ZERO);
@@ -789,18 +771,16 @@ impl CriPodWorker {
     ///   kubelet's `SyncPod` kills the `containersToReset` with a grace-period override of 0
     ///   (the KEP: "Termination grace periods are not respected", preStop hooks best effort).
     fn on_restart(&mut self, r: Restart) {
-        if self.deleting || self.shutting_down || self.restart.is_some() || self.is_native() {
-            eprintln!("sim: pod {}: restart {r:?} ignored", self.name);
+        if !self.core.begin_restart(r) {
             return;
         }
-        trace(&self.name, &format!("restart {:?}", r.kind), None);
+        trace(&self.core.name, &format!("restart {:?}", r.kind), None);
         self.restart_at.clear();
         self.serial_pending = false;
         self.post_started.store(false, Ordering::SeqCst);
-        self.restart = Some(r);
         match r.kind {
             RestartKind::Sandbox => {
-                let pids: Vec<u32> = self.view(|v| {
+                let pids: Vec<u32> = self.core.view(|v| {
                     v.sandbox_pid
                         .into_iter()
                         .chain(v.containers.iter().filter_map(|c| c.pid))
@@ -808,12 +788,13 @@ impl CriPodWorker {
                 });
                 for pid in pids {
                     if let Err(e) = sigkill(pid) {
-                        eprintln!("sim: pod {}: cannot kill {pid}: {e}", self.name);
+                        eprintln!("sim: pod {}: cannot kill {pid}: {e}", self.core.name);
                     }
                 }
             }
             RestartKind::InPlace => {
-                self.update(|v| v.all_containers_restarting = Some(true));
+                self.core
+                    .update(|v| v.all_containers_restarting = Some(true));
                 self.stop_all(Duration::ZERO);
             }
         }
@@ -834,9 +815,9 @@ impl CriPodWorker {
     ///
     /// The new proxy container starts `proxy_late` after the app (`start_regular_containers`).
     fn finish_restart(&mut self) {
-        let Some(r) = self.restart else { return };
-        if self.deleting || self.shutting_down {
-            self.restart = None;
+        let Some(r) = self.core.restart else { return };
+        if self.core.deleting || self.core.shutting_down {
+            self.core.restart = None;
             return;
         }
         if !self.running.is_empty() {
@@ -848,14 +829,14 @@ impl CriPodWorker {
                     // kubelet acts on what the runtime reports: not yet (its event loop).
                     return;
                 }
-                self.restart = None;
-                self.proxy_late = Some(r.proxy_late);
-                if let Some(p) = self.probe.take() {
+                self.core.restart = None;
+                self.core.proxy_late = Some(r.proxy_late);
+                if let Some(p) = self.core.probe.take() {
                     // The prober probes the pod IP, which the new sandbox changes.
                     p.stop();
                 }
                 self.stop_and_remove_sandbox();
-                self.update(|v| {
+                self.core.update(|v| {
                     v.sandbox_ready = false;
                     v.sandbox_pid = None;
                 });
@@ -870,9 +851,9 @@ impl CriPodWorker {
                 started
             }
             RestartKind::InPlace => {
-                self.restart = None;
-                self.proxy_late = Some(r.proxy_late);
-                let ids: Vec<String> = self.view(|v| {
+                self.core.restart = None;
+                self.core.proxy_late = Some(r.proxy_late);
+                let ids: Vec<String> = self.core.view(|v| {
                     v.init
                         .iter()
                         .chain(v.containers.iter())
@@ -884,18 +865,19 @@ impl CriPodWorker {
                     if let Err(e) = self.rt.call(c.remove_container(RemoveContainerRequest {
                         container_id: id.clone(),
                     })) {
-                        eprintln!("sim: pod {}: RemoveContainer {id}: {e}", self.name);
+                        eprintln!("sim: pod {}: RemoveContainer {id}: {e}", self.core.name);
                     }
                 }
-                self.update(|v| v.all_containers_restarting = Some(false));
+                self.core
+                    .update(|v| v.all_containers_restarting = Some(false));
                 self.start_init()
             }
         };
-        trace(&self.name, &format!("restarted {:?}", r.kind), None);
+        trace(&self.core.name, &format!("restarted {:?}", r.kind), None);
         if let Err(e) = started {
-            eprintln!("sim: pod {}: restart: {e}", self.name);
+            eprintln!("sim: pod {}: restart: {e}", self.core.name);
             let reason = e.to_string();
-            self.update(|v| v.failed_reason = Some(reason));
+            self.core.update(|v| v.failed_reason = Some(reason));
         }
     }
 
@@ -918,10 +900,10 @@ impl CriPodWorker {
 
     fn remove_sandbox(&mut self) {
         self.stop_and_remove_sandbox();
-        self.update(|v| v.sandbox_pid = None);
-        let uid = self.view(|v| v.uid.clone());
+        self.core.update(|v| v.sandbox_pid = None);
+        let uid = self.core.view(|v| v.uid.clone());
         for e in remove_pod_cgroups(&uid) {
-            eprintln!("sim: pod {}: {e}", self.name);
+            eprintln!("sim: pod {}: {e}", self.core.name);
         }
     }
 
@@ -934,17 +916,17 @@ impl CriPodWorker {
             if let Err(e) = self.rt.call(c.stop_pod_sandbox(StopPodSandboxRequest {
                 pod_sandbox_id: id.clone(),
             })) {
-                eprintln!("sim: pod {}: StopPodSandbox: {e}", self.name);
+                eprintln!("sim: pod {}: StopPodSandbox: {e}", self.core.name);
             }
-            trace(&self.name, "StopPodSandbox", Some(t.elapsed()));
+            trace(&self.core.name, "StopPodSandbox", Some(t.elapsed()));
             let t = Instant::now();
             if let Err(e) = self
                 .rt
                 .call(c.remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: id }))
             {
-                eprintln!("sim: pod {}: RemovePodSandbox: {e}", self.name);
+                eprintln!("sim: pod {}: RemovePodSandbox: {e}", self.core.name);
             }
-            trace(&self.name, "RemovePodSandbox", Some(t.elapsed()));
+            trace(&self.core.name, "RemovePodSandbox", Some(t.elapsed()));
         }
         self.netns_path = None;
     }

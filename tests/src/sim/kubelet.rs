@@ -31,18 +31,21 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
+pub(crate) mod pod_core;
 mod sidecar;
+
+use pod_core::PodCore;
 
 use super::bootstrap::{IstioStatsMatcher, SidecarConfig, XdsRest, SHIPPED_MESH_CONFIG};
 use super::cgroup::Cgroup;
 use super::istio_init::{INBOUND_PORT, OUTBOUND_PORT, PROXY_UID};
 use super::native::{
-    record_container_start, record_container_start_error, restarts_due, NativeKubelet, NativeState,
+    record_container_start, record_container_start_error, restarts_due, NativeKubelet,
 };
 use super::netns::{NetNs, REMOTE_IP6};
 use super::node::{NodeEnv, Shared};
-use super::pod_object::{now_ts, CState, ContainerView, PodView, Terminated, PROXY_IMAGE};
-use super::prober::{ProbeResult, ProbeTarget};
+use super::pod_object::{now_ts, CState, ContainerView, Terminated, PROXY_IMAGE};
+use super::prober::ProbeResult;
 use super::process::{notify_exit, reap, spawn_in, Exit};
 use super::{random_hex, SimError};
 
@@ -104,10 +107,9 @@ pub enum RestartKind {
 
 /// One pod's worker.
 pub(crate) struct PodWorker {
-    pub name: String,
+    /// What both backends' workers share ([`pod_core`]).
+    pub core: PodCore,
     pub index: usize,
-    pub env: Arc<NodeEnv>,
-    pub shared: Arc<Shared>,
     pub rx: Receiver<PodEvent>,
     pub tx: Sender<PodEvent>,
     netns: Option<NetNs>,
@@ -117,26 +119,14 @@ pub(crate) struct PodWorker {
     live: HashMap<u32, Slot>,
     restart_at: HashMap<usize, Instant>,
     grace_deadline: Option<Instant>,
-    deleting: bool,
-    shutting_down: bool,
     pod_dir: PathBuf,
     /// Set when the pod stops: helper threads polling its proxy (postStart hook, DROP remover)
     /// give up.
     stopping: Arc<AtomicBool>,
-    /// When the kubelet admitted the pod: its probes tick from here.
-    admitted: Instant,
-    /// The proxy's prober, when the spec asks for probes.
-    probe: Option<ProbeTarget>,
-    /// A native sidecar's kubelet state ([`crate::sim::native`]).
-    native: NativeState,
     /// The native sidecar's preStop hook process, while it runs.
     pre_stop_pid: Option<u32>,
     /// A native pod's stop: when each stopped container gets SIGKILL (its own timeout).
     kill_at: HashMap<Slot, Instant>,
-    /// A restart of every container in progress (its old processes are being killed).
-    restart: Option<Restart>,
-    /// After a restart: start the proxy container this long after the app.
-    proxy_late: Option<Duration>,
 }
 
 impl PodWorker {
@@ -149,12 +139,9 @@ impl PodWorker {
         tx: Sender<PodEvent>,
     ) -> PodWorker {
         let pod_dir = env.work_dir.join(&name);
-        let native = NativeState::new(env.restart_backoff);
         PodWorker {
-            name,
+            core: PodCore::new(name, env, shared),
             index,
-            env,
-            shared,
             rx,
             tx,
             netns: None,
@@ -164,40 +151,21 @@ impl PodWorker {
             live: HashMap::new(),
             restart_at: HashMap::new(),
             grace_deadline: None,
-            deleting: false,
-            shutting_down: false,
-            native,
             pre_stop_pid: None,
             pod_dir,
             stopping: Arc::new(AtomicBool::new(false)),
-            admitted: Instant::now(),
-            probe: None,
             kill_at: HashMap::new(),
-            restart: None,
-            proxy_late: None,
         }
-    }
-
-    /// Applies `f` to the pod's view, rewrites the pod file and wakes waiters.
-    fn update<R>(&self, f: impl FnOnce(&mut PodView) -> R) -> R {
-        self.shared.update_pod(&self.env.pods_dir, &self.name, f)
-    }
-
-    fn view<R>(&self, f: impl FnOnce(&PodView) -> R) -> R {
-        self.shared.view_pod(&self.name, f)
     }
 
     /// Runs the pod until it is deleted (or the node shuts down), then cleans up.
     pub(crate) fn run(mut self) {
-        self.update(|_| ()); // Scheduled: the pod object appears, Pending, no statuses.
-        if let Err(e) = self.start_sandbox_and_init() {
-            eprintln!("sim: pod {}: {e}", self.name);
-            let reason = e.to_string();
-            self.update(|v| v.failed_reason = Some(reason));
-        }
+        self.core.scheduled();
+        let setup = self.start_sandbox_and_init();
+        self.core.started(setup);
         self.start_prober();
         loop {
-            if (self.deleting || self.shutting_down) && self.only_sandbox_left() {
+            if self.core.pod_stopping() && self.only_sandbox_left() {
                 break;
             }
             let timeout = self.next_timer().saturating_duration_since(Instant::now());
@@ -213,16 +181,11 @@ impl PodWorker {
             }
         }
         self.stopping.store(true, Ordering::SeqCst);
-        if let Some(p) = &self.probe {
+        if let Some(p) = &self.core.probe {
             p.stop();
         }
         self.stop_sandbox();
-        let pods_dir = self.env.pods_dir.clone();
-        self.update(|v| {
-            // Under the lock, so whoever sees `gone` also sees the file gone.
-            v.gone = true;
-            let _ = std::fs::remove_file(pods_dir.join(v.file_name()));
-        });
+        self.core.gone();
     }
 
     fn only_sandbox_left(&self) -> bool {
@@ -235,15 +198,20 @@ impl PodWorker {
             .values()
             .copied()
             .chain(self.grace_deadline)
-            .chain(self.native.deadline())
+            .chain(self.core.native.deadline())
             .chain(self.kill_at.values().copied())
             .min()
             .unwrap_or(far)
     }
 
     fn start_sandbox_and_init(&mut self) -> Result<(), SimError> {
-        let (uid, pod_ip, ns_name) =
-            self.view(|v| (v.uid.clone(), v.pod_ip, self.env.netns_name(&v.spec.name)));
+        let (uid, pod_ip, ns_name) = self.core.view(|v| {
+            (
+                v.uid.clone(),
+                v.pod_ip,
+                self.core.env.netns_name(&v.spec.name),
+            )
+        });
         std::fs::create_dir_all(&self.pod_dir).map_err(|source| SimError::Io {
             what: format!("cannot create {}", self.pod_dir.display()),
             source,
@@ -255,19 +223,24 @@ impl PodWorker {
             .netns
             .as_ref()
             .ok_or_else(|| SimError::Setup("netns".into()))?;
-        ns.link_to(&self.env.remote_ns, &format!("vp{}", self.index), pod_ip)?;
-        if let Some(ip6) = self.view(|v| v.pod_ip6) {
+        ns.link_to(
+            &self.core.env.remote_ns,
+            &format!("vp{}", self.index),
+            pod_ip,
+        )?;
+        if let Some(ip6) = self.core.view(|v| v.pod_ip6) {
             ns.add_ipv6(ip6)?;
         }
         self.netns_file = Some(file);
         // The resolv.conf kubelet writes for the pod (ClusterFirst), naming the cluster DNS of
         // the pod's first family.
-        let (namespace, v6_first) =
-            self.view(|v| (v.spec.namespace.clone(), v.spec.ip_families.ipv6_first()));
+        let (namespace, v6_first) = self
+            .core
+            .view(|v| (v.spec.namespace.clone(), v.spec.ip_families.ipv6_first()));
         let nameserver = if v6_first {
             std::net::IpAddr::V6(REMOTE_IP6)
         } else {
-            std::net::IpAddr::V4(self.env.remote_ip)
+            std::net::IpAddr::V4(self.core.env.remote_ip)
         };
         let resolv = self.pod_dir.join("resolv.conf");
         std::fs::write(&resolv, super::dns::pod_resolv_conf(&namespace, nameserver)).map_err(
@@ -276,7 +249,7 @@ impl PodWorker {
                 source,
             },
         )?;
-        if self.view(|v| v.spec.cni) {
+        if self.core.view(|v| v.spec.cni) {
             // The CNI plugin writes Istio's rules while the sandbox is set up, before any init
             // container runs.
             let opts = self.init_options();
@@ -292,24 +265,26 @@ impl PodWorker {
             })?
             .map_err(|e| SimError::Setup(format!("CNI rules: {e}")))?;
         }
-        if self.view(|v| v.spec.drop_until_ready) {
+        if self.core.view(|v| v.spec.drop_until_ready) {
             self.drop_syns_until_ready(&ns_name)?;
         }
 
         self.pod_cg = Some(Cgroup::create(
-            &self.env.cgroup_root,
+            &self.core.env.cgroup_root,
             &format!("kubepods/pod{uid}"),
         )?);
         let sandbox_id = random_hex(32);
         let pid = self.spawn(Slot::Sandbox, &sandbox_id, &["pause".to_string()], "pause")?;
-        self.update(|v| {
+        self.core.update(|v| {
             v.sandbox_ready = true;
             v.sandbox_pid = Some(pid);
             v.start_time = Some(now_ts());
         });
 
         // Istio's order: istio-init last (after user init containers), istio-validation first.
-        let (user_first, has_user) = self.view(|v| (!v.spec.cni, v.spec.user_init.is_some()));
+        let (user_first, has_user) = self
+            .core
+            .view(|v| (!v.spec.cni, v.spec.user_init.is_some()));
         if user_first && has_user {
             self.start_user_init()
         } else {
@@ -320,7 +295,7 @@ impl PodWorker {
     /// What istio-init (or the CNI plugin) installs for this pod beyond the IPv4 TCP capture.
     fn init_options(&self) -> super::istio_init::InitOptions {
         let resolv = self.pod_dir.join("resolv.conf");
-        self.view(|v| super::istio_init::InitOptions {
+        self.core.view(|v| super::istio_init::InitOptions {
             ipv6: v.spec.ip_families.has_ipv6(),
             dns_servers: if v.spec.dns_capture.is_some() {
                 std::fs::read_to_string(&resolv)
@@ -335,10 +310,10 @@ impl PodWorker {
     /// Starts istio-init (istio-validation in CNI mode: the rules are already in).
     fn start_injected_init(&mut self) -> Result<(), SimError> {
         let init_id = random_hex(32);
-        let mesh = self.view(|v| v.spec.mesh);
+        let mesh = self.core.view(|v| v.spec.mesh);
         if mesh != super::mesh::Mesh::Istio {
             // kuma-init / consul-connect-inject-init: the mesh's nat rules ([`super::mesh`]).
-            let (min_ms, name, dns, ipv6) = self.view(|v| {
+            let (min_ms, name, dns, ipv6) = self.core.view(|v| {
                 (
                     v.spec.init_duration.as_millis().to_string(),
                     v.init_name(),
@@ -364,7 +339,7 @@ impl PodWorker {
                 args.push("--ipv6".into());
             }
             let pid = self.spawn(Slot::Init, &init_id, &args, name)?;
-            self.update(|v| {
+            self.core.update(|v| {
                 let mut c = ContainerView::new(name, mesh.init_image(), "");
                 c.id = Some(init_id);
                 c.pid = Some(pid);
@@ -375,7 +350,7 @@ impl PodWorker {
             });
             return Ok(());
         }
-        let (min_ms, name, cni, ipv6, dns) = self.view(|v| {
+        let (min_ms, name, cni, ipv6, dns) = self.core.view(|v| {
             (
                 v.spec.init_duration.as_millis().to_string(),
                 v.init_name(),
@@ -402,7 +377,7 @@ impl PodWorker {
             ]);
         }
         let pid = self.spawn(Slot::Init, &init_id, &args, name)?;
-        self.update(|v| {
+        self.core.update(|v| {
             let mut c = ContainerView::new(name, PROXY_IMAGE, "");
             c.id = Some(init_id);
             c.pid = Some(pid);
@@ -416,7 +391,7 @@ impl PodWorker {
 
     /// Starts the user init container: one call to the remote services, exit 1 if it fails.
     fn start_user_init(&mut self) -> Result<(), SimError> {
-        let Some(user) = self.view(|v| v.spec.user_init.clone()) else {
+        let Some(user) = self.core.view(|v| v.spec.user_init.clone()) else {
             return Ok(());
         };
         let id = random_hex(32);
@@ -438,7 +413,7 @@ impl PodWorker {
             user.call_timeout.as_millis().to_string(),
         ];
         let pid = self.spawn(Slot::UserInit, &id, &args, &user.name)?;
-        self.update(|v| {
+        self.core.update(|v| {
             let mut c = ContainerView::new(&user.name, super::pod_object::APP_IMAGE, "");
             c.id = Some(id);
             c.pid = Some(pid);
@@ -452,11 +427,11 @@ impl PodWorker {
 
     /// The remote services' address of the pod's first family.
     fn remote_addr(&self) -> std::net::SocketAddr {
-        let port = self.env.remote_port;
-        if self.view(|v| v.spec.ip_families.ipv6_first()) {
+        let port = self.core.env.remote_port;
+        if self.core.view(|v| v.spec.ip_families.ipv6_first()) {
             std::net::SocketAddr::from((REMOTE_IP6, port))
         } else {
-            std::net::SocketAddr::from((self.env.remote_ip, port))
+            std::net::SocketAddr::from((self.core.env.remote_ip, port))
         }
     }
 
@@ -468,10 +443,10 @@ impl PodWorker {
             .ok_or_else(|| SimError::Setup("pod cgroup missing".into()))?;
         let rel = pod_cg
             .path()
-            .strip_prefix(&self.env.cgroup_root)
+            .strip_prefix(&self.core.env.cgroup_root)
             .map(|p| p.join(id))
             .map_err(|_| SimError::Setup("pod cgroup outside the cgroup root".into()))?;
-        let cg = Cgroup::create(&self.env.cgroup_root, &rel.to_string_lossy())?;
+        let cg = Cgroup::create(&self.core.env.cgroup_root, &rel.to_string_lossy())?;
         let netns = self
             .netns_file
             .as_ref()
@@ -487,7 +462,7 @@ impl PodWorker {
                     source,
                 })
         };
-        let mut cmd = Command::new(&self.env.sim_app);
+        let mut cmd = Command::new(&self.core.env.sim_app);
         cmd.args(args)
             .stdin(Stdio::null())
             .stdout(open_log()?)
@@ -511,12 +486,12 @@ impl PodWorker {
     }
 
     pub(crate) fn container_args(&self, i: usize) -> Vec<String> {
-        self.view(|v| {
+        self.core.view(|v| {
             let spec = &v.spec;
             let remote = if spec.ip_families.ipv6_first() {
-                std::net::SocketAddr::from((REMOTE_IP6, self.env.remote_port))
+                std::net::SocketAddr::from((REMOTE_IP6, self.core.env.remote_port))
             } else {
-                std::net::SocketAddr::from((self.env.remote_ip, self.env.remote_port))
+                std::net::SocketAddr::from((self.core.env.remote_ip, self.core.env.remote_port))
             };
             if i == 0 {
                 let mut a =
@@ -551,13 +526,13 @@ impl PodWorker {
 
     /// The proxy container's command line (pilot-agent).
     pub(crate) fn proxy_args(&self) -> Vec<String> {
-        self.view(|v| self.proxy_args_of(&v.spec))
+        self.core.view(|v| self.proxy_args_of(&v.spec))
     }
 
     fn proxy_args_of(&self, spec: &super::spec::PodSpec) -> Vec<String> {
         use super::mesh::{KumaAdmin, Mesh};
         let path = |p: PathBuf| p.to_string_lossy().into_owned();
-        let envoy = path(self.env.envoy.clone());
+        let envoy = path(self.core.env.envoy.clone());
         let bootstrap = path(self.pod_dir.join(super::bootstrap::BOOTSTRAP_FILE));
         match spec.mesh {
             Mesh::Istio => {}
@@ -590,7 +565,7 @@ impl PodWorker {
                         late.as_millis().to_string(),
                     ]);
                 }
-                if self.env.cri.is_some() {
+                if self.core.env.cri.is_some() {
                     // A real container: its /tmp is the emptyDir already (the containerd
                     // kubelet stand-in mounts it).
                     a.push("--tmp-is-mounted".into());
@@ -619,7 +594,7 @@ impl PodWorker {
             let mut a = vec![
                 "pilot-agent".to_string(),
                 "--envoy".into(),
-                self.env.envoy.to_string_lossy().into_owned(),
+                self.core.env.envoy.to_string_lossy().into_owned(),
                 "--bootstrap".into(),
                 self.pod_dir
                     .join(super::bootstrap::BOOTSTRAP_FILE)
@@ -663,8 +638,8 @@ impl PodWorker {
     }
 
     pub(crate) fn write_sidecar_config(&self) -> Result<(), SimError> {
-        let exit_on_zero = self.view(|v| v.spec.exit_on_zero_active);
-        if matches!(self.view(|v| v.spec.mesh), super::mesh::Mesh::Kuma(_)) {
+        let exit_on_zero = self.core.view(|v| v.spec.exit_on_zero_active);
+        if matches!(self.core.view(|v| v.spec.mesh), super::mesh::Mesh::Kuma(_)) {
             // The sidecar's `/tmp` (the `kuma-sidecar-tmp` emptyDir), where kuma-dp makes its
             // workdir: world-writable and sticky, as /tmp is.
             use std::os::unix::fs::PermissionsExt;
@@ -684,14 +659,14 @@ impl PodWorker {
                 ),
                 source,
             })?;
-        let cfg = self.view(|v| SidecarConfig {
+        let cfg = self.core.view(|v| SidecarConfig {
             node_id: format!(
                 "sidecar~{}~{}.{}~{}.svc.cluster.local",
                 v.pod_ip, v.spec.name, v.spec.namespace, v.spec.namespace
             ),
             node_cluster: format!("{}.{}", v.spec.name, v.spec.namespace),
             filter: if v.spec.with_filter {
-                self.env.filter.clone()
+                self.core.env.filter.clone()
             } else {
                 None
             },
@@ -718,26 +693,29 @@ impl PodWorker {
 
     fn start_container(&mut self, i: usize) {
         let id = random_hex(32);
-        let (name, restarting) = self.view(|v| {
+        let (name, restarting) = self.core.view(|v| {
             let c = &v.containers[i];
             (c.name.clone(), c.id.is_some())
         });
-        let is_proxy = self.view(|v| name == v.spec.proxy_container());
+        let is_proxy = self.core.view(|v| name == v.spec.proxy_container());
         if is_proxy && !restarting {
             if let Err(e) = self.write_sidecar_config() {
-                eprintln!("sim: pod {}: {e}", self.name);
+                eprintln!("sim: pod {}: {e}", self.core.name);
             }
         }
         let args = self.container_args(i);
         match self.spawn(Slot::Container(i), &id, &args, &name) {
             Ok(pid) => {
-                if self.update(|v| record_container_start(v, i, &id, Some(pid), restarting)) {
+                if self
+                    .core
+                    .update(|v| record_container_start(v, i, &id, Some(pid), restarting))
+                {
                     self.probe_running(&id);
                 }
             }
             Err(e) => {
-                eprintln!("sim: pod {}: cannot start {name}: {e}", self.name);
-                self.update(|v| record_container_start_error(v, i, &e));
+                eprintln!("sim: pod {}: cannot start {name}: {e}", self.core.name);
+                self.core.update(|v| record_container_start_error(v, i, &e));
             }
         }
     }
@@ -751,12 +729,12 @@ impl PodWorker {
             // anything it left behind (e.g. Envoy under pilot-agent) dies with it.
             cg.kill_all();
             if let Err(e) = cg.remove() {
-                eprintln!("sim: pod {}: {e}", self.name);
+                eprintln!("sim: pod {}: {e}", self.core.name);
             }
         }
-        if self.restart.is_some() {
+        if self.core.restart.is_some() {
             // Killed by the restart: terminated, not restarted on its own.
-            self.update(|v| {
+            self.core.update(|v| {
                 let c = match slot {
                     Slot::Container(i) => v.containers.get_mut(i),
                     Slot::Init => v.init.as_mut(),
@@ -777,7 +755,7 @@ impl PodWorker {
             Slot::Sidecar => self.on_sidecar_exit(exit),
             Slot::UserInit => {
                 let ok = exit.code == 0;
-                let cni = self.update(|v| {
+                let cni = self.core.update(|v| {
                     if let Some(c) = v.user_init.as_mut() {
                         c.state = CState::Terminated(terminated(c, exit));
                         c.pid = None;
@@ -787,19 +765,19 @@ impl PodWorker {
                     }
                     v.spec.cni
                 });
-                if ok && !self.deleting && !self.shutting_down {
+                if ok && !self.core.deleting && !self.core.shutting_down {
                     if cni {
                         self.start_app_containers();
                     } else if let Err(e) = self.start_injected_init() {
-                        eprintln!("sim: pod {}: {e}", self.name);
+                        eprintln!("sim: pod {}: {e}", self.core.name);
                         let reason = e.to_string();
-                        self.update(|v| v.failed_reason = Some(reason));
+                        self.core.update(|v| v.failed_reason = Some(reason));
                     }
                 }
             }
             Slot::Init => {
                 let ok = exit.code == 0;
-                self.update(|v| {
+                self.core.update(|v| {
                     if let Some(c) = v.init.as_mut() {
                         c.state = CState::Terminated(terminated(c, exit));
                         c.pid = None;
@@ -808,36 +786,36 @@ impl PodWorker {
                         v.failed_reason = Some(format!("Init:Error (exit {})", exit.code));
                     }
                 });
-                let user_next = self.view(|v| v.spec.cni && v.spec.user_init.is_some());
-                if ok && user_next && !self.deleting && !self.shutting_down {
+                let user_next = self.core.view(|v| v.spec.cni && v.spec.user_init.is_some());
+                if ok && user_next && !self.core.deleting && !self.core.shutting_down {
                     if let Err(e) = self.start_user_init() {
-                        eprintln!("sim: pod {}: {e}", self.name);
+                        eprintln!("sim: pod {}: {e}", self.core.name);
                         let reason = e.to_string();
-                        self.update(|v| v.failed_reason = Some(reason));
+                        self.core.update(|v| v.failed_reason = Some(reason));
                     }
-                } else if ok && !self.deleting && !self.shutting_down {
+                } else if ok && !self.core.deleting && !self.core.shutting_down {
                     self.start_app_containers();
                 }
             }
             Slot::Container(i) => {
-                let deleting = self.deleting || self.shutting_down;
-                if !deleting && !self.env.status_lag.is_zero() {
+                let deleting = self.core.deleting || self.core.shutting_down;
+                if !deleting && !self.core.env.status_lag.is_zero() {
                     // The kubelet sees the exit only at its next PLEG relist (NodeOptions).
-                    std::thread::sleep(self.env.status_lag);
+                    std::thread::sleep(self.core.env.status_lag);
                 }
-                let base = self.env.restart_backoff;
-                let (backoff, probed_proxy) = self.update(|v| {
+                let base = self.core.env.restart_backoff;
+                let (backoff, probed_proxy) = self.core.update(|v| {
                     let t = terminated(&v.containers[i], exit);
                     let probed_proxy = v.containers[i].probed.is_some();
                     (v.container_exited(i, t, deleting, base), probed_proxy)
                 });
-                if let (true, Some(p)) = (probed_proxy, &self.probe) {
+                if let (true, Some(p)) = (probed_proxy, &self.core.probe) {
                     p.stopped();
                 }
                 if let Some(b) = backoff {
                     self.restart_at.insert(i, Instant::now() + b);
                 }
-                if self.is_native() {
+                if self.core.is_native() {
                     self.after_regular_exit();
                 }
             }
@@ -847,14 +825,14 @@ impl PodWorker {
     /// The init phase is over: start the containers in spec order (serially with
     /// `holdApplicationUntilProxyStarts`).
     fn start_app_containers(&mut self) {
-        if self.is_native() {
+        if self.core.is_native() {
             // The next init container is the sidecar; the regular containers follow once its
             // startup probe passed (`on_probe`).
             self.start_sidecar();
             return;
         }
-        let serial = self.view(|v| v.spec.serial_start);
-        let proxy = self.view(|v| {
+        let serial = self.core.view(|v| v.spec.serial_start);
+        let proxy = self.core.view(|v| {
             v.containers
                 .iter()
                 .position(|c| c.name == v.spec.proxy_container())
@@ -872,18 +850,19 @@ impl PodWorker {
 
     /// Starts the regular containers in spec order, without waiting for readiness.
     fn start_regular_containers(&mut self) {
-        let n = self.view(|v| v.containers.len());
-        let proxy = self.view(|v| {
+        let n = self.core.view(|v| v.containers.len());
+        let proxy = self.core.view(|v| {
             v.containers
                 .iter()
                 .position(|c| c.name == v.spec.proxy_container())
         });
-        let delay = self.view(|v| v.spec.app_start_delay);
-        let proxy_late = self.proxy_late.take().filter(|d| !d.is_zero());
+        let delay = self.core.view(|v| v.spec.app_start_delay);
+        let proxy_late = self.core.proxy_late.take().filter(|d| !d.is_zero());
         // Spec order: Kuma's injector puts its classic sidecar first.
         let mut order: Vec<usize> = (0..n).collect();
         if let (true, Some(p)) = (
-            self.view(|v| matches!(v.spec.mesh, super::mesh::Mesh::Kuma(_))),
+            self.core
+                .view(|v| matches!(v.spec.mesh, super::mesh::Mesh::Kuma(_))),
             proxy,
         ) {
             order.retain(|i| *i != p);
@@ -921,14 +900,14 @@ impl PodWorker {
     }
 
     fn on_delete(&mut self) {
-        if self.deleting {
+        if self.core.deleting {
             return;
         }
-        self.deleting = true;
+        self.core.deleting = true;
         self.restart_at.clear();
-        let grace = self.view(|v| v.spec.grace);
-        if self.is_native() {
-            self.update(|v| {
+        let grace = self.core.view(|v| v.spec.grace);
+        if self.core.is_native() {
+            self.core.update(|v| {
                 v.deletion_at = Some(jiff_add(now_ts(), v.spec.grace));
                 for c in v.containers.iter_mut().chain(v.sidecar.iter_mut()) {
                     if let (CState::Waiting { .. }, Some(last)) = (&c.state, &c.last) {
@@ -940,7 +919,7 @@ impl PodWorker {
             return;
         }
         self.grace_deadline = Some(Instant::now() + grace);
-        self.update(|v| {
+        self.core.update(|v| {
             let due = jiff_add(now_ts(), v.spec.grace);
             v.deletion_at = Some(due);
             // Containers in back-off will not start again.
@@ -961,12 +940,12 @@ impl PodWorker {
 
     /// The proxy's postStart hook returned: start every container not started yet, in order.
     fn on_post_started(&mut self, hooked: usize) {
-        if self.deleting || self.shutting_down {
+        if self.core.deleting || self.core.shutting_down {
             return;
         }
-        let n = self.view(|v| v.containers.len());
+        let n = self.core.view(|v| v.containers.len());
         for i in (0..n).filter(|i| *i != hooked) {
-            if self.view(|v| v.containers[i].id.is_none()) {
+            if self.core.view(|v| v.containers[i].id.is_none()) {
                 self.start_container(i);
             }
         }
@@ -983,7 +962,7 @@ impl PodWorker {
         const TIMEOUT: Duration = Duration::from_secs(60);
         let tx = self.tx.clone();
         let stopping = self.stopping.clone();
-        let name = self.name.clone();
+        let name = self.core.name.clone();
         let started = Instant::now();
         self.poll_proxy_in_netns("poststart", PERIOD, move |live| {
             if stopping.load(Ordering::SeqCst) {
@@ -1009,7 +988,7 @@ impl PodWorker {
         let path = PathBuf::from("/run/netns").join(ns_name);
         super::netns::run_in(&path, || iptables_restore(&drop_rules(true)))??;
         let stopping = self.stopping.clone();
-        let name = self.name.clone();
+        let name = self.core.name.clone();
         self.poll_proxy_in_netns("drop-remover", Duration::from_millis(1), move |live| {
             if stopping.load(Ordering::SeqCst) {
                 return true;
@@ -1035,11 +1014,14 @@ impl PodWorker {
         mut step: impl FnMut(bool) -> bool + Send + 'static,
     ) {
         let Some(file) = self.netns_file.as_ref().and_then(|f| f.try_clone().ok()) else {
-            eprintln!("sim: pod {}: no netns for the {what} poller", self.name);
+            eprintln!(
+                "sim: pod {}: no netns for the {what} poller",
+                self.core.name
+            );
             return;
         };
-        let name = self.name.clone();
-        let admin = self.view(|v| v.spec.admin_addr());
+        let name = self.core.name.clone();
+        let admin = self.core.view(|v| v.spec.admin_addr());
         let spawned = std::thread::Builder::new()
             .name(format!("{what}-{name}"))
             .spawn(move || {
@@ -1059,7 +1041,7 @@ impl PodWorker {
         if let Err(e) = spawned {
             eprintln!(
                 "sim: pod {}: cannot start the {what} poller: {e}",
-                self.name
+                self.core.name
             );
         }
     }
@@ -1067,14 +1049,13 @@ impl PodWorker {
     /// The kubelet restarts every container ([`Restart`]): kill them (and for a recreated
     /// sandbox the pause process too); [`PodWorker::finish_restart`] goes on once they are gone.
     fn on_restart(&mut self, r: Restart) {
-        if self.deleting || self.shutting_down || self.restart.is_some() || self.is_native() {
-            eprintln!("sim: pod {}: restart {r:?} ignored", self.name);
+        if !self.core.begin_restart(r) {
             return;
         }
         self.restart_at.clear();
-        self.restart = Some(r);
         if r.kind == RestartKind::InPlace {
-            self.update(|v| v.all_containers_restarting = Some(true));
+            self.core
+                .update(|v| v.all_containers_restarting = Some(true));
         }
         for (slot, cg) in &self.cgroups {
             if *slot != Slot::Sandbox || r.kind == RestartKind::Sandbox {
@@ -1088,7 +1069,7 @@ impl PodWorker {
     /// one with the condition `AllContainersRestarting` back to False; then the init containers
     /// and the containers again, each with a new id and restartCount + 1 (`start_container`).
     fn finish_restart(&mut self) {
-        let Some(r) = self.restart else { return };
+        let Some(r) = self.core.restart else { return };
         let left = match r.kind {
             RestartKind::Sandbox => !self.live.is_empty(),
             RestartKind::InPlace => !self.only_sandbox_left(),
@@ -1096,8 +1077,8 @@ impl PodWorker {
         if left {
             return;
         }
-        self.restart = None;
-        self.proxy_late = Some(r.proxy_late);
+        self.core.restart = None;
+        self.core.proxy_late = Some(r.proxy_late);
         let started = match r.kind {
             RestartKind::Sandbox => {
                 for (_, cg) in self.cgroups.drain() {
@@ -1105,26 +1086,28 @@ impl PodWorker {
                 }
                 if let Some(cg) = self.pod_cg.take() {
                     if let Err(e) = cg.remove() {
-                        eprintln!("sim: pod {}: {e}", self.name);
+                        eprintln!("sim: pod {}: {e}", self.core.name);
                     }
                 }
                 if let Some(ns) = &self.netns {
                     if let Err(e) = ns.unlink() {
-                        eprintln!("sim: pod {}: {e}", self.name);
+                        eprintln!("sim: pod {}: {e}", self.core.name);
                     }
                 }
                 self.netns_file = None;
                 self.netns = None;
-                self.update(|v| {
+                self.core.update(|v| {
                     v.sandbox_ready = false;
                     v.sandbox_pid = None;
                 });
                 self.start_sandbox_and_init()
             }
             RestartKind::InPlace => {
-                self.update(|v| v.all_containers_restarting = Some(false));
-                let (user_first, has_user) =
-                    self.view(|v| (!v.spec.cni, v.spec.user_init.is_some()));
+                self.core
+                    .update(|v| v.all_containers_restarting = Some(false));
+                let (user_first, has_user) = self
+                    .core
+                    .view(|v| (!v.spec.cni, v.spec.user_init.is_some()));
                 if user_first && has_user {
                     self.start_user_init()
                 } else {
@@ -1133,16 +1116,16 @@ impl PodWorker {
             }
         };
         if let Err(e) = started {
-            eprintln!("sim: pod {}: restart: {e}", self.name);
+            eprintln!("sim: pod {}: restart: {e}", self.core.name);
             let reason = e.to_string();
-            self.update(|v| v.failed_reason = Some(reason));
+            self.core.update(|v| v.failed_reason = Some(reason));
         }
     }
 
     fn on_shutdown(&mut self) {
-        self.shutting_down = true;
+        self.core.shutting_down = true;
         self.restart_at.clear();
-        if let Some(p) = &self.probe {
+        if let Some(p) = &self.core.probe {
             p.stop();
         }
         for (slot, cg) in &self.cgroups {
@@ -1176,16 +1159,16 @@ impl PodWorker {
         if !self.live.is_empty() {
             eprintln!(
                 "sim: pod {}: processes left after teardown: {:?}",
-                self.name, self.live
+                self.core.name, self.live
             );
         }
-        self.update(|v| v.sandbox_pid = None);
+        self.core.update(|v| v.sandbox_pid = None);
         for (_, cg) in self.cgroups.drain() {
             let _ = cg.remove();
         }
         if let Some(cg) = self.pod_cg.take() {
             if let Err(e) = cg.remove() {
-                eprintln!("sim: pod {}: {e}", self.name);
+                eprintln!("sim: pod {}: {e}", self.core.name);
             }
         }
         self.netns_file = None;

@@ -29,6 +29,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use super::kubelet::pod_core::PodCore;
 use super::kubelet::PodEvent;
 use super::pod_object::{now_ts, CState, PodView, ProbeState, Terminated};
 use super::prober::{ProbeResult, ProbeTarget};
@@ -507,14 +508,10 @@ pub(crate) fn start_proxy_prober(
 /// Job's pod killed once its regular containers are done for good, the stop order (the regular
 /// containers at once, the sidecar's hook at once and its `StopContainer` only once the others
 /// have exited) — are the provided methods, so both stand-ins follow them by construction.
-pub trait NativeKubelet {
-    fn native_state(&mut self) -> &mut NativeState;
-    fn native_view<R>(&self, f: impl FnOnce(&PodView) -> R) -> R;
-    fn native_update<R>(&self, f: impl FnOnce(&mut PodView) -> R) -> R;
-    /// The pod is being deleted.
-    fn deleting(&self) -> bool;
-    /// The node is shutting down.
-    fn shutting_down(&self) -> bool;
+pub(crate) trait NativeKubelet {
+    /// The worker state both backends share ([`crate::sim::kubelet::pod_core`]).
+    fn core(&self) -> &PodCore;
+    fn core_mut(&mut self) -> &mut PodCore;
     /// The sidecar's container runs.
     fn sidecar_running(&self) -> bool;
     /// A container the sidecar must outlive still runs (its turn has not come).
@@ -531,9 +528,31 @@ pub trait NativeKubelet {
     /// [`NativeKubelet::hook_returned`] (or, when it cannot run, [`NativeState::hook_done`]).
     fn run_pre_stop(&mut self, grace: u64);
 
+    fn native_state(&mut self) -> &mut NativeState {
+        &mut self.core_mut().native
+    }
+
+    fn native_view<R>(&self, f: impl FnOnce(&PodView) -> R) -> R {
+        self.core().view(f)
+    }
+
+    fn native_update<R>(&self, f: impl FnOnce(&mut PodView) -> R) -> R {
+        self.core().update(f)
+    }
+
+    /// The pod is being deleted.
+    fn deleting(&self) -> bool {
+        self.core().deleting
+    }
+
+    /// The node is shutting down.
+    fn shutting_down(&self) -> bool {
+        self.core().shutting_down
+    }
+
     /// The pod is deleted or the node shuts down.
     fn pod_stopping(&self) -> bool {
-        self.deleting() || self.shutting_down()
+        self.core().pod_stopping()
     }
 
     /// A probe result: the container's `started`/`ready`; a native sidecar's first startup

@@ -10,12 +10,13 @@ use std::time::{Duration, Instant};
 use k8s_cri::v1::{ExecSyncRequest, StopContainerRequest};
 
 use super::{CriPodWorker, Slot};
+use crate::sim::kubelet::pod_core::PodCore;
 use crate::sim::kubelet::PodEvent;
 use crate::sim::native::{
     pre_stop_sim_args, record_sidecar_start, record_sidecar_start_error, start_proxy_prober,
-    NativeKubelet, NativeState,
+    NativeKubelet,
 };
-use crate::sim::pod_object::{now_ts, PodView, Terminated};
+use crate::sim::pod_object::{now_ts, Terminated};
 use crate::sim::PROXY_CONTAINER;
 
 /// `finishedAt` as an `Instant` of this process (the back-off counts from it).
@@ -26,28 +27,27 @@ fn instant_of(t: &Terminated) -> Instant {
 }
 
 impl CriPodWorker {
-    pub(super) fn is_native(&self) -> bool {
-        self.view(|v| v.sidecar.is_some())
-    }
-
     /// Starts the proxy's prober (once per pod, its tickers from the pod's admission), from the
     /// node's netns to the pod IP, as the kubelet probes.
     pub(super) fn start_prober(&mut self) {
-        if self.probe.is_some() || !self.view(|v| v.spec.proxy_probes) {
+        if self.core.probe.is_some() || !self.core.view(|v| v.spec.proxy_probes) {
             return;
         }
-        let (name, admitted, tx) = (self.name.clone(), self.admitted, self.tx.clone());
-        self.probe = Some(self.view(|v| start_proxy_prober(v, &name, None, admitted, tx)));
+        let (name, admitted, tx) = (self.core.name.clone(), self.core.admitted, self.tx.clone());
+        self.core.probe = Some(
+            self.core
+                .view(|v| start_proxy_prober(v, &name, None, admitted, tx)),
+        );
     }
 
     pub(super) fn probe_running(&self, id: &str) {
-        if let Some(p) = &self.probe {
+        if let Some(p) = &self.core.probe {
             p.running(id);
         }
     }
 
     pub(super) fn probe_stopped(&self) {
-        if let Some(p) = &self.probe {
+        if let Some(p) = &self.core.probe {
             p.stopped();
         }
     }
@@ -57,7 +57,7 @@ impl CriPodWorker {
         let restarting = self.sidecar_attempts > 0;
         if !restarting {
             if let Err(e) = self.argv.write_sidecar_config() {
-                eprintln!("sim: pod {}: {e}", self.name);
+                eprintln!("sim: pod {}: {e}", self.core.name);
             }
         }
         let attempt = self.sidecar_attempts;
@@ -66,12 +66,13 @@ impl CriPodWorker {
         match self.create_and_start(PROXY_CONTAINER, attempt, args, None) {
             Ok((cid, pid)) => {
                 self.running.insert(cid.clone(), Slot::Sidecar);
-                self.update(|v| record_sidecar_start(v, &cid, pid, restarting));
+                self.core
+                    .update(|v| record_sidecar_start(v, &cid, pid, restarting));
                 self.probe_running(&cid);
             }
             Err(e) => {
-                eprintln!("sim: pod {}: cannot start the sidecar: {e}", self.name);
-                self.update(|v| record_sidecar_start_error(v, &e));
+                eprintln!("sim: pod {}: cannot start the sidecar: {e}", self.core.name);
+                self.core.update(|v| record_sidecar_start_error(v, &e));
             }
         }
     }
@@ -93,7 +94,7 @@ impl CriPodWorker {
 
     /// `StopContainer(timeout)` on a thread of its own (it returns once the container is gone).
     fn stop_container(&self, cid: String, timeout: u64) {
-        let (rt, name) = (self.rt, self.name.clone());
+        let (rt, name) = (self.rt, self.core.name.clone());
         std::thread::spawn(move || {
             let mut c = rt.client.clone();
             if let Err(e) = rt.call(c.stop_container(StopContainerRequest {
@@ -107,31 +108,19 @@ impl CriPodWorker {
 
     /// The next native timer, to bound the worker's wait.
     pub(super) fn native_deadline(&self) -> Option<Instant> {
-        self.native.deadline()
+        self.core.native.deadline()
     }
 }
 
 /// The containerd backend's containers are CRI containers: `StopContainer` with a timeout, the
 /// preStop hook an `ExecSync` in the sidecar's container.
 impl NativeKubelet for CriPodWorker {
-    fn native_state(&mut self) -> &mut NativeState {
-        &mut self.native
+    fn core(&self) -> &PodCore {
+        &self.core
     }
 
-    fn native_view<R>(&self, f: impl FnOnce(&PodView) -> R) -> R {
-        self.view(f)
-    }
-
-    fn native_update<R>(&self, f: impl FnOnce(&mut PodView) -> R) -> R {
-        self.update(f)
-    }
-
-    fn deleting(&self) -> bool {
-        self.deleting
-    }
-
-    fn shutting_down(&self) -> bool {
-        self.shutting_down
+    fn core_mut(&mut self) -> &mut PodCore {
+        &mut self.core
     }
 
     fn sidecar_running(&self) -> bool {
@@ -171,12 +160,15 @@ impl NativeKubelet for CriPodWorker {
     /// The kubelet's exec hook: `ExecSync` in the container, bounded by the grace period.
     fn run_pre_stop(&mut self, grace: u64) {
         let Some(cid) = self.sidecar_cid() else {
-            self.native.hook_done();
+            self.core.native.hook_done();
             return;
         };
-        let (rt, tx, name) = (self.rt, self.tx.clone(), self.name.clone());
-        let hook = self.view(|v| v.spec.pre_stop_command()).unwrap_or_default();
-        let mut cmd = vec![self.env.sim_app.to_string_lossy().into_owned()];
+        let (rt, tx, name) = (self.rt, self.tx.clone(), self.core.name.clone());
+        let hook = self
+            .core
+            .view(|v| v.spec.pre_stop_command())
+            .unwrap_or_default();
+        let mut cmd = vec![self.core.env.sim_app.to_string_lossy().into_owned()];
         cmd.extend(pre_stop_sim_args(&hook));
         std::thread::spawn(move || {
             let mut c = rt.client.clone();

@@ -8,36 +8,34 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use super::{terminated, PodEvent, PodWorker, Slot};
+use super::{terminated, PodCore, PodEvent, PodWorker, Slot};
 use crate::sim::native::{
     pre_stop_sim_args, record_sidecar_start, record_sidecar_start_error, start_proxy_prober,
-    NativeKubelet, NativeState,
+    NativeKubelet,
 };
-use crate::sim::pod_object::PodView;
 use crate::sim::process::{notify_exit, reap, spawn_in, Exit};
 use crate::sim::random_hex;
 
 impl PodWorker {
-    pub(super) fn is_native(&self) -> bool {
-        self.view(|v| v.sidecar.is_some())
-    }
-
     /// Starts the prober of the proxy if the spec asks for probes (once per pod: its tickers
     /// run from the pod's admission), in the pod's netns.
     pub(super) fn start_prober(&mut self) {
-        if self.probe.is_some() || !self.view(|v| v.spec.proxy_probes) {
+        if self.core.probe.is_some() || !self.core.view(|v| v.spec.proxy_probes) {
             return;
         }
         let Some(netns) = self.netns_file.as_ref().and_then(|f| f.try_clone().ok()) else {
             return;
         };
-        let (name, admitted, tx) = (self.name.clone(), self.admitted, self.tx.clone());
-        self.probe = Some(self.view(|v| start_proxy_prober(v, &name, Some(netns), admitted, tx)));
+        let (name, admitted, tx) = (self.core.name.clone(), self.core.admitted, self.tx.clone());
+        self.core.probe = Some(
+            self.core
+                .view(|v| start_proxy_prober(v, &name, Some(netns), admitted, tx)),
+        );
     }
 
     /// Tells the prober which proxy container runs now.
     pub(super) fn probe_running(&self, id: &str) {
-        if let Some(p) = &self.probe {
+        if let Some(p) = &self.core.probe {
             p.running(id);
         }
     }
@@ -45,22 +43,25 @@ impl PodWorker {
     /// Starts (or restarts) the native sidecar: pilot-agent and Envoy, in a new container.
     fn spawn_sidecar(&mut self) {
         let id = random_hex(32);
-        let restarting = self.view(|v| v.sidecar.as_ref().is_some_and(|c| c.id.is_some()));
+        let restarting = self
+            .core
+            .view(|v| v.sidecar.as_ref().is_some_and(|c| c.id.is_some()));
         if !restarting {
             if let Err(e) = self.write_sidecar_config() {
-                eprintln!("sim: pod {}: {e}", self.name);
+                eprintln!("sim: pod {}: {e}", self.core.name);
             }
         }
         let args = self.proxy_args();
-        let name = self.view(|v| v.spec.proxy_container());
+        let name = self.core.view(|v| v.spec.proxy_container());
         match self.spawn(Slot::Sidecar, &id, &args, name) {
             Ok(pid) => {
-                self.update(|v| record_sidecar_start(v, &id, Some(pid), restarting));
+                self.core
+                    .update(|v| record_sidecar_start(v, &id, Some(pid), restarting));
                 self.probe_running(&id);
             }
             Err(e) => {
-                eprintln!("sim: pod {}: cannot start the sidecar: {e}", self.name);
-                self.update(|v| record_sidecar_start_error(v, &e));
+                eprintln!("sim: pod {}: cannot start the sidecar: {e}", self.core.name);
+                self.core.update(|v| record_sidecar_start_error(v, &e));
             }
         }
     }
@@ -68,16 +69,18 @@ impl PodWorker {
     /// The sidecar's process exited: restart it with back-off while the pod runs; during the
     /// pod's termination it stays terminated ([`NativeKubelet::sidecar_exited`]).
     pub(super) fn on_sidecar_exit(&mut self, exit: Exit) {
-        if let Some(p) = &self.probe {
+        if let Some(p) = &self.core.probe {
             p.stopped();
         }
         let finished = Instant::now();
-        let t = self.view(|v| v.sidecar.as_ref().map(|c| terminated(c, exit)));
+        let t = self
+            .core
+            .view(|v| v.sidecar.as_ref().map(|c| terminated(c, exit)));
         let Some(t) = t else { return };
-        let killing = self.pod_stopping() || self.native.killing();
-        if !killing && !self.env.status_lag.is_zero() {
+        let killing = self.pod_stopping() || self.core.native.killing();
+        if !killing && !self.core.env.status_lag.is_zero() {
             // The kubelet sees the exit at its next PLEG relist (NodeOptions::status_lag).
-            std::thread::sleep(self.env.status_lag);
+            std::thread::sleep(self.core.env.status_lag);
         }
         self.pre_stop_pid = None;
         self.sidecar_exited(t, finished);
@@ -89,10 +92,13 @@ impl PodWorker {
     fn spawn_pre_stop(&mut self) {
         let (Some(netns), Some(cg)) = (self.netns_file.as_ref(), self.cgroups.get(&Slot::Sidecar))
         else {
-            self.native.hook_done();
+            self.core.native.hook_done();
             return;
         };
-        let hook = self.view(|v| v.spec.pre_stop_command()).unwrap_or_default();
+        let hook = self
+            .core
+            .view(|v| v.spec.pre_stop_command())
+            .unwrap_or_default();
         let args = pre_stop_sim_args(&hook);
         // The hook's output goes to `prestop.log` in the pod's directory (the kubelet keeps it
         // for a FailedPreStopHook event).
@@ -100,7 +106,7 @@ impl PodWorker {
             .create(true)
             .append(true)
             .open(self.pod_dir.join("prestop.log"));
-        let mut cmd = Command::new(&self.env.sim_app);
+        let mut cmd = Command::new(&self.core.env.sim_app);
         cmd.args(&args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -113,8 +119,8 @@ impl PodWorker {
                 notify_exit(pid, self.tx.clone(), PodEvent::HookDone { pid });
             }
             Err(e) => {
-                eprintln!("sim: pod {}: preStop hook: {e}", self.name);
-                self.native.hook_done();
+                eprintln!("sim: pod {}: preStop hook: {e}", self.core.name);
+                self.core.native.hook_done();
             }
         }
     }
@@ -126,7 +132,10 @@ impl PodWorker {
             self.pre_stop_pid = None;
             if exit.code != 0 {
                 // kubelet records a FailedPreStopHook event and goes on.
-                eprintln!("sim: pod {}: preStop hook exited {}", self.name, exit.code);
+                eprintln!(
+                    "sim: pod {}: preStop hook exited {}",
+                    self.core.name, exit.code
+                );
             }
             self.hook_returned();
         }
@@ -154,24 +163,12 @@ impl PodWorker {
 /// The netns backend's containers are processes: SIGTERM, and SIGKILL of the container's cgroup
 /// at its timeout (`kill_at`, [`PodWorker::on_native_timer`]).
 impl NativeKubelet for PodWorker {
-    fn native_state(&mut self) -> &mut NativeState {
-        &mut self.native
+    fn core(&self) -> &PodCore {
+        &self.core
     }
 
-    fn native_view<R>(&self, f: impl FnOnce(&PodView) -> R) -> R {
-        self.view(f)
-    }
-
-    fn native_update<R>(&self, f: impl FnOnce(&mut PodView) -> R) -> R {
-        self.update(f)
-    }
-
-    fn deleting(&self) -> bool {
-        self.deleting
-    }
-
-    fn shutting_down(&self) -> bool {
-        self.shutting_down
+    fn core_mut(&mut self) -> &mut PodCore {
+        &mut self.core
     }
 
     fn sidecar_running(&self) -> bool {
