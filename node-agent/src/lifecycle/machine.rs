@@ -361,7 +361,11 @@ fn agent_stop(s: &State, stage: Stage, now: Now, fx: &mut Vec<Effect>) -> Stage 
         | Stage::Draining { .. }
         | Stage::SettingUpHold { .. }
         | Stage::Releasing { .. }) => ignored(fx, st, &Input::AgentStop),
-        _ => exit(fx),
+        Stage::WaitingForNetns { .. }
+        | Stage::Checking { .. }
+        | Stage::Running { .. }
+        | Stage::Finished
+        | Stage::Exited => exit(fx),
     }
 }
 
@@ -396,16 +400,29 @@ fn over_bound(
         }
         // A command's bound at another stage (removing a leftover hold: after the first look,
         // a failed hold, a restart): left alone from now on as well.
-        st if child_over_bound && !s.left_alone => {
+        Stage::Running { .. } if child_over_bound && !s.left_alone => {
             s.left_alone = true;
             fx.push(Effect::Record(Outcome::FailedOpen { why }));
-            match st {
-                Stage::Running { .. } => Stage::Finished,
-                // A running executor ends by its own answer.
-                other => other,
-            }
+            Stage::Finished
         }
-        st => {
+        // A running executor ends by its own answer.
+        st @ (Stage::WaitingForNetns { .. }
+        | Stage::JobWatch { .. }
+        | Stage::Draining { .. }
+        | Stage::Finished
+        | Stage::Exited)
+            if child_over_bound && !s.left_alone =>
+        {
+            s.left_alone = true;
+            fx.push(Effect::Record(Outcome::FailedOpen { why }));
+            st
+        }
+        st @ (Stage::WaitingForNetns { .. }
+        | Stage::Running { .. }
+        | Stage::JobWatch { .. }
+        | Stage::Draining { .. }
+        | Stage::Finished
+        | Stage::Exited) => {
             // Nothing of the agent's is in force at the other stages; say so only once.
             if !s.left_alone {
                 tracing::debug!(%why, "bound broken outside a hold");
@@ -434,7 +451,14 @@ fn cannot_look(s: &State, stage: Stage, why: String, fx: &mut Vec<Effect>) -> St
             )));
             release(fx, netns, HoldOutcome::Failed, started, None)
         }
-        st => ignored(fx, st, &Input::CannotLook(why)),
+        st @ (Stage::WaitingForNetns { .. }
+        | Stage::SettingUpHold { .. }
+        | Stage::Releasing { .. }
+        | Stage::Running { .. }
+        | Stage::JobWatch { .. }
+        | Stage::Draining { .. }
+        | Stage::Finished
+        | Stage::Exited) => ignored(fx, st, &Input::CannotLook(why)),
     }
 }
 
@@ -480,7 +504,14 @@ fn executor_not_started(
                     .and_then(|p| p.running_proxy().map(str::to_string)),
             }
         }
-        st => ignored(fx, st, &Input::ExecutorNotStarted(why)),
+        st @ (Stage::WaitingForNetns { .. }
+        | Stage::Checking { .. }
+        | Stage::SettingUpHold { .. }
+        | Stage::Holding { .. }
+        | Stage::Releasing { .. }
+        | Stage::Running { .. }
+        | Stage::Finished
+        | Stage::Exited) => ignored(fx, st, &Input::ExecutorNotStarted(why)),
     }
 }
 

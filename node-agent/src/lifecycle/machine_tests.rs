@@ -2432,34 +2432,57 @@ fn catch_alls_stay_out_of_the_machine() {
             4,
         ),
     ] {
-        let arms = input_match_arms(text);
-        assert!(
-            arms.len() >= stages,
-            "{file}: {} `match input` blocks, one a stage expected: {stages}",
-            arms.len()
-        );
-        for pattern in arms.iter().flatten() {
-            let pattern = pattern.split(" if ").next().unwrap_or_default().trim();
-            // Any alternative that is `_`, `name @ _` or a bare lower-case name.
-            let catch_all = pattern.split('|').any(|alt| {
-                let alt = alt.rsplit(" @ ").next().unwrap_or_default().trim();
-                !alt.is_empty()
-                    && alt
-                        .chars()
-                        .all(|c| c == '_' || c.is_ascii_lowercase() || c.is_ascii_digit())
-            });
-            if catch_all {
-                found.push(format!("{file}: `{pattern} =>` in a `match input`"));
-            }
-        }
+        catch_alls_in(&mut found, file, text, "input", stages);
+    }
+    // The same for the matches over the stage, for an input every stage answers (`machine.rs`:
+    // the agent's stop, a broken bound, no way to look, an executor that could not start) and
+    // for each part's routing: a new `Stage` fails to compile until each says what it does.
+    for (file, text, matches) in [
+        ("machine.rs", include_str!("machine.rs"), 4),
+        ("machine/startup.rs", include_str!("machine/startup.rs"), 1),
+        ("machine/holding.rs", include_str!("machine/holding.rs"), 1),
+        (
+            "machine/afterwards.rs",
+            include_str!("machine/afterwards.rs"),
+            1,
+        ),
+    ] {
+        catch_alls_in(&mut found, file, text, "stage", matches);
     }
     assert!(found.is_empty(), "catch-all arms: {found:?}");
 }
 
-/// The arms' patterns (guards included) of each `match input { .. }` in `text`, one list a
+/// Adds to `found` each arm of a `match <what> { .. }` in `text` that takes any value (`_`,
+/// `_ if`, `name @ _`, a bare binding such as `st =>` or `other =>`, guarded or not); at
+/// least `expected` such matches must be there, so renaming the scrutinee cannot switch the
+/// check off.
+fn catch_alls_in(found: &mut Vec<String>, file: &str, text: &str, what: &str, expected: usize) {
+    let arms = match_arms(text, what);
+    assert!(
+        arms.len() >= expected,
+        "{file}: {} `match {what}` blocks, {expected} expected",
+        arms.len()
+    );
+    for pattern in arms.iter().flatten() {
+        let pattern = pattern.split(" if ").next().unwrap_or_default().trim();
+        // Any alternative that is `_`, `name @ _` or a bare lower-case name.
+        let catch_all = pattern.split('|').any(|alt| {
+            let alt = alt.rsplit(" @ ").next().unwrap_or_default().trim();
+            !alt.is_empty()
+                && alt
+                    .chars()
+                    .all(|c| c == '_' || c.is_ascii_lowercase() || c.is_ascii_digit())
+        });
+        if catch_all {
+            found.push(format!("{file}: `{pattern} =>` in a `match {what}`"));
+        }
+    }
+}
+
+/// The arms' patterns (guards included) of each `match <what> { .. }` in `text`, one list a
 /// match: the text before each `=>` at the match's own level, from the end of the arm before
 /// (a `,` or a closing bracket at that level). Comments and string literals are dropped first.
-fn input_match_arms(text: &str) -> Vec<Vec<String>> {
+fn match_arms(text: &str, what: &str) -> Vec<Vec<String>> {
     let code: String = text
         .lines()
         .map(|l| l.split("//").next().unwrap_or_default())
@@ -2485,7 +2508,8 @@ fn input_match_arms(text: &str) -> Vec<Vec<String>> {
     }
     let flat = plain.split_whitespace().collect::<Vec<_>>().join(" ");
     let mut matches = Vec::new();
-    for (at, head) in flat.match_indices("match input {") {
+    let head = format!("match {what} {{");
+    for (at, head) in flat.match_indices(head.as_str()) {
         let (mut depth, mut arm, mut arms) = (0usize, String::new(), Vec::new());
         let mut rest = flat[at + head.len()..].chars().peekable();
         while let Some(c) = rest.next() {
