@@ -1,7 +1,7 @@
 //! What the kubelet does for a native sidecar (a restartable init container), and how its prober
 //! reaches each mesh's proxy: the one module of kubelet rules both kubelet stand-ins
 //! ([`super::kubelet`], [`crate::cri::kubelet`]) follow — plain functions and state, and the
-//! [`NativeKubelet`] trait whose provided methods drive both. Read from
+//! `NativeKubelet` trait whose provided methods drive both. Read from
 //! kubernetes/kubernetes `pkg/kubelet/kuberuntime` (1.33):
 //!
 //! - **Start** (`kuberuntime_container.go` `computeInitContainerActions`): init containers run in
