@@ -19,6 +19,21 @@ use std::time::{Duration, Instant};
 use crate::api::{DrainOutcome, DrainReport, HoldOutcome, JobOutcome, JobReport, Phase, StepKind};
 use crate::effects::netns::NetnsId;
 
+/// The inputs [`step`] answers for every stage before a stage's own function is asked
+/// (`agent_stop`, `over_bound`, `cannot_look`, `executor_not_started`; `HoldBroken` and
+/// `ChildOverBound` become `OverBound` first). Each stage function names them as ignored with
+/// this one pattern, so the list is written once and a new input still fails to compile there.
+macro_rules! answered_for_every_stage {
+    () => {
+        Input::OverBound(_)
+            | Input::ChildOverBound { .. }
+            | Input::HoldBroken(_)
+            | Input::CannotLook(_)
+            | Input::ExecutorNotStarted(_)
+            | Input::AgentStop
+    };
+}
+
 mod afterwards;
 mod holding;
 mod proxy_gone;

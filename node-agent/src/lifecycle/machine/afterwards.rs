@@ -87,13 +87,9 @@ fn running(
         | Input::Timer(Timer::NetnsPoll | Timer::ReadinessPoll | Timer::HoldDeadline)) => {
             ignored(fx, Stage::Running { netns, proxy_id }, &input)
         }
-        // Answered for every stage in `machine::step`, before the stage's part is asked.
-        input @ (Input::OverBound(_)
-        | Input::ChildOverBound { .. }
-        | Input::HoldBroken(_)
-        | Input::CannotLook(_)
-        | Input::ExecutorNotStarted(_)
-        | Input::AgentStop) => ignored(fx, Stage::Running { netns, proxy_id }, &input),
+        input @ (answered_for_every_stage!()) => {
+            ignored(fx, Stage::Running { netns, proxy_id }, &input)
+        }
     }
 }
 
@@ -204,13 +200,7 @@ fn job_watch(s: &State, netns: NetnsId, input: Input, fx: &mut Vec<Effect>) -> S
         | Input::ProxyGone) => ignored(fx, Stage::JobWatch { netns }, &input),
         // The other executor's answer.
         input @ Input::DrainFinished(_) => ignored(fx, Stage::JobWatch { netns }, &input),
-        // Answered for every stage in `machine::step`, before the stage's part is asked.
-        input @ (Input::OverBound(_)
-        | Input::ChildOverBound { .. }
-        | Input::HoldBroken(_)
-        | Input::CannotLook(_)
-        | Input::ExecutorNotStarted(_)
-        | Input::AgentStop) => ignored(fx, Stage::JobWatch { netns }, &input),
+        input @ (answered_for_every_stage!()) => ignored(fx, Stage::JobWatch { netns }, &input),
     }
 }
 
@@ -247,13 +237,7 @@ fn draining(s: &State, netns: NetnsId, input: Input, fx: &mut Vec<Effect>) -> St
         | Input::ProxyGone) => ignored(fx, Stage::Draining { netns }, &input),
         // The other executor's answer.
         input @ Input::JobFinished(_) => ignored(fx, Stage::Draining { netns }, &input),
-        // Answered for every stage in `machine::step`, before the stage's part is asked.
-        input @ (Input::OverBound(_)
-        | Input::ChildOverBound { .. }
-        | Input::HoldBroken(_)
-        | Input::CannotLook(_)
-        | Input::ExecutorNotStarted(_)
-        | Input::AgentStop) => ignored(fx, Stage::Draining { netns }, &input),
+        input @ (answered_for_every_stage!()) => ignored(fx, Stage::Draining { netns }, &input),
     }
 }
 
@@ -294,12 +278,6 @@ fn finished(s: &mut State, input: Input, now: Now, fx: &mut Vec<Effect>) -> Stag
         | Input::DrainFinished(_)
         | Input::Timer(_)
         | Input::ProxyGone) => ignored(fx, Stage::Finished, &input),
-        // Answered for every stage in `machine::step`, before the stage's part is asked.
-        input @ (Input::OverBound(_)
-        | Input::ChildOverBound { .. }
-        | Input::HoldBroken(_)
-        | Input::CannotLook(_)
-        | Input::ExecutorNotStarted(_)
-        | Input::AgentStop) => ignored(fx, Stage::Finished, &input),
+        input @ (answered_for_every_stage!()) => ignored(fx, Stage::Finished, &input),
     }
 }

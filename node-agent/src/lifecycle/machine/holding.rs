@@ -83,13 +83,7 @@ fn setting_up_hold(
         | Input::DrainFinished(_)
         | Input::Timer(_)
         | Input::ProxyGone) => ignored(fx, this_stage, &input),
-        // Answered for every stage in `machine::step`, before the stage's part is asked.
-        input @ (Input::OverBound(_)
-        | Input::ChildOverBound { .. }
-        | Input::HoldBroken(_)
-        | Input::CannotLook(_)
-        | Input::ExecutorNotStarted(_)
-        | Input::AgentStop) => ignored(fx, this_stage, &input),
+        input @ (answered_for_every_stage!()) => ignored(fx, this_stage, &input),
     }
 }
 
@@ -204,13 +198,7 @@ fn holding(
         | Input::JobFinished(_)
         | Input::DrainFinished(_)
         | Input::ProxyGone) => ignored(fx, this_stage, &input),
-        // Answered for every stage in `machine::step`, before the stage's part is asked.
-        input @ (Input::OverBound(_)
-        | Input::ChildOverBound { .. }
-        | Input::HoldBroken(_)
-        | Input::CannotLook(_)
-        | Input::ExecutorNotStarted(_)
-        | Input::AgentStop) => ignored(fx, this_stage, &input),
+        input @ (answered_for_every_stage!()) => ignored(fx, this_stage, &input),
     }
 }
 
@@ -302,13 +290,7 @@ fn releasing(
         | Input::DrainFinished(_)
         | Input::Timer(_)
         | Input::ProxyGone) => ignored(fx, this_stage, &input),
-        // Answered for every stage in `machine::step`, before the stage's part is asked.
-        input @ (Input::OverBound(_)
-        | Input::ChildOverBound { .. }
-        | Input::HoldBroken(_)
-        | Input::CannotLook(_)
-        | Input::ExecutorNotStarted(_)
-        | Input::AgentStop) => ignored(fx, this_stage, &input),
+        input @ (answered_for_every_stage!()) => ignored(fx, this_stage, &input),
     }
 }
 

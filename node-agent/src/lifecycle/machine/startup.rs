@@ -101,13 +101,7 @@ fn waiting_for_netns(
         | Input::JobFinished(_)
         | Input::DrainFinished(_)
         | Input::ProxyGone) => ignored(fx, this_stage, &input),
-        // Answered for every stage in `machine::step`, before the stage's part is asked.
-        input @ (Input::OverBound(_)
-        | Input::ChildOverBound { .. }
-        | Input::HoldBroken(_)
-        | Input::CannotLook(_)
-        | Input::ExecutorNotStarted(_)
-        | Input::AgentStop) => ignored(fx, this_stage, &input),
+        input @ (answered_for_every_stage!()) => ignored(fx, this_stage, &input),
     }
 }
 
@@ -189,13 +183,7 @@ fn checking(
         | Input::JobFinished(_)
         | Input::DrainFinished(_)
         | Input::ProxyGone) => ignored(fx, this_stage, &input),
-        // Answered for every stage in `machine::step`, before the stage's part is asked.
-        input @ (Input::OverBound(_)
-        | Input::ChildOverBound { .. }
-        | Input::HoldBroken(_)
-        | Input::CannotLook(_)
-        | Input::ExecutorNotStarted(_)
-        | Input::AgentStop) => ignored(fx, this_stage, &input),
+        input @ (answered_for_every_stage!()) => ignored(fx, this_stage, &input),
     }
 }
 
